@@ -1,0 +1,1 @@
+"""Where instances come from: vast.ai (REST) or the local simulated fleet."""

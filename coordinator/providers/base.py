@@ -1,0 +1,69 @@
+"""The provider interface the coordinator talks to, and its named errors.
+
+Offers and instances are plain dicts in vast.ai's shape (field names from
+reference/vast-api.md), whichever provider produced them, so ranking, deploy
+checks and reconciliation never care where they came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+Offer = dict[str, Any]
+ProviderInstance = dict[str, Any]
+
+
+class ProviderError(Exception):
+    """A provider call failed; the message is safe to show (no secrets)."""
+
+
+class OfferGone(ProviderError):
+    """The offer no longer exists or is no longer rentable (vast.ai ``no_such_ask``)."""
+
+
+class RateLimited(ProviderError):
+    """The provider kept answering 429 after bounded retries."""
+
+
+class AuthError(ProviderError):
+    """The provider refused our credentials."""
+
+
+class BadRequest(ProviderError):
+    """The provider refused the request as malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedInstance:
+    instance_id: int
+    message: str = ""
+
+
+class Provider(Protocol):
+    name: str  # "local" or "vast"
+
+    async def search_offers(self, filter_text: str | None = None) -> list[Offer]:
+        """Offers matching a filter in the official CLI's syntax (None: the default filter)."""
+        ...
+
+    async def get_offer(self, offer_id: int) -> Offer | None:
+        """Re-read one offer right now; None when it is gone or no longer rentable."""
+        ...
+
+    async def create_instance(
+        self, offer: Offer, *, label: str, env: dict[str, str], disk_gb: int
+    ) -> CreatedInstance:
+        """Rent the offer. Raises OfferGone when it was sold meanwhile."""
+        ...
+
+    async def destroy_instance(self, instance_id: int) -> None:
+        """Destroy; idempotent (an instance already gone is success)."""
+        ...
+
+    async def list_instances(self) -> list[ProviderInstance]:
+        """Every instance of the account (each with at least id, label, machine_id,
+        actual_status)."""
+        ...
+
+    async def close(self) -> None: ...

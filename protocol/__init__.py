@@ -1,0 +1,58 @@
+"""The wire contract between agents and the coordinator (DESIGN section 3).
+
+Pure: message types, the orjson codec and HMAC signing. No I/O, no clock:
+callers pass times and nonces in, so both sides and the tests agree exactly.
+"""
+
+from protocol.codec import decode, encode
+from protocol.errors import ProtocolError
+from protocol.messages import (
+    PROTOCOL_VERSION,
+    SUPPORTED_PROTOCOLS,
+    CpuTelemetry,
+    CuzkTelemetry,
+    CuzkWorker,
+    Directive,
+    ErrorBody,
+    Gpu,
+    GpuTelemetry,
+    Heartbeat,
+    Hello,
+    HostInfo,
+    LogBatch,
+    LogLine,
+    NetTelemetry,
+    Progress,
+    RamTelemetry,
+    Result,
+    ResultAck,
+    ScalingRun,
+    Telemetry,
+)
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "SUPPORTED_PROTOCOLS",
+    "CpuTelemetry",
+    "CuzkTelemetry",
+    "CuzkWorker",
+    "Directive",
+    "ErrorBody",
+    "Gpu",
+    "GpuTelemetry",
+    "Heartbeat",
+    "Hello",
+    "HostInfo",
+    "LogBatch",
+    "LogLine",
+    "NetTelemetry",
+    "Progress",
+    "ProtocolError",
+    "RamTelemetry",
+    "Result",
+    "ResultAck",
+    "ScalingRun",
+    "Telemetry",
+    "decode",
+    "encode",
+]

@@ -1,0 +1,38 @@
+"""orjson codec for the message dataclasses."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import orjson
+
+from protocol.errors import ProtocolError
+from protocol.schema import converter
+
+T = TypeVar("T")
+
+
+def encode(obj: Any) -> bytes:
+    """Encode a message (dataclass, dict or list of them) as UTF-8 JSON bytes."""
+    return orjson.dumps(obj)
+
+
+def parse_json(data: bytes | str) -> Any:
+    """Parse JSON, turning a parse failure into ``malformed_json``."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError("malformed_json", f"The body is not valid JSON: {exc}.") from None
+
+
+def from_obj(cls: type[T], obj: Any) -> T:
+    """Check an already parsed JSON value against ``cls`` and build it."""
+    return converter(cls)(obj, "")
+
+
+def decode(cls: type[T], data: bytes | str) -> T:
+    """Parse and type-check ``data`` as a ``cls`` message.
+
+    Raises ``ProtocolError`` naming the first bad field.
+    """
+    return from_obj(cls, parse_json(data))

@@ -1,0 +1,86 @@
+"""Bounded memory of recently seen request nonces (DESIGN 3.3, step 4).
+
+A nonce is remembered until its timestamp leaves the acceptance window, after
+which the timestamp check alone refuses a replay. Per agent at most
+``max_per_agent`` nonces are held; beyond that the agent is over the pace the
+window allows and gets ``429``. Memory is therefore bounded by the number of
+issued agents times ``max_per_agent``, whatever an attacker sends (only
+requests whose signature verified reach this object).
+
+Restart: the memory is not persisted. Instead the coordinator refuses every
+timestamp at or before the second it started (``not_before``), so a request
+captured before a restart cannot be replayed after it. Agents sign every try
+afresh, so they never notice.
+"""
+
+from __future__ import annotations
+
+import heapq
+from enum import Enum
+
+from protocol.signing import TIMESTAMP_WINDOW_S
+
+
+class NonceVerdict(Enum):
+    OK = "ok"
+    STALE = "stale_timestamp"
+    REPLAYED = "replayed_nonce"
+    TOO_MANY = "too_many_requests"
+
+
+class NonceMemory:
+    def __init__(
+        self,
+        *,
+        window_s: int = TIMESTAMP_WINDOW_S,
+        max_per_agent: int = 2000,
+        not_before: int | None = None,
+    ) -> None:
+        self.window_s = window_s
+        self.max_per_agent = max_per_agent
+        self.not_before = not_before
+        self._seen: dict[str, set[str]] = {}
+        self._expiry: dict[str, list[tuple[int, str]]] = {}
+
+    def check_timestamp(self, timestamp: int, now: float) -> bool:
+        if abs(now - timestamp) > self.window_s:
+            return False
+        return not (self.not_before is not None and timestamp <= self.not_before)
+
+    def _purge(self, agent_id: str, now: float) -> None:
+        heap = self._expiry.get(agent_id)
+        if not heap:
+            return
+        seen = self._seen[agent_id]
+        while heap and heap[0][0] < now:
+            _, nonce = heapq.heappop(heap)
+            seen.discard(nonce)
+        if not heap:
+            del self._expiry[agent_id]
+            del self._seen[agent_id]
+
+    def check_and_remember(
+        self, agent_id: str, nonce: str, timestamp: int, now: float
+    ) -> NonceVerdict:
+        """Check the timestamp and nonce of a request whose signature verified."""
+        if not self.check_timestamp(timestamp, now):
+            return NonceVerdict.STALE
+        self._purge(agent_id, now)
+        seen = self._seen.get(agent_id)
+        if seen is not None and nonce in seen:
+            return NonceVerdict.REPLAYED
+        if seen is not None and len(seen) >= self.max_per_agent:
+            return NonceVerdict.TOO_MANY
+        if seen is None:
+            seen = self._seen[agent_id] = set()
+            self._expiry[agent_id] = []
+        seen.add(nonce)
+        heapq.heappush(self._expiry[agent_id], (timestamp + self.window_s + 1, nonce))
+        return NonceVerdict.OK
+
+    def forget_agent(self, agent_id: str) -> None:
+        self._seen.pop(agent_id, None)
+        self._expiry.pop(agent_id, None)
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._seen.values())
