@@ -1,0 +1,263 @@
+"""Signed HTTP client from the agent to the coordinator (DESIGN 3.3 to 3.5).
+
+Every try is signed afresh (new nonce, current corrected time). An answer is
+acted on only when its response signature verifies; anything else (no
+answer, an unsigned or badly signed answer, a 5xx) is a transient failure,
+retried with capped, jittered exponential backoff that carries over from one
+call to the next, so a silent coordinator is never hammered. The clock
+offset follows ``X-VM-Server-Time``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aiohttp
+
+from protocol import Directive, Heartbeat, Hello, LogBatch, ProtocolError, Result, ResultAck
+from protocol.codec import decode, encode, parse_json
+from protocol.signing import HEADER_SERVER_TIME, HEADER_SIGNATURE, request_headers, verify_response
+
+log = logging.getLogger("agent.client")
+
+T = TypeVar("T")
+
+# Signed answers that will never succeed however often they are retried.
+PERMANENT_STATUSES = frozenset({400, 403, 404, 405, 413, 422})
+
+
+class ClientError(Exception):
+    """Base of the client's errors."""
+
+
+class TransientFailure(ClientError):
+    """No verified answer before the caller's deadline; try again later."""
+
+
+class PermanentFailure(ClientError):
+    """The coordinator refused the request in a signed answer; retrying will not help."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Capped exponential backoff with jitter: try n waits in [cap_n / 2, cap_n]."""
+
+    base_s: float = 1.0
+    cap_s: float = 60.0
+    factor: float = 2.0
+
+    def delay(self, failures: int, rng: random.Random) -> float:
+        if failures <= 0:
+            return 0.0
+        ceiling = min(self.cap_s, self.base_s * self.factor ** (failures - 1))
+        # "Equal jitter": half fixed so the delay grows, half random so a fleet
+        # that lost the coordinator at once does not come back in lockstep.
+        return ceiling / 2 + rng.random() * ceiling / 2
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: int
+    body: bytes
+
+
+class CoordinatorClient:
+    """Talks to one coordinator as one agent. One instance per agent process."""
+
+    def __init__(
+        self,
+        base_url: str,
+        agent_id: str,
+        agent_key: bytes,
+        *,
+        backoff: Backoff | None = None,
+        request_timeout_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        rng: random.Random | None = None,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.agent_id = agent_id
+        self._key = agent_key
+        self.backoff = backoff or Backoff()
+        self.request_timeout_s = request_timeout_s
+        self._clock = clock
+        self._monotonic = monotonic
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._session = session
+        self._own_session = session is None
+        # Seconds to add to the local clock to get the coordinator's.
+        self.clock_offset_s = 0.0
+        # Monotonic time of the last answer whose signature verified (orphan rule).
+        self.last_verified_at: float | None = None
+        self.consecutive_failures = 0
+        self._next_try_at = 0.0  # monotonic; backoff carried across calls
+
+    # -- time -----------------------------------------------------------------
+
+    def now(self) -> float:
+        """Unix time as the coordinator sees it (local clock + learned offset)."""
+        return self._clock() + self.clock_offset_s
+
+    def _learn_server_time(self, header: str | None, sent_at: float, verified: bool,
+                           status: int) -> None:
+        if not header:
+            return
+        try:
+            server_time = float(header)
+        except ValueError:
+            return
+        # An unverified header could come from anyone on the path, so it is
+        # only believed for a 401: the one answer a skewed clock causes, which
+        # the coordinator may send before it has verified us.
+        if not verified and status != 401:
+            return
+        local_mid = (sent_at + self._clock()) / 2
+        offset = server_time - local_mid
+        # Whole-second timestamps: ignore sub-second jitter to keep signatures steady.
+        if abs(offset - self.clock_offset_s) >= 1.0:
+            log.info("clock offset to the coordinator is now %+.0f s", offset)
+            self.clock_offset_s = offset
+
+    # -- plumbing -------------------------------------------------------------
+
+    async def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.request_timeout_s)
+            )
+            self._own_session = True
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None and self._own_session:
+            await self._session.close()
+        self._session = None
+
+    def _failed(self, why: str) -> float:
+        self.consecutive_failures += 1
+        delay = self.backoff.delay(self.consecutive_failures, self._rng)
+        self._next_try_at = self._monotonic() + delay
+        log.warning("coordinator: %s; retry %d in %.1f s", why, self.consecutive_failures, delay)
+        return delay
+
+    async def _try_once(self, path: str, body: bytes) -> tuple[Reply | None, str]:
+        """One signed try. Returns the verified reply, or None and why it failed."""
+        session = await self._get_session()
+        nonce = secrets.token_hex(16)
+        timestamp = int(self.now())
+        headers = request_headers(self.agent_id, self._key, timestamp, nonce, "POST", path, body)
+        sent_at = self._clock()
+        try:
+            async with session.post(self.base_url + path, data=body, headers=headers) as resp:
+                data = await resp.read()
+                status = resp.status
+                verified = verify_response(
+                    self._key, resp.headers.get(HEADER_SIGNATURE), nonce, status, data
+                )
+                self._learn_server_time(
+                    resp.headers.get(HEADER_SERVER_TIME), sent_at, verified, status
+                )
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            return None, f"{path} failed: {type(exc).__name__}: {exc}"
+        if not verified:
+            return None, f"{path} answered {status} without a valid signature (not acted on)"
+        return Reply(status, data), ""
+
+    async def call(self, path: str, body: bytes, *, give_up_after_s: float | None = None) -> Reply:
+        """POST ``body`` to ``path`` until a verified answer that is final.
+
+        Returns a verified 200. Raises ``PermanentFailure`` on a verified
+        refusal that retrying cannot fix, ``TransientFailure`` when the next
+        try would start after ``give_up_after_s`` seconds from now.
+        """
+        deadline = None if give_up_after_s is None else self._monotonic() + give_up_after_s
+        quick_retries = 0
+        while True:
+            wait = self._next_try_at - self._monotonic()
+            if wait > 0:
+                if deadline is not None and self._next_try_at > deadline:
+                    raise TransientFailure(f"{path}: no verified answer in time")
+                await self._sleep(wait)
+            reply, why = await self._try_once(path, body)
+            if reply is None:
+                self._failed(why)
+                continue
+            self.last_verified_at = self._monotonic()
+            if reply.status == 200:
+                self.consecutive_failures = 0
+                self._next_try_at = 0.0
+                return reply
+            code, message = _error_of(reply.body)
+            if reply.status in PERMANENT_STATUSES:
+                # Verified, so the coordinator is up: no need to slow the next call.
+                self.consecutive_failures = 0
+                self._next_try_at = 0.0
+                log.error("coordinator refused %s: %s %s: %s", path, reply.status, code, message)
+                raise PermanentFailure(reply.status, code, message)
+            if reply.status == 401 and code == "stale_timestamp" and quick_retries == 0:
+                # The offset was corrected from the answer's server time: retry
+                # now, once; a second stale answer backs off like any failure.
+                log.warning("coordinator said our clock is off; retrying with the corrected time")
+                quick_retries += 1
+                self._next_try_at = 0.0
+                continue
+            # 409 replayed_nonce, 429, 5xx and anything unexpected: back off and retry.
+            self._failed(f"{path} answered {reply.status} {code}")
+
+    # -- the four endpoints ---------------------------------------------------
+
+    async def hello(self, hello: Hello, *, give_up_after_s: float | None = None) -> Directive:
+        reply = await self.call("/v1/hello", encode(hello), give_up_after_s=give_up_after_s)
+        return _decode_answer(Directive, reply)
+
+    async def heartbeat(
+        self, heartbeat: Heartbeat, *, give_up_after_s: float | None = None
+    ) -> Directive:
+        reply = await self.call("/v1/heartbeat", encode(heartbeat), give_up_after_s=give_up_after_s)
+        return _decode_answer(Directive, reply)
+
+    async def result(
+        self, result: Result | bytes, *, give_up_after_s: float | None = None
+    ) -> ResultAck:
+        body = result if isinstance(result, bytes) else encode(result)
+        reply = await self.call("/v1/result", body, give_up_after_s=give_up_after_s)
+        return _decode_answer(ResultAck, reply)
+
+    async def logs(self, batch: LogBatch | bytes, *, give_up_after_s: float | None = None) -> None:
+        body = batch if isinstance(batch, bytes) else encode(batch)
+        await self.call("/v1/logs", body, give_up_after_s=give_up_after_s)
+
+
+def _error_of(body: bytes) -> tuple[str, str]:
+    try:
+        obj = parse_json(body)
+    except ProtocolError:
+        return "unknown", "the answer is not JSON"
+    if isinstance(obj, dict):
+        return str(obj.get("error", "unknown"))[:100], str(obj.get("message", ""))[:500]
+    return "unknown", ""
+
+
+def _decode_answer(cls: type[T], reply: Reply) -> T:
+    try:
+        return decode(cls, reply.body)
+    except ProtocolError as exc:
+        # Signed but not understood: a coordinator of another contract. Not retried.
+        raise PermanentFailure(reply.status, "bad_answer", exc.message) from None

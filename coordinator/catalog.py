@@ -1,0 +1,131 @@
+"""The local offers catalog: the operator's known hosts, in vast.ai's offer shape.
+
+Field names and units are vast.ai's (reference/vast-api.md: ``gpu_ram`` and
+``cpu_ram`` in MB, ``pcie_bw`` in GB/s, ``dph_total`` in $/h). The hardware
+is the operator's hosts from the project's origin; prices are typical
+on-demand prices. Deploying one of these through the LocalProvider runs an
+agent on the *simulated* cuzk with exactly this hardware profile, so every
+rate it produces is simulated. The ``sim`` object holds simulation-only knobs.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+
+def _offer(
+    offer_id: int,
+    machine_id: int,
+    *,
+    gpu_name: str,
+    num_gpus: int,
+    gpu_ram: int,
+    dph_total: float,
+    cpu_name: str,
+    cpu_cores: int,
+    cpu_ram: int,
+    pci_gen: int,
+    gpu_lanes: int,
+    pcie_bw: float,
+    geolocation: str,
+    inet_down: float,
+    note: str,
+    sim: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": offer_id,
+        "ask_contract_id": offer_id,
+        "machine_id": machine_id,
+        "host_id": machine_id // 10,
+        "num_gpus": num_gpus,
+        "gpu_name": gpu_name,
+        "gpu_ram": gpu_ram,
+        "gpu_total_ram": gpu_ram * num_gpus,
+        "cpu_name": cpu_name,
+        "cpu_cores": cpu_cores,
+        "cpu_cores_effective": cpu_cores,
+        "cpu_ram": cpu_ram,
+        "disk_space": 500.0,
+        "pci_gen": pci_gen,
+        "gpu_lanes": gpu_lanes,
+        "pcie_bw": pcie_bw,
+        "dph_base": round(dph_total * 0.95, 4),
+        "dph_total": dph_total,
+        "inet_down": inet_down,
+        "inet_up": inet_down / 2,
+        "cuda_max_good": 13.0,
+        "driver_vers": "580.95.05",
+        "reliability": 0.995,
+        "verification": "verified",
+        "verified": True,
+        "rentable": True,
+        "rented": False,
+        "geolocation": geolocation,
+        "hostname": f"sim-{machine_id}",
+        "note": note,
+        "sim": sim or {"noise_pct": 6.0, "seed": machine_id},
+    }
+
+
+LOCAL_OFFERS: tuple[dict[str, Any], ...] = (
+    _offer(
+        9001, 41001, gpu_name="RTX 4090", num_gpus=1, gpu_ram=24564, dph_total=0.42,
+        cpu_name="AMD EPYC 7543 32-Core Processor", cpu_cores=32, cpu_ram=257_000,
+        pci_gen=4, gpu_lanes=16, pcie_bw=24.6, geolocation="Oregon, US", inet_down=900,
+        note="the operator's 61.4/h RTX 4090",
+    ),
+    _offer(
+        9002, 41002, gpu_name="RTX 3090", num_gpus=1, gpu_ram=24576, dph_total=0.22,
+        cpu_name="AMD Ryzen 9 5950X 16-Core Processor", cpu_cores=32, cpu_ram=257_000,
+        pci_gen=4, gpu_lanes=16, pcie_bw=22.1, geolocation="Ohio, US", inet_down=700,
+        note="previous-generation single GPU",
+    ),
+    _offer(
+        9003, 41003, gpu_name="RTX 5070 Ti", num_gpus=1, gpu_ram=16303, dph_total=0.19,
+        cpu_name="AMD EPYC 7B13 64-Core Processor", cpu_cores=48, cpu_ram=515_000,
+        pci_gen=5, gpu_lanes=16, pcie_bw=48.2, geolocation="Quebec, CA", inet_down=1500,
+        note="good specs, good value",
+    ),
+    _offer(
+        9004, 41004, gpu_name="RTX 5060 Ti", num_gpus=2, gpu_ram=16311, dph_total=0.24,
+        cpu_name="AMD EPYC 7K62 48-Core Processor", cpu_cores=48, cpu_ram=386_000,
+        pci_gen=4, gpu_lanes=8, pcie_bw=13.5, geolocation="England, GB", inet_down=800,
+        note="2x RTX 5060 Ti, EPYC 7K62, PCIe 13.5 GB/s",
+    ),
+    _offer(
+        9005, 41005, gpu_name="RTX 5060 Ti", num_gpus=1, gpu_ram=16311, dph_total=0.11,
+        cpu_name="Intel Xeon E5-2690 v4", cpu_cores=28, cpu_ram=257_000,
+        pci_gen=3, gpu_lanes=16, pcie_bw=11.8, geolocation="Texas, US", inet_down=500,
+        note="cheap single RTX 5060 Ti: can it reach 12 proofs/hour?",
+    ),
+    _offer(
+        9006, 41006, gpu_name="RTX 5090", num_gpus=1, gpu_ram=32607, dph_total=0.69,
+        cpu_name="AMD Ryzen 9 7950X 16-Core Processor", cpu_cores=32, cpu_ram=128_000,
+        pci_gen=5, gpu_lanes=16, pcie_bw=50.3, geolocation="Illinois, US", inet_down=1000,
+        note="RTX 5090 retry (one in Italy made 25.9/h)",
+    ),
+    _offer(
+        9007, 41007, gpu_name="RTX 4080 Super", num_gpus=2, gpu_ram=16376, dph_total=0.52,
+        cpu_name="AMD EPYC 7713 64-Core Processor", cpu_cores=64, cpu_ram=515_000,
+        pci_gen=4, gpu_lanes=16, pcie_bw=25.1, geolocation="Denmark, DK", inet_down=1200,
+        note="high-end multi-GPU of the previous generation, for variety",
+    ),
+    _offer(
+        9008, 41008, gpu_name="RTX 5060 Ti", num_gpus=4, gpu_ram=16311, dph_total=0.46,
+        cpu_name="Intel Core i7-12700K", cpu_cores=16, cpu_ram=257_000,
+        pci_gen=4, gpu_lanes=8, pcie_bw=12.9, geolocation="Nevada, US", inet_down=900,
+        note="the operator's 38.8/h 4x RTX 5060 Ti",
+    ),
+    _offer(
+        9009, 41009, gpu_name="RTX 3090", num_gpus=4, gpu_ram=24576, dph_total=0.78,
+        cpu_name="AMD EPYC 7302 16-Core Processor", cpu_cores=64, cpu_ram=515_000,
+        pci_gen=3, gpu_lanes=4, pcie_bw=3.1, geolocation="Poland, PL", inet_down=600,
+        note="4x RTX 3090 on PCIe Gen3 x4 risers",
+    ),
+)
+
+
+def local_offers() -> list[dict[str, Any]]:
+    """A fresh copy of the catalog (callers may mutate their copy)."""
+    return copy.deepcopy(list(LOCAL_OFFERS))

@@ -1,0 +1,551 @@
+"""`vast-manager`: the coordinator server and the operator's command line.
+
+Thin click commands: each parses its options, calls one function of the core
+or one operator API endpoint, and prints a table or JSON. Errors become one
+line on stderr and an exit code:
+
+\b
+  0  success
+  1  the coordinator refused the request (the message says why)
+  2  bad usage (click's own)
+  3  the coordinator could not be reached
+  4  the demo ended without its expected outcome
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+import orjson
+
+from coordinator import render
+from coordinator.opclient import DEFAULT_URL, OperatorClient, OperatorError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_REFUSED = 1
+EXIT_UNREACHABLE = 3
+
+
+def operator_options(fn: F) -> F:
+    """``--url`` and the admin token, shared by every command that talks to a coordinator."""
+
+    @click.option(
+        "--url",
+        envvar="VM_URL",
+        default=DEFAULT_URL,
+        show_default=True,
+        help="Coordinator URL (env VM_URL).",
+    )
+    @click.option(
+        "--token",
+        envvar="VM_ADMIN_TOKEN",
+        default=None,
+        show_default=False,
+        help="Admin token (env VM_ADMIN_TOKEN; prefer the environment over the flag).",
+    )
+    @functools.wraps(fn)
+    def wrapper(*args: Any, url: str, token: str | None, **kwargs: Any) -> Any:
+        client = OperatorClient(url, token)
+        try:
+            return fn(client, *args, **kwargs)
+        except OperatorError as err:
+            click.echo(f"Error: {err}", err=True)
+            sys.exit(EXIT_REFUSED if err.status else EXIT_UNREACHABLE)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def json_option(fn: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(
+        fn
+    )
+
+
+def echo_json(value: Any) -> None:
+    click.echo(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode())
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="vast-manager")
+def cli() -> None:
+    """Run a fleet of rented vast.ai GPU machines proving with CuZK, and keep only
+    the ones worth their price.
+
+    \b
+    Start here:
+      vast-manager demo            the whole lifecycle on a local simulated fleet
+      vast-manager serve           run a coordinator (agents + operator API)
+      vast-manager status          the fleet, from a running coordinator
+    """
+
+
+# --- server ----------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--db", "db_path", default=None, help="SQLite file [default: ./vast-manager.db].")
+@click.option("--host", default=None, help="Listen address [default: 127.0.0.1].")
+@click.option("--port", type=int, default=None, help="Listen port [default: 8420].")
+@click.option(
+    "--provider",
+    type=click.Choice(["local", "vast"]),
+    default="local",
+    show_default=True,
+    help="Where instances come from: the local simulated fleet, or vast.ai (VAST_API_KEY).",
+)
+def serve(db_path: str | None, host: str | None, port: int | None, provider: str) -> None:
+    """Run the coordinator: agent endpoints, operator API, monitor loop.
+
+    The fleet secret comes from VM_FLEET_SECRET (generated into a 0600 file in
+    your config directory when unset) and the admin token from VM_ADMIN_TOKEN
+    (generated and printed once when unset).
+
+    \b
+    Example:
+      VM_ADMIN_TOKEN=$(openssl rand -hex 24) vast-manager serve --db fleet.db
+    """
+    from coordinator.server import run_server
+    from coordinator.settings import Settings
+
+    overrides: dict[str, Any] = {}
+    if db_path is not None:
+        overrides["db_path"] = db_path
+    if host is not None:
+        overrides["host"] = host
+    if port is not None:
+        overrides["port"] = port
+    try:
+        settings = Settings.from_env(os.environ, **overrides)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    run_server(settings, provider)
+
+
+@cli.command()
+@click.option(
+    "--time-scale",
+    type=float,
+    default=None,
+    help="Simulated seconds per real second [default: chosen to finish in about a minute].",
+)
+@click.option("--keep", "keep_dir", default=None, help="Keep the demo's files in this folder.")
+@click.option("--timeout", "timeout_s", type=float, default=150.0, show_default=True,
+              help="Give up after this many seconds.")
+def demo(time_scale: float | None, keep_dir: str | None, timeout_s: float) -> None:
+    """Run the whole lifecycle on a local simulated fleet, in about a minute.
+
+    Starts a coordinator on a fresh SQLite file, deploys every offer of the
+    local catalog through the LocalProvider (agents on the simulated cuzk),
+    shows the fleet live, and ends with each instance's outcome and reason,
+    host_perf, the bad hosts, the scaling verdicts and the offers ranked by
+    cost per proof. All rates are simulated. Nothing is left running.
+
+    \b
+    Example:
+      vast-manager demo
+    """
+    from coordinator.demo import run_demo
+
+    code = run_demo(time_scale=time_scale, keep_dir=keep_dir, timeout_s=timeout_s)
+    sys.exit(code)
+
+
+# --- fleet -------------------------------------------------------------------------
+
+
+def _progress(p: Any) -> str:
+    if not p:
+        return "-"
+    done, total, unit = p.get("done"), p.get("total"), p.get("unit")
+    if unit == "bytes" and total:
+        return f"{100.0 * done / total:.0f}%"
+    return f"{done}/{total} {unit or ''}".strip()
+
+
+@cli.command()
+@json_option
+@operator_options
+def status(client: OperatorClient, as_json: bool) -> None:
+    """The fleet: every instance with state, phase, rate and cost per proof.
+
+    \b
+    Example:
+      vast-manager status --url http://coordinator:8420
+    """
+    rows = client.get("/api/instances")
+    if as_json:
+        echo_json(rows)
+        return
+    if not rows:
+        click.echo("No instances.")
+        return
+    now = time.time()
+    click.echo(
+        render.table(
+            (
+                (
+                    r.get("id"),
+                    r.get("state"),
+                    r.get("phase"),
+                    _progress(r.get("progress")),
+                    f"{r.get('num_gpus') or '?'}x {r.get('gpu_name') or '?'}",
+                    render.usd(r.get("dph_total"), 3),
+                    render.num(r.get("rate_per_hour")),
+                    render.usd(r.get("usd_per_proof")),
+                    render.ago(r.get("last_seen"), now),
+                    r.get("label"),
+                )
+                for r in rows
+            ),
+            ["ID", "STATE", "PHASE", "PROGRESS", "GPUS", "$/H", "RATE/H", "$/PROOF",
+             "LAST SEEN", "LABEL"],
+        )
+    )
+
+
+@cli.command()
+@click.argument("instance_id", type=int)
+@json_option
+@operator_options
+def instance(client: OperatorClient, instance_id: int, as_json: bool) -> None:
+    """One instance: its state, per-GPU telemetry, results and decisions.
+
+    \b
+    Example:
+      vast-manager instance 700001
+    """
+    from coordinator.views import render_instance
+
+    data = client.get(f"/api/instances/{instance_id}")
+    if as_json:
+        echo_json(data)
+        return
+    click.echo(render_instance(data))
+
+
+@cli.command()
+@json_option
+@operator_options
+def hosts(client: OperatorClient, as_json: bool) -> None:
+    """Measured hosts (host_perf): best and median rate, samples, cost per proof.
+
+    \b
+    Example:
+      vast-manager hosts --json
+    """
+    rows = client.get("/api/host-perf")
+    if as_json:
+        echo_json(rows)
+        return
+    if not rows:
+        click.echo("No host measured yet.")
+        return
+    click.echo(
+        render.table(
+            (
+                (
+                    r.get("machine_id"),
+                    r.get("gpu_name"),
+                    r.get("num_gpus"),
+                    render.num(r.get("median_rate_per_hour")),
+                    render.num(r.get("best_rate_per_hour")),
+                    render.num(r.get("last_rate_per_hour")),
+                    r.get("samples"),
+                    render.usd(r.get("usd_per_proof")),
+                )
+                for r in rows
+            ),
+            ["MACHINE", "GPU", "N", "MEDIAN/H", "BEST/H", "LAST/H", "SAMPLES", "$/PROOF"],
+        )
+    )
+
+
+@cli.group("bad-hosts")
+def bad_hosts() -> None:
+    """The blocklist of machines never to deploy on again."""
+
+
+@bad_hosts.command("list")
+@json_option
+@operator_options
+def bad_hosts_list(client: OperatorClient, as_json: bool) -> None:
+    """List blocked machines with the reason each was blocked.
+
+    \b
+    Example:
+      vast-manager bad-hosts list
+    """
+    rows = client.get("/api/bad-hosts")
+    if as_json:
+        echo_json(rows)
+        return
+    if not rows:
+        click.echo("No bad hosts.")
+        return
+    click.echo(
+        render.table(
+            ((r.get("machine_id"), render.ago(r.get("added_at")), r.get("reason")) for r in rows),
+            ["MACHINE", "ADDED", "REASON"],
+        )
+    )
+
+
+@bad_hosts.command("add")
+@click.argument("machine_id", type=int)
+@click.option("--reason", required=True, help="Why this machine is blocked.")
+@operator_options
+def bad_hosts_add(client: OperatorClient, machine_id: int, reason: str) -> None:
+    """Block a machine.
+
+    \b
+    Example:
+      vast-manager bad-hosts add 41006 --reason "25.9/h, noisy neighbour"
+    """
+    client.post("/api/bad-hosts", {"machine_id": machine_id, "reason": reason})
+    click.echo(f"Machine {machine_id} blocked.")
+
+
+@bad_hosts.command("remove")
+@click.argument("machine_id", type=int)
+@operator_options
+def bad_hosts_remove(client: OperatorClient, machine_id: int) -> None:
+    """Unblock a machine.
+
+    \b
+    Example:
+      vast-manager bad-hosts remove 41006
+    """
+    client.delete(f"/api/bad-hosts/{machine_id}")
+    click.echo(f"Machine {machine_id} unblocked.")
+
+
+@cli.command()
+@click.argument("instance_id", type=int)
+@operator_options
+def destroy(client: OperatorClient, instance_id: int) -> None:
+    """Destroy an instance now (billing stops). Safe to repeat.
+
+    \b
+    Example:
+      vast-manager destroy 700001
+    """
+    answer = client.post(f"/api/instances/{instance_id}/destroy")
+    click.echo(render.clean((answer or {}).get("message") or f"Instance {instance_id} destroyed."))
+
+
+@cli.command()
+@click.argument("instance_id", type=int)
+@operator_options
+def rebenchmark(client: OperatorClient, instance_id: int) -> None:
+    """Make the instance re-run its benchmark at its next heartbeat.
+
+    \b
+    Example:
+      vast-manager rebenchmark 700001
+    """
+    answer = client.post(f"/api/instances/{instance_id}/rebenchmark")
+    click.echo(
+        render.clean((answer or {}).get("message") or f"Instance {instance_id} will re-benchmark.")
+    )
+
+
+def _print_logs(lines: list[dict[str, Any]]) -> None:
+    for line in lines:
+        ts = time.strftime("%H:%M:%S", time.localtime(float(line.get("ts") or 0)))
+        click.echo(f"{ts} {render.clean(line.get('source'))}: {render.clean(line.get('text'))}")
+
+
+@cli.command()
+@click.argument("instance_id", type=int)
+@click.option("--tail", type=int, default=100, show_default=True, help="How many lines.")
+@click.option("--source", default=None, help="Only lines from this source (agent, cuzk, ...).")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines as they arrive.")
+@operator_options
+def logs(
+    client: OperatorClient, instance_id: int, tail: int, source: str | None, follow: bool
+) -> None:
+    """Logs the instance's agent shipped (agent, cuzk, benchmark, work command).
+
+    \b
+    Example:
+      vast-manager logs 700001 --tail 50 --source cuzk --follow
+    """
+    path = f"/api/instances/{instance_id}/logs"
+    lines = client.get(path, tail=tail, source=source)
+    _print_logs(lines)
+    seen_ts = max((float(x.get("ts") or 0) for x in lines), default=0.0)
+    while follow:
+        time.sleep(2.0)
+        fresh = [x for x in client.get(path, tail=1000, source=source)
+                 if float(x.get("ts") or 0) > seen_ts]
+        _print_logs(fresh)
+        seen_ts = max((float(x.get("ts") or 0) for x in fresh), default=seen_ts)
+
+
+@cli.group()
+def agents() -> None:
+    """Bring-your-own agents: issue credentials for a machine you run yourself, or revoke."""
+
+
+@agents.command("issue")
+@click.option("--label", default="byo", show_default=True,
+              help="Name of the machine (its machine_id in host_perf).")
+@click.option("--min-rate", type=float, default=None, help="Minimum proofs/hour to keep it.")
+@json_option
+@operator_options
+def agents_issue(
+    client: OperatorClient, label: str, min_rate: float | None, as_json: bool
+) -> None:
+    """Register an agent and print its environment (VM_COORDINATOR_URL, VM_AGENT_ID,
+    VM_AGENT_KEY) in env-file format. The key is shown only here, once.
+
+    \b
+    Example:
+      vast-manager agents issue --label rig-01 --min-rate 40 > rig-01.env
+    """
+    body: dict[str, Any] = {"label": label}
+    if min_rate is not None:
+        body["min_rate_per_hour"] = min_rate
+    answer = client.post("/api/agents", body)
+    env = {
+        "VM_COORDINATOR_URL": answer["coordinator_url"],
+        "VM_AGENT_ID": answer["agent_id"],
+        "VM_AGENT_KEY": answer["agent_key"],
+    }
+    if as_json:
+        echo_json(env)
+        return
+    for key, value in env.items():
+        click.echo(f"{key}={value}")
+
+
+@agents.command("revoke")
+@click.argument("agent_id")
+@operator_options
+def agents_revoke(client: OperatorClient, agent_id: str) -> None:
+    """Revoke an agent: its requests are refused from now on.
+
+    \b
+    Example:
+      vast-manager agents revoke ag_0123456789abcdef0123
+    """
+    client.post(f"/api/agents/{agent_id}/revoke")
+    click.echo(f"Agent {agent_id} revoked.")
+
+
+# --- offers and deploy --------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--filter", "filter_text", default=None,
+              help='Offer filter in vast.ai CLI syntax, e.g. "num_gpus>=2 dph<=0.9".')
+@json_option
+@operator_options
+def offers(client: OperatorClient, filter_text: str | None, as_json: bool) -> None:
+    """Offers ranked by predicted cost per proof, with the basis of each prediction.
+
+    \b
+    Example:
+      vast-manager offers --filter "gpu_name=RTX_4090 cpu_ram>=240"
+    """
+    rows = client.get("/api/offers", filter=filter_text)
+    if as_json:
+        echo_json(rows)
+        return
+    if not rows:
+        click.echo("No offers match.")
+        return
+    click.echo(
+        render.table(
+            (
+                (
+                    r.get("id"),
+                    f"{r.get('num_gpus')}x {r.get('gpu_name')}",
+                    render.usd(r.get("dph_total"), 3),
+                    render.num(r.get("predicted_rate_per_hour")),
+                    render.usd(r.get("predicted_usd_per_proof")),
+                    r.get("cpu_cores_effective") or r.get("cpu_cores"),
+                    render.num((r.get("cpu_ram") or 0) / 1000, 0, "G"),
+                    render.num(r.get("pcie_bw"), 1),
+                    r.get("geolocation"),
+                    _flags(r),
+                    r.get("prediction_basis"),
+                )
+                for r in rows
+            ),
+            ["OFFER", "GPUS", "$/H", "PRED/H", "$/PROOF", "CPU", "RAM", "PCIE GB/S", "PLACE",
+             "FLAGS", "BASIS"],
+        )
+    )
+
+
+def _flags(offer: dict[str, Any]) -> str:
+    flags = []
+    if offer.get("bad_host"):
+        flags.append("BAD-HOST")
+    if offer.get("known"):
+        flags.append("known")
+    if offer.get("predicted_rate_per_hour") is None:
+        flags.append("explore")
+    return ",".join(flags) or "-"
+
+
+@cli.command()
+@click.argument("offer_id", type=int)
+@click.option("--min-rate", type=float, default=None,
+              help="Minimum proofs/hour [default: price / max $ per proof].")
+@click.option("--disk", "disk_gb", type=int, default=None, help="Disk in GB.")
+@operator_options
+def deploy(client: OperatorClient, offer_id: int, min_rate: float | None, disk_gb: int | None) -> None:
+    """Rent an offer and start an agent on it, after re-checking the offer
+    (still there, price, bad host, machine already ours).
+
+    \b
+    Example:
+      vast-manager deploy 9001 --min-rate 50
+    """
+    body: dict[str, Any] = {"offer_id": offer_id}
+    if min_rate is not None:
+        body["min_rate_per_hour"] = min_rate
+    if disk_gb is not None:
+        body["disk_gb"] = disk_gb
+    answer = client.post("/api/deploy", body)
+    click.echo(
+        f"Instance {answer.get('instance_id')} (agent {answer.get('agent_id')}): "
+        f"{render.clean(answer.get('message'))}"
+    )
+
+
+@cli.command()
+@json_option
+@operator_options
+def scaling(client: OperatorClient, as_json: bool) -> None:
+    """Multi-GPU scaling per host: rate with all GPUs vs one, efficiency, bottleneck,
+    evidence — the agent's verdict and the coordinator's own.
+
+    \b
+    Example:
+      vast-manager scaling
+    """
+    from coordinator.views import render_scaling
+
+    rows = client.get("/api/scaling")
+    if as_json:
+        echo_json(rows)
+        return
+    click.echo(render_scaling(rows))
+
+
+def main() -> None:
+    cli(prog_name="vast-manager")
+
+
+if __name__ == "__main__":
+    main()
