@@ -1,0 +1,241 @@
+"""VastProvider: the Provider interface on vast.ai, through ``coordinator.vast.VastClient``.
+
+Offers come from the official CLI's query syntax (``coordinator.filters``);
+create sends the keys ``vastai create instance`` sends. The deploy checks
+(bad host, busy machine, price ceiling, serialization) live in
+``coordinator.deploy``, not here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from coordinator.filters import (
+    DEFAULT_FILTER,
+    DEFAULT_ORDER,
+    apply_local_filters,
+    build_search_query,
+)
+from coordinator.providers.base import (
+    CreatedInstance,
+    Offer,
+    OfferGone,
+    ProviderError,
+    ProviderInstance,
+)
+from coordinator.vast import OutcomeUnknown, VastClient
+
+log = logging.getLogger(__name__)
+
+#: vast.ai keeps the onstart script as a string of at most 16 KB.
+MAX_ONSTART_BYTES = 16 * 1024
+#: The CLI's ``--ssh --direct``: vast.ai runs the onstart script instead of the
+#: image's ENTRYPOINT. ``"args"`` runs the image's ENTRYPOINT instead.
+DEFAULT_RUNTYPE = "ssh_direc ssh_proxy"
+
+# Instance fields that carry credentials (our agent key sits in extra_env and
+# may sit in onstart); they never leave this module.
+_SECRET_INSTANCE_FIELDS = frozenset(
+    {"extra_env", "onstart", "instance_api_key", "jupyter_token", "ssh_key", "image_login"}
+)
+
+
+class VastProvider:
+    """Rents, lists and destroys vast.ai instances for the coordinator."""
+
+    name = "vast"
+
+    def __init__(
+        self,
+        client: VastClient,
+        *,
+        image: str,
+        onstart: str,
+        disk_gb: int = 250,
+        extra_env: Mapping[str, str] | None = None,
+        runtype: str = DEFAULT_RUNTYPE,
+        image_login: str | None = None,
+        default_filter: str = DEFAULT_FILTER,
+        order: str = DEFAULT_ORDER,
+        search_limit: int | None = None,
+    ) -> None:
+        if not image:
+            raise ValueError("a container image is required")
+        if len(onstart.encode("utf-8")) > MAX_ONSTART_BYTES:
+            raise ValueError(f"the onstart script exceeds vast.ai's {MAX_ONSTART_BYTES} bytes")
+        if disk_gb <= 0:
+            raise ValueError("disk_gb must be positive")
+        self.client = client
+        self.image = image
+        self.onstart = onstart
+        self.disk_gb = disk_gb
+        self.extra_env = {str(k): str(v) for k, v in (extra_env or {}).items()}
+        self.runtype = runtype
+        self.image_login = image_login
+        self.default_filter = default_filter
+        self.order = order
+        self.search_limit = search_limit
+
+    async def search_offers(self, filter_text: str | None = None) -> list[Offer]:
+        """Offers matching ``filter_text`` (None: the original manager's filter), priced
+        with our default disk size (``allocated_storage``) so ``dph_total`` is what we pay.
+        """
+        query = build_search_query(
+            self.default_filter if filter_text is None else filter_text,
+            order=self.order,
+            limit=self.search_limit,
+            storage_gb=self.disk_gb,
+        )
+        offers = apply_local_filters(await self.client.search_offers(query), query)
+        return [_normalize_offer(o) for o in offers]
+
+    async def get_offer(self, offer_id: int) -> Offer | None:
+        """Re-read one offer now: a search for this id that is rentable and not rented.
+
+        No default verified/external conditions: an offer the operator picked with
+        ``verified=any`` must still be found.
+        """
+        query = build_search_query(
+            f"id={int(offer_id)} rentable=true rented=false",
+            no_default=True,
+            storage_gb=self.disk_gb,
+        )
+        for offer in apply_local_filters(await self.client.search_offers(query), query):
+            if _as_int(offer.get("id")) != int(offer_id):
+                continue
+            if offer.get("rentable") is False or offer.get("rented") is True:
+                return None
+            return _normalize_offer(offer)
+        return None
+
+    def create_body(self, *, label: str, env: Mapping[str, str], disk_gb: int) -> dict[str, Any]:
+        """The JSON ``vastai create instance`` PUTs to /api/v0/asks/{id}/ (vast-cli
+        ``vast.py`` 01163020 ``create__instance``; ``vastai/api/instances.py``).
+        """
+        merged_env = dict(self.extra_env)
+        # The agent's own VM_* values win over operator-wide extras.
+        merged_env.update({str(k): str(v) for k, v in env.items()})
+        args_mode = self.runtype == "args"
+        return {
+            "client_id": "me",
+            "image": self.image,
+            "env": merged_env,
+            "price": None,  # on-demand, not a bid
+            "disk": float(disk_gb),
+            "label": label,
+            "extra": None,
+            # In args mode the CLI sends onstart as the ENTRYPOINT override, so
+            # sending our script there would replace the image's entrypoint.
+            "onstart": None if args_mode else self.onstart,
+            "image_login": self.image_login,
+            "python_utf8": False,
+            "lang_utf8": False,
+            "use_jupyter_lab": False,
+            "jupyter_dir": None,
+            "force": False,
+            # Without it vast.ai may create a *stopped* instance when the host
+            # cannot schedule it: storage bills, nothing runs. Fail instead.
+            "cancel_unavail": True,
+            "template_hash_id": None,
+            "user": None,
+            "runtype": self.runtype,
+        }
+
+    async def create_instance(
+        self, offer: Offer, *, label: str, env: dict[str, str], disk_gb: int
+    ) -> CreatedInstance:
+        """Rent ``offer``. OfferGone when it was sold meanwhile; other ProviderErrors
+        when vast.ai refused or the outcome is unknown (the label then finds it)."""
+        offer_id = _as_int(offer.get("id"))
+        if offer_id is None:
+            raise ProviderError("offer without an id")
+        body = self.create_body(label=label, env=env, disk_gb=disk_gb)
+        log.info(
+            "vast.ai create on offer %s (machine %s) label %s disk %s GB",
+            offer_id,
+            offer.get("machine_id"),
+            label,
+            disk_gb,
+        )
+        try:
+            answer = await self.client.create_instance(offer_id, body)
+        except OfferGone:
+            log.info("vast.ai offer %s gone at create", offer_id)
+            raise
+        except OutcomeUnknown as exc:
+            # The create may have happened: the label is unique to this
+            # deploy's agent, so look for it rather than leak a paid instance.
+            found = await self._find_by_label(label)
+            if found is None:
+                raise
+            log.warning("vast.ai create on offer %s: answer lost, found %s", offer_id, found)
+            return CreatedInstance(
+                instance_id=found,
+                message=f"vast.ai instance {found} on offer {offer_id} found by its label "
+                f"after the create answer was lost ({exc})",
+            )
+        instance_id = int(answer["new_contract"])
+        return CreatedInstance(
+            instance_id=instance_id,
+            message=f"created vast.ai instance {instance_id} on offer {offer_id} "
+            f"(machine {offer.get('machine_id')}, {offer.get('num_gpus')}x "
+            f"{offer.get('gpu_name')}, ${offer.get('dph_total')}/h)",
+        )
+
+    async def _find_by_label(self, label: str) -> int | None:
+        try:
+            rows = await self.client.list_instances()
+        except ProviderError:
+            return None
+        ids = sorted(
+            i for i in (_as_int(r.get("id")) for r in rows if r.get("label") == label) if i
+        )
+        # Two would be a double sale; return the first, reconciliation
+        # destroys the other as a duplicate.
+        return ids[0] if ids else None
+
+    async def destroy_instance(self, instance_id: int) -> None:
+        """Destroy; idempotent. A delete accepted but not yet visible is logged and left
+        to the monitor's next reconciliation."""
+        confirmed = await self.client.destroy_instance(instance_id)
+        if confirmed:
+            log.info("vast.ai instance %s destroyed", instance_id)
+        else:
+            log.warning("vast.ai instance %s destroy accepted, not yet confirmed", instance_id)
+
+    async def list_instances(self) -> list[ProviderInstance]:
+        """Every instance of the account, without fields that carry credentials."""
+        return [public_instance(row) for row in await self.client.list_instances()]
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def public_instance(row: Mapping[str, Any]) -> ProviderInstance:
+    """An instance row safe to store and show: credential-bearing fields dropped,
+    ``reliability`` filled from ``reliability2`` (instances use the latter)."""
+    out = {k: v for k, v in row.items() if k not in _SECRET_INSTANCE_FIELDS}
+    if "reliability" not in out and "reliability2" in out:
+        out["reliability"] = out["reliability2"]
+    return out
+
+
+def _normalize_offer(offer: Mapping[str, Any]) -> Offer:
+    out = dict(offer)
+    if "reliability" not in out and "reliability2" in out:
+        out["reliability"] = out["reliability2"]
+    return out
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None

@@ -1,0 +1,389 @@
+"""VastClient against aioresponses: requests sent, retries, error mapping, key hygiene."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+import pytest
+from aioresponses import aioresponses
+from yarl import URL
+
+from coordinator.providers.base import (
+    AuthError,
+    BadRequest,
+    OfferGone,
+    ProviderError,
+    RateLimited,
+)
+from coordinator.vast import VastClient, discover_api_key
+
+BASE = "https://vast.example.test"
+KEY = "sk-test-0123456789abcdef0123456789abcdef"
+
+
+class _CompatClientResponse(aiohttp.ClientResponse):
+    """aiohttp 3.14 made ``stream_writer`` a required argument that aioresponses
+    0.7.x does not pass (pnuckowski/aioresponses#289); supply an idle one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("stream_writer", SimpleNamespace(output_size=0))
+        super().__init__(*args, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _aioresponses_compat(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    params = inspect.signature(aiohttp.ClientResponse.__init__).parameters
+    if "stream_writer" in params:
+        monkeypatch.setattr("aioresponses.core.ClientResponse", _CompatClientResponse)
+    yield
+
+
+class Sleeps:
+    """An injected sleep that records the delays and returns at once."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+@pytest.fixture
+def sleeps() -> Sleeps:
+    return Sleeps()
+
+
+@pytest.fixture
+async def client(sleeps: Sleeps) -> AsyncIterator[VastClient]:
+    c = VastClient(KEY, BASE, sleep=sleeps, rng=lambda: 1.0, max_attempts=4)
+    yield c
+    await c.close()
+
+
+def only_call(m: aioresponses, method: str, url: str) -> Any:
+    calls = m.requests[(method, URL(url))]
+    assert len(calls) == 1, calls
+    return calls[0]
+
+
+def assert_auth(call: Any) -> None:
+    assert call.kwargs["headers"]["Authorization"] == f"Bearer {KEY}"
+
+
+def all_urls(m: aioresponses) -> list[str]:
+    return [str(url) for (_, url) in m.requests]
+
+
+async def test_search_offers_posts_query(client: VastClient) -> None:
+    query = {"rentable": {"eq": True}, "order": [["score", "desc"]], "type": "on-demand"}
+    offers = [{"id": 1, "machine_id": 10}, {"id": 2, "machine_id": 20}]
+    with aioresponses() as m:
+        m.post(f"{BASE}/api/v0/bundles/", payload={"offers": offers})
+        got = await client.search_offers(query)
+        call = only_call(m, "POST", f"{BASE}/api/v0/bundles/")
+    assert got == offers
+    assert call.kwargs["json"] == query
+    assert_auth(call)
+
+
+async def test_create_instance_puts_body(client: VastClient) -> None:
+    body = {"client_id": "me", "image": "img:1", "env": {"A": "1"}, "disk": 250.0}
+    answer = {"success": True, "new_contract": 777, "instance_api_key": "inst-secret"}
+    with aioresponses() as m:
+        m.put(f"{BASE}/api/v0/asks/4242/", payload=answer)
+        got = await client.create_instance(4242, body)
+        call = only_call(m, "PUT", f"{BASE}/api/v0/asks/4242/")
+    assert got["new_contract"] == 777
+    assert call.kwargs["json"] == body
+    assert_auth(call)
+
+
+async def test_show_instance(client: VastClient) -> None:
+    url = f"{BASE}/api/v0/instances/55/?owner=me"
+    with aioresponses() as m:
+        m.get(url, payload={"instances": {"id": 55, "actual_status": "running"}})
+        row = await client.show_instance(55)
+        call = only_call(m, "GET", url)
+    assert row == {"id": 55, "actual_status": "running"}
+    assert call.kwargs["params"] == {"owner": "me"}
+    assert call.kwargs["json"] is None
+    assert_auth(call)
+
+
+@pytest.mark.parametrize(
+    ("status", "payload"),
+    [(200, {"instances": None}), (404, {"success": False, "error": "no_such_instance"})],
+)
+async def test_show_instance_gone_is_none(
+    client: VastClient, status: int, payload: dict[str, Any]
+) -> None:
+    with aioresponses() as m:
+        m.get(f"{BASE}/api/v0/instances/55/?owner=me", status=status, payload=payload)
+        assert await client.show_instance(55) is None
+
+
+async def test_list_instances_follows_next_token(client: VastClient) -> None:
+    order_by = json.dumps([{"col": "id", "dir": "asc"}])
+    page = re.compile(re.escape(f"{BASE}/api/v1/instances/") + r"\?.*")
+    with aioresponses() as m:
+        m.get(page, payload={"instances": [{"id": 1}, {"id": 2}], "next_token": "tok-2"})
+        m.get(page, payload={"instances": [{"id": 3}], "next_token": "tok-3"})
+        m.get(page, payload={"instances": [], "next_token": None})
+        rows = await client.list_instances()
+        calls = [c for (meth, _), cs in m.requests.items() if meth == "GET" for c in cs]
+    assert [r["id"] for r in rows] == [1, 2, 3]
+    assert len(calls) == 3
+    params = [c.kwargs["params"] for c in calls]
+    assert params[0] == {"select_filters": "{}", "order_by": order_by, "limit": "25"}
+    assert params[1] == {**params[0], "after_token": "tok-2"}
+    assert params[2] == {**params[0], "after_token": "tok-3"}
+    for c in calls:
+        assert_auth(c)
+
+
+async def test_list_instances_repeated_token_is_an_error(client: VastClient) -> None:
+    page = re.compile(re.escape(f"{BASE}/api/v1/instances/") + r"\?.*")
+    with aioresponses() as m:
+        m.get(page, payload={"instances": [{"id": 1}], "next_token": "same"}, repeat=True)
+        with pytest.raises(ProviderError, match="repeated a page token"):
+            await client.list_instances()
+
+
+async def test_destroy_instance_deletes_then_verifies(client: VastClient) -> None:
+    with aioresponses() as m:
+        m.delete(f"{BASE}/api/v0/instances/55/", payload={"success": True})
+        m.get(f"{BASE}/api/v0/instances/55/?owner=me", payload={"instances": None})
+        assert await client.destroy_instance(55) is True
+        call = only_call(m, "DELETE", f"{BASE}/api/v0/instances/55/")
+        only_call(m, "GET", f"{BASE}/api/v0/instances/55/?owner=me")
+    assert call.kwargs["json"] == {}
+    assert_auth(call)
+
+
+async def test_destroy_already_gone_is_success(client: VastClient) -> None:
+    with aioresponses() as m:
+        m.delete(
+            f"{BASE}/api/v0/instances/55/",
+            status=404,
+            payload={"success": False, "error": "no_such_instance"},
+        )
+        assert await client.destroy_instance(55) is True
+
+
+async def test_destroy_still_listed_is_reported_unconfirmed(client: VastClient) -> None:
+    with aioresponses() as m:
+        m.delete(f"{BASE}/api/v0/instances/55/", payload={"success": True})
+        m.get(
+            f"{BASE}/api/v0/instances/55/?owner=me",
+            payload={"instances": {"id": 55, "actual_status": "running"}},
+        )
+        assert await client.destroy_instance(55) is False
+
+
+async def test_set_label_puts_label(client: VastClient) -> None:
+    with aioresponses() as m:
+        m.put(f"{BASE}/api/v0/instances/55/", payload={"success": True})
+        await client.set_label(55, "vm:abcd1234:ag_0123456789abcdef0123")
+        call = only_call(m, "PUT", f"{BASE}/api/v0/instances/55/")
+    assert call.kwargs["json"] == {"label": "vm:abcd1234:ag_0123456789abcdef0123"}
+    assert_auth(call)
+
+
+async def test_429_then_200_succeeds(client: VastClient, sleeps: Sleeps) -> None:
+    with aioresponses() as m:
+        m.post(
+            f"{BASE}/api/v0/bundles/",
+            status=429,
+            payload={"success": False, "msg": "API requests too frequent"},
+        )
+        m.post(f"{BASE}/api/v0/bundles/", payload={"offers": [{"id": 9}]})
+        assert await client.search_offers({}) == [{"id": 9}]
+        assert len(m.requests[("POST", URL(f"{BASE}/api/v0/bundles/"))]) == 2
+    assert sleeps.delays == [0.5]
+
+
+async def test_create_retries_429(client: VastClient, sleeps: Sleeps) -> None:
+    with aioresponses() as m:
+        m.put(f"{BASE}/api/v0/asks/1/", status=429, payload={"msg": "too frequent"})
+        m.put(f"{BASE}/api/v0/asks/1/", payload={"success": True, "new_contract": 5})
+        assert (await client.create_instance(1, {"image": "x"}))["new_contract"] == 5
+    assert len(sleeps.delays) == 1
+
+
+async def test_persistent_5xx_ends_in_clear_error(client: VastClient, sleeps: Sleeps) -> None:
+    with aioresponses() as m:
+        m.get(
+            f"{BASE}/api/v0/instances/7/?owner=me",
+            status=503,
+            body="Service Unavailable",
+            repeat=True,
+        )
+        with pytest.raises(ProviderError) as err:
+            await client.show_instance(7)
+        calls = m.requests[("GET", URL(f"{BASE}/api/v0/instances/7/?owner=me"))]
+    assert len(calls) == 4  # max_attempts, no more
+    assert "failed after 4 attempts (HTTP 503)" in str(err.value)
+    assert not isinstance(err.value, RateLimited)
+    # Exponential, capped and jittered (rng fixed at 1.0 here: the full delay).
+    assert sleeps.delays == [0.5, 1.0, 2.0]
+
+
+async def test_backoff_is_capped_and_jittered(sleeps: Sleeps) -> None:
+    draws = iter([0.0, 1.0, 0.0, 1.0, 0.5, 0.5, 0.5])
+    c = VastClient(
+        KEY, BASE, sleep=sleeps, rng=lambda: next(draws), max_attempts=8, backoff_cap_s=3.0
+    )
+    try:
+        with aioresponses() as m:
+            m.post(f"{BASE}/api/v0/bundles/", status=502, repeat=True)
+            with pytest.raises(ProviderError, match="HTTP 502"):
+                await c.search_offers({})
+    finally:
+        await c.close()
+    assert sleeps.delays == [0.25, 1.0, 1.0, 3.0, 2.25, 2.25, 2.25]
+    assert max(sleeps.delays) <= 3.0
+
+
+async def test_persistent_429_is_rate_limited(client: VastClient) -> None:
+    with aioresponses() as m:
+        m.post(f"{BASE}/api/v0/bundles/", status=429, repeat=True)
+        with pytest.raises(RateLimited, match="still rate limited"):
+            await client.search_offers({})
+
+
+async def test_connection_errors_and_timeouts_are_retried(
+    client: VastClient, sleeps: Sleeps
+) -> None:
+    url = f"{BASE}/api/v0/instances/7/?owner=me"
+    with aioresponses() as m:
+        m.get(url, exception=aiohttp.ClientConnectionError("reset by peer"))
+        m.get(url, exception=TimeoutError())
+        m.get(url, payload={"instances": {"id": 7}})
+        assert await client.show_instance(7) == {"id": 7}
+    assert len(sleeps.delays) == 2
+
+
+async def test_create_not_retried_when_outcome_unknown(client: VastClient) -> None:
+    with aioresponses() as m:
+        m.put(f"{BASE}/api/v0/asks/1/", status=504, repeat=True)
+        with pytest.raises(ProviderError, match="outcome unknown"):
+            await client.create_instance(1, {"image": "x"})
+        assert len(m.requests[("PUT", URL(f"{BASE}/api/v0/asks/1/"))]) == 1
+    with aioresponses() as m:
+        m.put(f"{BASE}/api/v0/asks/1/", exception=TimeoutError(), repeat=True)
+        with pytest.raises(ProviderError, match="outcome unknown"):
+            await client.create_instance(1, {"image": "x"})
+        assert len(m.requests[("PUT", URL(f"{BASE}/api/v0/asks/1/"))]) == 1
+
+
+@pytest.mark.parametrize("status", [404, 410])
+async def test_no_such_ask_on_create_is_offer_gone(client: VastClient, status: int) -> None:
+    with aioresponses() as m:
+        m.put(
+            f"{BASE}/api/v0/asks/4242/",
+            status=status,
+            payload={"success": False, "error": "no_such_ask", "msg": "Instance type unavailable"},
+        )
+        with pytest.raises(OfferGone, match="offer gone: no_such_ask"):
+            await client.create_instance(4242, {"image": "x"})
+
+
+async def test_create_success_false_no_such_ask_is_offer_gone(client: VastClient) -> None:
+    with aioresponses() as m:
+        m.put(
+            f"{BASE}/api/v0/asks/4242/",
+            payload={"success": False, "error": "no_such_ask", "msg": "gone"},
+        )
+        with pytest.raises(OfferGone):
+            await client.create_instance(4242, {"image": "x"})
+
+
+@pytest.mark.parametrize(
+    ("status", "exc"), [(401, AuthError), (403, AuthError), (400, BadRequest), (500, ProviderError)]
+)
+async def test_error_mapping(client: VastClient, status: int, exc: type[Exception]) -> None:
+    with aioresponses() as m:
+        m.post(
+            f"{BASE}/api/v0/bundles/",
+            status=status,
+            payload={"success": False, "error": "some_error", "msg": "details here"},
+        )
+        with pytest.raises(exc) as err:
+            await client.search_offers({})
+    assert "some_error" in str(err.value)
+    assert "details here" in str(err.value)
+
+
+async def test_key_never_in_urls_messages_or_logs(
+    client: VastClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with aioresponses() as m:
+        # A server that echoes the key back must not get it into our messages.
+        m.post(
+            f"{BASE}/api/v0/bundles/",
+            status=401,
+            payload={"success": False, "error": "bad_key", "msg": f"Invalid user key {KEY}"},
+        )
+        m.get(
+            re.compile(re.escape(f"{BASE}/api/v1/instances/") + r".*"),
+            exception=aiohttp.ClientConnectionError(f"boom {KEY}"),
+            repeat=True,
+        )
+        with pytest.raises(AuthError) as err1:
+            await client.search_offers({})
+        with pytest.raises(ProviderError) as err2:
+            await client.list_instances()
+        urls = all_urls(m)
+    for text in (str(err1.value), str(err2.value), repr(client), caplog.text, *urls):
+        assert KEY not in text
+    assert "***" in str(err1.value)
+
+
+def test_missing_key_is_auth_error() -> None:
+    with pytest.raises(AuthError):
+        VastClient("", BASE)
+
+
+def test_base_url_from_vast_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VAST_URL", "http://127.0.0.1:9999/")
+    assert VastClient(KEY).base_url == "http://127.0.0.1:9999"
+    assert VastClient(KEY, "http://other").base_url == "http://other"
+    monkeypatch.delenv("VAST_URL")
+    assert VastClient(KEY).base_url == "https://console.vast.ai"
+
+
+def test_discover_api_key_order(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    assert discover_api_key({}, home) is None
+    (home / ".vast_api_key").write_text("legacy-key\n")
+    assert discover_api_key({}, home) == "legacy-key"
+    cfg = home / ".config" / "vastai"
+    cfg.mkdir(parents=True)
+    (cfg / "vast_api_key").write_text("  config-key \n")
+    assert discover_api_key({}, home) == "config-key"
+    xdg = tmp_path / "xdg"
+    (xdg / "vastai").mkdir(parents=True)
+    (xdg / "vastai" / "vast_api_key").write_text("xdg-key")
+    assert discover_api_key({"XDG_CONFIG_HOME": str(xdg)}, home) == "xdg-key"
+    # A relative XDG_CONFIG_HOME is ignored, as the xdg package does.
+    assert discover_api_key({"XDG_CONFIG_HOME": "rel"}, home) == "config-key"
+    assert discover_api_key({"VAST_API_KEY": " env-key "}, home) == "env-key"
+    assert discover_api_key({"VAST_API_KEY": ""}, home) == "config-key"
+
+
+def test_discover_api_key_skips_empty_files(tmp_path: Path) -> None:
+    cfg = tmp_path / ".config" / "vastai"
+    cfg.mkdir(parents=True)
+    (cfg / "vast_api_key").write_text("\n")
+    (tmp_path / ".vast_api_key").write_text("legacy")
+    assert discover_api_key({}, tmp_path) == "legacy"
