@@ -44,7 +44,9 @@ def test_request_signature_known_answer() -> None:
     key = hmac.new(SECRET, b"vast-manager agent key v1:" + AGENT.encode(), hashlib.sha256).digest()
     body = b'{"seq":1}'
     canonical = (
-        "vm1-req\n1764460000\n" + "ab" * 16 + "\nPOST\n/v1/heartbeat\n"
+        "vm1-req\n1764460000\n"
+        + "ab" * 16
+        + "\nPOST\n/v1/heartbeat\n"
         + hashlib.sha256(body).hexdigest()
     ).encode()
     expected = "v1=" + hmac.new(key, canonical, hashlib.sha256).hexdigest()
@@ -62,7 +64,9 @@ def test_request_headers_sign_the_empty_body() -> None:
     key = b"k" * 32
     headers = signing.request_headers(AGENT, key, 1764460000, "cd" * 16, "POST", "/v1/hello", b"")
     canonical = (
-        "vm1-req\n1764460000\n" + "cd" * 16 + "\nPOST\n/v1/hello\n"
+        "vm1-req\n1764460000\n"
+        + "cd" * 16
+        + "\nPOST\n/v1/hello\n"
         + hashlib.sha256(b"").hexdigest()
     ).encode()
     assert headers["X-VM-Signature"] == "v1=" + hmac.new(key, canonical, hashlib.sha256).hexdigest()
@@ -148,8 +152,10 @@ def test_unsupported_protocol_lists_supported() -> None:
         (lambda o: o.__setitem__("seq", -1), "seq"),
         (lambda o: o.__setitem__("phase", "dancing"), "phase"),
         (lambda o: o.pop("phase_started_at"), "phase_started_at"),
-        (lambda o: o.__setitem__("progress", {"done": 1, "total": 2, "unit": "kg"}),
-         "progress.unit"),
+        (
+            lambda o: o.__setitem__("progress", {"done": 1, "total": 2, "unit": "kg"}),
+            "progress.unit",
+        ),
         (lambda o: o.__setitem__("proof_seconds_recent", [1.0, "x"]), "proof_seconds_recent[1]"),
         (lambda o: o.__setitem__("proof_seconds_recent", [-1.0]), "proof_seconds_recent[0]"),
         (lambda o: o.__setitem__("telemetry", []), "telemetry"),
@@ -191,10 +197,18 @@ def test_top_level_must_be_object() -> None:
 
 def test_scaling_result_requires_its_fields() -> None:
     base = {
-        "result_id": "r1", "kind": "scaling", "proof_type": "porep-c2-32g",
-        "started_at": 1.0, "finished_at": 2.0, "gpus_used": [0, 1], "proofs_completed": 4,
-        "proofs_failed": 0, "wall_seconds": 100.0, "rate_per_hour": 144.0,
-        "proof_seconds": [50.0] * 4, "telemetry": None,
+        "result_id": "r1",
+        "kind": "scaling",
+        "proof_type": "porep-c2-32g",
+        "started_at": 1.0,
+        "finished_at": 2.0,
+        "gpus_used": [0, 1],
+        "proofs_completed": 4,
+        "proofs_failed": 0,
+        "wall_seconds": 100.0,
+        "rate_per_hour": 144.0,
+        "proof_seconds": [50.0] * 4,
+        "telemetry": None,
     }
     with pytest.raises(ProtocolError) as err:
         decode(Result, orjson.dumps(base))
@@ -211,11 +225,13 @@ def test_log_batch_bounded() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-    lambda children: st.lists(children) | st.dictionaries(st.text(), children),
-    max_leaves=20,
-))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+        lambda children: st.lists(children) | st.dictionaries(st.text(), children),
+        max_leaves=20,
+    )
+)
 def test_any_json_decodes_or_raises_protocol_error(value: object) -> None:
     for cls in (Hello, Heartbeat, Result, LogBatch, Directive):
         try:

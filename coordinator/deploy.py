@@ -1,0 +1,216 @@
+"""Deploy an offer through the provider, after the checks that keep rent from being wasted.
+
+One asyncio lock serializes deploys, so two deploys can never both pass the
+"machine busy" check for one machine. Every refusal happens before
+``create_instance`` is called. The agent row and the instance row are
+written before the provider creates anything, so an instance that boots is
+always one we know of (the monitor and reconciliation watch it), even if
+the coordinator dies before the provider answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from coordinator import policy
+from coordinator.errors import BadHost, MachineBusy, OfferGone, PriceChanged, ProviderFailed
+from coordinator.providers.base import OfferGone as ProviderOfferGone
+from coordinator.providers.base import Provider, ProviderError
+from coordinator.settings import Settings
+from coordinator.store import Store, Tx
+from protocol import signing
+
+log = logging.getLogger(__name__)
+
+# Offer fields copied onto the instance row (vast.ai names).
+OFFER_FIELDS = (
+    "machine_id", "gpu_name", "num_gpus", "dph_total", "geolocation",
+    "cpu_name", "cpu_cores", "cpu_ram", "pcie_bw",
+)
+# A price may move by this much (relative) before the caller must look again.
+PRICE_EPSILON = 1e-6
+
+
+def mint_agent_id() -> str:
+    """``ag_`` + 20 lowercase hex characters (DESIGN 3.2)."""
+    return "ag_" + secrets.token_hex(10)
+
+
+def agent_label(fleet_id: str, agent_id: str) -> str:
+    return f"vm:{fleet_id}:{agent_id}"
+
+
+def agent_env(coordinator_url: str, agent_id: str, agent_key: bytes) -> dict[str, str]:
+    return {
+        "VM_COORDINATOR_URL": coordinator_url,
+        "VM_AGENT_ID": agent_id,
+        "VM_AGENT_KEY": agent_key.hex(),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Deployed:
+    instance_id: int
+    provider_instance_id: int
+    agent_id: str
+    message: str
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class Deployer:
+    """``deploy`` of DESIGN 3.7, with its checks; one deploy at a time."""
+
+    def __init__(
+        self, settings: Settings, store: Store, provider: Provider, clock: policy.Clock
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.provider = provider
+        self.clock = clock
+        self._lock = asyncio.Lock()
+
+    async def deploy(
+        self,
+        offer_id: int,
+        *,
+        min_rate_per_hour: float | None = None,
+        disk_gb: int | None = None,
+        max_dph_total: float | None = None,
+    ) -> Deployed:
+        """Check, then rent.
+
+        Raises OfferGone, BadHost, MachineBusy, PriceChanged or ProviderFailed.
+        """
+        async with self._lock:
+            return await self._deploy(offer_id, min_rate_per_hour, disk_gb, max_dph_total)
+
+    async def _deploy(
+        self,
+        offer_id: int,
+        explicit_min_rate: float | None,
+        disk_gb: int | None,
+        max_dph_total: float | None,
+    ) -> Deployed:
+        try:
+            offer = await self.provider.get_offer(offer_id)
+        except ProviderError as err:
+            raise ProviderFailed(f"Could not re-read offer {offer_id}: {err}") from None
+        if offer is None:
+            raise OfferGone(f"Offer {offer_id} is gone or no longer rentable.")
+        machine_id = str(offer.get("machine_id"))
+        bad = self.store.bad_host(machine_id)
+        if bad is not None:
+            raise BadHost(f"Machine {machine_id} is on bad_hosts: {bad['reason']}")
+        busy = self.store.active_instances_on_machine(machine_id)
+        if busy:
+            ids = ", ".join(str(row["id"]) for row in busy)
+            raise MachineBusy(f"Machine {machine_id} already runs instance(s) {ids} of ours.")
+        dph_total = _num(offer.get("dph_total"))
+        ceiling = self.settings.max_deploy_dph_total
+        if dph_total is None:
+            raise PriceChanged(f"Offer {offer_id} has no price.")
+        if dph_total > ceiling * (1 + PRICE_EPSILON):
+            raise PriceChanged(
+                f"Offer {offer_id} costs ${dph_total:.4f}/h, above the ceiling ${ceiling:.4f}/h."
+            )
+        if max_dph_total is not None and dph_total > max_dph_total * (1 + PRICE_EPSILON):
+            raise PriceChanged(
+                f"Offer {offer_id} now costs ${dph_total:.4f}/h, above the "
+                f"${max_dph_total:.4f}/h you saw."
+            )
+
+        now = self.clock()
+        agent_id = mint_agent_id()
+        label = agent_label(self.settings.fleet_id, agent_id)
+        key = signing.derive_agent_key(self.settings.newest_secret, agent_id)
+        min_rate = policy.min_rate_per_hour(
+            dph_total, self.settings.max_usd_per_proof, explicit_min_rate
+        )
+        disk = disk_gb if disk_gb is not None else self.settings.deploy_disk_gb
+        meta = {name: offer.get(name) for name in OFFER_FIELDS}
+        meta["machine_id"] = machine_id
+
+        def record(tx: Tx) -> int:
+            tx.insert_agent(
+                agent_id, label=label, kind="deployed", min_rate_per_hour=min_rate,
+                issued_at=now,
+            )
+            instance_id = tx.insert_instance(
+                {
+                    **meta,
+                    "agent_id": agent_id,
+                    "label": label,
+                    "kind": "deployed",
+                    "provider": self.provider.name,
+                    "offer_id": offer_id,
+                    "state": "deploying",
+                    "state_since": now,
+                    "disk_gb": disk,
+                    "min_rate_per_hour": min_rate,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+            )
+            rate_text = "none" if min_rate is None else f"{min_rate:.2f} proofs/h"
+            tx.insert_event(
+                now, "deploy",
+                f"deploying offer {offer_id} at ${dph_total:.4f}/h, minimum rate {rate_text}",
+                instance_id=instance_id, agent_id=agent_id, machine_id=machine_id,
+            )
+            return instance_id
+
+        instance_id = await self.store.write(record)
+        # Cancelled or crashed mid-create, we cannot know whether it exists: the rows
+        # stay in `deploying`, so reconciliation (label) and the no-hello timeout finish it.
+        try:
+            created = await self.provider.create_instance(
+                offer, label=label, env=agent_env(self.settings.coordinator_url, agent_id, key),
+                disk_gb=disk,
+            )
+        except ProviderError as err:
+            gone = isinstance(err, ProviderOfferGone)
+            reason = (
+                f"offer {offer_id} was taken before it could be rented" if gone
+                else f"the provider refused to create the instance: {err}"
+            )
+            await self.store.write(lambda tx: self._abandon(tx, instance_id, agent_id, reason))
+            if gone:
+                raise OfferGone(f"Offer {offer_id} is gone: it was rented meanwhile.") from None
+            raise ProviderFailed(
+                f"Creating an instance from offer {offer_id} failed: {err}"
+            ) from None
+
+        def created_ok(tx: Tx) -> None:
+            tx.update_instance(
+                instance_id, provider_instance_id=created.instance_id, updated_at=self.clock()
+            )
+            tx.insert_event(
+                self.clock(), "deployed",
+                f"{self.provider.name} instance {created.instance_id} created",
+                instance_id=instance_id, agent_id=agent_id, machine_id=machine_id,
+            )
+
+        await self.store.write(created_ok)
+        message = created.message or f"instance {created.instance_id} created"
+        return Deployed(instance_id, created.instance_id, agent_id, message)
+
+    def _abandon(self, tx: Tx, instance_id: int, agent_id: str, reason: str) -> None:
+        now = self.clock()
+        tx.update_instance(
+            instance_id, state="destroyed", state_since=now, destroyed_at=now,
+            terminate_reason=reason, updated_at=now,
+        )
+        tx.revoke_agent(agent_id, now=now, reason=reason)
+        tx.insert_event(now, "deploy_failed", reason, instance_id=instance_id, agent_id=agent_id)

@@ -1,0 +1,292 @@
+"""Lifecycle policy (DESIGN 5) and result plausibility (DESIGN 3.6) as pure functions.
+
+Nothing here does I/O or reads a clock: callers pass ``now`` (from the
+injected clock) and the rows they read, so every decision is reproducible in
+a test and its reason quotes the numbers it was made on.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol.messages import Directive, Result
+
+Clock = Callable[[], float]
+"""Unix seconds, as ``time.time``; injected everywhere so tests never sleep."""
+
+# Flags a stored result can carry; only unflagged and "partial" results feed host_perf.
+IMPLAUSIBLE = "implausible"
+CONTENDED = "contended"
+PARTIAL = "partial"
+HOST_PERF_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED})
+
+# Instance states (DESIGN 5). Terminal ones never go back to an agent-reported phase.
+ACTIVE_PHASES = ("booting", "fetching_params", "warming", "benchmarking", "proving")
+STICKY_STATES = frozenset({"terminating", "destroyed", "failed", "vanished"})
+GONE_STATES = frozenset({"destroyed", "vanished"})
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyLimits:
+    """The settings the pure functions need (a subset of ``Settings``)."""
+
+    max_usd_per_proof: float = 0.008
+    next_heartbeat_s: int = 15
+    no_hello_timeout_s: float = 900.0
+    params_timeout_s: float = 5400.0
+    warmup_timeout_s: float = 1200.0
+    benchmark_timeout_s: float = 2700.0
+    silence_grace_s: float = 30.0
+    lost_timeout_s: float = 1800.0
+    max_concurrency_per_gpu: int = 8
+    rate_tolerance: float = 0.05
+    sim_time_scale: float = 1.0
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> PolicyLimits:
+        return cls(**{f: getattr(settings, f) for f in cls.__dataclass_fields__})
+
+
+# --- rates -------------------------------------------------------------------
+
+
+def min_rate_per_hour(
+    dph_total: float | None, max_usd_per_proof: float, explicit: float | None = None
+) -> float | None:
+    """The minimum proofs/hour for a price: explicit if given, else dph_total / max $/proof."""
+    if explicit is not None:
+        return float(explicit)
+    if dph_total is None or dph_total <= 0 or max_usd_per_proof <= 0:
+        return None
+    return dph_total / max_usd_per_proof
+
+
+def recomputed_rate_per_hour(proofs_completed: int, wall_seconds: float) -> float | None:
+    """Proofs per hour from the counts, never trusting the host's own division."""
+    if wall_seconds <= 0:
+        return None
+    return proofs_completed * 3600.0 / wall_seconds
+
+
+def usd_per_proof(dph_total: float | None, rate_per_hour: float | None) -> float | None:
+    if dph_total is None or not rate_per_hour:
+        return None
+    return dph_total / rate_per_hour
+
+
+def silence_ttl_s(next_heartbeat_s: float, grace_s: float) -> float:
+    """Nomad-style TTL: three missed heartbeats plus a grace."""
+    return 3 * next_heartbeat_s + grace_s
+
+
+# --- plausibility ------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Plausibility:
+    """Flags and one reason per flag (quoting numbers) for a result."""
+
+    recomputed_rate_per_hour: float | None
+    flags: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+    def flag(self, name: str, reason: str) -> None:
+        if name not in self.flags:
+            self.flags.append(name)
+        self.reasons.append(f"{name}: {reason}")
+
+    @property
+    def implausible(self) -> bool:
+        return IMPLAUSIBLE in self.flags
+
+    @property
+    def counts_for_host_perf(self) -> bool:
+        return not (set(self.flags) & HOST_PERF_EXCLUDING_FLAGS)
+
+
+def check_result(
+    result: Result,
+    *,
+    observed_max_seconds: float | None,
+    limits: PolicyLimits,
+    contended_with: list[int] | None = None,
+) -> Plausibility:
+    """The plausibility checks of DESIGN 3.6 on one result.
+
+    ``observed_max_seconds`` is the longest the benchmark can have run by what
+    the coordinator itself saw (now minus the last time the agent was seen in
+    a phase other than benchmarking); None when unknown. ``contended_with``
+    lists our other instances active on the same machine meanwhile.
+    """
+    tol = limits.rate_tolerance
+    wall = result.wall_seconds
+    n = result.proofs_completed
+    rate = recomputed_rate_per_hour(n, wall)
+    out = Plausibility(rate)
+    if rate is None:
+        if n > 0:
+            out.flag(IMPLAUSIBLE, f"{n} proofs completed in wall_seconds {wall:g}")
+        else:
+            out.flag(IMPLAUSIBLE, "wall_seconds is 0")
+        return out
+
+    reported = result.rate_per_hour
+    if abs(reported - rate) > max(tol * rate, 0.1):
+        out.flag(
+            IMPLAUSIBLE,
+            f"reported rate {reported:.2f}/h does not match {n} proofs in {wall:.1f} s "
+            f"({rate:.2f}/h)",
+        )
+    proof_seconds = result.proof_seconds
+    if len(proof_seconds) != n:
+        out.flag(
+            IMPLAUSIBLE, f"proof_seconds lists {len(proof_seconds)} durations for {n} proofs"
+        )
+    gpus = max(1, len(result.gpus_used))
+    concurrency = gpus * limits.max_concurrency_per_gpu
+    if proof_seconds:
+        longest = max(proof_seconds)
+        if longest > wall * (1 + tol) + 1.0:
+            out.flag(
+                IMPLAUSIBLE,
+                f"a proof took {longest:.1f} s, longer than the whole run ({wall:.1f} s)",
+            )
+        total = sum(proof_seconds)
+        if total > wall * concurrency * (1 + tol) + 1.0:
+            out.flag(
+                IMPLAUSIBLE,
+                f"proof seconds sum to {total:.1f} s, more than {wall:.1f} s x "
+                f"{concurrency} concurrent proofs",
+            )
+        median = statistics.median(proof_seconds)
+        if n * median > wall * concurrency * (1 + tol) + median:
+            out.flag(
+                IMPLAUSIBLE,
+                f"{n} proofs of median {median:.1f} s need at least "
+                f"{n * median / concurrency:.1f} s at {concurrency} in flight, "
+                f"but wall_seconds is {wall:.1f}",
+            )
+    if observed_max_seconds is not None:
+        # Heartbeat granularity and timestamp skew, in the coordinator's seconds.
+        slack_real = 2 * limits.next_heartbeat_s + 60.0
+        # A simulated fleet reports simulated seconds; scale what we saw to match.
+        observed_max_seconds *= limits.sim_time_scale
+        slack = slack_real * limits.sim_time_scale
+        if wall > observed_max_seconds * (1 + tol) + slack:
+            out.flag(
+                IMPLAUSIBLE,
+                f"claims {wall:.1f} s of benchmarking; the coordinator saw at most "
+                f"{observed_max_seconds:.1f} s",
+            )
+        if proof_seconds and n > 0:
+            fastest_possible = min(proof_seconds)
+            if fastest_possible > 0:
+                most = (observed_max_seconds + slack) * concurrency / fastest_possible
+                if n > most * (1 + tol) + 1:
+                    out.flag(
+                        IMPLAUSIBLE,
+                        f"{n} proofs of at least {fastest_possible:.1f} s each cannot fit in "
+                        f"the {observed_max_seconds:.1f} s the coordinator saw",
+                    )
+    if result.proofs_failed > 0:
+        out.flag(PARTIAL, f"{result.proofs_failed} of {n + result.proofs_failed} proofs failed")
+    if contended_with:
+        ids = ", ".join(f"#{i}" for i in contended_with)
+        out.flag(CONTENDED, f"measured while instance(s) {ids} of ours shared the machine")
+    return out
+
+
+# --- verdicts ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    action: str  # "keep" or "terminate"
+    reason: str
+    bad_host: bool  # whether the machine goes on bad_hosts
+
+
+def benchmark_verdict(check: Plausibility, min_rate: float | None) -> Verdict:
+    """Keep or terminate after a benchmark result, on its recomputed rate."""
+    rate = check.recomputed_rate_per_hour
+    if check.implausible:
+        detail = "; ".join(r for r in check.reasons if r.startswith(IMPLAUSIBLE))
+        return Verdict("terminate", f"implausible benchmark result ({detail})", True)
+    if CONTENDED in check.flags:
+        return Verdict(
+            "keep", "measured while another instance of ours shared the machine: not judged",
+            False,
+        )
+    if min_rate is None:
+        text = "?" if rate is None else f"{rate:.2f}"
+        return Verdict("keep", f"measured {text} proofs/h; no minimum rate set", False)
+    if rate is None or rate < min_rate:
+        measured = 0.0 if rate is None else rate
+        return Verdict(
+            "terminate",
+            f"measured {measured:.2f} proofs/h, below the minimum {min_rate:.2f} proofs/h",
+            True,
+        )
+    return Verdict(
+        "keep", f"measured {rate:.2f} proofs/h, at or above the minimum {min_rate:.2f}", False
+    )
+
+
+def directive_for(
+    instance: Mapping[str, Any] | None,
+    *,
+    next_heartbeat_s: int,
+    min_rate: float | None,
+) -> Directive:
+    """The standing directive for an instance row (no one-shot benchmark here)."""
+    if instance is None:
+        return Directive("continue", "no instance yet", next_heartbeat_s, min_rate)
+    state = instance.get("state")
+    if state in STICKY_STATES or instance.get("terminate_reason"):
+        reason = instance.get("terminate_reason") or f"instance is {state}"
+        return Directive("terminate", reason, next_heartbeat_s, min_rate)
+    if instance.get("rebenchmark_pending"):
+        return Directive("benchmark", "the operator asked for a new benchmark",
+                         next_heartbeat_s, min_rate)
+    return Directive("continue", "", next_heartbeat_s, min_rate)
+
+
+# --- timeouts ------------------------------------------------------------------
+
+
+def phase_timeout_s(state: str | None, limits: PolicyLimits) -> float | None:
+    """How long an instance may stay in a state before it is terminated (None: no limit)."""
+    return {
+        "deploying": limits.no_hello_timeout_s,
+        "fetching_params": limits.params_timeout_s,
+        "warming": limits.warmup_timeout_s,
+        "benchmarking": limits.benchmark_timeout_s,
+        "lost": limits.lost_timeout_s,
+    }.get(state or "")
+
+
+def timed_out(instance: Mapping[str, Any], now: float, limits: PolicyLimits) -> str | None:
+    """The reason an instance overstayed its state, or None.
+
+    Time in a state is measured by the coordinator's clock from when it saw the
+    state begin (``state_since``), never from the host's ``phase_started_at``.
+    """
+    state = instance.get("state")
+    limit = phase_timeout_s(state, limits)
+    since = instance.get("state_since")
+    if limit is None or since is None:
+        return None
+    spent = now - float(since)
+    if spent <= limit:
+        return None
+    what = {
+        "deploying": "no hello",
+        "fetching_params": "parameter fetch",
+        "warming": "warm-up",
+        "benchmarking": "benchmark",
+        "lost": "silence",
+    }[str(state)]
+    return f"timeout: {what} took {spent:.0f} s, limit {limit:.0f} s"

@@ -1,0 +1,296 @@
+"""The coordinator's settings: one table of ``Setting(name, default, help)``.
+
+``SETTINGS`` drives the defaults, the ``VM_*`` environment variables (the
+name upper-cased behind ``VM_``: ``db_path`` -> ``VM_DB_PATH``), the parsing,
+and the docs (``settings_markdown``). ``Settings.from_env(env, **overrides)``
+resolves them, including the fleet secret file and a generated admin token.
+Errors name the variable, never a secret's value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from protocol.signing import fleet_id as derive_fleet_id
+from protocol.signing import parse_secrets
+
+ENV_PREFIX = "VM_"
+MIN_ADMIN_TOKEN_CHARS = 16
+FLEET_SECRET_FILE = "fleet-secret"
+
+
+class Setting(NamedTuple):
+    name: str
+    default: Any  # None: unset, with the meaning the help text gives
+    help: str
+    kind: type | None = None  # parse type; None: the type of the default
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def parse_type(self) -> type:
+        if self.kind is not None:
+            return self.kind
+        return type(self.default) if self.default is not None else str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("db_path", "./vast-manager.db", "SQLite database file"),
+    Setting("host", "127.0.0.1", "listen address"),
+    Setting("port", 8420, "listen port (0: any free port)"),
+    Setting(
+        "public_url",
+        None,
+        "the coordinator URL handed to agents (VM_COORDINATOR_URL); unset: http://HOST:PORT",
+    ),
+    Setting(
+        "admin_token",
+        None,
+        f"operator API bearer token, at least {MIN_ADMIN_TOKEN_CHARS} characters; unset: "
+        "generated at start and printed once to stderr",
+    ),
+    Setting(
+        "fleet_secret",
+        None,
+        "fleet secrets, hex, comma-separated, newest first; unset: generated on first start "
+        "into a 0600 file in the config directory",
+    ),
+    Setting(
+        "config_dir",
+        None,
+        "where the generated fleet secret lives; unset: $XDG_CONFIG_HOME/vast-manager "
+        "(~/.config/vast-manager); never beside the database",
+    ),
+    Setting("fleet_id", None, "fleet id in vast.ai labels; unset: derived from the newest secret"),
+    Setting("max_usd_per_proof", 0.008, "minimum rate = dph_total / this, unless set at deploy"),
+    Setting("next_heartbeat_s", 15, "heartbeat pace the coordinator asks of agents, seconds"),
+    Setting("no_hello_timeout_s", 900.0, "deployed instance without hello: destroyed after"),
+    Setting("params_timeout_s", 5400.0, "longest parameter fetch (fetching_params), seconds"),
+    Setting("warmup_timeout_s", 1200.0, "longest warm-up (warming), seconds"),
+    Setting("benchmark_timeout_s", 2700.0, "longest benchmark run (benchmarking), seconds"),
+    Setting(
+        "silence_grace_s",
+        30.0,
+        "silence TTL = 3 x next_heartbeat_s + this; then the instance is `lost`",
+    ),
+    Setting("lost_timeout_s", 1800.0, "a `lost` instance silent this long is destroyed"),
+    Setting(
+        "terminate_grace_s",
+        15.0,
+        "after a terminate directive, seconds before the provider destroy (the agent gets "
+        "its answer first)",
+    ),
+    Setting("monitor_interval_s", 60.0, "monitor loop period, seconds"),
+    Setting("log_lines_per_instance", 20000, "shipped log lines kept per instance"),
+    Setting(
+        "heartbeat_history_interval_s",
+        300.0,
+        "heartbeat history keeps at most one row per agent per this many seconds",
+    ),
+    Setting("heartbeat_history_rows", 288, "heartbeat history rows kept per agent"),
+    Setting("max_deploy_dph_total", 5.0, "deploy refuses offers above this price, $/hour"),
+    Setting("deploy_disk_gb", 100, "disk of a deployed instance unless the deploy says, GB"),
+    Setting("unowned_grace_s", 900.0, "our fleet id on an instance no agent owns: destroyed after"),
+    Setting(
+        "max_concurrency_per_gpu",
+        8,
+        "plausibility: most proofs one GPU can have in flight at once",
+    ),
+    Setting(
+        "rate_tolerance",
+        0.05,
+        "plausibility: relative slack between reported and recomputed numbers",
+    ),
+    Setting(
+        "sim_time_scale",
+        1.0,
+        "simulation only: simulated seconds per real second of the local fleet; the "
+        "plausibility check scales the time it observed by it (1 for real hosts)",
+    ),
+    Setting("nonces_per_agent", 2000, "nonce memory per agent (beyond it: 429)"),
+    Setting("write_batch_max", 512, "most write jobs the writer commits in one transaction"),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def default_config_dir(env: Mapping[str, str]) -> Path:
+    """$XDG_CONFIG_HOME/vast-manager, else ~/.config/vast-manager."""
+    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "vast-manager"
+
+
+def load_or_create_fleet_secret(config_dir: Path) -> list[bytes]:
+    """Read the fleet secret file, creating it (32 random bytes, hex, mode 0600) if absent.
+
+    Created with O_EXCL so two coordinators starting at once agree on one secret.
+    """
+    path = config_dir / FLEET_SECRET_FILE
+    if not path.exists():
+        config_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+    try:
+        return parse_secrets(path.read_text().strip())
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+
+
+def _parse(setting: Setting, raw: Any) -> Any:
+    if raw is None:
+        return None
+    kind = setting.parse_type
+    if not isinstance(raw, str):
+        if kind is float and isinstance(raw, int) and not isinstance(raw, bool):
+            return float(raw)
+        if isinstance(raw, kind):
+            return raw
+        raise ValueError(f"{setting.env} must be a {kind.__name__}")
+    text = raw.strip()
+    if kind is str:
+        return text or None
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ValueError(f"{setting.env} must be a {kind.__name__}, got {text!r}") from None
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    db_path: str
+    host: str
+    port: int
+    public_url: str | None
+    admin_token: str
+    fleet_secrets: tuple[bytes, ...]
+    config_dir: str
+    fleet_id: str
+    max_usd_per_proof: float
+    next_heartbeat_s: int
+    no_hello_timeout_s: float
+    params_timeout_s: float
+    warmup_timeout_s: float
+    benchmark_timeout_s: float
+    silence_grace_s: float
+    lost_timeout_s: float
+    terminate_grace_s: float
+    monitor_interval_s: float
+    log_lines_per_instance: int
+    heartbeat_history_interval_s: float
+    heartbeat_history_rows: int
+    max_deploy_dph_total: float
+    deploy_disk_gb: int
+    unowned_grace_s: float
+    max_concurrency_per_gpu: int
+    rate_tolerance: float
+    sim_time_scale: float
+    nonces_per_agent: int
+    write_batch_max: int
+    admin_token_generated: bool = False
+
+    @property
+    def newest_secret(self) -> bytes:
+        return self.fleet_secrets[0]
+
+    @property
+    def silence_ttl_s(self) -> float:
+        return 3 * self.next_heartbeat_s + self.silence_grace_s
+
+    @property
+    def coordinator_url(self) -> str:
+        """The URL agents are told to use."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        return f"http://{self.host}:{self.port}"
+
+    def with_values(self, **values: Any) -> Settings:
+        return dataclasses.replace(self, **values)
+
+    def __repr__(self) -> str:  # never print secrets (logs, tracebacks)
+        return f"Settings(db_path={self.db_path!r}, host={self.host!r}, port={self.port})"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], **overrides: Any) -> Settings:
+        """Resolve every setting: ``overrides`` (by setting name) over ``VM_*`` over defaults.
+
+        When no fleet secret is given, it is read from (or created in) the config
+        directory; when no admin token is given, a random one is generated and
+        ``admin_token_generated`` is set so the server prints it once.
+        """
+        unknown = set(overrides) - set(_BY_NAME)
+        if unknown:
+            raise ValueError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        values: dict[str, Any] = {}
+        for setting in SETTINGS:
+            if setting.name in overrides and overrides[setting.name] is not None:
+                raw = overrides[setting.name]
+            elif setting.env in env and env[setting.env].strip() != "":
+                raw = env[setting.env]
+            else:
+                raw = setting.default
+            values[setting.name] = _parse(setting, raw)
+
+        for name in ("port", "next_heartbeat_s", "log_lines_per_instance",
+                     "heartbeat_history_rows", "max_concurrency_per_gpu", "nonces_per_agent",
+                     "write_batch_max", "deploy_disk_gb"):
+            minimum = 0 if name == "port" else 1
+            if values[name] < minimum:
+                raise ValueError(f"{_BY_NAME[name].env} must be at least {minimum}")
+        for name in ("max_usd_per_proof", "monitor_interval_s", "max_deploy_dph_total",
+                     "sim_time_scale"):
+            if values[name] <= 0:
+                raise ValueError(f"{_BY_NAME[name].env} must be positive")
+
+        config_dir = (
+            Path(values["config_dir"]) if values["config_dir"] else default_config_dir(env)
+        )
+        values["config_dir"] = str(config_dir)
+        secret_text = values.pop("fleet_secret")
+        if secret_text:
+            try:
+                fleet_secrets = parse_secrets(secret_text)
+            except ValueError as err:
+                raise ValueError(f"VM_FLEET_SECRET: {err}") from None
+        else:
+            fleet_secrets = load_or_create_fleet_secret(config_dir)
+        values["fleet_secrets"] = tuple(fleet_secrets)
+        if not values["fleet_id"]:
+            values["fleet_id"] = derive_fleet_id(fleet_secrets[0])
+
+        token = values["admin_token"]
+        generated = False
+        if token is None:
+            token = secrets.token_urlsafe(32)
+            generated = True
+        elif len(token) < MIN_ADMIN_TOKEN_CHARS:
+            raise ValueError(
+                f"VM_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_CHARS} characters"
+            )
+        values["admin_token"] = token
+        values["admin_token_generated"] = generated
+        return cls(**values)
+
+
+def settings_markdown() -> str:
+    """The settings table for the docs (variable, default, meaning)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for s in SETTINGS:
+        default = "unset" if s.default is None else f"`{s.default}`"
+        rows.append(f"| `{s.env}` | {default} | {s.help} |")
+    return "\n".join(rows)

@@ -1,0 +1,848 @@
+"""The coordinator's state in SQLite (through sqlite-utils): schema, migrations, one write path.
+
+Writes: one writer thread owns the only write connection. Callers submit a
+job (a function of a ``Tx``) with ``await store.write(fn)``; the writer
+drains its queue and runs up to ``batch_max`` jobs in one ``BEGIN IMMEDIATE``
+... ``COMMIT`` (group commit), each job inside its own savepoint so a job that
+raises leaves nothing behind and the others still commit. A caller's future
+resolves only after the COMMIT returned.
+
+Durability: WAL mode with ``synchronous=FULL``. An agent deletes a result
+from its spool when it sees our ``200``, so a ``200`` must mean the data is
+on disk: with ``synchronous=NORMAL`` a WAL database survives a process crash
+but may lose the last commits on power loss or an OS crash, and those would
+be exactly the acknowledged ones. FULL fsyncs the WAL at every COMMIT; group
+commit shares that fsync among every request of the batch, so the cost per
+request shrinks as load grows. Restart needs no manual step: SQLite replays
+the WAL on open, and migrations are idempotent.
+
+Reads: a separate read connection (autocommit: each statement sees the
+latest committed state, never a half-written job), used from the event
+loop's thread. The path must be a file (WAL needs one); tests use tmp_path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+import sqlite_utils
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Row = dict[str, Any]
+
+TABLES = (
+    "instances",
+    "agents",
+    "results",
+    "host_perf",
+    "bad_hosts",
+    "heartbeats",
+    "heartbeat_history",
+    "logs",
+    "events",
+    "telemetry",
+    "scaling",
+)
+
+# States after which an instance no longer occupies (or bills) its machine.
+GONE_STATES = ("destroyed", "vanished")
+_ACTIVE = "state not in ('destroyed', 'vanished')"
+
+
+def dumps(value: Any) -> str | None:
+    """JSON text for a TEXT column (None stays NULL)."""
+    if value is None:
+        return None
+    return orjson.dumps(value).decode()
+
+
+def loads(text: str | None) -> Any:
+    return None if text is None else orjson.loads(text)
+
+
+# --- migrations ----------------------------------------------------------------
+
+
+def _m1_initial(db: sqlite_utils.Database) -> None:
+    db.table("agents").create(
+        {
+            "agent_id": str,
+            "label": str,
+            "kind": str,  # "deployed" or "byo"
+            "min_rate_per_hour": float,
+            "revoked": int,
+            "revoked_at": float,
+            "revoked_reason": str,
+            "issued_at": float,
+        },
+        pk="agent_id",
+        not_null={"label", "kind", "revoked", "issued_at"},
+        defaults={"revoked": 0},
+    )
+    db.table("instances").create(
+        {
+            "id": int,
+            "agent_id": str,
+            "label": str,
+            "kind": str,
+            "provider": str,
+            "provider_instance_id": int,
+            "offer_id": int,
+            "state": str,
+            "state_since": float,
+            "phase": str,
+            "phase_started_at": float,
+            "progress_json": str,
+            "proofs_completed_total": int,
+            "machine_id": str,
+            "gpu_name": str,
+            "num_gpus": int,
+            "dph_total": float,
+            "geolocation": str,
+            "cpu_name": str,
+            "cpu_cores": float,
+            "cpu_ram": float,
+            "pcie_bw": float,
+            "disk_gb": int,
+            "min_rate_per_hour": float,
+            "rate_per_hour": float,
+            "boot_id": str,
+            "last_seq": int,
+            "agent_version": str,
+            "container_id": str,
+            "host_json": str,
+            "hello_at": float,
+            "last_seen": float,
+            "last_non_benchmark_at": float,
+            "rebenchmark_pending": int,
+            "terminate_reason": str,
+            "destroy_due_at": float,
+            "destroyed_at": float,
+            "created_at": float,
+            "updated_at": float,
+        },
+        pk="id",
+        not_null={"state", "created_at", "kind"},
+        defaults={"rebenchmark_pending": 0, "proofs_completed_total": 0},
+    )
+    db.table("instances").create_index(["agent_id"], unique=True)
+    db.table("instances").create_index(["machine_id", "state"])
+    db.table("instances").create_index(["provider_instance_id"])
+    db.table("results").create(
+        {
+            "id": int,
+            "agent_id": str,
+            "result_id": str,
+            "instance_id": int,
+            "kind": str,
+            "proof_type": str,
+            "started_at": float,
+            "finished_at": float,
+            "gpus_used_json": str,
+            "proofs_completed": int,
+            "proofs_failed": int,
+            "wall_seconds": float,
+            "rate_per_hour": float,
+            "recomputed_rate_per_hour": float,
+            "proof_seconds_json": str,
+            "telemetry_json": str,
+            "runs_json": str,
+            "efficiency": float,
+            "bottleneck": str,
+            "evidence_json": str,
+            "flags": str,  # comma-separated: implausible, contended, partial
+            "flag_reasons_json": str,
+            "counts_for_host_perf": int,
+            "verdict": str,
+            "verdict_reason": str,
+            "directive_json": str,
+            "machine_id": str,
+            "gpu_name": str,
+            "num_gpus": int,
+            "received_at": float,
+        },
+        pk="id",
+        not_null={"agent_id", "result_id", "kind", "received_at", "directive_json"},
+    )
+    # Unique per agent: one agent must not be able to shadow another's result_id.
+    db.table("results").create_index(["agent_id", "result_id"], unique=True)
+    db.table("results").create_index(["instance_id"])
+    db.table("results").create_index(["machine_id", "gpu_name", "num_gpus"])
+    db.table("host_perf").create(
+        {
+            "machine_id": str,
+            "gpu_name": str,
+            "num_gpus": int,
+            "best_rate_per_hour": float,
+            "median_rate_per_hour": float,
+            "samples": int,
+            "last_rate_per_hour": float,
+            "dph_total": float,
+            "updated_at": float,
+        },
+        pk=("machine_id", "gpu_name", "num_gpus"),
+    )
+    db.table("bad_hosts").create(
+        {"machine_id": str, "reason": str, "added_at": float, "source": str, "instance_id": int},
+        pk="machine_id",
+        not_null={"reason", "added_at", "source"},
+    )
+    db.table("heartbeats").create(
+        {
+            "agent_id": str,
+            "instance_id": int,
+            "received_at": float,
+            "seq": int,
+            "phase": str,
+            "phase_started_at": float,
+            "progress_json": str,
+            "proofs_completed_total": int,
+            "proof_seconds_recent_json": str,
+        },
+        pk="agent_id",
+    )
+    db.table("heartbeat_history").create(
+        {
+            "id": int,
+            "agent_id": str,
+            "instance_id": int,
+            "received_at": float,
+            "seq": int,
+            "phase": str,
+            "proofs_completed_total": int,
+            "telemetry_json": str,
+        },
+        pk="id",
+    )
+    db.table("heartbeat_history").create_index(["agent_id", "id"])
+    db.table("telemetry").create(
+        {"instance_id": int, "received_at": float, "telemetry_json": str}, pk="instance_id"
+    )
+    db.table("logs").create(
+        {
+            "id": int,
+            "instance_id": int,
+            "agent_id": str,
+            "ts": float,
+            "source": str,
+            "text": str,
+            "received_at": float,
+        },
+        pk="id",
+    )
+    db.table("logs").create_index(["instance_id", "id"])
+    db.table("events").create(
+        {
+            "id": int,
+            "ts": float,
+            "kind": str,
+            "reason": str,
+            "instance_id": int,
+            "agent_id": str,
+            "machine_id": str,
+            "data_json": str,
+        },
+        pk="id",
+        not_null={"ts", "kind", "reason"},
+    )
+    db.table("events").create_index(["instance_id", "id"])
+    db.table("scaling").create(
+        {
+            "id": int,
+            "result_row_id": int,
+            "instance_id": int,
+            "machine_id": str,
+            "gpu_name": str,
+            "num_gpus": int,
+            "rate_all_per_hour": float,
+            "rate_one_per_hour": float,
+            "agent_efficiency": float,
+            "agent_bottleneck": str,
+            "agent_evidence_json": str,
+            "efficiency": float,
+            "bottleneck": str,
+            "evidence_json": str,
+            "created_at": float,
+        },
+        pk="id",
+    )
+    db.table("scaling").create_index(["instance_id"])
+
+
+MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
+    (1, "initial tables of DESIGN 4", _m1_initial),
+)
+
+
+def migrate(db: sqlite_utils.Database) -> list[int]:
+    """Apply every migration not yet recorded in ``migrations``; return those applied.
+
+    Each migration runs in its own transaction with its record, so a crash
+    mid-way leaves either both or neither.
+    """
+    if "migrations" not in db.table_names():
+        db.table("migrations").create({"id": int, "name": str, "applied_at": float}, pk="id")
+    done = {row["id"] for row in db.query("select id from migrations")}
+    applied = []
+    for number, name, fn in MIGRATIONS:
+        if number in done:
+            continue
+        with db.atomic():
+            fn(db)
+            db.execute(
+                "insert into migrations (id, name, applied_at) values (?, ?, ?)",
+                (number, name, time.time()),
+            )
+        applied.append(number)
+    return applied
+
+
+# --- reads (shared by the read connection and the writer's transaction) -------
+
+
+def _rows(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+    cur = conn.execute(sql, params)
+    keys = [d[0] for d in cur.description]
+    return [dict(zip(keys, row, strict=True)) for row in cur.fetchall()]
+
+
+def _one(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Row | None:
+    rows = _rows(conn, sql, params)
+    return rows[0] if rows else None
+
+
+class Reads:
+    """Queries; mixed into both ``Store`` (read connection) and ``Tx`` (the writer's)."""
+
+    _conn: sqlite3.Connection
+
+    def get_agent(self, agent_id: str) -> Row | None:
+        return _one(self._conn, "select * from agents where agent_id = ?", (agent_id,))
+
+    def list_agents(self) -> list[Row]:
+        return _rows(self._conn, "select * from agents order by issued_at")
+
+    def get_instance(self, instance_id: int) -> Row | None:
+        return _one(self._conn, "select * from instances where id = ?", (instance_id,))
+
+    def instance_by_agent(self, agent_id: str) -> Row | None:
+        return _one(self._conn, "select * from instances where agent_id = ?", (agent_id,))
+
+    def list_instances(self) -> list[Row]:
+        return _rows(self._conn, "select * from instances order by id")
+
+    def active_instances(self) -> list[Row]:
+        return _rows(
+            self._conn, f"select * from instances where {_ACTIVE} order by id"
+        )
+
+    def active_instances_on_machine(
+        self, machine_id: str, exclude_instance_id: int | None = None
+    ) -> list[Row]:
+        return _rows(
+            self._conn,
+            f"select * from instances where machine_id = ? and {_ACTIVE} "
+            "and id != ? order by id",
+            (machine_id, -1 if exclude_instance_id is None else exclude_instance_id),
+        )
+
+    def instances_due_for_destroy(self, now: float) -> list[Row]:
+        return _rows(
+            self._conn,
+            "select * from instances where destroy_due_at is not null and destroy_due_at <= ? "
+            f"and {_ACTIVE} order by destroy_due_at",
+            (now,),
+        )
+
+    def next_destroy_due_at(self) -> float | None:
+        row = _one(
+            self._conn,
+            "select min(destroy_due_at) as due from instances "
+            f"where destroy_due_at is not null and {_ACTIVE}",
+        )
+        return None if row is None else row["due"]
+
+    def find_result(self, agent_id: str, result_id: str) -> Row | None:
+        return _one(
+            self._conn,
+            "select * from results where agent_id = ? and result_id = ?",
+            (agent_id, result_id),
+        )
+
+    def results_for_instance(self, instance_id: int) -> list[Row]:
+        return _rows(
+            self._conn, "select * from results where instance_id = ? order by id", (instance_id,)
+        )
+
+    def events(self, instance_id: int | None = None, limit: int = 1000) -> list[Row]:
+        if instance_id is None:
+            return _rows(self._conn, "select * from events order by id desc limit ?", (limit,))[
+                ::-1
+            ]
+        return _rows(
+            self._conn,
+            "select * from events where instance_id = ? order by id desc limit ?",
+            (instance_id, limit),
+        )[::-1]
+
+    def latest_telemetry(self, instance_id: int) -> Row | None:
+        return _one(self._conn, "select * from telemetry where instance_id = ?", (instance_id,))
+
+    def latest_heartbeat(self, agent_id: str) -> Row | None:
+        return _one(self._conn, "select * from heartbeats where agent_id = ?", (agent_id,))
+
+    def heartbeat_history(self, agent_id: str) -> list[Row]:
+        return _rows(
+            self._conn,
+            "select * from heartbeat_history where agent_id = ? order by id",
+            (agent_id,),
+        )
+
+    def logs(self, instance_id: int, tail: int, source: str | None = None) -> list[Row]:
+        if source is None:
+            rows = _rows(
+                self._conn,
+                "select ts, source, text from logs where instance_id = ? "
+                "order by id desc limit ?",
+                (instance_id, tail),
+            )
+        else:
+            rows = _rows(
+                self._conn,
+                "select ts, source, text from logs where instance_id = ? and source = ? "
+                "order by id desc limit ?",
+                (instance_id, source, tail),
+            )
+        return rows[::-1]
+
+    def host_perf(self) -> list[Row]:
+        return _rows(
+            self._conn,
+            "select * from host_perf order by median_rate_per_hour desc, machine_id",
+        )
+
+    def host_perf_row(self, machine_id: str, gpu_name: str, num_gpus: int) -> Row | None:
+        return _one(
+            self._conn,
+            "select * from host_perf where machine_id = ? and gpu_name = ? and num_gpus = ?",
+            (machine_id, gpu_name, num_gpus),
+        )
+
+    def bad_hosts(self) -> list[Row]:
+        return _rows(self._conn, "select * from bad_hosts order by added_at, machine_id")
+
+    def bad_host(self, machine_id: str) -> Row | None:
+        return _one(self._conn, "select * from bad_hosts where machine_id = ?", (machine_id,))
+
+    def scaling(self) -> list[Row]:
+        return _rows(self._conn, "select * from scaling order by id")
+
+    def count_rows(self) -> dict[str, int]:
+        """Rows per table (tests use it to prove a rejected request wrote nothing)."""
+        return {
+            t: int(_rows(self._conn, f"select count(*) as n from [{t}]")[0]["n"])
+            for t in TABLES
+        }
+
+
+# --- writes ---------------------------------------------------------------------
+
+
+class Tx(Reads):
+    """The writer's view inside one job: reads see the transaction, writes join it.
+
+    Only the writer thread ever holds a ``Tx``; it also keeps the writer's
+    small caches (heartbeat history pacing) so they need no lock.
+    """
+
+    def __init__(self, db: sqlite_utils.Database) -> None:
+        self.db = db
+        self._conn = db.conn
+        self._history_last_at: dict[str, float] = {}
+
+    def _exec(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
+        return self._conn.execute(sql, params)
+
+    def _insert(self, table: str, row: dict[str, Any]) -> int:
+        cols = ", ".join(f"[{c}]" for c in row)
+        marks = ", ".join("?" for _ in row)
+        cur = self._exec(f"insert into [{table}] ({cols}) values ({marks})", list(row.values()))
+        return int(cur.lastrowid or 0)
+
+    # agents
+
+    def insert_agent(
+        self,
+        agent_id: str,
+        *,
+        label: str,
+        kind: str,
+        min_rate_per_hour: float | None,
+        issued_at: float,
+    ) -> None:
+        self._insert(
+            "agents",
+            {
+                "agent_id": agent_id,
+                "label": label,
+                "kind": kind,
+                "min_rate_per_hour": min_rate_per_hour,
+                "revoked": 0,
+                "issued_at": issued_at,
+            },
+        )
+
+    def revoke_agent(self, agent_id: str, *, now: float, reason: str) -> bool:
+        """Revoke; False when it was already revoked (idempotent)."""
+        cur = self._exec(
+            "update agents set revoked = 1, revoked_at = ?, revoked_reason = ? "
+            "where agent_id = ? and revoked = 0",
+            (now, reason, agent_id),
+        )
+        return cur.rowcount > 0
+
+    # instances
+
+    def insert_instance(self, row: dict[str, Any]) -> int:
+        return self._insert("instances", row)
+
+    def update_instance(self, instance_id: int, **cols: Any) -> None:
+        if not cols:
+            return
+        sets = ", ".join(f"[{c}] = ?" for c in cols)
+        self._exec(f"update instances set {sets} where id = ?", [*cols.values(), instance_id])
+
+    # events
+
+    def insert_event(
+        self,
+        now: float,
+        kind: str,
+        reason: str,
+        *,
+        instance_id: int | None = None,
+        agent_id: str | None = None,
+        machine_id: str | None = None,
+        data: Any = None,
+    ) -> int:
+        return self._insert(
+            "events",
+            {
+                "ts": now,
+                "kind": kind,
+                "reason": reason,
+                "instance_id": instance_id,
+                "agent_id": agent_id,
+                "machine_id": machine_id,
+                "data_json": dumps(data),
+            },
+        )
+
+    # results and host_perf
+
+    def insert_result(self, row: dict[str, Any]) -> int:
+        return self._insert("results", row)
+
+    def record_measurement(
+        self,
+        *,
+        machine_id: str,
+        gpu_name: str,
+        num_gpus: int,
+        rate_per_hour: float,
+        dph_total: float | None,
+        now: float,
+    ) -> Row:
+        """Fold one plausible, uncontended measurement into host_perf.
+
+        Call after inserting its result (``counts_for_host_perf = 1``): the median
+        and the sample count are recomputed from every such result, so a restart
+        or a replay can never double-count; the best is never lowered.
+        """
+        rates = [
+            float(r["recomputed_rate_per_hour"])
+            for r in _rows(
+                self._conn,
+                "select recomputed_rate_per_hour from results where machine_id = ? and "
+                "gpu_name = ? and num_gpus = ? and kind = 'benchmark' and "
+                "counts_for_host_perf = 1 and recomputed_rate_per_hour is not null",
+                (machine_id, gpu_name, num_gpus),
+            )
+        ]
+        if rate_per_hour not in rates:
+            rates.append(rate_per_hour)
+        rates.sort()
+        mid = len(rates) // 2
+        median = rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
+        old = self.host_perf_row(machine_id, gpu_name, num_gpus)
+        best = max(rate_per_hour, float(old["best_rate_per_hour"] or 0.0) if old else 0.0)
+        self._exec(
+            "insert into host_perf (machine_id, gpu_name, num_gpus, best_rate_per_hour, "
+            "median_rate_per_hour, samples, last_rate_per_hour, dph_total, updated_at) "
+            "values (?, ?, ?, ?, ?, ?, ?, ?, ?) on conflict (machine_id, gpu_name, num_gpus) "
+            "do update set best_rate_per_hour = max(best_rate_per_hour, "
+            "excluded.best_rate_per_hour), median_rate_per_hour = "
+            "excluded.median_rate_per_hour, samples = excluded.samples, last_rate_per_hour = "
+            "excluded.last_rate_per_hour, dph_total = coalesce(excluded.dph_total, dph_total), "
+            "updated_at = excluded.updated_at",
+            (machine_id, gpu_name, num_gpus, best, median, len(rates), rate_per_hour,
+             dph_total, now),
+        )
+        row = self.host_perf_row(machine_id, gpu_name, num_gpus)
+        assert row is not None
+        return row
+
+    # bad hosts
+
+    def add_bad_host(
+        self,
+        machine_id: str,
+        *,
+        reason: str,
+        source: str,
+        now: float,
+        instance_id: int | None = None,
+    ) -> None:
+        self._exec(
+            "insert into bad_hosts (machine_id, reason, added_at, source, instance_id) "
+            "values (?, ?, ?, ?, ?) on conflict (machine_id) do update set "
+            "reason = excluded.reason, source = excluded.source, "
+            "instance_id = coalesce(excluded.instance_id, instance_id)",
+            (machine_id, reason, now, source, instance_id),
+        )
+
+    def remove_bad_host(self, machine_id: str) -> bool:
+        return self._exec("delete from bad_hosts where machine_id = ?", (machine_id,)).rowcount > 0
+
+    # heartbeats, telemetry
+
+    def upsert_heartbeat(self, row: dict[str, Any]) -> None:
+        cols = ", ".join(f"[{c}]" for c in row)
+        marks = ", ".join("?" for _ in row)
+        self._exec(
+            f"insert or replace into heartbeats ({cols}) values ({marks})", list(row.values())
+        )
+
+    def append_heartbeat_history(
+        self, row: dict[str, Any], *, interval_s: float, keep_rows: int
+    ) -> bool:
+        """Keep at most one history row per agent per ``interval_s``, and ``keep_rows`` of them.
+
+        Returns whether a row was written (downsampling drops the others).
+        """
+        agent_id = row["agent_id"]
+        now = float(row["received_at"])
+        last = self._history_last_at.get(agent_id)
+        if last is None:
+            found = _one(
+                self._conn,
+                "select max(received_at) as at from heartbeat_history where agent_id = ?",
+                (agent_id,),
+            )
+            last = float(found["at"]) if found and found["at"] is not None else float("-inf")
+        if now - last < interval_s:
+            self._history_last_at[agent_id] = last
+            return False
+        new_id = self._insert("heartbeat_history", row)
+        self._history_last_at[agent_id] = now
+        cutoff = self._nth_id("heartbeat_history", "agent_id", agent_id, keep_rows)
+        if cutoff >= 0:
+            self._exec(
+                "delete from heartbeat_history where agent_id = ? and id <= ? and id != ?",
+                (agent_id, cutoff, new_id),
+            )
+        return True
+
+    def _nth_id(self, table: str, key: str, value: Any, keep: int) -> int:
+        """The id just below the newest ``keep`` rows of one owner (-1: nothing to trim)."""
+        row = _one(
+            self._conn,
+            f"select id from [{table}] where [{key}] = ? order by id desc limit 1 offset ?",
+            (value, keep),
+        )
+        return -1 if row is None else int(row["id"])
+
+    def upsert_telemetry(self, instance_id: int, now: float, telemetry_json: str) -> None:
+        self._exec(
+            "insert or replace into telemetry (instance_id, received_at, telemetry_json) "
+            "values (?, ?, ?)",
+            (instance_id, now, telemetry_json),
+        )
+
+    # logs
+
+    def insert_logs(
+        self,
+        instance_id: int,
+        agent_id: str,
+        now: float,
+        lines: Iterable[tuple[float, str, str]],
+        *,
+        keep_lines: int,
+    ) -> int:
+        rows = [(instance_id, agent_id, ts, source, text, now) for ts, source, text in lines]
+        self._conn.executemany(
+            "insert into logs (instance_id, agent_id, ts, source, text, received_at) "
+            "values (?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        cutoff = self._nth_id("logs", "instance_id", instance_id, keep_lines)
+        if cutoff >= 0:
+            self._exec("delete from logs where instance_id = ? and id <= ?", (instance_id, cutoff))
+        return len(rows)
+
+    # scaling
+
+    def insert_scaling(self, row: dict[str, Any]) -> int:
+        return self._insert("scaling", row)
+
+
+# --- the store -------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Job:
+    fn: Callable[[Tx], Any]
+    future: concurrent.futures.Future[Any]
+
+
+_STOP = object()
+
+
+def _connect(path: str, *, check_same_thread: bool) -> sqlite3.Connection:
+    # isolation_level=None: we issue BEGIN/COMMIT ourselves (sqlite-utils joins them).
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=check_same_thread)
+    conn.execute("PRAGMA busy_timeout = 10000")
+    return conn
+
+
+class Store(Reads):
+    """The database: ``await write(fn)`` (group-committed) and plain read methods."""
+
+    def __init__(self, path: str | Path, *, batch_max: int = 512) -> None:
+        self.path = str(path)
+        if self.path == ":memory:" or self.path.startswith("file:"):
+            raise ValueError("the store needs a database file (WAL mode)")
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self.batch_max = batch_max
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+        self._closed = False
+        self.commits = 0  # transactions committed (tests and benchmarks read it)
+        self._thread = threading.Thread(target=self._writer, name="store-writer", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._startup_error is not None:
+            raise self._startup_error
+        # The read connection is used from the event loop's thread only, but the
+        # Store may be built on another thread than the one that later runs the loop.
+        self._conn = _connect(self.path, check_same_thread=False)
+        self.db = sqlite_utils.Database(self._conn)
+
+    # writer thread
+
+    def _writer(self) -> None:
+        try:
+            conn = _connect(self.path, check_same_thread=True)
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")
+            db = sqlite_utils.Database(conn)
+            applied = migrate(db)
+            if applied:
+                log.info("applied migrations %s to %s", applied, self.path)
+            tx = Tx(db)
+        except BaseException as exc:  # reported to the constructor's caller
+            self._startup_error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is _STOP:
+                break
+            batch: list[_Job] = [first]
+            while len(batch) < self.batch_max:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stopping = True
+                    break
+                batch.append(nxt)
+            self._run_batch(conn, db, tx, batch)
+        conn.close()
+
+    def _run_batch(
+        self, conn: sqlite3.Connection, db: sqlite_utils.Database, tx: Tx, batch: list[_Job]
+    ) -> None:
+        outcomes: list[tuple[_Job, Any, BaseException | None]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for job in batch:
+                try:
+                    with db.atomic():  # a savepoint: a failing job undoes only itself
+                        value = job.fn(tx)
+                except Exception as exc:
+                    outcomes.append((job, None, exc))
+                else:
+                    outcomes.append((job, value, None))
+            conn.execute("COMMIT")
+            self.commits += 1
+        except Exception as exc:
+            log.exception("store transaction failed; %d job(s) refused", len(batch))
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            # The writer's caches may describe rows that were rolled back.
+            tx._history_last_at.clear()
+            for job in batch:
+                if not job.future.done():
+                    job.future.set_exception(exc)
+            return
+        for job, value, error in outcomes:
+            if error is not None:
+                job.future.set_exception(error)
+            else:
+                job.future.set_result(value)
+
+    # public API
+
+    def submit(self, fn: Callable[[Tx], T]) -> concurrent.futures.Future[T]:
+        """Queue a write job; the future resolves after its transaction committed."""
+        if self._closed:
+            raise RuntimeError("the store is closed")
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._queue.put(_Job(fn, future))
+        return future
+
+    async def write(self, fn: Callable[[Tx], T]) -> T:
+        """Run ``fn(tx)`` on the writer thread; return its value once committed."""
+        return await asyncio.wrap_future(self.submit(fn))
+
+    def write_blocking(self, fn: Callable[[Tx], T]) -> T:
+        """``write`` for code without an event loop (scripts, setup)."""
+        return self.submit(fn).result()
+
+    def close(self) -> None:
+        """Finish the queued writes, stop the writer, close both connections."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join()
+        self._conn.close()

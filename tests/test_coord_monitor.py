@@ -1,0 +1,143 @@
+"""The monitor: silence -> lost, phase timeouts -> destroy, pending destroys, reconciliation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from coord_support import Harness, start
+from fakes_provider import FakeProvider, offer
+
+from coordinator.monitor import HeartbeatTracker
+from coordinator.providers.base import ProviderError
+
+
+def test_tracker_touch_and_expire() -> None:
+    t = HeartbeatTracker(ttl_s=75)
+    t.touch(1, 100.0)
+    t.touch(2, 150.0)
+    assert t.expire_stale(175.0) == []
+    assert t.expire_stale(176.0) == [1]
+    assert t.expire_stale(176.0) == []  # expiry forgets it
+    t.touch(2, 300.0)
+    assert t.last_seen(2) == 300.0 and len(t) == 1
+
+
+async def deployed(h: Harness, offer_id: int = 1) -> dict[str, Any]:
+    status, data = await h.admin("POST", "/api/deploy", {"offer_id": offer_id})
+    assert status == 200, data
+    return data
+
+
+async def test_silence_makes_lost_and_a_heartbeat_recovers(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    h = await start(aiohttp_client, tmp_path, provider=FakeProvider([offer(1, 11)]))
+    d = await deployed(h)
+    agent = h.agent(d["agent_id"])
+    await agent.hello()
+    await agent.heartbeat("proving")
+    h.clock.advance(75)
+    await h.core.monitor.tick()
+    assert h.store.get_instance(d["instance_id"])["state"] == "proving"  # type: ignore[index]
+    h.clock.advance(1)
+    await h.core.monitor.tick()
+    inst = h.store.get_instance(d["instance_id"])
+    assert inst is not None and inst["state"] == "lost"
+    assert any(e["kind"] == "lost" for e in h.store.events(d["instance_id"]))
+    await agent.heartbeat("proving")
+    inst = h.store.get_instance(d["instance_id"])
+    assert inst is not None and inst["state"] == "proving"
+    assert any(e["kind"] == "recovered" for e in h.store.events(d["instance_id"]))
+
+
+async def test_phase_timeout_terminates_then_destroys(aiohttp_client: Any, tmp_path: Path) -> None:
+    provider = FakeProvider([offer(1, 11)])
+    h = await start(aiohttp_client, tmp_path, provider=provider, next_heartbeat_s=600)
+    d = await deployed(h)
+    agent = h.agent(d["agent_id"])
+    await agent.hello()
+    await agent.heartbeat("warming")
+    h.clock.advance(1201)
+    await h.core.monitor.tick()
+    inst = h.store.get_instance(d["instance_id"])
+    assert inst is not None and inst["state"] == "terminating"
+    assert "warm-up" in inst["terminate_reason"]
+    _status, directive = await agent.heartbeat("warming")
+    assert directive["action"] == "terminate"
+    h.clock.advance(11)
+    await h.core.monitor.tick()
+    assert provider.destroyed == [d["provider_instance_id"]]
+    assert any(e["kind"] == "timeout" for e in h.store.events(d["instance_id"]))
+
+
+async def test_no_hello_is_destroyed_without_grace(aiohttp_client: Any, tmp_path: Path) -> None:
+    provider = FakeProvider([offer(1, 11)])
+    h = await start(aiohttp_client, tmp_path, provider=provider)
+    d = await deployed(h)
+    h.clock.advance(901)
+    await h.core.monitor.tick()
+    assert provider.destroyed == [d["provider_instance_id"]]
+    inst = h.store.get_instance(d["instance_id"])
+    assert inst is not None and inst["state"] == "destroyed"
+    assert "no hello" in inst["terminate_reason"]
+
+
+async def test_failed_destroy_is_retried(aiohttp_client: Any, tmp_path: Path) -> None:
+    provider = FakeProvider([offer(1, 11)])
+    h = await start(aiohttp_client, tmp_path, provider=provider)
+    d = await deployed(h)
+    provider.destroy_error = ProviderError("rate limited")
+    h.clock.advance(901)
+    await h.core.monitor.tick()
+    inst = h.store.get_instance(d["instance_id"])
+    assert inst is not None and inst["state"] == "terminating"
+    assert any(e["kind"] == "destroy_failed" for e in h.store.events(d["instance_id"]))
+    provider.destroy_error = None
+    h.clock.advance(61)
+    await h.core.monitor.tick()
+    assert provider.destroyed == [d["provider_instance_id"]]
+
+
+async def test_agent_reporting_failed_is_destroyed(aiohttp_client: Any, tmp_path: Path) -> None:
+    provider = FakeProvider([offer(1, 11)])
+    h = await start(aiohttp_client, tmp_path, provider=provider)
+    d = await deployed(h)
+    agent = h.agent(d["agent_id"])
+    await agent.hello()
+    _, directive = await agent.heartbeat("failed")
+    assert directive["action"] == "terminate"
+    h.clock.advance(11)
+    await h.core.monitor.tick()
+    assert provider.destroyed == [d["provider_instance_id"]]
+
+
+async def test_reconcile_destroys_leaked_instances_of_our_fleet_only(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    provider = FakeProvider([offer(1, 11)])
+    h = await start(aiohttp_client, tmp_path, provider=provider)
+    fleet = h.core.settings.fleet_id
+    provider.instances[900] = {
+        "id": 900,
+        "label": f"vm:{fleet}:ag_ffffffffffffffffffff",
+        "machine_id": 5,
+        "actual_status": "running",
+        "start_date": 0.0,
+    }
+    provider.instances[901] = {
+        "id": 901,
+        "label": "vm:otherfleet:ag_ffffffffffffffffffff",
+        "machine_id": 6,
+        "actual_status": "running",
+        "start_date": 0.0,
+    }
+    provider.instances[902] = {
+        "id": 902,
+        "label": "someone's box",
+        "machine_id": 7,
+        "actual_status": "exited",
+        "start_date": 0.0,
+    }
+    await h.core.monitor.tick()
+    assert provider.destroyed == [900]

@@ -1,0 +1,155 @@
+"""The SQLite store: migrations, durability settings, the one group-committing write path."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from coordinator.store import MIGRATIONS, TABLES, Store, Tx
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = Store(tmp_path / "db.sqlite")
+    yield s
+    s.close()
+
+
+def test_migrations_are_recorded_and_run_once(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+    first = Store(path)
+    rows = list(first.db.query("select id, name from migrations"))
+    assert [r["id"] for r in rows] == [m[0] for m in MIGRATIONS]
+    assert set(TABLES) <= set(first.db.table_names())
+    first.write_blocking(lambda tx: tx.add_bad_host("m1", reason="r", source="test", now=1.0))
+    first.close()
+    again = Store(path)  # reopening applies nothing twice and keeps the data
+    assert len(list(again.db.query("select id from migrations"))) == len(MIGRATIONS)
+    assert [b["machine_id"] for b in again.bad_hosts()] == ["m1"]
+    again.close()
+
+
+def test_durability_settings(store: Store) -> None:
+    assert store._conn.execute("pragma journal_mode").fetchone()[0] == "wal"
+
+    # synchronous is per connection: ask the writer's own.
+    def read_level(tx: Tx) -> int:
+        return int(tx._conn.execute("pragma synchronous").fetchone()[0])
+
+    level = store.write_blocking(read_level)
+    assert level == 2  # FULL
+
+
+async def test_concurrent_writes_share_transactions(store: Store) -> None:
+    gate = threading.Event()
+    # Hold the writer on one job so the others queue up behind it.
+    blocker = store.submit(lambda tx: gate.wait(5))
+
+    def event(i: int) -> Callable[[Tx], int]:
+        return lambda tx: tx.insert_event(float(i), "test", f"event {i}")
+
+    jobs = [asyncio.wrap_future(store.submit(event(i))) for i in range(50)]
+    commits_before = store.commits
+    gate.set()
+    ids = await asyncio.gather(*jobs)
+    assert blocker.result() is True
+    assert len(set(ids)) == 50
+    assert store.count_rows()["events"] == 50
+    # 50 jobs committed in far fewer transactions than jobs (group commit).
+    assert store.commits - commits_before < 10
+
+
+async def test_a_failing_job_writes_nothing_and_spares_the_others(store: Store) -> None:
+    def bad(tx: Tx) -> None:
+        tx.insert_event(1.0, "test", "half-written")
+        raise ValueError("refused")
+
+    good = store.write(lambda tx: tx.insert_event(2.0, "test", "kept"))
+    with pytest.raises(ValueError, match="refused"):
+        await asyncio.gather(store.write(bad), good)
+    assert [e["reason"] for e in store.events()] == ["kept"]
+
+
+def measure(store: Store, result_id: str, rate: float, *, counts: bool = True) -> None:
+    def job(tx: Tx) -> None:
+        tx.insert_result(
+            {
+                "agent_id": "ag_00000000000000000000",
+                "result_id": result_id,
+                "kind": "benchmark",
+                "received_at": 1.0,
+                "directive_json": "{}",
+                "machine_id": "m",
+                "gpu_name": "g",
+                "num_gpus": 1,
+                "recomputed_rate_per_hour": rate,
+                "counts_for_host_perf": int(counts),
+            }
+        )
+        if counts:
+            tx.record_measurement(
+                machine_id="m", gpu_name="g", num_gpus=1, rate_per_hour=rate, dph_total=0.5, now=1.0
+            )
+
+    store.write_blocking(job)
+
+
+def test_best_rate_is_never_lowered_and_median_counts_everything(store: Store) -> None:
+    measure(store, "a", 61.4)
+    measure(store, "b", 46.2)  # the origin's overwrite bug: must not lower the best
+    measure(store, "c", 50.0)
+    measure(store, "d", 10.0, counts=False)  # flagged: not a sample
+    (row,) = store.host_perf()
+    assert row["best_rate_per_hour"] == pytest.approx(61.4)
+    assert row["last_rate_per_hour"] == pytest.approx(50.0)
+    assert row["samples"] == 3
+    assert row["median_rate_per_hour"] == pytest.approx(50.0)
+
+
+def test_result_id_is_unique_per_agent(store: Store) -> None:
+    measure(store, "same", 10.0, counts=False)
+    with pytest.raises(Exception, match="UNIQUE"):
+        measure(store, "same", 10.0, counts=False)
+    assert store.count_rows()["results"] == 1
+
+
+def test_logs_and_heartbeat_history_are_bounded(store: Store) -> None:
+    def logs(tx: Tx) -> None:
+        for batch in range(3):
+            tx.insert_logs(
+                1, "ag_x", 1.0, [(float(i), "s", f"{batch}-{i}") for i in range(4)], keep_lines=5
+            )
+
+    store.write_blocking(logs)
+    assert [r["text"] for r in store.logs(1, 100)] == ["1-3", "2-0", "2-1", "2-2", "2-3"]
+
+    def beats(tx: Tx) -> int:
+        written = 0
+        for t in range(0, 1000, 10):  # one heartbeat every 10 s
+            written += tx.append_heartbeat_history(
+                {
+                    "agent_id": "ag_x",
+                    "instance_id": 1,
+                    "received_at": float(t),
+                    "seq": t,
+                    "phase": "proving",
+                    "proofs_completed_total": 0,
+                    "telemetry_json": None,
+                },
+                interval_s=100.0,
+                keep_rows=4,
+            )
+        return written
+
+    assert store.write_blocking(beats) == 10  # downsampled to one per 100 s
+    history = store.heartbeat_history("ag_x")
+    assert [h["received_at"] for h in history] == [600.0, 700.0, 800.0, 900.0]
+
+
+def test_store_refuses_memory_databases() -> None:
+    with pytest.raises(ValueError):
+        Store(":memory:")
