@@ -174,7 +174,7 @@ class CoordinatorClient:
                 self._learn_server_time(
                     resp.headers.get(HEADER_SERVER_TIME), sent_at, verified, status
                 )
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             return None, f"{path} failed: {type(exc).__name__}: {exc}"
         if not verified:
             return None, f"{path} answered {status} without a valid signature (not acted on)"
@@ -193,6 +193,9 @@ class CoordinatorClient:
             wait = self._next_try_at - self._monotonic()
             if wait > 0:
                 if deadline is not None and self._next_try_at > deadline:
+                    # Use the time up to the deadline, so a caller that loops
+                    # on TransientFailure never spins.
+                    await self._sleep(max(0.0, deadline - self._monotonic()))
                     raise TransientFailure(f"{path}: no verified answer in time")
                 await self._sleep(wait)
             reply, why = await self._try_once(path, body)

@@ -50,7 +50,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("VM_C1_PATH", "/data/zk/c1.json", "the C1 output fed to `cuzk-bench batch --c1`"),
     Setting("VM_BENCH_PROOFS", "12", "`-n` of the benchmark"),
     Setting("VM_BENCH_CONCURRENCY", "2", "`-j` of the benchmark"),
-    Setting("VM_WORK_CMD", None, "the operator's work command while proving; unset: the daemon idles, ready"),
+    Setting(
+        "VM_WORK_CMD",
+        None,
+        "the operator's work command while proving; unset: the daemon idles, ready",
+    ),
     Setting("VM_ORPHAN_TIMEOUT", "1800", "seconds without a verified answer before self-destroy"),
     Setting(
         "VM_NVML",
@@ -75,11 +79,29 @@ SETTINGS: tuple[Setting, ...] = (
         "900",
         "seconds to wait, after the warm-up proof, for the PCE file (or /status allocations.pce)",
     ),
-    Setting("VM_SPOOL_MAX_BYTES", "67108864", "spool bound; the oldest log batches go first, never a result"),
-    Setting("VM_LOG_LEVEL", "INFO", "the agent's own log level (DEBUG also logs child output locally)"),
-    Setting("VM_SIM_PROFILE", None, "simulation: the offer JSON of the simulated machine (read by the simulator)"),
-    Setting("VM_SIM_TIME_SCALE", "1", "simulation: simulated seconds per real second (read by the simulator)"),
-    Setting("VM_SIM_STATE_FILE", None, "simulation: the live hardware state file (read by the simulator)"),
+    Setting(
+        "VM_SPOOL_MAX_BYTES",
+        "67108864",
+        "spool bound; the oldest log batches go first, never a result",
+    ),
+    Setting(
+        "VM_LOG_LEVEL", "INFO", "the agent's own log level (DEBUG also logs child output locally)"
+    ),
+    Setting(
+        "VM_SIM_PROFILE",
+        None,
+        "simulation: the offer JSON of the simulated machine (read by the simulator)",
+    ),
+    Setting(
+        "VM_SIM_TIME_SCALE",
+        "1",
+        "simulation: simulated seconds per real second (read by the simulator)",
+    ),
+    Setting(
+        "VM_SIM_STATE_FILE",
+        None,
+        "simulation: the live hardware state file (read by the simulator)",
+    ),
 )
 
 SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
