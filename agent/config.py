@@ -49,7 +49,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("VM_CUZK_BENCH_BIN", "cuzk-bench", "the cuzk-bench executable"),
     Setting("VM_C1_PATH", "/data/zk/c1.json", "the C1 output fed to `cuzk-bench batch --c1`"),
     Setting("VM_BENCH_PROOFS", "12", "`-n` of the benchmark"),
-    Setting("VM_BENCH_CONCURRENCY", "2", "`-j` of the benchmark"),
+    Setting(
+        "VM_BENCH_CONCURRENCY",
+        "auto",
+        "`-j` of the benchmark; auto: 2 per GPU in the run, so every GPU stays fed",
+    ),
     Setting(
         "VM_WORK_CMD",
         None,
@@ -128,7 +132,7 @@ class AgentConfig:
     cuzk_bench_bin: str
     c1_path: Path
     bench_proofs: int
-    bench_concurrency: int
+    bench_concurrency: int | None  # None: 2 per GPU in the run
     work_cmd: str | None
     orphan_timeout_s: float
     nvml: str
@@ -241,7 +245,11 @@ def load_config(environ: Mapping[str, str] | None = None) -> AgentConfig:
         cuzk_bench_bin=_required(env, "VM_CUZK_BENCH_BIN"),
         c1_path=Path(_required(env, "VM_C1_PATH")),
         bench_proofs=_int(env, "VM_BENCH_PROOFS", 1),
-        bench_concurrency=_int(env, "VM_BENCH_CONCURRENCY", 1),
+        bench_concurrency=(
+            None
+            if (env.get("VM_BENCH_CONCURRENCY") or "auto").strip() == "auto"
+            else _int(env, "VM_BENCH_CONCURRENCY", 1)
+        ),
         work_cmd=_get(env, "VM_WORK_CMD"),
         orphan_timeout_s=_float(env, "VM_ORPHAN_TIMEOUT", 0.0, exclusive=True),
         nvml=_choice(env, "VM_NVML", NVML_MODES, "auto"),

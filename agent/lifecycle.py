@@ -502,6 +502,9 @@ class Agent:
         assert self._sampler is not None
         cfg = self.config
         gpus_used = list(devices) if devices is not None else self._all_gpus()
+        # One proof's partitions spread over the GPUs; two proofs in flight per
+        # GPU keep each fed while the next proof synthesises.
+        concurrency = cfg.bench_concurrency or 2 * max(1, len(gpus_used))
         for attempt in (1, 2):
             done = 0
             self.progress = Progress(done=0, total=cfg.bench_proofs, unit="proofs")
@@ -521,7 +524,7 @@ class Agent:
             try:
                 run = await self.bench.batch(
                     self.daemon.addr, c1_path=cfg.c1_path, count=cfg.bench_proofs,
-                    concurrency=cfg.bench_concurrency, on_proof=on_proof,
+                    concurrency=concurrency, on_proof=on_proof,
                 )
             except BenchFailed as exc:
                 self._sampler.close_window(wid)

@@ -140,16 +140,20 @@ class _Screen:
 
 
 def _outcome(detail: dict[str, Any]) -> tuple[str, str]:
-    """(outcome, reason) from the instance's state and its decisive event."""
+    """(outcome, reason): the instance's fate and the decision that sealed it.
+
+    The benchmark verdict is the decisive event when there is one; later
+    events (the destroy that follows a terminate) only carry it out.
+    """
     events = detail.get("events") or []
-    verdicts = [e for e in events if e.get("kind") in {"verdict", "terminate", "keep", "timeout",
-                                                        "lost", "destroy", "failed"}]
-    reason = render.clean(verdicts[-1].get("reason")) if verdicts else "-"
+    verdicts = [e for e in events if e.get("kind") == "verdict"]
+    decisive = verdicts or [e for e in events if e.get("kind") in {"timeout", "lost", "failed"}]
+    reason = render.clean(decisive[-1].get("reason")) if decisive else "-"
     state = detail.get("state")
     if state in {"destroyed", "terminating"}:
         return "TERMINATED", reason
     if state in {"lost", "failed"}:
-        return state.upper(), reason
+        return str(state).upper(), reason
     return "KEPT", reason
 
 
@@ -171,6 +175,7 @@ async def _demo(time_scale: float, workdir: Path, timeout_s: float) -> int:
         monitor_interval_s=1.0,
         terminate_grace_s=3.0,
         config_dir=str(workdir / "config"),
+        sim_time_scale=time_scale,
     )
     provider = LocalProvider(workdir / "instances", time_scale=time_scale)
     atexit.register(provider.kill_all_now)
@@ -254,6 +259,12 @@ async def _report(api: _Api, rows: list[dict[str, Any]]) -> int:
 
     print("\n== Multi-GPU scaling (simulated)")
     print(render_scaling(await api.call("GET", "/api/scaling")))
+
+    # The demo is over: destroy what is still running, as an operator would,
+    # so every catalog offer is rentable again for the ranking below.
+    for r in rows:
+        if r.get("state") not in FINAL_STATES:
+            await api.call("POST", f"/api/instances/{r['id']}/destroy")
 
     print("\n== Offers ranked by predicted cost per proof (from the simulated measurements)")
     offers = await api.call("GET", "/api/offers")

@@ -124,19 +124,22 @@ def render_instance(data: dict[str, Any]) -> str:
 
 
 def render_scaling(rows: list[dict[str, Any]]) -> str:
+    """Per host: all-GPU vs one-GPU rate, and the coordinator's verdict beside the agent's."""
     if not rows:
         return "No multi-GPU scaling result yet."
     out = []
     for r in rows:
-        mine = r.get("coordinator") or {}
+        one = r.get("rate_one_per_hour")
+        one_text = (
+            f"{render.num(one)}/h with one" if one is not None else "one-GPU run not measured"
+        )
         out.append(
             f"machine {render.clean(r.get('machine_id'))} ({r.get('num_gpus')}x "
             f"{render.clean(r.get('gpu_name'))}): {render.num(r.get('rate_all_per_hour'))}/h with "
-            f"all GPUs vs {render.num(r.get('rate_one_per_hour'))}/h with one -> efficiency "
-            f"{render.num(mine.get('efficiency'), 2)}; bottleneck "
-            f"{render.clean(mine.get('bottleneck')).upper()} (coordinator), "
-            f"{render.clean(r.get('bottleneck')).upper()} (agent says)"
+            f"all GPUs, {one_text}; efficiency {render.num(r.get('efficiency'), 2)}; "
+            f"bottleneck {render.clean(r.get('bottleneck')).upper()} (coordinator), "
+            f"{render.clean(r.get('agent_bottleneck')).upper()} (agent says)"
         )
-        for ev in mine.get("evidence") or []:
+        for ev in r.get("evidence") or []:
             out.append(f"    - {render.clean(ev)}")
     return "\n".join(out)
