@@ -83,6 +83,11 @@ def cli() -> None:
       vast-manager demo            the whole lifecycle on a local simulated fleet
       vast-manager serve           run a coordinator (agents + operator API)
       vast-manager status          the fleet, from a running coordinator
+
+    \b
+    Exit codes: 0 success; 1 the coordinator refused the request (the
+    message says why); 2 bad usage; 3 the coordinator could not be reached
+    (or no VM_ADMIN_TOKEN); 4 the demo ended without its expected outcome.
     """
 
 

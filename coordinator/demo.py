@@ -14,7 +14,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -32,12 +31,6 @@ REFRESH_S = 0.5
 FINAL_STATES = {"destroyed", "failed", "lost", "terminating"}
 EXIT_OK = 0
 EXIT_UNEXPECTED = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class _Api:
@@ -162,7 +155,6 @@ async def _demo(time_scale: float, workdir: Path, timeout_s: float) -> int:
     from coordinator.settings import Settings
 
     token = secrets.token_hex(24)
-    port = _free_port()
     settings = Settings.from_env(
         {
             "VM_ADMIN_TOKEN": token,
@@ -170,7 +162,7 @@ async def _demo(time_scale: float, workdir: Path, timeout_s: float) -> int:
         },
         db_path=str(workdir / "demo.db"),
         host="127.0.0.1",
-        port=port,
+        port=0,
         next_heartbeat_s=1,
         monitor_interval_s=1.0,
         terminate_grace_s=3.0,

@@ -1,0 +1,158 @@
+"""The operator CLI against a real coordinator on loopback, and its generated docs."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+from coord_support import ADMIN_TOKEN, make_settings
+from fakes_provider import FakeProvider, offer
+
+from coordinator import clidoc
+from coordinator.cli import cli
+from coordinator.server import start_server
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class ServerThread:
+    """A coordinator serving from its own event loop, so the sync CLI can call it."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.provider = FakeProvider([offer(9001, 41001), offer(9002, 41002, dph_total=0.9)])
+        self.settings = make_settings(tmp_path, port=0)
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.server: Any = None
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(start_server(self.settings, self.provider))
+        self.ready.set()
+        self.loop.run_forever()
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        assert self.ready.wait(30), "coordinator did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerThread]:
+    with ServerThread(tmp_path) as s:
+        yield s
+
+
+def run(server: ServerThread, *args: str, token: str | None = ADMIN_TOKEN) -> Any:
+    env = {"VM_URL": server.server.url}
+    if token is not None:
+        env["VM_ADMIN_TOKEN"] = token
+    return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+
+
+def test_agents_issue_prints_env_lines(server: ServerThread) -> None:
+    result = run(server, "agents", "issue", "--label", "rig-01", "--min-rate", "40")
+    assert result.exit_code == 0, result.output
+    lines = dict(line.split("=", 1) for line in result.output.strip().splitlines())
+    assert set(lines) == {"VM_COORDINATOR_URL", "VM_AGENT_ID", "VM_AGENT_KEY"}
+    assert lines["VM_AGENT_ID"].startswith("ag_") and len(lines["VM_AGENT_ID"]) == 23
+    assert len(bytes.fromhex(lines["VM_AGENT_KEY"])) == 32
+    assert lines["VM_COORDINATOR_URL"].startswith("http://")
+
+
+def test_agents_issue_json_and_revoke(server: ServerThread) -> None:
+    result = run(server, "agents", "issue", "--json")
+    assert result.exit_code == 0, result.output
+    env = orjson.loads(result.output)
+    assert set(env) == {"VM_COORDINATOR_URL", "VM_AGENT_ID", "VM_AGENT_KEY"}
+    revoked = run(server, "agents", "revoke", env["VM_AGENT_ID"])
+    assert revoked.exit_code == 0, revoked.output
+    assert "revoked" in revoked.output
+
+
+def test_deploy_status_destroy(server: ServerThread) -> None:
+    deployed = run(server, "deploy", "9001")
+    assert deployed.exit_code == 0, deployed.output
+    assert "Instance" in deployed.output
+    status = run(server, "status", "--json")
+    rows = orjson.loads(status.output)
+    assert len(rows) == 1 and rows[0]["state"] == "deploying"
+    table = run(server, "status")
+    assert "RTX 4090" in table.output and "STATE" in table.output
+    again = run(server, "deploy", "9001")  # the same machine is now busy with ours
+    assert again.exit_code == 1
+    assert "machine" in again.output.lower()
+    gone = run(server, "destroy", str(rows[0]["id"]))
+    assert gone.exit_code == 0, gone.output
+    assert server.provider.destroyed
+
+
+def test_bad_hosts_round_trip(server: ServerThread) -> None:
+    assert run(server, "bad-hosts", "add", "41002", "--reason", "slow: 12/h").exit_code == 0
+    listed = run(server, "bad-hosts", "list", "--json")
+    assert [b["machine_id"] for b in orjson.loads(listed.output)] in (["41002"], [41002])
+    refused = run(server, "deploy", "9002")
+    assert refused.exit_code == 1 and "bad" in refused.output.lower()
+    assert run(server, "bad-hosts", "remove", "41002").exit_code == 0
+    assert "No bad hosts" in run(server, "bad-hosts", "list").output
+
+
+def test_errors_are_one_line_with_exit_codes(server: ServerThread) -> None:
+    missing = run(server, "destroy", "424242")
+    assert missing.exit_code == 1
+    assert missing.output.startswith("Error: ") and missing.output.count("\n") == 1
+    no_token = run(server, "status", token=None)
+    assert no_token.exit_code == 3 and "VM_ADMIN_TOKEN" in no_token.output
+    wrong = run(server, "status", token="x" * 32)
+    assert wrong.exit_code == 1
+
+
+def test_unreachable_coordinator_exit_3() -> None:
+    result = CliRunner().invoke(
+        cli, ["status", "--url", "http://127.0.0.1:9"], env={"VM_ADMIN_TOKEN": ADMIN_TOKEN}
+    )
+    assert result.exit_code == 3
+    assert "Cannot reach the coordinator" in result.output
+
+
+def test_control_characters_refused_in_operator_input(server: ServerThread) -> None:
+    refused = run(server, "bad-hosts", "add", "41001", "--reason", "evil \x1b[2J reason")
+    assert refused.exit_code == 1 and "control characters" in refused.output
+    assert "No bad hosts" in run(server, "bad-hosts", "list").output
+
+
+def test_render_strips_host_sent_control_characters() -> None:
+    from coordinator import render
+
+    hostile = "rig\x1b[2J\x1b[H\x07-01\r\nfake line\x9b31m"
+    cleaned = render.clean(hostile)
+    assert all(ord(c) >= 32 and not 0x7F <= ord(c) <= 0x9F for c in cleaned)
+    assert cleaned.startswith("rig[2J[H-01")
+    table = render.table([[hostile, 1]], ["HOST", "N"])
+    assert "\x1b" not in table and "\n" not in table.splitlines()[2]
+
+
+def test_every_command_has_help_with_an_example() -> None:
+    for path, command in clidoc.walk(cli, ["vast-manager"]):
+        text = clidoc.help_text(command, path)
+        assert command.help, f"{' '.join(path)} has no help"
+        if not hasattr(command, "commands"):
+            assert "Example" in text, f"{' '.join(path)} --help shows no example"
+
+
+def test_cli_reference_is_fresh() -> None:
+    expected = clidoc.render(cli)
+    current = (ROOT / "docs" / "cli.md").read_text()
+    assert current == expected, "docs/cli.md is stale: python -m coordinator.clidoc > docs/cli.md"
