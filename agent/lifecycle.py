@@ -505,21 +505,29 @@ class Agent:
         # One proof's partitions spread over the GPUs; two proofs in flight per
         # GPU keep each fed while the next proof synthesises.
         concurrency = cfg.bench_concurrency or 2 * max(1, len(gpus_used))
+        sampler = self._sampler
         for attempt in (1, 2):
             done = 0
-            self.progress = Progress(done=0, total=cfg.bench_proofs, unit="proofs")
+            steady: list[int] = []
+            self.progress = Progress(done=0, total=cfg.bench_proofs, unit="proofs",
+                                     concurrency=concurrency)
 
-            def on_proof(proof: ProofLine) -> None:
+            def on_proof(proof: ProofLine, steady: list[int] = steady) -> None:
                 nonlocal done
                 done += 1
                 self.progress = Progress(
-                    done=min(done, cfg.bench_proofs), total=cfg.bench_proofs, unit="proofs"
+                    done=min(done, cfg.bench_proofs), total=cfg.bench_proofs, unit="proofs",
+                    concurrency=concurrency,
                 )
                 if proof.completed:
                     self._proof_seconds_recent.append(proof.wall_seconds)
                     self.proofs_completed_total += 1
+                    if not steady:
+                        # The pipeline is full once a proof has come out: telemetry
+                        # from here on shows the host's steady state, not the fill.
+                        steady.append(sampler.open_window())
 
-            wid = self._sampler.open_window()
+            wid = sampler.open_window()
             started_at = self.client.now()
             try:
                 run = await self.bench.batch(
@@ -527,16 +535,20 @@ class Agent:
                     concurrency=concurrency, on_proof=on_proof,
                 )
             except BenchFailed as exc:
-                self._sampler.close_window(wid)
+                for w in (wid, *steady):
+                    sampler.close_window(w)
                 if attempt == 2:
                     raise
                 log.warning("benchmark run failed (%s); restarting the daemon and retrying", exc)
                 await self._start_daemon(devices)
                 continue
             except BaseException:
-                self._sampler.close_window(wid)
+                for w in (wid, *steady):
+                    sampler.close_window(w)
                 raise
-            telemetry = self._sampler.close_window(wid)
+            full_run = sampler.close_window(wid)
+            steady_state = sampler.close_window(steady[0]) if steady else None
+            telemetry = steady_state or full_run
             finished_at = self.client.now()
             log.info(
                 "benchmark on GPUs %s: %d completed, %d failed in %.1f s: %.1f proofs/h",
@@ -613,6 +625,7 @@ class Agent:
     async def _deliver(self, result: Result) -> Directive:
         """Spool ``result`` and send it until the coordinator verifiably has it."""
         self.spool.put_result(result)
+        log.info("result %s spooled (%s)", result.result_id, result.kind)
         while True:
             await self._flush_spool(give_up_after_s=max(self._heartbeat_interval_s, 30.0),
                                     logs=False)

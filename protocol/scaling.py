@@ -19,6 +19,10 @@ PCIE_LANE_GBPS: dict[int, float] = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.93
 CPU_BUSY_PCT = 90.0  # "CPU busy above 90%"
 GPU_IDLE_PCT = 40.0  # "GPUs idle about half the time": 40% idle or more counts
 GPU_BUSY_PCT = 90.0  # "GPUs above 90% busy"
+# A host that scales near-ideally with its GPUs mostly busy is GPU-bound too:
+# the fill and drain of a short benchmark keep the mean a little under 90%.
+SCALES_WELL_EFFICIENCY = 0.9
+GPU_MOSTLY_BUSY_PCT = 80.0
 PCIE_NEAR_PCT = 75.0  # a mean this close to capacity means the link is full while it carries data
 MEMORY_NEAR_PCT = 95.0  # used / budget (cuzk) or used / total (RAM)
 SYNTH_FULL_FRACTION = 0.9  # synthesis slots this full count as saturated
@@ -217,6 +221,11 @@ def diagnose(
         peak_text = f" (peak {peak:.0f}%)" if peak is not None else ""
         if gpu_util > GPU_BUSY_PCT:
             findings["gpu"].append(f"{util_label} busy {gpu_util:.0f}% of the time{peak_text}")
+        elif eff is not None and eff >= SCALES_WELL_EFFICIENCY and gpu_util >= GPU_MOSTLY_BUSY_PCT:
+            findings["gpu"].append(
+                f"{util_label} busy {gpu_util:.0f}% of the time{peak_text} and scaling at "
+                f"efficiency {eff:.2f}: the GPUs themselves set the pace"
+            )
         else:
             observed.append(f"{util_label} busy {gpu_util:.0f}% of the time{peak_text}")
 

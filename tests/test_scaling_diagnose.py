@@ -354,3 +354,33 @@ def test_profiles_through_fake_nvml(
     d = diagnose(profile.num_gpus, rates[0], rates[1], t, gpus)
     assert d.bottleneck == verdict, d.evidence
     assert any(quoted in e for e in d.evidence), d.evidence
+
+
+def test_near_ideal_scaling_with_mostly_busy_gpus_is_gpu_bound() -> None:
+    """Efficiency 0.96 with GPUs 87% busy (a short run's fill and drain) is GPU-bound,
+    even when cuzk's memory budget is full: memory did not hold the GPUs back."""
+    from protocol import (
+        CpuTelemetry,
+        CuzkTelemetry,
+        GpuTelemetry,
+        NetTelemetry,
+        RamTelemetry,
+        Telemetry,
+    )
+    from protocol.scaling import diagnose
+
+    gpus = [
+        GpuTelemetry(i, 87.0, 100.0, 15 * 10**9, 4e5, 8.9e6, 300.0, 70.0, 2500.0, 0, 4, 16)
+        for i in range(2)
+    ]
+    tele = Telemetry(
+        window_s=300.0, samples=300, gpus=gpus,
+        cpu=CpuTelemetry(72.0, [72.0] * 64, 40.0, 0.5),
+        ram=RamTelemetry(507 * 10**9, 515 * 10**9),
+        net=NetTelemetry(1e5, 1e5),
+        cuzk=CuzkTelemetry(300, [], 10.0, 16, 0.0, 504 * 10**9, 506 * 10**9),
+    )
+    d = diagnose(2, 130.5, 67.7, tele, [])
+    assert d.bottleneck == "gpu"
+    assert d.efficiency == round(130.5 / (2 * 67.7), 4)
+    assert any("87%" in e and "0.96" in e for e in d.evidence)

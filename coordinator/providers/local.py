@@ -120,12 +120,14 @@ class LocalProvider:
         offers: list[Offer] | None = None,
         agent_env: dict[str, str] | None = None,
         param_rate_scale: float = 1.0,
+        sample_interval_s: float = 0.1,
     ) -> None:
         self.workdir = Path(workdir)
         self.time_scale = time_scale
         self.offers: dict[int, Offer] = {o["id"]: o for o in (offers or local_offers())}
         self.agent_env = dict(agent_env or {})
         self.param_rate_scale = param_rate_scale
+        self.sample_interval_s = sample_interval_s
         self._instances: dict[int, _LocalInstance] = {}
         self._next_id = 700001
         self._lock = asyncio.Lock()
@@ -258,6 +260,9 @@ class LocalProvider:
                     "VM_SIM_PROFILE": orjson.dumps(current).decode(),
                     "VM_SIM_TIME_SCALE": str(self.time_scale),
                     "VM_SIM_STATE_FILE": str(workdir / "sim-state.json"),
+                    # Simulated time runs time_scale times faster, so sample faster
+                    # too, or a whole benchmark would fit between two samples.
+                    "VM_SAMPLE_INTERVAL": str(self.sample_interval_s),
                     "PYTHONUNBUFFERED": "1",
                 }
             )
