@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sys
 import time
@@ -691,3 +692,52 @@ async def test_cli_process_stops_its_children_on_sigterm(
                 left.append(p.cmdline())
     assert left == [], f"processes left behind: {left}"
     assert len(coord.results_of("benchmark")) == 1
+
+
+@pytest.mark.parametrize("hide_package", [False, True], ids=["no-driver", "no-package"])
+async def test_whole_lifecycle_without_nvml_sends_no_gpus_and_says_why_once(
+    stand_in: tuple[StandIn, str],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    hide_package: bool,
+) -> None:
+    """Issue 3: on a machine with no NVML (this one) the agent still runs its whole
+    lifecycle with the real sampler, reports gpus [], and logs the reason once."""
+    import builtins
+
+    from agent.lifecycle import default_sampler_factory
+
+    real_import = builtins.__import__
+
+    def no_pynvml(name: str, *args: Any, **kwargs: Any) -> Any:
+        if hide_package and name == "pynvml":
+            raise ImportError("No module named 'pynvml' (hidden by the test)")
+        return real_import(name, *args, **kwargs)
+
+    coord, url = stand_in
+    h = Harness(tmp_path, url, VM_NVML="auto", VM_SAMPLE_INTERVAL="0.05")
+    agent = Agent(
+        h.config, sampler_factory=default_sampler_factory,
+        destroyer=lambda cfg: asyncio.sleep(0),
+    )
+    caplog.set_level(logging.INFO)
+    builtins.__import__ = no_pynvml
+    try:
+        task = asyncio.create_task(agent.run())
+        await until(lambda: len(coord.results) == 1, "the benchmark result")
+        await until(lambda: any(hb.phase == "proving" for hb in coord.heartbeats), "proving")
+        coord.heartbeat_action = "terminate"
+        code = await asyncio.wait_for(task, 60)
+    finally:
+        builtins.__import__ = real_import
+        if not task.done():
+            task.cancel()
+    assert code == EXIT_TERMINATED
+    assert coord.hellos[0].host.gpus == []
+    result = next(iter(coord.results.values()))
+    assert result.proofs_completed == 3
+    with_telemetry = [hb.telemetry for hb in coord.heartbeats if hb.telemetry is not None]
+    assert with_telemetry and all(t.gpus == [] for t in with_telemetry)
+    reasons = [r for r in caplog.records if "NVML" in r.getMessage() and r.name.startswith("agent")]
+    assert len(reasons) == 1, [r.getMessage() for r in reasons]
+    assert_no_children()
