@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -171,6 +171,13 @@ async def _demo(time_scale: float, workdir: Path, timeout_s: float) -> int:
     )
     provider = LocalProvider(workdir / "instances", time_scale=time_scale)
     atexit.register(provider.kill_all_now)
+    # SIGTERM (e.g. from `timeout`) and SIGHUP end the demo as Ctrl-C does: through
+    # the finally below, so no simulated instance outlives it.
+    main_task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if main_task is not None:
+            loop.add_signal_handler(signum, main_task.cancel)
     server = await start_server(settings, provider)
     started = time.monotonic()
     print(f"Coordinator on {server.url} (database {workdir / 'demo.db'}); "
@@ -280,7 +287,7 @@ def run_demo(
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         return asyncio.run(_demo(time_scale or DEFAULT_TIME_SCALE, workdir, timeout_s))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         print("\nInterrupted; every simulated instance was stopped.", file=sys.stderr)
         return 130
     finally:

@@ -324,8 +324,8 @@ class LocalProvider:
         return inst.workdir / "agent.log" if inst else None
 
     async def close(self) -> None:
-        for instance_id in list(self._instances):
-            await self.destroy_instance(instance_id)
+        # In parallel: each destroy may wait out an agent's SIGTERM grace.
+        await asyncio.gather(*(self.destroy_instance(i) for i in list(self._instances)))
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
