@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import importlib.resources
 import logging
 import statistics
 import time
@@ -22,16 +24,16 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from coordinator import ingest, policy
+from coordinator import ingest, metrics, policy
 from coordinator.auth import (
     MAX_BODY_BYTES,
     AgentAuth,
     AgentRecord,
     AuthFailure,
     VerifiedAgent,
-    admin_authorized,
     sign_response,
 )
+from coordinator.dashboard import Refusal, authorize_operator, setup_dashboard
 from coordinator.deploy import Deployer, mint_agent_id
 from coordinator.errors import (
     CoordinatorError,
@@ -99,8 +101,26 @@ _HTTP_CODES = {
 }
 
 
+# A whole body must arrive within this many seconds (1 MiB in 60 s is 140 kbit/s), so a
+# slow sender (slowloris) cannot hold a request open for ever.
+BODY_READ_TIMEOUT_S = 60.0
+
+
 class BodyTooLarge(Exception):
     pass
+
+
+class BodyIncomplete(Exception):
+    """The body did not arrive whole: too slow (408) or the connection dropped (400)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+    def to_body(self) -> dict[str, str]:
+        return {"error": self.code, "message": self.message}
 
 
 async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> bytes:
@@ -109,14 +129,22 @@ async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> bytes:
         raise BodyTooLarge
     chunks: list[bytes] = []
     size = 0
-    while True:
-        chunk = await request.content.read(65536)
-        if not chunk:
-            break
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(BODY_READ_TIMEOUT_S):
+            while True:
+                chunk = await request.content.read(65536)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > limit:
+                    raise BodyTooLarge
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BodyIncomplete(408, "request_timeout",
+                             f"The body did not arrive within {BODY_READ_TIMEOUT_S:g} s.") from None
+    except ConnectionError:
+        # The client went away mid-body: nobody reads this answer, and nothing is written.
+        raise BodyIncomplete(400, "incomplete_body", "The connection closed mid-body.") from None
     return b"".join(chunks)
 
 
@@ -124,16 +152,21 @@ async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> bytes:
 async def error_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """Admin token on /api, JSON bodies for every error, server time on agent answers."""
+    """Operator auth on /api (and /metrics), JSON bodies for every error, server time on
+    agent answers."""
     core = request.app[CORE]
     is_agent = request.path.startswith("/v1/")
     response: web.StreamResponse
-    if request.path.startswith("/api/") and not admin_authorized(
-        request.headers.get("Authorization"), core.settings.admin_token
+    refusal: Refusal | None = None
+    if request.path.startswith("/api/") or (
+        request.path == "/metrics" and not core.settings.metrics_public
     ):
-        response = error_response(
-            401, "unauthorized", "The operator API needs Authorization: Bearer <admin token>."
-        )
+        try:
+            authorize_operator(request, core.settings.admin_token)
+        except Refusal as err:
+            refusal = err
+    if refusal is not None:
+        response = error_response(refusal.status, refusal.code, refusal.message)
     else:
         try:
             response = await handler(request)
@@ -184,6 +217,8 @@ def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Re
                             "message": f"The body is larger than {MAX_BODY_BYTES} bytes."},
                 None, nonce,
             )
+        except BodyIncomplete as err:
+            return _agent_answer(core, err.status, err.to_body(), None, nonce)
         try:
             agent = core.auth.verify(
                 # raw_path: the path and query exactly as the agent sent and signed them.
@@ -346,6 +381,8 @@ def operator_endpoint(
         except _TooLarge:
             return error_response(413, "body_too_large",
                                   f"The body is larger than {MAX_BODY_BYTES} bytes.")
+        except BodyIncomplete as err:
+            return error_response(err.status, err.code, err.message)
         except (CoordinatorError, ProviderError) as err:
             return json_response(error_body(err), http_status(err))
         if isinstance(payload, web.Response):
@@ -522,6 +559,56 @@ async def _logs_view(core: Core, request: web.Request) -> Any:
     return core.store.logs(instance_id, tail, source)
 
 
+MAX_HISTORY_POINTS = 2000
+
+
+async def _telemetry_history(core: Core, request: web.Request) -> Any:
+    """The instance's downsampled heartbeat history (DESIGN 4), oldest first, with the
+    latest telemetry appended when it is newer: what the dashboard's charts draw."""
+    inst = _instance_or_404(core, _path_int(request, "id"))
+    points_text = request.query.get("points", "500")
+    try:
+        max_points = int(points_text)
+    except ValueError:
+        raise InvalidInput("'points' must be an integer.", field="points") from None
+    if not 2 <= max_points <= MAX_HISTORY_POINTS:
+        raise InvalidInput(f"'points' must be between 2 and {MAX_HISTORY_POINTS}.",
+                           field="points")
+    points = [
+        {"t": r["received_at"], "phase": r.get("phase"),
+         "proofs_completed_total": r.get("proofs_completed_total"),
+         "telemetry": loads(r.get("telemetry_json"))}
+        for r in (core.store.heartbeat_history(inst["agent_id"]) if inst.get("agent_id") else [])
+    ]
+    latest = core.store.latest_telemetry(inst["id"])
+    if latest is not None and (not points or latest["received_at"] > points[-1]["t"]):
+        points.append({"t": latest["received_at"], "phase": inst.get("phase"),
+                       "proofs_completed_total": inst.get("proofs_completed_total"),
+                       "telemetry": loads(latest["telemetry_json"])})
+    if len(points) > max_points:
+        # Even stride over the history, always keeping the newest point.
+        step = len(points) / max_points
+        points = [points[int(i * step)] for i in range(max_points - 1)] + [points[-1]]
+    return {"instance_id": inst["id"], "points": points}
+
+
+async def _recent_events(core: Core, request: web.Request) -> Any:
+    limit_text = request.query.get("limit", "100")
+    try:
+        limit = int(limit_text)
+    except ValueError:
+        raise InvalidInput("'limit' must be an integer.", field="limit") from None
+    if not 1 <= limit <= 1000:
+        raise InvalidInput("'limit' must be between 1 and 1000.", field="limit")
+    return [event_view(e) for e in core.store.events(None, limit)]
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    core = request.app[CORE]
+    text = metrics.render_metrics(core.store, core.clock)
+    return web.Response(body=text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
+
+
 async def _host_perf(core: Core, request: web.Request) -> Any:
     return [host_perf_view(r) for r in core.store.host_perf()]
 
@@ -624,6 +711,20 @@ async def _deploy(core: Core, request: web.Request) -> Any:
             "agent_id": deployed.agent_id, "message": deployed.message}
 
 
+# --- the published API description -----------------------------------------------------
+
+
+@functools.cache
+def openapi_document() -> bytes:
+    """docs/openapi.yaml as JSON (packaged as coordinator/data/openapi.json)."""
+    return (importlib.resources.files("coordinator") / "data" / "openapi.json").read_bytes()
+
+
+async def _openapi(request: web.Request) -> web.Response:
+    # No token: the description holds no secret, and clients need it before they have one.
+    return web.Response(body=openapi_document(), content_type="application/json")
+
+
 # --- the application ------------------------------------------------------------------
 
 
@@ -676,6 +777,12 @@ def create_app(
     app.router.add_get("/api/scaling", op(_scaling))
     app.router.add_get("/api/offers", op(_offers))
     app.router.add_post("/api/deploy", op(_deploy))
+    app.router.add_get("/api/instances/{id}/telemetry-history", op(_telemetry_history))
+    app.router.add_get("/api/events", op(_recent_events))
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/openapi.json", _openapi)
+    setup_dashboard(app, admin_token=settings.admin_token, session_ttl_s=settings.session_ttl_s,
+                    clock=clock)
 
     if run_monitor:
         app.cleanup_ctx.append(_monitor_ctx)

@@ -105,32 +105,66 @@ def cli() -> None:
     show_default=True,
     help="Where instances come from: the local simulated fleet, or vast.ai (VAST_API_KEY).",
 )
-def serve(db_path: str | None, host: str | None, port: int | None, provider: str) -> None:
-    """Run the coordinator: agent endpoints, operator API, monitor loop.
+@click.option("--tls-cert", default=None,
+              help="PEM certificate chain: serve HTTPS directly (env VM_TLS_CERT; with --tls-key).")
+@click.option("--tls-key", default=None, help="PEM private key of --tls-cert (env VM_TLS_KEY).")
+@click.option(
+    "--admin-listen",
+    default=None,
+    metavar="HOST:PORT",
+    help="Serve the operator API, dashboard and /metrics here; --host/--port then answer "
+    "only the agents (/v1/*) (env VM_ADMIN_LISTEN).",
+)
+@click.option("--metrics-public", is_flag=True, default=None,
+              help="Serve /metrics without the admin token (env VM_METRICS_PUBLIC).")
+@click.option("--log-json", is_flag=True, default=None,
+              help="Log one JSON object per line on stderr (env VM_LOG_FORMAT=json).")
+def serve(
+    db_path: str | None,
+    host: str | None,
+    port: int | None,
+    provider: str,
+    tls_cert: str | None,
+    tls_key: str | None,
+    admin_listen: str | None,
+    metrics_public: bool | None,
+    log_json: bool | None,
+) -> None:
+    """Run the coordinator: agent endpoints, operator API, web dashboard (at /),
+    /metrics, monitor loop.
 
     The fleet secret comes from VM_FLEET_SECRET (generated into a 0600 file in
     your config directory when unset) and the admin token from VM_ADMIN_TOKEN
-    (generated and printed once when unset).
+    (generated and printed once when unset; with JSON logs, written to
+    admin-token in the config directory instead). Log in to the dashboard
+    with the admin token.
 
     \b
-    Example:
+    Examples:
       VM_ADMIN_TOKEN=$(openssl rand -hex 24) vast-manager serve --db fleet.db
+      vast-manager serve --host 0.0.0.0 --port 8420 --admin-listen 127.0.0.1:8421 \\
+          --tls-cert fullchain.pem --tls-key privkey.pem --log-json
     """
-    from coordinator.server import run_server
+    from coordinator.server import ServeConfigError, run_server
     from coordinator.settings import Settings
 
-    overrides: dict[str, Any] = {}
-    if db_path is not None:
-        overrides["db_path"] = db_path
-    if host is not None:
-        overrides["host"] = host
-    if port is not None:
-        overrides["port"] = port
+    options: dict[str, Any] = {
+        "db_path": db_path, "host": host, "port": port, "tls_cert": tls_cert,
+        "tls_key": tls_key, "admin_listen": admin_listen,
+        "metrics_public": True if metrics_public else None,
+        "log_format": "json" if log_json else None,
+    }
+    overrides = {name: value for name, value in options.items() if value is not None}
     try:
         settings = Settings.from_env(os.environ, **overrides)
     except ValueError as err:
         raise click.ClickException(str(err)) from None
-    run_server(settings, provider)
+    from coordinator.providers.vast import ProviderConfigError
+
+    try:
+        run_server(settings, provider)
+    except (ProviderConfigError, ServeConfigError) as err:  # no API key; unreadable cert
+        raise click.ClickException(str(err)) from None
 
 
 @cli.command()
@@ -367,14 +401,36 @@ def _print_logs(lines: list[dict[str, Any]]) -> None:
         click.echo(f"{ts} {render.clean(line.get('source'))}: {render.clean(line.get('text'))}")
 
 
+def _log_key(line: dict[str, Any]) -> tuple[float, str, str]:
+    return float(line.get("ts") or 0), str(line.get("source")), str(line.get("text"))
+
+
+def _unseen(
+    lines: list[dict[str, Any]], seen_ts: float, seen_at_ts: set[tuple[float, str, str]]
+) -> list[dict[str, Any]]:
+    """Lines newer than the last printed one; at its timestamp, only those not printed yet
+    (several lines often share a second)."""
+    return [x for x in lines
+            if _log_key(x)[0] > seen_ts or (_log_key(x)[0] == seen_ts
+                                            and _log_key(x) not in seen_at_ts)]
+
+
 @cli.command()
 @click.argument("instance_id", type=int)
 @click.option("--tail", type=int, default=100, show_default=True, help="How many lines.")
 @click.option("--source", default=None, help="Only lines from this source (agent, cuzk, ...).")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines as they arrive.")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing new lines as they arrive (polls; Ctrl-C stops).")
+@click.option("--interval", "interval_s", type=click.FloatRange(min=0.1), default=2.0,
+              show_default=True, help="Seconds between polls with --follow.")
 @operator_options
 def logs(
-    client: OperatorClient, instance_id: int, tail: int, source: str | None, follow: bool
+    client: OperatorClient,
+    instance_id: int,
+    tail: int,
+    source: str | None,
+    follow: bool,
+    interval_s: float,
 ) -> None:
     """Logs the instance's agent shipped (agent, cuzk, benchmark, work command).
 
@@ -385,13 +441,20 @@ def logs(
     path = f"/api/instances/{instance_id}/logs"
     lines = client.get(path, tail=tail, source=source)
     _print_logs(lines)
-    seen_ts = max((float(x.get("ts") or 0) for x in lines), default=0.0)
-    while follow:
-        time.sleep(2.0)
-        fresh = [x for x in client.get(path, tail=1000, source=source)
-                 if float(x.get("ts") or 0) > seen_ts]
-        _print_logs(fresh)
-        seen_ts = max((float(x.get("ts") or 0) for x in fresh), default=seen_ts)
+    seen_ts = max((_log_key(x)[0] for x in lines), default=0.0)
+    seen_at_ts = {_log_key(x) for x in lines if _log_key(x)[0] == seen_ts}
+    try:
+        while follow:
+            time.sleep(interval_s)
+            fresh = _unseen(client.get(path, tail=1000, source=source), seen_ts, seen_at_ts)
+            _print_logs(fresh)
+            if fresh:
+                newest = max(_log_key(x)[0] for x in fresh)
+                if newest > seen_ts:
+                    seen_ts, seen_at_ts = newest, set()
+                seen_at_ts |= {_log_key(x) for x in fresh if _log_key(x)[0] == seen_ts}
+    except KeyboardInterrupt:
+        return
 
 
 @cli.group()
@@ -506,21 +569,32 @@ def _flags(offer: dict[str, Any]) -> str:
 @click.argument("offer_id", type=int)
 @click.option("--min-rate", type=float, default=None,
               help="Minimum proofs/hour [default: price / max $ per proof].")
-@click.option("--disk", "disk_gb", type=int, default=None, help="Disk in GB.")
+@click.option("--disk", "disk_gb", type=int, default=None,
+              help="Disk in GB [default: VM_DEPLOY_DISK_GB].")
+@click.option("--max-price", "max_dph_total", type=float, default=None,
+              help="Refuse if the offer now costs more than this, $/h (the price you saw).")
 @operator_options
-def deploy(client: OperatorClient, offer_id: int, min_rate: float | None, disk_gb: int | None) -> None:
+def deploy(
+    client: OperatorClient,
+    offer_id: int,
+    min_rate: float | None,
+    disk_gb: int | None,
+    max_dph_total: float | None,
+) -> None:
     """Rent an offer and start an agent on it, after re-checking the offer
     (still there, price, bad host, machine already ours).
 
     \b
     Example:
-      vast-manager deploy 9001 --min-rate 50
+      vast-manager deploy 9001 --min-rate 50 --max-price 0.45
     """
     body: dict[str, Any] = {"offer_id": offer_id}
     if min_rate is not None:
         body["min_rate_per_hour"] = min_rate
     if disk_gb is not None:
         body["disk_gb"] = disk_gb
+    if max_dph_total is not None:
+        body["max_dph_total"] = max_dph_total
     answer = client.post("/api/deploy", body)
     click.echo(
         f"Instance {answer.get('instance_id')} (agent {answer.get('agent_id')}): "

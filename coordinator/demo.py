@@ -150,15 +150,21 @@ def _outcome(detail: dict[str, Any]) -> tuple[str, str]:
     return "KEPT", reason
 
 
-async def _demo(time_scale: float, workdir: Path, timeout_s: float) -> int:
+async def _demo(
+    time_scale: float,
+    workdir: Path,
+    timeout_s: float,
+    admin_token: str | None = None,
+    fleet_secret: str | None = None,
+) -> int:
     from coordinator.server import start_server
     from coordinator.settings import Settings
 
-    token = secrets.token_hex(24)
+    token = admin_token or secrets.token_hex(24)
     settings = Settings.from_env(
         {
             "VM_ADMIN_TOKEN": token,
-            "VM_FLEET_SECRET": secrets.token_hex(32),
+            "VM_FLEET_SECRET": fleet_secret or secrets.token_hex(32),
         },
         db_path=str(workdir / "demo.db"),
         host="127.0.0.1",
@@ -281,12 +287,19 @@ async def _report(api: _Api, rows: list[dict[str, Any]]) -> int:
 
 
 def run_demo(
-    *, time_scale: float | None = None, keep_dir: str | None = None, timeout_s: float = 150.0
+    *,
+    time_scale: float | None = None,
+    keep_dir: str | None = None,
+    timeout_s: float = 150.0,
+    admin_token: str | None = None,
+    fleet_secret: str | None = None,
 ) -> int:
     workdir = Path(keep_dir) if keep_dir else Path(tempfile.mkdtemp(prefix="vast-manager-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        return asyncio.run(_demo(time_scale or DEFAULT_TIME_SCALE, workdir, timeout_s))
+        # Secrets are generated unless given (tests pass known ones to grep for them).
+        return asyncio.run(_demo(time_scale or DEFAULT_TIME_SCALE, workdir, timeout_s,
+                                 admin_token, fleet_secret))
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("\nInterrupted; every simulated instance was stopped.", file=sys.stderr)
         return 130

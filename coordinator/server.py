@@ -4,26 +4,43 @@
 agents is known before the first deploy, then serves the app on that socket.
 ``run_server`` is the blocking entry point of ``vast-manager serve``: it
 builds the provider by name and stops on SIGTERM or SIGINT.
+
+Exposure: with ``tls_cert``/``tls_key`` every listener speaks HTTPS; with
+``admin_listen`` a second listener carries the operator API, the dashboard
+and /metrics while the main one answers only the agents (/v1/*).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
+import re
 import signal
 import socket
+import ssl
 import sys
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from coordinator import policy
-from coordinator.app import create_app
+from coordinator.app import create_app, error_response
 from coordinator.providers.base import Provider
-from coordinator.settings import Settings
+from coordinator.settings import Settings, parse_listen
 from coordinator.store import Store
+
+log = logging.getLogger(__name__)
+
+# Paths the agents' address serves when the operator side listens elsewhere.
+AGENT_SIDE_EXACT = frozenset({"/openapi.json"})
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
 
 
 @dataclass(slots=True)
@@ -34,6 +51,7 @@ class RunningServer:
     app: web.Application
     runner: web.AppRunner
     provider: Provider
+    admin_url: str | None = None
 
     async def stop(self) -> None:
         """Stop serving, let the monitor loop end, then close the store.
@@ -42,6 +60,53 @@ class RunningServer:
         """
         await self.runner.cleanup()
         await asyncio.to_thread(self.store.close)
+
+
+def _url(scheme: str, host: str, port: int) -> str:
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+class ServeConfigError(ValueError):
+    """A serve setting that cannot work (unreadable certificate or key)."""
+
+
+def tls_context(cert_path: str, key_path: str) -> ssl.SSLContext:
+    """A server context (TLS 1.2 and up) from PEM files; errors name the files, not keys."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert_path, key_path)
+    except (OSError, ssl.SSLError) as err:
+        raise ServeConfigError(f"cannot load the TLS certificate {cert_path} with key "
+                               f"{key_path}: {err.__class__.__name__}") from None
+    return context
+
+
+def listener_split(admin_host: str, admin_port: int) -> Middleware:
+    """A middleware: the admin listener refuses /v1/*, the agents' refuses the rest.
+
+    The listener is told apart by the local address the connection arrived on.
+    """
+    wildcard = admin_host in WILDCARD_HOSTS
+
+    @web.middleware
+    async def split(
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        local = request.transport.get_extra_info("sockname") if request.transport else None
+        on_admin = (
+            isinstance(local, tuple) and len(local) >= 2 and local[1] == admin_port
+            and (wildcard or local[0] == admin_host)
+        )
+        path = request.path
+        agent_path = path.startswith("/v1/")
+        if path in AGENT_SIDE_EXACT or agent_path != on_admin:
+            return await handler(request)
+        where = "the agents' address" if on_admin else "the admin address (--admin-listen)"
+        return error_response(404, "not_found", f"{path} is served on {where}.")
+
+    return split
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -66,30 +131,47 @@ async def start_server(
     if provider.name == "local" and settings.sim_time_scale == 1.0 and scale:
         # The local fleet reports simulated seconds; its own scale is the truth.
         settings = settings.with_values(sim_time_scale=float(scale))
+    ssl_context = (
+        tls_context(settings.tls_cert, settings.tls_key)
+        if settings.tls_cert and settings.tls_key else None
+    )
+    scheme = "https" if ssl_context is not None else "http"
     sock = _bind(settings.host, settings.port)
     port = sock.getsockname()[1]
-    host_in_url = f"[{settings.host}]" if ":" in settings.host else settings.host
-    url = f"http://{host_in_url}:{port}"
+    url = _url(scheme, settings.host, port)
     if port != settings.port:
         settings = settings.with_values(port=port)
+    socks = [sock]
+    admin_url: str | None = None
+    admin_addr: tuple[str, int] | None = None
     try:
+        if settings.admin_listen:
+            admin_host, admin_port = parse_listen(settings.admin_listen)
+            admin_sock = _bind(admin_host, admin_port)
+            socks.append(admin_sock)
+            admin_addr = (admin_host, admin_sock.getsockname()[1])
+            admin_url = _url(scheme, *admin_addr)
         store = await asyncio.to_thread(Store, settings.db_path,
                                         batch_max=settings.write_batch_max)
     except BaseException:
-        sock.close()
+        for s in socks:
+            s.close()
         raise
     app = create_app(settings, store, provider, clock)
+    if admin_addr is not None:
+        app.middlewares.insert(0, listener_split(*admin_addr))
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
     try:
         await runner.setup()
-        site = web.SockSite(runner, sock)
-        await site.start()
+        for s in socks:
+            await web.SockSite(runner, s, ssl_context=ssl_context).start()
     except BaseException:
         await runner.cleanup()
-        sock.close()
+        for s in socks:
+            s.close()
         await asyncio.to_thread(store.close)
         raise
-    return RunningServer(url, settings, store, app, runner, provider)
+    return RunningServer(url, settings, store, app, runner, provider, admin_url)
 
 
 def make_provider(settings: Settings, provider_name: str) -> Provider:
@@ -100,14 +182,12 @@ def make_provider(settings: Settings, provider_name: str) -> Provider:
         workdir = Path(settings.db_path).resolve().parent / "local-instances"
         return LocalProvider(workdir)  # type: ignore[return-value]
     if provider_name == "vast":
-        from coordinator.providers import vast as vast_provider
+        from coordinator.providers.vast import from_settings
 
-        # The vast.ai provider needs a REST client, an image and an onstart script;
-        # its module owns building them from the environment.
-        factory = getattr(vast_provider, "from_settings", None)
-        if factory is None:
-            raise ValueError("the vast provider cannot be built from settings yet")
-        return factory(settings)  # type: ignore[no-any-return]
+        # The REST client (API key found as the official CLI finds it, VAST_URL),
+        # the image, the onstart script and the rest of VM_VAST_*; a missing key
+        # or image is a ProviderConfigError (a ValueError) naming what to set.
+        return from_settings(settings)
     raise ValueError(f"unknown provider {provider_name!r} (local or vast)")
 
 
@@ -117,8 +197,13 @@ async def _serve_until_signalled(settings: Settings, provider: Provider) -> None
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     server = await start_server(settings, provider)
-    print(f"vast-manager coordinator on {server.url} (fleet {settings.fleet_id}, "
-          f"db {settings.db_path})", file=sys.stderr, flush=True)
+    admin = f", operator API and dashboard on {server.admin_url}" if server.admin_url else ""
+    line = (f"vast-manager coordinator on {server.url}{admin} (fleet {settings.fleet_id}, "
+            f"db {settings.db_path})")
+    if settings.log_format == "json":
+        log.info(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
     try:
         await stop.wait()
     finally:
@@ -129,11 +214,97 @@ async def _serve_until_signalled(settings: Settings, provider: Provider) -> None
             await provider.close()
 
 
+# --- log lines ----------------------------------------------------------------------
+
+_BEARER = re.compile(r"(?i)(bearer\s+)[^\s\"',;]+")
+_KEYED = re.compile(r"(?i)((?:agent_key|admin_token|fleet_secret|x-vm-signature)"
+                    r"[\"']?\s*[:=]\s*[\"']?)[^\s\"',;]+")
+REDACTED = "[redacted]"
+
+
+class RedactingFormatter(logging.Formatter):
+    """Formats a record, then blanks every secret it knows and anything shaped like one."""
+
+    def __init__(self, secrets: Sequence[str], fmt: str | None = None) -> None:
+        super().__init__(fmt)
+        # Longest first, so a secret that contains another is blanked whole.
+        self.secrets = sorted({s for s in secrets if len(s) >= 8}, key=len, reverse=True)
+
+    def redact(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, REDACTED)
+        text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
+        return _KEYED.sub(lambda m: m.group(1) + REDACTED, text)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self.redact(super().format(record))
+
+
+class JsonFormatter(RedactingFormatter):
+    """One JSON object per line: ts, time, level, logger, message (and exc)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload: dict[str, object] = {
+            "ts": round(record.created, 3),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": self.redact(record.getMessage()),
+        }
+        if record.exc_info:
+            payload["exc"] = self.redact(self.formatException(record.exc_info))
+        # Blanked before encoding too: JSON escaping would hide a key's quotes from the pattern.
+        return self.redact(orjson.dumps(payload).decode())
+
+
+def log_secrets(settings: Settings) -> list[str]:
+    """Every secret the coordinator holds, as it could appear in text."""
+    return [settings.admin_token, *(s.hex() for s in settings.fleet_secrets)]
+
+
+def configure_logging(settings: Settings, stream: object = None) -> logging.Handler:
+    """Root logging for ``serve``: text or JSON lines on stderr, secrets blanked."""
+    handler = logging.StreamHandler(stream or sys.stderr)  # type: ignore[arg-type]
+    if settings.log_format == "json":
+        handler.setFormatter(JsonFormatter(log_secrets(settings)))
+    else:
+        handler.setFormatter(RedactingFormatter(
+            log_secrets(settings), "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    return handler
+
+
+def write_generated_token(settings: Settings) -> Path:
+    """Put a generated admin token in a 0600 file of the config directory (JSON mode:
+    the log stream is shipped somewhere, so the token must not be in it)."""
+    directory = Path(settings.config_dir)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = directory / "admin-token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(settings.admin_token + "\n")
+    os.chmod(path, 0o600)
+    return path
+
+
 def run_server(settings: Settings, provider_name: str) -> None:
     """Serve until SIGTERM/SIGINT (blocking; ``vast-manager serve``)."""
+    if settings.tls_cert and settings.tls_key:
+        tls_context(settings.tls_cert, settings.tls_key)  # fail before anything starts
+    configure_logging(settings)
     if settings.admin_token_generated:
-        # Printed once, to stderr only, so it never lands in a log file of stdout.
-        print(f"VM_ADMIN_TOKEN={settings.admin_token}  (generated; set VM_ADMIN_TOKEN to "
-              "choose your own)", file=sys.stderr, flush=True)
+        if settings.log_format == "json":
+            path = write_generated_token(settings)
+            log.warning("admin token generated into %s (mode 0600); set VM_ADMIN_TOKEN to "
+                        "choose your own", path)
+        else:
+            # Printed once, to stderr only, so it never lands in a log file of stdout.
+            print(f"VM_ADMIN_TOKEN={settings.admin_token}  (generated; set VM_ADMIN_TOKEN to "
+                  "choose your own)", file=sys.stderr, flush=True)
     provider = make_provider(settings, provider_name)
     asyncio.run(_serve_until_signalled(settings, provider))

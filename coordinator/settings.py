@@ -97,8 +97,47 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("heartbeat_history_rows", 288, "heartbeat history rows kept per agent"),
     Setting("max_deploy_dph_total", 5.0, "deploy refuses offers above this price, $/hour"),
-    Setting("deploy_disk_gb", 100, "disk of a deployed instance unless the deploy says, GB"),
+    Setting(
+        "deploy_disk_gb",
+        250,
+        "disk of a deployed instance unless the deploy says, GB (vast.ai: also priced into "
+        "the offers' dph_total; the image needs at least 250)",
+    ),
     Setting("unowned_grace_s", 900.0, "our fleet id on an instance no agent owns: destroyed after"),
+    Setting(
+        "vast_image",
+        None,
+        "vast.ai: the instance image (built from image/Dockerfile, e.g. "
+        "ghcr.io/you/vast-agent:1.0); required with --provider vast",
+    ),
+    Setting(
+        "vast_onstart",
+        None,
+        "vast.ai: the onstart script text (ssh run type, at most 16 KB); unset: the "
+        "template's, which runs `/usr/local/bin/vast-agent-onstart start`",
+    ),
+    Setting(
+        "vast_runtype",
+        "ssh_direc ssh_proxy",
+        "vast.ai: run type sent at create: `ssh_direc ssh_proxy` (vast.ai runs the onstart "
+        "script) or `args` (the image ENTRYPOINT runs)",
+    ),
+    Setting(
+        "vast_env",
+        None,
+        'vast.ai: extra environment for every instance, a JSON object (e.g. '
+        '`{"VM_PARAMS_CMD": "curio fetch-params 32"}`); the agent\'s own VM_* values win',
+    ),
+    Setting(
+        "vast_image_login",
+        None,
+        "vast.ai: registry login for a private image (`-u USER -p TOKEN REGISTRY`)",
+    ),
+    Setting(
+        "vast_filter",
+        None,
+        "vast.ai: default offer filter in the CLI's syntax; unset: the original manager's",
+    ),
     Setting(
         "max_concurrency_per_gpu",
         8,
@@ -110,6 +149,32 @@ SETTINGS: tuple[Setting, ...] = (
         "plausibility: relative slack between reported and recomputed numbers",
     ),
     Setting(
+        "verdict_early",
+        True,
+        "early benchmark verdicts (docs/policy.md): judge the running benchmark from its proof "
+        "times and terminate a host below its minimum with the configured confidence; the "
+        "finished benchmark is judged on its steady-state rate. false: only the batch rate "
+        "after the full benchmark",
+    ),
+    Setting(
+        "verdict_confidence",
+        0.95,
+        "early verdicts: confidence of a terminate or pass, over every look at one benchmark "
+        "(0.5-1; chosen by bench/verdict.py --sweep)",
+    ),
+    Setting(
+        "verdict_min_proofs",
+        2,
+        "early verdicts: completed proofs before the proof times may decide (a benchmark "
+        "that stalls is caught sooner)",
+    ),
+    Setting(
+        "verdict_sigma_floor",
+        0.15,
+        "early verdicts: smallest per-proof noise assumed (sd of log proof time; the "
+        "observed noise is 5-15%)",
+    ),
+    Setting(
         "sim_time_scale",
         1.0,
         "simulation only: simulated seconds per real second of the local fleet; the "
@@ -117,6 +182,17 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("nonces_per_agent", 2000, "nonce memory per agent (beyond it: 429)"),
     Setting("write_batch_max", 512, "most write jobs the writer commits in one transaction"),
+    Setting("tls_cert", None, "PEM certificate chain: serve HTTPS directly (needs tls_key)"),
+    Setting("tls_key", None, "PEM private key of tls_cert"),
+    Setting(
+        "admin_listen",
+        None,
+        "HOST:PORT for the operator API, dashboard and /metrics; when set, the main "
+        "host:port serves only the agent endpoints (/v1/*)",
+    ),
+    Setting("metrics_public", False, "serve /metrics without the admin token"),
+    Setting("log_format", "text", "server log lines: text, or json (one object per line)"),
+    Setting("session_ttl_s", 43200.0, "dashboard login session lifetime, seconds"),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -164,6 +240,14 @@ def _parse(setting: Setting, raw: Any) -> Any:
     text = raw.strip()
     if kind is str:
         return text or None
+    if kind is bool:
+        # bool("false") is True: spell the accepted words out.
+        word = text.lower()
+        if word in ("1", "true", "yes", "on"):
+            return True
+        if word in ("0", "false", "no", "off", ""):
+            return False
+        raise ValueError(f"{setting.env} must be true or false, got {text!r}")
     try:
         value = kind(text)
     except ValueError:
@@ -202,6 +286,22 @@ class Settings:
     sim_time_scale: float
     nonces_per_agent: int
     write_batch_max: int
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    admin_listen: str | None = None
+    metrics_public: bool = False
+    log_format: str = "text"
+    session_ttl_s: float = 43200.0
+    vast_image: str | None = None
+    vast_onstart: str | None = None
+    vast_runtype: str = "ssh_direc ssh_proxy"
+    vast_env: str | None = None
+    vast_image_login: str | None = None
+    vast_filter: str | None = None
+    verdict_early: bool = True
+    verdict_confidence: float = 0.95
+    verdict_min_proofs: int = 2
+    verdict_sigma_floor: float = 0.15
     admin_token_generated: bool = False
 
     @property
@@ -217,7 +317,9 @@ class Settings:
         """The URL agents are told to use."""
         if self.public_url:
             return self.public_url.rstrip("/")
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self.tls_cert else "http"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}"
 
     def with_values(self, **values: Any) -> Settings:
         return dataclasses.replace(self, **values)
@@ -257,6 +359,22 @@ class Settings:
             if values[name] <= 0:
                 raise ValueError(f"{_BY_NAME[name].env} must be positive")
 
+        if bool(values["tls_cert"]) != bool(values["tls_key"]):
+            raise ValueError("VM_TLS_CERT and VM_TLS_KEY go together: set both or neither")
+        if values["admin_listen"]:
+            parse_listen(values["admin_listen"])  # raises with the variable's name
+        if values["log_format"] not in ("text", "json"):
+            raise ValueError("VM_LOG_FORMAT must be text or json")
+        if values["session_ttl_s"] <= 0:
+            raise ValueError("VM_SESSION_TTL_S must be positive")
+
+        if not 0.5 < values["verdict_confidence"] < 1.0:
+            raise ValueError("VM_VERDICT_CONFIDENCE must be between 0.5 and 1 (exclusive)")
+        if values["verdict_min_proofs"] < 1:
+            raise ValueError("VM_VERDICT_MIN_PROOFS must be at least 1")
+        if values["verdict_sigma_floor"] <= 0:
+            raise ValueError("VM_VERDICT_SIGMA_FLOOR must be positive")
+
         config_dir = (
             Path(values["config_dir"]) if values["config_dir"] else default_config_dir(env)
         )
@@ -285,6 +403,16 @@ class Settings:
         values["admin_token"] = token
         values["admin_token_generated"] = generated
         return cls(**values)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT`` -> (host, port); ValueError naming VM_ADMIN_LISTEN."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"VM_ADMIN_LISTEN must be HOST:PORT, got {text!r}")
+    return host, int(port_text)
 
 
 def settings_markdown() -> str:

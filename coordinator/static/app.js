@@ -1,0 +1,650 @@
+// vast-manager dashboard: plain JS over the operator API, no build step.
+// Every value a host sent (names, labels, log lines, reasons) reaches the page
+// through textContent or an attribute set by code, never through HTML parsing.
+"use strict";
+
+const REFRESH_MS = 3000;
+const OFFERS_REFRESH_MS = 60000;
+const SVG_NS = "http://www.w3.org/2000/svg";
+const VIEWS = ["login-view", "fleet-view", "offers-view", "bad-hosts-view", "instance-view"];
+
+const state = {
+  csrf: null,
+  timer: null,
+  busy: false,
+  offerFilter: "",
+  armed: null, // the button waiting for its confirming second click
+  offersKey: null,
+  offersAt: 0,
+};
+
+class AuthError extends Error {}
+
+// --- small helpers -------------------------------------------------------------------
+
+function $(id) {
+  return document.getElementById(id);
+}
+
+// Build an element; children are nodes or strings (strings become text nodes).
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (name === "class") node.className = value;
+    else node.setAttribute(name, value === true ? "" : String(value));
+  }
+  for (const child of children) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function svg(tag, attrs) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [name, value] of Object.entries(attrs || {})) node.setAttribute(name, String(value));
+  return node;
+}
+
+function num(value, digits = 1, suffix = "") {
+  if (value === null || value === undefined || Number.isNaN(Number(value))) return "-";
+  return Number(value).toFixed(digits) + suffix;
+}
+
+function usd(value, digits = 4) {
+  if (value === null || value === undefined) return "-";
+  return "$" + Number(value).toFixed(digits);
+}
+
+function gb(bytes) {
+  return bytes === null || bytes === undefined ? "-" : (bytes / 1e9).toFixed(1) + " GB";
+}
+
+function ago(ts) {
+  if (!ts) return "-";
+  const s = Math.max(0, Date.now() / 1000 - ts);
+  if (s < 90) return Math.round(s) + "s ago";
+  if (s < 5400) return Math.round(s / 60) + "m ago";
+  if (s < 172800) return Math.round(s / 3600) + "h ago";
+  return Math.round(s / 86400) + "d ago";
+}
+
+function clock(ts) {
+  return new Date(ts * 1000).toLocaleTimeString([], { hour12: false });
+}
+
+function progressText(p) {
+  if (!p) return "";
+  if (p.unit === "bytes" && p.total) return Math.round((100 * p.done) / p.total) + "%";
+  return `${p.done}/${p.total} ${p.unit || ""}`.trim();
+}
+
+function flash(message, isError) {
+  const node = $("flash");
+  node.textContent = message;
+  node.className = isError ? "flash error" : "flash";
+  node.hidden = false;
+}
+
+function fill(tbody, rows) {
+  tbody.replaceChildren(...rows);
+}
+
+function td(...children) {
+  return el("td", {}, ...children);
+}
+
+// Two clicks to act: the first arms the button, the second (within 5 s) runs.
+function confirmClick(button, label, action) {
+  button.addEventListener("click", async () => {
+    if (state.armed !== button) {
+      if (state.armed) state.armed.textContent = state.armed.dataset.label;
+      button.dataset.label = button.textContent;
+      button.textContent = label;
+      button.classList.add("armed");
+      state.armed = button;
+      setTimeout(() => {
+        if (state.armed === button) {
+          button.textContent = button.dataset.label;
+          button.classList.remove("armed");
+          state.armed = null;
+        }
+      }, 5000);
+      return;
+    }
+    state.armed = null;
+    button.disabled = true;
+    try {
+      await action();
+    } finally {
+      button.disabled = false;
+    }
+  });
+}
+
+// --- the API ---------------------------------------------------------------------------
+
+async function api(method, path, body) {
+  const options = { method, credentials: "same-origin", headers: {} };
+  if (method !== "GET") options.headers["X-CSRF-Token"] = state.csrf || "";
+  if (body !== undefined) {
+    options.headers["Content-Type"] = "application/json";
+    options.body = JSON.stringify(body);
+  }
+  const resp = await fetch(path, options);
+  let data = null;
+  try {
+    data = await resp.json();
+  } catch (_err) {
+    data = null;
+  }
+  if (resp.status === 401) {
+    state.csrf = null;
+    showLogin();
+    throw new AuthError("not logged in");
+  }
+  if (!resp.ok) throw new Error((data && data.message) || `${method} ${path}: ${resp.status}`);
+  return data;
+}
+
+async function act(method, path, body) {
+  try {
+    const answer = await api(method, path, body);
+    state.offersAt = 0;
+    flash((answer && answer.message) || "Done.", false);
+    await refresh();
+    return answer;
+  } catch (err) {
+    if (!(err instanceof AuthError)) flash(err.message, true);
+    return null;
+  }
+}
+
+// --- login -----------------------------------------------------------------------------
+
+function show(viewId) {
+  for (const id of VIEWS) $(id).hidden = id !== viewId;
+}
+
+function showLogin() {
+  clearTimeout(state.timer);
+  show("login-view");
+  $("nav").hidden = true;
+  $("logout").hidden = true;
+  $("flash").hidden = true;
+  $("updated").textContent = "";
+}
+
+async function login(event) {
+  event.preventDefault();
+  $("login-error").textContent = "";
+  const resp = await fetch("/auth/login", {
+    method: "POST",
+    credentials: "same-origin",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ token: $("token").value }),
+  });
+  const data = await resp.json().catch(() => null);
+  if (!resp.ok) {
+    $("login-error").textContent = (data && data.message) || "Login failed.";
+    return;
+  }
+  $("token").value = "";
+  state.csrf = data.csrf_token;
+  start();
+}
+
+async function logout() {
+  await fetch("/auth/logout", {
+    method: "POST",
+    credentials: "same-origin",
+    headers: { "X-CSRF-Token": state.csrf || "" },
+  });
+  state.csrf = null;
+  showLogin();
+}
+
+async function resume() {
+  const resp = await fetch("/auth/session", { credentials: "same-origin" });
+  if (!resp.ok) {
+    showLogin();
+    return;
+  }
+  const data = await resp.json();
+  state.csrf = data.csrf_token;
+  start();
+}
+
+function start() {
+  $("nav").hidden = false;
+  $("logout").hidden = false;
+  refresh();
+}
+
+// --- routing and refresh ---------------------------------------------------------------
+
+function route() {
+  const hash = location.hash.replace(/^#\/?/, "");
+  const match = /^instance\/(\d+)$/.exec(hash);
+  if (match) return { name: "instance", id: match[1] };
+  if (hash === "offers") return { name: "offers" };
+  if (hash === "bad-hosts") return { name: "bad-hosts" };
+  return { name: "fleet" };
+}
+
+async function refresh() {
+  clearTimeout(state.timer);
+  if (!state.csrf) return;
+  const r = route();
+  for (const link of document.querySelectorAll("#nav a")) {
+    link.classList.toggle("active", link.dataset.route === r.name);
+  }
+  // A button waiting for its second click must not be redrawn away under the pointer.
+  const armed = state.armed && document.contains(state.armed);
+  if (!document.hidden && !state.busy && !armed) {
+    state.busy = true;
+    try {
+      if (r.name === "fleet") await renderFleet();
+      else if (r.name === "offers") await renderOffers();
+      else if (r.name === "bad-hosts") await renderBadHosts();
+      else await renderInstance(r.id);
+      $("updated").textContent = "updated " + new Date().toLocaleTimeString([], { hour12: false });
+    } catch (err) {
+      if (err instanceof AuthError) {
+        state.busy = false;
+        return;
+      }
+      flash(err.message, true);
+    } finally {
+      state.busy = false;
+    }
+  }
+  state.timer = setTimeout(refresh, REFRESH_MS);
+}
+
+// --- fleet -----------------------------------------------------------------------------
+
+function tile(label, value) {
+  return el("div", { class: "tile" }, el("div", { class: "tile-value" }, value),
+    el("div", { class: "tile-label" }, label));
+}
+
+function phaseCell(inst) {
+  const cell = td(inst.phase || "-");
+  const p = inst.progress;
+  if (p && p.total) {
+    cell.append(" ", el("progress", { max: p.total, value: p.done }), " ",
+      el("span", { class: "muted" }, progressText(p)));
+  }
+  return cell;
+}
+
+async function renderFleet() {
+  const [rows, events] = await Promise.all([
+    api("GET", "/api/instances"),
+    api("GET", "/api/events?limit=30"),
+  ]);
+  show("fleet-view");
+  const billing = rows.filter((r) => !["destroyed", "vanished"].includes(r.state));
+  const proving = billing.filter((r) => r.state === "proving");
+  const dph = billing.reduce((a, r) => a + (r.dph_total || 0), 0);
+  const rate = proving.reduce((a, r) => a + (r.rate_per_hour || 0), 0);
+  $("fleet-tiles").replaceChildren(
+    tile("instances billing", String(billing.length)),
+    tile("proving", String(proving.length)),
+    tile("proofs / hour", num(rate, 1)),
+    tile("$ / hour", usd(dph, 3)),
+    tile("$ / proof", rate > 0 ? usd(dph / rate) : "-"),
+  );
+  fill(
+    $("fleet-table").tBodies[0],
+    rows.map((r) =>
+      el("tr", { "data-instance-id": r.id, "data-state": r.state },
+        td(el("a", { href: `#/instance/${r.id}`, class: "instance-link" }, String(r.id))),
+        td(r.label || "-"),
+        td(el("span", { class: `state state-${String(r.state).replace(/[^a-z_]/g, "")}` },
+          r.state || "-")),
+        phaseCell(r),
+        td(`${r.num_gpus || "?"} x ${r.gpu_name || "?"}`),
+        td(usd(r.dph_total, 3)),
+        td(num(r.rate_per_hour)),
+        td(usd(r.usd_per_proof)),
+        td(ago(r.last_seen)),
+      ),
+    ),
+  );
+  $("fleet-empty").hidden = rows.length > 0;
+  renderEvents($("events"), events.slice().reverse());
+}
+
+function renderEvents(list, events) {
+  list.replaceChildren(
+    ...events.map((e) =>
+      el("li", {},
+        el("span", { class: "muted" }, clock(e.ts)), " ",
+        el("span", { class: "event-kind" }, e.kind || ""), " ",
+        e.instance_id ? el("a", { href: `#/instance/${e.instance_id}` }, `#${e.instance_id}`) : "",
+        e.instance_id ? " " : "",
+        e.reason || ""),
+    ),
+  );
+}
+
+// --- offers ----------------------------------------------------------------------------
+
+function offerFlags(o) {
+  const flags = [];
+  if (o.bad_host) flags.push("BAD-HOST");
+  if (o.known) flags.push("known");
+  if (o.predicted_rate_per_hour === null || o.predicted_rate_per_hour === undefined) {
+    flags.push("explore");
+  }
+  return flags.join(", ") || "-";
+}
+
+async function renderOffers() {
+  const query = state.offerFilter ? "?filter=" + encodeURIComponent(state.offerFilter) : "";
+  // Offers come from the provider's search (vast.ai's API): not on every tick.
+  const fresh = state.offersKey === query && Date.now() - state.offersAt < OFFERS_REFRESH_MS;
+  show("offers-view");
+  if (fresh) return;
+  const rows = await api("GET", "/api/offers" + query);
+  state.offersKey = query;
+  state.offersAt = Date.now();
+  fill(
+    $("offers-table").tBodies[0],
+    rows.map((o) => {
+      const button = el("button", { type: "button", class: "deploy", "data-offer-id": o.id },
+        "Deploy");
+      if (o.bad_host) button.disabled = true;
+      confirmClick(button, "Confirm deploy", async () => {
+        const answer = await act("POST", "/api/deploy", { offer_id: Number(o.id) });
+        if (answer && answer.instance_id) location.hash = `#/instance/${answer.instance_id}`;
+      });
+      return el("tr", { "data-offer-id": o.id },
+        td(String(o.id)),
+        td(String(o.machine_id ?? "-")),
+        td(`${o.num_gpus} x ${o.gpu_name}`),
+        td(usd(o.dph_total, 3)),
+        td(num(o.predicted_rate_per_hour)),
+        td(usd(o.predicted_usd_per_proof)),
+        td(String(o.cpu_cores_effective ?? o.cpu_cores ?? "-")),
+        td(o.cpu_ram ? num(o.cpu_ram / 1000, 0, " GB") : "-"),
+        td(num(o.pcie_bw, 1)),
+        td(o.geolocation || "-"),
+        td(offerFlags(o)),
+        td(o.prediction_basis || "-"),
+        td(button));
+    }),
+  );
+  $("offers-empty").hidden = rows.length > 0;
+}
+
+// --- bad hosts -------------------------------------------------------------------------
+
+async function renderBadHosts() {
+  const rows = await api("GET", "/api/bad-hosts");
+  show("bad-hosts-view");
+  fill(
+    $("bad-hosts-table").tBodies[0],
+    rows.map((b) => {
+      const button = el("button", { type: "button", class: "remove-bad-host" }, "Remove");
+      confirmClick(button, "Confirm remove", () =>
+        act("DELETE", "/api/bad-hosts/" + encodeURIComponent(b.machine_id)));
+      return el("tr", { "data-machine-id": b.machine_id },
+        td(String(b.machine_id)), td(ago(b.added_at)), td(b.source || "-"), td(b.reason || "-"),
+        td(button));
+    }),
+  );
+  $("bad-hosts-empty").hidden = rows.length > 0;
+}
+
+async function addBadHost(event) {
+  event.preventDefault();
+  const machine = $("bad-host-machine").value.trim();
+  const reason = $("bad-host-reason").value.trim();
+  if (!machine) return;
+  const answer = await act("POST", "/api/bad-hosts",
+    reason ? { machine_id: machine, reason } : { machine_id: machine });
+  if (answer) {
+    $("bad-host-machine").value = "";
+    $("bad-host-reason").value = "";
+  }
+}
+
+// --- charts ----------------------------------------------------------------------------
+
+function axisNumber(v) {
+  if (v === 0) return "0";
+  if (v >= 100) return v.toFixed(0);
+  if (v >= 10) return v.toFixed(1);
+  if (v >= 1) return v.toFixed(2);
+  return v.toPrecision(2);
+}
+
+// A line chart in an SVG: series = [{name, cls, dashed, points: [[t, v], ...]}].
+// data-points on the SVG counts the points drawn (tests wait on it).
+function lineChart(node, series, opts) {
+  const W = 640, H = 220, L = 48, R = 110, T = 10, B = 26;
+  const all = series.flatMap((s) => s.points);
+  node.replaceChildren();
+  node.dataset.points = String(all.length);
+  node.dataset.series = String(series.length);
+  if (all.length === 0) {
+    const text = svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "chart-empty" });
+    text.textContent = "no telemetry yet";
+    node.append(text);
+    return;
+  }
+  const dataMax = Math.max(...all.map((p) => p[1]));
+  node.dataset.max = String(dataMax);
+  const t0 = Math.min(...all.map((p) => p[0]));
+  const t1 = Math.max(...all.map((p) => p[0]));
+  const vmax = opts.max !== undefined ? opts.max : dataMax * 1.1 || 1;
+  const x = (t) => L + ((t - t0) / (t1 - t0 || 1)) * (W - L - R);
+  const y = (v) => T + (1 - Math.min(v, vmax) / vmax) * (H - T - B);
+  for (let i = 0; i <= 4; i += 1) {
+    const v = (vmax * i) / 4;
+    node.append(svg("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), class: "grid" }));
+    const label = svg("text", { x: L - 6, y: y(v) + 4, "text-anchor": "end", class: "axis" });
+    label.textContent = axisNumber(v);
+    node.append(label);
+  }
+  for (const [t, anchor] of [[t0, "start"], [t1, "end"]]) {
+    const label = svg("text", { x: x(t), y: H - 6, "text-anchor": anchor, class: "axis" });
+    label.textContent = clock(t);
+    node.append(label);
+  }
+  series.forEach((s, i) => {
+    const pts = s.points.map((p) => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" ");
+    const line = svg("polyline", {
+      points: pts,
+      class: `series ${s.cls}${s.dashed ? " dashed" : ""}`,
+      "data-name": s.name,
+    });
+    node.append(line);
+    if (s.points.length === 1) {
+      node.append(svg("circle", { cx: x(s.points[0][0]), cy: y(s.points[0][1]), r: 3,
+        class: `dot ${s.cls}` }));
+    }
+    const key = svg("text", { x: W - R + 8, y: T + 12 + i * 16, class: `legend ${s.cls}` });
+    key.textContent = s.name;
+    node.append(key);
+  });
+}
+
+function gpuSeries(points, field, scale, label, extra) {
+  const byGpu = new Map();
+  for (const p of points) {
+    const gpus = (p.telemetry && p.telemetry.gpus) || [];
+    for (const g of gpus) {
+      const v = g[field];
+      if (v === null || v === undefined) continue;
+      if (!byGpu.has(g.index)) byGpu.set(g.index, []);
+      byGpu.get(g.index).push([p.t, v * scale]);
+    }
+  }
+  return [...byGpu.entries()]
+    .sort((a, b) => a[0] - b[0])
+    .map(([index, pts]) => ({ name: `GPU ${index}${label}`, cls: `s${index % 8}`, points: pts,
+      ...(extra || {}) }));
+}
+
+// --- instance --------------------------------------------------------------------------
+
+function facts(dl, pairs) {
+  dl.replaceChildren(...pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+}
+
+const THROTTLE = [[0x1, "idle"], [0x2, "app clocks"], [0x4, "SW power cap"],
+  [0x8, "HW slowdown"], [0x20, "SW thermal"], [0x40, "HW thermal"]];
+
+function throttleText(mask) {
+  if (!mask) return "none";
+  return THROTTLE.filter(([bit]) => mask & bit).map(([, name]) => name).join(", ") ||
+    "0x" + mask.toString(16);
+}
+
+let instanceWired = null;
+
+async function renderInstance(id) {
+  const source = $("log-source").value;
+  const [inst, history, logs] = await Promise.all([
+    api("GET", `/api/instances/${id}`),
+    api("GET", `/api/instances/${id}/telemetry-history?points=300`),
+    api("GET", `/api/instances/${id}/logs?tail=200` +
+      (source ? "&source=" + encodeURIComponent(source) : "")),
+  ]);
+  show("instance-view");
+  $("instance-title").textContent = `Instance ${inst.id}` + (inst.label ? ` — ${inst.label}` : "");
+  facts($("instance-facts"), [
+    ["state", inst.state || "-"],
+    ["phase", `${inst.phase || "-"} ${progressText(inst.progress)}`.trim()],
+    ["machine", String(inst.machine_id ?? "-")],
+    ["GPUs", `${inst.num_gpus || "?"} x ${inst.gpu_name || "?"}`],
+    ["place", inst.geolocation || "-"],
+    ["price", usd(inst.dph_total, 3) + " / h"],
+    ["rate", num(inst.rate_per_hour) + " / h (min " + num(inst.min_rate_per_hour) + ")"],
+    ["$ / proof", usd(inst.usd_per_proof)],
+    ["proofs", String(inst.proofs_completed_total ?? 0)],
+    ["last seen", ago(inst.last_seen)],
+    ["agent", `${inst.agent_id || "-"} (${inst.agent_version || "?"})`],
+    ["terminate reason", inst.terminate_reason || "-"],
+  ]);
+  if (instanceWired !== id) {
+    instanceWired = id;
+    const rebench = $("instance-rebenchmark");
+    const destroy = $("instance-destroy");
+    const freshRebench = rebench.cloneNode(true);
+    const freshDestroy = destroy.cloneNode(true);
+    rebench.replaceWith(freshRebench);
+    destroy.replaceWith(freshDestroy);
+    confirmClick(freshRebench, "Confirm re-benchmark",
+      () => act("POST", `/api/instances/${id}/rebenchmark`));
+    confirmClick(freshDestroy, "Confirm destroy",
+      () => act("POST", `/api/instances/${id}/destroy`));
+  }
+  const gone = ["destroyed", "vanished"].includes(inst.state);
+  $("instance-destroy").disabled = gone;
+  $("instance-rebenchmark").disabled = gone || inst.state === "terminating";
+
+  const points = history.points || [];
+  lineChart($("chart-util"), gpuSeries(points, "util_pct_mean", 1, ""), { max: 100 });
+  lineChart($("chart-pcie"), [
+    ...gpuSeries(points, "pcie_tx_kbps_mean", 1e-6, " TX"),
+    ...gpuSeries(points, "pcie_rx_kbps_mean", 1e-6, " RX", { dashed: true }),
+  ], {});
+  lineChart($("chart-power"), gpuSeries(points, "power_w_mean", 1, ""), {});
+
+  const tele = inst.telemetry || {};
+  const hostGpus = new Map(((inst.host && inst.host.gpus) || []).map((g) => [g.index, g]));
+  fill(
+    $("gpu-table").tBodies[0],
+    (tele.gpus || []).map((g) => {
+      const h = hostGpus.get(g.index) || {};
+      const gen = g.pcie_gen_current || h.pcie_gen_current;
+      const width = g.pcie_width_current || h.pcie_width_current;
+      return el("tr", {},
+        td(String(g.index)), td(h.name || "-"),
+        td(`${num(g.util_pct_mean, 0)} / ${num(g.util_pct_max, 0)}`),
+        td(`${num(g.pcie_tx_kbps_mean / 1e6, 2)} / ${num(g.pcie_rx_kbps_mean / 1e6, 2)}`),
+        td(gen && width ? `Gen${gen} x${width}` : "-"),
+        td(num(g.power_w_mean, 0, " W")), td(num(g.temp_c_max, 0, " °C")),
+        td(num(g.sm_clock_mhz_mean, 0, " MHz")), td(gb(g.mem_used_bytes)),
+        td(throttleText(g.throttle_reasons)));
+    }),
+  );
+
+  const cuzk = tele.cuzk;
+  if (cuzk) {
+    facts($("cuzk-facts"), [
+      ["workers", String((cuzk.workers || []).length)],
+      ["synthesis active", `${num(cuzk.synthesis_active_mean)} (max ${cuzk.synthesis_max ?? "-"})`],
+      ["queue depth", num(cuzk.queue_depth_mean)],
+      ["memory", `${gb(cuzk.memory_used_bytes_max)} of ${gb(cuzk.memory_total_bytes)}`],
+      ["samples", String(cuzk.samples)],
+    ]);
+    $("cuzk-workers").replaceChildren(
+      ...(cuzk.workers || []).map((w) =>
+        el("div", { class: "worker" },
+          el("span", {}, `GPU ${w.gpu_ordinal}`), " ",
+          el("meter", { min: 0, max: 100, value: w.busy_pct ?? 0 }), " ",
+          el("span", { class: "muted" }, num(w.busy_pct, 0, "% busy")))),
+    );
+  } else {
+    facts($("cuzk-facts"), [["status", "no cuzk status in the latest telemetry"]]);
+    $("cuzk-workers").replaceChildren();
+  }
+  const cpu = tele.cpu || {};
+  const ram = tele.ram || {};
+  const host = inst.host || {};
+  facts($("host-facts"), [
+    ["hostname", host.hostname || "-"],
+    ["CPU", `${host.cpu_model || "-"} (${host.cpu_cores_logical ?? "?"} threads)`],
+    ["CPU busy", num(cpu.util_pct_mean, 0, " %") + ", load1 " + num(cpu.load1)],
+    ["RAM", `${gb(ram.used_bytes)} of ${gb(ram.total_bytes)}`],
+    ["driver / CUDA", `${host.driver_version || "-"} / ${host.cuda_version || "-"}`],
+    ["telemetry", inst.telemetry_at ? ago(inst.telemetry_at) : "-"],
+  ]);
+
+  fill(
+    $("results-table").tBodies[0],
+    (inst.results || []).map((r) =>
+      el("tr", {},
+        td(r.kind || "-"), td((r.gpus_used || []).join(",")), td(String(r.proofs_completed ?? "-")),
+        td(num(r.wall_seconds, 0)), td(num(r.recomputed_rate_per_hour ?? r.rate_per_hour)),
+        td((r.flags || []).join(", ") || "-"), td(r.verdict || "-"),
+        td(r.verdict_reason || "-"))),
+  );
+  renderEvents($("instance-events"), (inst.events || []).slice(-50).reverse());
+
+  const pre = $("logs");
+  const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+  pre.textContent = logs.map((l) => `${clock(l.ts)} ${l.source}: ${l.text}`).join("\n");
+  if (atBottom) pre.scrollTop = pre.scrollHeight;
+}
+
+// --- wiring ----------------------------------------------------------------------------
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("login-form").addEventListener("submit", login);
+  $("logout").addEventListener("click", logout);
+  $("bad-host-form").addEventListener("submit", addBadHost);
+  $("offer-filter-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    state.offerFilter = $("offer-filter").value.trim();
+    state.offersAt = 0;
+    refresh();
+  });
+  $("log-source").addEventListener("change", () => refresh());
+  window.addEventListener("hashchange", () => {
+    $("flash").hidden = true;
+    state.offersAt = 0;
+    refresh();
+  });
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden) refresh();
+  });
+  resume();
+});

@@ -1,0 +1,211 @@
+"""The server's log lines (text or JSON, secrets blanked) and `vast-manager logs --follow`,
+against real processes on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+from coord_support import ADMIN_TOKEN, SECRET_HEX, make_settings
+from fakes_provider import FakeProvider
+
+from coordinator.server import REDACTED, configure_logging, start_server
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def lines_of(stream: IO[bytes]) -> queue.Queue[str]:
+    """Read a child's stream on a thread, so the test can wait with a deadline."""
+    out: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        for raw in iter(stream.readline, b""):
+            out.put(raw.decode(errors="replace").rstrip("\n"))
+
+    threading.Thread(target=pump, daemon=True).start()
+    return out
+
+
+def wait_for_line(lines: queue.Queue[str], needle: str, seen: list[str],
+                  timeout_s: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no line with {needle!r} in {timeout_s} s; saw {seen}")
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            continue
+        seen.append(line)
+        if needle in line:
+            return line
+
+
+# --- formatting ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    yield
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    for h in saved[0]:
+        root.addHandler(h)
+    root.setLevel(saved[1])
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_log_lines_never_carry_secrets(
+    tmp_path: Path, root_logging: None, log_format: str
+) -> None:
+    settings = make_settings(tmp_path, log_format=log_format)
+    stream = io.StringIO()
+    configure_logging(settings, stream)
+    log = logging.getLogger("coordinator.test")
+    log.info("token %s in a message", ADMIN_TOKEN)
+    log.warning("secret %s and header Authorization: Bearer abc.def-123", SECRET_HEX)
+    log.info('body {"agent_key": "%s"}', "ab" * 32)
+    try:
+        raise RuntimeError(f"failing with {ADMIN_TOKEN}")
+    except RuntimeError:
+        log.exception("it failed")
+    text = stream.getvalue()
+    for secret in (ADMIN_TOKEN, SECRET_HEX, "abc.def-123", "ab" * 32):
+        assert secret not in text
+    assert text.count(REDACTED) >= 5
+    if log_format == "json":
+        records = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        assert len(records) == 4
+        assert {r["level"] for r in records} == {"info", "warning", "error"}
+        assert records[0]["logger"] == "coordinator.test"
+        assert "exc" in records[3] and "RuntimeError" in records[3]["exc"]
+        # Every line of the stream is one JSON object (the traceback is inside one).
+        assert all(line.startswith("{") for line in text.splitlines())
+
+
+def test_serve_log_json_writes_json_lines_and_keeps_a_generated_token_out(
+    tmp_path: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VM_")}
+    env.update({"VM_FLEET_SECRET": SECRET_HEX, "VM_CONFIG_DIR": str(tmp_path / "config"),
+                "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coordinator.cli", "serve", "--db", str(tmp_path / "fleet.db"),
+         "--port", "0", "--log-json"],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    seen: list[str] = []
+    try:
+        assert proc.stderr is not None
+        lines = lines_of(proc.stderr)
+        wait_for_line(lines, "coordinator on http://127.0.0.1:", seen)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    records = [json.loads(line) for line in seen]  # every line is JSON
+    token_file = tmp_path / "config" / "admin-token"
+    assert any(str(token_file) in r["message"] for r in records)
+    token = token_file.read_text().strip()
+    assert len(token) >= 16
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    assert all(token not in line for line in seen)
+    assert proc.returncode == 0
+
+
+# --- logs --follow --------------------------------------------------------------------------
+
+
+class ServerThread:
+    """A coordinator on its own loop, so a CLI process can follow it."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.settings = make_settings(tmp_path, port=0)
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.server: Any = None
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(start_server(self.settings, FakeProvider()))
+        self.ready.set()
+        self.loop.run_forever()
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        assert self.ready.wait(30), "coordinator did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+
+
+def test_logs_follow_prints_new_lines_once(tmp_path: Path) -> None:
+    with ServerThread(tmp_path) as s:
+        store = s.server.store
+        now = time.time()
+
+        def setup(tx: Any) -> int:
+            instance_id: int = tx.insert_instance(
+                {"id": 700001, "kind": "deployed", "state": "proving", "created_at": now})
+            tx.insert_logs(700001, "ag_x", now, [(now, "agent", "first line")], keep_lines=100)
+            return instance_id
+
+        instance_id = store.write_blocking(setup)
+        env = {**os.environ, "VM_URL": s.server.url, "VM_ADMIN_TOKEN": ADMIN_TOKEN,
+               "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "coordinator.cli", "logs", str(instance_id), "--follow",
+             "--interval", "0.1"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        seen: list[str] = []
+        try:
+            assert proc.stdout is not None
+            lines = lines_of(proc.stdout)
+            wait_for_line(lines, "agent: first line", seen)
+            # Two lines sharing the last printed line's timestamp, then a later one
+            # with a hostile control sequence.
+            store.write_blocking(lambda tx: tx.insert_logs(
+                700001, "ag_x", now,
+                [(now, "cuzk", "same second"), (now + 1, "work", "later \x1b[2Jline")],
+                keep_lines=100))
+            wait_for_line(lines, "work: later", seen)
+            store.write_blocking(lambda tx: tx.insert_logs(
+                700001, "ag_x", now, [(now + 2, "agent", "last line")], keep_lines=100))
+            wait_for_line(lines, "agent: last line", seen)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+    # Each line once, in order; the escape character never reaches the terminal.
+    assert [line.split(" ", 1)[1] for line in seen] == [
+        "agent: first line", "cuzk: same second", "work: later [2Jline", "agent: last line",
+    ]
+    assert proc.returncode == 0  # Ctrl-C ends a follow quietly
