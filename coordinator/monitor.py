@@ -278,7 +278,9 @@ class Monitor:
         except ImportError:
             return []
         now = self.clock()
-        rows = [r for r in self.store.list_instances() if r["kind"] == "deployed"]
+        rows = self._deployed_rows()
+        if await self._adopt(provider_instances, rows, reconcile_module.parse_label, now):
+            rows = self._deployed_rows()
         ours = [
             {
                 "instance_id": r["provider_instance_id"],
@@ -302,6 +304,72 @@ class Monitor:
             except ProviderError as err:
                 log.warning("reconcile %s of %s failed: %s", action.kind, action.instance_id, err)
         return list(actions)
+
+    def _deployed_rows(self) -> list[Row]:
+        """Our records of instances this provider rented (not bring-your-own machines,
+        not another provider's rows left in the same database)."""
+        return [
+            r for r in self.store.list_instances()
+            if r["kind"] == "deployed" and r["provider"] in (None, self.provider.name)
+        ]
+
+    async def _adopt(
+        self,
+        provider_instances: list[ProviderInstance],
+        rows: list[Row],
+        parse_label: Callable[[Any], tuple[str, str] | None],
+        now: float,
+    ) -> bool:
+        """Give records without a provider instance id (the create's answer was lost,
+        or the coordinator stopped mid-create) the instance that carries their label.
+
+        Without this, such an instance would never be matched to its record: once the
+        record is destroyed (no hello), reconciliation would see a known agent and
+        leave a paid instance running. The label is ours (fleet id) and names the
+        record's agent, so the match is exact. Returns whether anything changed.
+        """
+        waiting = {
+            str(r["agent_id"]): r for r in rows
+            if r["provider_instance_id"] is None and r["agent_id"]
+        }
+        if not waiting:
+            return False
+        taken = {int(r["provider_instance_id"]) for r in rows
+                 if r["provider_instance_id"] is not None}
+        labelled: list[tuple[int, str]] = []
+        for inst in provider_instances:
+            parsed = parse_label(inst.get("label"))
+            if parsed is None or parsed[0] != self.settings.fleet_id:
+                continue
+            try:
+                labelled.append((int(inst["id"]), parsed[1]))
+            except (KeyError, TypeError, ValueError):
+                continue
+        found: list[tuple[Row, int]] = []
+        # Lowest id first, as the provider's own lookup by label picks; a second
+        # instance with the same label is a double sale, destroyed as leaked.
+        for pid, agent_id in sorted(labelled):
+            row = waiting.pop(agent_id, None)
+            if row is not None and pid not in taken:
+                found.append((row, pid))
+        if not found:
+            return False
+
+        def adopt(tx: Tx) -> None:
+            for row, pid in found:
+                current = tx.get_instance(int(row["id"]))
+                if current is None or current["provider_instance_id"] is not None:
+                    continue
+                tx.update_instance(row["id"], provider_instance_id=pid, updated_at=now)
+                tx.insert_event(
+                    now, "adopted",
+                    f"{self.provider.name} instance {pid} carries this agent's label",
+                    instance_id=row["id"], agent_id=row["agent_id"],
+                    machine_id=row["machine_id"],
+                )
+
+        await self.store.write(adopt)
+        return True
 
     async def _apply(self, action: Any, row: Row | None, now: float) -> None:
         kind, pid, reason = action.kind, int(action.instance_id), action.reason

@@ -6,21 +6,42 @@ and limit), create (PUT /api/v0/asks/{id}/), show, list (v1 with
 ``next_token`` pagination, and v0), destroy, label/state. Every request is
 recorded (method, path, query, headers, JSON body). Switches: sell one offer
 twice (``sell_twice``), answer 429 for the next N requests (``fail_next``),
-lose the answer of a create that happened (``lose_create_answers``); gone
-offers answer ``410 no_such_ask``; tests can set an instance's status.
+lose the answer of a create that happened (``lose_create_answers``), sell an
+offer to a racer between search and create (``gone_at_create``); gone offers
+answer ``410 no_such_ask``; tests can set an instance's status.
+
+Each created instance gets its own key (``instance_keys``, handed to it as
+``CONTAINER_API_KEY``) that can show, change or destroy that instance only,
+as on vast.ai. With a ``launcher`` (``SimAgents``), create really starts the
+instance: a ``vast-agent run`` process on the simulated cuzk, with the
+create's ``env`` plus what vast.ai sets inside a container (``CONTAINER_ID``,
+``CONTAINER_API_KEY``, ``VAST_URL``); destroy stops it and everything it
+started.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import itertools
 import json
 import operator
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
+import orjson
+import psutil
 from aiohttp import web
 
 FAKE_API_KEY = "fake-account-key-0123456789abcdef"
@@ -37,6 +58,20 @@ _COMPARE: dict[str, Callable[[Any, Any], Any]] = {
 # The parsed JSON body, read once by the recording middleware.
 _BODY = web.RequestKey("fakevast_body", object)
 _QUERY_META = frozenset({"order", "type", "limit", "allocated_storage", "disable_bundling"})
+# What an instance's own key may touch: that one instance (vast.ai's CONTAINER_API_KEY).
+_INSTANCE_PATH = re.compile(r"^/api/v0/instances/(\d+)/$")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Launcher(Protocol):
+    """Starts and stops what runs inside a fake instance."""
+
+    def start(self, instance: dict[str, Any], offer: dict[str, Any], env: dict[str, str]) -> None:
+        ...
+
+    async def stop(self, instance_id: int) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 @dataclass
@@ -69,10 +104,18 @@ class FakeVast:
     lose_create_answers: int = 0
     #: Status new instances start in (vast.ai: null, then loading, running).
     initial_status: str | None = "running"
+    #: Offer ids a racer rents between our search and our create: search still
+    #: lists them, create answers ``410 no_such_ask``.
+    gone_at_create: set[int] = field(default_factory=set)
+    #: Each instance's own key (CONTAINER_API_KEY inside it).
+    instance_keys: dict[int, str] = field(default_factory=dict)
+    #: Runs each created instance (None: instances are rows only).
+    launcher: Launcher | None = None
 
     def __post_init__(self) -> None:
         self._ids = itertools.count(30_000_001)
         self._runner: web.AppRunner | None = None
+        self._stopping: set[asyncio.Task[None]] = set()
         self.url = ""
 
     # ---- state helpers for tests -----------------------------------------
@@ -133,6 +176,24 @@ class FakeVast:
     def calls(self, method: str, path_prefix: str = "") -> list[RecordedRequest]:
         return [r for r in self.requests if r.method == method and r.path.startswith(path_prefix)]
 
+    def destroys_of(self, instance_id: int) -> list[str]:
+        """Who asked to destroy this instance, in order: ``account`` or ``instance`` key."""
+        out = []
+        for r in self.calls("DELETE", f"/api/v0/instances/{instance_id}/"):
+            auth = r.headers.get("Authorization")
+            if auth == f"Bearer {self.api_key}":
+                out.append("account")
+            elif auth == f"Bearer {self.instance_keys.get(instance_id)}":
+                out.append("instance")
+            else:
+                out.append("other")
+        return out
+
+    async def settle(self) -> None:
+        """Wait until every destroyed instance's processes have stopped."""
+        while self._stopping:
+            await asyncio.gather(*list(self._stopping), return_exceptions=True)
+
     # ---- server -------------------------------------------------------------
 
     async def __aenter__(self) -> FakeVast:
@@ -153,6 +214,9 @@ class FakeVast:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.settle()
+        if self.launcher is not None:
+            await self.launcher.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -177,7 +241,7 @@ class FakeVast:
         )
         if "api_key" in request.query:
             return _error(400, "key_in_url", "API keys do not belong in URLs")
-        if request.headers.get("Authorization") != f"Bearer {self.api_key}":
+        if not self._authorized(request):
             return _error(401, "unauthorized", "Invalid user key")
         if self.fail_next > 0:
             self.fail_next -= 1
@@ -185,6 +249,16 @@ class FakeVast:
         request[_BODY] = body
         response: web.StreamResponse = await handler(request)
         return response
+
+    def _authorized(self, request: web.Request) -> bool:
+        auth = request.headers.get("Authorization")
+        if auth == f"Bearer {self.api_key}":
+            return True
+        own = _INSTANCE_PATH.match(request.path)
+        if own is None or request.method not in ("GET", "PUT", "DELETE"):
+            return False
+        key = self.instance_keys.get(int(own.group(1)))
+        return key is not None and auth == f"Bearer {key}"
 
     # ---- handlers ---------------------------------------------------------
 
@@ -204,7 +278,7 @@ class FakeVast:
         offer_id = int(request.match_info["id"])
         body = _body(request) or {}
         offer = self.offers.get(offer_id)
-        if offer is None:
+        if offer is None or offer_id in self.gone_at_create:
             return _error(410, "no_such_ask", f"Instance type {offer_id} is no longer available")
         if offer.get("rented") and offer_id not in self.sell_twice:
             return _error(410, "no_such_ask", f"Instance type {offer_id} is no longer available")
@@ -238,12 +312,23 @@ class FakeVast:
             "onstart": body.get("onstart"),
             "runtype": body.get("runtype"),
         }
+        key = f"instkey-{iid}-{secrets.token_hex(8)}"
+        self.instance_keys[iid] = key
+        if self.launcher is not None:
+            # What vast.ai sets inside every container, beside the create's env.
+            inside = {str(k): str(v) for k, v in env.items()}
+            inside.update({
+                "CONTAINER_ID": str(iid),
+                "CONTAINER_API_KEY": key,
+                "VAST_CONTAINERLABEL": f"C.{iid}",
+                "VAST_URL": self.url,
+                "GPU_COUNT": str(offer.get("num_gpus") or 1),
+            })
+            self.launcher.start(self.instances[iid], copy.deepcopy(offer), inside)
         if self.lose_create_answers > 0:
             self.lose_create_answers -= 1
             return _error(504, "gateway_timeout", "Gateway Timeout")
-        return web.json_response(
-            {"success": True, "new_contract": iid, "instance_api_key": f"instkey-{iid}"}
-        )
+        return web.json_response({"success": True, "new_contract": iid, "instance_api_key": key})
 
     async def _show(self, request: web.Request) -> web.Response:
         row = self.instances.get(int(request.match_info["id"]))
@@ -297,6 +382,11 @@ class FakeVast:
             # The machine is listed again once its instance is gone.
             offer["rented"] = False
             offer["rentable"] = True
+        if self.launcher is not None:
+            # Torn down after the answer, as vast.ai does (the caller may be inside).
+            task = asyncio.create_task(self.launcher.stop(row["id"]))
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
         return web.json_response({"success": True})
 
 
@@ -352,3 +442,143 @@ def _matches(offer: dict[str, Any], query: dict[str, Any]) -> bool:
             if not ok:
                 return False
     return True
+
+
+# ---- running instances: real agents on the simulated cuzk -------------------
+
+
+def _console_script(name: str) -> str:
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"{name} is not installed; run pip install -e . first")
+    return found
+
+
+class SimAgents:
+    """A ``Launcher``: each instance runs ``python -m agent.cli run`` on the simulated cuzk.
+
+    The environment is what the image would bake in (the simulation's binaries,
+    state and parameter folders, the fake NVML, ``VM_PROVIDER=vast``; no
+    parameter manifest, so nothing is downloaded), overridden by the create's
+    ``env`` and what vast.ai sets inside a container. The account key of the
+    test process never reaches an instance. Every process carries ``marker`` in
+    its environment so ``stop`` and ``leftovers`` find it even after a re-parent.
+    """
+
+    MARKER_ENV = "FAKEVAST_INSTANCE"
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        time_scale: float = 240.0,
+        extra_env: dict[str, str] | None = None,
+        stop_grace_s: float = 5.0,
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.time_scale = time_scale
+        self.extra_env = dict(extra_env or {})
+        self.stop_grace_s = stop_grace_s
+        self.marker = f"fakevast-{os.getpid()}-{secrets.token_hex(6)}"
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        self.envs: dict[int, dict[str, str]] = {}
+
+    def _marker(self, instance_id: int) -> str:
+        return f"{self.marker}:{instance_id}"
+
+    def log_path(self, instance_id: int) -> Path:
+        return self.workdir / f"instance-{instance_id}" / "agent.log"
+
+    def start(self, instance: dict[str, Any], offer: dict[str, Any], env: dict[str, str]) -> None:
+        instance_id = int(instance["id"])
+        home = self.workdir / f"instance-{instance_id}"
+        for sub in ("state", "params"):
+            (home / sub).mkdir(parents=True, exist_ok=True)
+        c1 = home / "c1.json"
+        c1.write_bytes(b'{"simulated": true, "proof": "porep-c2-32g"}')
+        child_env = {
+            k: v for k, v in os.environ.items()
+            if k not in ("VAST_API_KEY", "CONTAINER_ID", "CONTAINER_API_KEY", "VM_AGENT_KEY")
+            and not k.startswith("PYTEST_")
+        }
+        child_env.update({
+            # The image's defaults, as the simulation provides them.
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+            "VM_STATE_DIR": str(home / "state"),
+            "VM_PARAMS_DIR": str(home / "params"),
+            "VM_C1_PATH": str(c1),
+            "VM_CUZK_BIN": _console_script("vm-sim-cuzk"),
+            "VM_CUZK_BENCH_BIN": _console_script("vm-sim-cuzk-bench"),
+            "VM_NVML": "sim",
+            "VM_PROVIDER": "vast",
+            "VM_SIM_PROFILE": orjson.dumps(offer).decode(),
+            "VM_SIM_TIME_SCALE": str(self.time_scale),
+            "VM_SIM_STATE_FILE": str(home / "sim-state.json"),
+        })
+        child_env.update(self.extra_env)
+        child_env.update(env)
+        child_env[self.MARKER_ENV] = self._marker(instance_id)
+        self.envs[instance_id] = child_env
+        with open(home / "agent.log", "ab") as log_file:
+            self.processes[instance_id] = subprocess.Popen(
+                [sys.executable, "-m", "agent.cli", "run"],
+                env=child_env, cwd=home, stdin=subprocess.DEVNULL, stdout=log_file,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+
+    def alive(self, instance_id: int) -> bool:
+        proc = self.processes.get(instance_id)
+        return proc is not None and proc.poll() is None
+
+    def leftovers(self, instance_id: int | None = None) -> list[psutil.Process]:
+        """Processes of our instances (one, or all) still running."""
+        found = []
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                mark = p.environ().get(self.MARKER_ENV, "")
+                wanted = (
+                    mark.startswith(self.marker + ":") if instance_id is None
+                    else mark == self._marker(instance_id)
+                )
+                if wanted:
+                    found.append(p)
+        return found
+
+    async def stop(self, instance_id: int) -> None:
+        await asyncio.to_thread(self._stop_sync, instance_id)
+
+    def _stop_sync(self, instance_id: int) -> None:
+        """SIGTERM the agent and everything it started, then SIGKILL what is left."""
+        proc = self.processes.get(instance_id)
+        procs = {p.pid: p for p in self.leftovers(instance_id)}
+        if proc is not None:
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(proc.pid)
+                procs.update({p.pid: p for p in [root, *root.children(recursive=True)]})
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for p in procs.values():
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
+        _, alive = psutil.wait_procs(list(procs.values()), timeout=self.stop_grace_s)
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(alive, timeout=5)
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+
+    async def close(self) -> None:
+        """Stop every instance's processes (the test's last resort)."""
+        for instance_id in list(self.processes):
+            await self.stop(instance_id)
+        for p in self.leftovers():
+            with contextlib.suppress(psutil.Error):
+                p.kill()

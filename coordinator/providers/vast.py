@@ -8,9 +8,12 @@ create sends the keys ``vastai create instance`` sends. The deploy checks
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from coordinator.filters import (
     DEFAULT_FILTER,
@@ -25,7 +28,10 @@ from coordinator.providers.base import (
     ProviderError,
     ProviderInstance,
 )
-from coordinator.vast import OutcomeUnknown, VastClient
+from coordinator.vast import DEFAULT_BASE_URL, OutcomeUnknown, VastClient, discover_api_key
+
+if TYPE_CHECKING:
+    from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +40,13 @@ MAX_ONSTART_BYTES = 16 * 1024
 #: The CLI's ``--ssh --direct``: vast.ai runs the onstart script instead of the
 #: image's ENTRYPOINT. ``"args"`` runs the image's ENTRYPOINT instead.
 DEFAULT_RUNTYPE = "ssh_direc ssh_proxy"
+#: The onstart script of the vast.ai template (image/vast-template.md): it starts
+#: the agent's supervisor baked into the image and returns.
+DEFAULT_ONSTART = (
+    "#!/bin/bash\n"
+    "# Start (or leave running) the vast-agent supervisor baked into the image.\n"
+    "/usr/local/bin/vast-agent-onstart start\n"
+)
 
 # Instance fields that carry credentials (our agent key sits in extra_env and
 # may sit in onstart); they never leave this module.
@@ -211,6 +224,88 @@ class VastProvider:
 
     async def close(self) -> None:
         await self.client.close()
+
+
+class ProviderConfigError(ValueError):
+    """The vast provider cannot be built: no API key, no image, a malformed setting.
+
+    The message names what to set, never a secret's value."""
+
+
+def from_settings(
+    settings: Settings,
+    *,
+    environ: Mapping[str, str] | None = None,
+    home: Path | None = None,
+) -> VastProvider:
+    """The provider of ``vast-manager serve --provider vast``.
+
+    The account key is found where the official CLI looks (``VAST_API_KEY``,
+    ``~/.config/vastai/vast_api_key``, ``~/.vast_api_key``); the base URL is
+    ``VAST_URL`` (tests point it at a fake). Image, onstart script, run type,
+    extra environment, registry login and default filter come from the
+    ``VM_VAST_*`` settings; the disk size (which also prices the offers) from
+    ``VM_DEPLOY_DISK_GB``.
+    """
+    env = os.environ if environ is None else environ
+    key = discover_api_key(env, Path.home() if home is None else home)
+    if key is None:
+        raise ProviderConfigError(
+            "no vast.ai API key: set VAST_API_KEY, or save the key in "
+            "~/.config/vastai/vast_api_key (what `vastai set api-key` writes)"
+        )
+    if not settings.vast_image:
+        raise ProviderConfigError(
+            "VM_VAST_IMAGE is not set: the image vast.ai runs (built from image/Dockerfile, "
+            "e.g. ghcr.io/you/vast-agent:1.0)"
+        )
+    extra_env = parse_extra_env(settings.vast_env)
+    onstart = settings.vast_onstart or DEFAULT_ONSTART
+    if not onstart.endswith("\n"):
+        onstart += "\n"
+    runtype = (settings.vast_runtype or DEFAULT_RUNTYPE).strip()
+    if not settings.public_url:
+        log.warning(
+            "VM_PUBLIC_URL is not set: agents on vast.ai will be told %s, which they cannot "
+            "reach unless it is a public address", settings.coordinator_url,
+        )
+    client = VastClient(key, (env.get("VAST_URL") or "").strip() or DEFAULT_BASE_URL)
+    try:
+        return VastProvider(
+            client,
+            image=settings.vast_image,
+            onstart=onstart,
+            disk_gb=settings.deploy_disk_gb,
+            extra_env=extra_env,
+            runtype=runtype,
+            image_login=settings.vast_image_login,
+            default_filter=settings.vast_filter or DEFAULT_FILTER,
+        )
+    except ValueError as err:
+        raise ProviderConfigError(f"vast provider settings: {err}") from None
+
+
+def parse_extra_env(text: str | None) -> dict[str, str]:
+    """``VM_VAST_ENV``: a JSON object of environment variables (strings, numbers, booleans)."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise ProviderConfigError("VM_VAST_ENV must be a JSON object") from None
+    if not isinstance(value, dict):
+        raise ProviderConfigError("VM_VAST_ENV must be a JSON object")
+    out: dict[str, str] = {}
+    for name, item in value.items():
+        if not name or "=" in name or any(c.isspace() for c in name):
+            raise ProviderConfigError(f"VM_VAST_ENV: {name!r} is not a variable name")
+        if isinstance(item, bool):
+            out[name] = "true" if item else "false"
+        elif isinstance(item, (str, int, float)):
+            out[name] = str(item)
+        else:
+            raise ProviderConfigError(f"VM_VAST_ENV: the value of {name} must be a string")
+    return out
 
 
 def public_instance(row: Mapping[str, Any]) -> ProviderInstance:

@@ -1,0 +1,352 @@
+"""The coordinator app with the real VastProvider against the fake vast.ai on loopback.
+
+One test per point of issue 4's acceptance 1 (last point), 4, 5 and 6, plus
+item 6 (contention) and the monitor's adoption of an instance whose create
+answer never reached us. The clock is injected and the monitor is driven
+round by round (``tick``), so nothing sleeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from coord_support import Harness, result_msg, start
+from fakes_provider import FakeClock
+from fakevast import FAKE_API_KEY, FakeVast
+
+from coordinator.providers.vast import DEFAULT_ONSTART, VastProvider
+from coordinator.vast import VastClient
+
+IMAGE = "ghcr.io/example/vast-agent:test"
+OTHER_AGENT = "ag_" + "f" * 20
+
+
+async def no_sleep(_seconds: float) -> None:
+    return None
+
+
+@dataclass
+class Env:
+    h: Harness
+    fake: FakeVast
+    clock: FakeClock
+
+    @property
+    def fleet_id(self) -> str:
+        return self.h.core.settings.fleet_id
+
+    def creates(self) -> list[Any]:
+        return self.fake.calls("PUT", "/api/v0/asks/")
+
+    async def tick(self) -> None:
+        await self.h.core.monitor.tick()
+
+    async def deploy(self, offer_id: int, **body: Any) -> tuple[int, Any]:
+        return await self.h.admin("POST", "/api/deploy", {"offer_id": offer_id, **body})
+
+    async def deployed(self, offer_id: int) -> dict[str, Any]:
+        status, data = await self.deploy(offer_id)
+        assert status == 200, data
+        return dict(data)
+
+    def row(self, instance_id: int) -> dict[str, Any]:
+        row = self.h.store.get_instance(instance_id)
+        assert row is not None
+        return dict(row)
+
+    def event_kinds(self, instance_id: int | None = None) -> list[str]:
+        return [e["kind"] for e in self.h.store.events(instance_id)]
+
+
+@pytest.fixture
+async def env(aiohttp_client: Any, tmp_path: Path) -> AsyncIterator[Env]:
+    clock = FakeClock()
+    async with FakeVast(clock=clock) as fake:
+        fake.add_offer(9101, 51001, dph_total=0.42)
+        fake.add_offer(9102, 51001, dph_total=0.40)  # a second offer on the same machine
+        fake.add_offer(9103, 51003, dph_total=0.30)
+        fake.add_offer(9104, 51004, dph_total=3.50)
+        provider = VastProvider(
+            VastClient(FAKE_API_KEY, fake.url, sleep=no_sleep, rng=lambda: 0.0),
+            image=IMAGE, onstart=DEFAULT_ONSTART,
+        )
+        try:
+            h = await start(aiohttp_client, tmp_path, provider=provider,  # type: ignore[arg-type]
+                            clock=clock, unowned_grace_s=600.0, max_deploy_dph_total=2.0)
+            yield Env(h, fake, clock)
+        finally:
+            await provider.close()
+
+
+# --- acceptance 1 (last point): 410 no_such_ask at create -> 409 offer_gone ----------
+
+
+async def test_no_such_ask_at_create_is_409_offer_gone(env: Env) -> None:
+    env.fake.gone_at_create.add(9103)  # a racer rents it between our re-read and create
+    status, data = await env.deploy(9103)
+    assert (status, data["error"]) == (409, "offer_gone"), data
+    (create,) = env.creates()
+    assert create.path == "/api/v0/asks/9103/"
+    (row,) = env.h.store.list_instances()
+    assert row["state"] == "destroyed" and row["provider_instance_id"] is None
+    agent = env.h.store.get_agent(row["agent_id"])
+    assert agent is not None and agent["revoked"] == 1
+
+
+# --- acceptance 4: reconciliation ------------------------------------------------------
+
+
+async def test_leaked_instance_is_destroyed_after_the_grace_not_before(env: Env) -> None:
+    leaked = env.fake.add_instance(
+        31_000_001, label=f"vm:{env.fleet_id}:{OTHER_AGENT}", machine_id=7,
+        start_date=env.clock.now,
+    )
+    await env.tick()
+    env.clock.advance(599)
+    await env.tick()
+    assert env.fake.destroys_of(leaked["id"]) == []
+    env.clock.advance(2)
+    await env.tick()
+    assert env.fake.destroys_of(leaked["id"]) == ["account"]
+    assert leaked["id"] not in env.fake.instances
+    assert "destroy_leaked" in env.event_kinds()
+
+
+@pytest.mark.parametrize("status", ["exited", "offline"])
+async def test_exited_or_offline_instance_is_destroyed(env: Env, status: str) -> None:
+    d = await env.deployed(9103)
+    vid = d["provider_instance_id"]
+    await env.tick()
+    assert env.fake.destroys_of(vid) == []
+    env.fake.set_status(vid, status)
+    await env.tick()
+    assert env.fake.destroys_of(vid) == ["account"]
+    row = env.row(d["instance_id"])
+    assert row["state"] == "destroyed" and status in row["terminate_reason"]
+    agent = env.h.store.get_agent(d["agent_id"])
+    assert agent is not None and agent["revoked"] == 1
+    await env.tick()  # idempotent: nothing more to do
+    assert env.fake.destroys_of(vid) == ["account"]
+
+
+async def test_vanished_instance_is_marked(env: Env) -> None:
+    d = await env.deployed(9103)
+    agent = env.h.agent(d["agent_id"])
+    assert (await agent.hello())[0] == 200
+    assert (await agent.heartbeat("proving"))[0] == 200
+    del env.fake.instances[d["provider_instance_id"]]  # gone without our destroy
+    await env.tick()
+    assert env.row(d["instance_id"])["state"] == "proving"  # just created: list may lag
+    env.clock.advance(601)
+    assert (await agent.heartbeat("proving"))[0] == 200
+    await env.tick()
+    row = env.row(d["instance_id"])
+    assert row["state"] == "vanished" and "no longer listed" in row["terminate_reason"]
+    assert env.fake.calls("DELETE") == []
+    # Its machine is free again for a deploy.
+    assert (await env.deploy(9103))[0] == 409  # the fake still shows the offer rented
+    env.fake.offers[9103].update(rented=False, rentable=True)
+    assert (await env.deploy(9103))[0] == 200
+
+
+async def test_phase_timeout_destroys_through_vast(env: Env) -> None:
+    d = await env.deployed(9103)
+    env.clock.advance(901)  # no hello for 15 minutes
+    await env.tick()
+    assert env.fake.destroys_of(d["provider_instance_id"]) == ["account"]
+    row = env.row(d["instance_id"])
+    assert row["state"] == "destroyed" and "no hello" in row["terminate_reason"]
+
+
+# --- acceptance 5: refused deploys, another fleet's instances ----------------------------
+
+
+async def test_deploy_onto_a_bad_host_is_refused_without_create(env: Env) -> None:
+    status, _ = await env.h.admin("POST", "/api/bad-hosts",
+                                  {"machine_id": 51001, "reason": "measured 12/h"})
+    assert status == 200
+    status, data = await env.deploy(9101)
+    assert (status, data["error"]) == (409, "bad_host"), data
+    assert "measured 12/h" in data["message"]
+    assert env.creates() == []
+    assert env.h.store.list_instances() == []
+
+
+async def test_deploy_onto_a_busy_machine_is_refused_without_create(env: Env) -> None:
+    await env.deployed(9101)
+    status, data = await env.deploy(9102)  # another offer on machine 51001
+    assert (status, data["error"]) == (409, "machine_busy"), data
+    assert [c.path for c in env.creates()] == ["/api/v0/asks/9101/"]
+
+
+async def test_gone_and_overpriced_offers_are_refused_without_create(env: Env) -> None:
+    env.fake.remove_offer(9103)
+    status, data = await env.deploy(9103)
+    assert (status, data["error"]) == (409, "offer_gone")
+    status, data = await env.deploy(9104)  # $3.50/h, above the $2/h ceiling
+    assert (status, data["error"]) == (409, "price_changed")
+    status, data = await env.deploy(9101, max_dph_total=0.41)  # now $0.42/h
+    assert (status, data["error"]) == (409, "price_changed")
+    assert env.creates() == []
+
+
+async def test_instances_without_our_fleet_id_survive_reconciliation(env: Env) -> None:
+    old = env.clock.now - 100_000
+    others = [
+        env.fake.add_instance(31_000_101, label=f"vm:otherflt:{OTHER_AGENT}",
+                              actual_status="exited", start_date=old),
+        env.fake.add_instance(31_000_102, label=f"vm:otherflt:{OTHER_AGENT}", start_date=old),
+        env.fake.add_instance(31_000_103, label=None, actual_status="offline", start_date=old),
+        env.fake.add_instance(31_000_104, label="my jupyter box", start_date=old),
+        env.fake.add_instance(31_000_105, label=f"vm:{env.fleet_id}x:{OTHER_AGENT}",
+                              start_date=old),
+    ]
+    ours = env.fake.add_instance(31_000_106, label=f"vm:{env.fleet_id}:{OTHER_AGENT}",
+                                 start_date=old)
+    for _ in range(3):
+        await env.tick()
+        env.clock.advance(3600)
+    assert env.fake.destroys_of(ours["id"]) == ["account"]
+    assert [r.path for r in env.fake.calls("DELETE")] == [f"/api/v0/instances/{ours['id']}/"]
+    assert all(o["id"] in env.fake.instances for o in others)
+    assert env.fake.calls("PUT", "/api/v0/instances/") == []  # not even relabelled
+
+
+# --- the monitor adopts an instance whose create answer was lost --------------------------
+
+
+async def test_record_without_instance_id_adopts_the_labelled_instance(env: Env) -> None:
+    d = await env.deployed(9103)
+    vid = d["provider_instance_id"]
+    # As if the coordinator stopped between vast.ai's create and recording its answer.
+    await env.h.store.write(
+        lambda tx: tx.update_instance(d["instance_id"], provider_instance_id=None)
+    )
+    await env.tick()
+    assert env.row(d["instance_id"])["provider_instance_id"] == vid
+    assert "adopted" in env.event_kinds(d["instance_id"])
+    env.clock.advance(901)  # never says hello: destroyed on vast.ai, not leaked
+    await env.tick()
+    assert env.fake.destroys_of(vid) == ["account"]
+
+
+async def test_abandoned_record_still_on_vast_is_destroyed_once_aged(env: Env) -> None:
+    d = await env.deployed(9103)
+    vid = d["provider_instance_id"]
+    # As the deploy records a create whose outcome it could not learn.
+    await env.h.store.write(lambda tx: tx.update_instance(
+        d["instance_id"], provider_instance_id=None, state="destroyed",
+        destroyed_at=env.clock.now, terminate_reason="create outcome unknown",
+    ))
+    await env.tick()
+    assert env.fake.destroys_of(vid) == []
+    env.clock.advance(601)
+    await env.tick()
+    assert env.fake.destroys_of(vid) == ["account"]
+    assert vid not in env.fake.instances
+
+
+# --- item 6: contention ---------------------------------------------------------------
+
+
+async def test_result_measured_beside_another_of_ours_is_contended(env: Env) -> None:
+    d = await env.deployed(9101)
+    agent = env.h.agent(d["agent_id"])
+    await agent.hello()
+    await agent.heartbeat("benchmarking")
+    # A second instance of ours on the same machine (a doubly sold offer, say),
+    # running during the benchmark and reconciled away before the result lands.
+    twin_id = await env.h.store.write(lambda tx: int(tx.insert_instance({
+        "agent_id": None, "label": "twin", "kind": "deployed", "provider": "vast",
+        "machine_id": "51001", "state": "destroyed", "hello_at": env.clock.now,
+        "destroyed_at": env.clock.now + 30, "created_at": env.clock.now,
+        "state_since": env.clock.now, "updated_at": env.clock.now,
+    })))
+    env.clock.advance(1200)
+    status, data = await agent.post("/v1/result", result_msg("r-1", proofs=12,
+                                                             wall_seconds=1100.0))
+    assert status == 200, data
+    (result,) = env.h.store.results_for_instance(d["instance_id"])
+    assert "contended" in result["flags"].split(",")
+    assert f"#{twin_id}" in result["flag_reasons_json"]
+    assert result["counts_for_host_perf"] == 0
+    assert env.h.store.host_perf() == []
+    # Not judged on a contended measurement: kept.
+    assert data["directive"]["action"] != "terminate"
+
+
+async def test_result_alone_on_its_machine_counts(env: Env) -> None:
+    d = await env.deployed(9101)
+    agent = env.h.agent(d["agent_id"])
+    await agent.hello()
+    await agent.heartbeat("benchmarking")
+    # Ours on the same machine, but destroyed before this benchmark began.
+    await env.h.store.write(lambda tx: tx.insert_instance({
+        "agent_id": None, "label": "earlier", "kind": "deployed", "provider": "vast",
+        "machine_id": "51001", "state": "destroyed", "hello_at": env.clock.now - 5000,
+        "destroyed_at": env.clock.now - 100, "created_at": env.clock.now - 5000,
+        "state_since": env.clock.now - 100, "updated_at": env.clock.now - 100,
+    }))
+    env.clock.advance(1200)
+    status, data = await agent.post("/v1/result", result_msg("r-1", proofs=12,
+                                                             wall_seconds=1100.0))
+    assert status == 200, data
+    (result,) = env.h.store.results_for_instance(d["instance_id"])
+    assert result["flags"] == "" and result["counts_for_host_perf"] == 1
+    (perf,) = env.h.store.host_perf()
+    assert perf["machine_id"] == "51001"
+
+
+# --- acceptance 6: one ranking basis each, through GET /api/offers -----------------------
+
+
+async def test_offers_ranked_with_each_prediction_basis(env: Env) -> None:
+    fake, now = env.fake, env.clock.now
+    for offer_id in list(fake.offers):
+        fake.remove_offer(offer_id)
+    fake.add_offer(9201, 61001, gpu_name="RTX 4090", dph_total=0.42)  # measured itself
+    fake.add_offer(9202, 61002, gpu_name="RTX 4090", dph_total=0.45)  # model measured elsewhere
+    fake.add_offer(9203, 61003, gpu_name="RTX 4090", num_gpus=2, dph_total=0.88)  # 1x * 2 * eff
+    fake.add_offer(9204, 61004, gpu_name="RTX 5090", dph_total=0.60)  # never measured
+    fake.add_offer(9205, 61005, gpu_name="RTX 4090", dph_total=0.20)  # on bad_hosts
+
+    def seed(tx: Any) -> None:
+        for machine, rate in (("61001", 60.0), ("61005", 61.0)):
+            tx.record_measurement(machine_id=machine, gpu_name="RTX 4090", num_gpus=1,
+                                  rate_per_hour=rate, dph_total=0.4, now=now)
+        tx.insert_scaling({"machine_id": "70000", "gpu_name": "RTX 3090", "num_gpus": 4,
+                           "rate_all_per_hour": 90.0, "rate_one_per_hour": 25.0,
+                           "efficiency": 0.9, "created_at": now})
+        tx.add_bad_host("61005", reason="slow", source="operator", now=now)
+
+    await env.h.store.write(seed)
+    status, rows = await env.h.admin("GET", "/api/offers")
+    assert status == 200, rows
+    by_id = {r["id"]: r for r in rows}
+    assert [r["id"] for r in rows][-1] == 9205 and by_id[9205]["bad_host"] is True
+
+    own = by_id[9201]
+    assert own["known"] is True and own["predicted_rate_per_hour"] == 60.0
+    assert own["prediction_basis"] == "machine 61001: median 60.0/h over 1 run"
+    assert own["predicted_usd_per_proof"] == pytest.approx(0.42 / 60.0, abs=1e-6)
+
+    elsewhere = by_id[9202]
+    assert elsewhere["known"] is False
+    assert elsewhere["predicted_rate_per_hour"] == 60.5  # median of 60 and 61
+    assert elsewhere["prediction_basis"].startswith("1x RTX 4090 on 2 other machines")
+
+    scaled = by_id[9203]
+    assert scaled["predicted_rate_per_hour"] == pytest.approx(60.5 * 2 * 0.9, abs=1e-3)
+    assert "x 2 GPUs x efficiency 0.90 (fleet measured)" in scaled["prediction_basis"]
+
+    explore = by_id[9204]
+    assert explore["predicted_rate_per_hour"] is None
+    assert explore["predicted_usd_per_proof"] is None
+    assert explore["prediction_basis"] == "explore: no measurements of 1x RTX 5090 yet"
+
+    # Best predicted $/proof first, then the unknowns, bad hosts last.
+    assert [r["id"] for r in rows] == [9201, 9202, 9203, 9204, 9205]
