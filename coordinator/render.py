@@ -12,7 +12,10 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# C0 and C1 controls, plus the invisible format characters that reorder or hide text on
+# screen (bidi overrides and isolates, zero-width characters): a hostname must not be able
+# to display as another.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
 
 
 def clean(value: Any) -> str:

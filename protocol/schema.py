@@ -38,12 +38,21 @@ def _bad(path: str, expected: str, value: Any) -> ProtocolError:
     return ProtocolError("invalid_field", f"Field '{path}' must be {expected}, got {got}.", path)
 
 
+# Integers are stored as SQLite INTEGER (signed 64 bits); JSON allows any size.
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
 def _int_conv(meta: dict[str, Any]) -> Converter:
     minimum = meta.get("min")
 
     def conv(value: Any, path: str) -> int:
         if type(value) is not int:
             raise _bad(path, "an integer", value)
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise ProtocolError(
+                "invalid_field", f"Field '{path}' is outside the signed 64-bit range.", path
+            )
         if minimum is not None and value < minimum:
             raise ProtocolError(
                 "invalid_field", f"Field '{path}' must be at least {minimum}.", path
@@ -128,9 +137,40 @@ def _list_conv(inner: Converter, meta: dict[str, Any]) -> Converter:
             raise ProtocolError(
                 "invalid_field", f"Field '{path}' holds more than {max_len} items.", path
             )
+        try:
+            # Fast path: no per-item path string (a telemetry list holds hundreds of numbers).
+            return [inner(item, path) for item in value]
+        except ProtocolError:
+            pass
+        # Redo it naming the bad item's index: the error is the same, its path exact.
         return [inner(item, f"{path}[{i}]") for i, item in enumerate(value)]
 
     return conv
+
+
+def _float_list_conv(item_meta: dict[str, Any], meta: dict[str, Any]) -> Converter:
+    """``list[float]``: checked in bulk (telemetry carries one number per CPU core, and a
+    benchmark one per proof); any doubt falls back to the item-by-item converter, so
+    errors still name the exact item."""
+    minimum = item_meta.get("min")
+    slow = _list_conv(_float_conv(item_meta), meta)
+    max_len = meta.get("max_len")
+
+    def conv(value: Any, path: str) -> list[float]:
+        if type(value) is list and (max_len is None or len(value) <= max_len):
+            kinds = set(map(type, value))
+            if kinds <= _FLOAT_KINDS:
+                out = value if int not in kinds else [float(v) for v in value]
+                if all(map(math.isfinite, out)) and (
+                    minimum is None or not out or min(out) >= minimum
+                ):
+                    return out if out is not value else list(value)
+        return slow(value, path)
+
+    return conv
+
+
+_FLOAT_KINDS = frozenset({float, int})
 
 
 def _converter_for(tp: Any, meta: dict[str, Any]) -> Converter:
@@ -143,6 +183,8 @@ def _converter_for(tp: Any, meta: dict[str, Any]) -> Converter:
     if origin is list:
         (item_tp,) = get_args(tp)
         item_meta = {k[5:]: v for k, v in meta.items() if k.startswith("item_")}
+        if item_tp is float:
+            return _float_list_conv(item_meta, meta)
         return _list_conv(_converter_for(item_tp, item_meta), meta)
     if origin is Literal:
         return _literal_conv(tuple(get_args(tp)))

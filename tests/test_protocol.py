@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import hmac
+import json
 
 import orjson
 import pytest
@@ -22,8 +22,8 @@ from protocol import (
     Result,
     decode,
     encode,
+    signing,
 )
-from protocol import signing
 from protocol.nonces import NonceMemory, NonceVerdict
 
 SECRET = bytes(range(32))
