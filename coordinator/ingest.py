@@ -20,6 +20,12 @@ from coordinator import policy
 from coordinator.errors import HelloRequired, UnknownAgent
 from coordinator.settings import Settings
 from coordinator.store import Row, Tx, dumps, loads
+from coordinator.verdict import (
+    EarlyVerdict,
+    VerdictSettings,
+    assess,
+    steady_state_rate_per_hour,
+)
 from protocol.codec import from_obj
 from protocol.messages import Directive, Heartbeat, Hello, HostInfo, LogBatch, Result
 
@@ -125,7 +131,7 @@ def hello_job(
             "boot_id": hello.boot_id,
             "agent_version": hello.agent_version,
             "container_id": hello.container_id,
-            "host_json": dumps(asdict(host)),
+            "host_json": dumps(host),  # orjson encodes dataclasses itself
             "hello_at": now,
             "last_seen": now,
             "last_non_benchmark_at": now,
@@ -179,7 +185,7 @@ def heartbeat_job(
             "last_seen": now,
             "phase": hb.phase,
             "phase_started_at": hb.phase_started_at,
-            "progress_json": dumps(asdict(hb.progress)) if hb.progress else None,
+            "progress_json": dumps(hb.progress) if hb.progress else None,
             "proofs_completed_total": hb.proofs_completed_total,
             "updated_at": now,
         }
@@ -210,6 +216,9 @@ def heartbeat_job(
                 tx, fresh, reason, now, settings.terminate_grace_s,
                 kind="failed" if hb.phase == "failed" else "terminate",
             )
+        if (settings.verdict_early and hb.phase == "benchmarking"
+                and state not in policy.STICKY_STATES and not inst["terminate_reason"]):
+            _judge_early(tx, inst, hb, settings, now)
         tx.upsert_heartbeat(
             {
                 "agent_id": agent_id,
@@ -223,7 +232,8 @@ def heartbeat_job(
                 "proof_seconds_recent_json": dumps(hb.proof_seconds_recent),
             }
         )
-        telemetry_json = dumps(asdict(hb.telemetry)) if hb.telemetry is not None else None
+        # orjson encodes the dataclass directly: asdict() deep-copies, the costliest step here.
+        telemetry_json = dumps(hb.telemetry) if hb.telemetry is not None else None
         if telemetry_json is not None:
             tx.upsert_telemetry(inst["id"], now, telemetry_json)
         tx.append_heartbeat_history(
@@ -244,6 +254,197 @@ def heartbeat_job(
         return inst["id"], _take_directive(tx, fresh, settings, now)
 
     return job
+
+
+# --- early verdicts (issue 6) ----------------------------------------------------------
+
+BENCH_OPEN, BENCH_PASSED, BENCH_TERMINATED, BENCH_CLOSED = "open", "passed", "terminated", "closed"
+
+
+def verdict_settings(settings: Settings, planned_proofs: int) -> VerdictSettings:
+    """The early-verdict knobs of ``settings`` for a benchmark of ``planned_proofs``."""
+    return VerdictSettings(
+        confidence=settings.verdict_confidence,
+        min_proofs=settings.verdict_min_proofs,
+        sigma_floor=settings.verdict_sigma_floor,
+        planned_proofs=max(planned_proofs, settings.verdict_min_proofs),
+    )
+
+
+def _judge_early(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: float) -> None:
+    """Fold a benchmarking heartbeat into the instance's benchmark state; judge it early.
+
+    A bug here must not cost the agent its heartbeat: the work runs in its own
+    savepoint, undone on error.
+    """
+    try:
+        with tx.db.atomic():
+            _track_benchmark(tx, inst, hb, settings, now)
+    except Exception:
+        log.exception("early verdict failed for instance %s", inst["id"])
+
+
+def _track_benchmark(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: float) -> None:
+    progress = hb.progress
+    if progress is None or progress.unit != "proofs" or progress.concurrency is None:
+        return  # an agent that does not say its concurrency is judged on its result only
+    key = f"{inst['boot_id']}|{hb.phase_started_at!r}"
+    same = inst["bench_key"] == key
+    last_seq = inst["bench_last_seq"]
+    if same and last_seq is not None and hb.seq <= last_seq:
+        return  # a replay (same boot, seq already counted)
+    # Proof seconds of non-positive length are no proofs: left out, counted as failed.
+    recent = [w for w in hb.proof_seconds_recent if w > 0]
+    concurrency = progress.concurrency
+    restarted = (concurrency != inst["bench_concurrency"]
+                 or progress.done < (inst["bench_done"] or 0))
+    if same and inst["bench_status"] != BENCH_OPEN:
+        return  # decided or finished: later runs of this phase (the scaling run) are not judged
+    anchor: float | None
+    if not same or restarted:
+        # A new benchmark, or a new run of this one (the agent's retry): start afresh.
+        fresh = recent[len(recent) - min(len(recent), progress.done):]
+        proofs = fresh
+        seen_at, anchor = now, None
+    else:
+        # proofs_completed_total says how many of the listed proofs are new: a list
+        # resent after a lost answer repeats the old ones at its front.
+        new = hb.proofs_completed_total - int(inst["bench_completed_total"] or 0)
+        fresh = recent[len(recent) - max(0, min(len(recent), new)):] if new > 0 else []
+        proofs = list(loads(inst["bench_proof_seconds_json"]) or []) + fresh
+        seen_at, anchor = float(inst["bench_seen_at"]), inst["bench_anchor_at"]
+    # Timing. A proof seen now that ran w seconds started at or before now - w, and
+    # so did the batch: the least such time is a start the host cannot dispute (a
+    # late heartbeat only makes it later, in the host's favour). Before the first
+    # completion only the first sight is known, and the agent announces the run a
+    # moment before the batch really starts: two heartbeat intervals are allowed.
+    scale = settings.sim_time_scale
+    for w in fresh:
+        anchor = min(now - w / scale, anchor if anchor is not None else now)
+    if anchor is not None:
+        elapsed_s = max(0.0, now - float(anchor)) * scale
+    else:
+        elapsed_s = max(0.0, now - seen_at - 2.0 * settings.next_heartbeat_s) * scale
+    failed = max(0, progress.done - len(proofs))
+    state: dict[str, Any] = {
+        "bench_key": key,
+        "bench_seen_at": seen_at,
+        "bench_anchor_at": anchor,
+        "bench_last_seq": hb.seq,
+        "bench_completed_total": hb.proofs_completed_total,
+        "bench_proof_seconds_json": dumps(proofs),
+        "bench_failed": failed,
+        "bench_done": progress.done,
+        "bench_total": progress.total,
+        "bench_concurrency": concurrency,
+        "bench_status": BENCH_OPEN,
+    }
+    min_rate = inst["min_rate_per_hour"]
+    max_concurrency = settings.max_concurrency_per_gpu * max(1, inst["num_gpus"] or 1)
+    if min_rate is None or not min_rate > 0 or concurrency > max_concurrency:
+        tx.update_instance(inst["id"], **state)  # nothing to judge against, or not believable
+        return
+    vs = verdict_settings(settings, progress.total)
+    v = assess(proofs, concurrency, elapsed_s, float(min_rate), vs, proofs_failed=failed)
+    if v.decision == "undecided":
+        tx.update_instance(inst["id"], **state)
+        return
+    ids = {"instance_id": inst["id"], "agent_id": inst["agent_id"],
+           "machine_id": inst["machine_id"]}
+    data = _verdict_numbers(v, vs, concurrency, elapsed_s, failed, float(min_rate))
+    if v.decision == "pass":
+        state["bench_status"] = BENCH_PASSED
+        tx.update_instance(inst["id"], **state)
+        tx.insert_event(now, "verdict", f"early pass: {v.reason}", data=data, **ids)
+        return
+    _terminate_early(tx, inst, v, data, state, proofs, settings, now)
+
+
+def _verdict_numbers(
+    v: EarlyVerdict, vs: VerdictSettings, concurrency: int, elapsed_s: float, failed: int,
+    min_rate: float,
+) -> dict[str, Any]:
+    return {
+        "decision": v.decision,
+        "rate_estimate_per_hour": v.rate_estimate_per_hour,
+        "bound_per_hour": v.bound_per_hour,
+        "min_rate_per_hour": min_rate,
+        "proofs": v.proofs,
+        "proofs_failed": failed,
+        "statistic": v.statistic,
+        "concurrency": concurrency,
+        "elapsed_s": elapsed_s,
+        "confidence": vs.confidence,
+        "min_proofs": vs.min_proofs,
+        "sigma_floor": vs.sigma_floor,
+        "planned_proofs": vs.planned_proofs,
+    }
+
+
+def _terminate_early(
+    tx: Tx, inst: Row, v: EarlyVerdict, data: dict[str, Any], state: dict[str, Any],
+    proofs: list[float], settings: Settings, now: float,
+) -> None:
+    """The below-minimum path of a benchmark result, on the proofs seen so far."""
+    ids = {"instance_id": inst["id"], "agent_id": inst["agent_id"],
+           "machine_id": inst["machine_id"]}
+    machine_id = inst["machine_id"] or inst["label"]
+    reason = f"early verdict: {v.reason}"
+    tx.insert_event(now, "verdict", f"terminate: {reason}", data=data, **ids)
+    tx.add_bad_host(machine_id, reason=reason, source="benchmark", now=now,
+                    instance_id=inst["id"])
+    tx.insert_event(now, "bad_host", f"{machine_id}: {reason}", **ids)
+    state["bench_status"] = BENCH_TERMINATED
+    tx.update_instance(
+        inst["id"], **state, state="terminating", state_since=now, terminate_reason=reason,
+        destroy_due_at=now + settings.terminate_grace_s, updated_at=now,
+        rate_per_hour=v.rate_estimate_per_hour, last_seen=now,
+    )
+    fresh = tx.get_instance(inst["id"])
+    assert fresh is not None
+    directive = policy.directive_for(
+        fresh, next_heartbeat_s=settings.next_heartbeat_s, min_rate=fresh["min_rate_per_hour"]
+    )
+    failed = int(data["proofs_failed"])
+    flag_reasons = [
+        f"{policy.PARTIAL}: the benchmark was stopped after {len(proofs)} of "
+        f"{state['bench_total']} proofs ({failed} failed)",
+        f"{policy.EARLY_VERDICT}: {v.reason}",
+    ]
+    tx.insert_result(
+        {
+            "agent_id": inst["agent_id"],
+            # One early verdict per benchmark run; the agent's own ids start "res_".
+            "result_id": f"early-verdict:{state['bench_key']}:{state['bench_last_seq']}",
+            "instance_id": inst["id"],
+            "kind": "benchmark",
+            "proof_type": None,
+            "started_at": state["bench_seen_at"],
+            "finished_at": now,
+            "gpus_used_json": None,
+            "proofs_completed": len(proofs),
+            "proofs_failed": failed,
+            "wall_seconds": data["elapsed_s"],
+            "rate_per_hour": v.rate_estimate_per_hour,
+            "recomputed_rate_per_hour": v.rate_estimate_per_hour,
+            "proof_seconds_json": dumps(proofs),
+            "telemetry_json": None,
+            "runs_json": None,
+            "efficiency": None,
+            "bottleneck": None,
+            "evidence_json": None,
+            "flags": f"{policy.PARTIAL},{policy.EARLY_VERDICT}",
+            "flag_reasons_json": dumps(flag_reasons),
+            "counts_for_host_perf": 0,
+            "verdict": "terminate",
+            "verdict_reason": reason,
+            "directive_json": dumps(directive_to_dict(directive)),
+            "machine_id": machine_id,
+            "gpu_name": inst["gpu_name"] or "unknown",
+            "num_gpus": inst["num_gpus"] or 1,
+            "received_at": now,
+        }
+    )
 
 
 # --- result ----------------------------------------------------------------------
@@ -282,6 +483,28 @@ def _scaling_diagnosis(result: Result, inst: Row) -> tuple[float, float, Any] | 
     return rate_all, rate_one, diagnosis
 
 
+def _steady_rate(
+    result: Result, inst: Row, settings: Settings
+) -> tuple[float | None, int | None]:
+    """The steady-state rate of a finished benchmark (early verdicts on), and its concurrency.
+
+    The concurrency is the one the run's heartbeats announced; without it (an
+    older agent, early verdicts off, a run already judged) the batch rate judges.
+    """
+    concurrency = inst["bench_concurrency"]
+    if (not settings.verdict_early or not concurrency
+            or inst["bench_status"] not in (BENCH_OPEN, BENCH_PASSED)):
+        return None, None
+    j = int(concurrency)
+    if j > settings.max_concurrency_per_gpu * max(1, len(result.gpus_used)):
+        return None, None
+    rate = steady_state_rate_per_hour(
+        list(result.proof_seconds), j, result.wall_seconds,
+        proofs_failed=result.proofs_failed, tolerance=settings.rate_tolerance,
+    )
+    return (rate, j) if rate is not None else (None, None)
+
+
 def result_job(
     agent_id: str, result: Result, settings: Settings, now: float
 ) -> Callable[[Tx], ResultOutcome]:
@@ -300,10 +523,16 @@ def result_job(
         num_gpus = inst["num_gpus"] or max(len(result.gpus_used), 1)
         seen_from = inst["last_non_benchmark_at"] or inst["hello_at"]
         observed = None if seen_from is None else max(0.0, now - float(seen_from))
+        # Ours on the same machine at any time since this benchmark began (still
+        # active, or destroyed meanwhile, e.g. a doubly sold offer reconciled away);
+        # an instance that never said hello never ran a proof.
         contended = [
             int(o["id"])
-            for o in tx.active_instances_on_machine(machine_id, exclude_instance_id=inst["id"])
-            if o["state"] not in ("deploying",)
+            for o in tx.list_instances()
+            if o["id"] != inst["id"] and o["machine_id"] == machine_id
+            and o["hello_at"] is not None
+            and (o["destroyed_at"] is None or seen_from is None
+                 or float(o["destroyed_at"]) >= float(seen_from))
         ]
         check = policy.check_result(
             result, observed_max_seconds=observed, limits=limits, contended_with=contended
@@ -314,7 +543,12 @@ def result_job(
         terminate = False
         already_ending = inst["state"] in policy.STICKY_STATES or bool(inst["terminate_reason"])
         if result.kind == "benchmark":
-            verdict = policy.benchmark_verdict(check, inst["min_rate_per_hour"])
+            steady, concurrency = _steady_rate(result, inst, settings)
+            if inst["bench_status"] in (BENCH_OPEN, BENCH_PASSED):
+                inst_updates["bench_status"] = BENCH_CLOSED  # the run is over: judge no more
+            verdict = policy.benchmark_verdict(
+                check, inst["min_rate_per_hour"], steady_rate=steady, concurrency=concurrency
+            )
             if not check.implausible and rate is not None:
                 inst_updates["rate_per_hour"] = rate
             if check.reasons:
@@ -360,8 +594,8 @@ def result_job(
                 "rate_per_hour": result.rate_per_hour,
                 "recomputed_rate_per_hour": rate,
                 "proof_seconds_json": dumps(result.proof_seconds),
-                "telemetry_json": dumps(asdict(result.telemetry)) if result.telemetry else None,
-                "runs_json": dumps([asdict(r) for r in result.runs]) if result.runs else None,
+                "telemetry_json": dumps(result.telemetry) if result.telemetry else None,
+                "runs_json": dumps(result.runs) if result.runs else None,
                 "efficiency": result.efficiency,
                 "bottleneck": result.bottleneck,
                 "evidence_json": dumps(result.evidence),

@@ -17,11 +17,15 @@ from protocol.messages import Directive, Result
 Clock = Callable[[], float]
 """Unix seconds, as ``time.time``; injected everywhere so tests never sleep."""
 
-# Flags a stored result can carry; only unflagged and "partial" results feed host_perf.
+# Flags a stored result can carry. A finished benchmark with a failed proof is
+# "partial" and still feeds host_perf; an early verdict's measurement (the proofs
+# seen before the coordinator stopped the benchmark, issue 6) is "partial" and
+# "early_verdict", and is kept out of it like implausible and contended ones.
 IMPLAUSIBLE = "implausible"
 CONTENDED = "contended"
 PARTIAL = "partial"
-HOST_PERF_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED})
+EARLY_VERDICT = "early_verdict"
+HOST_PERF_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED, EARLY_VERDICT})
 
 # Instance states (DESIGN 5). Terminal ones never go back to an agent-reported phase.
 ACTIVE_PHASES = ("booting", "fetching_params", "warming", "benchmarking", "proving")
@@ -209,9 +213,27 @@ class Verdict:
     bad_host: bool  # whether the machine goes on bad_hosts
 
 
-def benchmark_verdict(check: Plausibility, min_rate: float | None) -> Verdict:
-    """Keep or terminate after a benchmark result, on its recomputed rate."""
+def benchmark_verdict(
+    check: Plausibility,
+    min_rate: float | None,
+    *,
+    steady_rate: float | None = None,
+    concurrency: int | None = None,
+) -> Verdict:
+    """Keep or terminate after a benchmark result, on its recomputed rate.
+
+    ``steady_rate`` (with early verdicts on: ``verdict.steady_state_rate_per_hour``
+    of the result's proof times at the ``concurrency`` the heartbeats announced)
+    replaces the batch rate, which under-reads because the batch's last proofs
+    run with a slot idle; the reason quotes both.
+    """
     rate = check.recomputed_rate_per_hour
+    if steady_rate is not None and rate is not None and not check.implausible:
+        batch = rate
+        rate = steady_rate
+        basis = f" in steady state ({concurrency} in flight; batch rate {batch:.2f})"
+    else:
+        basis = ""
     if check.implausible:
         detail = "; ".join(r for r in check.reasons if r.startswith(IMPLAUSIBLE))
         return Verdict("terminate", f"implausible benchmark result ({detail})", True)
@@ -227,11 +249,13 @@ def benchmark_verdict(check: Plausibility, min_rate: float | None) -> Verdict:
         measured = 0.0 if rate is None else rate
         return Verdict(
             "terminate",
-            f"measured {measured:.2f} proofs/h, below the minimum {min_rate:.2f} proofs/h",
+            f"measured {measured:.2f} proofs/h{basis}, below the minimum {min_rate:.2f} "
+            "proofs/h",
             True,
         )
     return Verdict(
-        "keep", f"measured {rate:.2f} proofs/h, at or above the minimum {min_rate:.2f}", False
+        "keep", f"measured {rate:.2f} proofs/h{basis}, at or above the minimum {min_rate:.2f}",
+        False,
     )
 
 

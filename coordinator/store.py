@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import sqlite3
@@ -282,8 +283,34 @@ def _m1_initial(db: sqlite_utils.Database) -> None:
     db.table("scaling").create_index(["instance_id"])
 
 
+def _m2_benchmark_verdict_state(db: sqlite_utils.Database) -> None:
+    """Per-instance state of the running benchmark, for early verdicts (issue 6).
+
+    Kept on the instance row so that a coordinator restart mid-benchmark
+    remembers the proofs it has seen and when it first saw the benchmark.
+    """
+    instances = db.table("instances")
+    for name, kind in (
+        ("bench_key", str),  # "boot_id|phase_started_at" of the benchmark tracked
+        ("bench_seen_at", float),  # when the coordinator first saw this run (its clock)
+        # The latest the batch can have started by its completed proofs: the least of
+        # (time a proof was seen - its seconds), null before the first completion.
+        ("bench_anchor_at", float),
+        ("bench_last_seq", int),  # the last heartbeat seq counted (within bench_key's boot)
+        ("bench_completed_total", int),  # the agent's proofs_completed_total at that heartbeat
+        ("bench_proof_seconds_json", str),  # every completed proof's seconds in this run
+        ("bench_failed", int),  # failed proofs in this run
+        ("bench_done", int),  # the run's progress.done at the last counted heartbeat
+        ("bench_total", int),  # the run's planned proofs (progress.total)
+        ("bench_concurrency", int),  # proofs in flight (progress.concurrency)
+        ("bench_status", str),  # open, passed, terminated, closed
+    ):
+        instances.add_column(name, kind)
+
+
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
     (1, "initial tables of DESIGN 4", _m1_initial),
+    (2, "benchmark state for early verdicts", _m2_benchmark_verdict_state),
 )
 
 
@@ -328,6 +355,8 @@ class Reads:
     """Queries; mixed into both ``Store`` (read connection) and ``Tx`` (the writer's)."""
 
     _conn: sqlite3.Connection
+    # Latest telemetry committed but not yet flushed to its table (see Store).
+    _telemetry_pending: dict[int, tuple[float, str]]
 
     def get_agent(self, agent_id: str) -> Row | None:
         return _one(self._conn, "select * from agents where agent_id = ?", (agent_id,))
@@ -341,8 +370,11 @@ class Reads:
     def instance_by_agent(self, agent_id: str) -> Row | None:
         return _one(self._conn, "select * from instances where agent_id = ?", (agent_id,))
 
-    def list_instances(self) -> list[Row]:
-        return _rows(self._conn, "select * from instances order by id")
+    def list_instances(self, columns: Sequence[str] | None = None) -> list[Row]:
+        """Every instance; ``columns`` names the ones wanted (default all: the list view
+        skips the wide ``host_json``, half the time of 10,000 rows)."""
+        cols = "*" if columns is None else ", ".join(f"[{c}]" for c in dict.fromkeys(columns))
+        return _rows(self._conn, f"select {cols} from instances order by id")
 
     def active_instances(self) -> list[Row]:
         return _rows(
@@ -399,7 +431,16 @@ class Reads:
         )[::-1]
 
     def latest_telemetry(self, instance_id: int) -> Row | None:
+        # Newest first: this job's, this transaction's, then committed but not yet flushed.
+        for staged in self._telemetry_layers():
+            found = staged.get(instance_id)
+            if found is not None:
+                return {"instance_id": instance_id, "received_at": found[0],
+                        "telemetry_json": found[1]}
         return _one(self._conn, "select * from telemetry where instance_id = ?", (instance_id,))
+
+    def _telemetry_layers(self) -> tuple[dict[int, tuple[float, str]], ...]:
+        return (self._telemetry_pending,)
 
     def latest_heartbeat(self, agent_id: str) -> Row | None:
         return _one(self._conn, "select * from heartbeats where agent_id = ?", (agent_id,))
@@ -468,10 +509,19 @@ class Tx(Reads):
     small caches (heartbeat history pacing) so they need no lock.
     """
 
-    def __init__(self, db: sqlite_utils.Database) -> None:
+    def __init__(
+        self, db: sqlite_utils.Database,
+        telemetry_pending: dict[int, tuple[float, str]] | None = None,
+    ) -> None:
         self.db = db
         self._conn = db.conn
         self._history_last_at: dict[str, float] = {}
+        self._telemetry_pending = {} if telemetry_pending is None else telemetry_pending
+        self._telemetry_job: dict[int, tuple[float, str]] = {}  # the running job's
+        self._telemetry_batch: dict[int, tuple[float, str]] = {}  # this transaction's
+
+    def _telemetry_layers(self) -> tuple[dict[int, tuple[float, str]], ...]:
+        return (self._telemetry_job, self._telemetry_batch, self._telemetry_pending)
 
     def _exec(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
         return self._conn.execute(sql, params)
@@ -676,11 +726,21 @@ class Tx(Reads):
         return -1 if row is None else int(row["id"])
 
     def upsert_telemetry(self, instance_id: int, now: float, telemetry_json: str) -> None:
-        self._exec(
-            "insert or replace into telemetry (instance_id, received_at, telemetry_json) "
-            "values (?, ?, ?)",
-            (instance_id, now, telemetry_json),
-        )
+        """Set an instance's latest telemetry. Kept in memory and written to its table
+        by ``flush_telemetry`` every few seconds (``Store.telemetry_flush_s``): one row
+        write per instance per flush instead of one per heartbeat."""
+        self._telemetry_job[instance_id] = (now, telemetry_json)
+
+    def flush_telemetry(self) -> dict[int, tuple[float, str]]:
+        """Write every committed, unflushed latest telemetry; return what was written."""
+        snapshot = dict(self._telemetry_pending)
+        if snapshot:
+            self._conn.executemany(
+                "insert or replace into telemetry (instance_id, received_at, telemetry_json) "
+                "values (?, ?, ?)",
+                [(k, at, text) for k, (at, text) in snapshot.items()],
+            )
+        return snapshot
 
     # logs
 
@@ -719,6 +779,34 @@ class _Job:
     future: concurrent.futures.Future[Any]
 
 
+@dataclass(slots=True)
+class _Group:
+    """The ``write`` calls of one event-loop turn: one queue item, one wake-up of the loop.
+
+    A request's ``await store.write(fn)`` no longer hops to the writer thread on
+    its own: the loop collects the jobs of a turn, hands them over together,
+    and the writer resolves all their futures with one ``call_soon_threadsafe``.
+    """
+
+    loop: asyncio.AbstractEventLoop
+    fns: list[Callable[[Tx], Any]]
+    futures: list[asyncio.Future[Any]]
+    queued: bool = False
+
+
+def _resolve_group(
+    futures: list[asyncio.Future[Any]], outcomes: list[tuple[Any, BaseException | None]]
+) -> None:
+    """On the group's loop: hand each caller its job's value or error."""
+    for future, (value, error) in zip(futures, outcomes, strict=True):
+        if future.done():  # the caller was cancelled; its job ran and committed anyway
+            continue
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+
 _STOP = object()
 
 
@@ -732,7 +820,9 @@ def _connect(path: str, *, check_same_thread: bool) -> sqlite3.Connection:
 class Store(Reads):
     """The database: ``await write(fn)`` (group-committed) and plain read methods."""
 
-    def __init__(self, path: str | Path, *, batch_max: int = 512) -> None:
+    def __init__(
+        self, path: str | Path, *, batch_max: int = 512, telemetry_flush_s: float = 5.0
+    ) -> None:
         self.path = str(path)
         if self.path == ":memory:" or self.path.startswith("file:"):
             raise ValueError("the store needs a database file (WAL mode)")
@@ -742,6 +832,12 @@ class Store(Reads):
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
         self._closed = False
+        self._group: _Group | None = None  # the current loop turn's writes, not yet queued
+        # Latest telemetry per instance, committed but not yet in its table: written by
+        # the writer only, read (dict.get) from the loop; flushed every telemetry_flush_s.
+        self._telemetry_pending: dict[int, tuple[float, str]] = {}
+        self.telemetry_flush_s = telemetry_flush_s
+        self._group_lock = threading.Lock()
         self.commits = 0  # transactions committed (tests and benchmarks read it)
         self._thread = threading.Thread(target=self._writer, name="store-writer", daemon=True)
         self._thread.start()
@@ -764,19 +860,29 @@ class Store(Reads):
             applied = migrate(db)
             if applied:
                 log.info("applied migrations %s to %s", applied, self.path)
-            tx = Tx(db)
+            tx = Tx(db, self._telemetry_pending)
         except BaseException as exc:  # reported to the constructor's caller
             self._startup_error = exc
             self._ready.set()
             return
         self._ready.set()
         stopping = False
+        flushed_at = time.monotonic()
         while not stopping:
-            first = self._queue.get()
+            wait = None
+            if self._telemetry_pending:
+                wait = max(0.0, flushed_at + self.telemetry_flush_s - time.monotonic())
+            try:
+                first = self._queue.get(timeout=wait)
+            except queue.Empty:  # idle with telemetry to flush
+                self._run_batch(conn, tx, [], flush=True)
+                flushed_at = time.monotonic()
+                continue
             if first is _STOP:
                 break
-            batch: list[_Job] = [first]
-            while len(batch) < self.batch_max:
+            batch: list[_Job | _Group] = [first]
+            jobs = len(first.fns) if isinstance(first, _Group) else 1
+            while jobs < self.batch_max:
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
@@ -785,40 +891,98 @@ class Store(Reads):
                     stopping = True
                     break
                 batch.append(nxt)
-            self._run_batch(conn, db, tx, batch)
+                jobs += len(nxt.fns) if isinstance(nxt, _Group) else 1
+            flush = time.monotonic() - flushed_at >= self.telemetry_flush_s
+            self._run_batch(conn, tx, batch, flush=flush)
+            if flush:
+                flushed_at = time.monotonic()
+        if self._telemetry_pending:
+            self._run_batch(conn, tx, [], flush=True)
         conn.close()
 
+    @staticmethod
+    def _run_job(conn: sqlite3.Connection, tx: Tx, fn: Callable[[Tx], Any]) -> tuple[Any, Any]:
+        """One job in a savepoint of its own: a failing job undoes only itself. (A fixed
+        savepoint name, so SQLite's statement cache keeps the three statements compiled.)"""
+        conn.execute("SAVEPOINT vm_job")
+        try:
+            value = fn(tx)
+        except Exception as exc:
+            tx._telemetry_job.clear()
+            if conn.in_transaction:
+                conn.execute("ROLLBACK TO SAVEPOINT vm_job")
+                conn.execute("RELEASE SAVEPOINT vm_job")
+            return None, exc
+        except BaseException:
+            tx._telemetry_job.clear()
+            if conn.in_transaction:
+                conn.execute("ROLLBACK TO SAVEPOINT vm_job")
+                conn.execute("RELEASE SAVEPOINT vm_job")
+            raise
+        conn.execute("RELEASE SAVEPOINT vm_job")
+        tx._telemetry_batch.update(tx._telemetry_job)
+        tx._telemetry_job.clear()
+        return value, None
+
     def _run_batch(
-        self, conn: sqlite3.Connection, db: sqlite_utils.Database, tx: Tx, batch: list[_Job]
+        self, conn: sqlite3.Connection, tx: Tx, batch: list[_Job | _Group], *, flush: bool = False
     ) -> None:
-        outcomes: list[tuple[_Job, Any, BaseException | None]] = []
+        outcomes: list[list[tuple[Any, BaseException | None]]] = []
+        flushed: dict[int, tuple[float, str]] = {}
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for job in batch:
-                try:
-                    with db.atomic():  # a savepoint: a failing job undoes only itself
-                        value = job.fn(tx)
-                except Exception as exc:
-                    outcomes.append((job, None, exc))
-                else:
-                    outcomes.append((job, value, None))
+            for item in batch:
+                fns = item.fns if isinstance(item, _Group) else [item.fn]
+                outcomes.append([self._run_job(conn, tx, fn) for fn in fns])
+            if flush:
+                flushed = tx.flush_telemetry()
             conn.execute("COMMIT")
             self.commits += 1
+            pending = self._telemetry_pending
+            for key, value in flushed.items():
+                if pending.get(key) is value:  # not replaced since: now in the table
+                    del pending[key]
+            pending.update(tx._telemetry_batch)  # committed: visible before any answer
+            tx._telemetry_batch.clear()
         except Exception as exc:
-            log.exception("store transaction failed; %d job(s) refused", len(batch))
+            tx._telemetry_batch.clear()
+            tx._telemetry_job.clear()
+            jobs = sum(len(i.fns) if isinstance(i, _Group) else 1 for i in batch)
+            log.exception("store transaction failed; %d job(s) refused", jobs)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             # The writer's caches may describe rows that were rolled back.
             tx._history_last_at.clear()
-            for job in batch:
-                if not job.future.done():
-                    job.future.set_exception(exc)
+            for item in batch:
+                if isinstance(item, _Group):
+                    self._hand_back(item, [(None, exc)] * len(item.fns))
+                elif not item.future.done():
+                    item.future.set_exception(exc)
             return
-        for job, value, error in outcomes:
+        for item, results in zip(batch, outcomes, strict=True):
+            if isinstance(item, _Group):
+                self._hand_back(item, results)
+                continue
+            value, error = results[0]
             if error is not None:
-                job.future.set_exception(error)
+                item.future.set_exception(error)
             else:
-                job.future.set_result(value)
+                item.future.set_result(value)
+
+    @staticmethod
+    def _hand_back(group: _Group, outcomes: list[tuple[Any, BaseException | None]]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+            group.loop.call_soon_threadsafe(_resolve_group, group.futures, outcomes)
+
+    def _queue_group(self, group: _Group) -> None:
+        """At the end of the loop turn that opened ``group``: hand it to the writer."""
+        with self._group_lock:
+            if self._group is group:
+                self._group = None
+            if group.queued:  # close() queued it already
+                return
+            group.queued = True
+        self._queue.put(group)
 
     # public API
 
@@ -831,8 +995,21 @@ class Store(Reads):
         return future
 
     async def write(self, fn: Callable[[Tx], T]) -> T:
-        """Run ``fn(tx)`` on the writer thread; return its value once committed."""
-        return await asyncio.wrap_future(self.submit(fn))
+        """Run ``fn(tx)`` on the writer thread; return its value once committed.
+
+        The writes of one event-loop turn travel to the writer together (``_Group``)."""
+        if self._closed:
+            raise RuntimeError("the store is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        with self._group_lock:
+            group = self._group
+            if group is None or group.loop is not loop:
+                group = self._group = _Group(loop, [], [])
+                loop.call_soon(self._queue_group, group)
+            group.fns.append(fn)
+            group.futures.append(future)
+        return await future
 
     def write_blocking(self, fn: Callable[[Tx], T]) -> T:
         """``write`` for code without an event loop (scripts, setup)."""
@@ -843,6 +1020,11 @@ class Store(Reads):
         if self._closed:
             return
         self._closed = True
+        with self._group_lock:
+            pending, self._group = self._group, None
+            if pending is not None:  # its loop turn has not ended: queue it before the stop
+                pending.queued = True
+                self._queue.put(pending)
         self._queue.put(_STOP)
         self._thread.join()
         self._conn.close()

@@ -51,8 +51,9 @@ Limits, stated so the caller can respect them: the stall test assumes the
 agent starts the next proof as soon as a slot frees (as ``cuzk-bench batch``
 does) and is skipped once a proof failed (a failed proof's slot time is not in
 the list) or when fewer than J proofs remain; ``elapsed_s`` must not run
-ahead of the true batch time (measure it from when the coordinator first saw
-the benchmark, which is late, so the error is on the host's side); the
+ahead of the true batch time (the coordinator measures it from the latest start
+its own clock and the completed proofs vouch for, so the error is on the host's
+side: ``coordinator.ingest``); the
 lognormal bound on the median is slightly on the host's side for a
 terminate (the median is below the mean by ``sigma**2 / 2``, at most 1.1%).
 """
@@ -251,6 +252,47 @@ def _stall_verdict(
         f"{what}: the rate is at most {stall.bound_per_hour:.1f}/h with {conf} confidence, "
         f"below the minimum {minimum:.1f}/h",
     )
+
+
+def steady_state_rate_per_hour(
+    proof_seconds: list[float], concurrency: int, wall_seconds: float, *,
+    proofs_failed: int = 0, tolerance: float = 0.05,
+) -> float | None:
+    """The finished benchmark's steady-state rate, or None when it cannot be trusted.
+
+    ``proof_seconds`` in completion order (as the agent reports them). A batch
+    of N proofs on J slots has two transients that ``n * 3600 / wall_seconds``
+    mixes into its rate: at its end a slot idles (no proof left to start), so
+    the batch rate under-reads; at its start the J proofs enter together and
+    the daemon's pipeline serialises them, so the first ones finish sooner than
+    a proof does once the pipeline is full. By Little's law the rate while every
+    slot is busy is J over the mean proof time; it is taken over the proofs that
+    completed after the first J (the first round carries the fill):
+    ``J * 3600 * (n - J) / sum(w[J:])``.
+
+    Used only when the proof times fill the J slots as a batch must: the slot
+    time ``sum(w)`` is at most ``J * wall_seconds`` and, as a slot idles only
+    after the last proof started, at least ``J * wall_seconds - (J - 1) *
+    max(w)`` (each with ``tolerance`` of slack). Anything else - no proof after
+    the first round, a failed proof (its slot time is not in the list), proof
+    times that do not add up - answers None, and the batch rate judges.
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    n = len(proof_seconds)
+    if proofs_failed > 0 or n <= concurrency or not wall_seconds > 0:
+        return None
+    if any(not (w > 0 and math.isfinite(w)) for w in proof_seconds):
+        return None
+    total = math.fsum(proof_seconds)
+    capacity = concurrency * wall_seconds
+    slack = tolerance * capacity + 1.0
+    if total > capacity + slack:
+        return None
+    if total < capacity - (concurrency - 1) * max(proof_seconds) - slack:
+        return None
+    later = proof_seconds[concurrency:]
+    return concurrency * 3600.0 * len(later) / math.fsum(later)
 
 
 def _z(minimum: float, estimate: float, sigma: float, n: int) -> float:

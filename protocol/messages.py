@@ -165,6 +165,9 @@ class Progress:
     done: int = field(metadata=NONNEG)
     total: int = field(metadata=NONNEG)
     unit: ProgressUnit
+    # extension: proofs the benchmark keeps in flight (`cuzk-bench batch -j`), so the
+    # coordinator can judge the rate from proof times while it runs (issue 6).
+    concurrency: int | None = field(default=None, metadata={"min": 1})
 
 
 @dataclass(slots=True)

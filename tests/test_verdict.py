@@ -14,7 +14,12 @@ import math
 
 import pytest
 
-from coordinator.verdict import EarlyVerdict, VerdictSettings, assess
+from coordinator.verdict import (
+    EarlyVerdict,
+    VerdictSettings,
+    assess,
+    steady_state_rate_per_hour,
+)
 
 SETTINGS = VerdictSettings(confidence=0.99, min_proofs=2, sigma_floor=0.15, planned_proofs=10)
 Z_TEST = 3.0902  # upper 0.001 point of the standard normal (tables)
@@ -210,3 +215,61 @@ def test_nonsense_settings_are_refused(kwargs: dict[str, float]) -> None:
 def test_defaults_are_the_ones_the_simulation_picked() -> None:
     d = VerdictSettings()
     assert (d.confidence, d.min_proofs, d.sigma_floor, d.planned_proofs) == (0.95, 2, 0.15, 12)
+
+
+# --- the finished benchmark's steady-state rate ----------------------------------------------
+
+
+def test_steady_state_rate_of_a_batch_without_a_tail_equals_the_batch_rate() -> None:
+    # 12 proofs of 100 s on 2 slots: 6 rounds, 600 s, 72/h either way.
+    assert steady_state_rate_per_hour([100.0] * 12, 2, 600.0) == pytest.approx(72.0)
+
+
+def test_steady_state_rate_corrects_the_idle_tail() -> None:
+    # 12 proofs of 480 s on 8 slots: the second round has 4 proofs and 4 idle slots,
+    # so the batch takes 960 s: 12 * 3600 / 960 = 45/h, while the host sustains
+    # 8 * 3600 / 480 = 60/h: over the 4 proofs after the first round, 8 * 3600 * 4 / 1920.
+    assert steady_state_rate_per_hour([480.0] * 12, 8, 960.0) == pytest.approx(60.0)
+    # Unequal proofs on 2 slots: [100, 130, 100, 100, ...] end at 630 s; the slot time
+    # 1230 s lies between J * wall - (J - 1) * max(w) = 1260 - 130 = 1130 and 1260.
+    # The first round (100, 130) is left out: 2 * 3600 * 10 / 1000 = 72/h.
+    proofs = [100.0, 130.0] + [100.0] * 10
+    wall = slot_elapsed(proofs)
+    assert wall == pytest.approx(630.0)
+    assert steady_state_rate_per_hour(proofs, 2, wall) == pytest.approx(72.0)
+
+
+def test_steady_state_rate_leaves_out_the_pipeline_fill() -> None:
+    # What the simulated 4x RTX 5060 Ti reports at -j 8 (agent/sim): the daemon
+    # serialises the first round, so its proofs finish at 130, 223, ... 759 s; the
+    # later ones wait behind a full pipeline. Over all 12 the rate would read
+    # 8 * 3600 * 12 / 6409 = 53.9/h; after the first round 8 * 3600 * 4 / 2859 = 40.3/h,
+    # the host's sustained rate (the simulator's 120-proof batch: 39.0/h).
+    proofs = [130.0, 223.0, 318.0, 401.0, 479.0, 573.0, 667.0, 759.0, 725.0, 717.0, 710.0,
+              707.0]
+    wall = 12 * 3600 / 39.0  # 1107.7 s: 8 * 1107.7 - 7 * 759 = 3548.6 <= 6409 <= 8861.5
+    assert steady_state_rate_per_hour(proofs, 8, wall) == pytest.approx(8 * 3600 * 4 / 2859)
+
+
+def test_steady_state_rate_at_the_minimum_is_not_below_it() -> None:
+    rate = steady_state_rate_per_hour([W0] * 12, J, 6 * W0)
+    assert rate == pytest.approx(MIN_RATE)
+    assert not rate < MIN_RATE - 1e-9  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("proofs", "concurrency", "wall", "failed", "why"),
+    [
+        ([100.0] * 3, 4, 100.0, 0, "fewer proofs than slots: the slots were never all busy"),
+        ([100.0] * 2, 2, 100.0, 0, "no proof after the first round"),
+        ([100.0] * 12, 2, 600.0, 1, "a failed proof's slot time is not in the list"),
+        ([100.0] * 12, 2, 400.0, 0, "1200 slot-seconds do not fit in 2 x 400 s"),
+        ([100.0] * 12, 4, 600.0, 0, "4 slots busy 600 s need at least 2100 s of proofs"),
+        ([100.0] * 12, 2, 0.0, 0, "no wall time"),
+        ([0.0] + [100.0] * 11, 2, 550.0, 0, "a proof of no length"),
+    ],
+)
+def test_steady_state_rate_is_refused_when_the_proof_times_do_not_fill_the_slots(
+    proofs: list[float], concurrency: int, wall: float, failed: int, why: str
+) -> None:
+    assert steady_state_rate_per_hour(proofs, concurrency, wall, proofs_failed=failed) is None, why
