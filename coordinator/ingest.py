@@ -26,8 +26,17 @@ from coordinator.verdict import (
     assess,
     steady_state_rate_per_hour,
 )
+from protocol import scaling
 from protocol.codec import from_obj
-from protocol.messages import Directive, Heartbeat, Hello, HostInfo, LogBatch, Result
+from protocol.messages import (
+    Directive,
+    Heartbeat,
+    Hello,
+    HostInfo,
+    LogBatch,
+    Result,
+    ScalingRun,
+)
 
 log = logging.getLogger(__name__)
 
@@ -458,20 +467,20 @@ class ResultOutcome:
     terminate: bool  # a destroy was scheduled by this result
 
 
-def _scaling_diagnosis(result: Result, inst: Row) -> tuple[float, float, Any] | None:
-    """(rate_all, rate_one, coordinator's Diagnosis or None) from the reported runs."""
-    runs = result.runs or []
+def _scaling_diagnosis(
+    runs: list[ScalingRun], inst: Row
+) -> tuple[float, float | None, scaling.Diagnosis] | None:
+    """(rate_all, rate_one, the coordinator's own Diagnosis) from the reported runs.
+
+    Without a one-GPU run (a host terminated on its all-GPU benchmark) the
+    efficiency is unknown, but the telemetry still names the bottleneck.
+    """
     if not runs:
         return None
     run_all = max(runs, key=lambda r: len(r.gpus_used))
-    singles = [r for r in runs if len(r.gpus_used) == 1]
-    if not singles:
-        return None
-    rate_all, rate_one = run_all.rate_per_hour, singles[0].rate_per_hour
-    try:
-        from protocol import scaling as scaling_module
-    except ImportError:
-        return rate_all, rate_one, None
+    singles = [r for r in runs if len(r.gpus_used) == 1 and r is not run_all]
+    rate_all = run_all.rate_per_hour
+    rate_one = singles[0].rate_per_hour if singles else None
     gpus = []
     if inst.get("host_json"):
         try:
@@ -479,7 +488,7 @@ def _scaling_diagnosis(result: Result, inst: Row) -> tuple[float, float, Any] | 
         except ValueError:
             gpus = []
     num_gpus = max(len(run_all.gpus_used), 1)
-    diagnosis = scaling_module.diagnose(num_gpus, rate_all, rate_one, run_all.telemetry, gpus)
+    diagnosis = scaling.diagnose(num_gpus, rate_all, rate_one or 0.0, run_all.telemetry, gpus)
     return rate_all, rate_one, diagnosis
 
 
@@ -618,6 +627,11 @@ def result_job(
             )
         if result.kind == "scaling":
             _record_scaling(tx, result, fresh, row_id, machine_id, gpu_name, num_gpus, now)
+        elif terminate and len(result.gpus_used) > 1:
+            # No one-GPU run follows a terminated host, yet why its GPUs scale
+            # badly is exactly what the operator wants to know: diagnose the
+            # all-GPU run's telemetry.
+            _record_scaling(tx, result, fresh, row_id, machine_id, gpu_name, num_gpus, now)
         return ResultOutcome(inst["id"], False, directive, terminate)
 
     return job
@@ -633,8 +647,9 @@ def _record_scaling(
     num_gpus: int,
     now: float,
 ) -> None:
+    runs = result.runs or [ScalingRun(result.gpus_used, result.rate_per_hour, result.telemetry)]
     try:
-        found = _scaling_diagnosis(result, inst)
+        found = _scaling_diagnosis(runs, inst)
     except Exception:  # a diagnosis bug must not lose the agent's result
         log.exception("scaling diagnosis failed for result %s", row_id)
         found = None

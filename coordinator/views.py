@@ -131,14 +131,20 @@ def render_scaling(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         one = r.get("rate_one_per_hour")
         one_text = (
-            f"{render.num(one)}/h with one" if one is not None else "one-GPU run not measured"
+            f"{render.num(one)}/h with one"
+            if one is not None
+            else "no one-GPU run (terminated first)"
         )
         out.append(
             f"machine {render.clean(r.get('machine_id'))} ({r.get('num_gpus')}x "
             f"{render.clean(r.get('gpu_name'))}): {render.num(r.get('rate_all_per_hour'))}/h with "
             f"all GPUs, {one_text}; efficiency {render.num(r.get('efficiency'), 2)}; "
-            f"bottleneck {render.clean(r.get('bottleneck')).upper()} (coordinator), "
-            f"{render.clean(r.get('agent_bottleneck')).upper()} (agent says)"
+            f"bottleneck {render.clean(r.get('bottleneck')).upper()} (coordinator)"
+            + (
+                f", {render.clean(r.get('agent_bottleneck')).upper()} (agent says)"
+                if r.get("agent_bottleneck")
+                else ""
+            )
         )
         for ev in r.get("evidence") or []:
             out.append(f"    - {render.clean(ev)}")

@@ -20,6 +20,7 @@ from coord_support import (
     response_signature,
     result_msg,
     start,
+    telemetry_msg,
 )
 from fakes_provider import FakeProvider, offer
 
@@ -390,6 +391,30 @@ async def test_scaling_result_is_stored(h: Harness) -> None:
     # The coordinator's own reading, from the reported runs.
     assert row["efficiency"] == pytest.approx(40.0 / (2 * 30.0), abs=0.01)
     assert h.store.host_perf() == []  # scaling runs are not benchmark samples
+
+
+async def test_terminated_multi_gpu_host_is_still_diagnosed(h: Harness) -> None:
+    """A 4-GPU host terminated on its all-GPU benchmark sends no scaling run; the
+    coordinator names its bottleneck from that run's telemetry anyway."""
+    agent = await hello_agent(h, label="quad-5060", min_rate=57.5)
+    await agent.hello(gpus=4)
+    await agent.heartbeat("benchmarking")
+    h.clock.advance(1300)
+    tele = telemetry_msg(util=21.0)
+    tele["gpus"] = [dict(tele["gpus"][0], index=i) for i in range(4)]
+    tele["cpu"] = {"util_pct_mean": 98.0, "per_core_util_pct_mean": [98.0] * 16,
+                   "load1": 31.5, "iowait_pct_mean": 0.2}
+    msg = result_msg("bench-4", proofs=13, wall_seconds=1200.0, gpus_used=[0, 1, 2, 3],
+                     telemetry=tele)
+    status, data = await agent.post("/v1/result", msg)
+    assert status == 200 and data["directive"]["action"] == "terminate", data
+    status, rows = await h.admin("GET", "/api/scaling")
+    assert status == 200
+    (row,) = rows
+    assert row["bottleneck"] == "cpu"
+    assert row["rate_one_per_hour"] is None and row["efficiency"] is None
+    assert row["agent_bottleneck"] is None
+    assert any("98%" in e and "79%" in e for e in row["evidence"]), row["evidence"]
 
 
 # --- directives -------------------------------------------------------------------------------
