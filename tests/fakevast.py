@@ -30,7 +30,6 @@ import operator
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +42,8 @@ from typing import Any, Protocol
 import orjson
 import psutil
 from aiohttp import web
+
+from coordinator.providers.local import console_script
 
 FAKE_API_KEY = "fake-account-key-0123456789abcdef"
 
@@ -447,16 +448,6 @@ def _matches(offer: dict[str, Any], query: dict[str, Any]) -> bool:
 # ---- running instances: real agents on the simulated cuzk -------------------
 
 
-def _console_script(name: str) -> str:
-    beside = Path(sys.executable).parent / name
-    if beside.exists():
-        return str(beside)
-    found = shutil.which(name)
-    if found is None:
-        raise RuntimeError(f"{name} is not installed; run pip install -e . first")
-    return found
-
-
 class SimAgents:
     """A ``Launcher``: each instance runs ``python -m agent.cli run`` on the simulated cuzk.
 
@@ -511,8 +502,8 @@ class SimAgents:
             "VM_STATE_DIR": str(home / "state"),
             "VM_PARAMS_DIR": str(home / "params"),
             "VM_C1_PATH": str(c1),
-            "VM_CUZK_BIN": _console_script("vm-sim-cuzk"),
-            "VM_CUZK_BENCH_BIN": _console_script("vm-sim-cuzk-bench"),
+            "VM_CUZK_BIN": console_script("vm-sim-cuzk"),
+            "VM_CUZK_BENCH_BIN": console_script("vm-sim-cuzk-bench"),
             "VM_NVML": "sim",
             "VM_PROVIDER": "vast",
             "VM_SIM_PROFILE": orjson.dumps(offer).decode(),

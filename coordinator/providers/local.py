@@ -47,7 +47,7 @@ STOP_GRACE_S = 5.0
 MARKER_ENV = "VM_LOCAL_INSTANCE"
 
 
-def _script(name: str) -> str:
+def console_script(name: str) -> str:
     """A console script of this installation (beside the interpreter, else on PATH)."""
     beside = Path(sys.executable).parent / name
     if beside.exists():
@@ -253,8 +253,8 @@ class LocalProvider:
                     "VM_PARAMS_DIR": str(workdir / "params"),
                     "VM_PARAMS_MANIFEST": str(manifest),
                     "VM_C1_PATH": str(c1),
-                    "VM_CUZK_BIN": _script("vm-sim-cuzk"),
-                    "VM_CUZK_BENCH_BIN": _script("vm-sim-cuzk-bench"),
+                    "VM_CUZK_BIN": console_script("vm-sim-cuzk"),
+                    "VM_CUZK_BENCH_BIN": console_script("vm-sim-cuzk-bench"),
                     "VM_NVML": "sim",
                     "VM_PROVIDER": "local",
                     "VM_SIM_PROFILE": orjson.dumps(current).decode(),
