@@ -236,7 +236,8 @@ def status(client: OperatorClient, as_json: bool) -> None:
                     _progress(r.get("progress")),
                     f"{r.get('num_gpus') or '?'}x {r.get('gpu_name') or '?'}",
                     render.usd(r.get("dph_total"), 3),
-                    render.num(r.get("rate_per_hour")),
+                    render.num(r.get("rate_per_hour"))
+                    + (" (sim)" if r.get("provider") == "local" else ""),
                     render.usd(r.get("usd_per_proof")),
                     render.ago(r.get("last_seen"), now),
                     r.get("label"),
@@ -247,6 +248,8 @@ def status(client: OperatorClient, as_json: bool) -> None:
              "LAST SEEN", "LABEL"],
         )
     )
+    if any(r.get("provider") == "local" for r in rows):
+        click.echo("(sim): a local-provider instance on the simulated cuzk; its rate is simulated.")
 
 
 @cli.command()

@@ -66,7 +66,8 @@ def render_instance(data: dict[str, Any]) -> str:
         f"{render.usd(data.get('dph_total'), 3)}/h",
         f"  rate {render.num(data.get('rate_per_hour'))}/h (minimum "
         f"{render.num(data.get('min_rate_per_hour'))}/h), "
-        f"{render.usd(data.get('usd_per_proof'))} per proof",
+        f"{render.usd(data.get('usd_per_proof'))} per proof"
+        + (" (SIMULATED: local provider)" if data.get("provider") == "local" else ""),
         "",
     ]
     tele = data.get("telemetry")

@@ -280,6 +280,14 @@ function phaseCell(inst) {
   return cell;
 }
 
+// Instances of the local provider run the simulated cuzk: say so beside their numbers.
+function simulatedTag(r) {
+  return r.provider === "local"
+    ? el("span", { class: "sim-tag", title: "simulated cuzk and hardware (local provider)" },
+      " sim")
+    : "";
+}
+
 async function renderFleet() {
   const [rows, events] = await Promise.all([
     api("GET", "/api/instances"),
@@ -308,7 +316,7 @@ async function renderFleet() {
         phaseCell(r),
         td(`${r.num_gpus || "?"} x ${r.gpu_name || "?"}`),
         td(usd(r.dph_total, 3)),
-        td(num(r.rate_per_hour)),
+        td(num(r.rate_per_hour), simulatedTag(r)),
         td(usd(r.usd_per_proof)),
         td(ago(r.last_seen)),
       ),
@@ -525,7 +533,8 @@ async function renderInstance(id) {
     ["GPUs", `${inst.num_gpus || "?"} x ${inst.gpu_name || "?"}`],
     ["place", inst.geolocation || "-"],
     ["price", usd(inst.dph_total, 3) + " / h"],
-    ["rate", num(inst.rate_per_hour) + " / h (min " + num(inst.min_rate_per_hour) + ")"],
+    ["rate", num(inst.rate_per_hour) + " / h (min " + num(inst.min_rate_per_hour) + ")" +
+      (inst.provider === "local" ? " — simulated" : "")],
     ["$ / proof", usd(inst.usd_per_proof)],
     ["proofs", String(inst.proofs_completed_total ?? 0)],
     ["last seen", ago(inst.last_seen)],
