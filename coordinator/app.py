@@ -251,7 +251,7 @@ async def _hello(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, An
         ingest.hello_job(agent.agent_id, hello, core.settings, now)
     )
     core.tracker.touch(instance_id, now)
-    return 200, asdict(directive)
+    return 200, directive  # a dataclass: orjson encodes it without asdict()'s deep copy
 
 
 async def _heartbeat(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, Any]:
@@ -263,7 +263,7 @@ async def _heartbeat(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int
     core.tracker.touch(instance_id, now)
     if directive.action == "terminate":
         core.monitor.wake()
-    return 200, asdict(directive)
+    return 200, directive  # a dataclass: orjson encodes it without asdict()'s deep copy
 
 
 async def _result(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, Any]:
@@ -497,7 +497,9 @@ async def _revoke_agent(core: Core, request: web.Request) -> Any:
 
 
 async def _list_instances(core: Core, request: web.Request) -> Any:
-    return [instance_view(r) for r in core.store.list_instances()]
+    # Only what instance_view reads (not host_json): the list is the fleet-sized answer.
+    rows = core.store.list_instances((*INSTANCE_FIELDS, "progress_json"))
+    return [instance_view(r) for r in rows]
 
 
 async def _get_instance(core: Core, request: web.Request) -> Any:

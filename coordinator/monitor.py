@@ -152,7 +152,9 @@ class Monitor:
         """Terminate instances that overstayed a phase (DESIGN 5 timeouts)."""
         overdue = [
             (inst, reason)
-            for inst in self.store.active_instances()
+            # The columns timed_out and the job read: this scan runs on the event loop,
+            # and every column of 50,000 instances held it for half a second.
+            for inst in self.store.active_instances(("id", "state", "state_since"))
             if inst["state"] not in policy.STICKY_STATES
             and (reason := policy.timed_out(inst, now, self.limits)) is not None
         ]
@@ -309,8 +311,9 @@ class Monitor:
         """Our records of instances this provider rented (not bring-your-own machines,
         not another provider's rows left in the same database)."""
         return [
-            r for r in self.store.list_instances()
-            if r["kind"] == "deployed" and r["provider"] in (None, self.provider.name)
+            # Filtered in SQL: a large bring-your-own fleet costs this loop nothing.
+            r for r in self.store.instances_of_kind("deployed")
+            if r["provider"] in (None, self.provider.name)
         ]
 
     async def _adopt(

@@ -376,9 +376,15 @@ class Reads:
         cols = "*" if columns is None else ", ".join(f"[{c}]" for c in dict.fromkeys(columns))
         return _rows(self._conn, f"select {cols} from instances order by id")
 
-    def active_instances(self) -> list[Row]:
+    def instances_of_kind(self, kind: str) -> list[Row]:
+        """Every instance of one kind (``deployed`` or ``byo``), all columns."""
+        return _rows(self._conn, "select * from instances where kind = ? order by id", (kind,))
+
+    def active_instances(self, columns: Sequence[str] | None = None) -> list[Row]:
+        """Instances still on a machine; ``columns`` as in ``list_instances``."""
+        cols = "*" if columns is None else ", ".join(f"[{c}]" for c in dict.fromkeys(columns))
         return _rows(
-            self._conn, f"select * from instances where {_ACTIVE} order by id"
+            self._conn, f"select {cols} from instances where {_ACTIVE} order by id"
         )
 
     def active_instances_on_machine(
@@ -492,11 +498,19 @@ class Reads:
         return _rows(self._conn, "select * from scaling order by id")
 
     def count_rows(self) -> dict[str, int]:
-        """Rows per table (tests use it to prove a rejected request wrote nothing)."""
-        return {
+        """Rows per table (tests use it to prove a rejected request wrote nothing).
+
+        ``telemetry`` counts the latest telemetry held in memory as well, so a
+        background flush never shows as a write."""
+        counts = {
             t: int(_rows(self._conn, f"select count(*) as n from [{t}]")[0]["n"])
             for t in TABLES
         }
+        held = {k for layer in self._telemetry_layers() for k in list(layer)}
+        if held:
+            stored = {int(r[0]) for r in self._conn.execute("select instance_id from telemetry")}
+            counts["telemetry"] = len(stored | held)
+        return counts
 
 
 # --- writes ---------------------------------------------------------------------

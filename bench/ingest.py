@@ -1,0 +1,747 @@
+"""Heartbeat ingest of a real coordinator process over loopback, against a bare aiohttp ceiling.
+
+Run: ``python bench/ingest.py`` (``--quick`` for a seconds-long smoke run;
+``--help`` for the knobs).
+
+What it does, in one command:
+
+1. Builds a fresh database and provisions a fleet: most agents are inserted
+   through the store's own write path (``Tx.insert_agent``, then the real
+   ``ingest.hello_job`` and ``ingest.heartbeat_job``), and ``--http-agents``
+   of them are issued through ``POST /api/agents`` and say hello over HTTP.
+   Each agent has 1 to 8 GPUs; one history row per agent is placed at a
+   random point of the history interval, so heartbeats land in the
+   downsampled history at their natural rate (1 in 20 at the default pace).
+2. Starts the coordinator as its own process (``--role coordinator``: a small
+   launcher around ``coordinator.server.start_server``, the code
+   ``vast-manager serve`` runs) on 127.0.0.1, and a bare aiohttp app
+   (``--role bare``) that reads the body and answers a fixed ``200``.
+3. Saturation (closed loop): ``--workers`` load-generator processes, each
+   with ``--concurrency`` requests in flight, send signed heartbeats with
+   realistic telemetry as fast as the server answers, first to the bare app,
+   then to the coordinator. Printed for both: accepted heartbeats/s, p50/p99
+   latency, and the server's CPU seconds per request (utime + stime of its
+   process from ``/proc/<pid>/stat``, all threads, read before and after the
+   load window), and the coordinator/bare ratio.
+4. Offered load (open loop): every agent of a fleet of ``rate x 15 s``
+   sends on its own schedule (spread evenly over the 15 s pace) for
+   ``--rate-seconds``; a heartbeat is lost when the request fails, refused
+   when the answer is not ``200``. Latency counts from the heartbeat's
+   scheduled time (a generator that falls behind shows up as latency). The
+   bar: nothing lost or refused, p99 < 100 ms, at least 98% of the offered
+   heartbeats sent within the window. ``--ladder`` runs several rates and
+   names the largest fleet that met the bar on this machine, with the
+   coordinator's and the generators' share of the machine's CPU.
+
+Every process it starts is stopped (SIGTERM, then SIGKILL after 10 s) in a
+``finally``; every loop is bounded by the run's duration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import random
+import resource
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+ADMIN_TOKEN = "bench-admin-token-0123456789abcdef"
+HEARTBEAT_PATH = "/v1/heartbeat"
+PACE_S = 15  # the default next_heartbeat_s: 50,000 agents at 15 s is ~3,333 heartbeats/s
+BAR_P99_MS = 100.0
+BAR_SENT_FRACTION = 0.98
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# --- messages ----------------------------------------------------------------------
+
+
+def hello_body(agent_id: str, gpus: int) -> dict[str, Any]:
+    return {
+        "protocol": 1,
+        "agent_version": "0.1.0",
+        "boot_id": f"boot-{agent_id[-8:]}",
+        "container_id": None,
+        "host": {
+            "hostname": f"host-{agent_id[-6:]}",
+            "cpu_model": "AMD EPYC 7K62 48-Core Processor",
+            "cpu_cores_logical": cores_for(gpus),
+            "cpu_cores_physical": cores_for(gpus) // 2,
+            "ram_total_bytes": 64_000_000_000 * gpus,
+            "driver_version": "570.133.07",
+            "cuda_version": "12.8",
+            "gpus": [
+                {"index": i, "uuid": f"GPU-{agent_id[-8:]}-{i}", "name": "NVIDIA GeForce RTX 4090",
+                 "memory_total_bytes": 25_757_220_864, "pcie_gen_max": 4, "pcie_width_max": 16,
+                 "pcie_gen_current": 4, "pcie_width_current": 16}
+                for i in range(gpus)
+            ],
+        },
+    }
+
+
+def cores_for(gpus: int) -> int:
+    return min(128, 16 * gpus)
+
+
+def telemetry(gpus: int, rng: random.Random) -> dict[str, Any]:
+    """A 15 s telemetry window of a busy host with ``gpus`` GPUs, as the agent sends it."""
+    cores = cores_for(gpus)
+    return {
+        "window_s": 15.0,
+        "samples": 15,
+        "gpus": [
+            {"index": i, "util_pct_mean": round(rng.uniform(85, 99), 2), "util_pct_max": 100.0,
+             "mem_used_bytes": rng.randrange(18_000_000_000, 24_000_000_000),
+             "pcie_tx_kbps_mean": round(rng.uniform(8e5, 1.5e6), 1),
+             "pcie_rx_kbps_mean": round(rng.uniform(4e6, 6e6), 1),
+             "power_w_mean": round(rng.uniform(380, 440), 1),
+             "temp_c_max": float(rng.randint(60, 80)),
+             "sm_clock_mhz_mean": round(rng.uniform(2400, 2600), 1), "throttle_reasons": 4,
+             "pcie_gen_current": 4, "pcie_width_current": 16}
+            for i in range(gpus)
+        ],
+        "cpu": {"util_pct_mean": round(rng.uniform(30, 60), 2),
+                "per_core_util_pct_mean": [round(rng.uniform(10, 90), 1) for _ in range(cores)],
+                "load1": round(rng.uniform(5, 30), 2), "iowait_pct_mean": 0.4},
+        "ram": {"used_bytes": 40_000_000_000 * gpus, "total_bytes": 64_000_000_000 * gpus},
+        "net": {"rx_bytes_per_s": 1_200_000.0, "tx_bytes_per_s": 300_000.0},
+    }
+
+
+def heartbeat_body(seq: int, started_at: float, total: int, tele: dict[str, Any],
+                   recent: list[float]) -> dict[str, Any]:
+    return {
+        "seq": seq,
+        "phase": "proving",
+        "phase_started_at": started_at,
+        "progress": None,
+        "proofs_completed_total": total,
+        "proof_seconds_recent": recent,
+        "telemetry": tele,
+    }
+
+
+def gpus_of(index: int) -> int:
+    """1 to 8 GPUs, weighted like a rented fleet (mostly 1, 2, 4 and 8)."""
+    return (1, 1, 2, 2, 4, 4, 8, 3, 1, 2, 6, 8)[index % 12]
+
+
+def agent_id_for(index: int, salt: str) -> str:
+    return "ag_" + hashlib.sha256(f"{salt}:{index}".encode()).hexdigest()[:20]
+
+
+def key_for(secret: bytes, agent_id: str) -> bytes:
+    return hmac.new(secret, b"vast-manager agent key v1:" + agent_id.encode(),
+                    hashlib.sha256).digest()
+
+
+def sign_headers(agent_id: str, key: bytes, body: bytes, nonce: str) -> dict[str, str]:
+    ts = str(int(time.time()))
+    canonical = (f"vm1-req\n{ts}\n{nonce}\nPOST\n{HEARTBEAT_PATH}\n"
+                 f"{hashlib.sha256(body).hexdigest()}").encode()
+    return {
+        "X-VM-Agent": agent_id,
+        "X-VM-Timestamp": ts,
+        "X-VM-Nonce": nonce,
+        "X-VM-Signature": "v1=" + hmac.new(key, canonical, hashlib.sha256).hexdigest(),
+        "Content-Type": "application/json",
+    }
+
+
+# --- provisioning --------------------------------------------------------------------
+
+
+def provision(db_path: str, env: dict[str, str], ids: list[str], first_seq: int = 1) -> float:
+    """Insert agents through the store's write path: issue, hello, one heartbeat, and one
+    history row placed at a random point of the history interval. Returns seconds taken."""
+    from coordinator import ingest
+    from coordinator.settings import Settings
+    from coordinator.store import Store, Tx
+    from protocol.codec import from_obj
+    from protocol.messages import Heartbeat, Hello
+
+    settings = Settings.from_env(env, db_path=db_path)
+    rng = random.Random(7)
+    began = time.perf_counter()
+    store = Store(db_path, batch_max=settings.write_batch_max)
+    try:
+        chunk = 2000
+        for start in range(0, len(ids), chunk):
+            part = list(enumerate(ids[start:start + chunk], start=start))
+            now = time.time()
+
+            def job(tx: Tx, part: list[tuple[int, str]] = part, now: float = now) -> None:
+                for index, agent_id in part:
+                    gpus = gpus_of(index)
+                    tx.insert_agent(agent_id, label=f"bench-{index}", kind="byo",
+                                    min_rate_per_hour=None, issued_at=now)
+                    hello = from_obj(Hello, hello_body(agent_id, gpus))
+                    instance_id, _ = ingest.hello_job(agent_id, hello, settings, now)(tx)
+                    hb = from_obj(Heartbeat, heartbeat_body(
+                        first_seq, now - 3600, 100, telemetry(gpus, rng), []))
+                    ingest.heartbeat_job(agent_id, hb, settings, now)(tx)
+                    # The next history row of this agent is due somewhere in the coming
+                    # interval, as in a fleet that has been running for a while.
+                    at = now - rng.uniform(0, settings.heartbeat_history_interval_s)
+                    tx.append_heartbeat_history(
+                        {"agent_id": agent_id, "instance_id": instance_id, "received_at": at,
+                         "seq": 0, "phase": "proving", "proofs_completed_total": 100,
+                         "telemetry_json": None},
+                        interval_s=0.0, keep_rows=settings.heartbeat_history_rows)
+                    tx.db.execute("delete from heartbeat_history where agent_id = ? and "
+                                  "received_at > ?", (agent_id, at))
+
+            store.write_blocking(job)
+    finally:
+        store.close()
+    return time.perf_counter() - began
+
+
+# --- server processes ----------------------------------------------------------------
+
+
+def role_coordinator(ready_file: str) -> None:
+    """The coordinator as ``vast-manager serve`` runs it (start_server), on port 0."""
+    from coordinator.server import make_provider, start_server
+    from coordinator.settings import Settings
+
+    settings = Settings.from_env(os.environ)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        provider = make_provider(settings, "local")
+        server = await start_server(settings, provider)
+        Path(ready_file).write_text(server.url)
+        try:
+            await stop.wait()
+        finally:
+            await server.stop()
+            with contextlib.suppress(Exception):
+                await provider.close()
+
+    profile_to = os.environ.get("BENCH_PROFILE")
+    if profile_to:
+        import cProfile
+
+        cProfile.runctx("asyncio.run(main())", globals(), locals(), profile_to)
+    else:
+        asyncio.run(main())
+
+
+def role_bare(ready_file: str) -> None:
+    """The ceiling: aiohttp reading the body and answering a fixed 200 JSON directive."""
+    from aiohttp import web
+
+    answer = orjson.dumps({"action": "continue", "reason": "", "next_heartbeat_s": PACE_S,
+                           "min_rate_per_hour": None})
+
+    async def handler(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=answer, content_type="application/json")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        app = web.Application()
+        app.router.add_post(HEARTBEAT_PATH, handler)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        Path(ready_file).write_text(f"http://127.0.0.1:{port}")
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+
+
+class ServerProcess:
+    def __init__(self, role: str, workdir: Path, env: dict[str, str]) -> None:
+        self.ready = workdir / f"{role}.url"
+        self.ready.unlink(missing_ok=True)
+        self.log = open(workdir / f"{role}.log", "wb")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--role", role,
+             "--ready-file", str(self.ready)],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while not self.ready.exists() or not self.ready.read_text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{role} did not start; see {workdir / (role + '.log')}")
+            time.sleep(0.05)
+        self.url = self.ready.read_text()
+        # The coordinator refuses timestamps at or before the second it started (replay
+        # protection across restarts): the first request goes out in a later second.
+        time.sleep(int(time.time()) + 1.05 - time.time())
+
+    def cpu_split(self) -> tuple[float, float]:
+        """(user, system) CPU seconds of the process, all threads."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+    def cpu_s(self) -> float:
+        return sum(self.cpu_split())
+
+    def main_thread_cpu_s(self) -> float:
+        """CPU seconds of the event loop's thread alone (the rest: the store writer)."""
+        pid = self.proc.pid
+        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+# --- load generator --------------------------------------------------------------------
+
+
+async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
+    import aiohttp
+
+    agents = [(a, bytes.fromhex(k), g, s, off) for a, k, g, s, off in spec["agents"]]
+    rng = random.Random(spec["seed"])
+    teles = {g: telemetry(g, rng) for g in range(1, 9)}
+    seqs = {a: s for a, _, _, s, _ in agents}
+    totals = dict.fromkeys(seqs, 100)
+    url = spec["url"] + HEARTBEAT_PATH
+    start_at, duration = spec["start_at"], spec["duration"]
+    latencies: list[float] = []  # from the scheduled (open) or send (closed) time, seconds
+    send_latencies: list[float] = []
+    counts = {"sent": 0, "accepted": 0, "refused": 0, "lost": 0, "unsigned": 0}
+    statuses: dict[str, int] = {}
+    errors: dict[str, int] = {}
+
+    async def one(session: aiohttp.ClientSession, agent: tuple[Any, ...], scheduled: float) -> None:
+        agent_id, key, gpus = agent[0], agent[1], agent[2]
+        seqs[agent_id] += 1
+        recent = [round(rng.uniform(250, 400), 2)] if seqs[agent_id] % 5 == 0 else []
+        totals[agent_id] += len(recent)
+        body = orjson.dumps(heartbeat_body(seqs[agent_id], start_at - 3600, totals[agent_id],
+                                           teles[gpus], recent))
+        nonce = secrets.token_hex(16)
+        headers = sign_headers(agent_id, key, body, nonce)
+        sent = time.perf_counter()
+        counts["sent"] += 1
+        try:
+            async with session.post(url, data=body, headers=headers) as resp:
+                raw = await resp.read()
+                status = resp.status
+                signature = resp.headers.get("X-VM-Signature")
+        except Exception as err:  # a lost heartbeat: counted, never raised
+            counts["lost"] += 1
+            name = type(err).__name__
+            errors[name] = errors.get(name, 0) + 1
+            return
+        done = time.perf_counter()
+        if status != 200:
+            counts["refused"] += 1
+            statuses[str(status)] = statuses.get(str(status), 0) + 1
+            return
+        counts["accepted"] += 1
+        if spec["check_signature"]:
+            canonical = (f"vm1-resp\n{nonce}\n200\n{hashlib.sha256(raw).hexdigest()}").encode()
+            expected = "v1=" + hmac.new(key, canonical, hashlib.sha256).hexdigest()
+            if signature != expected:
+                counts["unsigned"] += 1
+        send_latencies.append(done - sent)
+        latencies.append(done - scheduled)
+
+    timeout = aiohttp.ClientTimeout(total=spec["timeout_s"])
+    connector = aiohttp.TCPConnector(limit=spec["connections"])
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        # Warm the connections before the clock starts.
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.perf_counter()
+        if spec["mode"] == "closed":
+            cursor = {"i": 0}
+
+            async def loop() -> None:
+                while time.perf_counter() - t0 < duration:
+                    agent = agents[cursor["i"] % len(agents)]
+                    cursor["i"] += 1
+                    await one(session, agent, time.perf_counter())
+
+            await asyncio.gather(*(loop() for _ in range(spec["concurrency"])))
+        else:
+            period = spec["period_s"]
+            events: list[tuple[float, int]] = []
+            for i, agent in enumerate(agents):
+                t = agent[4]
+                while t < duration:
+                    events.append((t, i))
+                    t += period
+            events.sort()
+            tasks: set[asyncio.Task[None]] = set()
+            k = 0
+            while k < len(events):
+                now = time.perf_counter() - t0
+                if events[k][0] > now:
+                    await asyncio.sleep(events[k][0] - now)
+                    continue
+                while k < len(events) and events[k][0] <= now:
+                    task = asyncio.create_task(one(session, agents[events[k][1]],
+                                                   t0 + events[k][0]))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    k += 1
+            if tasks:
+                await asyncio.wait(tasks, timeout=spec["timeout_s"] + 5)
+            counts["offered"] = len(events)
+        wall = time.perf_counter() - t0
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "counts": counts, "statuses": statuses, "errors": errors, "wall_s": wall,
+        "cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
+        "lat": latencies, "send_lat": send_latencies, "sent_in_window": wall <= duration + 1.0,
+    }
+
+
+def role_worker(spec_file: str) -> None:
+    spec = json.loads(Path(spec_file).read_text())
+    out = asyncio.run(_worker(spec))
+    Path(spec["out"]).write_bytes(orjson.dumps(out))
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def drive(url: str, workdir: Path, agents: list[list[Any]], *, mode: str, workers: int,
+          duration: float, concurrency: int = 0, connections: int = 64,
+          check_signature: bool = True, server: ServerProcess | None = None) -> dict[str, Any]:
+    """Run ``workers`` generator processes against ``url``; aggregate what they saw."""
+    start_at = time.time() + 1.5 + 0.1 * workers
+    slices = [agents[i::workers] for i in range(workers)]
+    procs = []
+    outs = []
+    for w, part in enumerate(slices):
+        spec_file = workdir / f"worker{w}.json"
+        out = workdir / f"worker{w}.out"
+        out.unlink(missing_ok=True)
+        outs.append(out)
+        spec_file.write_text(json.dumps({
+            "url": url, "agents": part, "mode": mode, "start_at": start_at,
+            "duration": duration, "concurrency": concurrency, "connections": connections,
+            "period_s": PACE_S, "timeout_s": 30.0, "seed": w, "out": str(out),
+            "check_signature": check_signature,
+        }))
+        procs.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()),
+                                       "--role", "worker", "--spec", str(spec_file)]))
+    try:
+        while time.time() < start_at:
+            time.sleep(0.01)
+        u0, s0 = server.cpu_split() if server else (0.0, 0.0)
+        m0 = server.main_thread_cpu_s() if server else 0.0
+        t0 = time.perf_counter()
+        for p in procs:
+            p.wait(timeout=duration + 120)
+        wall = time.perf_counter() - t0
+        u1, s1 = server.cpu_split() if server else (0.0, 0.0)
+        m1 = server.main_thread_cpu_s() if server else 0.0
+        cpu0, cpu1 = u0 + s0, u1 + s1
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    results = [orjson.loads(o.read_bytes()) for o in outs]
+    counts: dict[str, int] = {}
+    statuses: dict[str, int] = {}
+    errors: dict[str, int] = {}
+    lat: list[float] = []
+    send_lat: list[float] = []
+    for r in results:
+        for k, v in r["counts"].items():
+            counts[k] = counts.get(k, 0) + v
+        for k, v in r["statuses"].items():
+            statuses[k] = statuses.get(k, 0) + v
+        for k, v in r["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+        lat += r["lat"]
+        send_lat += r["send_lat"]
+    accepted = counts.get("accepted", 0)
+    return {
+        "accepted": accepted, "counts": counts, "statuses": statuses, "errors": errors,
+        "per_s": accepted / duration,
+        "p50_ms": 1000 * percentile(lat, 0.50), "p99_ms": 1000 * percentile(lat, 0.99),
+        "send_p99_ms": 1000 * percentile(send_lat, 0.99),
+        "server_cpu_s": cpu1 - cpu0,
+        "server_sys_share": (s1 - s0) / (cpu1 - cpu0) if cpu1 > cpu0 else 0.0,
+        "server_loop_share": (m1 - m0) / (cpu1 - cpu0) if cpu1 > cpu0 else 0.0,
+        "server_cpu_us_per_req": 1e6 * (cpu1 - cpu0) / accepted if accepted else float("nan"),
+        "generator_cpu_s": sum(r["cpu_s"] for r in results),
+        "wall_s": wall, "duration_s": duration,
+    }
+
+
+# --- the run ---------------------------------------------------------------------------
+
+
+def line(name: str, r: dict[str, Any]) -> str:
+    c = r["counts"]
+    return (f"  {name:<12} {r['per_s']:8.0f} hb/s accepted   p50 {r['p50_ms']:6.1f} ms   "
+            f"p99 {r['p99_ms']:6.1f} ms   server CPU {r['server_cpu_us_per_req']:4.0f} us/hb "
+            f"({100 * r['server_sys_share']:.0f}% system, "
+            f"{100 * r['server_loop_share']:.0f}% loop thread)   "
+            f"(accepted {c.get('accepted', 0)}, refused {c.get('refused', 0)}, "
+            f"lost {c.get('lost', 0)}, bad signature {c.get('unsigned', 0)})")
+
+
+def offered(coord: ServerProcess, bare: ServerProcess, workdir: Path, fleet: list[list[Any]],
+            rate: float, args: argparse.Namespace) -> dict[str, Any]:
+    n = max(1, min(len(fleet), round(rate * PACE_S)))
+    agents = [list(a) for a in fleet[:n]]
+    for i, a in enumerate(agents):
+        a[4] = PACE_S * i / n  # each agent's own slot within the pace
+    # The ceiling at the same offered rate: per-request cost depends on the load (how
+    # many requests share a loop turn, a wake-up, a commit), so compare like with like.
+    base = drive(bare.url, workdir, agents, mode="open", workers=args.workers,
+                 duration=args.rate_seconds, connections=args.connections,
+                 check_signature=False, server=bare)
+    r = drive(coord.url, workdir, agents, mode="open", workers=args.workers,
+              duration=args.rate_seconds, connections=args.connections,
+              check_signature=False, server=coord)
+    r["bare_cpu_us_per_req"] = base["server_cpu_us_per_req"]
+    r["bare_p99_ms"] = base["p99_ms"]
+    r["cpu_ratio"] = r["server_cpu_us_per_req"] / base["server_cpu_us_per_req"]
+    c = r["counts"]
+    offered_n = c.get("offered", 0)
+    r["fleet"] = n
+    r["offered_per_s"] = n / PACE_S
+    r["met"] = (c.get("lost", 0) == 0 and c.get("refused", 0) == 0
+                and r["p99_ms"] < BAR_P99_MS and offered_n > 0
+                and c.get("accepted", 0) >= BAR_SENT_FRACTION * offered_n)
+    machine = 2.0 * r["wall_s"]
+    r["coord_share"] = r["server_cpu_s"] / machine
+    r["gen_share"] = r["generator_cpu_s"] / machine
+    print(f"  fleet {n:>6} ({n / PACE_S:6.0f} hb/s offered): accepted {c.get('accepted', 0)}"
+          f"/{offered_n}, refused {c.get('refused', 0)}, lost {c.get('lost', 0)}, "
+          f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms (send->answer p99 "
+          f"{r['send_p99_ms']:.1f} ms), coordinator CPU {r['server_cpu_us_per_req']:.0f} us/hb "
+          f"({100 * r['server_sys_share']:.0f}% system), "
+          f"coordinator {100 * r['coord_share']:.0f}% / generators "
+          f"{100 * r['gen_share']:.0f}% of 2 cores: {'MET' if r['met'] else 'missed'}",
+          flush=True)
+    print(f"    bare aiohttp at the same rate: {r['bare_cpu_us_per_req']:.0f} us/hb, p99 "
+          f"{r['bare_p99_ms']:.1f} ms; coordinator/bare CPU ratio {r['cpu_ratio']:.2f}x",
+          flush=True)
+    return r
+
+
+def main_run(args: argparse.Namespace) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
+    secret = secrets.token_bytes(32)
+    salt = secrets.token_hex(4)
+    env = {**os.environ, "VM_FLEET_SECRET": secret.hex(), "VM_ADMIN_TOKEN": ADMIN_TOKEN,
+           "VM_DB_PATH": str(workdir / "coord.db"), "VM_CONFIG_DIR": str(workdir / "config"),
+           "VM_HOST": "127.0.0.1", "VM_PORT": "0",
+           # Agents of a larger rung wait silently through the smaller ones: not `lost`.
+           "VM_SILENCE_GRACE_S": "3600", "PYTHONPATH": str(ROOT)}
+    fleet_size = max(args.agents, round(max(args.rates or [0]) * PACE_S))
+    ids = [agent_id_for(i, salt) for i in range(fleet_size)]
+    took = provision(env["VM_DB_PATH"], env, ids)
+    print(f"provisioned {fleet_size} agents through the store's write path in {took:.1f} s",
+          flush=True)
+    fleet: list[list[Any]] = [[a, key_for(secret, a).hex(), gpus_of(i), 1, 0.0]
+                              for i, a in enumerate(ids)]
+    servers: list[ServerProcess] = []
+    out: dict[str, Any] = {"agents": fleet_size, "workers": args.workers,
+                           "concurrency": args.concurrency}
+    try:
+        bare = ServerProcess("bare", workdir, env)
+        servers.append(bare)
+        coord = ServerProcess("coordinator", workdir, env)
+        servers.append(coord)
+        http_agents = issue_over_http(coord.url, args.http_agents)
+        fleet = http_agents + fleet
+        out["http_agents"] = len(http_agents)
+        print(f"issued {len(http_agents)} agents through POST /api/agents, hello over HTTP",
+              flush=True)
+        sat = fleet[: args.agents]
+        print(f"saturation, closed loop: {args.workers} generator process(es) x "
+              f"{args.concurrency} in flight, {args.seconds:g} s each, {len(sat)} agents",
+              flush=True)
+        base = drive(bare.url, workdir, sat, mode="closed", workers=args.workers,
+                     duration=args.seconds, concurrency=args.concurrency,
+                     connections=args.concurrency, check_signature=False, server=bare)
+        print(line("bare aiohttp", base), flush=True)
+        # The bare app signs nothing; the coordinator's answers are all checked.
+        real = drive(coord.url, workdir, sat, mode="closed", workers=args.workers,
+                     duration=args.seconds, concurrency=args.concurrency,
+                     connections=args.concurrency, check_signature=True, server=coord)
+        print(line("coordinator", real), flush=True)
+        ratio = real["server_cpu_us_per_req"] / base["server_cpu_us_per_req"]
+        print(f"  ratio: coordinator CPU per heartbeat = {ratio:.2f}x the bare request "
+              f"(target <= 1.5x); throughput {real['per_s'] / base['per_s']:.2f}x", flush=True)
+        out.update(bare=base, coordinator=real, cpu_ratio=ratio)
+        # Later rungs reuse the agents: their seq goes on from where saturation left it.
+        bump = int(real["counts"].get("sent", 0)) + 10
+        for a in fleet:
+            a[3] += bump
+        rungs = []
+        if args.rates:
+            print(f"offered load, open loop: each agent every {PACE_S} s, "
+                  f"{args.rate_seconds:g} s per rung, {args.workers} generator process(es)",
+                  flush=True)
+            for rate in args.rates:
+                rungs.append(offered(coord, bare, workdir, fleet, rate, args))
+                for a in fleet:
+                    a[3] += 10 + 2 * (int(args.rate_seconds / PACE_S) + 1)
+            met = [r for r in rungs if r["met"]]
+            best = max(met, key=lambda r: r["fleet"]) if met else None
+            if best:
+                print(f"largest fleet that met the bar here: {best['fleet']} agents at "
+                      f"{PACE_S} s ({best['offered_per_s']:.0f} hb/s); coordinator "
+                      f"{100 * best['coord_share']:.0f}% of the 2 cores, generators "
+                      f"{100 * best['gen_share']:.0f}%", flush=True)
+            else:
+                print("no rung met the bar here", flush=True)
+            out["largest_fleet_met"] = best["fleet"] if best else 0
+        out["rungs"] = rungs
+        lost = sum(r["counts"].get("lost", 0) for r in [base, real, *rungs])
+        out["lost"] = lost
+        out["refused"] = sum(r["counts"].get("refused", 0) for r in [real, *rungs])
+        out["bad_signatures"] = real["counts"].get("unsigned", 0)
+        print(f"lost heartbeats in the whole run: {lost}; refused {out['refused']}; "
+              f"answers with a bad signature {out['bad_signatures']}", flush=True)
+    finally:
+        for s in reversed(servers):
+            s.stop()
+    out["db_bytes"] = sum(p.stat().st_size for p in workdir.glob("coord.db*"))
+    if not args.keep:
+        for p in sorted(workdir.rglob("*"), reverse=True):
+            if p.is_dir():
+                p.rmdir()
+            else:
+                p.unlink()
+        workdir.rmdir()
+    else:
+        print(f"kept {workdir}")
+    return out
+
+
+def issue_over_http(url: str, n: int) -> list[list[Any]]:
+    """Issue ``n`` agents through POST /api/agents; each says hello and heartbeats once."""
+    import urllib.request
+
+    out: list[list[Any]] = []
+    for i in range(n):
+        req = urllib.request.Request(
+            url + "/api/agents", data=orjson.dumps({"label": f"bench-http-{i}"}), method="POST",
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}",
+                     "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            issued = orjson.loads(resp.read())
+        agent_id, key = issued["agent_id"], bytes.fromhex(issued["agent_key"])
+        gpus = gpus_of(i)
+        for path, payload in (
+            ("/v1/hello", hello_body(agent_id, gpus)),
+            (HEARTBEAT_PATH, heartbeat_body(1, time.time() - 3600, 100,
+                                            telemetry(gpus, random.Random(i)), [])),
+        ):
+            body = orjson.dumps(payload)
+            headers = sign_headers(agent_id, key, body, secrets.token_hex(16))
+            headers["X-VM-Signature"] = sign_path(key, headers, path, body)
+            req = urllib.request.Request(url + path, data=body, method="POST", headers=headers)
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"{path} answered {resp.status}")
+        out.append([agent_id, key.hex(), gpus, 1, 0.0])
+    return out
+
+
+def sign_path(key: bytes, headers: dict[str, str], path: str, body: bytes) -> str:
+    canonical = (f"vm1-req\n{headers['X-VM-Timestamp']}\n{headers['X-VM-Nonce']}\nPOST\n{path}\n"
+                 f"{hashlib.sha256(body).hexdigest()}").encode()
+    return "v1=" + hmac.new(key, canonical, hashlib.sha256).hexdigest()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--role", choices=("run", "coordinator", "bare", "worker"),
+                        default="run", help=argparse.SUPPRESS)
+    parser.add_argument("--ready-file", help=argparse.SUPPRESS)
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true",
+                        help="a seconds-long smoke run (few agents, short windows)")
+    parser.add_argument("--agents", type=int, default=2000,
+                        help="agents in the saturation run (default 2000)")
+    parser.add_argument("--http-agents", type=int, default=20,
+                        help="agents issued through POST /api/agents with hello over HTTP")
+    parser.add_argument("--workers", type=int, default=2, help="load-generator processes")
+    parser.add_argument("--concurrency", type=int, default=32,
+                        help="requests in flight per generator process (saturation)")
+    parser.add_argument("--connections", type=int, default=256,
+                        help="connections per generator process (offered load)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="saturation window")
+    parser.add_argument("--rates", type=float, nargs="*", default=None,
+                        help="offered heartbeats/s, one rung each (default 3333)")
+    parser.add_argument("--ladder", action="store_true",
+                        help="rungs 500 1000 1500 2000 2500 3333 hb/s (fleets 7,500 to 50,000)")
+    parser.add_argument("--rate-seconds", type=float, default=20.0, help="window of each rung")
+    parser.add_argument("--json-out", help="also write the figures as JSON here")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    args = parser.parse_args()
+    if args.role == "coordinator":
+        role_coordinator(args.ready_file)
+        return
+    if args.role == "bare":
+        role_bare(args.ready_file)
+        return
+    if args.role == "worker":
+        role_worker(args.spec)
+        return
+    if args.quick:
+        args.agents, args.http_agents, args.workers = 20, 2, 1
+        args.concurrency, args.seconds, args.rate_seconds = 4, 2.0, 3.0
+        args.rates = args.rates or [20.0]
+    if args.ladder:
+        args.rates = [500.0, 1000.0, 1500.0, 2000.0, 2500.0, 3333.0]
+    if args.rates is None:
+        args.rates = [3333.0]
+    out = main_run(args)
+    if args.json_out:
+        Path(args.json_out).write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+
+
+if __name__ == "__main__":
+    main()

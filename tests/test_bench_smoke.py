@@ -1,0 +1,58 @@
+"""The benchmarks keep working: each runs in its quick mode and prints its figures.
+
+Behaviour only (they run, they report, nothing is lost); never wall-clock speed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(script: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), "--quick", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_ingest_quick(tmp_path: Path) -> None:
+    out_file = tmp_path / "ingest.json"
+    text = _run("ingest.py", "--json-out", str(out_file))
+    assert "bare aiohttp" in text and "coordinator" in text
+    assert "ratio: coordinator CPU per heartbeat" in text
+    assert "largest fleet that met the bar here" in text or "no rung met the bar" in text
+    figures = orjson.loads(out_file.read_bytes())
+    for side in ("bare", "coordinator"):
+        assert figures[side]["accepted"] > 0
+        assert figures[side]["server_cpu_s"] >= 0
+    # Every heartbeat sent was answered 200 and signed by the coordinator.
+    assert figures["lost"] == 0
+    assert figures["refused"] == 0
+    assert figures["bad_signatures"] == 0
+    assert figures["rungs"] and figures["rungs"][0]["counts"]["offered"] > 0
+    assert figures["http_agents"] == 2
+
+
+def test_status_quick(tmp_path: Path) -> None:
+    out_file = tmp_path / "status.json"
+    text = _run("status.py", "--json-out", str(out_file))
+    for name in ("GET /api/instances", "GET /api/host-perf", "rank_offers",
+                 "vast-manager status --json"):
+        assert name in text
+    figures = orjson.loads(out_file.read_bytes())
+    assert figures["instances"] == 50
+    assert "50 rows" in figures["vast-manager status --json"]["note"]
+
+
+def test_storage_quick() -> None:
+    text = _run("storage.py")
+    assert "row counts identical" in text
+    assert "bound from the retention settings" in text
