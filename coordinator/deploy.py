@@ -14,9 +14,9 @@ import asyncio
 import logging
 import secrets
 from dataclasses import dataclass
-from typing import Any
 
 from coordinator import policy
+from coordinator.coerce import as_float
 from coordinator.errors import BadHost, MachineBusy, OfferGone, PriceChanged, ProviderFailed
 from coordinator.providers.base import OfferGone as ProviderOfferGone
 from coordinator.providers.base import Provider, ProviderError
@@ -58,15 +58,6 @@ class Deployed:
     provider_instance_id: int
     agent_id: str
     message: str
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
 
 
 class Deployer:
@@ -117,7 +108,7 @@ class Deployer:
         if busy:
             ids = ", ".join(str(row["id"]) for row in busy)
             raise MachineBusy(f"Machine {machine_id} already runs instance(s) {ids} of ours.")
-        dph_total = _num(offer.get("dph_total"))
+        dph_total = as_float(offer.get("dph_total"))
         ceiling = self.settings.max_deploy_dph_total
         if dph_total is None:
             raise PriceChanged(f"Offer {offer_id} has no price.")

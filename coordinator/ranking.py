@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from statistics import median
 from typing import Any
 
+from coordinator.coerce import as_int, positive
+
 #: Assumed multi-GPU scaling efficiency until the fleet has measured one. The
 #: operator saw 4x RTX 5060 Ti make 38.8/h; scaling below 1 is the rule.
 DEFAULT_SCALING_EFFICIENCY = 0.75
@@ -21,25 +23,6 @@ DEFAULT_SCALING_EFFICIENCY = 0.75
 
 def _gpu_key(name: Any) -> str:
     return " ".join(str(name or "").split()).casefold()
-
-
-def _as_int(value: Any) -> int | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _positive(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) and f > 0 else None
 
 
 def _fmt(x: float) -> str:
@@ -57,12 +40,12 @@ class _Perf:
         self.by_model: dict[tuple[str, int], list[tuple[int, float]]] = {}
         self.machines: set[int] = set()
         for row in rows:
-            machine = _as_int(row.get("machine_id"))
-            n = _as_int(row.get("num_gpus"))
-            rate = _positive(row.get("median_rate_per_hour"))
+            machine = as_int(row.get("machine_id"))
+            n = as_int(row.get("num_gpus"))
+            rate = positive(row.get("median_rate_per_hour"))
             if machine is None or n is None or n < 1 or rate is None:
                 continue
-            samples = _as_int(row.get("samples")) or 0
+            samples = as_int(row.get("samples")) or 0
             self.machines.add(machine)
             self.by_machine[(machine, _gpu_key(row.get("gpu_name")), n)] = (rate, samples)
         for (machine, gpu, n), (rate, _) in self.by_machine.items():
@@ -79,10 +62,10 @@ def predict(
     offer: Mapping[str, Any], perf: _Perf, scaling_efficiency: float | None
 ) -> tuple[float | None, str]:
     """The predicted proofs/hour of one offer and a short human basis for it."""
-    machine = _as_int(offer.get("machine_id"))
+    machine = as_int(offer.get("machine_id"))
     gpu_name = str(offer.get("gpu_name") or "?")
     gpu = _gpu_key(gpu_name)
-    n = _as_int(offer.get("num_gpus")) or 1
+    n = as_int(offer.get("num_gpus")) or 1
 
     own = perf.by_machine.get((machine, gpu, n)) if machine is not None else None
     if own is not None:
@@ -139,9 +122,9 @@ def rank_offers(
     ranked: list[dict[str, Any]] = []
     for offer in offers:
         out = dict(offer)
-        machine = _as_int(offer.get("machine_id"))
+        machine = as_int(offer.get("machine_id"))
         rate, basis = predict(offer, perf, scaling_efficiency)
-        dph = _positive(offer.get("dph_total"))
+        dph = positive(offer.get("dph_total"))
         out["bad_host"] = machine is not None and str(machine) in bad
         out["known"] = machine is not None and machine in perf.machines
         out["predicted_rate_per_hour"] = round(rate, 3) if rate is not None else None
@@ -153,7 +136,7 @@ def rank_offers(
 
     def sort_key(o: dict[str, Any]) -> tuple[bool, bool, float, float]:
         usd = o["predicted_usd_per_proof"]
-        dph = _positive(o.get("dph_total"))
+        dph = positive(o.get("dph_total"))
         return (
             bool(o["bad_host"]),
             usd is None,

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from coordinator.coerce import as_float, as_int
+
 ActionKind = Literal["destroy_leaked", "destroy_exited", "mark_vanished"]
 
 #: vast.ai ``actual_status`` values after which an instance will not come back
@@ -47,24 +49,6 @@ def parse_label(label: Any) -> tuple[str, str] | None:
     return (m.group(1), m.group(2)) if m else None
 
 
-def _as_int(value: Any) -> int | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _as_float(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def plan(
     provider_instances: list[dict[str, Any]],
     our_instances: list[dict[str, Any]],
@@ -88,7 +72,7 @@ def plan(
     ours_by_id: dict[int, Mapping[str, Any]] = {}
     recorded_by_agent: dict[str, set[int]] = {}
     for row in our_instances:
-        iid = _as_int(
+        iid = as_int(
             row["provider_instance_id"] if "provider_instance_id" in row else row.get("instance_id")
         )
         agent = row.get("agent_id")
@@ -100,7 +84,7 @@ def plan(
     actions: list[Action] = []
     listed: set[int] = set()
     for inst in provider_instances:
-        iid = _as_int(inst.get("id"))
+        iid = as_int(inst.get("id"))
         if iid is None:
             continue
         listed.add(iid)
@@ -114,7 +98,7 @@ def plan(
                 Action("destroy_exited", iid, f"vast.ai status {status} (agent {agent_id})")
             )
             continue
-        start = _as_float(inst.get("start_date"))
+        start = as_float(inst.get("start_date"))
         aged = start is not None and now - start >= grace_s
         age = f"{now - start:.0f} s old" if start is not None else "age unknown"
         record = ours_by_id.get(iid)
@@ -148,7 +132,7 @@ def plan(
     for iid, rec in ours_by_id.items():
         if iid in listed or rec.get("state") in NO_VANISH_STATES:
             continue
-        created = _as_float(rec.get("created_at"))
+        created = as_float(rec.get("created_at"))
         if created is not None and now - created < grace_s:
             continue  # just created: vast.ai's list may not show it yet
         actions.append(
