@@ -22,6 +22,10 @@ from coordinator.store import Row, Store, Tx
 
 log = logging.getLogger(__name__)
 
+#: Reconciliation rounds in a row an instance must be missing from the provider's
+#: list before it is marked vanished.
+VANISHED_AFTER_ROUNDS = 2
+
 
 class HeartbeatTracker:
     """Last-seen times per instance; an instance silent for longer than the TTL expires."""
@@ -65,6 +69,7 @@ class Monitor:
     ) -> None:
         self.settings = settings
         self.store = store
+        self._missing_rounds: dict[int, int] = {}
         self.provider = provider
         self.clock = clock
         self.tracker = tracker
@@ -127,6 +132,8 @@ class Monitor:
             return []
         ttl = self.tracker.ttl_s
 
+        spoke: list[tuple[int, float]] = []
+
         def job(tx: Tx) -> list[int]:
             lost = []
             for instance_id in expired:
@@ -135,7 +142,10 @@ class Monitor:
                     continue
                 seen = inst["last_seen"]
                 if seen is not None and now - float(seen) <= ttl:
-                    continue  # spoke meanwhile (e.g. seeded before its last heartbeat landed)
+                    # Spoke meanwhile (a log batch, a result): keep watching it, or
+                    # it would never be found silent again.
+                    spoke.append((instance_id, float(seen)))
+                    continue
                 silent = "never heard" if seen is None else f"silent for {now - float(seen):.0f} s"
                 tx.update_instance(instance_id, state="lost", state_since=now, updated_at=now)
                 tx.insert_event(
@@ -146,7 +156,10 @@ class Monitor:
                 lost.append(instance_id)
             return lost
 
-        return await self.store.write(job)
+        lost = await self.store.write(job)
+        for instance_id, seen in spoke:
+            self.tracker.touch(instance_id, seen)
+        return lost
 
     async def enforce_timeouts(self, now: float) -> list[int]:
         """Terminate instances that overstayed a phase (DESIGN 5 timeouts)."""
@@ -300,6 +313,17 @@ class Monitor:
             provider_instances, ours, self.settings.fleet_id, known, now,
             self.settings.unowned_grace_s,
         )
+        # One list that misses an instance (a provider hiccup) must not end a
+        # healthy instance: mark vanished only after consecutive rounds agree.
+        missing = {int(a.instance_id) for a in actions if a.kind == "mark_vanished"}
+        self._missing_rounds = {
+            pid: self._missing_rounds.get(pid, 0) + 1 for pid in missing
+        }
+        actions = [
+            a for a in actions
+            if a.kind != "mark_vanished"
+            or self._missing_rounds[int(a.instance_id)] >= VANISHED_AFTER_ROUNDS
+        ]
         for action in actions:
             try:
                 await self._apply(action, by_pid.get(int(action.instance_id)), now)

@@ -27,7 +27,8 @@ ActionKind = Literal["destroy_leaked", "destroy_exited", "mark_vanished"]
 #: by itself; it still bills storage until destroyed.
 DEAD_STATUSES = frozenset({"exited", "offline"})
 #: Our states in which the provider's instance is meant to be gone.
-GONE_STATES = frozenset({"destroyed", "failed"})
+#: A vanished instance listed again is destroyed: its agent was told to stop.
+GONE_STATES = frozenset({"destroyed", "failed", "vanished"})
 #: Our states for which a missing provider instance is no news.
 NO_VANISH_STATES = frozenset({"destroyed", "vanished"})
 

@@ -176,7 +176,9 @@ class VastClient:
         seen_tokens: set[str] = set()
         for _ in range(_MAX_LIST_PAGES):
             body = await self._request("GET", "/api/v1/instances/", params=params)
-            page = body.get("instances") or []
+            # A 200 without an instances list is a broken answer, never "no
+            # instances": read as empty, it would mark the whole fleet vanished.
+            page = body.get("instances") if isinstance(body, dict) else None
             if not isinstance(page, list):
                 raise ProviderError("vast.ai instance list answered without an instances list")
             rows.extend(r for r in page if isinstance(r, dict))

@@ -292,7 +292,12 @@ def steady_state_rate_per_hour(
     if total < capacity - (concurrency - 1) * max(proof_seconds) - slack:
         return None
     later = proof_seconds[concurrency:]
-    return concurrency * 3600.0 * len(later) / math.fsum(later)
+    steady = concurrency * 3600.0 * len(later) / math.fsum(later)
+    # A host controls the split of its slot time between the first round and the
+    # rest ([999, 999, 1, 1] adds up yet reads 7200/h). Only the idle tail is a
+    # real reason to read above the batch rate, and it idles at most J - 1 slots.
+    batch = n * 3600.0 / wall_seconds
+    return min(steady, batch * n / (n - (concurrency - 1)))
 
 
 def _z(minimum: float, estimate: float, sigma: float, n: int) -> float:

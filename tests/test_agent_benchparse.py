@@ -134,7 +134,12 @@ def test_summary_disagreeing_with_lines_is_a_warning() -> None:
 
 
 def test_noise_lines_are_ignored_and_ascii_dash_accepted() -> None:
-    assert parse_proof_line("  [3/4] COMPLETED - 10.5s (prove=1 ms, queue=2 ms)") is not None
-    text = "INFO connecting to daemon\n" + FULL.replace("[1/12] COMPLETED", "[1/12] COMPLETED")
+    line = parse_proof_line("  [3/4] COMPLETED - 10.5s (prove=1 ms, queue=2 ms)")
+    assert line is not None
+    assert (line.index, line.count, line.completed) == (3, 4, True)
+    assert (line.wall_seconds, line.prove_ms, line.queue_ms) == (10.5, 1.0, 2.0)
+    ascii_full = FULL.replace(f"COMPLETED {EM}", "COMPLETED -").replace(f"FAILED {EM}", "FAILED -")
+    assert EM not in ascii_full
+    text = "INFO connecting to daemon\n" + ascii_full
     assert parse_bench_output(text).completed == 11
     assert parse_proof_line("  [x/4] COMPLETED") is None

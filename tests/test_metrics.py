@@ -9,13 +9,9 @@ from typing import Any
 
 import pytest
 from coord_support import ADMIN, ADMIN_TOKEN, Harness, hello_msg, start, telemetry_msg
+from prometheus_client import parser  # a test dependency: never skip these silently
 
 from coordinator.metrics import escape_label_value
-
-parser = pytest.importorskip(
-    "prometheus_client.parser",
-    reason="prometheus_client is a test dependency: pip install -e '.[test]'",
-)
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE_GPU = 'RTX "4090" \\ {evil="1"}\nnext line'

@@ -261,3 +261,16 @@ def test_nonce_memory_refuses_timestamps_before_restart() -> None:
     mem = NonceMemory(not_before=10_000)
     assert mem.check_and_remember(AGENT, "a" * 32, 10_000, 10_000.5) is NonceVerdict.STALE
     assert mem.check_and_remember(AGENT, "a" * 32, 10_001, 10_001.0) is NonceVerdict.OK
+
+
+def test_frozen_vectors_pin_the_wire_bytes() -> None:
+    """Literal answers, written down once from DESIGN 3.2-3.4 and never recomputed: a
+    change to the canonical strings breaks every deployed agent, and must break this."""
+    key = signing.derive_agent_key(SECRET, AGENT)
+    assert key.hex() == "90feb8a428ee80c2e0001c0be76292fded66b4853143b2905716ec4b1896e2f4"
+    assert signing.sign_request(
+        key, "1764460000", "ab" * 16, "POST", "/v1/heartbeat", b'{"seq":1}'
+    ) == "v1=fc1f5c220f2b884a5e14cf866c9241b8312076a7746a46df318ec8bfb243cb31"
+    assert signing.sign_response(
+        b"k" * 32, "ef" * 16, 200, b'{"action":"continue"}'
+    ) == "v1=fc488500dd3cc134c28765284e1e2277bc13e9371228de7ab0d27dbc5af5ec3f"

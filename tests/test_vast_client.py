@@ -387,3 +387,13 @@ def test_discover_api_key_skips_empty_files(tmp_path: Path) -> None:
     (cfg / "vast_api_key").write_text("\n")
     (tmp_path / ".vast_api_key").write_text("legacy")
     assert discover_api_key({}, tmp_path) == "legacy"
+
+
+async def test_instance_list_without_instances_is_an_error_not_empty(
+    client: VastClient,
+) -> None:
+    """Read as 'no instances', a broken 200 would mark the whole fleet vanished."""
+    with aioresponses() as m:
+        m.get(re.compile(rf"{re.escape(BASE)}/api/v1/instances/.*"), payload={"success": True})
+        with pytest.raises(ProviderError, match="instances"):
+            await client.list_instances()

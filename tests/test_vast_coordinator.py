@@ -144,6 +144,11 @@ async def test_vanished_instance_is_marked(env: Env) -> None:
     env.clock.advance(601)
     assert (await agent.heartbeat("proving"))[0] == 200
     await env.tick()
+    # One list that misses it may be a hiccup: a healthy instance is not ended on it.
+    assert env.row(d["instance_id"])["state"] == "proving"
+    env.clock.advance(60)
+    assert (await agent.heartbeat("proving"))[0] == 200
+    await env.tick()
     row = env.row(d["instance_id"])
     assert row["state"] == "vanished" and "no longer listed" in row["terminate_reason"]
     assert env.fake.calls("DELETE") == []
@@ -350,3 +355,20 @@ async def test_offers_ranked_with_each_prediction_basis(env: Env) -> None:
 
     # Best predicted $/proof first, then the unknowns, bad hosts last.
     assert [r["id"] for r in rows] == [9201, 9202, 9203, 9204, 9205]
+
+
+async def test_vanished_instance_listed_again_is_destroyed(env: Env) -> None:
+    d = await env.deployed(9103)
+    vid = d["provider_instance_id"]
+    agent = env.h.agent(d["agent_id"])
+    assert (await agent.hello())[0] == 200
+    hidden = env.fake.instances.pop(vid)
+    env.clock.advance(601)
+    await env.tick()
+    env.clock.advance(60)
+    await env.tick()
+    assert env.row(d["instance_id"])["state"] == "vanished"
+    env.fake.instances[vid] = hidden  # it was there after all: it bills, nobody watches
+    env.clock.advance(60)
+    await env.tick()
+    assert env.fake.destroys_of(vid), "a vanished instance listed again must be destroyed"

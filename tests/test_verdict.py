@@ -273,3 +273,11 @@ def test_steady_state_rate_is_refused_when_the_proof_times_do_not_fill_the_slots
     proofs: list[float], concurrency: int, wall: float, failed: int, why: str
 ) -> None:
     assert steady_state_rate_per_hour(proofs, concurrency, wall, proofs_failed=failed) is None, why
+
+
+def test_steady_state_rate_cannot_be_inflated_by_the_order_of_proof_times() -> None:
+    """[999, 999, 1, 1] adds up on 2 slots over 1000 s, yet dropping the first round
+    would read 7200/h; the idle tail explains at most n / (n - (J - 1)) of the batch rate."""
+    batch = 4 * 3600.0 / 1000.0  # 14.4/h
+    got = steady_state_rate_per_hour([999.0, 999.0, 1.0, 1.0], 2, 1000.0)
+    assert got == pytest.approx(batch * 4 / 3)  # 19.2/h, not 7200/h
