@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import hashlib
 import logging
 import queue
 import sqlite3
@@ -496,6 +497,28 @@ class Reads:
 
     def scaling(self) -> list[Row]:
         return _rows(self._conn, "select * from scaling order by id")
+
+    def content_digest(self) -> str:
+        """SHA-256 over every row of every table (tests use it to prove a rejected
+        request changed nothing: row counts alone miss an UPDATE).
+
+        The latest-telemetry gauge is taken as table and memory together, so a
+        background flush never shows as a change."""
+        digest = hashlib.sha256()
+        for table in TABLES:
+            if table == "telemetry":
+                continue
+            for row in self._conn.execute(f"select * from [{table}] order by rowid"):
+                digest.update(repr((table, tuple(row))).encode())
+        latest = {
+            int(r[0]): tuple(r)
+            for r in self._conn.execute("select * from telemetry order by rowid")
+        }
+        for layer in self._telemetry_layers():
+            latest.update({k: ("held", *v) for k, v in list(layer.items())})
+        for key in sorted(latest):
+            digest.update(repr(("telemetry", key, latest[key])).encode())
+        return digest.hexdigest()
 
     def count_rows(self) -> dict[str, int]:
         """Rows per table (tests use it to prove a rejected request wrote nothing).

@@ -93,6 +93,17 @@ async def test_fleet_secret_rotation_old_keys_still_verify(
 # --- rejected requests write nothing -------------------------------------------------------
 
 
+async def test_content_digest_sees_an_update_that_row_counts_miss(h: Harness) -> None:
+    """The 'writes nothing' checks below compare a digest of every row, not just counts:
+    an accepted heartbeat only updates rows, and the digest must see it."""
+    agent = await hello_agent(h)
+    counts, digest = h.store.count_rows(), h.store.content_digest()
+    h.clock.advance(5)
+    assert (await agent.heartbeat("fetching_params"))[0] == 200
+    assert h.store.content_digest() != digest
+    assert h.store.count_rows()["instances"] == counts["instances"]
+
+
 async def test_replayed_nonce_is_409_and_writes_nothing(h: Harness) -> None:
     agent = await hello_agent(h)
     body = orjson.dumps(
@@ -109,17 +120,17 @@ async def test_replayed_nonce_is_409_and_writes_nothing(h: Harness) -> None:
     nonce = secrets.token_hex(16)
     status, _, _ = await agent.post_raw("/v1/heartbeat", body, nonce=nonce)
     assert status == 200
-    before = h.store.count_rows()
+    before = h.store.count_rows(), h.store.content_digest()
     status, data, (resp, raw, _) = await agent.post_raw("/v1/heartbeat", body, nonce=nonce)
     assert status == 409
     assert data["error"] == "replayed_nonce"
     assert resp.headers["X-VM-Signature"] == response_signature(agent.key, nonce, 409, raw)
-    assert h.store.count_rows() == before
+    assert (h.store.count_rows(), h.store.content_digest()) == before
 
 
 async def test_stale_timestamp_is_401_and_writes_nothing(h: Harness) -> None:
     agent = await hello_agent(h)
-    before = h.store.count_rows()
+    before = h.store.count_rows(), h.store.content_digest()
     h.clock.advance(1000)
     status, data, (resp, _, _) = await agent.post_raw(
         "/v1/hello", orjson.dumps(hello_msg("boot-2")), ts=int(h.clock()) - 301
@@ -127,24 +138,24 @@ async def test_stale_timestamp_is_401_and_writes_nothing(h: Harness) -> None:
     assert status == 401
     assert data["error"] == "stale_timestamp"
     assert resp.headers["X-VM-Server-Time"] == str(int(h.clock()))
-    assert h.store.count_rows() == before
+    assert (h.store.count_rows(), h.store.content_digest()) == before
 
 
 async def test_timestamp_before_process_start_is_refused(h: Harness) -> None:
     agent = await h.issue()
-    before = h.store.count_rows()
+    before = h.store.count_rows(), h.store.content_digest()
     status, data, _ = await agent.post_raw(
         "/v1/hello", orjson.dumps(hello_msg()), ts=int(h.clock()) - 1
     )
     assert (status, data["error"]) == (401, "stale_timestamp")
-    assert h.store.count_rows() == before
+    assert (h.store.count_rows(), h.store.content_digest()) == before
 
 
 async def test_another_agents_key_is_401_and_writes_nothing(h: Harness) -> None:
     victim = await hello_agent(h, "victim")
     other = await h.issue("attacker")
     impostor = h.agent(victim.agent_id, other.key)
-    before = h.store.count_rows()
+    before = h.store.count_rows(), h.store.content_digest()
     status, data, (resp, _, _) = await impostor.post_raw(
         "/v1/result", orjson.dumps(result_msg("r1"))
     )
@@ -152,37 +163,37 @@ async def test_another_agents_key_is_401_and_writes_nothing(h: Harness) -> None:
     assert data["error"] == "bad_signature"
     assert "X-VM-Signature" not in resp.headers
     assert "X-VM-Server-Time" in resp.headers
-    assert h.store.count_rows() == before
+    assert (h.store.count_rows(), h.store.content_digest()) == before
 
 
 async def test_unknown_agent_and_missing_headers_are_401(h: Harness) -> None:
-    before = h.store.count_rows()
+    before = h.store.count_rows(), h.store.content_digest()
     ghost = h.agent(mint_agent_id())
     status, data = await ghost.post("/v1/hello", hello_msg())
     assert (status, data["error"]) == (401, "unknown_agent")
     resp = await h.client.post("/v1/hello", data=orjson.dumps(hello_msg()))
     assert resp.status == 401
     assert (await resp.json())["error"] in ("unknown_agent", "bad_signature")
-    assert h.store.count_rows() == before
+    assert (h.store.count_rows(), h.store.content_digest()) == before
 
 
 async def test_body_over_one_mib_is_413_and_writes_nothing(h: Harness) -> None:
     agent = await hello_agent(h)
-    before = h.store.count_rows()
+    before = h.store.count_rows(), h.store.content_digest()
     big = b'{"lines": [' + b" " * (1024 * 1024) + b"]}"
     status, data, _ = await agent.post_raw("/v1/logs", big)
     assert (status, data["error"]) == (413, "body_too_large")
-    assert h.store.count_rows() == before
+    assert (h.store.count_rows(), h.store.content_digest()) == before
 
 
 async def test_malformed_json_is_400_and_writes_nothing(h: Harness) -> None:
     agent = await hello_agent(h)
-    before = h.store.count_rows()
+    before = h.store.count_rows(), h.store.content_digest()
     status, data, (resp, raw, nonce) = await agent.post_raw("/v1/heartbeat", b'{"seq": 1,')
     assert status == 400
     assert data["error"] == "malformed_json"
     assert resp.headers["X-VM-Signature"] == response_signature(agent.key, nonce, 400, raw)
-    assert h.store.count_rows() == before
+    assert (h.store.count_rows(), h.store.content_digest()) == before
 
 
 @pytest.mark.parametrize(
@@ -215,22 +226,22 @@ async def test_wrong_field_type_is_400_naming_the_field(
     }
     msg = messages[path]
     mutate(msg)
-    before = h.store.count_rows()
+    before = h.store.count_rows(), h.store.content_digest()
     status, data = await agent.post(path, msg)
     assert status == 400
     assert data["field"] == field
     assert field in data["message"]
-    assert h.store.count_rows() == before
+    assert (h.store.count_rows(), h.store.content_digest()) == before
 
 
 async def test_unsupported_protocol_is_400(h: Harness) -> None:
     agent = await h.issue()
     msg = hello_msg()
     msg["protocol"] = 2
-    before = h.store.count_rows()
+    before = h.store.count_rows(), h.store.content_digest()
     status, data = await agent.post("/v1/hello", msg)
     assert (status, data["error"]) == (400, "unsupported_protocol")
-    assert h.store.count_rows() == before
+    assert (h.store.count_rows(), h.store.content_digest()) == before
 
 
 async def test_nonce_budget_full_is_429(aiohttp_client: Any, tmp_path: Path) -> None:
@@ -238,18 +249,18 @@ async def test_nonce_budget_full_is_429(aiohttp_client: Any, tmp_path: Path) -> 
     agent = await h.issue()
     assert (await agent.hello())[0] == 200
     assert (await agent.heartbeat("booting"))[0] == 200
-    before = h.store.count_rows()
+    before = h.store.count_rows(), h.store.content_digest()
     status, data = await agent.heartbeat("booting")
     assert (status, data["error"]) == (429, "too_many_requests")
-    assert h.store.count_rows() == before
+    assert (h.store.count_rows(), h.store.content_digest()) == before
 
 
 async def test_heartbeat_before_hello_is_refused_without_writing(h: Harness) -> None:
     agent = await h.issue()
-    before = h.store.count_rows()
+    before = h.store.count_rows(), h.store.content_digest()
     status, data = await agent.heartbeat("booting")
     assert (status, data["error"]) == (409, "hello_required")
-    assert h.store.count_rows() == before
+    assert (h.store.count_rows(), h.store.content_digest()) == before
 
 
 # --- results --------------------------------------------------------------------------------
@@ -434,10 +445,10 @@ async def test_revoked_agent_gets_401(h: Harness) -> None:
     agent = await hello_agent(h)
     status, _ = await h.admin("POST", f"/api/agents/{agent.agent_id}/revoke")
     assert status == 200
-    before = h.store.count_rows()
+    before = h.store.count_rows(), h.store.content_digest()
     status, data = await agent.heartbeat("proving")
     assert (status, data["error"]) == (401, "unknown_agent")
-    assert h.store.count_rows() == before
+    assert (h.store.count_rows(), h.store.content_digest()) == before
 
 
 async def test_old_heartbeat_does_not_move_phase_back(h: Harness) -> None:
@@ -510,10 +521,10 @@ async def test_logs_are_stored_bounded_and_filtered(aiohttp_client: Any, tmp_pat
 async def test_too_many_log_lines_is_400(h: Harness) -> None:
     agent = await hello_agent(h)
     lines = [{"ts": 1.0, "source": "a", "text": "x"}] * 1001
-    before = h.store.count_rows()
+    before = h.store.count_rows(), h.store.content_digest()
     status, data = await agent.post("/v1/logs", {"lines": lines})
     assert (status, data["field"]) == (400, "lines")
-    assert h.store.count_rows() == before
+    assert (h.store.count_rows(), h.store.content_digest()) == before
 
 
 # --- operator API --------------------------------------------------------------------------------
@@ -537,15 +548,15 @@ async def test_agent_signature_does_not_grant_admin(h: Harness) -> None:
     headers = agent.headers("/api/instances", b"")
     resp = await h.client.get("/api/instances", headers=headers)
     assert resp.status == 401
-    before = h.store.count_rows()
+    before = h.store.count_rows(), h.store.content_digest()
     body = orjson.dumps({"label": "sneaky"})
     resp = await h.client.post("/api/agents", data=body, headers=agent.headers("/api/agents", body))
     assert resp.status == 401
-    assert h.store.count_rows() == before
+    assert (h.store.count_rows(), h.store.content_digest()) == before
 
 
 async def test_operator_bad_input_is_400_and_writes_nothing(h: Harness) -> None:
-    before = h.store.count_rows()
+    before = h.store.count_rows(), h.store.content_digest()
     cases: list[tuple[str, str, Any, str | None]] = [
         ("POST", "/api/agents", {"label": 5}, "label"),
         ("POST", "/api/agents", {"label": "x", "min_rate_per_hour": "fast"}, "min_rate_per_hour"),
@@ -561,7 +572,7 @@ async def test_operator_bad_input_is_400_and_writes_nothing(h: Harness) -> None:
     resp = await h.client.post("/api/agents", data=b"{nope", headers=ADMIN)
     assert resp.status == 400
     assert (await resp.json())["error"] == "invalid_field"
-    assert h.store.count_rows() == before
+    assert (h.store.count_rows(), h.store.content_digest()) == before
 
 
 async def test_unknown_things_are_404_and_wrong_methods_405(h: Harness) -> None:
