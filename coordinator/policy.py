@@ -285,6 +285,9 @@ def phase_timeout_s(state: str | None, limits: PolicyLimits) -> float | None:
     """How long an instance may stay in a state before it is terminated (None: no limit)."""
     return {
         "deploying": limits.no_hello_timeout_s,
+        # Booting only lasts until the agent starts its fetch; a host that keeps
+        # heartbeating "booting" must not bill forever.
+        "booting": limits.no_hello_timeout_s,
         "fetching_params": limits.params_timeout_s,
         "warming": limits.warmup_timeout_s,
         "benchmarking": limits.benchmark_timeout_s,
@@ -308,6 +311,7 @@ def timed_out(instance: Mapping[str, Any], now: float, limits: PolicyLimits) -> 
         return None
     what = {
         "deploying": "no hello",
+        "booting": "boot",
         "fetching_params": "parameter fetch",
         "warming": "warm-up",
         "benchmarking": "benchmark",

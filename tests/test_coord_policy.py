@@ -130,7 +130,13 @@ def test_directive_for_states() -> None:
 
 @pytest.mark.parametrize(
     ("state", "limit"),
-    [("deploying", 900), ("fetching_params", 5400), ("warming", 1200), ("benchmarking", 2700)],
+    [
+        ("deploying", 900),
+        ("booting", 900),
+        ("fetching_params", 5400),
+        ("warming", 1200),
+        ("benchmarking", 2700),
+    ],
 )
 def test_phase_timeouts(state: str, limit: float) -> None:
     inst = {"state": state, "state_since": 1000.0}
