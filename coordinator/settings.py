@@ -72,7 +72,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("fleet_id", None, "fleet id in vast.ai labels; unset: derived from the newest secret"),
     Setting("max_usd_per_proof", 0.008, "minimum rate = dph_total / this, unless set at deploy"),
     Setting("next_heartbeat_s", 15, "heartbeat pace the coordinator asks of agents, seconds"),
-    Setting("no_hello_timeout_s", 900.0, "deployed instance without hello, or an agent stuck in booting: destroyed after (seconds)"),
+    Setting(
+        "no_hello_timeout_s",
+        900.0,
+        "deployed instance without hello, or an agent stuck in booting: destroyed after (seconds)",
+    ),
     Setting("params_timeout_s", 5400.0, "longest parameter fetch (fetching_params), seconds"),
     Setting("warmup_timeout_s", 1200.0, "longest warm-up (warming), seconds"),
     Setting("benchmark_timeout_s", 2700.0, "longest benchmark run (benchmarking), seconds"),
