@@ -167,7 +167,9 @@ class Monitor:
             (inst, reason)
             # The columns timed_out and the job read: this scan runs on the event loop,
             # and every column of 50,000 instances held it for half a second.
-            for inst in self.store.active_instances(("id", "state", "state_since"))
+            for inst in self.store.active_instances(
+                ("id", "state", "state_since", "created_at", "rate_per_hour")
+            )
             if inst["state"] not in policy.STICKY_STATES
             and (reason := policy.timed_out(inst, now, self.limits)) is not None
         ]

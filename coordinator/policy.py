@@ -295,6 +295,19 @@ def phase_timeout_s(state: str | None, limits: PolicyLimits) -> float | None:
     }.get(state or "")
 
 
+FIRST_BENCHMARK_STATES = frozenset({"booting", "fetching_params", "warming", "benchmarking"})
+
+
+def first_benchmark_budget_s(limits: PolicyLimits) -> float:
+    """Deploy to first benchmark result: every phase's limit, two benchmark runs."""
+    return (
+        limits.no_hello_timeout_s
+        + limits.params_timeout_s
+        + limits.warmup_timeout_s
+        + 2 * limits.benchmark_timeout_s
+    )
+
+
 def timed_out(instance: Mapping[str, Any], now: float, limits: PolicyLimits) -> str | None:
     """The reason an instance overstayed its state, or None.
 
@@ -302,6 +315,21 @@ def timed_out(instance: Mapping[str, Any], now: float, limits: PolicyLimits) -> 
     state begin (``state_since``), never from the host's ``phase_started_at``.
     """
     state = instance.get("state")
+    created = instance.get("created_at")
+    if (
+        state in FIRST_BENCHMARK_STATES
+        and instance.get("rate_per_hour") is None
+        and created is not None
+    ):
+        # Each phase limit restarts when the phase changes; a host that flaps
+        # between phases must still produce its first benchmark within the sum.
+        budget = first_benchmark_budget_s(limits)
+        total = now - float(created)
+        if total > budget:
+            return (
+                f"timeout: no benchmark result {total:.0f} s after deploy, "
+                f"limit {budget:.0f} s for all phases together"
+            )
     limit = phase_timeout_s(state, limits)
     since = instance.get("state_since")
     if limit is None or since is None:

@@ -146,6 +146,18 @@ def test_phase_timeouts(state: str, limit: float) -> None:
     assert policy.timed_out({"state": "proving", "state_since": 0.0}, 1e9, LIMITS) is None
 
 
+def test_flapping_between_phases_does_not_dodge_the_overall_budget() -> None:
+    budget = 900 + 5400 + 1200 + 2 * 2700
+    inst = {"state": "warming", "state_since": budget - 100.0, "created_at": 0.0,
+            "rate_per_hour": None}
+    # The current phase began just now, yet the first result is overdue.
+    assert policy.timed_out(inst, budget, LIMITS) is None
+    reason = policy.timed_out(inst, budget + 1, LIMITS)
+    assert reason is not None and f"limit {budget}" in reason
+    # Once a benchmark result is in, a later re-benchmark has only its own limit.
+    assert policy.timed_out({**inst, "rate_per_hour": 60.0}, budget + 1, LIMITS) is None
+
+
 # --- settings ------------------------------------------------------------------------------
 
 
