@@ -33,13 +33,14 @@ from coordinator.auth import (
     VerifiedAgent,
     sign_response,
 )
-from coordinator.dashboard import Refusal, authorize_operator, setup_dashboard
+from coordinator.dashboard import authorize_operator, setup_dashboard
 from coordinator.deploy import Deployer, mint_agent_id
 from coordinator.errors import (
     CoordinatorError,
     InstanceGone,
     InvalidInput,
     NotFound,
+    Refusal,
     error_body,
     http_status,
 )
@@ -106,27 +107,14 @@ _HTTP_CODES = {
 BODY_READ_TIMEOUT_S = 60.0
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
-class BodyIncomplete(Exception):
-    """The body did not arrive whole: too slow (408) or the connection dropped (400)."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-
-    def to_body(self) -> dict[str, str]:
-        return {"error": self.code, "message": self.message}
+def _too_large() -> Refusal:
+    return Refusal(413, "body_too_large", f"The body is larger than {MAX_BODY_BYTES} bytes.")
 
 
 async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> bytes:
     """The exact request bytes, refusing more than ``limit`` before reading them all."""
     if request.content_length is not None and request.content_length > limit:
-        raise BodyTooLarge
+        raise _too_large()
     chunks: list[bytes] = []
     size = 0
     try:
@@ -137,14 +125,14 @@ async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> bytes:
                     break
                 size += len(chunk)
                 if size > limit:
-                    raise BodyTooLarge
+                    raise _too_large()
                 chunks.append(chunk)
     except TimeoutError:
-        raise BodyIncomplete(408, "request_timeout",
+        raise Refusal(408, "request_timeout",
                              f"The body did not arrive within {BODY_READ_TIMEOUT_S:g} s.") from None
     except ConnectionError:
         # The client went away mid-body: nobody reads this answer, and nothing is written.
-        raise BodyIncomplete(400, "incomplete_body", "The connection closed mid-body.") from None
+        raise Refusal(400, "incomplete_body", "The connection closed mid-body.") from None
     return b"".join(chunks)
 
 
@@ -211,13 +199,7 @@ def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Re
         nonce = request.headers.get(signing.HEADER_NONCE, "")
         try:
             body = await read_body(request)
-        except BodyTooLarge:
-            return _agent_answer(
-                core, 413, {"error": "body_too_large",
-                            "message": f"The body is larger than {MAX_BODY_BYTES} bytes."},
-                None, nonce,
-            )
-        except BodyIncomplete as err:
+        except Refusal as err:
             return _agent_answer(core, err.status, err.to_body(), None, nonce)
         try:
             agent = core.auth.verify(
@@ -288,10 +270,7 @@ async def _logs(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, Any
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:
-    try:
-        raw = await read_body(request)
-    except BodyTooLarge:
-        raise _TooLarge from None
+    raw = await read_body(request)
     if not raw.strip():
         return {}
     try:
@@ -301,10 +280,6 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidInput("The body must be a JSON object.", field="body")
     return value
-
-
-class _TooLarge(Exception):
-    pass
 
 
 def _number(body: dict[str, Any], name: str, *, positive: bool = True) -> float | None:
@@ -378,10 +353,7 @@ def operator_endpoint(
         core = request.app[CORE]
         try:
             payload = await fn(core, request)
-        except _TooLarge:
-            return error_response(413, "body_too_large",
-                                  f"The body is larger than {MAX_BODY_BYTES} bytes.")
-        except BodyIncomplete as err:
+        except Refusal as err:
             return error_response(err.status, err.code, err.message)
         except (CoordinatorError, ProviderError) as err:
             return json_response(error_body(err), http_status(err))

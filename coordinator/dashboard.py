@@ -22,6 +22,7 @@ import orjson
 from aiohttp import web
 
 from coordinator.auth import admin_authorized
+from coordinator.errors import Refusal
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 COOKIE_NAME = "vm_session"
@@ -99,16 +100,6 @@ class SessionStore:
 
 SESSIONS = web.AppKey("sessions", SessionStore)
 ADMIN_TOKEN = web.AppKey("dashboard_admin_token", str)
-
-
-class Refusal(Exception):
-    """An operator request refused before its handler: status, code, message."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
 
 
 def authorize_operator(request: web.Request, admin_token: str) -> None:

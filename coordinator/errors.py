@@ -32,6 +32,20 @@ class CoordinatorError(Exception):
         return body
 
 
+class Refusal(Exception):
+    """A request refused at the HTTP layer with its own status, before any handler
+    runs: a body too large, too slow or cut off; a missing login; a failed CSRF check."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+    def to_body(self) -> dict[str, str]:
+        return {"error": self.code, "message": self.message}
+
+
 class InvalidInput(CoordinatorError):
     """A request body or parameter that is not what the endpoint takes."""
 

@@ -39,11 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import orjson
 import psutil
 from aiohttp import web
 
-from coordinator.providers.local import console_script
+from coordinator.providers.local import simulated_machine_env
 
 FAKE_API_KEY = "fake-account-key-0123456789abcdef"
 
@@ -486,30 +485,14 @@ class SimAgents:
     def start(self, instance: dict[str, Any], offer: dict[str, Any], env: dict[str, str]) -> None:
         instance_id = int(instance["id"])
         home = self.workdir / f"instance-{instance_id}"
-        for sub in ("state", "params"):
-            (home / sub).mkdir(parents=True, exist_ok=True)
-        c1 = home / "c1.json"
-        c1.write_bytes(b'{"simulated": true, "proof": "porep-c2-32g"}')
         child_env = {
             k: v for k, v in os.environ.items()
             if k not in ("VAST_API_KEY", "CONTAINER_ID", "CONTAINER_API_KEY", "VM_AGENT_KEY")
             and not k.startswith("PYTEST_")
         }
-        child_env.update({
-            # The image's defaults, as the simulation provides them.
-            "PYTHONPATH": str(ROOT),
-            "PYTHONUNBUFFERED": "1",
-            "VM_STATE_DIR": str(home / "state"),
-            "VM_PARAMS_DIR": str(home / "params"),
-            "VM_C1_PATH": str(c1),
-            "VM_CUZK_BIN": console_script("vm-sim-cuzk"),
-            "VM_CUZK_BENCH_BIN": console_script("vm-sim-cuzk-bench"),
-            "VM_NVML": "sim",
-            "VM_PROVIDER": "vast",
-            "VM_SIM_PROFILE": orjson.dumps(offer).decode(),
-            "VM_SIM_TIME_SCALE": str(self.time_scale),
-            "VM_SIM_STATE_FILE": str(home / "sim-state.json"),
-        })
+        # The image's defaults, as the simulation provides them.
+        child_env.update(simulated_machine_env(home, offer, self.time_scale))
+        child_env.update({"PYTHONPATH": str(ROOT), "VM_PROVIDER": "vast"})
         child_env.update(self.extra_env)
         child_env.update(env)
         child_env[self.MARKER_ENV] = self._marker(instance_id)

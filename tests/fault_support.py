@@ -135,6 +135,7 @@ class ThreadedCoordinator:
         self.port = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         self.app: web.Application | None = None
+        self.store: Store | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
@@ -182,7 +183,7 @@ class ThreadedCoordinator:
             loop.close()
 
     async def _serve(self) -> None:
-        store = Store(self.db_path)
+        store = self.store = Store(self.db_path)
         self.app = create_app(self.settings, store, self.provider, time.time, run_monitor=False)
         runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await runner.setup()
@@ -204,7 +205,10 @@ class ThreadedCoordinator:
             store.close()
 
     def rows(self) -> dict[str, int]:
-        return count_all_rows(self.db_path)
+        # The store's own count: the latest-telemetry gauge is written behind on a
+        # timer, so the file alone would show an earlier request's flush as a write.
+        assert self.store is not None
+        return self.store.count_rows()
 
     def issue_agent(self, label: str = "fuzz-rig") -> tuple[str, bytes]:
         issued = admin_call(self.url, "POST", "/api/agents", {"label": label})

@@ -58,6 +58,33 @@ def console_script(name: str) -> str:
     return found
 
 
+def simulated_machine_env(
+    home: Path, offer: Offer, time_scale: float, sample_interval_s: float = 0.1
+) -> dict[str, str]:
+    """What an agent needs to run on the simulated cuzk as the machine of ``offer``:
+    its folders and C1 input under ``home``, the simulator's programs, the fake NVML
+    and the hardware profile. Creates the folders."""
+    for sub in ("state", "params"):
+        (home / sub).mkdir(parents=True, exist_ok=True)
+    c1 = home / "c1.json"
+    c1.write_bytes(b'{"simulated": true, "proof": "porep-c2-32g"}')
+    return {
+        "VM_STATE_DIR": str(home / "state"),
+        "VM_PARAMS_DIR": str(home / "params"),
+        "VM_C1_PATH": str(c1),
+        "VM_CUZK_BIN": console_script("vm-sim-cuzk"),
+        "VM_CUZK_BENCH_BIN": console_script("vm-sim-cuzk-bench"),
+        "VM_NVML": "sim",
+        "VM_SIM_PROFILE": orjson.dumps(offer).decode(),
+        "VM_SIM_TIME_SCALE": str(time_scale),
+        "VM_SIM_STATE_FILE": str(home / "sim-state.json"),
+        # Simulated time runs time_scale times faster, so sample faster too, or a
+        # whole benchmark would fit between two samples.
+        "VM_SAMPLE_INTERVAL": str(sample_interval_s),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
 def matches(offer: Offer, query: dict[str, Any]) -> bool:
     """Evaluate a vast.ai search query (``{field: {op: value}}``) against one offer."""
     for name, cond in query.items():
@@ -239,34 +266,15 @@ class LocalProvider:
             instance_id = self._next_id
             self._next_id += 1
             workdir = self.workdir / f"instance-{instance_id}"
-            (workdir / "params").mkdir(parents=True, exist_ok=True)
-            (workdir / "state").mkdir(parents=True, exist_ok=True)
-            c1 = workdir / "c1.json"
-            c1.write_bytes(b'{"simulated": true, "proof": "porep-c2-32g"}')
-            manifest = self._manifest(files_url, current, workdir / "params-manifest.json")
             child_env = dict(os.environ)
             child_env.update(self.agent_env)
             child_env.update(env)
             child_env.update(
-                {
-                    "VM_STATE_DIR": str(workdir / "state"),
-                    "VM_PARAMS_DIR": str(workdir / "params"),
-                    "VM_PARAMS_MANIFEST": str(manifest),
-                    "VM_C1_PATH": str(c1),
-                    "VM_CUZK_BIN": console_script("vm-sim-cuzk"),
-                    "VM_CUZK_BENCH_BIN": console_script("vm-sim-cuzk-bench"),
-                    "VM_NVML": "sim",
-                    "VM_PROVIDER": "local",
-                    "VM_SIM_PROFILE": orjson.dumps(current).decode(),
-                    "VM_SIM_TIME_SCALE": str(self.time_scale),
-                    "VM_SIM_STATE_FILE": str(workdir / "sim-state.json"),
-                    # Simulated time runs time_scale times faster, so sample faster
-                    # too, or a whole benchmark would fit between two samples.
-                    "VM_SAMPLE_INTERVAL": str(self.sample_interval_s),
-                    "PYTHONUNBUFFERED": "1",
-                }
+                simulated_machine_env(workdir, current, self.time_scale, self.sample_interval_s)
             )
-            # An instance's own id, as vast.ai sets it inside a container.
+            manifest = self._manifest(files_url, current, workdir / "params-manifest.json")
+            child_env.update({"VM_PARAMS_MANIFEST": str(manifest), "VM_PROVIDER": "local"})
+            # A local instance has no vast.ai identity; never pass one on.
             child_env.pop("CONTAINER_API_KEY", None)
             # Every process under this agent inherits the marker, so destroy finds
             # them all even if one was re-parented after its parent died.
