@@ -25,8 +25,10 @@ What it does, in one command:
    load window), and the coordinator/bare ratio.
 4. Offered load (open loop): every agent of a fleet of ``rate x 15 s``
    sends on its own schedule (spread evenly over the 15 s pace) for
-   ``--rate-seconds``; a heartbeat is lost when the request fails, refused
-   when the answer is not ``200``. Latency counts from the heartbeat's
+   ``--rate-seconds``, after one uncounted pace of warm-up (``--warmup-s``: every
+   agent heard once, as in a fleet that has been running; the first heartbeat of
+   each agent after a restart costs more); a heartbeat is lost when the request
+   fails, refused when the answer is not ``200``. Latency counts from the heartbeat's
    scheduled time (a generator that falls behind shows up as latency). The
    bar: nothing lost or refused, p99 < 100 ms, at least 98% of the offered
    heartbeats sent within the window. ``--ladder`` runs several rates and
@@ -220,7 +222,7 @@ def provision(db_path: str, env: dict[str, str], ids: list[str], first_seq: int 
 
 def role_coordinator(ready_file: str) -> None:
     """The coordinator as ``vast-manager serve`` runs it (start_server), on port 0."""
-    from coordinator.server import make_provider, start_server
+    from coordinator.server import make_provider, start_server, tune_gc
     from coordinator.settings import Settings
 
     settings = Settings.from_env(os.environ)
@@ -232,6 +234,7 @@ def role_coordinator(ready_file: str) -> None:
             loop.add_signal_handler(sig, stop.set)
         provider = make_provider(settings, "local")
         server = await start_server(settings, provider)
+        tune_gc()  # as `vast-manager serve` does
         Path(ready_file).write_text(server.url)
         try:
             await stop.wait()
@@ -346,7 +349,10 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     statuses: dict[str, int] = {}
     errors: dict[str, int] = {}
 
-    async def one(session: aiohttp.ClientSession, agent: tuple[Any, ...], scheduled: float) -> None:
+    warmup_s = spec.get("warmup_s", 0.0)
+
+    async def one(session: aiohttp.ClientSession, agent: tuple[Any, ...], scheduled: float,
+                  counted: bool = True) -> None:
         agent_id, key, gpus = agent[0], agent[1], agent[2]
         seqs[agent_id] += 1
         recent = [round(rng.uniform(250, 400), 2)] if seqs[agent_id] % 5 == 0 else []
@@ -356,6 +362,11 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         nonce = secrets.token_hex(16)
         headers = sign_headers(agent_id, key, body, nonce)
         sent = time.perf_counter()
+        if not counted:  # the warm-up pace: sent and answered, never counted
+            with contextlib.suppress(Exception):
+                async with session.post(url, data=body, headers=headers) as resp:
+                    await resp.read()
+            return
         counts["sent"] += 1
         try:
             async with session.post(url, data=body, headers=headers) as resp:
@@ -386,8 +397,15 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         # Warm the connections before the clock starts.
         await asyncio.sleep(max(0.0, start_at - time.time()))
-        ru0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        if warmup_s:
+            # CPU from the end of the warm-up: the scheduler task counts it from there.
+            async def mark() -> None:
+                nonlocal ru0
+                await asyncio.sleep(warmup_s)
+                ru0 = resource.getrusage(resource.RUSAGE_SELF)
+            marker = asyncio.create_task(mark())
         if spec["mode"] == "closed":
             cursor = {"i": 0}
 
@@ -403,7 +421,7 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             events: list[tuple[float, int]] = []
             for i, agent in enumerate(agents):
                 t = agent[4]
-                while t < duration:
+                while t < warmup_s + duration:
                     events.append((t, i))
                     t += period
             events.sort()
@@ -416,14 +434,16 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
                     continue
                 while k < len(events) and events[k][0] <= now:
                     task = asyncio.create_task(one(session, agents[events[k][1]],
-                                                   t0 + events[k][0]))
+                                                   t0 + events[k][0], events[k][0] >= warmup_s))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                     k += 1
             if tasks:
                 await asyncio.wait(tasks, timeout=spec["timeout_s"] + 5)
-            counts["offered"] = len(events)
-        wall = time.perf_counter() - t0
+            counts["offered"] = sum(1 for t, _ in events if t >= warmup_s)
+        if warmup_s:
+            await marker
+        wall = time.perf_counter() - t0 - warmup_s
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "counts": counts, "statuses": statuses, "errors": errors, "wall_s": wall,
@@ -447,7 +467,8 @@ def percentile(values: list[float], q: float) -> float:
 
 def drive(url: str, workdir: Path, agents: list[list[Any]], *, mode: str, workers: int,
           duration: float, concurrency: int = 0, connections: int = 64,
-          check_signature: bool = True, server: ServerProcess | None = None) -> dict[str, Any]:
+          check_signature: bool = True, server: ServerProcess | None = None,
+          warmup_s: float = 0.0) -> dict[str, Any]:
     """Run ``workers`` generator processes against ``url``; aggregate what they saw."""
     start_at = time.time() + 1.5 + 0.1 * workers
     slices = [agents[i::workers] for i in range(workers)]
@@ -462,12 +483,12 @@ def drive(url: str, workdir: Path, agents: list[list[Any]], *, mode: str, worker
             "url": url, "agents": part, "mode": mode, "start_at": start_at,
             "duration": duration, "concurrency": concurrency, "connections": connections,
             "period_s": PACE_S, "timeout_s": 30.0, "seed": w, "out": str(out),
-            "check_signature": check_signature,
+            "check_signature": check_signature, "warmup_s": warmup_s,
         }))
         procs.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()),
                                        "--role", "worker", "--spec", str(spec_file)]))
     try:
-        while time.time() < start_at:
+        while time.time() < start_at + warmup_s:
             time.sleep(0.01)
         u0, s0 = server.cpu_split() if server else (0.0, 0.0)
         m0 = server.main_thread_cpu_s() if server else 0.0
@@ -534,12 +555,14 @@ def offered(coord: ServerProcess, bare: ServerProcess, workdir: Path, fleet: lis
         a[4] = PACE_S * i / n  # each agent's own slot within the pace
     # The ceiling at the same offered rate: per-request cost depends on the load (how
     # many requests share a loop turn, a wake-up, a commit), so compare like with like.
+    # One pace of warm-up, sent but not counted: every agent has been heard once, as in a
+    # fleet that has been running (its first heartbeat after a restart costs more).
     base = drive(bare.url, workdir, agents, mode="open", workers=args.workers,
                  duration=args.rate_seconds, connections=args.connections,
-                 check_signature=False, server=bare)
+                 check_signature=False, server=bare, warmup_s=args.warmup_s)
     r = drive(coord.url, workdir, agents, mode="open", workers=args.workers,
               duration=args.rate_seconds, connections=args.connections,
-              check_signature=False, server=coord)
+              check_signature=False, server=coord, warmup_s=args.warmup_s)
     r["bare_cpu_us_per_req"] = base["server_cpu_us_per_req"]
     r["bare_p99_ms"] = base["p99_ms"]
     r["cpu_ratio"] = r["server_cpu_us_per_req"] / base["server_cpu_us_per_req"]
@@ -718,6 +741,8 @@ def main() -> None:
     parser.add_argument("--ladder", action="store_true",
                         help="rungs 500 1000 1500 2000 2500 3333 hb/s (fleets 7,500 to 50,000)")
     parser.add_argument("--rate-seconds", type=float, default=20.0, help="window of each rung")
+    parser.add_argument("--warmup-s", type=float, default=float(PACE_S),
+                        help="uncounted warm-up before each rung (default: one pace)")
     parser.add_argument("--json-out", help="also write the figures as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()
@@ -733,6 +758,7 @@ def main() -> None:
     if args.quick:
         args.agents, args.http_agents, args.workers = 20, 2, 1
         args.concurrency, args.seconds, args.rate_seconds = 4, 2.0, 3.0
+        args.warmup_s = 1.0
         args.rates = args.rates or [20.0]
     if args.ladder:
         args.rates = [500.0, 1000.0, 1500.0, 2000.0, 2500.0, 3333.0]

@@ -156,12 +156,11 @@ def simulate(db: str, env: dict[str, str], agents: int, hours: list[float], *, e
                 if results_at is not None and t >= results_at:
                     fleet.results(t)
                     results_at = None
-            fleet.store.write_blocking(lambda tx: tx.flush_telemetry())
             snapshots.append({"hours": h, "counts": fleet.counts(), "tables": table_bytes(db),
                               "file_bytes": file_bytes(db)})
     finally:
         fleet.close()
-    reopened = Store(db)  # counted again once closed: latest telemetry is flushed at close
+    reopened = Store(db)  # counted again once closed
     snapshots[-1]["counts"] = reopened.count_rows()
     reopened.close()
     return snapshots

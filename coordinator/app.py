@@ -115,6 +115,14 @@ async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> bytes:
     """The exact request bytes, refusing more than ``limit`` before reading them all."""
     if request.content_length is not None and request.content_length > limit:
         raise _too_large()
+    content = request.content
+    if content.is_eof():
+        # The whole body is already buffered (a heartbeat fits in the packets that brought
+        # its headers): take it without arming a timer, the common case of the hot path.
+        body = content.read_nowait(-1)
+        if len(body) > limit:
+            raise _too_large()
+        return body
     chunks: list[bytes] = []
     size = 0
     try:
@@ -143,12 +151,11 @@ async def error_middleware(
     """Operator auth on /api (and /metrics), JSON bodies for every error, server time on
     agent answers."""
     core = request.app[CORE]
-    is_agent = request.path.startswith("/v1/")
+    path = request.path
+    is_agent = path.startswith("/v1/")
     response: web.StreamResponse
     refusal: Refusal | None = None
-    if request.path.startswith("/api/") or (
-        request.path == "/metrics" and not core.settings.metrics_public
-    ):
+    if path.startswith("/api/") or (path == "/metrics" and not core.settings.metrics_public):
         try:
             authorize_operator(request, core.settings.admin_token)
         except Refusal as err:
@@ -720,6 +727,7 @@ def create_app(
 
     auth = AgentAuth(settings.fleet_secrets, lookup, not_before=started_second,
                      nonces_per_agent=settings.nonces_per_agent)
+    auth.preload(store.agent_states())
     tracker = HeartbeatTracker(settings.silence_ttl_s)
     monitor = Monitor(settings, store, provider, clock, tracker,
                       on_agent_revoked=auth.mark_revoked)

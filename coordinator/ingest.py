@@ -179,10 +179,25 @@ def hello_job(
 # --- heartbeat -------------------------------------------------------------------
 
 
+def _steady(hot: Row, hb: Heartbeat, settings: Settings) -> bool:
+    """A heartbeat that only moves the instance's gauges: the same phase as its state, in
+    order, nothing for early verdicts to judge. Most heartbeats of a fleet are steady."""
+    last_seq = hot["last_seq"]
+    return (
+        (last_seq is None or hb.seq > last_seq)
+        and hb.phase == hot["state"]
+        and hb.phase != "benchmarking"
+        and hot["state"] not in policy.STICKY_STATES
+    )
+
+
 def heartbeat_job(
     agent_id: str, hb: Heartbeat, settings: Settings, now: float
 ) -> Callable[[Tx], tuple[int, Directive]]:
     def job(tx: Tx) -> tuple[int, Directive]:
+        hot = tx.hot_instance(agent_id) if tx.agent_revoked(agent_id) is False else None
+        if hot is not None and _steady(hot, hb, settings):
+            return _steady_heartbeat(tx, hot, agent_id, hb, settings, now)
         inst = _require_instance(tx, agent_id)
         last_seq = inst["last_seq"]
         if last_seq is not None and hb.seq <= last_seq:
@@ -228,41 +243,75 @@ def heartbeat_job(
         if (settings.verdict_early and hb.phase == "benchmarking"
                 and state not in policy.STICKY_STATES and not inst["terminate_reason"]):
             _judge_early(tx, inst, hb, settings, now)
-        tx.upsert_heartbeat(
-            {
-                "agent_id": agent_id,
-                "instance_id": inst["id"],
-                "received_at": now,
-                "seq": hb.seq,
-                "phase": hb.phase,
-                "phase_started_at": hb.phase_started_at,
-                "progress_json": updates["progress_json"],
-                "proofs_completed_total": hb.proofs_completed_total,
-                "proof_seconds_recent_json": dumps(hb.proof_seconds_recent),
-            }
-        )
-        # orjson encodes the dataclass directly: asdict() deep-copies, the costliest step here.
-        telemetry_json = dumps(hb.telemetry) if hb.telemetry is not None else None
-        if telemetry_json is not None:
-            tx.upsert_telemetry(inst["id"], now, telemetry_json)
-        tx.append_heartbeat_history(
-            {
-                "agent_id": agent_id,
-                "instance_id": inst["id"],
-                "received_at": now,
-                "seq": hb.seq,
-                "phase": hb.phase,
-                "proofs_completed_total": hb.proofs_completed_total,
-                "telemetry_json": telemetry_json,
-            },
-            interval_s=settings.heartbeat_history_interval_s,
-            keep_rows=settings.heartbeat_history_rows,
-        )
+        _record_latest(tx, inst["id"], agent_id, hb, updates["progress_json"], settings, now)
         fresh = tx.get_instance(inst["id"])
         assert fresh is not None
         return inst["id"], _take_directive(tx, fresh, settings, now)
 
     return job
+
+
+def _steady_heartbeat(
+    tx: Tx, hot: Row, agent_id: str, hb: Heartbeat, settings: Settings, now: float
+) -> tuple[int, Directive]:
+    """What a steady heartbeat writes: its instance's gauges and the latest heartbeat, held
+    by the writer and written with the others of its transaction; nothing is read (``hot``
+    is the writer's cached view of the instance)."""
+    instance_id = hot["id"]
+    progress_json = dumps(hb.progress) if hb.progress else None
+    # In HEARTBEAT_COLUMNS order; a steady heartbeat is never a benchmarking one, hence
+    # last_non_benchmark_at.
+    gauges = (hb.seq, now, hb.phase, hb.phase_started_at, progress_json,
+              hb.proofs_completed_total, now, now)
+    latest = (agent_id, instance_id, now, hb.seq, hb.phase, hb.phase_started_at,
+              progress_json, hb.proofs_completed_total, dumps(hb.proof_seconds_recent))
+    tx.hold_heartbeat(instance_id, gauges, latest)
+    _record_telemetry(tx, instance_id, agent_id, hb, settings, now)
+    return instance_id, _take_directive(tx, hot, settings, now)
+
+
+def _record_latest(
+    tx: Tx, instance_id: int, agent_id: str, hb: Heartbeat, progress_json: str | None,
+    settings: Settings, now: float,
+) -> None:
+    """The latest heartbeat row, the latest telemetry and (downsampled) the history."""
+    tx.upsert_heartbeat(
+        {
+            "agent_id": agent_id,
+            "instance_id": instance_id,
+            "received_at": now,
+            "seq": hb.seq,
+            "phase": hb.phase,
+            "phase_started_at": hb.phase_started_at,
+            "progress_json": progress_json,
+            "proofs_completed_total": hb.proofs_completed_total,
+            "proof_seconds_recent_json": dumps(hb.proof_seconds_recent),
+        }
+    )
+    _record_telemetry(tx, instance_id, agent_id, hb, settings, now)
+
+
+def _record_telemetry(
+    tx: Tx, instance_id: int, agent_id: str, hb: Heartbeat, settings: Settings, now: float
+) -> None:
+    """The latest telemetry and, downsampled, the history."""
+    # orjson encodes the dataclass directly: asdict() deep-copies, the costliest step here.
+    telemetry_json = dumps(hb.telemetry) if hb.telemetry is not None else None
+    if telemetry_json is not None:
+        tx.upsert_telemetry(instance_id, now, telemetry_json)
+    tx.append_heartbeat_history(
+        {
+            "agent_id": agent_id,
+            "instance_id": instance_id,
+            "received_at": now,
+            "seq": hb.seq,
+            "phase": hb.phase,
+            "proofs_completed_total": hb.proofs_completed_total,
+            "telemetry_json": telemetry_json,
+        },
+        interval_s=settings.heartbeat_history_interval_s,
+        keep_rows=settings.heartbeat_history_rows,
+    )
 
 
 # --- early verdicts (issue 6) ----------------------------------------------------------
@@ -290,6 +339,7 @@ def _judge_early(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: floa
         with tx.db.atomic():
             _track_benchmark(tx, inst, hb, settings, now)
     except Exception:
+        tx.drop_caches()  # they may hold what the savepoint undid
         log.exception("early verdict failed for instance %s", inst["id"])
 
 

@@ -12,19 +12,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from coordinator import policy
 from coordinator.providers.base import Provider, ProviderError, ProviderInstance
 from coordinator.settings import Settings
-from coordinator.store import Row, Store, Tx
+from coordinator.store import Reads, Row, Store, Tx
 
 log = logging.getLogger(__name__)
 
 #: Reconciliation rounds in a row an instance must be missing from the provider's
 #: list before it is marked vanished.
 VANISHED_AFTER_ROUNDS = 2
+#: Agent ids per ``in (...)`` query: below SQLite's oldest bound on query parameters.
+_IDS_PER_QUERY = 500
+
+
+def known_agent_ids(reads: Reads, agent_ids: Collection[str]) -> set[str]:
+    """Those of ``agent_ids`` the agents table holds, revoked ones included.
+
+    Reconciliation asks only about the agents named by the provider's labels: a
+    primary-key lookup per label, not a read of every agent (50,000 rows).
+    """
+    ids = sorted(set(agent_ids))
+    known: set[str] = set()
+    for start in range(0, len(ids), _IDS_PER_QUERY):
+        chunk = ids[start:start + _IDS_PER_QUERY]
+        marks = ", ".join("?" * len(chunk))
+        cur = reads._conn.execute(
+            f"select agent_id from agents where agent_id in ({marks})", chunk
+        )
+        known.update(str(row[0]) for row in cur)
+    return known
 
 
 class HeartbeatTracker:
@@ -81,14 +101,27 @@ class Monitor:
 
     # --- the loop ------------------------------------------------------------------
 
+    _SEED_COLUMNS = ("id", "state")
+
     def seed(self, now: float) -> None:
         """Start the silence timers of running instances from ``now``.
 
         After a coordinator restart nobody could have heard the agents while it
         was down, so their timers start afresh rather than from ``last_seen``.
+        Synchronous, for ``create_app`` before the loop serves anyone; in the loop
+        ``tick`` uses ``seed_async``.
         """
-        for inst in self.store.active_instances():
+        self._seed_from(self.store.active_instances(self._SEED_COLUMNS), now)
+
+    async def seed_async(self, now: float) -> None:
+        """``seed`` with its fleet-wide scan on the store's reader thread."""
+        cols = self._SEED_COLUMNS
+        self._seed_from(await self.store.read(lambda r: r.active_instances(cols)), now)
+
+    def _seed_from(self, instances: Iterable[Row], now: float) -> None:
+        for inst in instances:
             instance_id = int(inst["id"])
+            # Checked after the scan: a heartbeat heard meanwhile keeps its own time.
             untracked = self.tracker.last_seen(instance_id) is None
             if inst["state"] in policy.ACTIVE_PHASES and untracked:
                 self.tracker.touch(instance_id, now)
@@ -105,7 +138,12 @@ class Monitor:
             except Exception:
                 log.exception("monitor round failed; retrying next round")
             timeout = self.settings.monitor_interval_s
-            due = self.store.next_destroy_due_at()
+            try:
+                # No index on destroy_due_at: a scan of every instance, so off the loop.
+                due = await self.store.read(lambda r: r.next_destroy_due_at())
+            except Exception:
+                log.exception("could not read the next destroy time")
+                due = None
             if due is not None:
                 timeout = min(timeout, max(0.05, float(due) - self.clock()))
             with contextlib.suppress(TimeoutError):
@@ -117,7 +155,7 @@ class Monitor:
         async with self._tick_lock:
             now = self.clock()
             if not self._seeded:
-                self.seed(now)
+                await self.seed_async(now)
             await self.expire_silent(now)
             await self.enforce_timeouts(now)
             await self.finish_destroys(now)
@@ -163,16 +201,23 @@ class Monitor:
 
     async def enforce_timeouts(self, now: float) -> list[int]:
         """Terminate instances that overstayed a phase (DESIGN 5 timeouts)."""
-        overdue = [
-            (inst, reason)
-            # The columns timed_out and the job read: this scan runs on the event loop,
-            # and every column of 50,000 instances held it for half a second.
-            for inst in self.store.active_instances(
-                ("id", "state", "state_since", "created_at", "rate_per_hour")
-            )
-            if inst["state"] not in policy.STICKY_STATES
-            and (reason := policy.timed_out(inst, now, self.limits)) is not None
-        ]
+        limits = self.limits
+
+        def scan(reads: Reads) -> list[tuple[Row, str]]:
+            # On the reader thread (50,000 instances held the loop for half a second),
+            # with only the columns timed_out and the job read.
+            return [
+                (inst, reason)
+                for inst in reads.active_instances(
+                    ("id", "state", "state_since", "created_at", "rate_per_hour")
+                )
+                if inst["state"] not in policy.STICKY_STATES
+                and (reason := policy.timed_out(inst, now, limits)) is not None
+            ]
+
+        # The scan's snapshot may be a little older than the writer's state: the job
+        # re-reads each instance in its transaction and skips any that moved on.
+        overdue = await self.store.read(scan)
         if not overdue:
             return []
         grace = self.settings.terminate_grace_s
@@ -206,7 +251,9 @@ class Monitor:
     async def finish_destroys(self, now: float) -> list[int]:
         """Destroy every instance whose ``destroy_due_at`` has come."""
         finished = []
-        for inst in self.store.instances_due_for_destroy(now):
+        # No index on destroy_due_at: scanned on the reader thread. A row that changed
+        # since is safe: destroy() re-reads it, and its write re-checks in the transaction.
+        for inst in await self.store.read(lambda r: r.instances_due_for_destroy(now)):
             reason = inst["terminate_reason"] or "scheduled for destruction"
             try:
                 if await self.destroy(int(inst["id"]), reason, source="monitor"):
@@ -295,9 +342,22 @@ class Monitor:
         except ImportError:
             return []
         now = self.clock()
-        rows = self._deployed_rows()
-        if await self._adopt(provider_instances, rows, reconcile_module.parse_label, now):
-            rows = self._deployed_rows()
+        parse_label = reconcile_module.parse_label
+        # plan() asks whether an agent is known only for labels carrying our fleet id.
+        labelled = set()
+        for inst in provider_instances:
+            parsed = parse_label(inst.get("label"))
+            if parsed is not None and parsed[0] == self.settings.fleet_id:
+                labelled.add(parsed[1])
+
+        def scan(reads: Reads) -> tuple[list[Row], set[str]]:
+            return self._deployed_rows(reads), known_agent_ids(reads, labelled)
+
+        # Read on the reader thread, off the loop. Every write below re-checks the
+        # row in its transaction (destroy, adopt) or acts on the provider's state.
+        rows, known = await self.store.read(scan)
+        if await self._adopt(provider_instances, rows, parse_label, now):
+            rows = await self.store.read(self._deployed_rows)
         ours = [
             {
                 "instance_id": r["provider_instance_id"],
@@ -310,7 +370,6 @@ class Monitor:
         by_pid: dict[int, Row] = {
             int(r["provider_instance_id"]): r for r in rows if r["provider_instance_id"] is not None
         }
-        known = {a["agent_id"] for a in self.store.list_agents()}
         actions = reconcile_module.plan(
             provider_instances, ours, self.settings.fleet_id, known, now,
             self.settings.unowned_grace_s,
@@ -333,13 +392,14 @@ class Monitor:
                 log.warning("reconcile %s of %s failed: %s", action.kind, action.instance_id, err)
         return list(actions)
 
-    def _deployed_rows(self) -> list[Row]:
+    def _deployed_rows(self, reads: Reads) -> list[Row]:
         """Our records of instances this provider rented (not bring-your-own machines,
-        not another provider's rows left in the same database)."""
+        not another provider's rows left in the same database); run on the reader thread."""
+        name = self.provider.name
         return [
-            # Filtered in SQL: a large bring-your-own fleet costs this loop nothing.
-            r for r in self.store.instances_of_kind("deployed")
-            if r["provider"] in (None, self.provider.name)
+            # Filtered in SQL: a large bring-your-own fleet costs nothing.
+            r for r in reads.instances_of_kind("deployed")
+            if r["provider"] in (None, name)
         ]
 
     async def _adopt(

@@ -186,6 +186,13 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("nonces_per_agent", 2000, "nonce memory per agent (beyond it: 429)"),
     Setting("write_batch_max", 512, "most write jobs the writer commits in one transaction"),
+    Setting(
+        "commit_window_ms",
+        20.0,
+        "how long writes gather before the writer commits them together: one fsync'ed "
+        "commit per window (or per 64 writes), not per request (0: at the end of each "
+        "event-loop turn)",
+    ),
     Setting("tls_cert", None, "PEM certificate chain: serve HTTPS directly (needs tls_key)"),
     Setting("tls_key", None, "PEM private key of tls_cert"),
     Setting(
@@ -290,6 +297,7 @@ class Settings:
     sim_time_scale: float
     nonces_per_agent: int
     write_batch_max: int
+    commit_window_ms: float
     tls_cert: str | None = None
     tls_key: str | None = None
     admin_listen: str | None = None
@@ -371,6 +379,9 @@ class Settings:
             raise ValueError("VM_LOG_FORMAT must be text or json")
         if values["session_ttl_s"] <= 0:
             raise ValueError("VM_SESSION_TTL_S must be positive")
+        # Every write waits up to the window: past a second it would read as a hang.
+        if not 0 <= values["commit_window_ms"] <= 1000:
+            raise ValueError("VM_COMMIT_WINDOW_MS must be between 0 and 1000")
 
         if not 0.5 < values["verdict_confidence"] < 1.0:
             raise ValueError("VM_VERDICT_CONFIDENCE must be between 0.5 and 1 (exclusive)")

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 import orjson
 
 from protocol.errors import ProtocolError
-from protocol.schema import converter
+from protocol.schema import decoder
 
 T = TypeVar("T")
 
@@ -27,7 +27,7 @@ def parse_json(data: bytes | str) -> Any:
 
 def from_obj(cls: type[T], obj: Any) -> T:
     """Check an already parsed JSON value against ``cls`` and build it."""
-    return converter(cls)(obj, "")
+    return decoder(cls)(obj)
 
 
 def decode(cls: type[T], data: bytes | str) -> T:
@@ -35,4 +35,4 @@ def decode(cls: type[T], data: bytes | str) -> T:
 
     Raises ``ProtocolError`` naming the first bad field.
     """
-    return from_obj(cls, parse_json(data))
+    return decoder(cls)(parse_json(data))

@@ -15,7 +15,6 @@ afresh, so they never notice.
 
 from __future__ import annotations
 
-import heapq
 from enum import Enum
 
 from protocol.signing import TIMESTAMP_WINDOW_S
@@ -39,25 +38,30 @@ class NonceMemory:
         self.window_s = window_s
         self.max_per_agent = max_per_agent
         self.not_before = not_before
-        self._seen: dict[str, set[str]] = {}
-        self._expiry: dict[str, list[tuple[int, str]]] = {}
+        # Per agent: nonce -> when it may be forgotten, in arrival order (an agent's own
+        # clock orders them). Plain str -> int dicts: the garbage collector never walks
+        # them, where a heap of (time, nonce) tuples added one tracked object a request.
+        self._seen: dict[str, dict[str, int]] = {}
 
     def check_timestamp(self, timestamp: int, now: float) -> bool:
         if abs(now - timestamp) > self.window_s:
             return False
         return not (self.not_before is not None and timestamp <= self.not_before)
 
-    def _purge(self, agent_id: str, now: float) -> None:
-        heap = self._expiry.get(agent_id)
-        if not heap:
+    @staticmethod
+    def _purge(seen: dict[str, int], now: float, *, everything: bool = False) -> None:
+        """Forget expired nonces: from the oldest while they are expired (cheap, every
+        request), or all of them (before refusing an agent as over the limit, in case a
+        late arrival kept older ones queued behind it)."""
+        if everything:
+            for nonce in [n for n, expires in seen.items() if expires < now]:
+                del seen[nonce]
             return
-        seen = self._seen[agent_id]
-        while heap and heap[0][0] < now:
-            _, nonce = heapq.heappop(heap)
-            seen.discard(nonce)
-        if not heap:
-            del self._expiry[agent_id]
-            del self._seen[agent_id]
+        while seen:
+            oldest = next(iter(seen))
+            if seen[oldest] >= now:
+                return
+            del seen[oldest]
 
     def check_and_remember(
         self, agent_id: str, nonce: str, timestamp: int, now: float
@@ -65,22 +69,22 @@ class NonceMemory:
         """Check the timestamp and nonce of a request whose signature verified."""
         if not self.check_timestamp(timestamp, now):
             return NonceVerdict.STALE
-        self._purge(agent_id, now)
         seen = self._seen.get(agent_id)
-        if seen is not None and nonce in seen:
-            return NonceVerdict.REPLAYED
-        if seen is not None and len(seen) >= self.max_per_agent:
-            return NonceVerdict.TOO_MANY
         if seen is None:
-            seen = self._seen[agent_id] = set()
-            self._expiry[agent_id] = []
-        seen.add(nonce)
-        heapq.heappush(self._expiry[agent_id], (timestamp + self.window_s + 1, nonce))
+            seen = self._seen[agent_id] = {}
+        else:
+            self._purge(seen, now)
+            if nonce in seen:
+                return NonceVerdict.REPLAYED
+            if len(seen) >= self.max_per_agent:
+                self._purge(seen, now, everything=True)
+                if len(seen) >= self.max_per_agent:
+                    return NonceVerdict.TOO_MANY
+        seen[nonce] = timestamp + self.window_s + 1
         return NonceVerdict.OK
 
     def forget_agent(self, agent_id: str) -> None:
         self._seen.pop(agent_id, None)
-        self._expiry.pop(agent_id, None)
 
     def __len__(self) -> int:
         return sum(len(s) for s in self._seen.values())

@@ -1,14 +1,17 @@
 """Type-checked conversion of decoded JSON into the message dataclasses.
 
-Each dataclass gets one converter, built once from its type hints, so decoding
-a heartbeat is a handful of dict lookups and isinstance checks: fast enough
-for the coordinator's hot path, and every error names the dotted field path.
+Each dataclass gets one converter, built once from its type hints, and every
+error names the dotted field path. That converter is the reference. The hot
+path (``decoder``, used by ``protocol.codec``) runs a function generated from
+the same hints with the checks inlined, and hands anything it does not accept
+to the reference, so the errors are the reference's by construction.
 
 Supported field types: ``int``, ``float`` (an int is accepted), ``str``,
 ``bool``, ``list[T]``, ``T | None``, ``Literal[...]`` of strings, and nested
 message dataclasses. Fields with a default may be absent; unknown fields are
 ignored (forward compatibility, DESIGN 3.6). Field metadata may set ``min``
-(numbers) and ``max_len`` (strings and lists).
+(numbers) and ``max_len`` (strings and lists), and ``item_min`` / ``item_max_len``
+for a list's items.
 """
 
 from __future__ import annotations
@@ -234,3 +237,229 @@ def converter(cls: type[T]) -> Callable[[Any, str], T]:
 
     _CONVERTERS[cls] = conv
     return conv
+
+
+# --- fast path ---------------------------------------------------------------------------
+#
+# The converters above cost one closure call and one path string per field: about 25 us
+# for a heartbeat, five times orjson's parse. For each dataclass, ``fast_builder`` instead
+# generates (once) one plain function with every scalar check inlined and no paths at all.
+# It can only accept and build, or give up by raising (``_Miss``, or any exception: a
+# missing key is a KeyError). ``decoder`` then runs the reference converter from the top,
+# so which field is reported first, and its code, message and path, cannot drift from the
+# reference. The tests hold the two to the same accepted set and equal results.
+#
+# The generated source is built only from our own dataclass definitions: field names
+# (written as string literals via repr), numbers from field metadata (repr of a checked
+# int or finite float) and names we choose (``a0``, ``_k3``). Every other constant (the
+# class, defaults, literal choices, nested builders) is passed in the function's globals.
+# Nothing from a message ever reaches the source.
+
+
+class _Miss(Exception):
+    """The fast path does not accept the value; the reference converter will say why."""
+
+
+_ABSENT = object()
+_DECODERS: dict[type, Callable[[Any], Any]] = {}
+_FAST: dict[type, Callable[[Any], Any]] = {}
+
+
+def _float_list(value: list[Any], minimum: float | None) -> list[float]:
+    """A fresh ``list[float]`` of ``value`` (ints become floats), checked in bulk."""
+    kinds = list(map(type, value))  # exact types: bool, and float subclasses, are refused
+    floats = kinds.count(float)
+    if floats == len(kinds):
+        out = value.copy()
+    elif floats + kinds.count(int) == len(kinds):
+        out = list(map(float, value))
+    else:
+        raise _Miss
+    total = sum(out)
+    # An inf or nan item makes the sum inf or nan, so a finite sum proves every item
+    # finite; an infinite sum of finite items (overflow) is rare, so check those one by one.
+    if total - total != 0.0 and not all(map(math.isfinite, out)):
+        raise _Miss
+    if minimum is not None and out and min(out) < minimum:
+        raise _Miss
+    return out
+
+
+def _number(value: Any) -> str:
+    """Source text for a metadata number (never from a message)."""
+    if type(value) is int or (type(value) is float and math.isfinite(value)):
+        return repr(value)
+    raise TypeError(f"unsupported metadata number {value!r}")
+
+
+class _Source:
+    """The source of one dataclass's builder, and the globals it runs with."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.globals: dict[str, Any] = {"_Miss": _Miss, "_ABSENT": _ABSENT,
+                                        "_float_list": _float_list, "_new": object.__new__}
+
+    def line(self, indent: int, text: str) -> None:
+        self.lines.append("    " * indent + text)
+
+    def const(self, value: Any) -> str:
+        name = f"_k{len(self.globals)}"
+        self.globals[name] = value
+        return name
+
+    def check(self, tp: Any, meta: dict[str, Any], var: str, indent: int,
+              nullable: bool = False) -> None:
+        """Statements that check ``var`` as ``_converter_for(tp, meta)`` would (``None``
+        too if ``nullable``), rebinding it to the converted value, or raise."""
+        origin = get_origin(tp)
+        if origin in (typing.Union, types.UnionType):
+            args = [a for a in get_args(tp) if a is not type(None)]
+            if len(args) != 1:
+                raise TypeError(f"unsupported union {tp!r}")
+            if get_origin(args[0]) is list or _is_dataclass(args[0]):
+                self.line(indent, f"if {var} is not None:")
+                self.check(args[0], meta, var, indent + 1)
+            else:
+                self.check(args[0], meta, var, indent, nullable=True)
+            return
+        if origin is list:
+            (item_tp,) = get_args(tp)
+            item_meta = {k[5:]: v for k, v in meta.items() if k.startswith("item_")}
+            max_len = meta.get("max_len")
+            too_long = "" if max_len is None else f" or len({var}) > {_number(max_len)}"
+            self.line(indent, f"if type({var}) is not list{too_long}:")
+            self.line(indent + 1, "raise _Miss")
+            if item_tp is float:
+                minimum = item_meta.get("min")
+                bound = "None" if minimum is None else _number(minimum)
+                self.line(indent, f"{var} = _float_list({var}, {bound})")
+            elif _is_dataclass(item_tp):
+                build = self.const(fast_builder(item_tp))
+                self.line(indent, f"{var} = [{build}(x) for x in {var}]")
+            else:
+                item, out = f"{var}_i", f"{var}_o"  # unique per nesting level
+                self.line(indent, f"{out} = []")
+                self.line(indent, f"for {item} in {var}:")
+                self.check(item_tp, item_meta, item, indent + 1)
+                self.line(indent + 1, f"{out}.append({item})")
+                self.line(indent, f"{var} = {out}")
+            return
+        if _is_dataclass(tp):
+            self.line(indent, f"{var} = {self.const(fast_builder(tp))}({var})")
+            return
+        # A scalar: one test accepts the usual value as it is; the rest (None, an int
+        # for a float) is handled under it, so the common case costs a single branch.
+        minimum = meta.get("min")
+        if origin is Literal:
+            ok = f"type({var}) is str and {var} in {self.const(frozenset(get_args(tp)))}"
+        elif tp is bool:
+            ok = f"type({var}) is bool"
+        elif tp is int:
+            low = INT64_MIN if minimum is None else max(INT64_MIN, minimum)
+            ok = f"type({var}) is int and {_number(low)} <= {var} <= {INT64_MAX}"
+        elif tp is float:
+            # x - x is 0.0 for a finite x, nan for inf or nan.
+            ok = f"type({var}) is float and {var} - {var} == 0.0"
+            if minimum is not None:
+                ok += f" and {var} >= {_number(minimum)}"
+        elif tp is str:
+            max_len = meta.get("max_len", DEFAULT_MAX_STR_LEN)
+            ok = f"type({var}) is str and len({var}) <= {_number(max_len)}"
+        else:
+            raise TypeError(f"unsupported field type {tp!r}")
+        self.line(indent, f"if not ({ok}):")
+        keyword = "if"
+        if nullable:
+            self.line(indent + 1, f"if {var} is None:")
+            self.line(indent + 2, "pass")
+            keyword = "elif"
+        if tp is float:
+            self.line(indent + 1, f"{keyword} type({var}) is int:")
+            self.line(indent + 2, f"{var} = float({var})")
+            if minimum is not None:
+                self.line(indent + 2, f"if {var} < {_number(minimum)}:")
+                self.line(indent + 3, "raise _Miss")
+            keyword = "elif"
+        if keyword == "if":
+            self.line(indent + 1, "raise _Miss")
+        else:
+            self.line(indent + 1, "else:")
+            self.line(indent + 2, "raise _Miss")
+
+
+def _is_dataclass(tp: Any) -> bool:
+    return dataclasses.is_dataclass(tp) and isinstance(tp, type)
+
+
+def fast_builder(cls: type[T]) -> Callable[[Any], T]:
+    """Return (generating once) the fast builder of ``cls`` from a parsed JSON value.
+
+    It raises on anything it does not accept, without a useful error: use ``decoder``,
+    which falls back to the reference converter. Exposed for the tests and the bench.
+    """
+    cached = _FAST.get(cls)
+    if cached is not None:
+        return cached
+    hints = typing.get_type_hints(cls)
+    src = _Source()
+    src.line(0, "def build(d):")
+    src.line(1, "if type(d) is not dict:")
+    src.line(2, "raise _Miss")
+    args: list[str] = []
+    for i, f in enumerate(dataclasses.fields(cls)):  # type: ignore[arg-type]
+        if not f.init or not f.name.isidentifier():
+            raise TypeError(f"unsupported field {cls.__name__}.{f.name}")
+        var = f"a{i}"
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            src.line(1, f"{var} = d[{f.name!r}]")  # absent: KeyError, a miss like any other
+            src.check(hints[f.name], dict(f.metadata), var, 1)
+        else:
+            # Absent: pass what the dataclass would have used, as if not passed at all.
+            src.line(1, f"{var} = d.get({f.name!r}, _ABSENT)")
+            src.line(1, f"if {var} is _ABSENT:")
+            if f.default is not dataclasses.MISSING:
+                src.line(2, f"{var} = {src.const(f.default)}")
+            else:
+                src.line(2, f"{var} = {src.const(f.default_factory)}()")
+            src.line(1, "else:")
+            src.check(hints[f.name], dict(f.metadata), var, 2)
+        args.append(f"{f.name}={var}" if f.kw_only else var)
+    if type(cls) is type and cls.__new__ is object.__new__:
+        # Exactly what cls(...) does for a plain class (object.__new__, then __init__),
+        # without type.__call__'s overhead: about a fifth of building a GpuTelemetry.
+        src.line(1, f"obj = _new({src.const(cls)})")
+        src.line(1, f"{src.const(cls.__init__)}(obj, {', '.join(args)})")
+    else:
+        src.line(1, f"obj = {src.const(cls)}({', '.join(args)})")
+    check = getattr(cls, "_check", None)
+    if check is not None:
+        # The prefix only shapes the error, and any error is redone by the reference.
+        src.line(1, f"{src.const(check)}(obj, '')")
+    src.line(1, "return obj")
+    # exec: see the comment above _Miss for why, and what the source is made of.
+    exec(compile("\n".join(src.lines), f"<fast_builder {cls.__qualname__}>", "exec"),
+         src.globals)
+    built: Callable[[Any], T] = src.globals["build"]
+    _FAST[cls] = built
+    return built
+
+
+def decoder(cls: type[T]) -> Callable[[Any], T]:
+    """Return (building once) the checked builder of ``cls`` from a parsed JSON value:
+    the fast builder, and the reference converter whenever that one gives up."""
+    cached = _DECODERS.get(cls)
+    if cached is not None:
+        return cached
+    fast = fast_builder(cls)
+    reference = converter(cls)
+
+    def decode_value(value: Any) -> T:
+        try:
+            return fast(value)
+        except Exception:  # whatever the fast path refused: the reference names the error
+            pass
+        return reference(value, "")
+
+    _DECODERS[cls] = decode_value
+    return decode_value

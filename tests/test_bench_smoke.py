@@ -56,3 +56,9 @@ def test_storage_quick() -> None:
     text = _run("storage.py")
     assert "row counts identical" in text
     assert "bound from the retention settings" in text
+
+
+def test_decode_quick() -> None:
+    text = _run("decode.py")
+    for name in ("orjson.loads alone", "reference converter", "decode (fast path)"):
+        assert name in text

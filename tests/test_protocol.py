@@ -257,6 +257,22 @@ def test_nonce_memory_replay_and_expiry() -> None:
     assert len(mem) == 2  # e for AGENT, a for the other agent (not yet purged)
 
 
+def test_nonce_memory_late_arrivals_never_cause_a_false_refusal() -> None:
+    mem = NonceMemory(window_s=300, max_per_agent=3)
+    # A late arrival (older timestamp) lands behind a newer one: the cheap purge from the
+    # oldest stops at the newer one, so the expired late one is still held...
+    assert mem.check_and_remember(AGENT, "a" * 32, 10_200, 10_200.0) is NonceVerdict.OK
+    assert mem.check_and_remember(AGENT, "b" * 32, 10_000, 10_250.0) is NonceVerdict.OK
+    # ...but it is still remembered while inside the window, and a replay is refused.
+    assert mem.check_and_remember(AGENT, "b" * 32, 10_000, 10_260.0) is NonceVerdict.REPLAYED
+    now = 10_400.0  # b expired (10,301), a has not (10,501)
+    assert mem.check_and_remember(AGENT, "c" * 32, 10_400, now) is NonceVerdict.OK
+    assert len(mem) == 3  # b is held behind a
+    # At the limit the memory looks at every nonce before refusing: b goes, d is taken.
+    assert mem.check_and_remember(AGENT, "d" * 32, 10_400, now) is NonceVerdict.OK
+    assert mem.check_and_remember(AGENT, "e" * 32, 10_400, now) is NonceVerdict.TOO_MANY
+
+
 def test_nonce_memory_refuses_timestamps_before_restart() -> None:
     mem = NonceMemory(not_before=10_000)
     assert mem.check_and_remember(AGENT, "a" * 32, 10_000, 10_000.5) is NonceVerdict.STALE

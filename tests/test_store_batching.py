@@ -1,13 +1,15 @@
 """The ingest fast paths keep the store's promises (issue 7).
 
-One loop turn's writes travel to the writer together, each still in its own
-savepoint; the latest telemetry lives in memory until flushed, yet every
-read sees it; the bulk ``list[float]`` check names the same field as before.
+One commit window's writes travel to the writer together, each still in its
+own savepoint; the latest telemetry is held and written with its transaction,
+in its table once answered; the bulk ``list[float]`` check names the same
+field as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,16 +49,17 @@ async def test_one_turn_of_writes_commits_together_and_failures_stay_alone(
         store.close()
 
 
-async def test_latest_telemetry_is_read_before_and_after_its_flush(tmp_path: Path) -> None:
+async def test_latest_telemetry_is_in_its_table_once_answered(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
-    store = Store(path, telemetry_flush_s=3600.0)
+    store = Store(path)
     try:
         await store.write(lambda tx: tx.upsert_telemetry(7, 1.0, '{"a": 1}'))
         await store.write(lambda tx: tx.upsert_telemetry(7, 2.0, '{"a": 2}'))
-        row = store.latest_telemetry(7)
-        assert row is not None and row["received_at"] == 2.0
-        assert row["telemetry_json"] == '{"a": 2}'
-        assert store.count_rows()["telemetry"] == 1  # held in memory, counted all the same
+        # Read on another connection: committed, not merely held in memory.
+        with sqlite3.connect(path) as other:
+            rows = other.execute("select instance_id, received_at, telemetry_json "
+                                 "from telemetry").fetchall()
+        assert rows == [(7, 2.0, '{"a": 2}')]
 
         def failing(tx: Tx) -> None:
             tx.upsert_telemetry(8, 3.0, "{}")
@@ -65,27 +68,7 @@ async def test_latest_telemetry_is_read_before_and_after_its_flush(tmp_path: Pat
         with pytest.raises(ValueError):
             await store.write(failing)
         assert store.latest_telemetry(8) is None  # a failed job leaves no telemetry
-    finally:
-        store.close()
-    reopened = Store(path)  # close flushed it to the table
-    try:
-        row = reopened.latest_telemetry(7)
-        assert row is not None and row["telemetry_json"] == '{"a": 2}'
-        assert reopened.count_rows()["telemetry"] == 1
-    finally:
-        reopened.close()
-
-
-async def test_telemetry_flushes_on_its_own_when_idle(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db", telemetry_flush_s=0.05)
-    try:
-        await store.write(lambda tx: tx.upsert_telemetry(1, 1.0, "{}"))
-        for _ in range(200):
-            if not store._telemetry_pending:
-                break
-            await asyncio.sleep(0.01)
-        assert not store._telemetry_pending
-        assert store.db.execute("select count(*) from telemetry").fetchone()[0] == 1
+        assert store.count_rows()["telemetry"] == 1
     finally:
         store.close()
 
@@ -100,3 +83,24 @@ def test_float_lists_are_checked_in_bulk_with_the_same_errors() -> None:
         with pytest.raises(ProtocolError) as err:
             conv({**base, "per_core_util_pct_mean": bad}, "cpu")
         assert err.value.field == "cpu.per_core_util_pct_mean" + where
+
+
+async def test_a_commit_window_gathers_writes_of_several_loop_turns(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db", commit_window_s=0.5)
+    try:
+        commits = store.commits
+
+        async def one(i: int) -> int:
+            await asyncio.sleep(0.01 * i)  # each in a loop turn of its own
+            return await store.write(lambda tx: tx.insert_event(float(i), "test", f"e{i}"))
+
+        ids = await asyncio.gather(*(one(i) for i in range(5)))
+        assert len(set(ids)) == 5
+        assert store.commits - commits == 1  # one window, one transaction
+        # Without a window each turn's writes go at once: five turns, five commits.
+        store.commit_window_s = 0.0
+        commits = store.commits
+        await asyncio.gather(*(one(i) for i in range(5)))
+        assert store.commits - commits == 5
+    finally:
+        store.close()

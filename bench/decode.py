@@ -1,0 +1,154 @@
+"""Heartbeat decode cost: orjson's parse alone, the reference converter, and ``decode``.
+
+Run: ``python bench/decode.py`` (about 10 s; ``--quick`` for a second or so).
+
+Builds ~1,000 realistic heartbeat bodies (1 to 8 GPUs, 16 CPU cores per GPU up
+to 128, as the agent sends them; the same shapes as ``bench/ingest.py``) and
+times, per heartbeat, best of several rounds over all of them:
+
+- ``orjson.loads`` alone: the floor, measured in the same run;
+- ``orjson.loads`` + the reference converter (``protocol.schema.converter``);
+- ``protocol.codec.decode`` (the generated fast path, reference on a miss).
+
+Each is printed in microseconds and as a ratio to the floor, with the check's
+own share (the time beyond the parse). Before timing, every body is decoded
+both ways and the results compared, so the figures are for equal work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from protocol.codec import decode  # noqa: E402
+from protocol.messages import Heartbeat  # noqa: E402
+from protocol.schema import converter  # noqa: E402
+
+# --- bodies (as in bench/ingest.py) ----------------------------------------------------
+
+
+def cores_for(gpus: int) -> int:
+    return min(128, 16 * gpus)
+
+
+def gpus_of(index: int) -> int:
+    """1 to 8 GPUs, weighted like a rented fleet (mostly 1, 2, 4 and 8)."""
+    return (1, 1, 2, 2, 4, 4, 8, 3, 1, 2, 6, 8)[index % 12]
+
+
+def telemetry(gpus: int, rng: random.Random) -> dict[str, Any]:
+    """A 15 s telemetry window of a busy host with ``gpus`` GPUs, as the agent sends it."""
+    cores = cores_for(gpus)
+    return {
+        "window_s": 15.0,
+        "samples": 15,
+        "gpus": [
+            {"index": i, "util_pct_mean": round(rng.uniform(85, 99), 2), "util_pct_max": 100.0,
+             "mem_used_bytes": rng.randrange(18_000_000_000, 24_000_000_000),
+             "pcie_tx_kbps_mean": round(rng.uniform(8e5, 1.5e6), 1),
+             "pcie_rx_kbps_mean": round(rng.uniform(4e6, 6e6), 1),
+             "power_w_mean": round(rng.uniform(380, 440), 1),
+             "temp_c_max": float(rng.randint(60, 80)),
+             "sm_clock_mhz_mean": round(rng.uniform(2400, 2600), 1), "throttle_reasons": 4,
+             "pcie_gen_current": 4, "pcie_width_current": 16}
+            for i in range(gpus)
+        ],
+        "cpu": {"util_pct_mean": round(rng.uniform(30, 60), 2),
+                "per_core_util_pct_mean": [round(rng.uniform(10, 90), 1) for _ in range(cores)],
+                "load1": round(rng.uniform(5, 30), 2), "iowait_pct_mean": 0.4},
+        "ram": {"used_bytes": 40_000_000_000 * gpus, "total_bytes": 64_000_000_000 * gpus},
+        "net": {"rx_bytes_per_s": 1_200_000.0, "tx_bytes_per_s": 300_000.0},
+    }
+
+
+def heartbeat_body(seq: int, started_at: float, total: int, tele: dict[str, Any],
+                   recent: list[float]) -> dict[str, Any]:
+    return {
+        "seq": seq,
+        "phase": "proving",
+        "phase_started_at": started_at,
+        "progress": None,
+        "proofs_completed_total": total,
+        "proof_seconds_recent": recent,
+        "telemetry": tele,
+    }
+
+
+def bodies(count: int, seed: int = 20240605) -> list[bytes]:
+    rng = random.Random(seed)
+    return [
+        orjson.dumps(heartbeat_body(
+            i, 1.7e9 + i, i * 3, telemetry(gpus_of(i), rng),
+            [round(rng.uniform(80, 130), 1) for _ in range(rng.randint(0, 10))],
+        ))
+        for i in range(count)
+    ]
+
+
+# --- timing ----------------------------------------------------------------------------
+
+
+def per_item_us(fn: Callable[[bytes], Any], items: list[bytes], seconds: float) -> float:
+    """Best round's microseconds per item; rounds repeat for about ``seconds``."""
+    best = float("inf")
+    deadline = time.perf_counter() + seconds
+    rounds = 0
+    while rounds < 3 or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        for item in items:
+            fn(item)
+        best = min(best, time.perf_counter() - start)
+        rounds += 1
+    return best / len(items) * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--quick", action="store_true", help="a smoke run of about a second")
+    ap.add_argument("--count", type=int, default=None, help="heartbeat bodies (default 1000)")
+    args = ap.parse_args()
+    count = args.count or (200 if args.quick else 1000)
+    seconds = 0.2 if args.quick else 3.0
+
+    items = bodies(count)
+    reference = converter(Heartbeat)
+    loads = orjson.loads
+
+    def ref_decode(body: bytes) -> Heartbeat:
+        return reference(loads(body), "")
+
+    def new_decode(body: bytes) -> Heartbeat:
+        return decode(Heartbeat, body)
+
+    mismatched = sum(new_decode(b) != ref_decode(b) for b in items)
+    if mismatched:
+        raise SystemExit(f"{mismatched} bodies decode differently; not timing")
+
+    sizes = sorted(map(len, items))
+    print(f"{count} heartbeat bodies, {sizes[0]}-{sizes[-1]} bytes "
+          f"(median {sizes[len(sizes) // 2]}), best round of ~{seconds:g} s each")
+    floor = per_item_us(loads, items, seconds)
+    ref = per_item_us(ref_decode, items, seconds)
+    new = per_item_us(new_decode, items, seconds)
+    print(f"  {'orjson.loads alone (floor)':34} {floor:7.2f} us  1.00x")
+    for name, us in (("orjson.loads + reference converter", ref),
+                     ("decode (fast path)", new)):
+        print(f"  {name:34} {us:7.2f} us  {us / floor:4.2f}x   "
+              f"check alone {us - floor:6.2f} us")
+    if new > floor:
+        print(f"check speed-up: {(ref - floor) / (new - floor):.1f}x "
+              f"(decode {ref / new:.1f}x faster overall)")
+
+
+if __name__ == "__main__":
+    main()

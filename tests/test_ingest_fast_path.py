@@ -1,0 +1,291 @@
+"""The steady-heartbeat fast path (issue 7) writes what the full path writes, and the
+writer's cached view of each instance follows every change made to it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from coord_support import Harness, heartbeat_msg, hello_msg, make_settings, start
+
+from coordinator import ingest
+from coordinator.store import Store, Tx
+from protocol.codec import from_obj
+from protocol.messages import Heartbeat, Hello
+
+AGENT = "ag_" + "5" * 20
+
+
+@pytest.fixture
+async def h(aiohttp_client: Any, tmp_path: Path) -> Harness:
+    return await start(aiohttp_client, tmp_path)
+
+
+def _heartbeat(seq: int, phase: str = "proving") -> Heartbeat:
+    return from_obj(Heartbeat, heartbeat_msg(seq, phase, telemetry=True))
+
+
+def _fleet_rows(store: Store) -> dict[str, Any]:
+    inst = store.instance_by_agent(AGENT)
+    assert inst is not None
+    return {
+        "instance": inst,
+        "heartbeat": store.latest_heartbeat(AGENT),
+        "telemetry": store.latest_telemetry(int(inst["id"])),
+        "history": store.heartbeat_history(AGENT),
+    }
+
+
+async def _drive(path: Path, *, fast: bool, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Hello, then heartbeats through the phases, at fixed times; the rows they leave."""
+    with monkeypatch.context() as m:
+        if not fast:
+            m.setattr(ingest, "_steady", lambda *a: False)
+        settings = make_settings(path.parent)
+        store = Store(path)
+        try:
+            now = 1_800_000_100.0
+
+            def setup(tx: Tx) -> None:
+                tx.insert_agent(AGENT, label="rig", kind="byo", min_rate_per_hour=None,
+                                issued_at=now)
+                ingest.hello_job(AGENT, from_obj(Hello, hello_msg()), settings, now)(tx)
+
+            await store.write(setup)
+            phases = ["booting", "fetching_params", "warming", "warming", "proving",
+                      "proving", "proving"]
+            answers = []
+            for seq, phase in enumerate(phases, start=1):
+                now += 15.0
+                answers.append(await store.write(
+                    ingest.heartbeat_job(AGENT, _heartbeat(seq, phase), settings, now)))
+            # Late and repeated heartbeats must not move anything back.
+            answers.append(await store.write(
+                ingest.heartbeat_job(AGENT, _heartbeat(3, "warming"), settings, now + 1)))
+            rows = _fleet_rows(store)
+            rows["answers"] = answers
+            return rows
+        finally:
+            store.close()
+
+
+async def test_fast_path_leaves_the_rows_the_full_path_leaves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[bool] = []
+    steady = ingest._steady
+
+    def counting(*args: Any) -> bool:
+        calls.append(steady(*args))
+        return calls[-1]
+
+    monkeypatch.setattr(ingest, "_steady", counting)
+    (tmp_path / "fast").mkdir()
+    (tmp_path / "full").mkdir()
+    fast = await _drive(tmp_path / "fast" / "c.db", fast=True, monkeypatch=monkeypatch)
+    # Steady: booting (the state hello set), the second warming, the two later provings.
+    assert calls == [True, False, False, True, False, True, True, False]
+    full = await _drive(tmp_path / "full" / "c.db", fast=False, monkeypatch=monkeypatch)
+    assert fast == full
+    assert fast["instance"]["state"] == "proving" and fast["instance"]["last_seq"] == 7
+
+
+async def test_every_change_to_an_instance_reaches_its_next_heartbeat(h: Harness) -> None:
+    agent = await h.issue()
+    assert (await agent.hello())[0] == 200
+    for _ in range(3):  # the cache is warm: these take the fast path
+        status, directive = await agent.heartbeat("proving")
+        assert (status, directive["action"]) == (200, "continue")
+    inst = h.store.instance_by_agent(agent.agent_id)
+    assert inst is not None
+
+    assert (await h.admin("POST", f"/api/instances/{inst['id']}/rebenchmark"))[0] == 200
+    assert (await agent.heartbeat("proving"))[1]["action"] == "benchmark"
+    assert (await agent.heartbeat("proving"))[1]["action"] == "continue"  # delivered once
+
+    # What the monitor's timeout job writes (through the writer, like every change).
+    await h.store.write(lambda tx: tx.update_instance(
+        inst["id"], state="terminating", terminate_reason="stayed too long in test",
+        destroy_due_at=h.clock() + 10))
+    status, directive = await agent.heartbeat("proving")
+    assert (status, directive["action"]) == (200, "terminate")
+    assert directive["reason"] == "stayed too long in test"
+
+
+async def test_revoking_an_agent_stops_its_fast_path(h: Harness) -> None:
+    agent = await h.issue()
+    await agent.hello()
+    assert (await agent.heartbeat("proving"))[0] == 200
+    assert (await h.admin("POST", f"/api/agents/{agent.agent_id}/revoke"))[0] == 200
+    # Auth refuses first; the writer's own check (behind it) is the one tested below.
+    assert (await agent.heartbeat("proving"))[0] == 401
+
+
+async def test_the_writer_refuses_a_revoked_agent_even_with_a_warm_cache(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    store = Store(tmp_path / "c.db")
+    try:
+        now = 1_800_000_100.0
+
+        def setup(tx: Tx) -> None:
+            tx.insert_agent(AGENT, label="rig", kind="byo", min_rate_per_hour=None,
+                            issued_at=now)
+            ingest.hello_job(AGENT, from_obj(Hello, hello_msg()), settings, now)(tx)
+
+        await store.write(setup)
+        for seq in (1, 2):
+            await store.write(ingest.heartbeat_job(AGENT, _heartbeat(seq), settings, now))
+        await store.write(lambda tx: tx.revoke_agent(AGENT, now=now, reason="test"))
+        with pytest.raises(Exception, match="unknown or revoked"):
+            await store.write(ingest.heartbeat_job(AGENT, _heartbeat(3), settings, now))
+    finally:
+        store.close()
+
+
+async def test_a_rolled_back_job_cannot_leave_the_cache_behind(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    store = Store(tmp_path / "c.db")
+    try:
+        now = 1_800_000_100.0
+
+        def setup(tx: Tx) -> int:
+            tx.insert_agent(AGENT, label="rig", kind="byo", min_rate_per_hour=None,
+                            issued_at=now)
+            instance_id, _ = ingest.hello_job(AGENT, from_obj(Hello, hello_msg()), settings,
+                                              now)(tx)
+            return instance_id
+
+        instance_id = await store.write(setup)
+        for seq in (1, 2):
+            await store.write(ingest.heartbeat_job(AGENT, _heartbeat(seq), settings, now))
+
+        def doomed(tx: Tx) -> None:
+            tx.update_instance(instance_id, terminate_reason="never committed")
+            raise RuntimeError("this job fails after changing the instance")
+
+        with pytest.raises(RuntimeError):
+            await store.write(doomed)
+        _, directive = await store.write(
+            ingest.heartbeat_job(AGENT, _heartbeat(3), settings, now))
+        assert directive.action == "continue"
+        row = store.get_instance(instance_id)
+        assert row is not None and row["terminate_reason"] is None
+    finally:
+        store.close()
+
+
+async def test_concurrent_heartbeats_of_many_agents_all_land(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    store = Store(tmp_path / "c.db", commit_window_s=0.005)
+    ids = [f"ag_{i:020x}" for i in range(40)]
+    try:
+        now = 1_800_000_100.0
+
+        def setup(tx: Tx) -> None:
+            for agent_id in ids:
+                tx.insert_agent(agent_id, label=agent_id, kind="byo", min_rate_per_hour=None,
+                                issued_at=now)
+                ingest.hello_job(agent_id, from_obj(Hello, hello_msg()), settings, now)(tx)
+
+        await store.write(setup)
+        for seq in (1, 2, 3):
+            answers = await asyncio.gather(*(
+                store.write(ingest.heartbeat_job(a, _heartbeat(seq), settings, now + seq))
+                for a in ids))
+            assert {d.action for _, d in answers} == {"continue"}
+        assert {r["seq"] for r in (store.latest_heartbeat(a) for a in ids) if r} == {3}
+    finally:
+        store.close()
+
+
+async def _warm_store(tmp_path: Path, **store_kw: Any) -> tuple[Store, Any, float]:
+    settings = make_settings(tmp_path)
+    store = Store(tmp_path / "c.db", **store_kw)
+    now = 1_800_000_100.0
+
+    def setup(tx: Tx) -> None:
+        tx.insert_agent(AGENT, label="rig", kind="byo", min_rate_per_hour=None, issued_at=now)
+        ingest.hello_job(AGENT, from_obj(Hello, hello_msg()), settings, now)(tx)
+
+    await store.write(setup)
+    for seq in (1, 2):  # booting, then proving: the cache is warm and the state proving
+        phase = "booting" if seq == 1 else "proving"
+        await store.write(ingest.heartbeat_job(AGENT, _heartbeat(seq, phase), settings, now))
+    return store, settings, now
+
+
+async def test_a_failing_job_in_the_same_transaction_keeps_held_heartbeats(
+    tmp_path: Path,
+) -> None:
+    store, settings, now = await _warm_store(tmp_path)
+    try:
+        def doomed(tx: Tx) -> None:
+            tx.insert_event(now, "test", "undone")
+            raise RuntimeError("fails after the steady heartbeat was held")
+
+        commits = store.commits
+        outcomes = await asyncio.gather(
+            store.write(ingest.heartbeat_job(AGENT, _heartbeat(3), settings, now + 15)),
+            store.write(doomed),
+            return_exceptions=True,
+        )
+        assert store.commits - commits == 1  # one transaction for both
+        assert isinstance(outcomes[1], RuntimeError)
+        latest = store.latest_heartbeat(AGENT)
+        inst = store.instance_by_agent(AGENT)
+        assert latest is not None and latest["seq"] == 3
+        assert inst is not None and inst["last_seq"] == 3 and inst["last_seen"] == now + 15
+        assert [e for e in store.events() if e["reason"] == "undone"] == []
+    finally:
+        store.close()
+
+
+async def test_a_late_heartbeat_behind_a_held_one_sees_it(tmp_path: Path) -> None:
+    store, settings, now = await _warm_store(tmp_path)
+    try:
+        # seq 4 is held; seq 3 arrives after it in the same transaction and must be
+        # recognised as late (it reads the instance, which writes the held rows first).
+        await asyncio.gather(
+            store.write(ingest.heartbeat_job(AGENT, _heartbeat(4), settings, now + 15)),
+            store.write(ingest.heartbeat_job(AGENT, _heartbeat(3, "warming"), settings,
+                                             now + 16)),
+        )
+        inst = store.instance_by_agent(AGENT)
+        assert inst is not None
+        assert (inst["last_seq"], inst["state"], inst["phase"]) == (4, "proving", "proving")
+        assert inst["last_seen"] == now + 16  # the late one still counts as a sign of life
+    finally:
+        store.close()
+
+
+async def test_many_held_heartbeats_land_in_one_transaction(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    store = Store(tmp_path / "c.db")
+    ids = [f"ag_{i:020x}" for i in range(150)]  # more than one multi-row statement holds
+    try:
+        now = 1_800_000_100.0
+
+        def setup(tx: Tx) -> None:
+            for agent_id in ids:
+                tx.insert_agent(agent_id, label=agent_id, kind="byo", min_rate_per_hour=None,
+                                issued_at=now)
+                ingest.hello_job(agent_id, from_obj(Hello, hello_msg()), settings, now)(tx)
+
+        await store.write(setup)
+        for seq, phase in ((1, "booting"), (2, "proving"), (3, "proving"), (4, "proving")):
+            commits = store.commits
+            await asyncio.gather(*(
+                store.write(ingest.heartbeat_job(a, _heartbeat(seq, phase), settings,
+                                                 now + seq + i / 1000))
+                for i, a in enumerate(ids)))
+            assert store.commits - commits == 1
+        for i, agent_id in enumerate(ids):
+            inst = store.instance_by_agent(agent_id)
+            latest = store.latest_heartbeat(agent_id)
+            assert inst is not None and latest is not None
+            assert (inst["last_seq"], latest["seq"]) == (4, 4)
+            assert inst["last_seen"] == latest["received_at"] == now + 4 + i / 1000
+    finally:
+        store.close()

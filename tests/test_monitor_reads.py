@@ -1,0 +1,143 @@
+"""The monitor's fleet-wide reads run on the store's reader thread, never on the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from coord_support import Harness, start
+from fakes_provider import FakeProvider, offer
+
+from coordinator.monitor import known_agent_ids
+from coordinator.store import Reads
+
+#: The scans a monitor round makes over every instance (50,000 in production).
+FLEET_SCANS = ("active_instances", "instances_of_kind", "instances_due_for_destroy",
+               "next_destroy_due_at")
+
+
+def slow_scans(monkeypatch: pytest.MonkeyPatch, delay_s: float) -> list[tuple[str, str]]:
+    """Make every fleet-wide scan sleep ``delay_s`` first, on whichever thread calls it;
+    return the (scan, thread name) calls seen."""
+    calls: list[tuple[str, str]] = []
+
+    def slowed(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def scan(self: Reads, *args: Any, **kwargs: Any) -> Any:
+            calls.append((name, threading.current_thread().name))
+            time.sleep(delay_s)  # a scan of a large fleet
+            return original(self, *args, **kwargs)
+        return scan
+
+    for name in FLEET_SCANS:
+        monkeypatch.setattr(Reads, name, slowed(name, getattr(Reads, name)))
+    return calls
+
+
+async def largest_gap(stop: asyncio.Event) -> float:
+    """Tick every 10 ms until ``stop``; the longest the loop kept us waiting."""
+    gap = 0.0
+    last = time.monotonic()
+    while not stop.is_set():
+        await asyncio.sleep(0.01)
+        now = time.monotonic()
+        gap, last = max(gap, now - last), now
+    return gap
+
+
+async def deployed(h: Harness) -> dict[str, Any]:
+    status, data = await h.admin("POST", "/api/deploy", {"offer_id": 1})
+    assert status == 200, data
+    return data
+
+
+async def test_monitor_loop_keeps_serving_during_slow_scans(
+    aiohttp_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = await start(aiohttp_client, tmp_path, provider=FakeProvider([offer(1, 11)]))
+    d = await deployed(h)
+    agent = h.agent(d["agent_id"])
+    await agent.hello()
+    await agent.heartbeat("proving")
+    monitor = h.core.monitor
+    monitor._seeded = False  # the in-loop seeding scans too
+    calls = slow_scans(monkeypatch, 0.3)
+
+    stop = asyncio.Event()
+    gaps = asyncio.create_task(largest_gap(stop))
+    run = asyncio.create_task(monitor.run())  # tick, then the next-destroy read
+    while not any(name == "next_destroy_due_at" for name, _ in calls):
+        await asyncio.sleep(0.01)
+    # A heartbeat is answered while a scan is in progress.
+    status, _ = await agent.heartbeat("proving")
+    assert status == 200
+    await asyncio.sleep(0.35)  # let the last scan finish
+    run.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await run
+    stop.set()
+
+    # Five scans of 0.3 s ran meanwhile; the loop never stalled for one of them.
+    assert await gaps < 0.1
+    assert {name for name, _ in calls} == set(FLEET_SCANS)
+    assert all(thread.startswith("store-reader") for _, thread in calls), calls
+    inst = h.store.get_instance(d["instance_id"])
+    assert inst is not None and inst["state"] == "proving"
+
+
+async def test_async_seeding_starts_untracked_timers_only(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    h = await start(aiohttp_client, tmp_path, provider=FakeProvider([offer(1, 11)]))
+    d = await deployed(h)
+    agent = h.agent(d["agent_id"])
+    await agent.hello()
+    await agent.heartbeat("proving")
+    monitor, tracker = h.core.monitor, h.core.monitor.tracker
+    heard = tracker.last_seen(d["instance_id"])
+    assert heard is not None
+    await monitor.seed_async(h.clock() + 5)
+    assert tracker.last_seen(d["instance_id"]) == heard  # already tracked: kept
+    tracker.forget(d["instance_id"])
+    await monitor.seed_async(h.clock() + 5)
+    assert tracker.last_seen(d["instance_id"]) == h.clock() + 5
+
+
+async def test_reconcile_knows_agents_without_reading_them_all(
+    aiohttp_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider = FakeProvider([offer(1, 11)])
+    h = await start(aiohttp_client, tmp_path, provider=provider)
+    fleet = h.core.settings.fleet_id
+    known = (await h.issue("rig-a")).agent_id
+    revoked = (await h.issue("rig-b")).agent_id
+    await h.store.write(lambda tx: tx.revoke_agent(revoked, now=h.clock(), reason="test"))
+
+    def boom(self: Reads) -> Any:
+        raise AssertionError("reconciliation read every agent")
+
+    monkeypatch.setattr(Reads, "list_agents", boom)
+    for pid, agent_id in ((900, known), (901, "ag_unknown"), (902, revoked)):
+        provider.instances[pid] = {
+            "id": pid, "label": f"vm:{fleet}:{agent_id}", "machine_id": pid,
+            "actual_status": "running", "start_date": 0.0,
+        }
+    actions = await h.core.monitor.reconcile(await provider.list_instances())
+    # Unrecorded instances labelled with an agent we issued (revoked or not) are left
+    # alone, as with the full agent list; an unknown agent's instance is a leak.
+    assert [(a.kind, a.instance_id) for a in actions] == [("destroy_leaked", 901)]
+    assert provider.destroyed == [901]
+
+
+async def test_known_agent_ids_asks_in_chunks(aiohttp_client: Any, tmp_path: Path) -> None:
+    h = await start(aiohttp_client, tmp_path)
+    a = (await h.issue("rig-a")).agent_id
+    b = (await h.issue("rig-b")).agent_id
+    asked = [f"ag_nobody{i}" for i in range(1200)] + [a, b, a]
+    assert await h.store.read(lambda r: known_agent_ids(r, asked)) == {a, b}
+    assert await h.store.read(lambda r: known_agent_ids(r, [])) == set()
