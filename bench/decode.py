@@ -29,59 +29,15 @@ import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from ingest import gpus_of, heartbeat_body, telemetry  # noqa: E402 (the ingest bench's shapes)
 
 from protocol.codec import decode  # noqa: E402
 from protocol.messages import Heartbeat  # noqa: E402
 from protocol.schema import converter  # noqa: E402
 
-# --- bodies (as in bench/ingest.py) ----------------------------------------------------
-
-
-def cores_for(gpus: int) -> int:
-    return min(128, 16 * gpus)
-
-
-def gpus_of(index: int) -> int:
-    """1 to 8 GPUs, weighted like a rented fleet (mostly 1, 2, 4 and 8)."""
-    return (1, 1, 2, 2, 4, 4, 8, 3, 1, 2, 6, 8)[index % 12]
-
-
-def telemetry(gpus: int, rng: random.Random) -> dict[str, Any]:
-    """A 15 s telemetry window of a busy host with ``gpus`` GPUs, as the agent sends it."""
-    cores = cores_for(gpus)
-    return {
-        "window_s": 15.0,
-        "samples": 15,
-        "gpus": [
-            {"index": i, "util_pct_mean": round(rng.uniform(85, 99), 2), "util_pct_max": 100.0,
-             "mem_used_bytes": rng.randrange(18_000_000_000, 24_000_000_000),
-             "pcie_tx_kbps_mean": round(rng.uniform(8e5, 1.5e6), 1),
-             "pcie_rx_kbps_mean": round(rng.uniform(4e6, 6e6), 1),
-             "power_w_mean": round(rng.uniform(380, 440), 1),
-             "temp_c_max": float(rng.randint(60, 80)),
-             "sm_clock_mhz_mean": round(rng.uniform(2400, 2600), 1), "throttle_reasons": 4,
-             "pcie_gen_current": 4, "pcie_width_current": 16}
-            for i in range(gpus)
-        ],
-        "cpu": {"util_pct_mean": round(rng.uniform(30, 60), 2),
-                "per_core_util_pct_mean": [round(rng.uniform(10, 90), 1) for _ in range(cores)],
-                "load1": round(rng.uniform(5, 30), 2), "iowait_pct_mean": 0.4},
-        "ram": {"used_bytes": 40_000_000_000 * gpus, "total_bytes": 64_000_000_000 * gpus},
-        "net": {"rx_bytes_per_s": 1_200_000.0, "tx_bytes_per_s": 300_000.0},
-    }
-
-
-def heartbeat_body(seq: int, started_at: float, total: int, tele: dict[str, Any],
-                   recent: list[float]) -> dict[str, Any]:
-    return {
-        "seq": seq,
-        "phase": "proving",
-        "phase_started_at": started_at,
-        "progress": None,
-        "proofs_completed_total": total,
-        "proof_seconds_recent": recent,
-        "telemetry": tele,
-    }
+# --- bodies -----------------------------------------------------------------------------
 
 
 def bodies(count: int, seed: int = 20240605) -> list[bytes]:

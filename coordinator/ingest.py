@@ -179,7 +179,7 @@ def hello_job(
 # --- heartbeat -------------------------------------------------------------------
 
 
-def _steady(hot: Row, hb: Heartbeat, settings: Settings) -> bool:
+def _steady(hot: Row, hb: Heartbeat) -> bool:
     """A heartbeat that only moves the instance's gauges: the same phase as its state, in
     order, nothing for early verdicts to judge. Most heartbeats of a fleet are steady."""
     last_seq = hot["last_seq"]
@@ -196,7 +196,7 @@ def heartbeat_job(
 ) -> Callable[[Tx], tuple[int, Directive]]:
     def job(tx: Tx) -> tuple[int, Directive]:
         hot = tx.hot_instance(agent_id) if tx.agent_revoked(agent_id) is False else None
-        if hot is not None and _steady(hot, hb, settings):
+        if hot is not None and _steady(hot, hb):
             return _steady_heartbeat(tx, hot, agent_id, hb, settings, now)
         inst = _require_instance(tx, agent_id)
         last_seq = inst["last_seq"]

@@ -187,7 +187,8 @@ def tune_gc() -> None:
     objects), so the default threshold runs a young collection every few requests, and
     the older generations, which hold the caches that grow with the fleet (the writer's
     instance view, nonce memory), are walked again and again: at 2,000 heartbeats/s
-    that cost a third of the CPU and stalled requests for hundreds of milliseconds.
+    that cost ~100 us a heartbeat (a quarter of its CPU) and stalled requests for
+    hundreds of milliseconds.
     Everything alive once the server is up (modules, the app, the preloaded caches)
     is moved out of the collector's sight for good, and young collections run every
     ``GC_YOUNG_THRESHOLD`` allocations. Reference counting still frees almost

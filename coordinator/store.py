@@ -528,14 +528,9 @@ HEARTBEAT_COLUMNS = ("last_seq", "last_seen", "phase", "phase_started_at", "prog
 _HEARTBEAT_UPDATE = (
     f"update instances set {', '.join(f'{c} = ?' for c in HEARTBEAT_COLUMNS)} where id = ?"
 )
-#: The ``heartbeats`` row (latest per agent), in the order ``Tx.upsert_heartbeat`` takes.
+#: The ``heartbeats`` row (latest per agent): its columns, in statement order.
 HEARTBEAT_ROW = ("agent_id", "instance_id", "received_at", "seq", "phase", "phase_started_at",
                  "progress_json", "proofs_completed_total", "proof_seconds_recent_json")
-_HEARTBEAT_UPSERT = (
-    f"insert into heartbeats ({', '.join(HEARTBEAT_ROW)}) "
-    f"values ({', '.join('?' for _ in HEARTBEAT_ROW)}) on conflict (agent_id) do update set "
-    + ", ".join(f"{c} = excluded.{c}" for c in HEARTBEAT_ROW[1:])
-)
 
 
 # Multi-row statements write held rows in a few steps, not one per row: each step lets go
@@ -685,7 +680,7 @@ class Tx(Reads):
         try:
             held.write(self._raw)
         except Exception as exc:
-            self.write_error = exc  # rows of answered jobs are gone: the batch must fail
+            self.write_error = exc  # rows of jobs that succeeded are lost: fail the batch
             raise
 
     def begin_job(self) -> None:
@@ -946,10 +941,10 @@ class Tx(Reads):
     # heartbeats, telemetry
 
     def upsert_heartbeat(self, row: dict[str, Any]) -> None:
-        """Set the agent's latest heartbeat (``row`` has ``HEARTBEAT_ROW`` in order). An
+        """Set the agent's latest heartbeat (``row`` has the ``HEARTBEAT_ROW`` columns). An
         in-place upsert: ``insert or replace`` would delete and re-insert, writing two
         pages of the table and two of its key index instead of one."""
-        self._exec(_HEARTBEAT_UPSERT, list(row.values()))
+        self._exec(_latest_upsert(1), [row[c] for c in HEARTBEAT_ROW])
 
     def append_heartbeat_history(
         self, row: dict[str, Any], *, interval_s: float, keep_rows: int

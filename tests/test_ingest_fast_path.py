@@ -4,6 +4,7 @@ writer's cached view of each instance follows every change made to it."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +12,27 @@ import pytest
 from coord_support import Harness, heartbeat_msg, hello_msg, make_settings, start
 
 from coordinator import ingest
+from coordinator import store as store_module
 from coordinator.store import Store, Tx
 from protocol.codec import from_obj
 from protocol.messages import Heartbeat, Hello
 
 AGENT = "ag_" + "5" * 20
+NOW = 1_800_000_100.0
+
+
+def _issue(settings: Any, ids: list[str], now: float = NOW) -> Callable[[Tx], list[int]]:
+    """A write job: issue bring-your-own agents and say hello for each; their instances."""
+    def job(tx: Tx) -> list[int]:
+        instances = []
+        for agent_id in ids:
+            tx.insert_agent(agent_id, label=agent_id, kind="byo", min_rate_per_hour=None,
+                            issued_at=now)
+            instance_id, _ = ingest.hello_job(agent_id, from_obj(Hello, hello_msg()), settings,
+                                              now)(tx)
+            instances.append(instance_id)
+        return instances
+    return job
 
 
 @pytest.fixture
@@ -46,14 +63,8 @@ async def _drive(path: Path, *, fast: bool, monkeypatch: pytest.MonkeyPatch) -> 
         settings = make_settings(path.parent)
         store = Store(path)
         try:
-            now = 1_800_000_100.0
-
-            def setup(tx: Tx) -> None:
-                tx.insert_agent(AGENT, label="rig", kind="byo", min_rate_per_hour=None,
-                                issued_at=now)
-                ingest.hello_job(AGENT, from_obj(Hello, hello_msg()), settings, now)(tx)
-
-            await store.write(setup)
+            now = NOW
+            await store.write(_issue(settings, [AGENT]))
             phases = ["booting", "fetching_params", "warming", "warming", "proving",
                       "proving", "proving"]
             answers = []
@@ -127,14 +138,8 @@ async def test_the_writer_refuses_a_revoked_agent_even_with_a_warm_cache(tmp_pat
     settings = make_settings(tmp_path)
     store = Store(tmp_path / "c.db")
     try:
-        now = 1_800_000_100.0
-
-        def setup(tx: Tx) -> None:
-            tx.insert_agent(AGENT, label="rig", kind="byo", min_rate_per_hour=None,
-                            issued_at=now)
-            ingest.hello_job(AGENT, from_obj(Hello, hello_msg()), settings, now)(tx)
-
-        await store.write(setup)
+        now = NOW
+        await store.write(_issue(settings, [AGENT]))
         for seq in (1, 2):
             await store.write(ingest.heartbeat_job(AGENT, _heartbeat(seq), settings, now))
         await store.write(lambda tx: tx.revoke_agent(AGENT, now=now, reason="test"))
@@ -148,16 +153,8 @@ async def test_a_rolled_back_job_cannot_leave_the_cache_behind(tmp_path: Path) -
     settings = make_settings(tmp_path)
     store = Store(tmp_path / "c.db")
     try:
-        now = 1_800_000_100.0
-
-        def setup(tx: Tx) -> int:
-            tx.insert_agent(AGENT, label="rig", kind="byo", min_rate_per_hour=None,
-                            issued_at=now)
-            instance_id, _ = ingest.hello_job(AGENT, from_obj(Hello, hello_msg()), settings,
-                                              now)(tx)
-            return instance_id
-
-        instance_id = await store.write(setup)
+        now = NOW
+        (instance_id,) = await store.write(_issue(settings, [AGENT]))
         for seq in (1, 2):
             await store.write(ingest.heartbeat_job(AGENT, _heartbeat(seq), settings, now))
 
@@ -181,15 +178,8 @@ async def test_concurrent_heartbeats_of_many_agents_all_land(tmp_path: Path) -> 
     store = Store(tmp_path / "c.db", commit_window_s=0.005)
     ids = [f"ag_{i:020x}" for i in range(40)]
     try:
-        now = 1_800_000_100.0
-
-        def setup(tx: Tx) -> None:
-            for agent_id in ids:
-                tx.insert_agent(agent_id, label=agent_id, kind="byo", min_rate_per_hour=None,
-                                issued_at=now)
-                ingest.hello_job(agent_id, from_obj(Hello, hello_msg()), settings, now)(tx)
-
-        await store.write(setup)
+        now = NOW
+        await store.write(_issue(settings, ids))
         for seq in (1, 2, 3):
             answers = await asyncio.gather(*(
                 store.write(ingest.heartbeat_job(a, _heartbeat(seq), settings, now + seq))
@@ -203,13 +193,8 @@ async def test_concurrent_heartbeats_of_many_agents_all_land(tmp_path: Path) -> 
 async def _warm_store(tmp_path: Path, **store_kw: Any) -> tuple[Store, Any, float]:
     settings = make_settings(tmp_path)
     store = Store(tmp_path / "c.db", **store_kw)
-    now = 1_800_000_100.0
-
-    def setup(tx: Tx) -> None:
-        tx.insert_agent(AGENT, label="rig", kind="byo", min_rate_per_hour=None, issued_at=now)
-        ingest.hello_job(AGENT, from_obj(Hello, hello_msg()), settings, now)(tx)
-
-    await store.write(setup)
+    now = NOW
+    await store.write(_issue(settings, [AGENT]))
     for seq in (1, 2):  # booting, then proving: the cache is warm and the state proving
         phase = "booting" if seq == 1 else "proving"
         await store.write(ingest.heartbeat_job(AGENT, _heartbeat(seq, phase), settings, now))
@@ -260,20 +245,17 @@ async def test_a_late_heartbeat_behind_a_held_one_sees_it(tmp_path: Path) -> Non
         store.close()
 
 
-async def test_many_held_heartbeats_land_in_one_transaction(tmp_path: Path) -> None:
+@pytest.mark.parametrize("update_from", [True, False], ids=["update-from", "row-by-row"])
+async def test_many_held_heartbeats_land_in_one_transaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, update_from: bool
+) -> None:
+    monkeypatch.setattr(store_module, "_UPDATE_FROM", update_from)  # SQLite before 3.33
     settings = make_settings(tmp_path)
     store = Store(tmp_path / "c.db")
     ids = [f"ag_{i:020x}" for i in range(150)]  # more than one multi-row statement holds
     try:
-        now = 1_800_000_100.0
-
-        def setup(tx: Tx) -> None:
-            for agent_id in ids:
-                tx.insert_agent(agent_id, label=agent_id, kind="byo", min_rate_per_hour=None,
-                                issued_at=now)
-                ingest.hello_job(agent_id, from_obj(Hello, hello_msg()), settings, now)(tx)
-
-        await store.write(setup)
+        now = NOW
+        await store.write(_issue(settings, ids))
         for seq, phase in ((1, "booting"), (2, "proving"), (3, "proving"), (4, "proving")):
             commits = store.commits
             await asyncio.gather(*(

@@ -50,20 +50,21 @@ async def largest_gap(stop: asyncio.Event) -> float:
     return gap
 
 
-async def deployed(h: Harness) -> dict[str, Any]:
-    status, data = await h.admin("POST", "/api/deploy", {"offer_id": 1})
-    assert status == 200, data
-    return data
+async def proving(aiohttp_client: Any, tmp_path: Path) -> tuple[Harness, dict[str, Any], Any]:
+    """A coordinator with one deployed instance whose agent said hello and is proving."""
+    h = await start(aiohttp_client, tmp_path, provider=FakeProvider([offer(1, 11)]))
+    status, d = await h.admin("POST", "/api/deploy", {"offer_id": 1})
+    assert status == 200, d
+    agent = h.agent(d["agent_id"])
+    await agent.hello()
+    await agent.heartbeat("proving")
+    return h, d, agent
 
 
 async def test_monitor_loop_keeps_serving_during_slow_scans(
     aiohttp_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    h = await start(aiohttp_client, tmp_path, provider=FakeProvider([offer(1, 11)]))
-    d = await deployed(h)
-    agent = h.agent(d["agent_id"])
-    await agent.hello()
-    await agent.heartbeat("proving")
+    h, d, agent = await proving(aiohttp_client, tmp_path)
     monitor = h.core.monitor
     monitor._seeded = False  # the in-loop seeding scans too
     calls = slow_scans(monkeypatch, 0.3)
@@ -93,11 +94,7 @@ async def test_monitor_loop_keeps_serving_during_slow_scans(
 async def test_async_seeding_starts_untracked_timers_only(
     aiohttp_client: Any, tmp_path: Path
 ) -> None:
-    h = await start(aiohttp_client, tmp_path, provider=FakeProvider([offer(1, 11)]))
-    d = await deployed(h)
-    agent = h.agent(d["agent_id"])
-    await agent.hello()
-    await agent.heartbeat("proving")
+    h, d, _ = await proving(aiohttp_client, tmp_path)
     monitor, tracker = h.core.monitor, h.core.monitor.tracker
     heard = tracker.last_seen(d["instance_id"])
     assert heard is not None
