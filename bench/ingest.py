@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import hashlib
 import hmac
 import json
@@ -226,6 +227,14 @@ def role_coordinator(ready_file: str) -> None:
     from coordinator.settings import Settings
 
     settings = Settings.from_env(os.environ)
+    pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}  # seconds, per generation
+    began = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            pauses[info["generation"]].append(time.perf_counter() - began[0])
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -234,11 +243,20 @@ def role_coordinator(ready_file: str) -> None:
             loop.add_signal_handler(sig, stop.set)
         provider = make_provider(settings, "local")
         server = await start_server(settings, provider)
-        tune_gc()  # as `vast-manager serve` does
+        mode = os.environ.get("BENCH_GC", "serve")
+        if mode == "serve":
+            tune_gc()  # as `vast-manager serve` does
+        elif mode == "off":
+            gc.disable()
+        gc.callbacks.append(on_gc)
         Path(ready_file).write_text(server.url)
         try:
             await stop.wait()
         finally:
+            gc.callbacks.remove(on_gc)
+            Path(ready_file + ".gc.json").write_bytes(orjson.dumps(
+                {str(g): {"collections": len(v), "total_ms": 1e3 * sum(v),
+                          "longest_ms": 1e3 * max(v, default=0.0)} for g, v in pauses.items()}))
             await server.stop()
             with contextlib.suppress(Exception):
                 await provider.close()
@@ -598,7 +616,7 @@ def main_run(args: argparse.Namespace) -> dict[str, Any]:
            "VM_DB_PATH": str(workdir / "coord.db"), "VM_CONFIG_DIR": str(workdir / "config"),
            "VM_HOST": "127.0.0.1", "VM_PORT": "0",
            # Agents of a larger rung wait silently through the smaller ones: not `lost`.
-           "VM_SILENCE_GRACE_S": "3600", "PYTHONPATH": str(ROOT)}
+           "VM_SILENCE_GRACE_S": "3600", "PYTHONPATH": str(ROOT), "BENCH_GC": args.gc}
     fleet_size = max(args.agents, round(max(args.rates or [0]) * PACE_S))
     ids = [agent_id_for(i, salt) for i in range(fleet_size)]
     took = provision(env["VM_DB_PATH"], env, ids)
@@ -669,6 +687,12 @@ def main_run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for s in reversed(servers):
             s.stop()
+    gc_file = workdir / "coordinator.url.gc.json"
+    if gc_file.exists():
+        out["gc"] = orjson.loads(gc_file.read_bytes())
+        print(f"coordinator garbage collection over the run (--gc {args.gc}): " + "; ".join(
+            f"generation {g}: {v['collections']} collections, {v['total_ms']:.0f} ms, "
+            f"longest {v['longest_ms']:.1f} ms" for g, v in out["gc"].items()), flush=True)
     out["db_bytes"] = sum(p.stat().st_size for p in workdir.glob("coord.db*"))
     if not args.keep:
         for p in sorted(workdir.rglob("*"), reverse=True):
@@ -743,6 +767,9 @@ def main() -> None:
     parser.add_argument("--rate-seconds", type=float, default=20.0, help="window of each rung")
     parser.add_argument("--warmup-s", type=float, default=float(PACE_S),
                         help="uncounted warm-up before each rung (default: one pace)")
+    parser.add_argument("--gc", choices=("serve", "default", "off"), default="serve",
+                        help="the coordinator's garbage collector: as `vast-manager serve` "
+                             "tunes it (default), CPython's defaults, or off")
     parser.add_argument("--json-out", help="also write the figures as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import secrets
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ from aiohttp.test_utils import TestClient
 from fakes_provider import FakeClock, FakeProvider
 
 from coordinator.app import CORE, Core, create_app
+from coordinator.server import start_server
 from coordinator.settings import Settings
 from coordinator.store import Store
 
@@ -257,3 +260,32 @@ async def start(
 
 async def _close(store: Store) -> None:
     store.close()
+
+
+class ServerThread:
+    """A real coordinator (``start_server``) on its own event loop in a thread, so a
+    synchronous client (the CLI, a subprocess) can call it."""
+
+    def __init__(self, tmp_path: Path, provider: FakeProvider | None = None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.provider = provider or FakeProvider()
+        self.settings = make_settings(tmp_path, port=0)
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.server: Any = None
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(start_server(self.settings, self.provider))
+        self.ready.set()
+        self.loop.run_forever()
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        assert self.ready.wait(30), "coordinator did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,47 +9,19 @@ from typing import Any
 import orjson
 import pytest
 from click.testing import CliRunner
-from coord_support import ADMIN_TOKEN, make_settings
+from coord_support import ADMIN_TOKEN, ServerThread
 from fakes_provider import FakeProvider, offer
 
 from coordinator import clidoc
 from coordinator.cli import cli
-from coordinator.server import start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class ServerThread:
-    """A coordinator serving from its own event loop, so the sync CLI can call it."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.provider = FakeProvider([offer(9001, 41001), offer(9002, 41002, dph_total=0.9)])
-        self.settings = make_settings(tmp_path, port=0)
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.server: Any = None
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.server = self.loop.run_until_complete(start_server(self.settings, self.provider))
-        self.ready.set()
-        self.loop.run_forever()
-
-    def __enter__(self) -> ServerThread:
-        self.thread.start()
-        assert self.ready.wait(30), "coordinator did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
-
-
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerThread]:
-    with ServerThread(tmp_path) as s:
+    offers = [offer(9001, 41001), offer(9002, 41002, dph_total=0.9)]
+    with ServerThread(tmp_path, FakeProvider(offers)) as s:
         yield s
 
 

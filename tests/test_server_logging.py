@@ -3,7 +3,6 @@ against real processes on loopback."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import logging
@@ -19,10 +18,9 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-from coord_support import ADMIN_TOKEN, SECRET_HEX, make_settings
-from fakes_provider import FakeProvider
+from coord_support import ADMIN_TOKEN, SECRET_HEX, ServerThread, make_settings
 
-from coordinator.server import REDACTED, configure_logging, start_server
+from coordinator.server import REDACTED, configure_logging
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -134,33 +132,6 @@ def test_serve_log_json_writes_json_lines_and_keeps_a_generated_token_out(
 
 
 # --- logs --follow --------------------------------------------------------------------------
-
-
-class ServerThread:
-    """A coordinator on its own loop, so a CLI process can follow it."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.settings = make_settings(tmp_path, port=0)
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.server: Any = None
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.server = self.loop.run_until_complete(start_server(self.settings, FakeProvider()))
-        self.ready.set()
-        self.loop.run_forever()
-
-    def __enter__(self) -> ServerThread:
-        self.thread.start()
-        assert self.ready.wait(30), "coordinator did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
 
 
 def test_logs_follow_prints_new_lines_once(tmp_path: Path) -> None:
