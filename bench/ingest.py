@@ -223,7 +223,7 @@ def provision(db_path: str, env: dict[str, str], ids: list[str], first_seq: int 
 
 def role_coordinator(ready_file: str) -> None:
     """The coordinator as ``vast-manager serve`` runs it (start_server), on port 0."""
-    from coordinator.server import make_provider, start_server, tune_gc
+    from coordinator.server import make_provider, start_server, tune_gc, tune_switch_interval
     from coordinator.settings import Settings
 
     settings = Settings.from_env(os.environ)
@@ -248,6 +248,11 @@ def role_coordinator(ready_file: str) -> None:
             tune_gc()  # as `vast-manager serve` does
         elif mode == "off":
             gc.disable()
+        switch_ms = os.environ.get("BENCH_SWITCH_MS", "")
+        if switch_ms:
+            tune_switch_interval(float(switch_ms) / 1000)
+        else:
+            tune_switch_interval()  # as `vast-manager serve` does
         gc.callbacks.append(on_gc)
         Path(ready_file).write_text(server.url)
         try:
@@ -351,15 +356,128 @@ class ServerProcess:
 # --- load generator --------------------------------------------------------------------
 
 
-async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
-    import aiohttp
+class _HttpConnection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection: one request at a time, its answer parsed by hand.
 
+    The generators share the two cores with the server, so they are kept lean: this
+    costs a fraction of aiohttp's client per request, which leaves the coordinator the
+    CPU a real fleet (50,000 separate machines) would never take from it."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.waiter: asyncio.Future[tuple[int, str | None, bytes]] | None = None
+        self.broken = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        lines = bytes(self.buf[:end]).split(b"\r\n")
+        length, signature = 0, None
+        for raw in lines[1:]:
+            name, _, value = raw.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"x-vm-signature":
+                signature = value.strip().decode()
+        total = end + 4 + length
+        if len(self.buf) < total:
+            return
+        body = bytes(self.buf[end + 4:total])
+        del self.buf[:total]
+        waiter.set_result((int(lines[0].split(b" ", 2)[1]), signature, body))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.broken = True
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(exc or ConnectionResetError("connection closed"))
+
+
+class _HttpPool:
+    """At most ``limit`` connections to one server; a request waits for a free one."""
+
+    def __init__(self, url: str, limit: int, timeout_s: float) -> None:
+        host, _, port = url.removeprefix("http://").partition(":")
+        self.host, self.port = host, int(port)
+        self.limit, self.timeout_s = limit, timeout_s
+        self.idle: list[_HttpConnection] = []
+        self.opened = 0
+        self.freed = asyncio.Condition()
+
+    async def _take(self) -> _HttpConnection:
+        while True:
+            while self.idle:
+                conn = self.idle.pop()
+                if not conn.broken:
+                    return conn
+                self.opened -= 1
+            if self.opened < self.limit:
+                self.opened += 1
+                try:
+                    _, conn = await asyncio.get_running_loop().create_connection(
+                        _HttpConnection, self.host, self.port)
+                except BaseException:
+                    self.opened -= 1
+                    raise
+                return conn
+            async with self.freed:
+                await self.freed.wait()
+
+    async def _give(self, conn: _HttpConnection | None) -> None:
+        if conn is not None:
+            self.idle.append(conn)
+        else:
+            self.opened -= 1
+        async with self.freed:
+            self.freed.notify()
+
+    async def post(self, path: str, headers: dict[str, str],
+                   body: bytes) -> tuple[int, str | None, bytes]:
+        """(status, X-VM-Signature, body); raises on a failed or timed-out exchange (the
+        timeout counts from the call, waiting for a free connection included)."""
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        request = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{head}"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        async with asyncio.timeout_at(deadline):
+            conn = await self._take()
+        conn.waiter = asyncio.get_running_loop().create_future()
+        try:
+            assert conn.transport is not None
+            conn.transport.write(request)
+            async with asyncio.timeout_at(deadline):
+                answer = await conn.waiter
+        except BaseException:
+            if conn.transport is not None:
+                conn.transport.abort()
+            await self._give(None)
+            raise
+        conn.waiter = None
+        await self._give(conn)
+        return answer
+
+    def close(self) -> None:
+        for conn in self.idle:
+            if conn.transport is not None:
+                conn.transport.close()
+
+
+async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     agents = [(a, bytes.fromhex(k), g, s, off) for a, k, g, s, off in spec["agents"]]
     rng = random.Random(spec["seed"])
     teles = {g: telemetry(g, rng) for g in range(1, 9)}
     seqs = {a: s for a, _, _, s, _ in agents}
     totals = dict.fromkeys(seqs, 100)
-    url = spec["url"] + HEARTBEAT_PATH
     start_at, duration = spec["start_at"], spec["duration"]
     latencies: list[float] = []  # from the scheduled (open) or send (closed) time, seconds
     send_latencies: list[float] = []
@@ -369,7 +487,7 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     warmup_s = spec.get("warmup_s", 0.0)
 
-    async def one(session: aiohttp.ClientSession, agent: tuple[Any, ...], scheduled: float,
+    async def one(pool: _HttpPool, agent: tuple[Any, ...], scheduled: float,
                   counted: bool = True) -> None:
         agent_id, key, gpus = agent[0], agent[1], agent[2]
         seqs[agent_id] += 1
@@ -382,15 +500,11 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         sent = time.perf_counter()
         if not counted:  # the warm-up pace: sent and answered, never counted
             with contextlib.suppress(Exception):
-                async with session.post(url, data=body, headers=headers) as resp:
-                    await resp.read()
+                await pool.post(HEARTBEAT_PATH, headers, body)
             return
         counts["sent"] += 1
         try:
-            async with session.post(url, data=body, headers=headers) as resp:
-                raw = await resp.read()
-                status = resp.status
-                signature = resp.headers.get("X-VM-Signature")
+            status, signature, raw = await pool.post(HEARTBEAT_PATH, headers, body)
         except Exception as err:  # a lost heartbeat: counted, never raised
             counts["lost"] += 1
             name = type(err).__name__
@@ -410,9 +524,8 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         send_latencies.append(done - sent)
         latencies.append(done - scheduled)
 
-    timeout = aiohttp.ClientTimeout(total=spec["timeout_s"])
-    connector = aiohttp.TCPConnector(limit=spec["connections"])
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    session = _HttpPool(spec["url"], spec["connections"], spec["timeout_s"])
+    try:
         # Warm the connections before the clock starts.
         await asyncio.sleep(max(0.0, start_at - time.time()))
         t0 = time.perf_counter()
@@ -463,6 +576,8 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             await marker
         wall = time.perf_counter() - t0 - warmup_s
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    finally:
+        session.close()
     return {
         "counts": counts, "statuses": statuses, "errors": errors, "wall_s": wall,
         "cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
@@ -616,7 +731,9 @@ def main_run(args: argparse.Namespace) -> dict[str, Any]:
            "VM_DB_PATH": str(workdir / "coord.db"), "VM_CONFIG_DIR": str(workdir / "config"),
            "VM_HOST": "127.0.0.1", "VM_PORT": "0",
            # Agents of a larger rung wait silently through the smaller ones: not `lost`.
-           "VM_SILENCE_GRACE_S": "3600", "PYTHONPATH": str(ROOT), "BENCH_GC": args.gc}
+           "VM_SILENCE_GRACE_S": "3600", "PYTHONPATH": str(ROOT), "BENCH_GC": args.gc,
+           "BENCH_SWITCH_MS": "" if args.switch_interval_ms is None
+           else str(args.switch_interval_ms)}
     fleet_size = max(args.agents, round(max(args.rates or [0]) * PACE_S))
     ids = [agent_id_for(i, salt) for i in range(fleet_size)]
     took = provision(env["VM_DB_PATH"], env, ids)
@@ -770,6 +887,9 @@ def main() -> None:
     parser.add_argument("--gc", choices=("serve", "default", "off"), default="serve",
                         help="the coordinator's garbage collector: as `vast-manager serve` "
                              "tunes it (default), CPython's defaults, or off")
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="the coordinator's GIL switch interval in ms (default: as "
+                             "`vast-manager serve` sets it, 1; CPython's own is 5)")
     parser.add_argument("--json-out", help="also write the figures as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()

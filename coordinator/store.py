@@ -531,6 +531,14 @@ _HEARTBEAT_UPDATE = (
 #: The ``heartbeats`` row (latest per agent): its columns, in statement order.
 HEARTBEAT_ROW = ("agent_id", "instance_id", "received_at", "seq", "phase", "phase_started_at",
                  "progress_json", "proofs_completed_total", "proof_seconds_recent_json")
+#: A ``heartbeat_history`` row's columns, in statement order.
+HISTORY_ROW = ("agent_id", "instance_id", "received_at", "seq", "phase",
+               "proofs_completed_total", "telemetry_json")
+# Retention of one agent's history: everything below its ``keep``-th newest row.
+_HISTORY_TRIM = (
+    "delete from heartbeat_history where agent_id = ? and id <= (select id from "
+    "heartbeat_history where agent_id = ? order by id desc limit 1 offset ?)"
+)
 
 
 # Multi-row statements write held rows in a few steps, not one per row: each step lets go
@@ -578,6 +586,12 @@ def _latest_upsert(count: int) -> str:
 
 
 @functools.cache
+def _history_insert(count: int) -> str:
+    return (f"insert into heartbeat_history ({', '.join(HISTORY_ROW)}) "
+            f"values {_values(len(HISTORY_ROW), count)}")
+
+
+@functools.cache
 def _telemetry_replace(count: int) -> str:
     return ("insert or replace into telemetry (instance_id, received_at, telemetry_json) "
             f"values {_values(3, count)}")
@@ -592,29 +606,36 @@ def _write_rows(conn: sqlite3.Connection, statement: Callable[[int], str],
 class _Held:
     """Heartbeats' writes not yet in the database: steady heartbeats' instance gauges (by
     instance id, values in ``HEARTBEAT_COLUMNS`` order) and latest heartbeat rows (by
-    agent), and every heartbeat's latest telemetry (by instance). A later heartbeat of
-    the same instance replaces its earlier one."""
+    agent), and every heartbeat's latest telemetry (by instance), where a later heartbeat
+    of the same instance replaces its earlier one; and history rows (in order), with the
+    retention each agent's history is then trimmed to."""
 
-    __slots__ = ("gauges", "latest", "telemetry")
+    __slots__ = ("gauges", "history", "latest", "telemetry", "trims")
 
     def __init__(self) -> None:
         self.gauges: dict[int, tuple[Any, ...]] = {}
         self.latest: dict[str, tuple[Any, ...]] = {}
         self.telemetry: dict[int, tuple[int, float, str]] = {}
+        self.history: list[tuple[Any, ...]] = []
+        self.trims: dict[str, int] = {}  # agent id -> rows its history keeps
 
     def __bool__(self) -> bool:
-        return bool(self.gauges or self.latest or self.telemetry)
+        return bool(self.gauges or self.latest or self.telemetry or self.history)
 
     def take(self, other: _Held) -> None:
         self.gauges.update(other.gauges)
         self.latest.update(other.latest)
         self.telemetry.update(other.telemetry)
+        self.history += other.history
+        self.trims.update(other.trims)
         other.clear()
 
     def clear(self) -> None:
         self.gauges.clear()
         self.latest.clear()
         self.telemetry.clear()
+        self.history.clear()
+        self.trims.clear()
 
     def write(self, conn: sqlite3.Connection) -> None:
         if self.gauges:
@@ -627,6 +648,10 @@ class _Held:
             _write_rows(conn, _latest_upsert, list(self.latest.values()))
         if self.telemetry:
             _write_rows(conn, _telemetry_replace, list(self.telemetry.values()))
+        if self.history:
+            _write_rows(conn, _history_insert, self.history)
+            # After every insert, so each agent keeps its newest rows, the new ones included.
+            conn.executemany(_HISTORY_TRIM, [(a, a, keep) for a, keep in self.trims.items()])
         self.clear()
 
 
@@ -958,10 +983,10 @@ class Tx(Reads):
         last = self._history_last_at.get(agent_id)
         if last is None:
             # The newest row by id is the newest in time (rows are appended as they come):
-            # one index seek, where max(received_at) read every row of the agent. Held rows
-            # never touch this table, so the raw connection reads it without writing them.
+            # one index seek, where max(received_at) read every row of the agent. (A miss:
+            # an agent's first heartbeat, or the first after a rollback dropped the cache.)
             found = _one(
-                self._raw,
+                self._conn,
                 "select received_at as at from heartbeat_history where agent_id = ? "
                 "order by id desc limit 1",
                 (agent_id,),
@@ -970,14 +995,12 @@ class Tx(Reads):
         if now - last < interval_s:
             self._history_last_at[agent_id] = last
             return False
-        new_id = self._insert("heartbeat_history", row)
+        # Held like a steady heartbeat's rows: a read or a statement of its own here would
+        # write the transaction's held rows early and open this job's savepoint, for one
+        # in twenty heartbeats of a fleet at the default pace.
+        self._held_job.history.append(tuple(row[c] for c in HISTORY_ROW))
+        self._held_job.trims[agent_id] = keep_rows
         self._history_last_at[agent_id] = now
-        cutoff = self._nth_id("heartbeat_history", "agent_id", agent_id, keep_rows)
-        if cutoff >= 0:
-            self._exec(
-                "delete from heartbeat_history where agent_id = ? and id <= ? and id != ?",
-                (agent_id, cutoff, new_id),
-            )
         return True
 
     def _nth_id(self, table: str, key: str, value: Any, keep: int) -> int:

@@ -4,6 +4,7 @@ writer's cached view of each instance follows every change made to it."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -271,3 +272,70 @@ async def test_many_held_heartbeats_land_in_one_transaction(
             assert inst["last_seen"] == latest["received_at"] == now + 4 + i / 1000
     finally:
         store.close()
+
+
+async def test_history_rows_are_held_and_trimmed_with_their_transaction(tmp_path: Path) -> None:
+    """Heartbeats due a history row hold it like their other rows: a round of 150 agents
+    is still one transaction, every row lands, and retention keeps each agent's newest."""
+    settings = make_settings(tmp_path, heartbeat_history_interval_s=10.0,
+                             heartbeat_history_rows=2)
+    store = Store(tmp_path / "c.db")
+    ids = [f"ag_{i:020x}" for i in range(150)]
+    try:
+        now = NOW
+        await store.write(_issue(settings, ids))
+        for seq, phase in ((1, "booting"), (2, "proving"), (3, "proving"), (4, "proving")):
+            commits = store.commits
+            await asyncio.gather(*(
+                store.write(ingest.heartbeat_job(a, _heartbeat(seq, phase), settings,
+                                                 now + 15 * seq))
+                for a in ids))
+            assert store.commits - commits == 1
+        for agent_id in ids:
+            history = store.heartbeat_history(agent_id)
+            assert [h["seq"] for h in history] == [3, 4]
+            assert [h["received_at"] for h in history] == [now + 45, now + 60]
+            assert all(h["telemetry_json"] for h in history)
+    finally:
+        store.close()
+
+
+async def test_a_failed_job_loses_only_its_own_history_row(tmp_path: Path) -> None:
+    store, settings, now = await _warm_store(tmp_path)
+    other = "ag_" + "6" * 20
+    await store.write(_issue(settings, [other]))
+    try:
+        def doomed(tx: Tx) -> None:
+            tx.append_heartbeat_history(
+                {"agent_id": other, "instance_id": 2, "received_at": now + 15, "seq": 9,
+                 "phase": "proving", "proofs_completed_total": 0, "telemetry_json": None},
+                interval_s=settings.heartbeat_history_interval_s, keep_rows=10)
+            raise RuntimeError("fails after holding a history row")
+
+        later = now + settings.heartbeat_history_interval_s + 1
+        outcomes = await asyncio.gather(
+            store.write(ingest.heartbeat_job(AGENT, _heartbeat(3), settings, later)),
+            store.write(doomed),
+            return_exceptions=True,
+        )
+        assert isinstance(outcomes[1], RuntimeError)
+        assert [h["seq"] for h in store.heartbeat_history(AGENT)][-1] == 3
+        assert store.heartbeat_history(other) == []
+        # The failed job's row was never written, and the writer did not remember it:
+        # the agent's next heartbeat is still due a history row.
+        await store.write(ingest.heartbeat_job(other, _heartbeat(1), settings, later + 1))
+        assert [h["seq"] for h in store.heartbeat_history(other)] == [1]
+    finally:
+        store.close()
+
+
+def test_serving_shortens_the_gil_switch_interval() -> None:
+    from coordinator.server import SWITCH_INTERVAL_S, tune_switch_interval
+
+    before = sys.getswitchinterval()
+    try:
+        tune_switch_interval()
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
+        assert before > SWITCH_INTERVAL_S  # shorter than CPython's 5 ms
+    finally:
+        sys.setswitchinterval(before)
