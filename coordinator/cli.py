@@ -214,14 +214,20 @@ def _progress(p: Any) -> str:
 def status(client: OperatorClient, as_json: bool) -> None:
     """The fleet: every instance with state, phase, rate and cost per proof.
 
+    With --json: the API's list, indented on a terminal and compact when piped.
+
     \b
     Example:
       vast-manager status --url http://coordinator:8420
     """
-    rows = client.get("/api/instances")
     if as_json:
-        echo_json(rows)
+        raw = client.get_json_bytes("/api/instances")
+        if sys.stdout.isatty():
+            echo_json(orjson.loads(raw))
+        else:  # for a script: the API's own JSON, compact, without a parse and re-encode
+            click.echo(raw)
         return
+    rows = client.get("/api/instances")
     if not rows:
         click.echo("No instances.")
         return

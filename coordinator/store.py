@@ -380,11 +380,15 @@ class Reads:
     def instance_by_agent(self, agent_id: str) -> Row | None:
         return _one(self._conn, "select * from instances where agent_id = ?", (agent_id,))
 
-    def list_instances(self, columns: Sequence[str] | None = None) -> list[Row]:
-        """Every instance; ``columns`` names the ones wanted (default all: the list view
-        skips the wide ``host_json``, half the time of 10,000 rows)."""
-        cols = "*" if columns is None else ", ".join(f"[{c}]" for c in dict.fromkeys(columns))
-        return _rows(self._conn, f"select {cols} from instances order by id")
+    def list_instances(self) -> list[Row]:
+        """Every instance, every column."""
+        return _rows(self._conn, "select * from instances order by id")
+
+    def instance_values(self, columns: Sequence[str]) -> list[tuple[Any, ...]]:
+        """Every instance's values of ``columns``, in that order (a fleet-sized list: no
+        dict per row, and without the wide ``host_json``, half the time of 10,000 rows)."""
+        cols = ", ".join(f"[{c}]" for c in columns)
+        return self._conn.execute(f"select {cols} from instances order by id").fetchall()
 
     def instances_of_kind(self, kind: str) -> list[Row]:
         """Every instance of one kind (``deployed`` or ``byo``), all columns."""

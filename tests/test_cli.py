@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,8 @@ def test_deploy_status_destroy(server: ServerThread) -> None:
     status = run(server, "status", "--json")
     rows = orjson.loads(status.output)
     assert len(rows) == 1 and rows[0]["state"] == "deploying"
+    # Piped (not a terminal): the API's own JSON, passed on unparsed, so compact.
+    assert status.output.count("\n") == 1 and status.output.startswith("[{")
     table = run(server, "status")
     assert "RTX 4090" in table.output and "STATE" in table.output
     again = run(server, "deploy", "9001")  # the same machine is now busy with ours
@@ -97,6 +100,15 @@ def test_unreachable_coordinator_exit_3() -> None:
     assert "Cannot reach the coordinator" in result.output
 
 
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1:21", "http://127.0.0.1:port", "127.0.0.1"])
+def test_a_url_that_is_not_http_is_named(url: str) -> None:
+    result = CliRunner().invoke(
+        cli, ["status", "--url", url], env={"VM_ADMIN_TOKEN": ADMIN_TOKEN}
+    )
+    assert result.exit_code == 3
+    assert f"The coordinator URL '{url}' is not an http(s) URL." in result.output
+
+
 def test_control_characters_refused_in_operator_input(server: ServerThread) -> None:
     refused = run(server, "bad-hosts", "add", "41001", "--reason", "evil \x1b[2J reason")
     assert refused.exit_code == 1 and "control characters" in refused.output
@@ -126,3 +138,33 @@ def test_cli_reference_is_fresh() -> None:
     expected = clidoc.render(cli)
     current = (ROOT / "docs" / "cli.md").read_text()
     assert current == expected, "docs/cli.md is stale: python -m coordinator.clidoc > docs/cli.md"
+
+
+def test_a_non_json_answer_is_named() -> None:
+    """Something between the CLI and the coordinator (a proxy's error page) answers 200."""
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<html>bad gateway</html>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = HTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        for args in (["status", "--json"], ["status"]):
+            result = CliRunner().invoke(
+                cli, [*args, "--url", f"http://127.0.0.1:{httpd.server_port}"],
+                env={"VM_ADMIN_TOKEN": ADMIN_TOKEN})
+            assert result.exit_code != 0
+            assert "sent a non-JSON answer" in result.output, args
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
