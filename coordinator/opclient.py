@@ -81,10 +81,16 @@ class OperatorClient:
             conn.request(method, path, body=data, headers=headers)
             resp = conn.getresponse()
             status, raw = resp.status, resp.read()
+            location = resp.getheader("Location")
         except (OSError, http.client.HTTPException) as err:
             raise OperatorError(f"Cannot reach the coordinator at {self.url}: {err}.") from None
         finally:
             conn.close()
+        if 300 <= status < 400 and location:
+            # Not followed: a redirect would carry the admin token to another address.
+            raise OperatorError(
+                f"{self.url} redirects to {location}; set VM_URL (or --url) to the "
+                "coordinator's own address.", status=status)
         if not 200 <= status < 300:
             try:
                 payload = orjson.loads(raw)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,14 +141,16 @@ def test_cli_reference_is_fresh() -> None:
     assert current == expected, "docs/cli.md is stale: python -m coordinator.clidoc > docs/cli.md"
 
 
-def test_a_non_json_answer_is_named() -> None:
-    """Something between the CLI and the coordinator (a proxy's error page) answers 200."""
+@contextlib.contextmanager
+def _canned(status: int, body: bytes, headers: dict[str, str] | None = None) -> Iterator[str]:
+    """A plain HTTP server that gives every GET the same answer; yields its URL."""
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
     class Page(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = b"<html>bad gateway</html>"
-            self.send_response(200)
+            self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -159,12 +162,25 @@ def test_a_non_json_answer_is_named() -> None:
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
-        for args in (["status", "--json"], ["status"]):
-            result = CliRunner().invoke(
-                cli, [*args, "--url", f"http://127.0.0.1:{httpd.server_port}"],
-                env={"VM_ADMIN_TOKEN": ADMIN_TOKEN})
-            assert result.exit_code != 0
-            assert "sent a non-JSON answer" in result.output, args
+        yield f"http://127.0.0.1:{httpd.server_port}"
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_a_non_json_answer_is_named() -> None:
+    """Something between the CLI and the coordinator (a proxy's error page) answers 200."""
+    with _canned(200, b"<html>bad gateway</html>") as url:
+        for args in (["status", "--json"], ["status"]):
+            result = CliRunner().invoke(cli, [*args, "--url", url],
+                                        env={"VM_ADMIN_TOKEN": ADMIN_TOKEN})
+            assert result.exit_code != 0
+            assert "sent a non-JSON answer" in result.output, args
+
+
+def test_a_redirect_is_named_not_followed() -> None:
+    with _canned(301, b"", {"Location": "https://fleet.example/api/instances"}) as url:
+        result = CliRunner().invoke(cli, ["status", "--url", url],
+                                    env={"VM_ADMIN_TOKEN": ADMIN_TOKEN})
+    assert result.exit_code != 0
+    assert f"{url} redirects to https://fleet.example/api/instances" in result.output
