@@ -484,8 +484,8 @@ async def _revoke_agent(core: Core, request: web.Request) -> Any:
 
 
 async def _list_instances(core: Core, request: web.Request) -> Any:
-    # The fleet-sized answer: only the view's columns, and one dict a row, built from the
-    # row's values (a dict per row first, then the view from it, cost twice as much).
+    # The fleet-sized answer: only the view's columns, and one dict a row built from the
+    # row's values (not a dict per row and then the view from it).
     return [_finish_view(dict(zip(_VIEW_COLUMNS, values, strict=True)))
             for values in core.store.instance_values(_VIEW_COLUMNS)]
 

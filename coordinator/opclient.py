@@ -63,8 +63,8 @@ class OperatorClient:
             port = -1
         if target.scheme not in ("http", "https") or not target.hostname or port == -1:
             raise OperatorError(f"The coordinator URL {self.url!r} is not an http(s) URL.")
-        # http.client, not urllib.request: a third of the CLI's start-up went on importing
-        # urllib.request, and `vast-manager status` is run by hand and by scripts alike.
+        # http.client, not urllib.request: that was the CLI's costliest import, and
+        # `vast-manager status` is run by hand and by scripts alike.
         path = target.path.rstrip("/") + path
         if query:
             clean = {k: v for k, v in query.items() if v is not None}

@@ -538,11 +538,15 @@ HEARTBEAT_ROW = ("agent_id", "instance_id", "received_at", "seq", "phase", "phas
 #: A ``heartbeat_history`` row's columns, in statement order.
 HISTORY_ROW = ("agent_id", "instance_id", "received_at", "seq", "phase",
                "proofs_completed_total", "telemetry_json")
-# Retention of one agent's history: everything below its ``keep``-th newest row.
-_HISTORY_TRIM = (
-    "delete from heartbeat_history where agent_id = ? and id <= (select id from "
-    "heartbeat_history where agent_id = ? order by id desc limit 1 offset ?)"
-)
+
+
+@functools.cache
+def _keep_newest(table: str, owner: str) -> str:
+    """Retention: delete one owner's rows below its ``keep`` newest (parameters: the owner
+    twice, then ``keep``). Rows are appended in time order, so the newest have the
+    highest ids, found on the (owner, id) index."""
+    return (f"delete from [{table}] where [{owner}] = ? and id <= (select id from [{table}] "
+            f"where [{owner}] = ? order by id desc limit 1 offset ?)")
 
 
 # Multi-row statements write held rows in a few steps, not one per row: each step lets go
@@ -655,7 +659,8 @@ class _Held:
         if self.history:
             _write_rows(conn, _history_insert, self.history)
             # After every insert, so each agent keeps its newest rows, the new ones included.
-            conn.executemany(_HISTORY_TRIM, [(a, a, keep) for a, keep in self.trims.items()])
+            conn.executemany(_keep_newest("heartbeat_history", "agent_id"),
+                             [(a, a, keep) for a, keep in self.trims.items()])
         self.clear()
 
 
@@ -1007,15 +1012,6 @@ class Tx(Reads):
         self._history_last_at[agent_id] = now
         return True
 
-    def _nth_id(self, table: str, key: str, value: Any, keep: int) -> int:
-        """The id just below the newest ``keep`` rows of one owner (-1: nothing to trim)."""
-        row = _one(
-            self._conn,
-            f"select id from [{table}] where [{key}] = ? order by id desc limit 1 offset ?",
-            (value, keep),
-        )
-        return -1 if row is None else int(row["id"])
-
     def upsert_telemetry(self, instance_id: int, now: float, telemetry_json: str) -> None:
         """Set an instance's latest telemetry: held, and written with its transaction's
         other telemetry in a few multi-row statements (see ``_Held``)."""
@@ -1038,9 +1034,7 @@ class Tx(Reads):
             "values (?, ?, ?, ?, ?, ?)",
             rows,
         )
-        cutoff = self._nth_id("logs", "instance_id", instance_id, keep_lines)
-        if cutoff >= 0:
-            self._exec("delete from logs where instance_id = ? and id <= ?", (instance_id, cutoff))
+        self._exec(_keep_newest("logs", "instance_id"), (instance_id, instance_id, keep_lines))
         return len(rows)
 
     # scaling

@@ -246,6 +246,22 @@ async def test_a_late_heartbeat_behind_a_held_one_sees_it(tmp_path: Path) -> Non
         store.close()
 
 
+async def _four_rounds(store: Store, settings: Any,
+                       at: Callable[[int, int], float]) -> list[str]:
+    """Issue 150 agents (more than one multi-row statement holds), then four rounds of
+    one heartbeat each (booting, then proving), agent ``i``'s round ``seq`` at
+    ``at(seq, i)``; each round must be one transaction. Returns the agent ids."""
+    ids = [f"ag_{i:020x}" for i in range(150)]
+    await store.write(_issue(settings, ids))
+    for seq, phase in ((1, "booting"), (2, "proving"), (3, "proving"), (4, "proving")):
+        commits = store.commits
+        await asyncio.gather(*(
+            store.write(ingest.heartbeat_job(a, _heartbeat(seq, phase), settings, at(seq, i)))
+            for i, a in enumerate(ids)))
+        assert store.commits - commits == 1
+    return ids
+
+
 @pytest.mark.parametrize("update_from", [True, False], ids=["update-from", "row-by-row"])
 async def test_many_held_heartbeats_land_in_one_transaction(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, update_from: bool
@@ -253,17 +269,9 @@ async def test_many_held_heartbeats_land_in_one_transaction(
     monkeypatch.setattr(store_module, "_UPDATE_FROM", update_from)  # SQLite before 3.33
     settings = make_settings(tmp_path)
     store = Store(tmp_path / "c.db")
-    ids = [f"ag_{i:020x}" for i in range(150)]  # more than one multi-row statement holds
     try:
         now = NOW
-        await store.write(_issue(settings, ids))
-        for seq, phase in ((1, "booting"), (2, "proving"), (3, "proving"), (4, "proving")):
-            commits = store.commits
-            await asyncio.gather(*(
-                store.write(ingest.heartbeat_job(a, _heartbeat(seq, phase), settings,
-                                                 now + seq + i / 1000))
-                for i, a in enumerate(ids)))
-            assert store.commits - commits == 1
+        ids = await _four_rounds(store, settings, lambda seq, i: now + seq + i / 1000)
         for i, agent_id in enumerate(ids):
             inst = store.instance_by_agent(agent_id)
             latest = store.latest_heartbeat(agent_id)
@@ -280,18 +288,9 @@ async def test_history_rows_are_held_and_trimmed_with_their_transaction(tmp_path
     settings = make_settings(tmp_path, heartbeat_history_interval_s=10.0,
                              heartbeat_history_rows=2)
     store = Store(tmp_path / "c.db")
-    ids = [f"ag_{i:020x}" for i in range(150)]
     try:
         now = NOW
-        await store.write(_issue(settings, ids))
-        for seq, phase in ((1, "booting"), (2, "proving"), (3, "proving"), (4, "proving")):
-            commits = store.commits
-            await asyncio.gather(*(
-                store.write(ingest.heartbeat_job(a, _heartbeat(seq, phase), settings,
-                                                 now + 15 * seq))
-                for a in ids))
-            assert store.commits - commits == 1
-        for agent_id in ids:
+        for agent_id in await _four_rounds(store, settings, lambda seq, i: now + 15 * seq):
             history = store.heartbeat_history(agent_id)
             assert [h["seq"] for h in history] == [3, 4]
             assert [h["received_at"] for h in history] == [now + 45, now + 60]
