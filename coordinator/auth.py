@@ -128,6 +128,16 @@ class AgentAuth:
         now: float,
     ) -> VerifiedAgent:
         """Check one request (body already read within the size limit); raise AuthFailure."""
+        agent = self.authenticate(method=method, path_qs=path_qs, headers=headers, body=body)
+        self.admit(agent, now)
+        return agent
+
+    def authenticate(
+        self, *, method: str, path_qs: str, headers: Mapping[str, str], body: bytes
+    ) -> VerifiedAgent:
+        """Steps 2 to 4: a known agent whose signature verifies. Writes nothing, so a front
+        process (``coordinator.front``) runs it and leaves ``admit`` to the one process
+        that holds the nonce memory."""
         agent_id = headers.get(signing.HEADER_AGENT, "")
         timestamp = headers.get(signing.HEADER_TIMESTAMP, "")
         nonce = headers.get(signing.HEADER_NONCE, "")
@@ -152,28 +162,36 @@ class AgentAuth:
                 verified_key = key
         if verified_key is None:
             raise AuthFailure(401, "bad_signature", "The request signature does not verify.")
-        ts = int(timestamp)
-        verdict = self.nonces.check_and_remember(agent_id, nonce, ts, now)
+        return VerifiedAgent(agent_id, verified_key, nonce, int(timestamp))
+
+    def admit(self, agent: VerifiedAgent, now: float) -> None:
+        """Steps 5 and 6 for an authenticated request: timestamp window, nonce, budget.
+
+        The agent is checked again first: a front process authenticates from its own
+        cache, and a revocation reaches this process (the writer's) first."""
+        if not self._known(agent.agent_id):
+            raise AuthFailure(401, "unknown_agent", "This agent id is unknown or revoked.")
+        verdict = self.nonces.check_and_remember(agent.agent_id, agent.nonce, agent.timestamp,
+                                                 now)
         if verdict is NonceVerdict.STALE:
             raise AuthFailure(
                 401,
                 "stale_timestamp",
                 "The request timestamp is outside the accepted window; correct your clock "
                 "from X-VM-Server-Time.",
-                verified_key=verified_key,
+                verified_key=agent.key,
             )
         if verdict is NonceVerdict.REPLAYED:
             raise AuthFailure(
-                409, "replayed_nonce", "This nonce was already used.", verified_key=verified_key
+                409, "replayed_nonce", "This nonce was already used.", verified_key=agent.key
             )
         if verdict is NonceVerdict.TOO_MANY:
             raise AuthFailure(
                 429,
                 "too_many_requests",
                 "Too many requests from this agent within the window; slow down.",
-                verified_key=verified_key,
+                verified_key=agent.key,
             )
-        return VerifiedAgent(agent_id, verified_key, nonce, ts)
 
 
 def sign_response(key: bytes, request_nonce: str, status: int, body: bytes) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -27,7 +27,7 @@ from coordinator.verdict import (
     steady_state_rate_per_hour,
 )
 from protocol import scaling
-from protocol.codec import from_obj
+from protocol.codec import decode, from_obj
 from protocol.messages import (
     Directive,
     Heartbeat,
@@ -179,14 +179,39 @@ def hello_job(
 # --- heartbeat -------------------------------------------------------------------
 
 
-def _steady(hot: Row, hb: Heartbeat) -> bool:
+class SteadyFields(NamedTuple):
+    """What a steady heartbeat writes, its JSON columns already encoded: all a heartbeat
+    job needs unless the heartbeat moves the instance's state. A front process
+    (``coordinator.front``) builds it, so the writer's process never decodes those."""
+
+    seq: int
+    phase: str
+    phase_started_at: float | None
+    progress_json: str | None
+    proofs_completed_total: int
+    proof_seconds_recent_json: str
+    telemetry_json: str | None
+
+
+def steady_fields(hb: Heartbeat) -> SteadyFields:
+    # orjson encodes the dataclasses directly: asdict() deep-copies, the costliest step.
+    return SteadyFields(
+        hb.seq, hb.phase, hb.phase_started_at,
+        dumps(hb.progress) if hb.progress else None,
+        hb.proofs_completed_total,
+        orjson.dumps(hb.proof_seconds_recent).decode(),
+        dumps(hb.telemetry) if hb.telemetry is not None else None,
+    )
+
+
+def _steady(hot: Row, f: SteadyFields) -> bool:
     """A heartbeat that only moves the instance's gauges: the same phase as its state, in
     order, nothing for early verdicts to judge. Most heartbeats of a fleet are steady."""
     last_seq = hot["last_seq"]
     return (
-        (last_seq is None or hb.seq > last_seq)
-        and hb.phase == hot["state"]
-        and hb.phase != "benchmarking"
+        (last_seq is None or f.seq > last_seq)
+        and f.phase == hot["state"]
+        and f.phase != "benchmarking"
         and hot["state"] not in policy.STICKY_STATES
     )
 
@@ -194,10 +219,26 @@ def _steady(hot: Row, hb: Heartbeat) -> bool:
 def heartbeat_job(
     agent_id: str, hb: Heartbeat, settings: Settings, now: float
 ) -> Callable[[Tx], tuple[int, Directive]]:
+    return _heartbeat_job(agent_id, steady_fields(hb), lambda: hb, settings, now)
+
+
+def relayed_heartbeat_job(
+    agent_id: str, fields: SteadyFields, body: bytes, settings: Settings, now: float
+) -> Callable[[Tx], tuple[int, Directive]]:
+    """``heartbeat_job`` for a heartbeat a front process verified and decoded: the body is
+    decoded again only when the heartbeat is not steady (a phase change, a benchmark)."""
+    return _heartbeat_job(agent_id, fields, lambda: decode(Heartbeat, body), settings, now)
+
+
+def _heartbeat_job(
+    agent_id: str, fields: SteadyFields, full: Callable[[], Heartbeat], settings: Settings,
+    now: float,
+) -> Callable[[Tx], tuple[int, Directive]]:
     def job(tx: Tx) -> tuple[int, Directive]:
         hot = tx.hot_instance(agent_id) if tx.agent_revoked(agent_id) is False else None
-        if hot is not None and _steady(hot, hb):
-            return _steady_heartbeat(tx, hot, agent_id, hb, settings, now)
+        if hot is not None and _steady(hot, fields):
+            return _steady_heartbeat(tx, hot, agent_id, fields, settings, now)
+        hb = full()
         inst = _require_instance(tx, agent_id)
         last_seq = inst["last_seq"]
         if last_seq is not None and hb.seq <= last_seq:
@@ -209,7 +250,7 @@ def heartbeat_job(
             "last_seen": now,
             "phase": hb.phase,
             "phase_started_at": hb.phase_started_at,
-            "progress_json": dumps(hb.progress) if hb.progress else None,
+            "progress_json": fields.progress_json,
             "proofs_completed_total": hb.proofs_completed_total,
             "updated_at": now,
         }
@@ -243,7 +284,7 @@ def heartbeat_job(
         if (settings.verdict_early and hb.phase == "benchmarking"
                 and state not in policy.STICKY_STATES and not inst["terminate_reason"]):
             _judge_early(tx, inst, hb, settings, now)
-        _record_latest(tx, inst["id"], agent_id, hb, updates["progress_json"], settings, now)
+        _record_latest(tx, inst["id"], agent_id, fields, settings, now)
         fresh = tx.get_instance(inst["id"])
         assert fresh is not None
         return inst["id"], _take_directive(tx, fresh, settings, now)
@@ -252,27 +293,25 @@ def heartbeat_job(
 
 
 def _steady_heartbeat(
-    tx: Tx, hot: Row, agent_id: str, hb: Heartbeat, settings: Settings, now: float
+    tx: Tx, hot: Row, agent_id: str, f: SteadyFields, settings: Settings, now: float
 ) -> tuple[int, Directive]:
     """What a steady heartbeat writes: its instance's gauges and the latest heartbeat, held
     by the writer and written with the others of its transaction; nothing is read (``hot``
     is the writer's cached view of the instance)."""
     instance_id = hot["id"]
-    progress_json = dumps(hb.progress) if hb.progress else None
     # In HEARTBEAT_COLUMNS order; a steady heartbeat is never a benchmarking one, hence
     # last_non_benchmark_at.
-    gauges = (hb.seq, now, hb.phase, hb.phase_started_at, progress_json,
-              hb.proofs_completed_total, now, now)
-    latest = (agent_id, instance_id, now, hb.seq, hb.phase, hb.phase_started_at,
-              progress_json, hb.proofs_completed_total, dumps(hb.proof_seconds_recent))
+    gauges = (f.seq, now, f.phase, f.phase_started_at, f.progress_json,
+              f.proofs_completed_total, now, now)
+    latest = (agent_id, instance_id, now, f.seq, f.phase, f.phase_started_at,
+              f.progress_json, f.proofs_completed_total, f.proof_seconds_recent_json)
     tx.hold_heartbeat(instance_id, gauges, latest)
-    _record_telemetry(tx, instance_id, agent_id, hb, settings, now)
+    _record_telemetry(tx, instance_id, agent_id, f, settings, now)
     return instance_id, _take_directive(tx, hot, settings, now)
 
 
 def _record_latest(
-    tx: Tx, instance_id: int, agent_id: str, hb: Heartbeat, progress_json: str | None,
-    settings: Settings, now: float,
+    tx: Tx, instance_id: int, agent_id: str, f: SteadyFields, settings: Settings, now: float,
 ) -> None:
     """The latest heartbeat row, the latest telemetry and (downsampled) the history."""
     tx.upsert_heartbeat(
@@ -280,34 +319,32 @@ def _record_latest(
             "agent_id": agent_id,
             "instance_id": instance_id,
             "received_at": now,
-            "seq": hb.seq,
-            "phase": hb.phase,
-            "phase_started_at": hb.phase_started_at,
-            "progress_json": progress_json,
-            "proofs_completed_total": hb.proofs_completed_total,
-            "proof_seconds_recent_json": dumps(hb.proof_seconds_recent),
+            "seq": f.seq,
+            "phase": f.phase,
+            "phase_started_at": f.phase_started_at,
+            "progress_json": f.progress_json,
+            "proofs_completed_total": f.proofs_completed_total,
+            "proof_seconds_recent_json": f.proof_seconds_recent_json,
         }
     )
-    _record_telemetry(tx, instance_id, agent_id, hb, settings, now)
+    _record_telemetry(tx, instance_id, agent_id, f, settings, now)
 
 
 def _record_telemetry(
-    tx: Tx, instance_id: int, agent_id: str, hb: Heartbeat, settings: Settings, now: float
+    tx: Tx, instance_id: int, agent_id: str, f: SteadyFields, settings: Settings, now: float
 ) -> None:
     """The latest telemetry and, downsampled, the history."""
-    # orjson encodes the dataclass directly: asdict() deep-copies, the costliest step here.
-    telemetry_json = dumps(hb.telemetry) if hb.telemetry is not None else None
-    if telemetry_json is not None:
-        tx.upsert_telemetry(instance_id, now, telemetry_json)
+    if f.telemetry_json is not None:
+        tx.upsert_telemetry(instance_id, now, f.telemetry_json)
     tx.append_heartbeat_history(
         {
             "agent_id": agent_id,
             "instance_id": instance_id,
             "received_at": now,
-            "seq": hb.seq,
-            "phase": hb.phase,
-            "proofs_completed_total": hb.proofs_completed_total,
-            "telemetry_json": telemetry_json,
+            "seq": f.seq,
+            "phase": f.phase,
+            "proofs_completed_total": f.proofs_completed_total,
+            "telemetry_json": f.telemetry_json,
         },
         interval_s=settings.heartbeat_history_interval_s,
         keep_rows=settings.heartbeat_history_rows,

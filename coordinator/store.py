@@ -1269,6 +1269,11 @@ class Store(Reads):
 
         The writes of one commit window (or, without one, of one event-loop turn) travel
         to the writer together (``_Group``)."""
+        return await self.write_future(fn)
+
+    def write_future(self, fn: Callable[[Tx], T]) -> asyncio.Future[T]:
+        """``write`` without a coroutine: the future resolves once ``fn``'s transaction
+        committed (for callers that answer from a callback; called on the loop)."""
         if self._closed:
             raise RuntimeError("the store is closed")
         loop = asyncio.get_running_loop()
@@ -1286,7 +1291,7 @@ class Store(Reads):
             if len(group.fns) == WINDOW_FULL_JOBS:
                 # Enough to share one commit well: no need to wait out the window.
                 loop.call_soon(self._queue_group, group)
-        return await future
+        return future
 
     def write_blocking(self, fn: Callable[[Tx], T]) -> T:
         """``write`` for code without an event loop (scripts, setup)."""
