@@ -57,6 +57,8 @@ _NOT_FORWARDED = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
     "trailer", "transfer-encoding", "upgrade", "content-length",
 })
+_INTERNAL = orjson.dumps({"error": "internal_error",
+                          "message": "The coordinator hit an internal error."})
 _UNAVAILABLE = orjson.dumps({"error": "unavailable",
                              "message": "The coordinator is restarting; try again."})
 
@@ -125,6 +127,10 @@ class Front:
                      f.proof_seconds_recent_json.encode(), (f.telemetry_json or "").encode()])
         except ConnectionError:
             return agent_response(self.clock(), 503, _UNAVAILABLE, None, nonce)
+        except Exception:
+            # As in one process: a bug answers this request, signed, and the front goes on.
+            log.exception("agent %s: /v1/heartbeat failed in a front", agent.agent_id)
+            return agent_response(self.clock(), 500, _INTERNAL, agent.key, agent.nonce)
         _, status, signed = header
         if status == 0 and invalid is not None:
             return agent_response(self.clock(), 400, orjson.dumps(invalid.to_body()), agent.key,
@@ -176,8 +182,10 @@ async def serve_front(spec: FrontSpec) -> None:
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    # Ctrl-C reaches the whole process group: the coordinator's process stops its fronts
+    # itself (after their requests in flight), so they do not stop on their own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn, agents = agent_lookup(spec.db_path)
 
     def lookup(agent_id: str) -> AgentRecord | None:

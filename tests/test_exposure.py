@@ -62,9 +62,11 @@ def self_signed(tmp_path: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-async def test_tls_serves_https(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fronts", [0, 2])
+async def test_tls_serves_https(tmp_path: Path, fronts: int) -> None:
     cert, key = self_signed(tmp_path)
-    settings = make_settings(tmp_path, port=0, tls_cert=str(cert), tls_key=str(key))
+    settings = make_settings(tmp_path, port=0, tls_cert=str(cert), tls_key=str(key),
+                             fronts=fronts)
     server = await start_server(settings, FakeProvider())
     try:
         assert server.url.startswith("https://127.0.0.1:")
@@ -77,6 +79,10 @@ async def test_tls_serves_https(tmp_path: Path) -> None:
                 assert await resp.json() == []
             async with session.get(server.url + "/", ssl=trust) as resp:
                 assert resp.status == 200
+            # Heartbeats (answered by the fronts when there are any) are served too.
+            async with session.post(server.url + "/v1/heartbeat", data=b"{}",
+                                    ssl=trust) as resp:
+                assert resp.status == 401
             # Plain HTTP on the TLS port gets no answer.
             plain = server.url.replace("https://", "http://")
             with pytest.raises(aiohttp.ClientError):
@@ -92,8 +98,9 @@ async def _status(session: aiohttp.ClientSession, method: str, url: str, **kw: A
         return resp.status
 
 
-async def test_admin_listen_separates_agents_from_operators(tmp_path: Path) -> None:
-    settings = make_settings(tmp_path, port=0, admin_listen="127.0.0.1:0")
+@pytest.mark.parametrize("fronts", [0, 2])
+async def test_admin_listen_separates_agents_from_operators(tmp_path: Path, fronts: int) -> None:
+    settings = make_settings(tmp_path, port=0, admin_listen="127.0.0.1:0", fronts=fronts)
     server = await start_server(settings, FakeProvider())
     try:
         assert server.admin_url is not None and server.admin_url != server.url
@@ -101,6 +108,8 @@ async def test_admin_listen_separates_agents_from_operators(tmp_path: Path) -> N
         async with aiohttp.ClientSession() as session:
             # The agents' address: /v1/* only (an unsigned hello reaches the auth check).
             assert await _status(session, "POST", agent_side + "/v1/hello", data=b"{}") == 401
+            assert await _status(session, "POST", agent_side + "/v1/heartbeat",
+                                 data=b"{}") == 401
             for path in ("/api/instances", "/metrics", "/", "/static/app.js"):
                 assert await _status(session, "GET", agent_side + path, headers=ADMIN) == 404
             assert await _status(session, "POST", agent_side + "/auth/login",

@@ -17,10 +17,19 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from coord_support import ADMIN, Agent, heartbeat_msg, make_settings, response_signature
+from coord_support import (
+    ADMIN,
+    SECRET_HEX,
+    Agent,
+    heartbeat_msg,
+    make_settings,
+    response_signature,
+)
 from fakes_provider import FakeProvider
 
 from coordinator import relay
+from coordinator.auth import AgentAuth, AgentRecord
+from coordinator.front import Front, front_app
 from coordinator.server import RunningServer, start_server
 from coordinator.settings import Settings
 from protocol.codec import decode
@@ -162,7 +171,7 @@ async def test_unknown_agents_and_bad_signatures_are_refused_at_the_front(
         assert resp.status == 401
         assert orjson.loads(await resp.read())["error"] == "bad_signature"
         assert "X-VM-Signature" not in resp.headers
-    stranger = Agent(fronted.session, "ag_" + "ab" * 16, time.time)  # type: ignore[arg-type]
+    stranger = Agent(fronted.session, "ag_" + "ab" * 10, time.time)  # type: ignore[arg-type]
     status, data = await stranger.post("/v1/heartbeat", heartbeat_msg(1, "warming"))
     assert (status, data["error"]) == (401, "unknown_agent")
     async with fronted.session.post("/v1/heartbeat", data=b"x" * (1024 * 1024 + 1),
@@ -274,3 +283,34 @@ async def test_a_failing_frame_is_answered_500_and_the_link_goes_on(tmp_path: Pa
     await asyncio.wait_for(link.closed, 5)
     with pytest.raises(ConnectionError):
         await link.call("x", ["late"], [b"3"])
+
+
+# --- a front on its own, over a link that misbehaves -----------------------------------
+
+
+class _Link:
+    def __init__(self, outcome: BaseException) -> None:
+        self.outcome = outcome
+
+    async def call(self, kind: str, fields: list[Any], blobs: Any = ()) -> relay.Frame:
+        raise self.outcome
+
+
+@pytest.mark.parametrize(("outcome", "status", "code", "signed"), [
+    (ConnectionError("gone"), 503, "unavailable", False),
+    (RuntimeError("a bug"), 500, "internal_error", True),
+])
+async def test_a_front_answers_when_the_writer_is_gone_or_a_bug_hits(
+    aiohttp_client: Any, outcome: BaseException, status: int, code: str, signed: bool,
+) -> None:
+    agent_id = "ag_" + "cd" * 10
+    auth = AgentAuth([bytes.fromhex(SECRET_HEX)], lambda a: AgentRecord(a, False), not_before=0)
+    front = Front(auth, _Link(outcome), None)  # type: ignore[arg-type]
+    client = await aiohttp_client(front_app(front))
+    agent = Agent(client, agent_id, time.time)
+    got, data, (resp, raw, nonce) = await agent.post_raw(
+        "/v1/heartbeat", orjson.dumps(heartbeat_msg(1, "warming")))
+    assert (got, data["error"]) == (status, code)
+    assert _signed_by(agent, got, raw, nonce, resp) is signed
+    # The front goes on answering.
+    assert (await agent.post_raw("/v1/heartbeat", b"{}"))[0] == status
