@@ -354,6 +354,11 @@ class ServerProcess:
     def cpu_s(self) -> float:
         return sum(self.cpu_split())
 
+    def own_cpu_s(self) -> float:
+        """CPU seconds of the server's own process (with fronts: the writer's process)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
     def main_thread_cpu_s(self) -> float:
         """CPU seconds of the event loop's thread alone (the rest: the store writer)."""
         pid = self.proc.pid
@@ -643,12 +648,14 @@ def drive(url: str, workdir: Path, agents: list[list[Any]], *, mode: str, worker
             time.sleep(0.01)
         u0, s0 = server.cpu_split() if server else (0.0, 0.0)
         m0 = server.main_thread_cpu_s() if server else 0.0
+        o0 = server.own_cpu_s() if server else 0.0
         t0 = time.perf_counter()
         for p in procs:
             p.wait(timeout=duration + 120)
         wall = time.perf_counter() - t0
         u1, s1 = server.cpu_split() if server else (0.0, 0.0)
         m1 = server.main_thread_cpu_s() if server else 0.0
+        o1 = server.own_cpu_s() if server else 0.0
         cpu0, cpu1 = u0 + s0, u1 + s1
     finally:
         for p in procs:
@@ -679,6 +686,7 @@ def drive(url: str, workdir: Path, agents: list[list[Any]], *, mode: str, worker
         "server_cpu_s": cpu1 - cpu0,
         "server_sys_share": (s1 - s0) / (cpu1 - cpu0) if cpu1 > cpu0 else 0.0,
         "server_loop_share": (m1 - m0) / (cpu1 - cpu0) if cpu1 > cpu0 else 0.0,
+        "server_own_share": (o1 - o0) / (cpu1 - cpu0) if cpu1 > cpu0 else 0.0,
         "server_cpu_us_per_req": 1e6 * (cpu1 - cpu0) / accepted if accepted else float("nan"),
         "generator_cpu_s": sum(r["cpu_s"] for r in results),
         "wall_s": wall, "duration_s": duration,
@@ -693,7 +701,9 @@ def line(name: str, r: dict[str, Any]) -> str:
     return (f"  {name:<12} {r['per_s']:8.0f} hb/s accepted   p50 {r['p50_ms']:6.1f} ms   "
             f"p99 {r['p99_ms']:6.1f} ms   server CPU {r['server_cpu_us_per_req']:4.0f} us/hb "
             f"({100 * r['server_sys_share']:.0f}% system, "
-            f"{100 * r['server_loop_share']:.0f}% loop thread)   "
+            f"{100 * r['server_loop_share']:.0f}% loop thread"
+            + (f", {100 * (1 - r['server_own_share']):.0f}% in front processes"
+               if r["server_own_share"] < 0.999 else "") + ")   "
             f"(accepted {c.get('accepted', 0)}, refused {c.get('refused', 0)}, "
             f"lost {c.get('lost', 0)}, bad signature {c.get('unsigned', 0)})")
 
@@ -731,7 +741,9 @@ def offered(coord: ServerProcess, bare: ServerProcess, workdir: Path, fleet: lis
           f"/{offered_n}, refused {c.get('refused', 0)}, lost {c.get('lost', 0)}, "
           f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms (send->answer p99 "
           f"{r['send_p99_ms']:.1f} ms), coordinator CPU {r['server_cpu_us_per_req']:.0f} us/hb "
-          f"({100 * r['server_sys_share']:.0f}% system), "
+          f"({100 * r['server_sys_share']:.0f}% system"
+          + (f"; writer's process {r['server_own_share'] * r['server_cpu_us_per_req']:.0f} us/hb"
+             if r["server_own_share"] < 0.999 else "") + "), "
           f"coordinator {100 * r['coord_share']:.0f}% / generators "
           f"{100 * r['gen_share']:.0f}% of {CORES} cores: {'MET' if r['met'] else 'missed'}",
           flush=True)

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import psutil
 import pytest
 from coord_support import (
     ADMIN,
@@ -26,6 +27,7 @@ from coord_support import (
     response_signature,
 )
 from fakes_provider import FakeProvider
+from fault_support import CoordinatorProcess, admin_call, process_env, wait_until
 
 from coordinator import relay
 from coordinator.auth import AgentAuth, AgentRecord
@@ -314,3 +316,26 @@ async def test_a_front_answers_when_the_writer_is_gone_or_a_bug_hits(
     assert _signed_by(agent, got, raw, nonce, resp) is signed
     # The front goes on answering.
     assert (await agent.post_raw("/v1/heartbeat", b"{}"))[0] == status
+
+
+def _gone(p: psutil.Process) -> bool:
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_fronts_exit_when_the_coordinator_is_sigkilled(tmp_path: Path) -> None:
+    """Nothing is left holding the port: a restart on it serves again at once."""
+    coord = CoordinatorProcess(tmp_path, process_env(tmp_path, VM_FRONTS="2"))
+    try:
+        coord.start()
+        assert coord.proc is not None
+        fronts = psutil.Process(coord.proc.pid).children()
+        assert len(fronts) == 2
+        coord.kill(signal.SIGKILL)
+        wait_until(lambda: all(_gone(p) for p in fronts), "the fronts to exit", 15)
+        coord.start()
+        assert admin_call(coord.url, "GET", "/api/instances") == []
+    finally:
+        coord.kill(signal.SIGTERM)
