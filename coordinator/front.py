@@ -52,10 +52,11 @@ from protocol.messages import Heartbeat
 log = logging.getLogger(__name__)
 
 HEARTBEAT_PATH = "/v1/heartbeat"
-# Hop-by-hop headers (RFC 9110 7.6.1) and the ones aiohttp sets from the body it sends.
+# Hop-by-hop headers (RFC 9110 7.6.1), the ones aiohttp sets from the body it sends, and
+# Expect (this front already answered the 100-continue; the body is read whole).
 _NOT_FORWARDED = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-    "trailer", "transfer-encoding", "upgrade", "content-length",
+    "trailer", "transfer-encoding", "upgrade", "content-length", "expect",
 })
 _INTERNAL = orjson.dumps({"error": "internal_error",
                           "message": "The coordinator hit an internal error."})
@@ -149,6 +150,10 @@ class Front:
             return self._plain(err.status, orjson.dumps(err.to_body()), agent_side)
         headers = CIMultiDict((k, v) for k, v in request.headers.items()
                               if k.lower() not in _NOT_FORWARDED)
+        if request.secure:
+            # The writer's process hears plain HTTP on its Unix socket: tell it the browser
+            # spoke HTTPS, so the dashboard's cookie stays Secure.
+            headers["X-Forwarded-Proto"] = "https"
         try:
             async with self.proxy.request(
                 request.method, URL("http://coordinator" + request.raw_path, encoded=True),

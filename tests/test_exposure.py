@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 from click.testing import CliRunner
-from coord_support import ADMIN, make_settings
+from coord_support import ADMIN, ADMIN_TOKEN, make_settings
 from fakes_provider import FakeProvider
 
 from coordinator.cli import cli
@@ -79,6 +79,10 @@ async def test_tls_serves_https(tmp_path: Path, fronts: int) -> None:
                 assert await resp.json() == []
             async with session.get(server.url + "/", ssl=trust) as resp:
                 assert resp.status == 200
+            async with session.post(server.url + "/auth/login", json={"token": ADMIN_TOKEN},
+                                    ssl=trust) as resp:
+                assert resp.status == 200
+                assert "secure" in resp.headers["Set-Cookie"].lower()
             # Heartbeats (answered by the fronts when there are any) are served too.
             async with session.post(server.url + "/v1/heartbeat", data=b"{}",
                                     ssl=trust) as resp:
