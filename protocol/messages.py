@@ -37,13 +37,17 @@ Bottleneck = Literal["gpu", "cpu", "pcie", "memory", "unknown"]
 BOTTLENECKS: tuple[str, ...] = ("gpu", "cpu", "pcie", "memory", "unknown")
 ProgressUnit = Literal["bytes", "proofs"]
 
+# The dataclasses have no __slots__: orjson encodes a dataclass from its __dict__ about
+# twice as fast (``python bench/decode.py``, last lines), and the coordinator encodes
+# every heartbeat's telemetry again for its column.
+
 NONNEG = {"min": 0}
 
 
 # --- hello -----------------------------------------------------------------
 
 
-@dataclass(slots=True)
+@dataclass
 class Gpu:
     index: int = field(metadata=NONNEG)
     uuid: str | None
@@ -55,7 +59,7 @@ class Gpu:
     pcie_width_current: int | None
 
 
-@dataclass(slots=True)
+@dataclass
 class HostInfo:
     hostname: str = field(metadata={"max_len": 255})
     cpu_model: str = field(metadata={"max_len": 255})
@@ -67,7 +71,7 @@ class HostInfo:
     gpus: list[Gpu] = field(metadata={"max_len": 64})
 
 
-@dataclass(slots=True)
+@dataclass
 class Hello:
     protocol: int
     agent_version: str = field(metadata={"max_len": 64})
@@ -88,7 +92,7 @@ class Hello:
 # --- telemetry ---------------------------------------------------------------
 
 
-@dataclass(slots=True)
+@dataclass
 class GpuTelemetry:
     index: int = field(metadata=NONNEG)
     util_pct_mean: float | None
@@ -105,7 +109,7 @@ class GpuTelemetry:
     pcie_width_current: int | None = None
 
 
-@dataclass(slots=True)
+@dataclass
 class CpuTelemetry:
     util_pct_mean: float | None
     per_core_util_pct_mean: list[float] = field(metadata={"max_len": 4096})
@@ -115,25 +119,25 @@ class CpuTelemetry:
     quota_cores: float | None = None
 
 
-@dataclass(slots=True)
+@dataclass
 class RamTelemetry:
     used_bytes: int | None
     total_bytes: int | None
 
 
-@dataclass(slots=True)
+@dataclass
 class NetTelemetry:
     rx_bytes_per_s: float | None
     tx_bytes_per_s: float | None
 
 
-@dataclass(slots=True)
+@dataclass
 class CuzkWorker:
     gpu_ordinal: int
     busy_pct: float | None
 
 
-@dataclass(slots=True)
+@dataclass
 class CuzkTelemetry:
     """Extension: what the cuzk daemon's /status said over the window."""
 
@@ -146,7 +150,7 @@ class CuzkTelemetry:
     memory_total_bytes: int | None
 
 
-@dataclass(slots=True)
+@dataclass
 class Telemetry:
     window_s: float = field(metadata=NONNEG)
     samples: int = field(metadata=NONNEG)
@@ -160,7 +164,7 @@ class Telemetry:
 # --- heartbeat ---------------------------------------------------------------
 
 
-@dataclass(slots=True)
+@dataclass
 class Progress:
     done: int = field(metadata=NONNEG)
     total: int = field(metadata=NONNEG)
@@ -170,7 +174,7 @@ class Progress:
     concurrency: int | None = field(default=None, metadata={"min": 1})
 
 
-@dataclass(slots=True)
+@dataclass
 class Heartbeat:
     seq: int = field(metadata=NONNEG)
     phase: Phase
@@ -184,14 +188,14 @@ class Heartbeat:
 # --- results -----------------------------------------------------------------
 
 
-@dataclass(slots=True)
+@dataclass
 class ScalingRun:
     gpus_used: list[int] = field(metadata={"max_len": 64})
     rate_per_hour: float = field(metadata=NONNEG)
     telemetry: Telemetry | None
 
 
-@dataclass(slots=True)
+@dataclass
 class Result:
     result_id: str = field(metadata={"max_len": 128})
     kind: ResultKind
@@ -232,14 +236,14 @@ class Result:
 # --- logs --------------------------------------------------------------------
 
 
-@dataclass(slots=True)
+@dataclass
 class LogLine:
     ts: float
     source: str = field(metadata={"max_len": 64})
     text: str = field(metadata={"max_len": MAX_LOG_TEXT_CHARS})
 
 
-@dataclass(slots=True)
+@dataclass
 class LogBatch:
     lines: list[LogLine] = field(metadata={"max_len": MAX_LOG_LINES})
 
@@ -247,7 +251,7 @@ class LogBatch:
 # --- answers -----------------------------------------------------------------
 
 
-@dataclass(slots=True)
+@dataclass
 class Directive:
     action: Action
     reason: str = field(metadata={"max_len": 4096})
@@ -255,14 +259,14 @@ class Directive:
     min_rate_per_hour: float | None
 
 
-@dataclass(slots=True)
+@dataclass
 class ResultAck:
     ok: bool
     duplicate: bool
     directive: Directive
 
 
-@dataclass(slots=True)
+@dataclass
 class ErrorBody:
     error: str
     message: str
