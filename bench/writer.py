@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--agents", type=int, default=50_000)
     ap.add_argument("--per-commit", type=int, default=60,
                     help="heartbeats a transaction (default 60: 20 ms at ~3,000/s)")
-    ap.add_argument("--rounds", type=int, default=600, help="rounds of each way")
+    ap.add_argument("--rounds", type=int, default=1500, help="rounds of each way")
     ap.add_argument("--quick", action="store_true", help="2,000 agents, 40 rounds")
     args = ap.parse_args()
     if args.quick:

@@ -253,6 +253,8 @@ def _heartbeat_job(
             "progress_json": fields.progress_json,
             "proofs_completed_total": hb.proofs_completed_total,
             "updated_at": now,
+            "heartbeat_at": now,
+            "proof_seconds_recent_json": fields.proof_seconds_recent_json,
         }
         if hb.phase != "benchmarking":
             updates["last_non_benchmark_at"] = now
@@ -284,7 +286,7 @@ def _heartbeat_job(
         if (settings.verdict_early and hb.phase == "benchmarking"
                 and state not in policy.STICKY_STATES and not inst["terminate_reason"]):
             _judge_early(tx, inst, hb, settings, now)
-        _record_latest(tx, inst["id"], agent_id, fields, settings, now)
+        _record_telemetry(tx, inst["id"], agent_id, fields, settings, now)
         fresh = tx.get_instance(inst["id"])
         assert fresh is not None
         return inst["id"], _take_directive(tx, fresh, settings, now)
@@ -301,33 +303,11 @@ def _steady_heartbeat(
     instance_id = hot["id"]
     # In HEARTBEAT_COLUMNS order; a steady heartbeat is never a benchmarking one, hence
     # last_non_benchmark_at.
-    gauges = (f.seq, now, f.phase, f.phase_started_at, f.progress_json,
-              f.proofs_completed_total, now, now)
-    latest = (agent_id, instance_id, now, f.seq, f.phase, f.phase_started_at,
-              f.progress_json, f.proofs_completed_total, f.proof_seconds_recent_json)
-    tx.hold_heartbeat(instance_id, gauges, latest)
+    tx.hold_heartbeat(instance_id, (
+        f.seq, now, f.phase, f.phase_started_at, f.progress_json, f.proofs_completed_total,
+        now, now, now, f.proof_seconds_recent_json))
     _record_telemetry(tx, instance_id, agent_id, f, settings, now)
     return instance_id, _take_directive(tx, hot, settings, now)
-
-
-def _record_latest(
-    tx: Tx, instance_id: int, agent_id: str, f: SteadyFields, settings: Settings, now: float,
-) -> None:
-    """The latest heartbeat row, the latest telemetry and (downsampled) the history."""
-    tx.upsert_heartbeat(
-        {
-            "agent_id": agent_id,
-            "instance_id": instance_id,
-            "received_at": now,
-            "seq": f.seq,
-            "phase": f.phase,
-            "phase_started_at": f.phase_started_at,
-            "progress_json": f.progress_json,
-            "proofs_completed_total": f.proofs_completed_total,
-            "proof_seconds_recent_json": f.proof_seconds_recent_json,
-        }
-    )
-    _record_telemetry(tx, instance_id, agent_id, f, settings, now)
 
 
 def _record_telemetry(

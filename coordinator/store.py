@@ -52,13 +52,14 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Row = dict[str, Any]
 
+#: The tables (DESIGN 4's ``heartbeats``, the latest heartbeat per agent, is a view of
+#: ``instances`` since migration 3).
 TABLES = (
     "instances",
     "agents",
     "results",
     "host_perf",
     "bad_hosts",
-    "heartbeats",
     "heartbeat_history",
     "logs",
     "events",
@@ -316,9 +317,37 @@ def _m2_benchmark_verdict_state(db: sqlite_utils.Database) -> None:
         instances.add_column(name, kind)
 
 
+def _m3_latest_heartbeat_on_instances(db: sqlite_utils.Database) -> None:
+    """The latest heartbeat per agent moves onto its instance's row; ``heartbeats`` stays,
+    as a view of it (DESIGN 4's name, the same columns).
+
+    Every column of the old table but two was already on the instance (the gauges a
+    heartbeat sets), and nothing read it: writing it cost each heartbeat a second page
+    and a text-key index (``python bench/writer.py``).
+    """
+    instances = db.table("instances")
+    instances.add_column("heartbeat_at", float)  # when the latest heartbeat was received
+    instances.add_column("proof_seconds_recent_json", str)  # its proof_seconds_recent
+    db.execute(
+        "update instances set "
+        "heartbeat_at = (select received_at from heartbeats h where h.instance_id = instances.id), "
+        "proof_seconds_recent_json = (select proof_seconds_recent_json from heartbeats h "
+        "where h.instance_id = instances.id) "
+        "where id in (select instance_id from heartbeats)"
+    )
+    db.execute("drop table heartbeats")
+    db.execute(
+        "create view heartbeats as select agent_id, id as instance_id, "
+        "heartbeat_at as received_at, last_seq as seq, phase, phase_started_at, progress_json, "
+        "proofs_completed_total, proof_seconds_recent_json from instances "
+        "where heartbeat_at is not null"
+    )
+
+
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
     (1, "initial tables of DESIGN 4", _m1_initial),
     (2, "benchmark state for early verdicts", _m2_benchmark_verdict_state),
+    (3, "the latest heartbeat on its instance's row", _m3_latest_heartbeat_on_instances),
 )
 
 
@@ -526,15 +555,14 @@ class Reads:
 HOT_COLUMNS = ("id", "agent_id", "machine_id", "state", "last_seq", "terminate_reason",
                "rebenchmark_pending", "min_rate_per_hour")
 _HOT_SELECT = f"select {', '.join(HOT_COLUMNS)} from instances where agent_id = ?"
-#: What a steady heartbeat sets on its instance (``Tx.hold_heartbeat``).
+#: What a steady heartbeat sets on its instance (``Tx.hold_heartbeat``), which is also the
+#: agent's latest heartbeat (the ``heartbeats`` view).
 HEARTBEAT_COLUMNS = ("last_seq", "last_seen", "phase", "phase_started_at", "progress_json",
-                     "proofs_completed_total", "updated_at", "last_non_benchmark_at")
+                     "proofs_completed_total", "updated_at", "last_non_benchmark_at",
+                     "heartbeat_at", "proof_seconds_recent_json")
 _HEARTBEAT_UPDATE = (
     f"update instances set {', '.join(f'{c} = ?' for c in HEARTBEAT_COLUMNS)} where id = ?"
 )
-#: The ``heartbeats`` row (latest per agent): its columns, in statement order.
-HEARTBEAT_ROW = ("agent_id", "instance_id", "received_at", "seq", "phase", "phase_started_at",
-                 "progress_json", "proofs_completed_total", "proof_seconds_recent_json")
 #: A ``heartbeat_history`` row's columns, in statement order.
 HISTORY_ROW = ("agent_id", "instance_id", "received_at", "seq", "phase",
                "proofs_completed_total", "telemetry_json")
@@ -552,7 +580,7 @@ def _keep_newest(table: str, owner: str) -> str:
 # Multi-row statements write held rows in a few steps, not one per row: each step lets go
 # of the GIL, and getting it back from a busy event loop can take a switch interval
 # (5 ms), so a step per row made the writer crawl exactly when the fleet was busiest.
-# 64 rows of 10 values stay under the 999 parameters older SQLite builds allow.
+# 64 rows of up to 11 values stay under the 999 parameters older SQLite builds allow.
 _ROWS_PER_STATEMENT = 64
 # UPDATE ... FROM arrived in SQLite 3.33; older builds update row by row.
 _UPDATE_FROM = sqlite3.sqlite_version_info >= (3, 33, 0)
@@ -585,15 +613,6 @@ def _gauges_update(count: int) -> str:
 
 
 @functools.cache
-def _latest_upsert(count: int) -> str:
-    return (
-        f"insert into heartbeats ({', '.join(HEARTBEAT_ROW)}) "
-        f"values {_values(len(HEARTBEAT_ROW), count)} on conflict (agent_id) do update set "
-        + ", ".join(f"{c} = excluded.{c}" for c in HEARTBEAT_ROW[1:])
-    )
-
-
-@functools.cache
 def _history_insert(count: int) -> str:
     return (f"insert into heartbeat_history ({', '.join(HISTORY_ROW)}) "
             f"values {_values(len(HISTORY_ROW), count)}")
@@ -613,26 +632,24 @@ def _write_rows(conn: sqlite3.Connection, statement: Callable[[int], str],
 
 class _Held:
     """Heartbeats' writes not yet in the database: steady heartbeats' instance gauges (by
-    instance id, values in ``HEARTBEAT_COLUMNS`` order) and latest heartbeat rows (by
-    agent), and every heartbeat's latest telemetry (by instance), where a later heartbeat
-    of the same instance replaces its earlier one; and history rows (in order), with the
-    retention each agent's history is then trimmed to."""
+    instance id, values in ``HEARTBEAT_COLUMNS`` order), and every heartbeat's latest
+    telemetry (by instance), where a later heartbeat of the same instance replaces its
+    earlier one; and history rows (in order), with the retention each agent's history is
+    then trimmed to."""
 
-    __slots__ = ("gauges", "history", "latest", "telemetry", "trims")
+    __slots__ = ("gauges", "history", "telemetry", "trims")
 
     def __init__(self) -> None:
         self.gauges: dict[int, tuple[Any, ...]] = {}
-        self.latest: dict[str, tuple[Any, ...]] = {}
         self.telemetry: dict[int, tuple[int, float, str]] = {}
         self.history: list[tuple[Any, ...]] = []
         self.trims: dict[str, int] = {}  # agent id -> rows its history keeps
 
     def __bool__(self) -> bool:
-        return bool(self.gauges or self.latest or self.telemetry or self.history)
+        return bool(self.gauges or self.telemetry or self.history)
 
     def take(self, other: _Held) -> None:
         self.gauges.update(other.gauges)
-        self.latest.update(other.latest)
         self.telemetry.update(other.telemetry)
         self.history += other.history
         self.trims.update(other.trims)
@@ -640,7 +657,6 @@ class _Held:
 
     def clear(self) -> None:
         self.gauges.clear()
-        self.latest.clear()
         self.telemetry.clear()
         self.history.clear()
         self.trims.clear()
@@ -652,8 +668,6 @@ class _Held:
                 _write_rows(conn, _gauges_update, rows)
             else:
                 conn.executemany(_HEARTBEAT_UPDATE, [(*r[1:], r[0]) for r in rows])
-        if self.latest:
-            _write_rows(conn, _latest_upsert, list(self.latest.values()))
         if self.telemetry:
             _write_rows(conn, _telemetry_replace, list(self.telemetry.values()))
         if self.history:
@@ -860,12 +874,10 @@ class Tx(Reads):
             for name in cols.keys() & hot.keys():
                 hot[name] = cols[name]
 
-    def hold_heartbeat(self, instance_id: int, gauges: tuple[Any, ...],
-                       latest: tuple[Any, ...]) -> None:
-        """A steady heartbeat's writes, held (see ``__init__``): its instance's gauges
-        (``HEARTBEAT_COLUMNS`` order) and its latest-heartbeat row (``HEARTBEAT_ROW``)."""
+    def hold_heartbeat(self, instance_id: int, gauges: tuple[Any, ...]) -> None:
+        """A steady heartbeat's instance columns (``HEARTBEAT_COLUMNS`` order), held (see
+        ``__init__``)."""
         self._held_job.gauges[instance_id] = gauges
-        self._held_job.latest[latest[0]] = latest
         hot = self._hot_by_id.get(instance_id)
         if hot is not None:
             hot["last_seq"] = gauges[0]
@@ -973,12 +985,6 @@ class Tx(Reads):
         return self._exec("delete from bad_hosts where machine_id = ?", (machine_id,)).rowcount > 0
 
     # heartbeats, telemetry
-
-    def upsert_heartbeat(self, row: dict[str, Any]) -> None:
-        """Set the agent's latest heartbeat (``row`` has the ``HEARTBEAT_ROW`` columns). An
-        in-place upsert: ``insert or replace`` would delete and re-insert, writing two
-        pages of the table and two of its key index instead of one."""
-        self._exec(_latest_upsert(1), [row[c] for c in HEARTBEAT_ROW])
 
     def append_heartbeat_history(
         self, row: dict[str, Any], *, interval_s: float, keep_rows: int

@@ -25,6 +25,7 @@ def test_migrations_are_recorded_and_run_once(tmp_path: Path) -> None:
     rows = list(first.db.query("select id, name from migrations"))
     assert [r["id"] for r in rows] == [m[0] for m in MIGRATIONS]
     assert set(TABLES) <= set(first.db.table_names())
+    assert "heartbeats" in first.db.view_names()  # DESIGN 4's name, a view since migration 3
     first.write_blocking(lambda tx: tx.add_bad_host("m1", reason="r", source="test", now=1.0))
     first.close()
     again = Store(path)  # reopening applies nothing twice and keeps the data
@@ -153,3 +154,45 @@ def test_logs_and_heartbeat_history_are_bounded(store: Store) -> None:
 def test_store_refuses_memory_databases() -> None:
     with pytest.raises(ValueError):
         Store(":memory:")
+
+
+def test_migration_3_moves_the_latest_heartbeats_onto_their_instances(tmp_path: Path) -> None:
+    """A database from before migration 3 keeps every agent's latest heartbeat, now read
+    through the ``heartbeats`` view."""
+    import sqlite_utils
+
+    from coordinator import store as store_module
+
+    path = tmp_path / "old.sqlite"
+    db = sqlite_utils.Database(path)
+    old = store_module.MIGRATIONS
+    store_module.MIGRATIONS = old[:2]
+    try:
+        store_module.migrate(db)
+    finally:
+        store_module.MIGRATIONS = old
+    db["agents"].insert({"agent_id": "ag_" + "1" * 20, "label": "a", "kind": "byo",
+                         "revoked": 0, "issued_at": 1.0})
+    for instance_id, agent in ((1, "ag_" + "1" * 20), (2, "ag_" + "2" * 20)):
+        db["instances"].insert({"id": instance_id, "agent_id": agent, "kind": "byo",
+                                "state": "proving", "last_seq": 7, "phase": "proving",
+                                "phase_started_at": 5.0, "progress_json": None,
+                                "proofs_completed_total": 40, "created_at": 1.0,
+                                "updated_at": 1.0})
+    db["heartbeats"].insert({"agent_id": "ag_" + "1" * 20, "instance_id": 1,
+                             "received_at": 99.0, "seq": 7, "phase": "proving",
+                             "phase_started_at": 5.0, "progress_json": None,
+                             "proofs_completed_total": 40,
+                             "proof_seconds_recent_json": "[30.5,31.0]"})
+    db.conn.close()
+    store = Store(path)
+    try:
+        assert store.latest_heartbeat("ag_" + "1" * 20) == {
+            "agent_id": "ag_" + "1" * 20, "instance_id": 1, "received_at": 99.0, "seq": 7,
+            "phase": "proving", "phase_started_at": 5.0, "progress_json": None,
+            "proofs_completed_total": 40, "proof_seconds_recent_json": "[30.5,31.0]"}
+        # An instance that never sent a heartbeat has none.
+        assert store.latest_heartbeat("ag_" + "2" * 20) is None
+        assert "heartbeats" not in store.db.table_names()
+    finally:
+        store.close()
