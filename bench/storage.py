@@ -12,8 +12,9 @@ history downsampling and trimming, ``Tx.append_heartbeat_history``),
 ``log_lines_per_instance`` 20,000, heartbeats every ``next_heartbeat_s`` 15 s).
 
 Heartbeats between two history rows only overwrite each agent's latest rows
-(instance, heartbeats, telemetry): they change no row count and no size. So
-the fleet run sends each agent one heartbeat per history interval (the ones
+(the instance with its latest heartbeat, the telemetry): they change no row
+count and no size. So the fleet run sends each agent one heartbeat per
+history interval (the ones
 the downsampler keeps), and a check in the same run drives ``--exact-agents``
 agents with EVERY heartbeat of the day (5,760 each) and compares the row
 counts of both ways. Logs: ``--log-lines-per-hour`` per agent (default 120, a
