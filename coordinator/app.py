@@ -47,7 +47,7 @@ from coordinator.errors import (
 from coordinator.monitor import HeartbeatTracker, Monitor
 from coordinator.providers.base import Provider, ProviderError
 from coordinator.settings import Settings
-from coordinator.store import Row, Store, Tx, loads
+from coordinator.store import Reads, Row, Store, Tx, loads
 from protocol import signing
 from protocol.codec import decode
 from protocol.errors import ProtocolError
@@ -782,6 +782,16 @@ async def _openapi(request: web.Request) -> web.Response:
 # --- the application ------------------------------------------------------------------
 
 
+def agent_lookup(reads: Reads) -> Callable[[str], AgentRecord | None]:
+    """``AgentAuth``'s lookup: an agent's record from the store (None: never issued)."""
+
+    def lookup(agent_id: str) -> AgentRecord | None:
+        row = reads.get_agent(agent_id)
+        return None if row is None else AgentRecord(agent_id, bool(row["revoked"]))
+
+    return lookup
+
+
 def create_app(
     settings: Settings,
     store: Store,
@@ -794,11 +804,7 @@ def create_app(
     (tests drive ``app[CORE].monitor.tick()`` with an injected clock)."""
     started_second = int(clock())
 
-    def lookup(agent_id: str) -> AgentRecord | None:
-        row = store.get_agent(agent_id)
-        return None if row is None else AgentRecord(agent_id, bool(row["revoked"]))
-
-    auth = AgentAuth(settings.fleet_secrets, lookup, not_before=started_second,
+    auth = AgentAuth(settings.fleet_secrets, agent_lookup(store), not_before=started_second,
                      nonces_per_agent=settings.nonces_per_agent)
     auth.preload(store.agent_states())
     tracker = HeartbeatTracker(settings.silence_ttl_s)

@@ -27,7 +27,6 @@ import logging
 import os
 import signal
 import socket
-import sqlite3
 import sys
 import time
 from collections.abc import Callable
@@ -40,10 +39,11 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from coordinator import relay
-from coordinator.app import agent_response, read_body
-from coordinator.auth import MAX_BODY_BYTES, AgentAuth, AgentRecord, AuthFailure
+from coordinator.app import agent_lookup, agent_response, read_body
+from coordinator.auth import MAX_BODY_BYTES, AgentAuth, AuthFailure
 from coordinator.errors import Refusal
 from coordinator.ingest import steady_fields
+from coordinator.store import open_reads
 from protocol import signing
 from protocol.codec import decode
 from protocol.errors import ProtocolError
@@ -77,14 +77,6 @@ class FrontSpec:
     tls_key: str | None = None
     log_format: str = "text"
     redact: tuple[str, ...] = ()
-
-
-def agent_lookup(db_path: str) -> tuple[sqlite3.Connection, list[tuple[str, bool]]]:
-    """A read-only connection to the store, and every agent's (id, revoked) in it."""
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, check_same_thread=False)
-    conn.execute("PRAGMA busy_timeout = 10000")
-    rows = [(a, bool(r)) for a, r in conn.execute("select agent_id, revoked from agents")]
-    return conn, rows
 
 
 class Front:
@@ -191,16 +183,11 @@ async def serve_front(spec: FrontSpec) -> None:
     # Ctrl-C reaches the whole process group: the coordinator's process stops its fronts
     # itself (after their requests in flight), so they do not stop on their own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    conn, agents = agent_lookup(spec.db_path)
-
-    def lookup(agent_id: str) -> AgentRecord | None:
-        row = conn.execute("select revoked from agents where agent_id = ?",
-                           (agent_id,)).fetchone()
-        return None if row is None else AgentRecord(agent_id, bool(row[0]))
-
+    reads = open_reads(spec.db_path)
     # The nonce memory here is never used: admitting is the writer's process's work.
-    auth = AgentAuth([bytes.fromhex(s) for s in spec.fleet_secrets], lookup, not_before=0)
-    auth.preload(agents)
+    auth = AgentAuth([bytes.fromhex(s) for s in spec.fleet_secrets], agent_lookup(reads),
+                     not_before=0)
+    auth.preload(reads.agent_states())
     link = await relay.connect(spec.relay_path)
     proxy = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=spec.proxy_path),
                                   auto_decompress=False,
@@ -224,7 +211,7 @@ async def serve_front(spec: FrontSpec) -> None:
         await proxy.close()
         if link.transport is not None:
             link.transport.close()
-        conn.close()
+        reads.close()
 
 
 def main() -> None:

@@ -297,9 +297,9 @@ def _heartbeat_job(
 def _steady_heartbeat(
     tx: Tx, hot: Row, agent_id: str, f: SteadyFields, settings: Settings, now: float
 ) -> tuple[int, Directive]:
-    """What a steady heartbeat writes: its instance's gauges and the latest heartbeat, held
-    by the writer and written with the others of its transaction; nothing is read (``hot``
-    is the writer's cached view of the instance)."""
+    """What a steady heartbeat writes: its instance's gauges (which are its latest
+    heartbeat too), held by the writer and written with the others of its transaction;
+    nothing is read (``hot`` is the writer's cached view of the instance)."""
     instance_id = hot["id"]
     # In HEARTBEAT_COLUMNS order; a steady heartbeat is never a benchmarking one, hence
     # last_non_benchmark_at.

@@ -1053,10 +1053,21 @@ class Tx(Reads):
 
 
 class _ReaderView(Reads):
-    """``Reads`` on the reader thread's own connection (``Store.read``)."""
+    """``Reads`` on a connection of its own (the reader thread's, ``Store.read``; a front
+    process's, ``open_reads``)."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def open_reads(path: str) -> _ReaderView:
+    """``Reads`` for another process than the writer's, on a read-only connection."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout = 10000")
+    return _ReaderView(conn)
 
 
 @dataclass(slots=True)
@@ -1338,5 +1349,5 @@ class Store(Reads):
 
     def _close_reader(self) -> None:
         if self._reader_view is not None:
-            self._reader_view._conn.close()
+            self._reader_view.close()
             self._reader_view = None
