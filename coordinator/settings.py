@@ -128,7 +128,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "vast_onstart",
         None,
-        "vast.ai: the onstart script text (ssh run type, at most 16 KB); unset: the "
+        "vast.ai: the onstart script text (ssh run type; vast.ai takes 4048 characters, a "
+        "longer script is sent gzip+base64 in a wrapper that unpacks it); unset: the "
         "template's, which runs `/usr/local/bin/vast-agent-onstart start`",
     ),
     Setting(
