@@ -1,7 +1,7 @@
 """The provider interface the coordinator talks to, and its named errors.
 
 Offers and instances are plain dicts in vast.ai's shape (field names from
-reference/vast-api.md), whichever provider produced them, so ranking, deploy
+docs/vast.md), whichever provider produced them, so ranking, deploy
 checks and reconciliation never care where they came from.
 """
 
