@@ -25,7 +25,6 @@ from coordinator.filters import (
 )
 from coordinator.providers.base import (
     CreatedInstance,
-    CreateFailed,
     Offer,
     OfferGone,
     ProviderError,
@@ -161,7 +160,8 @@ class VastProvider:
     async def create_instance(
         self, offer: Offer, *, label: str, env: dict[str, str], disk_gb: int
     ) -> CreatedInstance:
-        """Rent ``offer``. OfferGone when it was sold meanwhile; other ProviderErrors
+        """Rent ``offer``. OfferGone when it was sold meanwhile; CreateFailed (with the
+        instance's id) when vast.ai refused but made an instance; other ProviderErrors
         when vast.ai refused or the outcome is unknown (the label then finds it)."""
         offer_id = _as_int(offer.get("id"))
         if offer_id is None:
@@ -178,11 +178,6 @@ class VastProvider:
             answer = await self.client.create_instance(offer_id, body)
         except OfferGone:
             log.info("vast.ai offer %s gone at create", offer_id)
-            raise
-        except CreateFailed as exc:
-            # Passed up with its instance id: the deploy records and destroys it.
-            log.warning("vast.ai create on offer %s failed but made instance %s",
-                        offer_id, exc.instance_id)
             raise
         except OutcomeUnknown as exc:
             # The create may have happened: the label is unique to this
