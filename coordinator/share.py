@@ -64,7 +64,7 @@ def instance_share(offer: Mapping[str, Any]) -> Share:
         # instance cannot get more than the whole host.
         fraction = min(1.0, effective / cores)
         part = f"{_num(effective)}/{_num(cores)} cores"
-        cpu: float | None = effective
+        cpu: float | None = min(effective, cores)
     elif gpu_frac is not None:
         fraction = min(1.0, gpu_frac)
         part = f"gpu_frac {fraction:.3g}"

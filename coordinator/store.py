@@ -527,11 +527,12 @@ class Reads:
 
     def instance_ram_by_machine(self) -> dict[tuple[int, int], float]:
         """(machine_id, num_gpus) -> the RAM share (GB) of our latest instance there, for
-        vast.ai machines (numeric ids) whose share was recorded at deploy."""
+        measured vast.ai machines (numeric ids) whose share was recorded at deploy."""
         out: dict[tuple[int, int], float] = {}
         for machine, n, ram in self._conn.execute(
             "select machine_id, num_gpus, instance_ram_gb from instances "
-            "where instance_ram_gb is not null and num_gpus is not null order by id"
+            "where instance_ram_gb is not null and num_gpus is not null "
+            "and machine_id in (select machine_id from host_perf) order by id"
         ):
             if str(machine).isdigit():
                 out[(int(machine), int(n))] = float(ram)
