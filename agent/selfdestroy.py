@@ -1,14 +1,21 @@
 """Destroy this agent's own instance through its provider.
 
 vast.ai: ``DELETE {VAST_URL}/api/v0/instances/$CONTAINER_ID/`` with the
-instance's own ``CONTAINER_API_KEY`` (reference/vast-api.md), retried and
-idempotent (404: already gone). Local: nothing to destroy; the agent process
-exits and its provider sees it end. The key is never logged.
+instance's own ``CONTAINER_API_KEY`` (docs/vast.md). The instance is gone when
+vast.ai said so (``success: true``, or ``404 not_found``: already gone) *and*
+a lookup (``GET /api/v0/instances/$CONTAINER_ID/``) no longer finds it;
+otherwise the delete is sent again, with backoff. A key vast.ai refuses
+("Invalid user key", whatever the status) is not an instance that is gone.
+If the instance survives every attempt, ``InstanceSurvived`` is raised and the
+agent exits with its own status (``vast-agent run`` exit 4), never as if it
+had worked. Local: nothing to destroy; the agent process exits and its
+provider sees it end. The key is never logged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -19,10 +26,39 @@ import aiohttp
 log = logging.getLogger("agent.selfdestroy")
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+#: What vast.ai says of a key it does not accept (vast-cli ``vastai/cli/main.py``).
+_AUTH_MESSAGES = ("invalid user key", "session expired", "requires login")
+#: ``error`` of a destroy whose instance no longer exists (OpenAPI: not_found; dstack:
+#: no_such_instance).
+_GONE_ERRORS = frozenset({"not_found", "no_such_instance"})
 
 
 class SelfDestroyError(Exception):
     """The instance could not be destroyed."""
+
+
+class InstanceSurvived(SelfDestroyError):
+    """Every attempt to destroy the instance ended with it still there (or unconfirmed)."""
+
+
+def _said(status: int, text: str) -> tuple[dict[str, Any], str]:
+    """The JSON object answered (or {}) and a short account of it for messages."""
+    try:
+        body = json.loads(text) if text else {}
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    msg = str(body.get("msg") or body.get("message") or body.get("detail") or text or "")
+    msg = " ".join(msg.split())[:160]
+    error = str(body.get("error") or "")
+    return body, f"HTTP {status}" + (f" {error}" if error else "") + (f": {msg}" if msg else "")
+
+
+def _refused_key(status: int, body: dict[str, Any], said: str) -> bool:
+    return status == 401 or body.get("error") == "auth_error" or any(
+        m in said.lower() for m in _AUTH_MESSAGES
+    )
 
 
 async def destroy_vast_instance(
@@ -36,34 +72,28 @@ async def destroy_vast_instance(
     cap_delay_s: float = 30.0,
     sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
 ) -> None:
-    """Destroy instance ``container_id``; returns once vast.ai says it is gone (or was)."""
+    """Destroy instance ``container_id``; returns once vast.ai said so and a lookup agrees.
+
+    Raises ``SelfDestroyError`` when vast.ai refuses the key (retrying cannot help),
+    ``InstanceSurvived`` when ``attempts`` deletes left it in place or unconfirmed.
+    """
     url = f"{vast_url.rstrip('/')}/api/v0/instances/{container_id}/"
-    headers = {"Authorization": f"Bearer {api_key}"}
+    headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json"}
     own = session is None
     http = session or aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+    why = "not tried"
     try:
         for attempt in range(1, attempts + 1):
-            why: str
             try:
-                async with http.delete(url, headers=headers) as resp:
-                    await resp.read()
-                    if resp.status in (200, 204):
-                        log.info("instance %s destroyed", container_id)
-                        return
-                    if resp.status == 404:
-                        log.info("instance %s was already gone", container_id)
-                        return
-                    if resp.status not in RETRY_STATUSES:
-                        raise SelfDestroyError(
-                            f"vast.ai refused to destroy instance {container_id}: {resp.status}"
-                        )
-                    why = f"answered {resp.status}"
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                why = f"{type(exc).__name__}"
+                why = await _delete_and_confirm(http, url, headers, container_id)
+            except aiohttp.ClientError as exc:
+                why = type(exc).__name__
+            except TimeoutError:
+                why = "timed out"
+            if not why:
+                return
             if attempt == attempts:
-                raise SelfDestroyError(
-                    f"could not destroy instance {container_id} after {attempts} tries ({why})"
-                )
+                break
             delay = min(cap_delay_s, base_delay_s * 1.5 ** (attempt - 1))
             delay *= 0.5 + random.random() / 2
             log.warning("destroying instance %s: %s; retrying in %.1f s", container_id, why, delay)
@@ -71,6 +101,42 @@ async def destroy_vast_instance(
     finally:
         if own:
             await http.close()
+    raise InstanceSurvived(
+        f"instance {container_id} is still there after {attempts} destroy attempts ({why})"
+    )
+
+
+async def _delete_and_confirm(
+    http: aiohttp.ClientSession, url: str, headers: dict[str, str], container_id: str
+) -> str:
+    """One delete and the lookup after it: "" when the instance is gone, else why not."""
+    async with http.delete(url, headers=headers, json={}) as resp:
+        status, text = resp.status, await resp.text()
+    body, said = _said(status, text)
+    if status in RETRY_STATUSES:
+        return f"the delete answered {said}"
+    if _refused_key(status, body, said):
+        raise SelfDestroyError(
+            f"vast.ai refused CONTAINER_API_KEY for instance {container_id} ({said})"
+        )
+    gone = status == 404 or (body.get("success") is False and body.get("error") in _GONE_ERRORS)
+    if not gone and not (200 <= status < 300 and body.get("success") is True):
+        return f"vast.ai did not destroy it ({said})"
+    # Said so; now look it up. The instance's key may die with the instance (vast.ai
+    # does not say): a refused key right after an accepted delete counts as gone.
+    async with http.get(url, headers=headers, params={"owner": "me"}) as resp:
+        status, text = resp.status, await resp.text()
+    body, said = _said(status, text)
+    if status == 200 and body.get("instances") is None and "instances" in body:
+        log.info("instance %s destroyed (confirmed gone)", container_id)
+        return ""
+    if status == 404 or _refused_key(status, body, said):
+        log.info("instance %s destroyed (its lookup answered %s)", container_id, said)
+        return ""
+    if status == 200 and isinstance(body.get("instances"), dict):
+        state = body["instances"].get("actual_status")
+        return f"the delete was accepted but the instance is still listed (status {state})"
+    return f"the lookup after the delete answered {said}"
 
 
 async def self_destroy(

@@ -747,7 +747,9 @@ async def _offers(core: Core, request: web.Request) -> Any:
     # vast.ai machine ids are integers; a bring-your-own label never matches an offer.
     numeric_bad = {int(m) for m in bad_ids if m.isdigit()}
     return rank_offers(offers, core.store.host_perf(), numeric_bad,
-                       fleet_scaling_efficiency(core.store.scaling()))
+                       fleet_scaling_efficiency(core.store.scaling()),
+                       min_instance_ram_gb=core.settings.min_instance_ram_gb,
+                       machine_ram_gb=core.store.instance_ram_by_machine())
 
 
 async def _deploy(core: Core, request: web.Request) -> Any:
@@ -812,7 +814,7 @@ def create_app(
                       on_agent_revoked=auth.mark_revoked)
     monitor.seed(clock())
     core = Core(settings, store, provider, clock, auth, tracker, monitor,
-                Deployer(settings, store, provider, clock))
+                Deployer(settings, store, provider, clock, destroy=monitor.destroy))
 
     # Bodies are read (and bounded) by read_body, so aiohttp's own limit never answers first.
     app = web.Application(middlewares=[error_middleware], client_max_size=2 * MAX_BODY_BYTES)

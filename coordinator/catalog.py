@@ -1,11 +1,14 @@
 """The local offers catalog: the operator's known hosts, in vast.ai's offer shape.
 
-Field names and units are vast.ai's (reference/vast-api.md: ``gpu_ram`` and
-``cpu_ram`` in MB, ``pcie_bw`` in GB/s, ``dph_total`` in $/h). The hardware
-is the operator's hosts from the project's origin; prices are typical
-on-demand prices. Deploying one of these through the LocalProvider runs an
-agent on the *simulated* cuzk with exactly this hardware profile, so every
-rate it produces is simulated. The ``sim`` object holds simulation-only knobs.
+Field names and units are vast.ai's (docs/vast.md: ``gpu_ram`` and ``cpu_ram``
+in MB, ``pcie_bw`` in GB/s, ``dph_total`` in $/h). As on vast.ai, ``cpu_ram``
+and ``cpu_cores`` are the whole host's and ``cpu_cores_effective`` and
+``gpu_frac`` the instance's share: the operator's hosts (``local_offers``) are
+rented whole, and two slices of 8-GPU hosts (``slice_offers``) show what a
+share means, one of them too small for cuzk. Prices are typical on-demand
+prices. Deploying one of these through the LocalProvider runs an agent on the
+*simulated* cuzk with the hardware its instance gets, so every rate it
+produces is simulated. The ``sim`` object holds simulation-only knobs.
 """
 
 from __future__ import annotations
@@ -32,7 +35,10 @@ def _offer(
     inet_down: float,
     note: str,
     sim: dict[str, Any] | None = None,
+    host_gpus: int | None = None,
 ) -> dict[str, Any]:
+    # The instance's share of the host, as vast.ai lists it (docs/vast.md).
+    frac = num_gpus / (host_gpus or num_gpus)
     return {
         "id": offer_id,
         "ask_contract_id": offer_id,
@@ -43,8 +49,9 @@ def _offer(
         "gpu_ram": gpu_ram,
         "gpu_total_ram": gpu_ram * num_gpus,
         "cpu_name": cpu_name,
+        "gpu_frac": frac,
         "cpu_cores": cpu_cores,
-        "cpu_cores_effective": cpu_cores,
+        "cpu_cores_effective": cpu_cores * frac,
         "cpu_ram": cpu_ram,
         "disk_space": 500.0,
         "pci_gen": pci_gen,
@@ -126,6 +133,34 @@ LOCAL_OFFERS: tuple[dict[str, Any], ...] = (
 )
 
 
+#: Parts of 8-GPU hosts: vast.ai lists each with the host's cpu_ram and cpu_cores.
+SLICE_OFFERS: tuple[dict[str, Any], ...] = (
+    _offer(
+        9010, 41010, gpu_name="RTX 4090", num_gpus=1, host_gpus=8, gpu_ram=24564,
+        dph_total=0.36, cpu_name="AMD EPYC 7763 64-Core Processor", cpu_cores=256,
+        cpu_ram=515_000, pci_gen=4, gpu_lanes=16, pcie_bw=24.0, geolocation="Texas, US",
+        inet_down=2000, note="1 of 8 GPUs of a 512 GB host: its instance gets 64 GB, too "
+        "little for cuzk",
+    ),
+    _offer(
+        9011, 41011, gpu_name="RTX 4090", num_gpus=2, host_gpus=8, gpu_ram=24564,
+        dph_total=0.74, cpu_name="AMD EPYC 7763 64-Core Processor", cpu_cores=256,
+        cpu_ram=1_031_000, pci_gen=4, gpu_lanes=16, pcie_bw=24.0, geolocation="Texas, US",
+        inet_down=2000, note="2 of 8 GPUs of a 1 TB host: its instance gets 258 GB",
+    ),
+)
+
+
 def local_offers() -> list[dict[str, Any]]:
-    """A fresh copy of the catalog (callers may mutate their copy)."""
+    """A fresh copy of the operator's hosts, each rented whole (callers may mutate it)."""
     return copy.deepcopy(list(LOCAL_OFFERS))
+
+
+def slice_offers() -> list[dict[str, Any]]:
+    """A fresh copy of the slices of bigger hosts."""
+    return copy.deepcopy(list(SLICE_OFFERS))
+
+
+def catalog_offers() -> list[dict[str, Any]]:
+    """Everything the local provider lists: the operator's hosts, then the slices."""
+    return local_offers() + slice_offers()

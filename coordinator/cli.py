@@ -533,6 +533,10 @@ def agents_revoke(client: OperatorClient, agent_id: str) -> None:
 def offers(client: OperatorClient, filter_text: str | None, as_json: bool) -> None:
     """Offers ranked by predicted cost per proof, with the basis of each prediction.
 
+    CPU and RAM are what the instance gets, its share of the host (vast.ai lists
+    the whole host's): an offer whose share is below VM_MIN_INSTANCE_RAM_GB is
+    flagged TOO-SMALL, with the reason as its basis, and deploys refuse it.
+
     \b
     Example:
       vast-manager offers --filter "gpu_name=RTX_4090 cpu_ram>=240"
@@ -553,8 +557,8 @@ def offers(client: OperatorClient, filter_text: str | None, as_json: bool) -> No
                     render.usd(r.get("dph_total"), 3),
                     render.num(r.get("predicted_rate_per_hour")),
                     render.usd(r.get("predicted_usd_per_proof")),
-                    r.get("cpu_cores_effective") or r.get("cpu_cores"),
-                    render.num((r.get("cpu_ram") or 0) / 1000, 0, "G"),
+                    render.num(r.get("instance_cpu_cores"), 0),
+                    render.num(r.get("instance_ram_gb"), 0, "G"),
                     render.num(r.get("pcie_bw"), 1),
                     r.get("geolocation"),
                     _flags(r),
@@ -572,9 +576,11 @@ def _flags(offer: dict[str, Any]) -> str:
     flags = []
     if offer.get("bad_host"):
         flags.append("BAD-HOST")
+    if offer.get("too_small"):
+        flags.append("TOO-SMALL")
     if offer.get("known"):
         flags.append("known")
-    if offer.get("predicted_rate_per_hour") is None:
+    if offer.get("predicted_rate_per_hour") is None and not offer.get("too_small"):
         flags.append("explore")
     return ",".join(flags) or "-"
 

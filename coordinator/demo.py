@@ -199,6 +199,15 @@ async def _demo(
                     f"{answer['instance_id']}",
                     flush=True,
                 )
+            # A slice of a bigger host whose instance would get too little RAM: flagged
+            # in the offers, and refused at deploy with the reason.
+            for o in await api.call("GET", "/api/offers"):
+                if o.get("too_small"):
+                    try:
+                        await api.call("POST", "/api/deploy", {"offer_id": o["id"]})
+                    except RuntimeError as err:
+                        print(f"refused offer {o['id']} ({o['num_gpus']}x {o['gpu_name']}): "
+                              f"{err}", flush=True)
             screen = _Screen()
             deadline = started + timeout_s
             while True:
@@ -277,7 +286,8 @@ async def _report(api: _Api, rows: list[dict[str, Any]]) -> int:
         ((o["id"], f"{o['num_gpus']}x {o['gpu_name']}", render.usd(o["dph_total"], 2),
           render.num(o.get("predicted_rate_per_hour")),
           render.usd(o.get("predicted_usd_per_proof")),
-          "BAD-HOST" if o.get("bad_host") else "-", o.get("prediction_basis"))
+          "BAD-HOST" if o.get("bad_host") else "TOO-SMALL" if o.get("too_small") else "-",
+          o.get("prediction_basis"))
          for o in offers),
         ["OFFER", "GPUS", "$/H", "PRED/H", "$/PROOF", "FLAGS", "BASIS"],
     ))

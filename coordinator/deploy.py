@@ -2,10 +2,14 @@
 
 One asyncio lock serializes deploys, so two deploys can never both pass the
 "machine busy" check for one machine. Every refusal happens before
-``create_instance`` is called. The agent row and the instance row are
-written before the provider creates anything, so an instance that boots is
-always one we know of (the monitor and reconciliation watch it), even if
-the coordinator dies before the provider answers.
+``create_instance`` is called, including an offer whose instance would get
+less RAM than cuzk needs (its share of the host, ``coordinator.share``). The
+agent row and the instance row are written before the provider creates
+anything, so an instance that boots is always one we know of (the monitor and
+reconciliation watch it), even if the coordinator dies before the provider
+answers. A create that failed but left an instance (vast.ai answers
+``success: false`` with a ``new_contract``) gets that instance recorded and
+destroyed.
 """
 
 from __future__ import annotations
@@ -13,14 +17,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from coordinator import policy
 from coordinator.coerce import as_float
-from coordinator.errors import BadHost, MachineBusy, OfferGone, PriceChanged, ProviderFailed
+from coordinator.errors import (
+    BadHost,
+    MachineBusy,
+    OfferGone,
+    PriceChanged,
+    ProviderFailed,
+    TooSmall,
+)
+from coordinator.providers.base import CreateFailed, Provider, ProviderError
 from coordinator.providers.base import OfferGone as ProviderOfferGone
-from coordinator.providers.base import Provider, ProviderError
 from coordinator.settings import Settings
+from coordinator.share import instance_share, shortfall
 from coordinator.store import Store, Tx
 from protocol import signing
 
@@ -29,8 +42,10 @@ log = logging.getLogger(__name__)
 # Offer fields copied onto the instance row (vast.ai names).
 OFFER_FIELDS = (
     "machine_id", "gpu_name", "num_gpus", "dph_total", "geolocation",
-    "cpu_name", "cpu_cores", "cpu_ram", "pcie_bw",
+    "cpu_name", "cpu_cores", "cpu_cores_effective", "cpu_ram", "pcie_bw",
 )
+#: Destroys one of our instances now (``Monitor.destroy``): instance row id, reason.
+Destroy = Callable[..., Awaitable[bool]]
 # A price may move by this much (relative) before the caller must look again.
 PRICE_EPSILON = 1e-6
 
@@ -64,12 +79,21 @@ class Deployer:
     """``deploy`` of DESIGN 3.7, with its checks; one deploy at a time."""
 
     def __init__(
-        self, settings: Settings, store: Store, provider: Provider, clock: policy.Clock
+        self,
+        settings: Settings,
+        store: Store,
+        provider: Provider,
+        clock: policy.Clock,
+        *,
+        destroy: Destroy | None = None,
     ) -> None:
+        """``destroy``: the monitor's (``Monitor.destroy``), for an instance a failed create
+        left behind; without it the monitor's next round destroys it (it is due at once)."""
         self.settings = settings
         self.store = store
         self.provider = provider
         self.clock = clock
+        self._destroy = destroy
         self._lock = asyncio.Lock()
 
     async def deploy(
@@ -82,7 +106,7 @@ class Deployer:
     ) -> Deployed:
         """Check, then rent.
 
-        Raises OfferGone, BadHost, MachineBusy, PriceChanged or ProviderFailed.
+        Raises OfferGone, BadHost, MachineBusy, TooSmall, PriceChanged or ProviderFailed.
         """
         async with self._lock:
             return await self._deploy(offer_id, min_rate_per_hour, disk_gb, max_dph_total)
@@ -108,6 +132,10 @@ class Deployer:
         if busy:
             ids = ", ".join(str(row["id"]) for row in busy)
             raise MachineBusy(f"Machine {machine_id} already runs instance(s) {ids} of ours.")
+        share = instance_share(offer)
+        short = shortfall(share, self.settings.min_instance_ram_gb)
+        if short is not None:
+            raise TooSmall(f"Offer {offer_id} is refused: {short} (VM_MIN_INSTANCE_RAM_GB).")
         dph_total = as_float(offer.get("dph_total"))
         ceiling = self.settings.max_deploy_dph_total
         if dph_total is None:
@@ -132,6 +160,7 @@ class Deployer:
         disk = disk_gb if disk_gb is not None else self.settings.deploy_disk_gb
         meta = {name: offer.get(name) for name in OFFER_FIELDS}
         meta["machine_id"] = machine_id
+        meta["instance_ram_gb"] = share.ram_gb
 
         def record(tx: Tx) -> int:
             tx.insert_agent(
@@ -170,6 +199,12 @@ class Deployer:
                 offer, label=label, env=agent_env(self.settings.coordinator_url, agent_id, key),
                 disk_gb=disk,
             )
+        except CreateFailed as err:
+            await self._created_anyway(instance_id, agent_id, machine_id, err)
+            raise ProviderFailed(
+                f"Creating an instance from offer {offer_id} failed ({err}), yet "
+                f"{self.provider.name} made instance {err.instance_id}, which is being destroyed."
+            ) from None
         except ProviderError as err:
             gone = isinstance(err, ProviderOfferGone)
             reason = (
@@ -196,6 +231,32 @@ class Deployer:
         await self.store.write(created_ok)
         message = created.message or f"instance {created.instance_id} created"
         return Deployed(instance_id, created.instance_id, agent_id, message)
+
+    async def _created_anyway(
+        self, instance_id: int, agent_id: str, machine_id: str, err: CreateFailed
+    ) -> None:
+        """Record the instance a failed create left, due for destruction now, and destroy it."""
+        now = self.clock()
+        pid = err.instance_id
+        reason = f"the create failed ({err}) but left {self.provider.name} instance {pid}"
+
+        def record(tx: Tx) -> None:
+            tx.update_instance(
+                instance_id, provider_instance_id=pid, state="terminating", state_since=now,
+                terminate_reason=reason, destroy_due_at=now, updated_at=now,
+            )
+            tx.insert_event(now, "deploy_failed", reason, instance_id=instance_id,
+                            agent_id=agent_id, machine_id=machine_id,
+                            data={"provider_instance_id": pid})
+
+        await self.store.write(record)
+        log.warning("deploy: %s; destroying it", reason)
+        if self._destroy is None:
+            return
+        try:
+            await self._destroy(instance_id, reason, source="failed create")
+        except ProviderError as exc:  # recorded by destroy; the monitor retries it
+            log.warning("destroy of instance %s left by a failed create: %s", pid, exc)
 
     def _abandon(self, tx: Tx, instance_id: int, agent_id: str, reason: str) -> None:
         now = self.clock()

@@ -88,6 +88,12 @@ class PriceChanged(CoordinatorError):
     code = "price_changed"
 
 
+class TooSmall(CoordinatorError):
+    """The offer's instance would get less RAM than cuzk needs (its share of the host)."""
+
+    code = "too_small"
+
+
 class ProviderFailed(CoordinatorError):
     """The provider (vast.ai) failed; nothing of ours changed."""
 
@@ -105,6 +111,7 @@ _STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (BadHost, 409),
     (MachineBusy, 409),
     (PriceChanged, 409),
+    (TooSmall, 409),
     (ProviderFailed, 502),
     (ProviderOfferGone, 409),
     (ProviderRateLimited, 503),

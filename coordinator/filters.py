@@ -41,11 +41,18 @@ from __future__ import annotations
 import re
 from typing import Any
 
-#: The original manager's offer filter (reference/cuzk.md): disk >= 250 GB,
-#: dph <= 0.9, gpu_ram > 12.5 GB, cpu_ram >= 240 GB, cpu_cores > 25,
-#: inet_down > 100 Mb/s, CUDA >= 13.0.
+#: The default offer filter: the original manager's (disk >= 250 GB, dph <= 0.9,
+#: gpu_ram > 12.5 GB, inet_down > 100 Mb/s, CUDA >= 13.0) with its CPU and RAM
+#: conditions moved from the host to the instance. ``cpu_ram`` and ``cpu_cores``
+#: are the whole host's (docs/vast.md): the original ``cpu_ram>=240 cpu_cores>25``
+#: let through a 1-GPU slice of an 8-GPU 512 GB host that gets 64 GB. vast.ai
+#: filters ``cpu_cores_effective`` (the instance's cores) itself; the RAM share
+#: has no field to filter on, so the query keeps only what it implies (a host of
+#: at least 128 GB) and ``coordinator.share`` judges the share of every offer
+#: against VM_MIN_INSTANCE_RAM_GB.
 DEFAULT_FILTER = (
-    "disk_space>=250 dph<=0.9 gpu_ram>12.5 cpu_ram>=240 cpu_cores>25 inet_down>100 cuda_vers>=13.0"
+    "disk_space>=250 dph<=0.9 gpu_ram>12.5 cpu_ram>=128 cpu_cores_effective>25 inet_down>100 "
+    "cuda_vers>=13.0"
 )
 
 #: The CLI's default order (``-o score-``).

@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 #: Reconciliation rounds in a row an instance must be missing from the provider's
 #: list before it is marked vanished.
 VANISHED_AFTER_ROUNDS = 2
+#: Rounds in a row an instance must be seen in a status that never runs
+#: (``reconcile.never_runs``) before it is destroyed: one odd answer ends nothing,
+#: and a dead instance bills for at most two rounds.
+DEAD_AFTER_ROUNDS = 2
 #: Agent ids per ``in (...)`` query: below SQLite's oldest bound on query parameters.
 _IDS_PER_QUERY = 500
 
@@ -90,6 +94,7 @@ class Monitor:
         self.settings = settings
         self.store = store
         self._missing_rounds: dict[int, int] = {}
+        self._dead_rounds: dict[int, int] = {}
         self.provider = provider
         self.clock = clock
         self.tracker = tracker
@@ -380,10 +385,15 @@ class Monitor:
         self._missing_rounds = {
             pid: self._missing_rounds.get(pid, 0) + 1 for pid in missing
         }
+        # Likewise a status that never runs must be seen twice before a destroy.
+        dead = {int(a.instance_id) for a in actions if a.kind == "destroy_dead"}
+        self._dead_rounds = {pid: self._dead_rounds.get(pid, 0) + 1 for pid in dead}
         actions = [
             a for a in actions
-            if a.kind != "mark_vanished"
-            or self._missing_rounds[int(a.instance_id)] >= VANISHED_AFTER_ROUNDS
+            if (a.kind != "mark_vanished"
+                or self._missing_rounds[int(a.instance_id)] >= VANISHED_AFTER_ROUNDS)
+            and (a.kind != "destroy_dead"
+                 or self._dead_rounds[int(a.instance_id)] >= DEAD_AFTER_ROUNDS)
         ]
         for action in actions:
             try:
@@ -477,7 +487,9 @@ class Monitor:
             await self.store.write(vanish)
             self.tracker.forget(int(row["id"]))
             return
-        # destroy_exited, destroy_leaked
+        # destroy_dead, destroy_leaked
+        if kind == "destroy_dead":
+            reason = f"{reason}, seen in {self._dead_rounds.get(pid, 0)} rounds in a row"
         if row is not None and row["state"] not in policy.GONE_STATES:
             await self.destroy(int(row["id"]), reason, source=kind)
             return

@@ -21,11 +21,16 @@ from typing import Any, Literal
 
 from coordinator.coerce import as_float, as_int
 
-ActionKind = Literal["destroy_leaked", "destroy_exited", "mark_vanished"]
+ActionKind = Literal["destroy_leaked", "destroy_dead", "mark_vanished"]
 
-#: vast.ai ``actual_status`` values after which an instance will not come back
-#: by itself; it still bills storage until destroyed.
-DEAD_STATUSES = frozenset({"exited", "offline"})
+#: vast.ai ``actual_status`` values of an instance that will never run (again) by
+#: itself, and bills until destroyed (docs/vast.md): ``exited``, ``unknown`` and
+#: ``offline`` never reach ``running`` (the OpenAPI description: "destroy and
+#: retry"); ``stopped`` bills its storage and we never stop ours.
+DEAD_STATUSES = frozenset({"exited", "unknown", "offline", "stopped"})
+#: ``status_msg`` of an instance left ``created`` by a container that could not
+#: start (dstack fails such a start on this text).
+START_FAILURES = ("OCI runtime create failed",)
 #: Our states in which the provider's instance is meant to be gone.
 #: A vanished instance listed again is destroyed: its agent was told to stop.
 GONE_STATES = frozenset({"destroyed", "failed", "vanished"})
@@ -40,6 +45,25 @@ class Action:
     kind: ActionKind
     instance_id: int
     reason: str
+
+
+def never_runs(inst: Mapping[str, Any]) -> str | None:
+    """Why vast.ai's instance will never run, from its status; None while it may."""
+    status = inst.get("actual_status")
+    if not isinstance(status, str):
+        return None  # null while provisioning
+    if status in DEAD_STATUSES:
+        return f"vast.ai status {status}"
+    msg = str(inst.get("status_msg") or "")
+    if status == "created" and any(m in msg for m in START_FAILURES):
+        return f"vast.ai status created, start failed: {_clip(msg)}"
+    return None
+
+
+def _clip(text: str, limit: int = 160) -> str:
+    # status_msg is the host's docker error: untrusted, possibly long, multi-line.
+    flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def parse_label(label: Any) -> tuple[str, str] | None:
@@ -60,8 +84,10 @@ def plan(
 ) -> list[Action]:
     """What to do so that vast.ai and our records agree.
 
-    - ``destroy_exited``: ours (our fleet's label) with ``actual_status``
-      exited or offline.
+    - ``destroy_dead``: ours (our fleet's label) that will never run
+      (``never_runs``: exited, unknown, offline, stopped, or created with a
+      start failure). The monitor acts on it only once two rounds in a row
+      agree, so one odd answer ends nothing.
     - ``destroy_leaked``, once ``start_date`` is ``grace_s`` old: ours whose
       agent id we do not know; or a second instance carrying a known agent's
       label beside the one we recorded (a doubly sold offer); or one we
@@ -93,11 +119,9 @@ def plan(
         if parsed is None or parsed[0] != fleet_id:
             continue  # another fleet's, or not ours at all: never touched
         agent_id = parsed[1]
-        status = str(inst.get("actual_status") or "")
-        if status in DEAD_STATUSES:
-            actions.append(
-                Action("destroy_exited", iid, f"vast.ai status {status} (agent {agent_id})")
-            )
+        dead = never_runs(inst)
+        if dead is not None:
+            actions.append(Action("destroy_dead", iid, f"{dead} (agent {agent_id})"))
             continue
         start = as_float(inst.get("start_date"))
         aged = start is not None and now - start >= grace_s

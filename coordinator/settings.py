@@ -112,6 +112,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("unowned_grace_s", 900.0, "our fleet id on an instance no agent owns: destroyed after"),
     Setting(
+        "min_instance_ram_gb",
+        128.0,
+        "least RAM an offer's instance must get, GB as vast.ai counts cpu_ram (MB / 1000): "
+        "its share of the host, cpu_ram x cpu_cores_effective / cpu_cores, not the host's "
+        "whole; offers below it are flagged and deploys refused (cuzk needs 128 GiB and "
+        "proves far faster with 256; 0: no check)",
+    ),
+    Setting(
         "vast_image",
         None,
         "vast.ai: the instance image (built from image/Dockerfile, e.g. "
@@ -120,7 +128,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "vast_onstart",
         None,
-        "vast.ai: the onstart script text (ssh run type, at most 16 KB); unset: the "
+        "vast.ai: the onstart script text (ssh run type; vast.ai takes 4048 characters, a "
+        "longer script is sent gzip+base64 in a wrapper that unpacks it); unset: the "
         "template's, which runs `/usr/local/bin/vast-agent-onstart start`",
     ),
     Setting(
@@ -325,6 +334,7 @@ class Settings:
     verdict_confidence: float = 0.95
     verdict_min_proofs: int = 2
     verdict_sigma_floor: float = 0.15
+    min_instance_ram_gb: float = 128.0
     admin_token_generated: bool = False
 
     @property
@@ -390,6 +400,8 @@ class Settings:
             parse_listen(values["admin_listen"])  # raises with the variable's name
         if values["log_format"] not in ("text", "json"):
             raise ValueError("VM_LOG_FORMAT must be text or json")
+        if values["min_instance_ram_gb"] < 0:
+            raise ValueError("VM_MIN_INSTANCE_RAM_GB must be 0 or more")
         if values["session_ttl_s"] <= 0:
             raise ValueError("VM_SESSION_TTL_S must be positive")
         # Every write waits up to the window: past a second it would read as a hang.

@@ -344,10 +344,20 @@ def _m3_latest_heartbeat_on_instances(db: sqlite_utils.Database) -> None:
     )
 
 
+def _m4_instance_share(db: sqlite_utils.Database) -> None:
+    """What a deployed instance gets of its host (docs/vast.md): the offer's
+    ``cpu_cores_effective`` beside the host's ``cpu_cores``, and the RAM share
+    (``coordinator.share``), so predictions can keep RAM classes apart."""
+    instances = db.table("instances")
+    instances.add_column("cpu_cores_effective", float)
+    instances.add_column("instance_ram_gb", float)
+
+
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
     (1, "initial tables of DESIGN 4", _m1_initial),
     (2, "benchmark state for early verdicts", _m2_benchmark_verdict_state),
     (3, "the latest heartbeat on its instance's row", _m3_latest_heartbeat_on_instances),
+    (4, "the instance's share of its host", _m4_instance_share),
 )
 
 
@@ -514,6 +524,19 @@ class Reads:
             self._conn,
             "select * from host_perf order by median_rate_per_hour desc, machine_id",
         )
+
+    def instance_ram_by_machine(self) -> dict[tuple[int, int], float]:
+        """(machine_id, num_gpus) -> the RAM share (GB) of our latest instance there, for
+        measured vast.ai machines (numeric ids) whose share was recorded at deploy."""
+        out: dict[tuple[int, int], float] = {}
+        for machine, n, ram in self._conn.execute(
+            "select machine_id, num_gpus, instance_ram_gb from instances "
+            "where instance_ram_gb is not null and num_gpus is not null "
+            "and machine_id in (select machine_id from host_perf) order by id"
+        ):
+            if str(machine).isdigit():
+                out[(int(machine), int(n))] = float(ram)
+        return out
 
     def host_perf_row(self, machine_id: str, gpu_name: str, num_gpus: int) -> Row | None:
         return _one(

@@ -1,11 +1,21 @@
 """The vast.ai REST client: search offers, create, show, list, destroy and label instances.
 
-Speaks the endpoints of reference/vast-api.md with aiohttp, Bearer auth only
-(the official CLI also appends ``?api_key=`` to every URL; we never put the
-key in a URL, a log line or an exception message). Transient failures (429,
-502, 503, 504, connection errors, timeouts) are retried with capped, jittered
+Speaks the endpoints of docs/vast.md with aiohttp, Bearer auth only (the
+official CLI also appends ``?api_key=`` to every URL; we never put the key in
+a URL, a log line or an exception message). Transient failures (429, 502,
+503, 504, connection errors, timeouts) are retried with capped, jittered
 exponential backoff; everything else maps to the named errors of
-``coordinator.providers.base``.
+``coordinator.providers.base``, read as vast.ai means them (docs/vast.md):
+
+- an invalid key is an ``AuthError`` naming where the key came from, whatever
+  the status (the offers search and the instance list answer ``404`` "Invalid
+  user key");
+- an offer is gone on ``410 no_such_ask`` or ``404 invalid_args`` whose message
+  names ``no_such_ask``;
+- a create answering ``success: false`` with a ``new_contract`` made an
+  instance anyway: ``CreateFailed`` carries its id;
+- a destroy is done when ``success`` says so (or the instance is already gone)
+  and a lookup no longer finds it.
 """
 
 from __future__ import annotations
@@ -25,6 +35,8 @@ import aiohttp
 from coordinator.providers.base import (
     AuthError,
     BadRequest,
+    CreateFailed,
+    DestroyUnconfirmed,
     OfferGone,
     ProviderError,
     RateLimited,
@@ -40,12 +52,21 @@ _MAX_LIST_PAGES = 400
 
 _RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+#: What vast.ai says of a key it does not accept, whatever the status code: a deleted
+#: or wrong key ("Invalid user key", as 401 or, on the search and the v1 list, 404),
+#: and an expired 2FA session key (404); vast-cli ``vastai/cli/main.py``.
+_AUTH_MESSAGES = ("invalid user key", "session expired", "requires login")
+#: ``error`` codes of a destroy whose instance no longer exists (the OpenAPI
+#: description says ``not_found``; dstack checks ``no_such_instance``).
+_GONE_ERRORS = frozenset({"not_found", "no_such_instance"})
 
 Sleep = Callable[[float], Awaitable[Any]]
 
 
-def discover_api_key(environ: Mapping[str, str], home: Path) -> str | None:
-    """The account API key, found where the official CLI looks for it; None when absent.
+def find_api_key(environ: Mapping[str, str], home: Path) -> tuple[str, str] | None:
+    """``(key, where it came from)``, found where the official CLI looks; None when absent.
+
+    The source is ``VAST_API_KEY`` or the file's path, for error messages (never the key).
 
     Order (vast-cli ``vastai/cli/main.py`` and ``vastai/cli/util.py``): the
     ``VAST_API_KEY`` environment variable; ``$XDG_CONFIG_HOME/vastai/vast_api_key``
@@ -57,7 +78,7 @@ def discover_api_key(environ: Mapping[str, str], home: Path) -> str | None:
     """
     key = environ.get("VAST_API_KEY", "").strip()
     if key:
-        return key
+        return key, "VAST_API_KEY"
     xdg = environ.get("XDG_CONFIG_HOME", "")
     config_home = Path(xdg) if xdg and os.path.isabs(xdg) else home / ".config"
     for path in (config_home / "vastai" / "vast_api_key", home / ".vast_api_key"):
@@ -66,7 +87,7 @@ def discover_api_key(environ: Mapping[str, str], home: Path) -> str | None:
         except OSError:
             continue
         if text:
-            return text
+            return text, str(path)
     return None
 
 
@@ -74,7 +95,9 @@ class VastClient:
     """Async client of vast.ai's REST API; one instance per account key.
 
     ``sleep`` and ``rng`` are injectable so tests never wait; ``session`` may be
-    shared (the client then leaves closing it to its owner).
+    shared (the client then leaves closing it to its owner). ``key_source`` names
+    where the key came from (``VAST_API_KEY``, a file) in the error vast.ai's
+    refusal of it becomes.
     """
 
     def __init__(
@@ -82,6 +105,7 @@ class VastClient:
         api_key: str,
         base_url: str | None = None,
         *,
+        key_source: str = "VAST_API_KEY",
         session: aiohttp.ClientSession | None = None,
         sleep: Sleep = asyncio.sleep,
         rng: Callable[[], float] = random.random,
@@ -95,6 +119,7 @@ class VastClient:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         self._api_key = api_key
+        self.key_source = key_source
         self.base_url = (base_url or os.environ.get("VAST_URL") or DEFAULT_BASE_URL).rstrip("/")
         self._session = session
         self._owns_session = session is None
@@ -124,6 +149,7 @@ class VastClient:
     async def search_offers(self, query: Mapping[str, Any]) -> list[dict[str, Any]]:
         """POST /api/v0/bundles/ with a query from ``filters.build_search_query``."""
         body = await self._request("POST", "/api/v0/bundles/", json_body=dict(query))
+        self._check_success(body, "offer search")
         offers = body.get("offers")
         if not isinstance(offers, list):
             raise ProviderError("vast.ai search answered without an offers list")
@@ -136,13 +162,15 @@ class VastClient:
 
         Not retried after the request may have reached vast.ai (5xx, timeout,
         dropped connection): a retry could rent a second instance. Only 429 and a
-        connection that was never made are retried.
+        connection that was never made are retried. A refusal that still names a
+        ``new_contract`` raises ``CreateFailed`` with that instance's id.
         """
-        answer = await self._request(
-            "PUT", f"/api/v0/asks/{int(offer_id)}/", json_body=dict(body), idempotent=False
-        )
-        if answer.get("success") is False:
-            raise self._error_from_body(200, answer, f"create on offer {offer_id}")
+        path = f"/api/v0/asks/{int(offer_id)}/"
+        answer = await self._request("PUT", path, json_body=dict(body), idempotent=False)
+        if answer.get("success") is not True:
+            # The CLI's answer is {"success": true, "new_contract": id}; anything else
+            # is a refusal, even with an id (dstack destroys that instance).
+            raise self._error_from_body(200, answer, f"PUT {path}")
         new_id = answer.get("new_contract")
         if not isinstance(new_id, int) or isinstance(new_id, bool):
             raise ProviderError(
@@ -158,6 +186,7 @@ class VastClient:
             )
         except _NotFound:
             return None
+        self._check_success(body, f"show of instance {instance_id}")
         row = body.get("instances")
         return row if isinstance(row, dict) else None
 
@@ -176,6 +205,7 @@ class VastClient:
         seen_tokens: set[str] = set()
         for _ in range(_MAX_LIST_PAGES):
             body = await self._request("GET", "/api/v1/instances/", params=params)
+            self._check_success(body, "instance list")
             # A 200 without an instances list is a broken answer, never "no
             # instances": read as empty, it would mark the whole fleet vanished.
             page = body.get("instances") if isinstance(body, dict) else None
@@ -192,30 +222,34 @@ class VastClient:
             params["after_token"] = token
         raise ProviderError(f"vast.ai instance list did not end after {_MAX_LIST_PAGES} pages")
 
-    async def destroy_instance(self, instance_id: int, *, verify: bool = True) -> bool:
-        """DELETE /api/v0/instances/{id}/. Idempotent: an instance already gone is success.
+    async def destroy_instance(self, instance_id: int) -> None:
+        """DELETE /api/v0/instances/{id}/, then look it up: returns once vast.ai said so
+        (``success``, or the instance was already gone) and no longer lists it.
 
-        With ``verify``, a show follows: True when vast.ai no longer has the
-        instance, False when the delete was accepted but the instance is still
-        listed (vast.ai tears down asynchronously; the monitor loop re-checks).
-        Without ``verify`` the answer is True once the delete was accepted.
+        Raises ``DestroyUnconfirmed`` when the instance is still there afterwards
+        (the caller retries; the delete is idempotent) and a ``ProviderError`` when
+        vast.ai refused (``success: false``).
         """
+        what = f"destroy of instance {instance_id}"
         try:
-            await self._request("DELETE", f"/api/v0/instances/{int(instance_id)}/", json_body={})
+            body = await self._request(
+                "DELETE", f"/api/v0/instances/{int(instance_id)}/", json_body={}
+            )
         except _NotFound:
-            log.info("vast.ai instance %s already gone", instance_id)
-            return True
-        if not verify:
-            return True
+            log.info("vast.ai instance %s already gone (404)", instance_id)
+        else:
+            error = str(body.get("error") or "")
+            if body.get("success") is False and error in _GONE_ERRORS:
+                log.info("vast.ai instance %s already gone (%s)", instance_id, error)
+            else:
+                self._check_success(body, what)
         row = await self.show_instance(instance_id)
         if row is None:
-            return True
-        log.warning(
-            "vast.ai instance %s still listed after destroy (status %s)",
-            instance_id,
-            _clean(str(row.get("actual_status"))),
+            return
+        status = _clean(str(row.get("actual_status")))
+        raise DestroyUnconfirmed(
+            f"vast.ai {what}: accepted, but the instance is still listed (status {status})"
         )
-        return False
 
     async def set_label(self, instance_id: int, label: str) -> None:
         """PUT /api/v0/instances/{id}/ {"label": ...}."""
@@ -225,8 +259,7 @@ class VastClient:
             )
         except _NotFound:
             raise ProviderError(f"vast.ai instance {instance_id} not found") from None
-        if body.get("success") is False:
-            raise self._error_from_body(200, body, f"label of instance {instance_id}")
+        self._check_success(body, f"label of instance {instance_id}")
 
     # ---- transport -------------------------------------------------------
 
@@ -302,7 +335,11 @@ class VastClient:
             log.debug("vast.ai %s -> %d", what, status)
             body = _parse_json(text)
             if status in _RETRYABLE_STATUS:
+                # 429 bodies are plain text or {"detail": ...}, with no Retry-After.
                 last_problem = f"HTTP {status}"
+                detail = _message(body, text)
+                if detail:
+                    last_problem += f": {_clean(self._scrub(detail))[:120]}"
                 if status != 429 and not idempotent:
                     raise OutcomeUnknown(
                         f"vast.ai {what}: answered {status}, outcome unknown; "
@@ -314,37 +351,52 @@ class VastClient:
                 if not isinstance(body, dict):
                     raise ProviderError(f"vast.ai {what}: answered {status} without a JSON object")
                 return body
-            raise self._error_from_body(status, body, what)
+            raise self._error_from_body(status, body if body is not None else text, what)
         if status == 429:
             raise RateLimited(
-                f"vast.ai {what}: still rate limited (429) after {self.max_attempts} attempts"
+                f"vast.ai {what}: still rate limited after {self.max_attempts} attempts "
+                f"({last_problem})"
             )
         raise ProviderError(
             f"vast.ai {what}: failed after {self.max_attempts} attempts ({last_problem})"
         )
 
+    def _check_success(self, body: dict[str, Any], what: str) -> None:
+        """A 200 answering ``success: false`` is a refusal, not a result."""
+        if body.get("success") is False:
+            raise self._error_from_body(200, body, what)
+
     def _error_from_body(self, status: int, body: Any, what: str) -> ProviderError:
+        """The named error for a refusal: ``body`` is the parsed JSON, or the text."""
         error = ""
-        detail = ""
         if isinstance(body, dict):
-            error = str(body.get("error") or "")
-            detail = str(body.get("msg") or body.get("message") or "")
-        detail = _clean(self._scrub(detail))[:200]
-        error = _clean(self._scrub(error))[:80]
-        suffix = f": {error}" if error else ""
-        if detail:
-            suffix += f" ({detail})"
-        if error == "no_such_ask" or (status in (404, 410) and "/asks/" in what):
-            return OfferGone(f"vast.ai {what}: offer gone{suffix}")
+            error = _clean(self._scrub(str(body.get("error") or "")))[:80]
+        detail = _clean(self._scrub(_message(body, body if isinstance(body, str) else "")))
+        detail = detail[:200]
+        said = f"HTTP {status}" + (f" {error}" if error else "") + (f": {detail}" if detail else "")
+        lowered = detail.lower()
+        if status == 401 or error == "auth_error" or any(m in lowered for m in _AUTH_MESSAGES):
+            return AuthError(
+                f"vast.ai refused the API key from {self.key_source} ({what} answered "
+                f"{said}); check that key"
+            )
+        new_contract = body.get("new_contract") if isinstance(body, dict) else None
+        if isinstance(new_contract, int) and not isinstance(new_contract, bool):
+            return CreateFailed(
+                f"vast.ai {what} answered {said} but made instance {new_contract}",
+                new_contract,
+            )
+        if error == "no_such_ask" or "no_such_ask" in detail or (
+            status in (404, 410) and "/asks/" in what
+        ):
+            return OfferGone(f"vast.ai {what}: offer gone ({said})")
         if status in (404, 410):
-            return _NotFound(f"vast.ai {what}: not found{suffix}")
-        if status in (401, 403):
-            return AuthError(f"vast.ai {what}: refused our API key (HTTP {status}){suffix}")
-        if status == 400:
-            return BadRequest(f"vast.ai {what}: bad request{suffix}")
+            return _NotFound(f"vast.ai {what}: not found ({said})")
+        if status in (400, 403):
+            return BadRequest(f"vast.ai {what}: refused ({said})")
         if status == 429:
-            return RateLimited(f"vast.ai {what}: rate limited{suffix}")
-        return ProviderError(f"vast.ai {what}: HTTP {status}{suffix}")
+            return RateLimited(f"vast.ai {what}: rate limited ({said})")
+        return ProviderError(f"vast.ai {what}: refused ({said})")
 
     def _scrub(self, text: str) -> str:
         return text.replace(self._api_key, "***") if self._api_key else text
@@ -362,6 +414,17 @@ class _NotFound(ProviderError):
 def _describe(exc: BaseException, scrub: Callable[[str], str]) -> str:
     detail = _clean(scrub(str(exc)))[:200]
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
+def _message(body: Any, text: str) -> str:
+    """What vast.ai said: ``msg``, ``message`` or ``detail`` of a JSON body (endpoints differ,
+    rate-limits-and-errors.mdx), else the plain text."""
+    if isinstance(body, dict):
+        for key in ("msg", "message", "detail"):
+            if body.get(key):
+                return str(body[key])
+        return ""
+    return text if isinstance(text, str) else ""
 
 
 def _parse_json(text: str) -> Any:

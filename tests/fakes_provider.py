@@ -38,6 +38,7 @@ def offer(
         "geolocation": "Quebec, CA",
         "cpu_name": "AMD EPYC 7K62",
         "cpu_cores": 48,
+        "cpu_cores_effective": 48.0,  # the whole host: its instance gets all 257 GB
         "cpu_ram": 257000,
         "pcie_bw": 24.5,
     }

@@ -1,20 +1,52 @@
 """A stateful fake of vast.ai's REST API on loopback, for provider and end-to-end tests.
 
-Serves the endpoints of reference/vast-api.md that the coordinator uses:
-search (POST /api/v0/bundles/, honouring eq/neq/gt/gte/lt/lte/in/notin, order
-and limit), create (PUT /api/v0/asks/{id}/), show, list (v1 with
-``next_token`` pagination, and v0), destroy, label/state. Every request is
-recorded (method, path, query, headers, JSON body). Switches: sell one offer
-twice (``sell_twice``), answer 429 for the next N requests (``fail_next``),
-lose the answer of a create that happened (``lose_create_answers``), sell an
-offer to a racer between search and create (``gone_at_create``); gone offers
-answer ``410 no_such_ask``; tests can set an instance's status.
+It is pinned to what vast.ai publishes, not to what the coordinator expects:
+every status, error body and shape below is one that docs/vast.md cites
+(vast.ai's OpenAPI description ``api-reference/openapi.yaml`` and docs at
+c6246226, vast-cli at 55679830, dstack's vastai backend at 511c318c). Where
+the real API refuses an input, the fake refuses it the same way:
+
+- a wrong key is ``404 {"error": "auth_error", "msg": "Invalid user key"}`` on the
+  offers search and the v1 instance list (with ``success: false`` on the list),
+  ``401`` with the same body elsewhere; no key at all is ``403 "This action
+  requires login."`` on the v1 list;
+- an offer that does not exist is ``404 invalid_args`` whose message names
+  ``no_such_ask``; one rented meanwhile is ``410 no_such_ask``;
+- ``429`` is plain text ("API requests too frequent", the offers search) or
+  ``{"detail": ...}`` (create, show, manage, list), or the destroy's
+  ``{"success": false, "error": "rate_limit_exceeded", ...}``; never a
+  ``Retry-After``;
+- a create with no image, an ``onstart`` over 4048 characters, an unknown run
+  type, a label over 1024 characters, or a body that is not an object is
+  ``400 invalid_args``;
+- statuses are the instance's ``actual_status`` (null, ``loading``,
+  ``created``, ``running``, ``exited``, ``unknown``, ``offline``, ``stopped``)
+  with its ``status_msg``; a stopped instance stays ``stopped``;
+- destroy answers ``{"success": true}``; an instance that does not exist is
+  ``404 {"success": false, "error": "not_found", ...}``; show answers
+  ``{"instances": null}`` for it.
+
+Switches for faults: sell one offer twice (``sell_twice``); answer 429 (or
+another status) to the next N requests (``fail_next``, ``fail_status``,
+``rate_limit_plain_text``); lose the answer of a create that happened
+(``lose_create_answers``); sell an offer to a racer between search and create
+(``gone_at_create``); answer creates ``success: false`` although they made an
+instance (``create_fails_with_instance``, as dstack saw vast.ai do); refuse
+destroys (``refuse_destroys``) or accept them and leave the instance
+(``keep_after_destroy``); set any status (``set_status``). The texts of
+messages vast.ai does not publish (e.g. why a create failed) are the fake's
+own, and say so.
 
 Each created instance gets its own key (``instance_keys``, handed to it as
-``CONTAINER_API_KEY``) that can show, change or destroy that instance only,
-as on vast.ai. With a ``launcher`` (``SimAgents``), create really starts the
-instance: a ``vast-agent run`` process on the simulated cuzk, with the
-create's ``env`` plus what vast.ai sets inside a container (``CONTAINER_ID``,
+``CONTAINER_API_KEY``) that can show, change or destroy that instance only, as
+on vast.ai; it stops working when the instance is destroyed (what vast.ai
+does is undocumented: ``instance_key_outlives_instance`` switches to the other
+reading). ``billing`` keeps when each instance began and stopped billing (the
+fake's clock), so tests and benches can count instance-minutes.
+
+With a ``launcher`` (``SimAgents``), create really starts the instance: a
+``vast-agent run`` process on the simulated cuzk, with the create's ``env``
+plus what vast.ai sets inside a container (``CONTAINER_ID``,
 ``CONTAINER_API_KEY``, ``VAST_URL``); destroy stops it and everything it
 started.
 """
@@ -22,6 +54,7 @@ started.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import itertools
@@ -45,6 +78,26 @@ from aiohttp import web
 from coordinator.providers.local import simulated_machine_env
 
 FAKE_API_KEY = "fake-account-key-0123456789abcdef"
+#: The ``onstart`` limit of the OpenAPI description ("limited to 4048 characters").
+MAX_ONSTART_CHARS = 4048
+#: The label limit of the manage endpoint's schema (``maxLength: 1024``).
+MAX_LABEL_CHARS = 1024
+#: Words a create's ``runtype`` may hold: the OpenAPI enum, and the CLI's own
+#: spellings it sends space-separated (``ssh_direc ssh_proxy``, vast.py ``get_runtype``).
+RUNTYPE_WORDS = frozenset({
+    "ssh", "jupyter", "args", "ssh_proxy", "ssh_direct", "ssh_direc", "jupyter_proxy",
+    "jupyter_direct", "jupyter_direc",
+})
+#: ``actual_status`` values vast.ai shows (docs/vast.md); ``set_status`` takes no other.
+STATUSES = frozenset({
+    None, "loading", "created", "running", "exited", "unknown", "offline", "stopped",
+})
+#: The text docker leaves in ``status_msg`` when a container cannot start (dstack's check).
+OCI_START_FAILURE = (
+    "Error response from daemon: failed to create task for container: failed to create "
+    "shim task: OCI runtime create failed: runc create failed: unable to start container "
+    "process: error during container init: nvidia-container-cli: device error: unknown device"
+)
 
 _OPS = ("eq", "neq", "gt", "gte", "lt", "lte", "in", "notin")
 _COMPARE: dict[str, Callable[[Any, Any], Any]] = {
@@ -84,11 +137,29 @@ class RecordedRequest:
 
 
 @dataclass
+class Billing:
+    """When one instance billed: from its create to its destroy (the fake's clock).
+
+    vast.ai bills compute while running and storage while the instance exists,
+    stopped or not (docs/vast.md), so an instance bills from create to destroy."""
+
+    instance_id: int
+    created_at: float
+    destroyed_at: float | None = None
+
+    def seconds(self, since: float, until: float) -> float:
+        """Seconds billed between ``since`` and ``until``."""
+        end = until if self.destroyed_at is None else min(until, self.destroyed_at)
+        return max(0.0, end - max(since, self.created_at))
+
+
+@dataclass
 class FakeVast:
     """The fake server and its state; use ``async with FakeVast() as fake: fake.url``."""
 
     api_key: str = FAKE_API_KEY
     clock: Callable[[], float] = time.time
+    #: Largest page of GET /api/v1/instances/ (the OpenAPI description: max 25).
     page_size: int = 25
     offers: dict[int, dict[str, Any]] = field(default_factory=dict)
     instances: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -96,12 +167,23 @@ class FakeVast:
     #: Offer ids that may be rented once more although already rented (vast.ai
     #: sells the same offer twice to racing callers).
     sell_twice: set[int] = field(default_factory=set)
-    #: Answer 429 to this many next requests (any endpoint).
+    #: Answer ``fail_status`` to this many next requests (any endpoint).
     fail_next: int = 0
-    #: Status code used by ``fail_next``.
+    #: Status used by ``fail_next``: 429 in the endpoint's documented shape, else plain text.
     fail_status: int = 429
+    #: 429 as plain text on every endpoint ("The response body is often plain text").
+    rate_limit_plain_text: bool = False
     #: Creates that succeed but whose answer is lost (a 504 instead), this many.
     lose_create_answers: int = 0
+    #: Creates that answer ``success: false`` with a ``new_contract``: the instance
+    #: exists (``stopped``, billing), this many.
+    create_fails_with_instance: int = 0
+    #: HTTP status of such an answer (dstack reads both a 200 and an error status).
+    create_fail_status: int = 200
+    #: Destroys answered 200 ``success: false`` (the instance stays), this many.
+    refuse_destroys: int = 0
+    #: Destroys answered ``success: true`` that leave the instance in place, this many.
+    keep_after_destroy: int = 0
     #: Status new instances start in (vast.ai: null, then loading, running).
     initial_status: str | None = "running"
     #: Offer ids a racer rents between our search and our create: search still
@@ -109,6 +191,11 @@ class FakeVast:
     gone_at_create: set[int] = field(default_factory=set)
     #: Each instance's own key (CONTAINER_API_KEY inside it).
     instance_keys: dict[int, str] = field(default_factory=dict)
+    #: An instance's key still shows it (as ``null``) and destroys it (404) after its
+    #: destroy.
+    instance_key_outlives_instance: bool = False
+    #: When each instance billed.
+    billing: dict[int, Billing] = field(default_factory=dict)
     #: Runs each created instance (None: instances are rows only).
     launcher: Launcher | None = None
 
@@ -116,22 +203,26 @@ class FakeVast:
         self._ids = itertools.count(30_000_001)
         self._runner: web.AppRunner | None = None
         self._stopping: set[asyncio.Task[None]] = set()
+        self._dead_keys: dict[int, str] = {}
         self.url = ""
 
     # ---- state helpers for tests -----------------------------------------
 
     def add_offer(self, offer_id: int, machine_id: int, **fields: Any) -> dict[str, Any]:
-        """An offer with sensible defaults (a verified, rentable 1x RTX 4090)."""
+        """An offer with sensible defaults: a verified, rentable host with one RTX 4090,
+        all of it (48 cores, 257 GB) for the instance."""
         offer: dict[str, Any] = {
             "id": offer_id,
+            "ask_contract_id": offer_id,
             "machine_id": machine_id,
             "host_id": machine_id // 10,
             "num_gpus": 1,
             "gpu_name": "RTX 4090",
             "gpu_ram": 24564,
+            "gpu_frac": 1.0,
             "cpu_name": "AMD EPYC 7K62",
             "cpu_cores": 48,
-            "cpu_cores_effective": 24.0,
+            "cpu_cores_effective": 48.0,
             "cpu_ram": 257000,
             "disk_space": 500.0,
             "pcie_bw": 24.5,
@@ -152,12 +243,34 @@ class FakeVast:
         self.offers[offer_id] = offer
         return offer
 
+    def add_slice(
+        self, offer_id: int, machine_id: int, *, num_gpus: int, host_gpus: int,
+        host_cpu_cores: int, host_cpu_ram_mb: int, **fields: Any,
+    ) -> dict[str, Any]:
+        """An offer of ``num_gpus`` of a host's ``host_gpus``: vast.ai lists the host's
+        ``cpu_ram`` and ``cpu_cores`` and the instance's ``cpu_cores_effective``."""
+        frac = num_gpus / host_gpus
+        return self.add_offer(
+            offer_id, machine_id, num_gpus=num_gpus, gpu_frac=frac,
+            cpu_cores=host_cpu_cores, cpu_cores_effective=host_cpu_cores * frac,
+            cpu_ram=host_cpu_ram_mb, **fields,
+        )
+
     def remove_offer(self, offer_id: int) -> None:
-        """The offer is gone (create answers 410 no_such_ask)."""
+        """The offer is gone (create answers 404 invalid_args: no_such_ask)."""
         self.offers.pop(offer_id, None)
 
-    def set_status(self, instance_id: int, status: str | None) -> None:
-        self.instances[instance_id]["actual_status"] = status
+    def set_status(
+        self, instance_id: int, status: str | None, status_msg: str | None = None
+    ) -> None:
+        """What vast.ai shows of the instance now (``actual_status``, ``status_msg``)."""
+        if status not in STATUSES:
+            raise ValueError(f"vast.ai shows no status {status!r}")
+        row = self.instances[instance_id]
+        row["actual_status"] = status
+        row["status_msg"] = status_msg
+        if status in ("running", "stopped"):
+            row["cur_state"] = status
 
     def add_instance(self, instance_id: int, **fields: Any) -> dict[str, Any]:
         """An instance created outside our API calls (another fleet's, a person's)."""
@@ -166,11 +279,16 @@ class FakeVast:
             "label": None,
             "machine_id": 1,
             "actual_status": "running",
+            "intended_status": "running",
+            "cur_state": "running",
+            "next_state": "running",
+            "status_msg": None,
             "start_date": self.clock(),
             "extra_env": [],
         }
         row.update(fields)
         self.instances[instance_id] = row
+        self.billing[instance_id] = Billing(instance_id, float(row["start_date"]))
         return row
 
     def calls(self, method: str, path_prefix: str = "") -> list[RecordedRequest]:
@@ -181,13 +299,18 @@ class FakeVast:
         out = []
         for r in self.calls("DELETE", f"/api/v0/instances/{instance_id}/"):
             auth = r.headers.get("Authorization")
+            key = self.instance_keys.get(instance_id) or self._dead_keys.get(instance_id)
             if auth == f"Bearer {self.api_key}":
                 out.append("account")
-            elif auth == f"Bearer {self.instance_keys.get(instance_id)}":
+            elif auth == f"Bearer {key}":
                 out.append("instance")
             else:
                 out.append("other")
         return out
+
+    def billed_seconds(self, instance_id: int, since: float = 0.0) -> float:
+        """Seconds the instance billed after ``since`` (until its destroy, or now)."""
+        return self.billing[instance_id].seconds(since, self.clock())
 
     async def settle(self) -> None:
         """Wait until every destroyed instance's processes have stopped."""
@@ -240,32 +363,59 @@ class FakeVast:
             )
         )
         if "api_key" in request.query:
-            return _error(400, "key_in_url", "API keys do not belong in URLs")
-        if not self._authorized(request):
-            return _error(401, "unauthorized", "Invalid user key")
+            return _error(400, "key_in_url", "API keys do not belong in URLs (the fake's rule)")
+        refusal = self._auth_refusal(request)
+        if refusal is not None:
+            return refusal
         if self.fail_next > 0:
             self.fail_next -= 1
-            return _error(self.fail_status, "too_many_requests", "API requests too frequent")
+            return self._failure(request)
         request[_BODY] = body
         response: web.StreamResponse = await handler(request)
         return response
 
-    def _authorized(self, request: web.Request) -> bool:
+    def _auth_refusal(self, request: web.Request) -> web.Response | None:
+        """vast.ai's answer to a request without a key it accepts, per endpoint."""
         auth = request.headers.get("Authorization")
         if auth == f"Bearer {self.api_key}":
-            return True
+            return None
         own = _INSTANCE_PATH.match(request.path)
-        if own is None or request.method not in ("GET", "PUT", "DELETE"):
-            return False
-        key = self.instance_keys.get(int(own.group(1)))
-        return key is not None and auth == f"Bearer {key}"
+        if own is not None and request.method in ("GET", "PUT", "DELETE"):
+            iid = int(own.group(1))
+            if auth == f"Bearer {self.instance_keys.get(iid)}":
+                return None
+            if (self.instance_key_outlives_instance and request.method in ("GET", "DELETE")
+                    and auth == f"Bearer {self._dead_keys.get(iid)}"):
+                return None
+        v1_list = request.path == "/api/v1/instances/"
+        if auth is None and v1_list:
+            return _error(403, "auth_error", "This action requires login.")
+        if request.path == "/api/v0/bundles/":
+            # The search's 404 carries error and msg only (no success field).
+            return web.json_response({"error": "auth_error", "msg": "Invalid user key"},
+                                     status=404)
+        return _error(404 if v1_list else 401, "auth_error", "Invalid user key")
+
+    def _failure(self, request: web.Request) -> web.Response:
+        status = self.fail_status
+        if status != 429:
+            return web.Response(status=status, text=f"{status} error from the gateway",
+                                content_type="text/plain")
+        plain = "API requests too frequent"
+        if self.rate_limit_plain_text or request.path == "/api/v0/bundles/":
+            return web.Response(status=429, text=plain, content_type="text/plain")
+        if request.method == "DELETE":
+            return _error(429, "rate_limit_exceeded", f"{plain} endpoint threshold=3.0")
+        return web.json_response({"detail": f"{plain} endpoint threshold=1.0"}, status=429)
 
     # ---- handlers ---------------------------------------------------------
 
     async def _search(self, request: web.Request) -> web.Response:
         query = _body(request)
         if not isinstance(query, dict):
-            return _error(400, "bad_query", "query must be a JSON object")
+            return web.json_response(
+                {"error": "invalid_request", "msg": "Invalid json body"}, status=400
+            )
         rows = [o for o in self.offers.values() if _matches(o, query)]
         for fld, direction in reversed(query.get("order") or []):
             rows.sort(key=_order_key(fld), reverse=direction == "desc")
@@ -276,20 +426,29 @@ class FakeVast:
 
     async def _create(self, request: web.Request) -> web.Response:
         offer_id = int(request.match_info["id"])
-        body = _body(request) or {}
+        body = _body(request)
         offer = self.offers.get(offer_id)
-        if offer is None or offer_id in self.gone_at_create:
-            return _error(410, "no_such_ask", f"Instance type {offer_id} is no longer available")
-        if offer.get("rented") and offer_id not in self.sell_twice:
-            return _error(410, "no_such_ask", f"Instance type {offer_id} is no longer available")
+        if offer is None:
+            return _error(404, "invalid_args", f"error 404/3603: no_such_ask Instance type by id "
+                          f"{offer_id} is not available.", ask_id=offer_id)
+        if offer_id in self.gone_at_create or (
+            offer.get("rented") and offer_id not in self.sell_twice
+        ):
+            return _error(410, "no_such_ask", f"error 410/3907: no_such_ask Instance type "
+                          f"{offer_id} is no longer available.", ask_id=offer_id)
+        problem = _create_problem(body)
+        if problem is not None:
+            return _error(400, "invalid_args", f"Invalid args: {problem}", ask_id=offer_id)
+        assert isinstance(body, dict)
         if offer.get("rented"):
             self.sell_twice.discard(offer_id)  # sold twice once; the next racer loses
-        if not body.get("image"):
-            return _error(400, "invalid_args", "image is required")
         offer["rented"] = True
         offer["rentable"] = False
         iid = next(self._ids)
         env = body.get("env") or {}
+        env = env if isinstance(env, dict) else {}
+        fails = self.create_fails_with_instance > 0
+        now = self.clock()
         self.instances[iid] = {
             "id": iid,
             "label": body.get("label"),
@@ -301,19 +460,34 @@ class FakeVast:
             "dph_total": offer.get("dph_total"),
             "cpu_name": offer.get("cpu_name"),
             "cpu_ram": offer.get("cpu_ram"),
+            "cpu_cores_effective": offer.get("cpu_cores_effective"),
             "geolocation": offer.get("geolocation"),
             "reliability2": offer.get("reliability2"),
-            "actual_status": self.initial_status,
-            "intended_status": "running",
-            "start_date": self.clock(),
+            # A failed start leaves it stopped, billing its storage (dstack's account).
+            "actual_status": "stopped" if fails else self.initial_status,
+            "intended_status": "stopped" if fails else "running",
+            "cur_state": "stopped" if fails else "running",
+            "next_state": "stopped" if fails else "running",
+            "status_msg": None,
+            "start_date": now,
             "image_uuid": body.get("image"),
+            "image_runtype": body.get("runtype"),
             "disk_space": body.get("disk"),
             "extra_env": [[k, v] for k, v in env.items()],
             "onstart": body.get("onstart"),
-            "runtype": body.get("runtype"),
         }
+        self.billing[iid] = Billing(iid, now)
         key = f"instkey-{iid}-{secrets.token_hex(8)}"
         self.instance_keys[iid] = key
+        if fails:
+            self.create_fails_with_instance -= 1
+            # The text is the fake's: vast.ai does not publish this answer's wording.
+            return web.json_response(
+                {"success": False, "error": "start_failed",
+                 "msg": "the instance could not be started (fake vast.ai)",
+                 "new_contract": iid},
+                status=self.create_fail_status,
+            )
         if self.launcher is not None:
             # What vast.ai sets inside every container, beside the create's env.
             inside = {str(k): str(v) for k, v in env.items()}
@@ -327,7 +501,7 @@ class FakeVast:
             self.launcher.start(self.instances[iid], copy.deepcopy(offer), inside)
         if self.lose_create_answers > 0:
             self.lose_create_answers -= 1
-            return _error(504, "gateway_timeout", "Gateway Timeout")
+            return web.Response(status=504, text="504 Gateway Time-out", content_type="text/plain")
         return web.json_response({"success": True, "new_contract": iid, "instance_api_key": key})
 
     async def _show(self, request: web.Request) -> web.Response:
@@ -339,22 +513,42 @@ class FakeVast:
         return web.json_response({"instances": copy.deepcopy(rows)})
 
     async def _list_v1(self, request: web.Request) -> web.Response:
+        q = request.query
         try:
-            limit = int(request.query.get("limit", "25"))
+            limit = int(q.get("limit", "25"))
         except ValueError:
-            return _error(400, "bad_limit", "limit must be an integer")
-        limit = max(1, min(limit, self.page_size))
-        after = request.query.get("after_token")
+            return web.json_response(
+                {"error": "invalid_request", "msg": "Error in query parameters: limit"},
+                status=400)
+        # "Default 25, max 25. Values <= 0 are treated as 5."
+        limit = 5 if limit <= 0 else min(limit, self.page_size)
+        for name, kind in (("select_filters", dict), ("order_by", list)):
+            if name in q:
+                try:
+                    ok = isinstance(json.loads(q[name]), kind)
+                except ValueError:
+                    ok = False
+                if not ok:
+                    return web.json_response(
+                        {"error": "invalid_request", "msg": f"Error in query parameters: {name}"},
+                        status=400)
+        after = _token_id(q["after_token"]) if "after_token" in q else 0
+        if after is None:
+            return _error(400, "invalid_token", "Invalid pagination token")
         rows = sorted(self.instances.values(), key=lambda r: r["id"])
-        if after:
-            rows = [r for r in rows if r["id"] > int(after)]
+        rows = [r for r in rows if r["id"] > after]
         page = rows[:limit]
-        next_token = str(page[-1]["id"]) if len(rows) > limit else None
+        labels: dict[str, int] = {}
+        for r in self.instances.values():
+            labels[r.get("label") or ""] = labels.get(r.get("label") or "", 0) + 1
         return web.json_response(
             {
-                "instances": copy.deepcopy(page),
-                "next_token": next_token,
+                "success": True,
+                "instances_found": len(page),
                 "total_instances": len(self.instances),
+                "label_counts": labels,
+                "next_token": _token(page[-1]["id"]) if len(rows) > limit else None,
+                "instances": copy.deepcopy(page),
             }
         )
 
@@ -362,21 +556,40 @@ class FakeVast:
         row = self.instances.get(int(request.match_info["id"]))
         if row is None:
             return _error(404, "no_such_instance", "Instance not found")
-        body = _body(request) or {}
+        body = _body(request)
+        if not isinstance(body, dict) or not ({"state", "label"} & body.keys()):
+            return _error(400, "invalid_args", "state or label is required")
+        state = body.get("state")
+        if "state" in body and state not in ("stopped", "running"):
+            return _error(400, "invalid_args", f"state must be stopped or running, not {state!r}")
+        label = body.get("label")
+        if "label" in body and not (isinstance(label, str) and len(label) <= MAX_LABEL_CHARS):
+            return _error(400, "invalid_args", f"label must be text of at most {MAX_LABEL_CHARS}")
         if "label" in body:
-            row["label"] = body["label"]
-        if body.get("state") == "stopped":
-            row["actual_status"] = "exited"
-            row["intended_status"] = "stopped"
-        elif body.get("state") == "running":
-            row["actual_status"] = "running"
-            row["intended_status"] = "running"
+            row["label"] = label
+        if state is not None:
+            # A stopped instance stays stopped (billing its disk) until started again.
+            row.update(actual_status=state, intended_status=state, cur_state=state,
+                       next_state=state)
         return web.json_response({"success": True})
 
     async def _destroy(self, request: web.Request) -> web.Response:
-        row = self.instances.pop(int(request.match_info["id"]), None)
-        if row is None:
-            return _error(404, "no_such_instance", "Instance not found")
+        iid = int(request.match_info["id"])
+        if iid not in self.instances:
+            return _error(404, "not_found", "Instance not found")
+        if self.refuse_destroys > 0:
+            self.refuse_destroys -= 1
+            # The fake's wording: vast.ai does not publish why a destroy is refused.
+            return _error(200, "destroy_refused", "the instance could not be destroyed now "
+                          "(fake vast.ai)")
+        if self.keep_after_destroy > 0:
+            self.keep_after_destroy -= 1
+            return web.json_response({"success": True})
+        row = self.instances.pop(iid)
+        self.billing[iid].destroyed_at = self.clock()
+        key = self.instance_keys.pop(iid, None)
+        if key is not None:
+            self._dead_keys[iid] = key
         offer = self.offers.get(row.get("ask_id", -1))
         if offer is not None:
             # The machine is listed again once its instance is gone.
@@ -394,6 +607,47 @@ def _body(request: web.Request) -> Any:
     return request[_BODY]
 
 
+def _create_problem(body: Any) -> str | None:
+    """Why vast.ai would refuse this create body (400 invalid_args), or None."""
+    if not isinstance(body, dict):
+        return "the body must be a JSON object"
+    image = body.get("image")
+    if not isinstance(image, str) or not image.strip():
+        return "'image' is required"
+    onstart = body.get("onstart")
+    if onstart is not None and (not isinstance(onstart, str) or len(onstart) > MAX_ONSTART_CHARS):
+        return f"'onstart' is limited to {MAX_ONSTART_CHARS} characters"
+    runtype = body.get("runtype")
+    if runtype is not None and (
+        not isinstance(runtype, str) or not runtype.split()
+        or not set(runtype.split()) <= RUNTYPE_WORDS
+    ):
+        return f"unknown runtype {runtype!r}"
+    label = body.get("label")
+    if label is not None and (not isinstance(label, str) or len(label) > MAX_LABEL_CHARS):
+        return f"'label' is limited to {MAX_LABEL_CHARS} characters"
+    disk = body.get("disk")
+    if disk is not None and (isinstance(disk, bool) or not isinstance(disk, (int, float))):
+        return "'disk' must be a number of GB"
+    if not isinstance(body.get("env", {}), (dict, str, type(None))):
+        return "'env' must be an object or a string of docker options"
+    return None
+
+
+def _token(last_id: int) -> str:
+    """An opaque keyset cursor, shaped as the OpenAPI description's example
+    (base64 of ``{"values": {"id": 123}}``)."""
+    return base64.b64encode(json.dumps({"values": {"id": last_id}}).encode()).decode()
+
+
+def _token_id(token: str) -> int | None:
+    try:
+        value = json.loads(base64.b64decode(token, validate=True))["values"]["id"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, int) else None
+
+
 def _order_key(fld: str) -> Callable[[dict[str, Any]], tuple[bool, Any]]:
     def key(offer: dict[str, Any]) -> tuple[bool, Any]:
         return (offer.get(fld) is None, offer.get(fld) or 0)
@@ -401,8 +655,10 @@ def _order_key(fld: str) -> Callable[[dict[str, Any]], tuple[bool, Any]]:
     return key
 
 
-def _error(status: int, error: str, msg: str) -> web.Response:
-    return web.json_response({"success": False, "error": error, "msg": msg}, status=status)
+def _error(status: int, error: str, msg: str, **extra: Any) -> web.Response:
+    """vast.ai's usual error body (rate-limits-and-errors.mdx)."""
+    return web.json_response({"success": False, "error": error, "msg": msg, **extra},
+                             status=status)
 
 
 def _coerce(have: Any, want: Any) -> tuple[Any, Any]:

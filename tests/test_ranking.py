@@ -167,3 +167,59 @@ def test_bad_host_ids_as_text_or_numbers() -> None:
     for bad in ({"101"}, {101}):
         ranked = rank_offers(offers, [], bad, None)
         assert [(o["id"], o["bad_host"]) for o in ranked] == [(2, False), (1, True)]
+
+
+# --- the instance's share ----------------------------------------------------------------
+
+
+def host(cpu_ram_mb: int, cores: int, effective: float | None, **extra: Any) -> dict[str, Any]:
+    return {"cpu_ram": cpu_ram_mb, "cpu_cores": cores, "cpu_cores_effective": effective, **extra}
+
+
+def test_every_offer_carries_its_instances_share_and_a_too_small_one_is_flagged() -> None:
+    offers = [
+        offer(1, 11, "RTX 4090", 1, 0.35, **host(515000, 256, 32.0)),  # 1 of 8 GPUs
+        offer(2, 12, "RTX 4090", 2, 0.80, **host(257000, 64, 64.0)),  # the whole host
+        offer(3, 13, "RTX 4090", 1, 0.30, **host(515000, 0, 32.0, gpu_frac=0.125)),
+        offer(4, 14, "RTX 4090", 1, 0.20, cpu_ram=515000),  # says nothing of its share
+    ]
+    ranked = by_id(rank_offers(offers, [], set(), None, min_instance_ram_gb=128))
+    small = ranked[1]
+    assert (small["instance_ram_gb"], small["instance_cpu_cores"]) == (64.4, 32.0)
+    assert small["instance_share"] == "515 GB x 32/256 cores = 64.4 GB"
+    assert small["too_small"] is True and small["predicted_rate_per_hour"] is None
+    assert small["prediction_basis"].startswith("not predicted: its instance would get about 64")
+    whole = ranked[2]
+    assert whole["too_small"] is False and whole["too_small_reason"] is None
+    assert whole["instance_share"] == "257 GB x 64/64 cores = 257.0 GB"
+    # No cores listed: gpu_frac gives the fraction.
+    assert ranked[3]["instance_share"] == "515 GB x gpu_frac 0.125 = 64.4 GB"
+    unknown = ranked[4]
+    assert unknown["instance_ram_gb"] is None and unknown["too_small"] is True
+    assert "cannot be promised" in unknown["too_small_reason"]
+    # Those that can run first; then the too small ones.
+    order = [o["id"] for o in rank_offers(offers, [], set(), None, min_instance_ram_gb=128)]
+    assert order[0] == 2 and set(order[1:]) == {1, 3, 4}
+    # 0 turns the check off.
+    assert not any(o["too_small"] for o in rank_offers(offers, [], set(), None))
+
+
+def test_predictions_from_other_machines_keep_to_the_offers_ram_class() -> None:
+    # Two machines measured the same GPU: one whose instance had 512 GB, one 150 GB.
+    rows = [perf(21, "RTX 4090", 1, 90.0), perf(22, "RTX 4090", 1, 30.0)]
+    ram = {(21, 1): 512.0, (22, 1): 150.0}
+    lean = offer(1, 31, "RTX 4090", 1, 0.3, **host(150000, 32, 32.0))
+    rich = offer(2, 32, "RTX 4090", 1, 0.6, **host(515000, 64, 64.0))
+    mid = offer(3, 33, "RTX 4090", 1, 0.4, **host(257000, 32, 32.0))
+    ranked = by_id(rank_offers([lean, rich, mid], rows, set(), None,
+                               min_instance_ram_gb=128, machine_ram_gb=ram))
+    assert ranked[1]["predicted_rate_per_hour"] == 30.0
+    assert "with under 240 GB of RAM" in ranked[1]["prediction_basis"]
+    assert ranked[2]["predicted_rate_per_hour"] == 90.0
+    assert "with 360 GB or more of RAM" in ranked[2]["prediction_basis"]
+    assert ranked[3]["predicted_rate_per_hour"] is None  # nobody measured 240-360 GB
+    assert ranked[3]["prediction_basis"] == (
+        "explore: no measurements of 1x RTX 4090 with 240-360 GB of RAM yet")
+    # Without recorded RAM the measurements count as before.
+    plain = by_id(rank_offers([mid], rows, set(), None, min_instance_ram_gb=128))
+    assert plain[3]["predicted_rate_per_hour"] == 60.0

@@ -1,4 +1,5 @@
-"""Reconciliation plan: leaked, exited, vanished; other fleets and unlabelled ones untouched."""
+"""Reconciliation plan: leaked, dead (will never run), vanished; other fleets and unlabelled
+ones untouched. Statuses and start-failure messages are vast.ai's (docs/vast.md)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.reconcile import Action, parse_label, plan
+from coordinator.reconcile import Action, never_runs, parse_label, plan
 
 FLEET = "f1e2d3c4"
 NOW = 1_700_000_000.0
@@ -15,14 +16,24 @@ KNOWN = "ag_" + "a" * 20
 UNKNOWN = "ag_" + "b" * 20
 
 
+#: A start failure as docker reports it in vast.ai's status_msg (dstack's check).
+OCI_FAILURE = (
+    "Error response from daemon: failed to create task for container: failed to create "
+    "shim task: OCI runtime create failed: runc create failed: unable to start container "
+    "process: error during container init: nvidia-container-cli: device error: unknown device"
+)
+
+
 def inst(
-    iid: int, label: str | None, *, age_s: float = 3600.0, status: str = "running"
+    iid: int, label: str | None, *, age_s: float = 3600.0, status: str | None = "running",
+    status_msg: str | None = None,
 ) -> dict[str, Any]:
     return {
         "id": iid,
         "label": label,
         "machine_id": iid * 10,
         "actual_status": status,
+        "status_msg": status_msg,
         "start_date": NOW - age_s,
     }
 
@@ -55,17 +66,48 @@ def test_leaked_without_start_date_is_not_aged() -> None:
     assert run([row], []) == []
 
 
-@pytest.mark.parametrize("status", ["exited", "offline"])
-def test_exited_or_offline_ours_destroyed(status: str) -> None:
-    # Even a young one: it bills storage until destroyed.
+@pytest.mark.parametrize("status", ["exited", "unknown", "offline", "stopped"])
+def test_statuses_that_never_run_are_destroyed(status: str) -> None:
+    # Even a young one: it bills (storage at least) until destroyed.
     row = inst(3, f"vm:{FLEET}:{KNOWN}", age_s=10, status=status)
     (action,) = run([row], [ours(3, KNOWN)])
-    assert action == Action("destroy_exited", 3, f"vast.ai status {status} (agent {KNOWN})")
+    assert action == Action("destroy_dead", 3, f"vast.ai status {status} (agent {KNOWN})")
 
 
-def test_exited_unknown_agent_destroyed_as_exited() -> None:
+def test_created_with_a_start_failure_is_destroyed() -> None:
+    row = inst(3, f"vm:{FLEET}:{KNOWN}", age_s=10, status="created", status_msg=OCI_FAILURE)
+    (action,) = run([row], [ours(3, KNOWN, "deploying")])
+    assert action.kind == "destroy_dead"
+    assert action.reason.startswith("vast.ai status created, start failed: Error response")
+    assert action.reason.endswith(f"... (agent {KNOWN})")  # the host's text is clipped
+
+
+@pytest.mark.parametrize(
+    ("status", "msg"),
+    [
+        (None, None),  # provisioning
+        ("loading", "Pulling image"),
+        ("created", None),  # made, not started yet
+        ("created", "Creating container"),
+        ("running", "success, running ghcr.io/x/y"),
+        ("scheduling", None),
+    ],
+)
+def test_statuses_that_may_still_run_are_left_alone(status: str | None, msg: str | None) -> None:
+    row = inst(3, f"vm:{FLEET}:{KNOWN}", status=status, status_msg=msg)
+    assert never_runs(row) is None
+    assert run([row], [ours(3, KNOWN, "deploying")]) == []
+
+
+def test_never_runs_strips_control_characters_of_the_host_text() -> None:
+    reason = never_runs({"actual_status": "created",
+                         "status_msg": "OCI runtime create failed:\n\x1b[31mboom"})
+    assert reason == "vast.ai status created, start failed: OCI runtime create failed: [31mboom"
+
+
+def test_dead_unknown_agent_destroyed_as_dead() -> None:
     (action,) = run([inst(4, f"vm:{FLEET}:{UNKNOWN}", status="exited", age_s=5)], [])
-    assert action.kind == "destroy_exited"
+    assert action.kind == "destroy_dead"
 
 
 def test_vanished_instance_marked() -> None:
@@ -101,9 +143,11 @@ def test_vanish_rules_skip_destroyed_young_and_unassigned_records() -> None:
     ],
 )
 def test_instances_without_our_fleet_id_are_never_touched(label: str | None) -> None:
-    for status in ("running", "exited", "offline", "unknown"):
+    for status in ("running", "exited", "offline", "unknown", "stopped"):
         row = inst(8, label, age_s=10 * GRACE, status=status)
         assert run([row], []) == []
+    row = inst(8, label, age_s=10 * GRACE, status="created", status_msg=OCI_FAILURE)
+    assert run([row], []) == []
 
 
 def test_other_fleet_survives_beside_ours() -> None:
@@ -144,7 +188,7 @@ def test_actions_are_sorted_and_combined() -> None:
     ]
     actions = run(provider, [ours(20, KNOWN), ours(22, KNOWN)])
     assert [(a.kind, a.instance_id) for a in actions] == [
-        ("destroy_exited", 20),
+        ("destroy_dead", 20),
         ("destroy_leaked", 21),
         ("mark_vanished", 22),
     ]

@@ -7,9 +7,11 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import secrets
 import signal
 import socket
+import string
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -118,8 +120,8 @@ async def test_offers_deploy_destroy_through_the_cli(served: Served) -> None:
     code, out = await run_cli(env, "offers", "--json")
     assert code == 0, out
     rows = json.loads(out)
-    # The default filter (the original manager's) leaves out the $1.40 offer; the
-    # search went to the fake with the account key in the header only.
+    # The default filter leaves out the $1.40 offer; the search went to the fake with
+    # the account key in the header only.
     assert sorted(r["id"] for r in rows) == [9101, 9102]
     assert all(r["prediction_basis"].startswith("explore") for r in rows)
     (search,) = fake.calls("POST", "/api/v0/bundles/")
@@ -155,6 +157,40 @@ async def test_offers_deploy_destroy_through_the_cli(served: Served) -> None:
     assert fake.destroys_of(vid) == ["account"]
     code, out = await run_cli(env, "status", "--json")
     assert code == 0 and json.loads(out)[0]["state"] == "destroyed", out
+
+
+async def test_a_small_slice_is_flagged_in_offers_and_refused_at_deploy(served: Served) -> None:
+    fake, env = served.fake, served.env
+    # 1 GPU of an 8-GPU 512 GB host: vast.ai lists the host's 515 GB and 256 cores,
+    # and the instance's 32; it would get about 64 GB.
+    fake.add_slice(9201, 52001, num_gpus=1, host_gpus=8, host_cpu_cores=256,
+                   host_cpu_ram_mb=515000, dph_total=0.35)
+    # A whole 2-GPU host with 256 GB.
+    fake.add_offer(9202, 52002, num_gpus=2, cpu_cores=64, cpu_cores_effective=64.0,
+                   cpu_ram=257000, dph_total=0.80)
+    code, out = await run_cli(env, "offers")
+    assert code == 0, out
+    (small,) = [line for line in out.splitlines() if line.startswith("9201 ")]
+    (whole,) = [line for line in out.splitlines() if line.startswith("9202 ")]
+    assert "TOO-SMALL" in small and " 64G " in small and " 32 " in small
+    assert "would get about 64 GB of RAM (515 GB x 32/256 cores = 64.4 GB)" in small
+    assert "TOO-SMALL" not in whole and " 257G " in whole
+    code, out = await run_cli(env, "deploy", "9201")
+    assert code == 1, out
+    assert "Offer 9201 is refused: its instance would get about 64 GB of RAM" in out
+    assert "below the 128 GB cuzk needs (VM_MIN_INSTANCE_RAM_GB)" in out
+    assert fake.calls("PUT", "/api/v0/asks/") == []
+    code, out = await run_cli(env, "deploy", "9202")
+    assert code == 0, out
+    assert [c.path for c in fake.calls("PUT", "/api/v0/asks/")] == ["/api/v0/asks/9202/"]
+
+
+async def test_a_refused_key_is_named_by_its_source(served: Served) -> None:
+    served.fake.api_key = "another-key"  # the key in VAST_API_KEY is no longer valid
+    code, out = await run_cli(served.env, "offers")
+    assert code == 1, out
+    assert "refused the API key from VAST_API_KEY" in out and "Invalid user key" in out
+    assert FAKE_API_KEY not in out
 
 
 async def test_serve_without_an_api_key_or_image_says_what_to_set(tmp_path: Path) -> None:
@@ -206,7 +242,9 @@ async def test_from_settings_finds_the_key_as_the_cli_does(tmp_path: Path) -> No
         ({}, "VM_VAST_IMAGE"),
         ({"vast_image": IMAGE, "vast_env": "[1]"}, "VM_VAST_ENV must be a JSON object"),
         ({"vast_image": IMAGE, "vast_env": '{"A B": "1"}'}, "not a variable name"),
-        ({"vast_image": IMAGE, "vast_onstart": "x" * 17000}, "16384 bytes"),
+        ({"vast_image": IMAGE, "vast_onstart": "".join(
+            random.Random(3).choices(string.ascii_letters, k=9000))},
+         "9001 characters and .* even compressed, above vast.ai.s 4048"),
     ],
 )
 def test_from_settings_refuses_bad_settings(

@@ -1,4 +1,7 @@
-"""VastClient against aioresponses: requests sent, retries, error mapping, key hygiene."""
+"""VastClient against aioresponses: requests sent, retries, error mapping, key hygiene.
+
+Error bodies are vast.ai's own (docs/vast.md): the OpenAPI description's shapes and
+messages, vast-cli's reading of them."""
 
 from __future__ import annotations
 
@@ -19,11 +22,13 @@ from yarl import URL
 from coordinator.providers.base import (
     AuthError,
     BadRequest,
+    CreateFailed,
+    DestroyUnconfirmed,
     OfferGone,
     ProviderError,
     RateLimited,
 )
-from coordinator.vast import VastClient, discover_api_key
+from coordinator.vast import VastClient, find_api_key
 
 BASE = "https://vast.example.test"
 KEY = "sk-test-0123456789abcdef0123456789abcdef"
@@ -161,31 +166,59 @@ async def test_destroy_instance_deletes_then_verifies(client: VastClient) -> Non
     with aioresponses() as m:
         m.delete(f"{BASE}/api/v0/instances/55/", payload={"success": True})
         m.get(f"{BASE}/api/v0/instances/55/?owner=me", payload={"instances": None})
-        assert await client.destroy_instance(55) is True
+        await client.destroy_instance(55)
         call = only_call(m, "DELETE", f"{BASE}/api/v0/instances/55/")
         only_call(m, "GET", f"{BASE}/api/v0/instances/55/?owner=me")
     assert call.kwargs["json"] == {}
     assert_auth(call)
 
 
-async def test_destroy_already_gone_is_success(client: VastClient) -> None:
+@pytest.mark.parametrize(
+    ("status", "payload"),
+    [
+        (404, {"success": False, "error": "not_found", "msg": "Instance not found"}),  # OpenAPI
+        (404, {"success": False, "error": "no_such_instance"}),  # what dstack checks
+        (200, {"success": False, "error": "no_such_instance", "msg": "gone"}),
+    ],
+)
+async def test_destroy_already_gone_is_success_once_the_lookup_agrees(
+    client: VastClient, status: int, payload: dict[str, Any]
+) -> None:
     with aioresponses() as m:
-        m.delete(
-            f"{BASE}/api/v0/instances/55/",
-            status=404,
-            payload={"success": False, "error": "no_such_instance"},
-        )
-        assert await client.destroy_instance(55) is True
+        m.delete(f"{BASE}/api/v0/instances/55/", status=status, payload=payload)
+        m.get(f"{BASE}/api/v0/instances/55/?owner=me", payload={"instances": None})
+        await client.destroy_instance(55)
+        only_call(m, "GET", f"{BASE}/api/v0/instances/55/?owner=me")
 
 
-async def test_destroy_still_listed_is_reported_unconfirmed(client: VastClient) -> None:
+async def test_destroy_still_listed_is_unconfirmed(client: VastClient) -> None:
     with aioresponses() as m:
         m.delete(f"{BASE}/api/v0/instances/55/", payload={"success": True})
         m.get(
             f"{BASE}/api/v0/instances/55/?owner=me",
             payload={"instances": {"id": 55, "actual_status": "running"}},
         )
-        assert await client.destroy_instance(55) is False
+        with pytest.raises(DestroyUnconfirmed, match=r"still listed \(status running"):
+            await client.destroy_instance(55)
+
+
+async def test_destroy_success_false_is_a_refusal_not_a_destroy(client: VastClient) -> None:
+    with aioresponses() as m:
+        m.delete(f"{BASE}/api/v0/instances/55/",
+                 payload={"success": False, "error": "busy", "msg": "try again later"})
+        with pytest.raises(ProviderError, match="busy: try again later"):
+            await client.destroy_instance(55)
+        assert ("GET", URL(f"{BASE}/api/v0/instances/55/?owner=me")) not in m.requests
+
+
+async def test_destroy_with_an_invalid_key_is_an_auth_error_not_gone(
+    client: VastClient,
+) -> None:
+    with aioresponses() as m:
+        m.delete(f"{BASE}/api/v0/instances/55/", status=404,
+                 payload={"success": False, "error": "auth_error", "msg": "Invalid user key"})
+        with pytest.raises(AuthError, match="VAST_API_KEY"):
+            await client.destroy_instance(55)
 
 
 async def test_set_label_puts_label(client: VastClient) -> None:
@@ -230,7 +263,7 @@ async def test_persistent_5xx_ends_in_clear_error(client: VastClient, sleeps: Sl
             await client.show_instance(7)
         calls = m.requests[("GET", URL(f"{BASE}/api/v0/instances/7/?owner=me"))]
     assert len(calls) == 4  # max_attempts, no more
-    assert "failed after 4 attempts (HTTP 503)" in str(err.value)
+    assert "failed after 4 attempts (HTTP 503: Service Unavailable)" in str(err.value)
     assert not isinstance(err.value, RateLimited)
     # Exponential, capped and jittered (rng fixed at 1.0 here: the full delay).
     assert sleeps.delays == [0.5, 1.0, 2.0]
@@ -284,16 +317,37 @@ async def test_create_not_retried_when_outcome_unknown(client: VastClient) -> No
         assert len(m.requests[("PUT", URL(f"{BASE}/api/v0/asks/1/"))]) == 1
 
 
-@pytest.mark.parametrize("status", [404, 410])
-async def test_no_such_ask_on_create_is_offer_gone(client: VastClient, status: int) -> None:
+@pytest.mark.parametrize(
+    ("status", "payload"),
+    [
+        # The OpenAPI description's two answers for an offer that is not there.
+        (404, {"success": False, "error": "invalid_args", "ask_id": 4242,
+               "msg": "error 404/3603: no_such_ask Instance type by id 4242 is not available."}),
+        (410, {"success": False, "error": "no_such_ask", "ask_id": 4242,
+               "msg": "error 410/3907: no_such_ask Instance type 4242 is no longer available."}),
+    ],
+)
+async def test_no_such_ask_on_create_is_offer_gone(
+    client: VastClient, status: int, payload: dict[str, Any]
+) -> None:
     with aioresponses() as m:
-        m.put(
-            f"{BASE}/api/v0/asks/4242/",
-            status=status,
-            payload={"success": False, "error": "no_such_ask", "msg": "Instance type unavailable"},
-        )
-        with pytest.raises(OfferGone, match="offer gone: no_such_ask"):
+        m.put(f"{BASE}/api/v0/asks/4242/", status=status, payload=payload)
+        with pytest.raises(OfferGone, match=rf"offer gone \(HTTP {status}"):
             await client.create_instance(4242, {"image": "x"})
+
+
+@pytest.mark.parametrize("status", [200, 400])
+async def test_create_success_false_with_a_new_contract_carries_the_instance(
+    client: VastClient, status: int
+) -> None:
+    with aioresponses() as m:
+        m.put(f"{BASE}/api/v0/asks/4242/", status=status,
+              payload={"success": False, "error": "start_failed", "msg": "could not start",
+                       "new_contract": 31337})
+        with pytest.raises(CreateFailed) as err:
+            await client.create_instance(4242, {"image": "x"})
+    assert err.value.instance_id == 31337
+    assert "made instance 31337" in str(err.value) and "could not start" in str(err.value)
 
 
 async def test_create_success_false_no_such_ask_is_offer_gone(client: VastClient) -> None:
@@ -307,7 +361,8 @@ async def test_create_success_false_no_such_ask_is_offer_gone(client: VastClient
 
 
 @pytest.mark.parametrize(
-    ("status", "exc"), [(401, AuthError), (403, AuthError), (400, BadRequest), (500, ProviderError)]
+    ("status", "exc"),
+    [(401, AuthError), (403, BadRequest), (400, BadRequest), (500, ProviderError)],
 )
 async def test_error_mapping(client: VastClient, status: int, exc: type[Exception]) -> None:
     with aioresponses() as m:
@@ -320,6 +375,68 @@ async def test_error_mapping(client: VastClient, status: int, exc: type[Exceptio
             await client.search_offers({})
     assert "some_error" in str(err.value)
     assert "details here" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "payload"),
+    [
+        # The offers search answers a wrong key 404 (OpenAPI: error and msg only).
+        ("POST", "/api/v0/bundles/", 404, {"error": "auth_error", "msg": "Invalid user key"}),
+        # So does the v1 instance list (with success); show and create answer 401.
+        ("GET", "/api/v1/instances/", 404,
+         {"success": False, "error": "auth_error", "msg": "Invalid user key"}),
+        ("GET", "/api/v1/instances/", 403,
+         {"success": False, "error": "auth_error", "msg": "This action requires login."}),
+        ("GET", "/api/v0/instances/55/", 401,
+         {"success": False, "error": "auth_error", "msg": "Invalid user key"}),
+        # An expired 2FA session key (vast-cli main.py).
+        ("GET", "/api/v0/instances/55/", 404,
+         {"success": False, "msg": "Session expired. Please log in again."}),
+    ],
+)
+async def test_a_refused_key_is_an_auth_error_naming_its_source_whatever_the_status(
+    method: str, path: str, status: int, payload: dict[str, Any], sleeps: Sleeps
+) -> None:
+    c = VastClient(KEY, BASE, key_source="/home/op/.config/vastai/vast_api_key", sleep=sleeps)
+    try:
+        with aioresponses() as m:
+            url = re.compile(re.escape(BASE + path) + r".*")
+            m.add(url, method, status=status, payload=payload)
+            with pytest.raises(AuthError) as err:
+                if path == "/api/v0/bundles/":
+                    await c.search_offers({})
+                elif path == "/api/v1/instances/":
+                    await c.list_instances()
+                else:
+                    await c.show_instance(55)  # not "gone": a 404 is not always that
+    finally:
+        await c.close()
+    assert "refused the API key from /home/op/.config/vastai/vast_api_key" in str(err.value)
+    assert f"HTTP {status}" in str(err.value)
+    assert sleeps.delays == []  # not retried
+
+
+@pytest.mark.parametrize(
+    ("body", "payload"),
+    [("API requests too frequent", None),
+     (None, {"detail": "API requests too frequent endpoint threshold=4.5"})],
+    ids=["plain-text", "detail-json"],
+)
+async def test_429_bodies_are_read_in_either_shape(
+    client: VastClient, body: str | None, payload: dict[str, Any] | None
+) -> None:
+    with aioresponses() as m:
+        m.post(f"{BASE}/api/v0/bundles/", status=429, body=body, payload=payload, repeat=True)
+        with pytest.raises(RateLimited, match="HTTP 429: API requests too frequent"):
+            await client.search_offers({})
+
+
+async def test_a_200_saying_success_false_is_an_error(client: VastClient) -> None:
+    with aioresponses() as m:
+        m.post(f"{BASE}/api/v0/bundles/",
+               payload={"success": False, "error": "invalid_request", "msg": "bad query"})
+        with pytest.raises(ProviderError, match="invalid_request: bad query"):
+            await client.search_offers({})
 
 
 async def test_key_never_in_urls_messages_or_logs(
@@ -361,32 +478,34 @@ def test_base_url_from_vast_url(monkeypatch: pytest.MonkeyPatch) -> None:
     assert VastClient(KEY).base_url == "https://console.vast.ai"
 
 
-def test_discover_api_key_order(tmp_path: Path) -> None:
+def test_find_api_key_order_and_source(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    assert discover_api_key({}, home) is None
+    assert find_api_key({}, home) is None
     (home / ".vast_api_key").write_text("legacy-key\n")
-    assert discover_api_key({}, home) == "legacy-key"
+    assert find_api_key({}, home) == ("legacy-key", str(home / ".vast_api_key"))
     cfg = home / ".config" / "vastai"
     cfg.mkdir(parents=True)
     (cfg / "vast_api_key").write_text("  config-key \n")
-    assert discover_api_key({}, home) == "config-key"
+    assert find_api_key({}, home) == ("config-key", str(cfg / "vast_api_key"))
     xdg = tmp_path / "xdg"
     (xdg / "vastai").mkdir(parents=True)
     (xdg / "vastai" / "vast_api_key").write_text("xdg-key")
-    assert discover_api_key({"XDG_CONFIG_HOME": str(xdg)}, home) == "xdg-key"
+    assert find_api_key({"XDG_CONFIG_HOME": str(xdg)}, home) == (
+        "xdg-key", str(xdg / "vastai" / "vast_api_key"))
     # A relative XDG_CONFIG_HOME is ignored, as the xdg package does.
-    assert discover_api_key({"XDG_CONFIG_HOME": "rel"}, home) == "config-key"
-    assert discover_api_key({"VAST_API_KEY": " env-key "}, home) == "env-key"
-    assert discover_api_key({"VAST_API_KEY": ""}, home) == "config-key"
+    assert find_api_key({"XDG_CONFIG_HOME": "rel"}, home) == (
+        "config-key", str(cfg / "vast_api_key"))
+    assert find_api_key({"VAST_API_KEY": " env-key "}, home) == ("env-key", "VAST_API_KEY")
+    assert find_api_key({"VAST_API_KEY": ""}, home) == ("config-key", str(cfg / "vast_api_key"))
 
 
-def test_discover_api_key_skips_empty_files(tmp_path: Path) -> None:
+def test_find_api_key_skips_empty_files(tmp_path: Path) -> None:
     cfg = tmp_path / ".config" / "vastai"
     cfg.mkdir(parents=True)
     (cfg / "vast_api_key").write_text("\n")
     (tmp_path / ".vast_api_key").write_text("legacy")
-    assert discover_api_key({}, tmp_path) == "legacy"
+    assert find_api_key({}, tmp_path) == ("legacy", str(tmp_path / ".vast_api_key"))
 
 
 async def test_instance_list_without_instances_is_an_error_not_empty(

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from coord_support import Harness, result_msg, start
 from fakes_provider import FakeClock
-from fakevast import FAKE_API_KEY, FakeVast
+from fakevast import FAKE_API_KEY, OCI_START_FAILURE, FakeVast
 
 from coordinator.providers.vast import DEFAULT_ONSTART, VastProvider
 from coordinator.vast import VastClient
@@ -116,17 +116,23 @@ async def test_leaked_instance_is_destroyed_after_the_grace_not_before(env: Env)
     assert "destroy_leaked" in env.event_kinds()
 
 
-@pytest.mark.parametrize("status", ["exited", "offline"])
-async def test_exited_or_offline_instance_is_destroyed(env: Env, status: str) -> None:
+@pytest.mark.parametrize("status", ["exited", "unknown", "offline", "stopped"])
+async def test_an_instance_that_will_never_run_is_destroyed_in_the_second_round(
+    env: Env, status: str
+) -> None:
     d = await env.deployed(9103)
     vid = d["provider_instance_id"]
     await env.tick()
     assert env.fake.destroys_of(vid) == []
     env.fake.set_status(vid, status)
     await env.tick()
+    assert env.fake.destroys_of(vid) == []  # seen once: one odd answer ends nothing
+    await env.tick()
     assert env.fake.destroys_of(vid) == ["account"]
     row = env.row(d["instance_id"])
-    assert row["state"] == "destroyed" and status in row["terminate_reason"]
+    assert row["state"] == "destroyed"
+    assert f"vast.ai status {status}" in row["terminate_reason"]
+    assert "seen in 2 rounds in a row" in row["terminate_reason"]
     agent = env.h.store.get_agent(d["agent_id"])
     assert agent is not None and agent["revoked"] == 1
     await env.tick()  # idempotent: nothing more to do
@@ -351,7 +357,8 @@ async def test_offers_ranked_with_each_prediction_basis(env: Env) -> None:
     explore = by_id[9204]
     assert explore["predicted_rate_per_hour"] is None
     assert explore["predicted_usd_per_proof"] is None
-    assert explore["prediction_basis"] == "explore: no measurements of 1x RTX 5090 yet"
+    assert explore["prediction_basis"] == (
+        "explore: no measurements of 1x RTX 5090 with 240-360 GB of RAM yet")
 
     # Best predicted $/proof first, then the unknowns, bad hosts last.
     assert [r["id"] for r in rows] == [9201, 9202, 9203, 9204, 9205]
@@ -372,3 +379,131 @@ async def test_vanished_instance_listed_again_is_destroyed(env: Env) -> None:
     env.clock.advance(60)
     await env.tick()
     assert env.fake.destroys_of(vid), "a vanished instance listed again must be destroyed"
+
+
+# --- vast.ai as vast.ai means it: dead statuses, failed creates, shares, keys ------------
+
+
+async def test_created_with_a_start_failure_is_destroyed_and_the_destroy_confirmed(
+    env: Env,
+) -> None:
+    d = await env.deployed(9103)
+    vid = d["provider_instance_id"]
+    env.fake.set_status(vid, "created", OCI_START_FAILURE)
+    await env.tick()
+    await env.tick()
+    assert env.fake.destroys_of(vid) == ["account"]
+    # Destroyed means: vast.ai said so, and a lookup after it no longer found it.
+    after = [r for r in env.fake.requests if r.path == f"/api/v0/instances/{vid}/"]
+    assert [r.method for r in after][-2:] == ["DELETE", "GET"]
+    row = env.row(d["instance_id"])
+    assert row["state"] == "destroyed"
+    assert "created, start failed: Error response from daemon" in row["terminate_reason"]
+    (event,) = [e for e in env.h.store.events(d["instance_id"]) if e["kind"] == "destroy"]
+    assert "OCI runtime create failed" in event["reason"] and "destroy_dead" in event["reason"]
+
+
+async def test_one_odd_answer_ends_nothing(env: Env) -> None:
+    d = await env.deployed(9103)
+    vid = d["provider_instance_id"]
+    env.fake.set_status(vid, "unknown")
+    await env.tick()
+    env.fake.set_status(vid, "running")  # it was a hiccup
+    await env.tick()
+    env.fake.set_status(vid, "unknown")
+    await env.tick()
+    assert env.fake.destroys_of(vid) == []
+    assert env.row(d["instance_id"])["state"] == "deploying"
+
+
+async def test_an_unconfirmed_destroy_is_recorded_and_sent_again(env: Env) -> None:
+    d = await env.deployed(9103)
+    vid = d["provider_instance_id"]
+    env.fake.set_status(vid, "exited")
+    env.fake.keep_after_destroy = 1  # {"success": true}, yet the lookup still finds it
+    await env.tick()
+    await env.tick()
+    row = env.row(d["instance_id"])
+    assert row["state"] == "terminating" and vid in env.fake.instances
+    (failed,) = [e for e in env.h.store.events(d["instance_id"]) if e["kind"] == "destroy_failed"]
+    assert "still listed" in failed["reason"]
+    env.clock.advance(60)
+    await env.tick()
+    assert env.fake.destroys_of(vid) == ["account", "account"]
+    assert env.row(d["instance_id"])["state"] == "destroyed" and vid not in env.fake.instances
+
+
+@pytest.mark.parametrize("fail_status", [200, 400])
+async def test_a_failed_create_that_made_an_instance_is_destroyed_and_recorded(
+    env: Env, fail_status: int
+) -> None:
+    env.fake.create_fails_with_instance = 1
+    env.fake.create_fail_status = fail_status
+    status, data = await env.deploy(9103)
+    assert (status, data["error"]) == (502, "provider_error"), data
+    (row,) = env.h.store.list_instances()
+    vid = row["provider_instance_id"]
+    assert vid is not None and f"made instance {vid}" in data["message"]
+    assert "being destroyed" in data["message"]
+    assert row["state"] == "destroyed" and f"left vast instance {vid}" in row["terminate_reason"]
+    assert env.fake.destroys_of(vid) == ["account"] and vid not in env.fake.instances
+    kinds = env.event_kinds(row["id"])
+    assert kinds[-2:] == ["deploy_failed", "destroy"], kinds
+    agent = env.h.store.get_agent(row["agent_id"])
+    assert agent is not None and agent["revoked"] == 1
+
+
+async def test_a_failed_create_whose_destroy_fails_is_finished_by_the_monitor(env: Env) -> None:
+    env.fake.create_fails_with_instance = 1
+    env.fake.refuse_destroys = 1
+    status, _ = await env.deploy(9103)
+    assert status == 502
+    (row,) = env.h.store.list_instances()
+    vid = row["provider_instance_id"]
+    assert row["state"] == "terminating" and vid in env.fake.instances  # recorded, not lost
+    env.clock.advance(60)
+    await env.tick()
+    assert vid not in env.fake.instances
+    assert env.row(row["id"])["state"] == "destroyed"
+
+
+async def test_the_instance_share_is_judged_not_the_host(env: Env) -> None:
+    fake = env.fake
+    # 1 GPU of an 8-GPU 512 GB host (256 logical cores: 32 for the instance).
+    fake.add_slice(9301, 62001, num_gpus=1, host_gpus=8, host_cpu_cores=256,
+                   host_cpu_ram_mb=515000, dph_total=0.35)
+    # A whole 2-GPU host with 256 GB.
+    fake.add_offer(9302, 62002, num_gpus=2, cpu_cores=64, cpu_cores_effective=64.0,
+                   cpu_ram=257000, dph_total=0.80)
+    status, rows = await env.h.admin("GET", "/api/offers")
+    assert status == 200, rows
+    by_id = {r["id"]: r for r in rows}
+    small, whole = by_id[9301], by_id[9302]
+    assert small["too_small"] is True and small["instance_ram_gb"] == 64.4
+    assert small["instance_cpu_cores"] == 32.0
+    assert small["instance_share"] == "515 GB x 32/256 cores = 64.4 GB"
+    assert "would get about 64 GB of RAM (515 GB x 32/256 cores = 64.4 GB), below the 128 GB" \
+        in small["too_small_reason"]
+    assert small["predicted_rate_per_hour"] is None
+    assert whole["too_small"] is False and whole["instance_ram_gb"] == 257.0
+    assert whole["too_small_reason"] is None
+    assert [r["id"] for r in rows].index(9301) > [r["id"] for r in rows].index(9302)
+
+    status, data = await env.deploy(9301)
+    assert (status, data["error"]) == (409, "too_small"), data
+    assert data["message"].startswith("Offer 9301 is refused: its instance would get about 64 GB")
+    assert data["message"].endswith("(VM_MIN_INSTANCE_RAM_GB).")
+    assert env.creates() == []
+    status, data = await env.deploy(9302)
+    assert status == 200, data
+    row = env.row(data["instance_id"])
+    assert (row["cpu_cores"], row["cpu_cores_effective"], row["instance_ram_gb"]) == (
+        64.0, 64.0, 257.0)
+
+
+async def test_an_invalid_key_reaches_the_operator_as_an_auth_error(env: Env) -> None:
+    env.fake.api_key = "the-key-vast-ai-has-now"
+    status, data = await env.h.admin("GET", "/api/offers")
+    assert status == 502, data
+    assert "refused the API key from VAST_API_KEY" in data["message"]
+    assert "HTTP 404 auth_error: Invalid user key" in data["message"]

@@ -235,6 +235,7 @@ async def test_orphaned_agent_destroys_its_own_instance_with_its_instance_key(
                     env=agent_env(closed_port_url(), agent_id, key), disk_gb=250,
                 )
                 vid = created.instance_id
+                inst_key = fake.instance_keys[vid]  # it dies with the instance
                 assert agents.alive(vid)
 
                 async def gone() -> bool:
@@ -243,12 +244,16 @@ async def test_orphaned_agent_destroys_its_own_instance_with_its_instance_key(
                 await until(gone, "the orphaned agent to destroy its instance", 60)
                 assert fake.destroys_of(vid) == ["instance"]
                 (delete,) = fake.calls("DELETE", f"/api/v0/instances/{vid}/")
-                assert delete.headers["Authorization"] == f"Bearer {fake.instance_keys[vid]}"
+                assert delete.headers["Authorization"] == f"Bearer {inst_key}"
                 await fake.settle()
                 assert agents.leftovers(vid) == []
                 log_text = agents.log_path(vid).read_text(errors="replace")
                 assert "orphaned" in log_text
-                assert fake.instance_keys[vid] not in log_text
+                assert inst_key not in log_text
+                # It looked itself up after the delete: destroyed, confirmed.
+                lookups = [r.method for r in fake.requests
+                           if r.path == f"/api/v0/instances/{vid}/"]
+                assert lookups[-2:] == ["DELETE", "GET"]
                 assert FAKE_API_KEY not in log_text
             finally:
                 await provider.close()

@@ -1,4 +1,5 @@
-"""Filter strings -> the exact JSON body ``vastai search offers`` POSTs (vast-cli vast.py 01163020).
+"""Filter strings -> the exact JSON body ``vastai search offers`` POSTs (vast-cli vast.py 01163020;
+``parse_query`` of ``vastai/api/query.py`` unchanged in its effect at 55679830).
 
 Each expected body below is written out as the official CLI builds it for
 ``vastai search offers '<filter>'`` with its defaults (``-o score-``,
@@ -29,8 +30,29 @@ def canonical(obj: Any) -> str:
 
 TABLE: list[tuple[str, dict[str, Any]]] = [
     (
-        # The original manager's filter (reference/cuzk.md), our default.
+        # Our default: the original manager's, its CPU condition on the instance's cores.
         DEFAULT_FILTER,
+        {
+            "verified": {"eq": True},
+            "external": {"eq": False},
+            "rentable": {"eq": True},
+            "rented": {"eq": False},
+            "disk_space": {"gte": "250"},
+            "dph_total": {"lte": "0.9"},
+            "gpu_ram": {"gt": 12500.0},
+            "cpu_ram": {"gte": 128000.0},
+            "cpu_cores_effective": {"gt": "25"},
+            "inet_down": {"gt": "100"},
+            "cuda_max_good": {"gte": "13.0"},
+            "order": [["score", "desc"]],
+            "type": "on-demand",
+            "allocated_storage": 5.0,
+        },
+    ),
+    (
+        # The original manager's filter (reference/cuzk.md), host figures.
+        "disk_space>=250 dph<=0.9 gpu_ram>12.5 cpu_ram>=240 cpu_cores>25 inet_down>100 "
+        "cuda_vers>=13.0",
         {
             "verified": {"eq": True},
             "external": {"eq": False},

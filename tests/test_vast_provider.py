@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import random
+import shutil
+import string
+import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
-from fakevast import FAKE_API_KEY, FakeVast
+from fakevast import FAKE_API_KEY, OCI_START_FAILURE, FakeVast
 
 from coordinator.filters import DEFAULT_FILTER, build_search_query
-from coordinator.providers.base import OfferGone, Provider, ProviderError
-from coordinator.providers.vast import VastProvider
+from coordinator.providers.base import (
+    AuthError,
+    CreateFailed,
+    DestroyUnconfirmed,
+    OfferGone,
+    Provider,
+    ProviderError,
+)
+from coordinator.providers.vast import MAX_ONSTART_CHARS, VastProvider, fit_onstart
 from coordinator.vast import VastClient
 
 AGENT_ID = "ag_0123456789abcdef0123"
@@ -67,12 +79,14 @@ def test_vast_provider_satisfies_the_protocol() -> None:
 async def test_search_default_filter(env: Env) -> None:
     fake = env.fake
     fake.add_offer(1, 100)  # matches
-    fake.add_offer(2, 200, cpu_ram=128000)  # too little RAM
+    fake.add_offer(2, 200, cpu_ram=120000)  # too little RAM even for the whole host
     fake.add_offer(3, 300, dph_total=1.4)  # too expensive
     fake.add_offer(4, 400, rented=True, rentable=False)  # taken
     fake.add_offer(5, 500, cuda_max_good=12.4)  # old driver
     fake.add_offer(6, 600, verified=False)  # unverified
     fake.add_offer(7, 700, gpu_name="RTX 5090", gpu_ram=32607, score=250.0)  # matches
+    # 1 of 8 GPUs of a 96-core host: 12 cores for the instance (the filter asks > 25).
+    fake.add_slice(8, 800, num_gpus=1, host_gpus=8, host_cpu_cores=96, host_cpu_ram_mb=515000)
     offers = await env.provider.search_offers()
     assert [o["id"] for o in offers] == [7, 1]  # score descending, as the CLI orders
     assert offers[0]["reliability"] == 0.995  # filled from reliability2
@@ -152,10 +166,51 @@ async def test_args_runtype_keeps_the_image_entrypoint(env: Env) -> None:
     assert "args" not in body
 
 
-def test_oversized_onstart_is_refused() -> None:
+def test_onstart_up_to_4048_characters_is_sent_as_it_is() -> None:
+    script = "#!/bin/bash\n" + "x" * (MAX_ONSTART_CHARS - 12)
+    assert len(script) == MAX_ONSTART_CHARS
+    assert fit_onstart(script) == script
+
+
+def test_longer_onstart_is_sent_gzip_base64_and_runs_the_same(tmp_path: Path) -> None:
+    # A script of 6000 characters whose output proves every line of it ran.
+    lines = ["#!/bin/bash", "set -eu"]
+    while sum(len(x) + 1 for x in lines) < 6000:
+        lines.append(f"echo line-{len(lines)}")
+    script = "\n".join(lines) + "\n"
+    assert len(script) > MAX_ONSTART_CHARS
+    sent = fit_onstart(script)
+    assert len(sent) <= MAX_ONSTART_CHARS and "base64 -d | gunzip" in sent
+    if shutil.which("bash") is None or shutil.which("gunzip") is None:
+        pytest.skip("bash and gunzip are needed to run the wrapper")
+    ran = subprocess.run(["bash", "-c", sent], capture_output=True, text=True, timeout=30,
+                         env={"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)})
+    direct = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == direct.stdout and ran.stdout.count("\n") == len(lines) - 2
+    assert list(tmp_path.iterdir()) == []  # the unpacked copy is removed
+    failing = fit_onstart(script + "exit 7\n")
+    assert subprocess.run(["bash", "-c", failing], capture_output=True, timeout=30,
+                          env={"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)}).returncode == 7
+
+
+def test_onstart_too_long_even_compressed_is_refused() -> None:
+    rng = random.Random(7)  # random text does not compress
+    script = "".join(rng.choice(string.ascii_letters) for _ in range(8000))
     client = VastClient("k", "http://127.0.0.1:9")
-    with pytest.raises(ValueError, match="16384"):
-        VastProvider(client, image="img", onstart="x" * 16385)
+    with pytest.raises(ValueError, match=r"8000 characters and \d+ even compressed, above "
+                                         r"vast.ai's 4048"):
+        VastProvider(client, image="img", onstart=script)
+
+
+async def test_the_fake_refuses_an_onstart_over_4048_characters(env: Env) -> None:
+    # What the provider prevents, vast.ai refuses: the fake as the real API.
+    offer = env.fake.add_offer(22, 2200)
+    body = env.provider.create_body(label=LABEL, env=agent_env(), disk_gb=300)
+    body["onstart"] = "x" * (MAX_ONSTART_CHARS + 1)
+    with pytest.raises(ProviderError, match="400 invalid_args: Invalid args: 'onstart'"):
+        await env.provider.client.create_instance(22, body)
+    assert env.fake.instances == {} and offer["rented"] is False
 
 
 async def test_create_on_sold_offer_is_offer_gone_and_double_sale(env: Env) -> None:
@@ -261,3 +316,56 @@ async def test_create_failed_before_processing_is_outcome_unknown(env: Env) -> N
         await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
     assert env.fake.instances == {}
     assert len(env.fake.calls("PUT", "/api/v0/asks/92/")) == 1
+
+
+async def test_a_create_that_fails_with_a_new_contract_names_the_instance(env: Env) -> None:
+    offer = env.fake.add_offer(93, 9300)
+    env.fake.create_fails_with_instance = 1
+    with pytest.raises(CreateFailed) as err:
+        await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+    iid = err.value.instance_id
+    row = env.fake.instances[iid]  # it exists, stopped, and bills
+    assert row["actual_status"] == "stopped" and row["label"] == LABEL
+    await env.provider.destroy_instance(iid)
+    assert iid not in env.fake.instances
+
+
+async def test_destroy_is_confirmed_or_an_error(env: Env) -> None:
+    offer = env.fake.add_offer(94, 9400)
+    created = await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+    iid = created.instance_id
+    env.fake.keep_after_destroy = 1  # accepted, still there
+    with pytest.raises(DestroyUnconfirmed):
+        await env.provider.destroy_instance(iid)
+    env.fake.refuse_destroys = 1  # 200 success: false
+    with pytest.raises(ProviderError, match="destroy_refused"):
+        await env.provider.destroy_instance(iid)
+    assert iid in env.fake.instances
+    await env.provider.destroy_instance(iid)
+    assert iid not in env.fake.instances
+
+
+async def test_an_invalid_key_is_an_auth_error_on_every_call(env: Env) -> None:
+    env.fake.add_offer(95, 9500)
+    env.fake.api_key = "another-key"  # ours is now wrong
+    with pytest.raises(AuthError, match=r"VAST_API_KEY \(POST /api/v0/bundles/ answered HTTP 404"):
+        await env.provider.search_offers()
+    with pytest.raises(AuthError, match="HTTP 404 auth_error: Invalid user key"):
+        await env.provider.list_instances()
+    with pytest.raises(AuthError, match="HTTP 401"):
+        await env.provider.destroy_instance(12345)
+
+
+async def test_statuses_and_messages_as_vast_shows_them(env: Env) -> None:
+    offer = env.fake.add_offer(96, 9600)
+    created = await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+    env.fake.set_status(created.instance_id, "created", OCI_START_FAILURE)
+    (row,) = await env.provider.list_instances()
+    assert (row["actual_status"], row["status_msg"]) == ("created", OCI_START_FAILURE)
+    # Stopping keeps it stopped: vast.ai never turns stopped into exited.
+    await env.provider.client._request(
+        "PUT", f"/api/v0/instances/{created.instance_id}/", json_body={"state": "stopped"})
+    (row,) = await env.provider.list_instances()
+    assert (row["actual_status"], row["intended_status"]) == ("stopped", "stopped")
+    with pytest.raises(ValueError):
+        env.fake.set_status(created.instance_id, "dead")

@@ -1,7 +1,7 @@
 """The provider interface the coordinator talks to, and its named errors.
 
 Offers and instances are plain dicts in vast.ai's shape (field names from
-reference/vast-api.md), whichever provider produced them, so ranking, deploy
+docs/vast.md), whichever provider produced them, so ranking, deploy
 checks and reconciliation never care where they came from.
 """
 
@@ -34,6 +34,19 @@ class BadRequest(ProviderError):
     """The provider refused the request as malformed."""
 
 
+class CreateFailed(ProviderError):
+    """A create was refused, yet it made an instance (vast.ai: ``success: false`` with a
+    ``new_contract``). The instance bills until destroyed: whoever catches this owns it."""
+
+    def __init__(self, message: str, instance_id: int) -> None:
+        super().__init__(message)
+        self.instance_id = instance_id
+
+
+class DestroyUnconfirmed(ProviderError):
+    """The destroy was accepted, but the instance is still there when looked up."""
+
+
 @dataclass(frozen=True, slots=True)
 class CreatedInstance:
     instance_id: int
@@ -54,11 +67,13 @@ class Provider(Protocol):
     async def create_instance(
         self, offer: Offer, *, label: str, env: dict[str, str], disk_gb: int
     ) -> CreatedInstance:
-        """Rent the offer. Raises OfferGone when it was sold meanwhile."""
+        """Rent the offer. Raises OfferGone when it was sold meanwhile, CreateFailed when
+        the create failed but left an instance behind."""
         ...
 
     async def destroy_instance(self, instance_id: int) -> None:
-        """Destroy; idempotent (an instance already gone is success)."""
+        """Destroy and confirm it is gone; idempotent (an instance already gone is success).
+        Raises ProviderError (DestroyUnconfirmed when it is still listed afterwards)."""
         ...
 
     async def list_instances(self) -> list[ProviderInstance]:

@@ -32,8 +32,9 @@ import orjson
 import psutil
 from aiohttp import web
 
-from coordinator.catalog import local_offers
+from coordinator.catalog import catalog_offers
 from coordinator.providers.base import CreatedInstance, Offer, OfferGone, ProviderInstance
+from coordinator.share import instance_share
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,11 @@ def console_script(name: str) -> str:
 def simulated_machine_env(
     home: Path, offer: Offer, time_scale: float, sample_interval_s: float = 0.1
 ) -> dict[str, str]:
-    """What an agent needs to run on the simulated cuzk as the machine of ``offer``:
+    """What an agent needs to run on the simulated cuzk as the instance of ``offer``:
     its folders and C1 input under ``home``, the simulator's programs, the fake NVML
-    and the hardware profile. Creates the folders."""
+    and the hardware profile: what the instance gets of the host (its cores,
+    ``cpu_cores_effective``, and its share of the RAM, ``coordinator.share``), not
+    the whole host vast.ai lists. Creates the folders."""
     for sub in ("state", "params"):
         (home / sub).mkdir(parents=True, exist_ok=True)
     c1 = home / "c1.json"
@@ -75,7 +78,7 @@ def simulated_machine_env(
         "VM_CUZK_BIN": console_script("vm-sim-cuzk"),
         "VM_CUZK_BENCH_BIN": console_script("vm-sim-cuzk-bench"),
         "VM_NVML": "sim",
-        "VM_SIM_PROFILE": orjson.dumps(offer).decode(),
+        "VM_SIM_PROFILE": orjson.dumps(instance_profile(offer)).decode(),
         "VM_SIM_TIME_SCALE": str(time_scale),
         "VM_SIM_STATE_FILE": str(home / "sim-state.json"),
         # Simulated time runs time_scale times faster, so sample faster too, or a
@@ -83,6 +86,16 @@ def simulated_machine_env(
         "VM_SAMPLE_INTERVAL": str(sample_interval_s),
         "PYTHONUNBUFFERED": "1",
     }
+
+
+def instance_profile(offer: Offer) -> Offer:
+    """The offer as its instance sees the machine: ``cpu_ram`` cut to the instance's share
+    (the simulator reads ``cpu_ram`` as the RAM it has; ``cpu_cores_effective`` already
+    gives it the instance's cores)."""
+    share = instance_share(offer)
+    if share.ram_gb is None:
+        return dict(offer)
+    return {**offer, "cpu_ram": int(share.ram_gb * 1000)}
 
 
 def matches(offer: Offer, query: dict[str, Any]) -> bool:
@@ -151,7 +164,7 @@ class LocalProvider:
     ) -> None:
         self.workdir = Path(workdir)
         self.time_scale = time_scale
-        self.offers: dict[int, Offer] = {o["id"]: o for o in (offers or local_offers())}
+        self.offers: dict[int, Offer] = {o["id"]: o for o in (offers or catalog_offers())}
         self.agent_env = dict(agent_env or {})
         self.param_rate_scale = param_rate_scale
         self.sample_interval_s = sample_interval_s

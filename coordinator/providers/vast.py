@@ -8,6 +8,8 @@ create sends the keys ``vastai create instance`` sends. The deploy checks
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import logging
 import os
@@ -28,15 +30,16 @@ from coordinator.providers.base import (
     ProviderError,
     ProviderInstance,
 )
-from coordinator.vast import DEFAULT_BASE_URL, OutcomeUnknown, VastClient, discover_api_key
+from coordinator.vast import DEFAULT_BASE_URL, OutcomeUnknown, VastClient, find_api_key
 
 if TYPE_CHECKING:
     from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
 
-#: vast.ai keeps the onstart script as a string of at most 16 KB.
-MAX_ONSTART_BYTES = 16 * 1024
+#: vast.ai's limit on the ``onstart`` field, in characters ("gzip+base64 for longer
+#: scripts": the OpenAPI description's quirks, docs/vast.md).
+MAX_ONSTART_CHARS = 4048
 #: The CLI's ``--ssh --direct``: vast.ai runs the onstart script instead of the
 #: image's ENTRYPOINT. ``"args"`` runs the image's ENTRYPOINT instead.
 DEFAULT_RUNTYPE = "ssh_direc ssh_proxy"
@@ -76,13 +79,11 @@ class VastProvider:
     ) -> None:
         if not image:
             raise ValueError("a container image is required")
-        if len(onstart.encode("utf-8")) > MAX_ONSTART_BYTES:
-            raise ValueError(f"the onstart script exceeds vast.ai's {MAX_ONSTART_BYTES} bytes")
         if disk_gb <= 0:
             raise ValueError("disk_gb must be positive")
         self.client = client
         self.image = image
-        self.onstart = onstart
+        self.onstart = fit_onstart(onstart)
         self.disk_gb = disk_gb
         self.extra_env = {str(k): str(v) for k, v in (extra_env or {}).items()}
         self.runtype = runtype
@@ -159,7 +160,8 @@ class VastProvider:
     async def create_instance(
         self, offer: Offer, *, label: str, env: dict[str, str], disk_gb: int
     ) -> CreatedInstance:
-        """Rent ``offer``. OfferGone when it was sold meanwhile; other ProviderErrors
+        """Rent ``offer``. OfferGone when it was sold meanwhile; CreateFailed (with the
+        instance's id) when vast.ai refused but made an instance; other ProviderErrors
         when vast.ai refused or the outcome is unknown (the label then finds it)."""
         offer_id = _as_int(offer.get("id"))
         if offer_id is None:
@@ -210,13 +212,10 @@ class VastProvider:
         return ids[0] if ids else None
 
     async def destroy_instance(self, instance_id: int) -> None:
-        """Destroy; idempotent. A delete accepted but not yet visible is logged and left
-        to the monitor's next reconciliation."""
-        confirmed = await self.client.destroy_instance(instance_id)
-        if confirmed:
-            log.info("vast.ai instance %s destroyed", instance_id)
-        else:
-            log.warning("vast.ai instance %s destroy accepted, not yet confirmed", instance_id)
+        """Destroy and confirm; idempotent. ``DestroyUnconfirmed`` when vast.ai still
+        lists the instance afterwards (the monitor records it and destroys it again)."""
+        await self.client.destroy_instance(instance_id)
+        log.info("vast.ai instance %s destroyed (confirmed gone)", instance_id)
 
     async def list_instances(self) -> list[ProviderInstance]:
         """Every instance of the account, without fields that carry credentials."""
@@ -248,8 +247,8 @@ def from_settings(
     ``VM_DEPLOY_DISK_GB``.
     """
     env = os.environ if environ is None else environ
-    key = discover_api_key(env, Path.home() if home is None else home)
-    if key is None:
+    found = find_api_key(env, Path.home() if home is None else home)
+    if found is None:
         raise ProviderConfigError(
             "no vast.ai API key: set VAST_API_KEY, or save the key in "
             "~/.config/vastai/vast_api_key (what `vastai set api-key` writes)"
@@ -269,7 +268,10 @@ def from_settings(
             "VM_PUBLIC_URL is not set: agents on vast.ai will be told %s, which they cannot "
             "reach unless it is a public address", settings.coordinator_url,
         )
-    client = VastClient(key, (env.get("VAST_URL") or "").strip() or DEFAULT_BASE_URL)
+    key, source = found
+    client = VastClient(
+        key, (env.get("VAST_URL") or "").strip() or DEFAULT_BASE_URL, key_source=source
+    )
     try:
         return VastProvider(
             client,
@@ -283,6 +285,30 @@ def from_settings(
         )
     except ValueError as err:
         raise ProviderConfigError(f"vast provider settings: {err}") from None
+
+
+def fit_onstart(script: str) -> str:
+    """The onstart text to send: ``script`` itself when it fits vast.ai's 4048 characters,
+    else ``script`` gzip-compressed and base64-encoded inside a short bash wrapper that
+    unpacks it to a temporary file, runs it and removes it (vast.ai's API description:
+    "gzip+base64 for longer scripts"). ValueError when even that does not fit."""
+    if len(script) <= MAX_ONSTART_CHARS:
+        return script
+    packed = base64.b64encode(gzip.compress(script.encode("utf-8"), mtime=0)).decode("ascii")
+    wrapped = (
+        "#!/bin/bash\n"
+        f"# vast-manager: the onstart script ({len(script)} characters), gzip+base64 to fit "
+        f"vast.ai's {MAX_ONSTART_CHARS}\n"
+        'f=$(mktemp -t vast-manager-onstart.XXXXXX) || exit 1\n'
+        f"printf %s '{packed}' | base64 -d | gunzip > \"$f\" || exit 1\n"
+        'bash "$f"; rc=$?; rm -f "$f"; exit $rc\n'
+    )
+    if len(wrapped) > MAX_ONSTART_CHARS:
+        raise ValueError(
+            f"the onstart script has {len(script)} characters and {len(wrapped)} even "
+            f"compressed, above vast.ai's {MAX_ONSTART_CHARS}"
+        )
+    return wrapped
 
 
 def parse_extra_env(text: str | None) -> dict[str, str]:

@@ -1,0 +1,33 @@
+"""The fault simulation of bench/billing.py: instances ending in every status that never
+runs, and failed creates that made an instance, on the fake vast.ai with an injected
+clock. What they bill past the second monitor round after going dead is 0."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import billing  # noqa: E402
+
+
+async def test_nothing_bills_past_the_second_round_after_a_dead_status(tmp_path: Path) -> None:
+    current = await billing.simulate("current", 2, 2, tmp_path)
+    previous = await billing.simulate("previous", 2, 2, tmp_path)
+    print()
+    print(billing.report(current, previous))
+    # 2 each of exited, unknown, offline, stopped, created with a start failure; 2 failed
+    # creates that made an instance.
+    assert current.instances == previous.instances == 12
+    assert current.destroyed == current.instances
+    assert current.past_second_round_min == 0.0
+    assert set(current.by_group) == {"exited", "unknown", "offline", "stopped",
+                                     "created (OCI failure)", "failed create"}
+    # A dead instance bills for at most the two rounds it takes to be sure.
+    assert current.longest_after_dead_min <= 2 * billing.MONITOR_INTERVAL_S / 60.0
+    # The baseline is measured, not assumed: the previous rules left most of them billing.
+    assert previous.past_second_round_min > 10.0
+    for group in ("unknown", "stopped", "created (OCI failure)", "failed create"):
+        assert previous.by_group[group] > 0, group
