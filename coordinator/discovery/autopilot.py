@@ -107,7 +107,9 @@ def clearing_usd_per_proof(
     target_rate_per_hour: float,
     max_usd_per_proof: float,
 ) -> float:
-    """The $/proof of the marginal host when the target rate is bought cheapest first.
+    """What a proof costs at the margin when the target rate is bought cheapest first:
+    the $/proof of the first host the target does not need (the next one it would have
+    to buy), so every host the target needs has a positive saving against it.
 
     ``offers`` are (machine_id, dph_total, predicted rate) of deployable offers; a
     machine counts once, at its cheapest slice per proof (one instance a machine). The
@@ -127,10 +129,31 @@ def clearing_usd_per_proof(
     supply.sort()
     total = 0.0
     for usd, rate in supply:
-        total += rate
         if total >= target_rate_per_hour:
             return min(usd, max_usd_per_proof)
+        total += rate
     return max_usd_per_proof
+
+
+def plan_reference_usd_per_proof(
+    instances: Sequence[FleetInstance],
+    offers: Sequence[tuple[str | None, float, float]],
+    target_rate_per_hour: float,
+    max_usd_per_proof: float,
+) -> float:
+    """The $/proof the plan should value trials against (``FleetView.reference_usd_per_proof``).
+
+    Below the target, the market's margin (``clearing_usd_per_proof``). At the target a
+    newcomer only pays if it beats the host it would replace, so the fleet's worst
+    measured $/proof caps it: exploring against the market's margin alone would keep
+    trying hosts that are worse than every host the fleet has.
+    """
+    clearing = clearing_usd_per_proof(instances, offers, target_rate_per_hour,
+                                      max_usd_per_proof)
+    proving = [i for i in instances if not i.on_trial]
+    if sum(i.rate_per_hour or 0.0 for i in proving) < target_rate_per_hour:
+        return clearing
+    return min(clearing, max(i.usd_per_proof for i in proving))
 
 
 def _deploy(p: Proposal, reason: str, *, exploration: bool) -> Action:

@@ -116,7 +116,8 @@ class Priors:
 #: The parameters shared by every offer, in the order of the parameter vector.
 FIXED = (
     "gpu_scale", "cpu_scale", "pcie_scale", "ram_scale", "ram_resident", "ram_partition",
-    "ghz_exponent", "log_sharpness", "multi_gpu", "host_share", "mem_bw_deviation", "dlperf_deviation",
+    "ghz_exponent", "log_sharpness", "multi_gpu", "host_share", "mem_bw_deviation",
+    "dlperf_deviation",
     "disk_bw", "inet_down", "reliability",
 )
 _I = {name: i for i, name in enumerate(FIXED)}
@@ -559,7 +560,7 @@ class RateModel:
             for k in range(g):
                 if mask[k]:
                     continue
-                with_k = mask[:k] + (1,) + mask[k + 1:]
+                with_k = (*mask[:k], 1, *mask[k + 1:])
                 weight = math.factorial(size) * math.factorial(g - size - 1) / math.factorial(g)
                 phi[:, k] += weight * (values[index[with_k]] - values[c])
         return phi
@@ -582,7 +583,8 @@ def _detail(group: str, f: OfferFeatures) -> str:
 def _with_basis(pred: Prediction, f: OfferFeatures) -> Prediction:
     """The one-line basis shown beside a prediction: interval, bottleneck, main factors."""
     moved = sorted(
-        (c for c in pred.contributions if abs(c.log_rate) >= 0.03 and c.name != "this machine's runs"),
+        (c for c in pred.contributions
+         if abs(c.log_rate) >= 0.03 and c.name != "this machine's runs"),
         key=lambda c: -abs(c.log_rate),
     )[:3]
     factors = ", ".join(f"{c.name} {c.detail} x{c.factor:.2f}" for c in moved)
@@ -606,11 +608,9 @@ def _with_basis(pred: Prediction, f: OfferFeatures) -> Prediction:
 
 @dataclass(slots=True)
 class _Data:
-    y: Array
+    y: Array  # log rates, rows sorted by machine
     q: Array  # per-measurement precision multiplier (older: less)
-    starts: NDArray[np.int64]  # first row of each machine (rows sorted by machine)
-    machine_of_row: NDArray[np.int64]
-    machine_ids: list[str]
+    starts: NDArray[np.int64]  # first row of each machine
 
 
 def _prior_arrays(priors: Priors, n_gpu: int, n_fam: int) -> tuple[Array, Array]:
@@ -697,119 +697,48 @@ def fit_rate_model(
 
 
 def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors) -> RateModel:
-    order = sorted(range(len(measurements)), key=lambda i: measurements[i].machine_id)
-    ms = [measurements[i] for i in order]
+    ms = sorted(measurements, key=lambda m: m.machine_id)
     feats = [m.features() for m in ms]
-    gpu_keys = sorted({f.gpu_key for f in feats})
-    families = sorted({f.cpu_family for f in feats})
-    gpu_index = {k: i for i, k in enumerate(gpu_keys)}
-    fam_index = {k: i for i, k in enumerate(families)}
+    gpu_index = {k: i for i, k in enumerate(sorted({f.gpu_key for f in feats}))}
+    fam_index = {k: i for i, k in enumerate(sorted({f.cpu_family for f in feats}))}
     dl: dict[str, list[float]] = {}
-    for f in feats:
-        if f.dlperf_per_gpu:
-            dl.setdefault(f.gpu_key, []).append(f.dlperf_per_gpu)
-    dl_center = {k: float(np.median(v)) for k, v in dl.items()}
-    n_gpu, n_fam = len(gpu_index), len(fam_index)
-    mu, prec = _prior_arrays(p, n_gpu, n_fam)
     gpu_runs: dict[str, int] = {}
     family_runs: dict[str, int] = {}
     for f in feats:
+        if f.dlperf_per_gpu:
+            dl.setdefault(f.gpu_key, []).append(f.dlperf_per_gpu)
         gpu_runs[f.gpu_key] = gpu_runs.get(f.gpu_key, 0) + 1
         family_runs[f.cpu_family] = family_runs.get(f.cpu_family, 0) + 1
-
+    dl_center = {k: float(np.median(v)) for k, v in dl.items()}
+    mu, prec = _prior_arrays(p, len(gpu_index), len(fam_index))
     if not ms:
         return RateModel(p, mu, np.diag(1.0 / prec), gpu_index, fam_index, dl_center, {},
                          p.noise_sd, p.host_sd, p.prior_dof, 0)
 
     machine_ids: list[str] = []
     starts: list[int] = []
-    machine_of_row = np.empty(len(ms), dtype=np.int64)
     for i, m in enumerate(ms):
         if not machine_ids or machine_ids[-1] != m.machine_id:
             machine_ids.append(m.machine_id)
             starts.append(i)
-        machine_of_row[i] = len(machine_ids) - 1
-    ages = np.array([max(0.0, (now - m.measured_at) / 86400.0) if now is not None else 0.0
-                     for m in ms])
+    ages_days = np.array([max(0.0, (now - m.measured_at) / 86400.0) if now is not None else 0.0
+                          for m in ms])
     data = _Data(
         y=np.log(np.array([m.rate_per_hour for m in ms])),
-        q=1.0 / (1.0 + ages / p.age_days_per_noise),
+        q=1.0 / (1.0 + ages_days / p.age_days_per_noise),
         starts=np.asarray(starts, dtype=np.int64),
-        machine_of_row=machine_of_row,
-        machine_ids=machine_ids,
     )
-    d = _design(feats, p, gpu_index, fam_index, dl_center)
-    theta = mu.copy()
-    sig_e, sig_h = p.noise_sd, p.host_sd
-    # Host effects are Student-t (a scale mixture of normals, fitted by EM): a few hosts
-    # far off their hardware's rate (a throttled card, a RAM cliff) must not widen every
-    # other host's interval.
-    weight = np.ones(len(machine_ids))
-    iterations = 0
+    fitter = _Fitter(p, _design(feats, p, gpu_index, fam_index, dl_center), data, mu, prec,
+                     len(gpu_index), len(fam_index))
+    for _ in range(6):
+        fitter.fit_theta()
+        fitter.fit_spreads()
+        fitter.update_weights()
 
-    def evaluate(th: Array) -> _Eval:
-        return _evaluate(th, d, p, n_gpu, n_fam, jacobian=True)
-
-    def objective(th: Array, ev: _Eval) -> tuple[float, _Posterior]:
-        assert ev.jac is not None
-        post = _Posterior(data, ev.jac, data.y - ev.f)
-        rwr = post.parts(sig_e, sig_h, weight)[0]
-        return 0.5 * rwr + 0.5 * float((prec * (th - mu) ** 2).sum()), post
-
-    for _outer in range(6):
-        # Levenberg-Marquardt on theta at the current spreads.
-        ev = evaluate(theta)
-        obj, post = objective(theta, ev)
-        damping = 1e-3
-        for _ in range(60):
-            iterations += 1
-            _, _, jwj, jwr, _ = post.parts(sig_e, sig_h, weight)
-            hess = jwj + np.diag(prec)
-            grad = jwr - prec * (theta - mu)
-            step = np.linalg.solve(hess + damping * np.diag(np.diag(hess)), grad)
-            cand = theta + step
-            cand_ev = evaluate(cand)
-            cand_obj, cand_post = objective(cand, cand_ev)
-            if cand_obj <= obj:
-                converged = obj - cand_obj < 1e-8 * max(1.0, abs(obj)) or float(
-                    np.abs(step).max()) < 1e-6
-                theta, ev, obj, post = cand, cand_ev, cand_obj, cand_post
-                damping = max(damping / 3.0, 1e-7)
-                if converged:
-                    break
-            else:
-                damping *= 4.0
-                if damping > 1e6:
-                    break
-        # The spreads by the Laplace marginal likelihood at this theta.
-        prior_e, prior_h = math.log(p.noise_sd), math.log(p.host_sd)
-        s2 = p.spread_log_sd**2
-
-        def log_evidence(le: float, lh: float, post: _Posterior = post) -> float:
-            rwr, logdet, jwj, _, _ = post.parts(math.exp(le), math.exp(lh), weight)
-            sign, logdet_h = np.linalg.slogdet(jwj + np.diag(prec))
-            if sign <= 0:
-                return -math.inf
-            return (-0.5 * (rwr + logdet + logdet_h)
-                    - 0.5 * ((le - prior_e) ** 2 + (lh - prior_h) ** 2) / s2)
-
-        le, lh = math.log(sig_e), math.log(sig_h)
-        for _ in range(2):
-            le = _golden(lambda x, lh=lh: log_evidence(x, lh), math.log(0.005), math.log(1.0))
-            lh = _golden(lambda x, le=le: log_evidence(le, x), math.log(0.005), math.log(1.5))
-        sig_e, sig_h = math.exp(le), math.exp(lh)
-        # E-step: each machine's weight from its host effect's posterior.
-        _, _, _, _, c = post.parts(sig_e, sig_h, weight)
-        effect = c * post.qrm / sig_e**2
-        nu = p.host_tail_dof
-        weight = (nu + 1.0) / (nu + (effect**2 + c) / sig_h**2)
-
-    ev = evaluate(theta)
-    assert ev.jac is not None
-    post = _Posterior(data, ev.jac, data.y - ev.f)
-    _, _, jwj, _, c = post.parts(sig_e, sig_h, weight)
-    cov = np.linalg.inv(jwj + np.diag(prec))
-    e2 = sig_e**2
+    post = fitter.posterior(fitter.theta)
+    _, _, jwj, _, c = post.parts(fitter.sig_e, fitter.sig_h, fitter.weight)
+    cov: Array = np.asarray(np.linalg.inv(jwj + np.diag(prec)), dtype=np.float64)
+    e2 = fitter.sig_e**2
     runs = np.diff(np.append(data.starts, len(ms)))
     machines = {
         mid: _Machine(
@@ -821,10 +750,91 @@ def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors) -> R
         for k, mid in enumerate(machine_ids)
     }
     p_eff = float(np.trace(cov @ jwj))
-    dof = max(len(machine_ids) - p_eff, 0.0) + p.prior_dof
     return RateModel(
-        priors=p, theta=theta, cov=cov, gpu_index=gpu_index, fam_index=fam_index,
-        dl_center=dl_center, machines=machines, sigma_noise=sig_e, sigma_host=sig_h,
-        dof=dof, n_measurements=len(ms), gpu_runs=gpu_runs, family_runs=family_runs,
-        iterations=iterations,
+        priors=p, theta=fitter.theta, cov=cov, gpu_index=gpu_index, fam_index=fam_index,
+        dl_center=dl_center, machines=machines, sigma_noise=fitter.sig_e,
+        sigma_host=fitter.sig_h, dof=max(len(machine_ids) - p_eff, 0.0) + p.prior_dof,
+        n_measurements=len(ms), gpu_runs=gpu_runs, family_runs=family_runs,
+        iterations=fitter.iterations,
     )
+
+
+class _Fitter:
+    """Maximum a posteriori parameters, spreads by evidence, host tails by EM."""
+
+    def __init__(self, priors: Priors, design: _Design, data: _Data, mu: Array, prec: Array,
+                 n_gpu: int, n_fam: int) -> None:
+        self.p, self.d, self.data, self.mu, self.prec = priors, design, data, mu, prec
+        self.n_gpu, self.n_fam = n_gpu, n_fam
+        self.theta = mu.copy()
+        self.sig_e, self.sig_h = priors.noise_sd, priors.host_sd
+        # Host effects are Student-t (a scale mixture of normals): a few hosts far off
+        # their hardware's rate (a throttled card, a RAM cliff) must not widen every
+        # other host's interval. weight[m] divides machine m's host variance.
+        self.weight = np.ones(data.starts.shape[0])
+        self.iterations = 0
+
+    def posterior(self, theta: Array) -> _Posterior:
+        ev = _evaluate(theta, self.d, self.p, self.n_gpu, self.n_fam, jacobian=True)
+        assert ev.jac is not None
+        return _Posterior(self.data, ev.jac, self.data.y - ev.f)
+
+    def objective(self, theta: Array, post: _Posterior) -> float:
+        rwr = post.parts(self.sig_e, self.sig_h, self.weight)[0]
+        return 0.5 * rwr + 0.5 * float((self.prec * (theta - self.mu) ** 2).sum())
+
+    def fit_theta(self) -> None:
+        """Levenberg-Marquardt on the parameters at the current spreads."""
+        post = self.posterior(self.theta)
+        obj = self.objective(self.theta, post)
+        damping = 1e-3
+        for _ in range(60):
+            self.iterations += 1
+            _, _, jwj, jwr, _ = post.parts(self.sig_e, self.sig_h, self.weight)
+            hess = jwj + np.diag(self.prec)
+            grad = jwr - self.prec * (self.theta - self.mu)
+            step = np.linalg.solve(hess + damping * np.diag(np.diag(hess)), grad)
+            cand = self.theta + step
+            cand_post = self.posterior(cand)
+            cand_obj = self.objective(cand, cand_post)
+            if cand_obj <= obj:
+                converged = (obj - cand_obj < 1e-8 * max(1.0, abs(obj))
+                             or float(np.abs(step).max()) < 1e-6)
+                self.theta, post, obj = cand, cand_post, cand_obj
+                damping = max(damping / 3.0, 1e-7)
+                if converged:
+                    return
+            else:
+                damping *= 4.0
+                if damping > 1e6:
+                    return
+
+    def fit_spreads(self) -> None:
+        """Noise and host spreads by the Laplace marginal likelihood (which charges for
+        the parameters the fit spends), under log-normal priors."""
+        post = self.posterior(self.theta)
+        prior_e, prior_h = math.log(self.p.noise_sd), math.log(self.p.host_sd)
+        s2 = self.p.spread_log_sd**2
+        prec_diag = np.diag(self.prec)
+
+        def log_evidence(le: float, lh: float) -> float:
+            rwr, logdet, jwj, _, _ = post.parts(math.exp(le), math.exp(lh), self.weight)
+            sign, logdet_h = np.linalg.slogdet(jwj + prec_diag)
+            if sign <= 0:
+                return -math.inf
+            return (-0.5 * (rwr + logdet + logdet_h)
+                    - 0.5 * ((le - prior_e) ** 2 + (lh - prior_h) ** 2) / s2)
+
+        le, lh = math.log(self.sig_e), math.log(self.sig_h)
+        for _ in range(2):
+            le = _golden(lambda x, lh=lh: log_evidence(x, lh), math.log(0.005), math.log(1.0))
+            lh = _golden(lambda x, le=le: log_evidence(le, x), math.log(0.005), math.log(1.5))
+        self.sig_e, self.sig_h = math.exp(le), math.exp(lh)
+
+    def update_weights(self) -> None:
+        """EM's E-step: each machine's weight from its host effect's posterior."""
+        post = self.posterior(self.theta)
+        _, _, _, _, c = post.parts(self.sig_e, self.sig_h, self.weight)
+        effect = c * post.qrm / self.sig_e**2
+        nu = self.p.host_tail_dof
+        self.weight = (nu + 1.0) / (nu + (effect**2 + c) / self.sig_h**2)
