@@ -68,11 +68,13 @@ class Priors:
     gpu_ref_mem_bw_gbps: float = 896.0
     gpu_scale_sd: float = 0.35
     gpu_model_sd: float = 0.30
-    # CPU: the operator's 4x RTX 5060 Ti made 38.8/h CPU-bound on a Ryzen 7 5800X
-    # (16 threads, 3.8 GHz): 2.43 proofs/h per vCPU.
+    # CPU: the operator's 4x RTX 5060 Ti made 38.8/h CPU-bound, on a 16-thread Ryzen 7
+    # 5800X at 3.8 GHz as the local catalog has it: 2.43 proofs/h per vCPU. Upstream's
+    # 96-core Zen 4 rig synthesising two proofs at once implies about a third of that
+    # per thread (memory-bandwidth-bound), hence the wide spread.
     cpu_rate_per_vcpu_hour: float = 38.8 / 16
     cpu_ref_ghz: float = 3.8
-    cpu_scale_sd: float = 0.35
+    cpu_scale_sd: float = 0.5
     cpu_family_sd: float = 0.25
     ghz_exponent: float = 0.7
     ghz_exponent_sd: float = 0.4
@@ -80,14 +82,14 @@ class Priors:
     # (45 GiB of parameters do not fit a 16-32 GB card).
     pcie_rate_per_gbps_hour: float = 3600.0 / (10 * 48.0)  # = 3600 / (10 x upload GB)
     pcie_scale_sd: float = 0.5
-    # Memory (Little's law): partitions in flight / how long each holds its RAM. SRS
-    # 45 GiB + PCE 25 GiB stay resident, plus ~8 GiB OS and margin; each partition in
-    # flight holds ~18 GiB (upstream: ~360 GiB peak RSS for 20 in flight) while it is
-    # synthesised (~29 s on an idle host, upstream's figure, faster on faster cores)
-    # and uploaded (48 GB over PCIe); one is always admitted. Calibrated so 128 GiB
-    # gives cuzk's table figure, 152 s/proof (23.7/h), on a PCIe 4 x16 reference rig.
-    ram_resident_gib: float = 78.0
-    ram_partition_gib: float = 18.0
+    # Memory (Little's law): partitions in flight / how long each holds its RAM. cuzk's
+    # memory "scales linearly as ~69 + pw x 20 GiB" (pw = partitions in flight), plus
+    # ~8 GiB for the OS and the safety margin; one is always admitted. Each holds its RAM
+    # while it is synthesised (~29 s on an idle host, faster on faster cores) and
+    # uploaded (48 GB over PCIe). Calibrated so 128 GiB gives cuzk's table figure,
+    # 152 s/proof (23.7/h), on a PCIe 4 x16 reference rig.
+    ram_resident_gib: float = 77.0
+    ram_partition_gib: float = 20.0
     synth_seconds_per_partition: float = 29.0
     upload_gb_per_partition: float = 48.0
     ram_table_gib: float = 128.0

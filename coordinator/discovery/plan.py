@@ -178,7 +178,7 @@ def hypothesis(f: OfferFeatures, p: Prediction, break_even: float) -> str:
     """What a trial of this offer would show, in one sentence."""
     head = (f"{f.num_gpus}x {f.gpu_name} on {f.cpu_cores_effective:g} vCPU {f.cpu_family} "
             f"({f.ram_share_gib:.0f} GiB RAM share)")
-    gpus = "GPU" if f.num_gpus == 1 else f"{f.num_gpus} GPUs"
+    gpus = "one GPU" if f.num_gpus == 1 else f"{f.num_gpus} GPUs"
     if p.machine_runs:
         question = f"re-measures machine {f.machine_id} ({p.machine_runs} run(s) so far)"
     elif any(n.startswith(f"no {f.gpu_name} ") for n in p.novelty):
