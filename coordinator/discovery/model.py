@@ -14,13 +14,15 @@ with four capacities in proofs/hour, each from a physical fact and a learned sca
   CPU family;
 * **pcie**: GPUs x host->GPU GB/s x proofs per GB streamed (each partition
   streams the SRS, which does not fit on the card);
-* **memory**: (RAM share - resident SRS, PCE and OS) x proofs per free GiB per
-  hour (anchored on cuzk's RAM table, 128 GiB = 152 s/proof), faster with faster
-  cores (Little's law: a partition holds its RAM while it is synthesised).
+* **memory**: partitions in flight ((RAM share - resident SRS, PCE and OS) / a
+  partition's RAM, at least one) over how long each holds its RAM (synthesis, faster
+  on faster cores, plus its upload): Little's law, calibrated on cuzk's RAM table
+  (128 GiB = 152 s/proof).
 
-The soft-min's sharpness is learned. A per-machine effect (normal in log rate,
-spread ``sigma_host``) is marginalised out of the fit and then estimated for
-every measured machine, so its repeated measurements pin its own prediction;
+The soft-min's sharpness is learned. A per-machine effect (Student-t in log rate,
+scale ``sigma_host``, fitted by EM as a scale mixture of normals) is marginalised
+out of the fit and then estimated for every measured machine, so its repeated
+measurements pin its own prediction;
 measurements carry noise ``sigma_noise``. Both spreads are estimated by the
 Laplace-approximated marginal likelihood (which charges for the parameters the
 fit spends), under priors that keep them sane with five measurements. The
@@ -230,9 +232,6 @@ class _Design:
     z_inet: Array
     z_rel: Array
     bw_assumed: NDArray[np.bool_]
-
-    def take(self, rows: NDArray[np.int64]) -> _Design:
-        return _Design(**{k: getattr(self, k)[rows] for k in self.__dataclass_fields__})
 
 
 def _design(
