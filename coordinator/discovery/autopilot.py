@@ -1,0 +1,272 @@
+"""The autopilot's decision core: given the fleet, its caps, a plan and the clock, what to do.
+
+Pure: the caller reads the fleet and the spend from the store, builds the plan
+(``plan.plan_trials``, with ``reference`` from ``clearing_usd_per_proof`` here), calls
+``decide`` and carries the actions out, logging each with its reason. Nothing
+here deploys, destroys or reads a clock.
+
+The rules, in order (docs/discovery.md):
+
+1. **Caps first.** Above ``max_dph_total`` or ``max_instances`` (caps lowered
+   while running), the worst $/proof hosts go until the fleet is within them.
+2. **Trim.** While the fleet still meets its target rate without its worst $/proof
+   host, that host goes: a better one has replaced it.
+3. **Fill.** Below the target (counting the predicted rates of trials under way),
+   deploy the plan's best proposals, within the caps and the trials allowed at once.
+4. **Explore.** At the target, deploy the plan's best proposal if its expected value
+   is positive, trials so far are under ``max_explore_share`` of all spend, and the
+   last exploration is ``explore_interval_s`` old. A trial that proves better than
+   the fleet's worst host then replaces it through rule 2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from coordinator.discovery.plan import Plan, Proposal
+
+
+@dataclass(frozen=True, slots=True)
+class AutopilotCaps:
+    """Hard limits the autopilot never crosses (``validate`` names a bad one)."""
+
+    target_rate_per_hour: float
+    max_dph_total: float
+    max_instances: int
+    max_explore_share: float = 0.15
+    max_concurrent_trials: int = 2
+    explore_interval_s: float = 3600.0
+
+    def validate(self) -> None:
+        checks = (
+            ("target_rate_per_hour", self.target_rate_per_hour > 0, "must be above 0"),
+            ("max_dph_total", self.max_dph_total > 0, "must be above 0"),
+            ("max_instances", self.max_instances >= 1, "must be at least 1"),
+            ("max_explore_share", 0 <= self.max_explore_share <= 1, "must be between 0 and 1"),
+            ("max_concurrent_trials", self.max_concurrent_trials >= 1, "must be at least 1"),
+            ("explore_interval_s", self.explore_interval_s >= 0, "must not be negative"),
+        )
+        for name, ok, why in checks:
+            if not ok or not math.isfinite(float(getattr(self, name))):
+                raise ValueError(f"autopilot {name} {why}, not {getattr(self, name)!r}.")
+
+
+@dataclass(frozen=True, slots=True)
+class FleetInstance:
+    """One of our instances as the autopilot sees it."""
+
+    instance_id: str
+    machine_id: str
+    dph_total: float
+    rate_per_hour: float | None  # measured; None while it is still before its verdict
+    expected_rate_per_hour: float | None = None  # the plan's median, while on trial
+
+    @property
+    def on_trial(self) -> bool:
+        return self.rate_per_hour is None
+
+    @property
+    def usd_per_proof(self) -> float:
+        return self.dph_total / self.rate_per_hour if self.rate_per_hour else math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """What the fleet has spent so far (from the store), for the exploration cap."""
+
+    total_usd: float = 0.0
+    trials_usd: float = 0.0  # rent paid before benchmark verdicts
+    last_exploration_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    kind: Literal["deploy", "terminate"]
+    reason: str
+    offer_id: int | None = None
+    machine_id: str | None = None
+    instance_id: str | None = None
+    exploration: bool = False
+    dph_total: float = 0.0
+    expected_rate_per_hour: float | None = None
+    trial_cost_usd: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    actions: tuple[Action, ...]
+    notes: tuple[str, ...]  # what the autopilot held back from, and why
+
+
+def clearing_usd_per_proof(
+    instances: Sequence[FleetInstance],
+    offers: Sequence[tuple[str | None, float, float]],
+    target_rate_per_hour: float,
+    max_usd_per_proof: float,
+) -> float:
+    """What a proof costs at the margin when the target rate is bought cheapest first:
+    the $/proof of the first host the target does not need (the next one it would have
+    to buy), so every host the target needs has a positive saving against it.
+
+    ``offers`` are (machine_id, dph_total, predicted rate) of deployable offers; a
+    machine counts once, at its cheapest slice per proof (one instance a machine). The
+    fleet's proving hosts count at their measured rates. A newcomer is worth keeping
+    when it beats this; it is at most ``max_usd_per_proof``.
+    """
+    supply = [(i.usd_per_proof, float(i.rate_per_hour)) for i in instances
+              if i.rate_per_hour]
+    best: dict[str, tuple[float, float]] = {}
+    for n, (machine, dph, rate) in enumerate(offers):
+        if rate <= 0 or dph <= 0:
+            continue
+        key = machine if machine is not None else f"offer {n}"
+        if key not in best or dph / rate < best[key][0]:
+            best[key] = (dph / rate, rate)
+    supply += best.values()
+    supply.sort()
+    total = 0.0
+    for usd, rate in supply:
+        if total >= target_rate_per_hour:
+            return min(usd, max_usd_per_proof)
+        total += rate
+    return max_usd_per_proof
+
+
+def plan_reference_usd_per_proof(
+    instances: Sequence[FleetInstance],
+    offers: Sequence[tuple[str | None, float, float]],
+    target_rate_per_hour: float,
+    max_usd_per_proof: float,
+) -> float:
+    """The $/proof the plan should value trials against (``FleetView.reference_usd_per_proof``).
+
+    Below the target, the market's margin (``clearing_usd_per_proof``). At the target a
+    newcomer only pays if it beats the host it would replace, so the fleet's worst
+    measured $/proof caps it: exploring against the market's margin alone would keep
+    trying hosts that are worse than every host the fleet has.
+    """
+    clearing = clearing_usd_per_proof(instances, offers, target_rate_per_hour,
+                                      max_usd_per_proof)
+    proving = [i for i in instances if not i.on_trial]
+    if sum(i.rate_per_hour or 0.0 for i in proving) < target_rate_per_hour:
+        return clearing
+    return min(clearing, max(i.usd_per_proof for i in proving))
+
+
+def _deploy(p: Proposal, reason: str, *, exploration: bool) -> Action:
+    return Action(
+        kind="deploy", reason=reason, offer_id=p.offer_id, machine_id=p.machine_id,
+        exploration=exploration, dph_total=p.dph_total,
+        expected_rate_per_hour=p.prediction.rate_per_hour, trial_cost_usd=p.trial_cost_usd,
+    )
+
+
+def _terminate(i: FleetInstance, reason: str) -> Action:
+    return Action(kind="terminate", reason=reason, instance_id=i.instance_id,
+                  machine_id=i.machine_id, dph_total=i.dph_total)
+
+
+def decide(
+    instances: Sequence[FleetInstance],
+    plan: Plan,
+    caps: AutopilotCaps,
+    ledger: Ledger,
+    *,
+    now: float,
+) -> Decision:
+    """The actions for this tick, each with its reason (see the module's rules)."""
+    caps.validate()
+    actions: list[Action] = []
+    notes: list[str] = []
+    live = list(instances)
+    target = caps.target_rate_per_hour
+
+    def dph() -> float:
+        return sum(i.dph_total for i in live)
+
+    def rate() -> float:
+        return sum(i.rate_per_hour or 0.0 for i in live)
+
+    def worst_first() -> list[FleetInstance]:
+        return sorted((i for i in live if not i.on_trial), key=lambda i: -i.usd_per_proof)
+
+    # 1. Caps.
+    for host in worst_first():
+        over_dph = dph() > caps.max_dph_total + 1e-9
+        over_count = len(live) > caps.max_instances
+        if not (over_dph or over_count):
+            break
+        why = (f"the fleet costs ${dph():.2f}/h, over the ${caps.max_dph_total:.2f}/h cap"
+               if over_dph else f"{len(live)} instances, over the cap of {caps.max_instances}")
+        actions.append(_terminate(host, f"{why}; its ${host.usd_per_proof:.4f}/proof is the "
+                                        "fleet's worst"))
+        live.remove(host)
+
+    # 2. Trim.
+    for host in worst_first():
+        assert host.rate_per_hour is not None
+        without = rate() - host.rate_per_hour
+        if without < target:
+            break
+        actions.append(_terminate(
+            host,
+            f"the fleet makes {rate():.1f}/h and {without:.1f}/h without it (target "
+            f"{target:.1f}/h); its ${host.usd_per_proof:.4f}/proof is the fleet's worst",
+        ))
+        live.remove(host)
+
+    # 3. Fill, then 4. explore, from the plan in order.
+    pending = sum(i.expected_rate_per_hour or 0.0 for i in live if i.on_trial)
+    trials = sum(1 for i in live if i.on_trial)
+    taken = {i.machine_id for i in live}
+    explored = False
+    for p in plan.proposals:
+        if p.machine_id is not None and p.machine_id in taken:
+            continue
+        short = target - rate() - pending
+        if trials >= caps.max_concurrent_trials:
+            notes.append(f"{trials} trials under way, the most allowed at once")
+            break
+        if len(live) + 1 > caps.max_instances:
+            notes.append(f"{len(live)} instances: one more would pass the cap of "
+                         f"{caps.max_instances}")
+            break
+        if dph() + p.dph_total > caps.max_dph_total + 1e-9:
+            notes.append(f"offer {p.offer_id} at ${p.dph_total:.2f}/h would take the fleet past "
+                         f"the ${caps.max_dph_total:.2f}/h cap")
+            continue
+        if short > 0:
+            reason = (f"fleet at {rate():.1f}/h of the {target:.1f}/h target ({pending:.1f}/h "
+                      f"on trial); expected value ${p.expected_value_usd:.2f} for a "
+                      f"${p.trial_cost_usd:.2f} trial: {p.hypothesis}")
+            exploration = False
+        else:
+            if explored:
+                break
+            share = (ledger.trials_usd + p.trial_cost_usd) / (ledger.total_usd + p.trial_cost_usd)
+            if share > caps.max_explore_share:
+                notes.append(f"exploring offer {p.offer_id} would bring trials to {share:.0%} "
+                             f"of spend, over the {caps.max_explore_share:.0%} cap")
+                break
+            since = None if ledger.last_exploration_at is None else now - ledger.last_exploration_at
+            if since is not None and since < caps.explore_interval_s:
+                notes.append(f"last exploration {since:.0f} s ago; the next after "
+                             f"{caps.explore_interval_s:.0f} s")
+                break
+            reason = (f"fleet at its {target:.1f}/h target; exploring (trials {share:.0%} of "
+                      f"spend, cap {caps.max_explore_share:.0%}): expected value "
+                      f"${p.expected_value_usd:.2f} for a ${p.trial_cost_usd:.2f} trial: "
+                      f"{p.hypothesis}")
+            exploration = explored = True
+        actions.append(_deploy(p, reason, exploration=exploration))
+        live.append(FleetInstance(f"pending:{p.offer_id}", p.machine_id or f"offer:{p.offer_id}",
+                                  p.dph_total, None, p.prediction.rate_per_hour))
+        taken.add(p.machine_id or "")
+        pending += p.prediction.rate_per_hour
+        trials += 1
+    if not plan.proposals:
+        notes.append(f"no trial proposed: {plan.stop_reason}")
+    return Decision(tuple(actions), tuple(notes))

@@ -1,0 +1,329 @@
+"""An offer (vast.ai field names and units) as the hardware facts the rate model reads.
+
+Pure: a dict in, a frozen ``OfferFeatures`` out, or ``FeatureError`` naming the
+field that is wrong. The instance's share of the host is computed here, once:
+``cpu_cores`` and ``cpu_ram`` are whole-host figures, ``cpu_cores_effective``
+is the instance's vCPUs, and its RAM is ``cpu_ram * cpu_cores_effective /
+cpu_cores`` (vast.ai gives each instance a share in proportion to its GPUs;
+docs/discovery.md cites the sources). A missing figure is assumed from the GPU's
+spec sheet or a stated default, and the assumption is named in ``assumed`` so a
+prediction built on it says so.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+GIB = 1 << 30
+
+#: Usable bandwidth per PCIe lane and direction, GB/s, by generation (the PCI-SIG
+#: signalling rates after 8b/10b or 128b/130b encoding).
+PCIE_GBPS_PER_LANE: dict[int, float] = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """A GPU model's spec sheet (vendor figures, rounded): per card."""
+
+    mem_bw_gbps: float
+    fp32_tflops: float
+    memory_mb: int
+    compute_cap: int  # x 100, as vast.ai's ``compute_cap``
+    pcie_gen_max: int
+    pcie_lanes_max: int = 16
+
+
+#: Spec sheets of the GPUs vast.ai rents most for proving, keyed by vast.ai's
+#: ``gpu_name`` spelling. Offers carry ``gpu_mem_bw`` and ``total_flops`` of
+#: their own (measured per host); this table fills them in for a bring-your-own
+#: agent's host info, and gives the class figure a host's own is compared with.
+GPU_SPECS: dict[str, GpuSpec] = {
+    "RTX 5090": GpuSpec(1792, 104.8, 32607, 1200, 5),
+    "RTX 5080": GpuSpec(960, 56.3, 16303, 1200, 5),
+    "RTX 5070 Ti": GpuSpec(896, 43.9, 16303, 1200, 5),
+    "RTX 5070": GpuSpec(672, 30.9, 12227, 1200, 5),
+    "RTX 5060 Ti": GpuSpec(448, 23.7, 16311, 1200, 5, 8),
+    "RTX 4090": GpuSpec(1008, 82.6, 24564, 890, 4),
+    "RTX 4080 Super": GpuSpec(736, 52.2, 16376, 890, 4),
+    "RTX 4080": GpuSpec(717, 48.7, 16376, 890, 4),
+    "RTX 4070 Ti Super": GpuSpec(672, 44.1, 16376, 890, 4),
+    "RTX 4070 Ti": GpuSpec(504, 40.1, 12282, 890, 4),
+    "RTX 4060 Ti": GpuSpec(288, 22.1, 16380, 890, 4, 8),
+    "RTX 3090 Ti": GpuSpec(1008, 40.0, 24564, 860, 4),
+    "RTX 3090": GpuSpec(936, 35.6, 24576, 860, 4),
+    "RTX 3080": GpuSpec(760, 29.8, 10240, 860, 4),
+    "RTX A6000": GpuSpec(768, 38.7, 49140, 860, 4),
+    "RTX 6000Ada": GpuSpec(960, 91.1, 49140, 890, 4),
+    "L40S": GpuSpec(864, 91.6, 46068, 890, 4),
+    "A100 PCIE": GpuSpec(1555, 19.5, 40960, 800, 4),
+    "A100 SXM4": GpuSpec(2039, 19.5, 81920, 800, 4),
+    "H100 PCIE": GpuSpec(2000, 51.2, 81559, 900, 5),
+    "H100 SXM": GpuSpec(3350, 66.9, 81559, 900, 5),
+}
+
+#: Figures assumed when an offer does not report them (each assumption is named
+#: in the features' ``assumed``; the model's interval does not pretend to know).
+DEFAULT_MEM_BW_GBPS = 600.0
+DEFAULT_CPU_GHZ = 2.8
+DEFAULT_RAM_SHARE_GB = 256.0
+DEFAULT_PCIE_GBPS = 12.0
+#: A measured host->GPU copy reaches about this share of the link's rate.
+PCIE_EFFICIENCY = 0.8
+
+
+class FeatureError(ValueError):
+    """An offer field the model cannot read: ``field`` names it, the message says why."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def gpu_key(name: Any) -> str:
+    """A GPU name compared without case or repeated spaces (ranking.py's rule)."""
+    return " ".join(str(name or "").split()).casefold()
+
+
+_SPECS_BY_KEY = {gpu_key(k): (k, v) for k, v in GPU_SPECS.items()}
+
+
+def gpu_spec(name: str) -> GpuSpec | None:
+    found = _SPECS_BY_KEY.get(gpu_key(name))
+    return found[1] if found else None
+
+
+@lru_cache(maxsize=1024)
+def canonical_gpu_name(name: str) -> str:
+    """vast.ai's spelling of a GPU name, also from NVML's ("NVIDIA GeForce RTX 4090")."""
+    text = " ".join(str(name).split())
+    for prefix in ("NVIDIA ", "GeForce "):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    found = _SPECS_BY_KEY.get(gpu_key(text))
+    return found[0] if found else text
+
+
+@lru_cache(maxsize=4096)
+def cpu_family(cpu_name: str) -> str:
+    """The CPU's product family from its name (vendor naming conventions encode the
+    generation: EPYC 7xx2 is one, Xeon Gold 62xx another), so hosts whose CPU model
+    differs but whose cores are alike share what the model learns about them.
+
+    Knows no speeds: which family is faster is learned from measurements.
+    """
+    name = " ".join(str(cpu_name or "").split())
+    checks: tuple[tuple[str, str], ...] = (
+        (r"EPYC\s+(\d)\w\w(\d)", "AMD EPYC {0}xx{1}"),
+        (r"Threadripper\s+(?:PRO\s+)?(\d)\d\d\d", "AMD Threadripper {0}000"),
+        (r"Ryzen\s+\d+\s+(?:PRO\s+)?(\d)\d\d\d", "AMD Ryzen {0}000"),
+        (r"Xeon.*\bE5-\d+\s*(v\d)", "Intel Xeon E5 {0}"),
+        (r"Xeon.*\bE5-\d+", "Intel Xeon E5 v1"),
+        (r"Xeon.*\b(?:Gold|Platinum|Silver|Bronze)\s+\d(\d)\d\d", "Intel Xeon Scalable gen {0}"),
+        (r"Xeon.*\bw\d-(\d)\d\d\d", "Intel Xeon W-{0}000"),
+        (r"Core.*\bUltra\s+\d\s+(\d)\d\d", "Intel Core Ultra {0}00"),
+        (r"Core.*\bi\d-(1\d)\d\d\d", "Intel Core gen {0}"),
+        (r"Core.*\bi\d-(\d)\d\d\d", "Intel Core gen {0}"),
+    )
+    for pattern, fmt in checks:
+        m = re.search(pattern, name, re.IGNORECASE)
+        if m:
+            return fmt.format(*m.groups())
+    words = re.findall(r"[A-Za-z0-9]+", name)
+    generic = {"amd", "intel", "r", "tm", "cpu", "processor", "core"}
+    kept = [w for w in words if w.casefold() not in generic][:2]
+    return " ".join(kept) if kept else "unknown CPU"
+
+
+@dataclass(frozen=True, slots=True)
+class OfferFeatures:
+    """What the rate model reads from one offer; rates and shares are the instance's."""
+
+    machine_id: str | None
+    gpu_name: str
+    gpu_key: str
+    num_gpus: int
+    mem_bw_gbps: float  # per GPU: the offer's own gpu_mem_bw, else the spec sheet
+    spec_mem_bw_gbps: float | None  # the GPU model's spec sheet, None when unknown
+    dlperf_per_gpu: float | None
+    compute_cap: int | None
+    cpu_name: str
+    cpu_family: str
+    cpu_cores_effective: float  # vCPUs of the instance
+    cpu_cores_host: float
+    cpu_ghz: float
+    ram_share_gib: float  # the instance's share of the host's RAM
+    host_share: float  # cpu_cores_effective / cpu_cores: 1.0 when the host is all ours
+    pcie_gbps: float  # per GPU, host->GPU: the measured pcie_bw, capped by the link
+    pci_gen: int | None
+    gpu_lanes: int | None
+    disk_bw_mbps: float | None
+    inet_down_mbps: float | None
+    reliability: float | None
+    assumed: tuple[str, ...]
+
+    def describe(self) -> str:
+        """One line an operator recognises: '2x RTX 4080 Super, 32 vCPU AMD EPYC 9xx4, ...'."""
+        return (
+            f"{self.num_gpus}x {self.gpu_name}, {self.cpu_cores_effective:g} vCPU "
+            f"{self.cpu_family} at {self.cpu_ghz:.1f} GHz, {self.ram_share_gib:.0f} GiB RAM share, "
+            f"PCIe {self.pcie_gbps:.1f} GB/s per GPU"
+        )
+
+
+def _number(offer: Mapping[str, Any], field: str, *, allow_zero: bool = False) -> float | None:
+    """The field as a finite number, None when absent or null; FeatureError when it is not."""
+    value = offer.get(field)
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise FeatureError(field, f"{field} must be a number, not {value!r}.")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise FeatureError(field, f"{field} must be a number, not {value!r}.") from None
+    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+        raise FeatureError(field, f"{field} must be a positive number, not {value!r}.")
+    return number
+
+
+def pcie_link_gbps(generation: int, lanes: int) -> float:
+    """A PCIe link's capacity per direction, GB/s: generation's per-lane rate x lanes."""
+    per_lane = PCIE_GBPS_PER_LANE.get(generation, PCIE_GBPS_PER_LANE[4])
+    return per_lane * max(1, lanes)
+
+
+def offer_features(offer: Mapping[str, Any]) -> OfferFeatures:
+    """The features of one offer in vast.ai's shape; FeatureError names a bad field."""
+    if not isinstance(offer, Mapping):
+        raise FeatureError("offer", "the offer must be a JSON object of vast.ai offer fields.")
+    raw_gpu = offer.get("gpu_name")
+    if not isinstance(raw_gpu, str) or not raw_gpu.strip():
+        raise FeatureError("gpu_name", "gpu_name must name the GPU model, e.g. 'RTX 4090'.")
+    gpu_name = canonical_gpu_name(raw_gpu)
+    num = _number(offer, "num_gpus")
+    if num is None or num != int(num) or num < 1:
+        raise FeatureError("num_gpus", "num_gpus must be a whole number of GPUs, at least 1.")
+    n = int(num)
+    spec = gpu_spec(gpu_name)
+    assumed: list[str] = []
+
+    mem_bw = _number(offer, "gpu_mem_bw")
+    if mem_bw is None:
+        if spec is not None:
+            mem_bw = float(spec.mem_bw_gbps)
+        else:
+            mem_bw = DEFAULT_MEM_BW_GBPS
+            assumed.append(f"GPU memory bandwidth unknown: assumed {mem_bw:.0f} GB/s")
+    dlperf = _number(offer, "dlperf")
+    compute_cap = _number(offer, "compute_cap")
+
+    cores_host = _number(offer, "cpu_cores")
+    cores_eff = _number(offer, "cpu_cores_effective")
+    if cores_eff is None and cores_host is None:
+        raise FeatureError("cpu_cores_effective", "cpu_cores_effective (the instance's vCPUs) "
+                           "or cpu_cores must be given.")
+    if cores_eff is None:
+        assert cores_host is not None
+        cores_eff = cores_host
+        assumed.append("cpu_cores_effective not reported: assumed the whole host's cores")
+    if cores_host is None or cores_host < cores_eff:
+        cores_host = cores_eff
+    share = cores_eff / cores_host
+
+    ghz = _number(offer, "cpu_ghz")
+    if ghz is None:
+        ghz = DEFAULT_CPU_GHZ
+        assumed.append(f"cpu_ghz not reported: assumed {ghz:.1f} GHz")
+
+    cpu_ram_mb = _number(offer, "cpu_ram")
+    if cpu_ram_mb is None:
+        ram_share_gib = DEFAULT_RAM_SHARE_GB * 1e9 / GIB
+        assumed.append(f"cpu_ram not reported: assumed a {DEFAULT_RAM_SHARE_GB:.0f} GB share")
+    else:
+        ram_share_gib = cpu_ram_mb * 1e6 * share / GIB
+
+    gen_f = _number(offer, "pci_gen")
+    lanes_f = _number(offer, "gpu_lanes")
+    gen = round(gen_f) if gen_f is not None else None
+    lanes = round(lanes_f) if lanes_f is not None else None
+    link: float | None = None
+    if gen is not None or lanes is not None:
+        card_gen = spec.pcie_gen_max if spec else 5
+        card_lanes = spec.pcie_lanes_max if spec else 16
+        link = pcie_link_gbps(min(gen or card_gen, card_gen), min(lanes or card_lanes, card_lanes))
+    pcie_bw = _number(offer, "pcie_bw")
+    if pcie_bw is not None:
+        pcie = min(pcie_bw, link) if link is not None else pcie_bw
+    elif link is not None:
+        pcie = link * PCIE_EFFICIENCY
+        assumed.append(f"pcie_bw not reported: assumed {pcie:.1f} GB/s from the link")
+    else:
+        pcie = DEFAULT_PCIE_GBPS
+        assumed.append(f"PCIe not reported: assumed {pcie:.0f} GB/s")
+
+    reliability = _number(offer, "reliability", allow_zero=True)
+    if reliability is None:
+        reliability = _number(offer, "reliability2", allow_zero=True)
+    machine = offer.get("machine_id")
+    return OfferFeatures(
+        machine_id=None if machine is None or machine == "" else str(machine),
+        gpu_name=gpu_name,
+        gpu_key=gpu_key(gpu_name),
+        num_gpus=n,
+        mem_bw_gbps=mem_bw,
+        spec_mem_bw_gbps=float(spec.mem_bw_gbps) if spec else None,
+        dlperf_per_gpu=dlperf / n if dlperf is not None else None,
+        compute_cap=int(compute_cap) if compute_cap is not None else None,
+        cpu_name=str(offer.get("cpu_name") or "unknown CPU"),
+        cpu_family=cpu_family(str(offer.get("cpu_name") or "")),
+        cpu_cores_effective=cores_eff,
+        cpu_cores_host=cores_host,
+        cpu_ghz=ghz,
+        ram_share_gib=ram_share_gib,
+        host_share=share,
+        pcie_gbps=pcie,
+        pci_gen=gen,
+        gpu_lanes=lanes,
+        disk_bw_mbps=_number(offer, "disk_bw"),
+        inet_down_mbps=_number(offer, "inet_down"),
+        reliability=min(reliability, 1.0) if reliability is not None else None,
+        assumed=tuple(assumed),
+    )
+
+
+def offer_from_host_info(host: Mapping[str, Any], *, machine_id: str) -> dict[str, Any]:
+    """A bring-your-own agent's ``Hello.host`` in vast.ai's offer shape.
+
+    The machine is all the agent's, so its cores and RAM are the instance's share;
+    PCIe comes from the link NVML reports (no measured bandwidth).
+    """
+    gpus = host.get("gpus") or []
+    if not isinstance(gpus, list) or not gpus:
+        raise FeatureError("host.gpus", "the host info lists no GPU.")
+    names = {canonical_gpu_name(str(g.get("name") or "")) for g in gpus if isinstance(g, Mapping)}
+    if len(names) != 1:
+        raise FeatureError("host.gpus", "the host's GPUs must be of one model to be predicted.")
+    first = gpus[0]
+    cores = host.get("cpu_cores_logical")
+    ram = host.get("ram_total_bytes")
+    offer: dict[str, Any] = {
+        "machine_id": machine_id,
+        "gpu_name": names.pop(),
+        "num_gpus": len(gpus),
+        "cpu_name": host.get("cpu_model"),
+        "cpu_cores": cores,
+        "cpu_cores_effective": cores,
+        "cpu_ram": ram / 1e6 if isinstance(ram, int | float) else None,
+        "pci_gen": first.get("pcie_gen_max"),
+        "gpu_lanes": first.get("pcie_width_current") or first.get("pcie_width_max"),
+    }
+    mem = first.get("memory_total_bytes")
+    if isinstance(mem, int | float):
+        offer["gpu_ram"] = mem / 1e6
+    return offer

@@ -1,0 +1,841 @@
+"""The rate model: proofs/hour of any offer from its hardware and everything measured.
+
+A Bayesian hierarchical model on the log of the rate (docs/discovery.md has the
+derivation and the figures):
+
+    log rate = softmin_k( log capacity_k ) + small linear terms + host effect + noise
+
+with four capacities in proofs/hour, each from a physical fact and a learned scale:
+
+* **gpu**: GPUs x the card's class rate (anchored on an RTX 5070 Ti's GPU-bound
+  rate, scaled by memory bandwidth) x a learned offset per GPU model;
+* **cpu**: the instance's vCPUs x a per-vCPU synthesis rate (anchored on the
+  CPU-bound 4x RTX 5060 Ti on a 16-thread Ryzen) x clock^g x a learned offset per
+  CPU family;
+* **pcie**: GPUs x host->GPU GB/s x proofs per GB streamed (each partition
+  streams the SRS, which does not fit on the card);
+* **memory**: partitions in flight ((RAM share - resident SRS, PCE and OS) / a
+  partition's RAM, at least one) over how long each holds its RAM (synthesis, faster
+  on faster cores, plus its upload): Little's law, calibrated on cuzk's RAM table
+  (128 GiB = 152 s/proof).
+
+The soft-min's sharpness is learned. A per-machine effect (Student-t in log rate,
+scale ``sigma_host``, fitted by EM as a scale mixture of normals) is marginalised
+out of the fit and then estimated for every measured machine, so its repeated
+measurements pin its own prediction;
+measurements carry noise ``sigma_noise``. Both spreads are estimated by the
+Laplace-approximated marginal likelihood (which charges for the parameters the
+fit spends), under priors that keep them sane with five measurements. The
+parameter posterior is Gaussian (Laplace), so a prediction's 80% interval
+includes what the model does not know yet: wide with little data, narrow with
+much. Each prediction is explained by exact Shapley shares of its log rate
+against a reference host, which add up to the prediction.
+
+Pure: numpy arrays in, dataclasses out; no I/O and no clock (``now`` is passed in).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from threadpoolctl import threadpool_limits
+
+from coordinator.discovery.features import FeatureError, OfferFeatures, offer_features
+from coordinator.discovery.measurements import Measurement
+
+Array = NDArray[np.float64]
+
+#: z of the 90th percentile: an 80% two-sided interval is mean +- Z80 sd.
+Z80 = 1.2815515655446004
+RESOURCES = ("gpu", "cpu", "pcie", "memory")
+
+
+@dataclass(frozen=True, slots=True)
+class Priors:
+    """The facts that centre the model before it has measured anything, with log-sd's.
+
+    Each anchor is a published or observed figure (docs/discovery.md cites them);
+    the spreads say how far the model may move from it, in log rate.
+    """
+
+    # GPU: an RTX 5070 Ti rig reaches 90-110 proofs/h at its best with 512 GiB RAM,
+    # where it is GPU-bound; other cards scale with memory bandwidth (MSM and NTT).
+    gpu_rate_per_hour: float = 110.0
+    gpu_ref_mem_bw_gbps: float = 896.0
+    gpu_scale_sd: float = 0.35
+    gpu_model_sd: float = 0.30
+    # CPU: the operator's 4x RTX 5060 Ti made 38.8/h CPU-bound, on a 16-thread Ryzen 7
+    # 5800X at 3.8 GHz as the local catalog has it: 2.43 proofs/h per vCPU. Upstream's
+    # 96-core Zen 4 rig synthesising two proofs at once implies about a third of that
+    # per thread (memory-bandwidth-bound), hence the wide spread.
+    cpu_rate_per_vcpu_hour: float = 38.8 / 16
+    cpu_ref_ghz: float = 3.8
+    cpu_scale_sd: float = 0.5
+    cpu_family_sd: float = 0.25
+    ghz_exponent: float = 0.7
+    ghz_exponent_sd: float = 0.4
+    # PCIe: a 32G PoRep proof is 10 partitions, each streaming ~48 GB of SRS bases
+    # (45 GiB of parameters do not fit a 16-32 GB card).
+    pcie_rate_per_gbps_hour: float = 3600.0 / (10 * 48.0)  # = 3600 / (10 x upload GB)
+    pcie_scale_sd: float = 0.5
+    # Memory (Little's law): partitions in flight / how long each holds its RAM. cuzk's
+    # memory "scales linearly as ~69 + pw x 20 GiB" (pw = partitions in flight), plus
+    # ~8 GiB for the OS and the safety margin; one is always admitted. Each holds its RAM
+    # while it is synthesised (~29 s on an idle host, faster on faster cores) and
+    # uploaded (48 GB over PCIe). Calibrated so 128 GiB gives cuzk's table figure,
+    # 152 s/proof (23.7/h), on a PCIe 4 x16 reference rig.
+    ram_resident_gib: float = 77.0
+    ram_partition_gib: float = 20.0
+    synth_seconds_per_partition: float = 29.0
+    upload_gb_per_partition: float = 48.0
+    ram_table_gib: float = 128.0
+    ram_table_rate_per_hour: float = 3600.0 / 152.0
+    ram_table_pcie_gbps: float = 25.0
+    ram_scale_sd: float = 0.35
+    ram_resident_sd: float = 1.0  # in units of 10 GiB
+    ram_partition_sd: float = 0.2
+    sharpness: float = 8.0
+    sharpness_sd: float = 0.5
+    linear_sd: float = 0.10
+    other_sd: float = 0.05
+    deviation_coef: float = 0.5
+    deviation_coef_sd: float = 0.5
+    # Spreads (log rate): a host's hidden effect, and one benchmark's noise.
+    host_sd: float = 0.15
+    noise_sd: float = 0.06
+    spread_log_sd: float = 0.5
+    prior_dof: float = 4.0
+    host_tail_dof: float = 4.0  # host effects are Student-t with this many degrees of freedom
+    # An old measurement says less about the machine today: its noise variance
+    # grows by one noise variance per this many days of age.
+    age_days_per_noise: float = 30.0
+
+
+#: The parameters shared by every offer, in the order of the parameter vector.
+FIXED = (
+    "gpu_scale", "cpu_scale", "pcie_scale", "ram_scale", "ram_resident", "ram_partition",
+    "ghz_exponent", "log_sharpness", "multi_gpu", "host_share", "mem_bw_deviation",
+    "dlperf_deviation",
+    "disk_bw", "inet_down", "reliability",
+)
+_I = {name: i for i, name in enumerate(FIXED)}
+
+#: The host every explanation is measured against (its rate is the explanation's start).
+REFERENCE_OFFER: dict[str, Any] = {
+    "gpu_name": "RTX 4090", "num_gpus": 1, "gpu_mem_bw": 1008.0,
+    "cpu_name": "AMD EPYC 7543 32-Core Processor", "cpu_cores": 32,
+    "cpu_cores_effective": 32, "cpu_ghz": 2.8, "cpu_ram": 257_000,
+    "pci_gen": 4, "gpu_lanes": 16, "pcie_bw": 24.0,
+    "disk_bw": 2000.0, "inet_down": 1000.0, "reliability": 0.99,
+}
+REFERENCE_LABEL = "1x RTX 4090, 32 vCPU EPYC 7xx3 at 2.8 GHz, 239 GiB RAM, PCIe 24 GB/s"
+
+# Explanation groups: which design columns each moves (see _Design).
+GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("GPU model", ("g0", "gpu", "bwdev", "dldev")),
+    ("GPU count", ("n_log",)),
+    ("CPU share", ("cores_log", "ghz_log", "fam")),
+    ("RAM share", ("ram_gib",)),
+    ("PCIe", ("pcie_log",)),
+    ("sharing, disk, network", ("share_log", "z_disk", "z_inet", "z_rel")),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Contribution:
+    """How much one group of features moved the log rate from the reference host's."""
+
+    name: str
+    detail: str
+    log_rate: float
+
+    @property
+    def factor(self) -> float:
+        return math.exp(self.log_rate)
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """A predicted true (steady-state) rate, its 80% interval and why."""
+
+    rate_per_hour: float  # the median
+    rate_low: float  # 10th percentile
+    rate_high: float  # 90th percentile
+    log_rate_mean: float
+    log_rate_sd: float  # widened for the spreads' own uncertainty (Student t)
+    bottleneck: str  # the capacity that binds: gpu, cpu, pcie, memory
+    capacities_per_hour: dict[str, float]
+    reference_rate_per_hour: float
+    contributions: tuple[Contribution, ...]  # sum of log_rate = log(rate / reference)
+    machine_runs: int  # measurements of this machine behind the prediction
+    novelty: tuple[str, ...]  # what no measurement has covered yet
+    assumed: tuple[str, ...]
+    basis: str
+
+    def probability_above(self, rate_per_hour: float) -> float:
+        """P(true rate > rate_per_hour) under the prediction."""
+        if rate_per_hour <= 0:
+            return 1.0
+        return normal_sf((math.log(rate_per_hour) - self.log_rate_mean) / self.log_rate_sd)
+
+
+@dataclass(frozen=True, slots=True)
+class Unpredictable:
+    """An offer the model cannot read: the reason names the field."""
+
+    field: str
+    reason: str
+
+
+def normal_sf(x: float) -> float:
+    """P(Z > x) for a standard normal Z."""
+    return 0.5 * math.erfc(x / math.sqrt(2.0))
+
+
+def t_quantile_90(dof: float) -> float:
+    """The 90th percentile of Student's t (Cornish-Fisher series; exact to 1e-3 for dof >= 3)."""
+    z = Z80
+    v = max(dof, 1.0)
+    return (
+        z
+        + (z**3 + z) / (4 * v)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3)
+    )
+
+
+# --- design ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Design:
+    """Model inputs of N offers, one array per column (log units unless named z_)."""
+
+    n_log: Array
+    g0: Array  # log of the GPU class's anchor rate per card
+    gpu: NDArray[np.int64]  # GPU model index, -1 when unmeasured
+    bwdev: Array  # log(host's measured memory bandwidth / spec sheet)
+    dldev: Array  # log(host's dlperf per GPU / its model's median)
+    cores_log: Array
+    ghz_log: Array
+    fam: NDArray[np.int64]  # CPU family index, -1 when unmeasured
+    ram_gib: Array
+    pcie_log: Array
+    share_log: Array
+    z_disk: Array
+    z_inet: Array
+    z_rel: Array
+    bw_assumed: NDArray[np.bool_]
+
+
+def _design(
+    feats: Sequence[OfferFeatures],
+    priors: Priors,
+    gpu_index: Mapping[str, int],
+    fam_index: Mapping[str, int],
+    dl_center: Mapping[str, float],
+) -> _Design:
+    def col(values: Sequence[float]) -> Array:
+        return np.asarray(values, dtype=np.float64)
+
+    g0, bwdev, dldev = [], [], []
+    for f in feats:
+        base = f.spec_mem_bw_gbps or f.mem_bw_gbps
+        g0.append(math.log(priors.gpu_rate_per_hour * base / priors.gpu_ref_mem_bw_gbps))
+        bwdev.append(math.log(f.mem_bw_gbps / f.spec_mem_bw_gbps) if f.spec_mem_bw_gbps else 0.0)
+        center = dl_center.get(f.gpu_key)
+        dldev.append(math.log(f.dlperf_per_gpu / center) if f.dlperf_per_gpu and center else 0.0)
+    return _Design(
+        n_log=col([math.log(f.num_gpus) for f in feats]),
+        g0=col(g0),
+        gpu=np.asarray([gpu_index.get(f.gpu_key, -1) for f in feats], dtype=np.int64),
+        bwdev=np.clip(col(bwdev), -0.7, 0.7),
+        dldev=np.clip(col(dldev), -0.7, 0.7),
+        cores_log=col([math.log(max(f.cpu_cores_effective, 1.0)) for f in feats]),
+        ghz_log=col([math.log(f.cpu_ghz / priors.cpu_ref_ghz) for f in feats]),
+        fam=np.asarray([fam_index.get(f.cpu_family, -1) for f in feats], dtype=np.int64),
+        ram_gib=col([f.ram_share_gib for f in feats]),
+        pcie_log=col([math.log(max(f.pcie_gbps, 0.25)) for f in feats]),
+        share_log=col([math.log(max(f.host_share, 1e-3)) for f in feats]),
+        z_disk=col([math.log(f.disk_bw_mbps / 2000.0) if f.disk_bw_mbps else 0.0 for f in feats]),
+        z_inet=col([math.log(f.inet_down_mbps / 1000.0) if f.inet_down_mbps else 0.0
+                    for f in feats]),
+        z_rel=col([math.log(max(1.0 - f.reliability, 1e-3) / 0.01) if f.reliability is not None
+                   else 0.0 for f in feats]),
+        bw_assumed=np.asarray([any("bandwidth" in a for a in f.assumed) for f in feats]),
+    )
+
+
+def _softplus(z: Array, sharpness: float = 4.0) -> tuple[Array, Array]:
+    """(softplus(z), its derivative): a smooth max(z, 0)."""
+    kz = sharpness * z
+    value = np.where(kz > 30, z, np.log1p(np.exp(np.minimum(kz, 30.0))) / sharpness)
+    return value, 1.0 / (1.0 + np.exp(-np.clip(kz, -60.0, 60.0)))
+
+
+def _in_flight(ram_gib: Array, resident_gib: float, partition_gib: float) -> tuple[Array, Array]:
+    """(log partitions RAM holds in flight, d/dx) with x = (RAM - resident) / partition:
+    at least one is always admitted (a smooth floor, so the fit sees a slope near it)."""
+    x = (ram_gib - resident_gib) / partition_gib
+    sp, dsp = _softplus(x - 1.0)
+    return np.log1p(sp), dsp / (1.0 + sp)
+
+
+def _ram_calibration(priors: Priors) -> float:
+    """log(cuzk's table rate at 128 GiB / Little's law's rate there, unscaled)."""
+    log_in_flight, _ = _in_flight(np.array([priors.ram_table_gib]), priors.ram_resident_gib,
+                                  priors.ram_partition_gib)
+    hold_s = (priors.synth_seconds_per_partition
+              + priors.upload_gb_per_partition / priors.ram_table_pcie_gbps)
+    return math.log(priors.ram_table_rate_per_hour * hold_s / 360.0) - float(log_in_flight[0])
+
+
+@dataclass(slots=True)
+class _Eval:
+    f: Array  # log rate without the host effect
+    caps: Array  # (N, 4) log capacities
+    w: Array  # (N, 4) soft-min weights (which capacity binds)
+    jac: Array | None  # (N, P)
+
+
+def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
+              *, jacobian: bool) -> _Eval:
+    nf = len(FIXED)
+    delta_gpu = np.concatenate([theta[nf:nf + n_gpu], [0.0]])  # index -1 -> 0
+    delta_fam = np.concatenate([theta[nf + n_gpu:nf + n_gpu + n_fam], [0.0]])
+    t = theta
+    speed = t[_I["ghz_exponent"]] * d.ghz_log + delta_fam[d.fam]
+    caps = np.empty((d.n_log.shape[0], 4))
+    caps[:, 0] = (d.n_log + d.g0 + t[_I["gpu_scale"]] + delta_gpu[d.gpu]
+                  + t[_I["mem_bw_deviation"]] * d.bwdev + t[_I["dlperf_deviation"]] * d.dldev)
+    caps[:, 1] = d.cores_log + math.log(priors.cpu_rate_per_vcpu_hour) + t[_I["cpu_scale"]] + speed
+    caps[:, 2] = (d.n_log + d.pcie_log + math.log(priors.pcie_rate_per_gbps_hour)
+                  + t[_I["pcie_scale"]])
+    synth_s = priors.synth_seconds_per_partition * np.exp(-speed)
+    upload_s = priors.upload_gb_per_partition * math.exp(-t[_I["pcie_scale"]]) / np.exp(d.pcie_log)
+    hold_s = synth_s + upload_s
+    resident = priors.ram_resident_gib + 10.0 * t[_I["ram_resident"]]
+    partition = priors.ram_partition_gib * math.exp(t[_I["ram_partition"]])
+    log_in_flight, d_in_flight = _in_flight(d.ram_gib, resident, partition)
+    caps[:, 3] = (log_in_flight + math.log(360.0) - np.log(hold_s) + _ram_calibration(priors)
+                  + t[_I["ram_scale"]])
+    kappa = math.exp(t[_I["log_sharpness"]])
+    low = caps.min(axis=1)
+    e = np.exp(-kappa * (caps - low[:, None]))
+    s = e.sum(axis=1)
+    w = e / s[:, None]
+    soft = low - np.log(s) / kappa
+    f = (soft + t[_I["multi_gpu"]] * d.n_log + t[_I["host_share"]] * d.share_log
+         + t[_I["disk_bw"]] * d.z_disk + t[_I["inet_down"]] * d.z_inet
+         + t[_I["reliability"]] * d.z_rel)
+    jac = None
+    if jacobian:
+        n = f.shape[0]
+        jac = np.zeros((n, nf + n_gpu + n_fam))
+        synth_share = synth_s / hold_s
+        w_speed = w[:, 1] + w[:, 3] * synth_share
+        jac[:, _I["gpu_scale"]] = w[:, 0]
+        jac[:, _I["cpu_scale"]] = w[:, 1]
+        jac[:, _I["pcie_scale"]] = w[:, 2] + w[:, 3] * (1.0 - synth_share)
+        jac[:, _I["ram_scale"]] = w[:, 3]
+        jac[:, _I["ram_resident"]] = w[:, 3] * d_in_flight * (-10.0 / partition)
+        jac[:, _I["ram_partition"]] = w[:, 3] * d_in_flight * (-(d.ram_gib - resident) / partition)
+        jac[:, _I["ghz_exponent"]] = w_speed * d.ghz_log
+        jac[:, _I["log_sharpness"]] = (w * caps).sum(axis=1) - soft
+        jac[:, _I["multi_gpu"]] = d.n_log
+        jac[:, _I["host_share"]] = d.share_log
+        jac[:, _I["mem_bw_deviation"]] = w[:, 0] * d.bwdev
+        jac[:, _I["dlperf_deviation"]] = w[:, 0] * d.dldev
+        jac[:, _I["disk_bw"]] = d.z_disk
+        jac[:, _I["inet_down"]] = d.z_inet
+        jac[:, _I["reliability"]] = d.z_rel
+        rows = np.arange(n)
+        known = d.gpu >= 0
+        jac[rows[known], nf + d.gpu[known]] = w[known, 0]
+        known = d.fam >= 0
+        jac[rows[known], nf + n_gpu + d.fam[known]] = w_speed[known]
+    return _Eval(f, caps, w, jac)
+
+
+# --- the fitted model ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Machine:
+    runs: int
+    effect: float  # posterior mean of the host effect (log rate)
+    variance: float  # its posterior variance given the parameters
+    gradient: Array  # d(effect)/d(theta): the effect moves with the parameters
+
+
+@dataclass(frozen=True)
+class RateModel:
+    """A fitted rate model: ``predict`` any offer; ``summary`` for the operator."""
+
+    priors: Priors
+    theta: Array
+    cov: Array
+    gpu_index: Mapping[str, int]
+    fam_index: Mapping[str, int]
+    dl_center: Mapping[str, float]
+    machines: Mapping[str, _Machine]
+    sigma_noise: float
+    sigma_host: float
+    dof: float
+    n_measurements: int
+    gpu_runs: Mapping[str, int] = field(default_factory=dict)
+    family_runs: Mapping[str, int] = field(default_factory=dict)
+    iterations: int = 0
+
+    @property
+    def n_machines(self) -> int:
+        return len(self.machines)
+
+    def parameter(self, name: str) -> tuple[float, float]:
+        """A shared parameter's posterior mean and sd (names in ``FIXED``)."""
+        i = _I[name]
+        return float(self.theta[i]), float(math.sqrt(self.cov[i, i]))
+
+    def summary(self) -> dict[str, Any]:
+        """What the fit learned, in units an operator can check against the docs."""
+        p = self.priors
+
+        def scaled(name: str, anchor: float) -> float:
+            return anchor * math.exp(self.parameter(name)[0])
+
+        return {
+            "measurements": self.n_measurements,
+            "machines": self.n_machines,
+            "sigma_host": self.sigma_host,
+            "sigma_noise": self.sigma_noise,
+            "gpu_rate_per_hour_at_896_gbps": scaled("gpu_scale", p.gpu_rate_per_hour),
+            "cpu_rate_per_vcpu_hour_at_ref_ghz": scaled("cpu_scale", p.cpu_rate_per_vcpu_hour),
+            "pcie_rate_per_gbps_hour": scaled("pcie_scale", p.pcie_rate_per_gbps_hour),
+            "ram_scale": math.exp(self.parameter("ram_scale")[0]),
+            "ram_resident_gib": p.ram_resident_gib + 10 * self.parameter("ram_resident")[0],
+            "ram_partition_gib": p.ram_partition_gib * math.exp(self.parameter("ram_partition")[0]),
+            "ghz_exponent": self.parameter("ghz_exponent")[0],
+            "softmin_sharpness": math.exp(self.parameter("log_sharpness")[0]),
+            "gpu_models": {
+                k: math.exp(self.theta[len(FIXED) + i]) for k, i in self.gpu_index.items()
+            },
+            "cpu_families": {
+                k: math.exp(self.theta[len(FIXED) + len(self.gpu_index) + i])
+                for k, i in self.fam_index.items()
+            },
+        }
+
+    # --- prediction ---
+
+    def predict(self, offer: Mapping[str, Any]) -> Prediction:
+        """One offer's prediction; FeatureError names a field it cannot read."""
+        out = self.predict_features([offer_features(offer)], explain=True)
+        return out[0]
+
+    def predict_offers(
+        self, offers: Sequence[Mapping[str, Any]], *, explain: bool = True
+    ) -> list[Prediction | Unpredictable]:
+        """Every offer's prediction, or why it has none (a field it cannot read)."""
+        feats: list[OfferFeatures] = []
+        where: list[int] = []
+        out: list[Prediction | Unpredictable | None] = [None] * len(offers)
+        for i, offer in enumerate(offers):
+            try:
+                feats.append(offer_features(offer))
+                where.append(i)
+            except FeatureError as exc:
+                out[i] = Unpredictable(exc.field, exc.message)
+        for i, pred in zip(where, self.predict_features(feats, explain=explain), strict=True):
+            out[i] = pred
+        return [p for p in out if p is not None]
+
+    def predict_features(
+        self, feats: Sequence[OfferFeatures], *, explain: bool = True
+    ) -> list[Prediction]:
+        if not feats:
+            return []
+        with threadpool_limits(1, "blas"):
+            return self._predict(feats, explain)
+
+    def _predict(self, feats: Sequence[OfferFeatures], explain: bool) -> list[Prediction]:
+        p = self.priors
+        n_gpu, n_fam = len(self.gpu_index), len(self.fam_index)
+        d = _design(feats, p, self.gpu_index, self.fam_index, self.dl_center)
+        ev = _evaluate(self.theta, d, p, n_gpu, n_fam, jacobian=True)
+        assert ev.jac is not None
+        grad = ev.jac.copy()
+        mean = ev.f.copy()
+        var_extra = np.where(d.gpu < 0, ev.w[:, 0] ** 2 * p.gpu_model_sd**2, 0.0)
+        var_extra += np.where(d.fam < 0, (ev.w[:, 1] + ev.w[:, 3]) ** 2 * p.cpu_family_sd**2, 0.0)
+        var_extra += np.where(d.bw_assumed, ev.w[:, 0] ** 2 * 0.5**2, 0.0)
+        effects = np.zeros(len(feats))
+        runs = np.zeros(len(feats), dtype=np.int64)
+        # A new host's effect is t-distributed, a measured one's posterior is normal:
+        # the interval's half-width adds the two parts' 90th percentiles in quadrature.
+        host_q = np.full(len(feats), t_quantile_90(p.host_tail_dof) * self.sigma_host)
+        for i, f in enumerate(feats):
+            m = self.machines.get(f.machine_id) if f.machine_id is not None else None
+            if m is not None:
+                effects[i] = m.effect
+                runs[i] = m.runs
+                host_q[i] = Z80 * math.sqrt(m.variance)
+                grad[i] += m.gradient
+        mean += effects
+        var = np.einsum("ij,jk,ik->i", grad, self.cov, grad) + var_extra
+        half = np.sqrt(Z80**2 * var + host_q**2) * (t_quantile_90(self.dof) / Z80)
+        sd = half / Z80
+        shap = self._shapley(d, n_gpu, n_fam) if explain else None
+        ref_log = self._reference_log_rate(n_gpu, n_fam) if explain else float("nan")
+        preds = []
+        for i, f in enumerate(feats):
+            caps = {r: float(math.exp(ev.caps[i, k])) for k, r in enumerate(RESOURCES)}
+            bottleneck = RESOURCES[int(np.argmax(ev.w[i]))]
+            novelty = self._novelty(f, int(runs[i]))
+            contributions: tuple[Contribution, ...] = ()
+            if shap is not None:
+                contributions = tuple(
+                    Contribution(name, _detail(name, f), float(shap[i, g]))
+                    for g, (name, _) in enumerate(GROUPS)
+                ) + ((Contribution("this machine's runs", f"{runs[i]} measured",
+                                   float(effects[i])),) if runs[i] else ())
+            mu, s = float(mean[i]), float(sd[i])
+            pred = Prediction(
+                rate_per_hour=math.exp(mu),
+                rate_low=math.exp(mu - Z80 * s),
+                rate_high=math.exp(mu + Z80 * s),
+                log_rate_mean=mu,
+                log_rate_sd=s,
+                bottleneck=bottleneck,
+                capacities_per_hour=caps,
+                reference_rate_per_hour=math.exp(ref_log) if explain else float("nan"),
+                contributions=contributions,
+                machine_runs=int(runs[i]),
+                novelty=novelty,
+                assumed=f.assumed,
+                basis="",
+            )
+            preds.append(_with_basis(pred, f) if explain else pred)
+        return preds
+
+    def _novelty(self, f: OfferFeatures, runs: int) -> tuple[str, ...]:
+        if runs:
+            return ()
+        out = []
+        if not self.gpu_runs.get(f.gpu_key):
+            out.append(f"no {f.gpu_name} measured yet")
+        if not self.family_runs.get(f.cpu_family):
+            out.append(f"no {f.cpu_family} CPU measured yet")
+        return tuple(out)
+
+    def _reference_log_rate(self, n_gpu: int, n_fam: int) -> float:
+        ref = _design([offer_features(REFERENCE_OFFER)], self.priors, self.gpu_index,
+                      self.fam_index, self.dl_center)
+        return float(_evaluate(self.theta, ref, self.priors, n_gpu, n_fam, jacobian=False).f[0])
+
+    def _shapley(self, d: _Design, n_gpu: int, n_fam: int) -> Array:
+        """(N, groups) exact Shapley shares of f(offer) - f(reference), in log rate."""
+        ref = _design([offer_features(REFERENCE_OFFER)], self.priors, self.gpu_index,
+                      self.fam_index, self.dl_center)
+        n, g = d.n_log.shape[0], len(GROUPS)
+        coalitions = list(itertools.product((0, 1), repeat=g))
+        values = np.empty((len(coalitions), n))
+        for c, mask in enumerate(coalitions):
+            cols: dict[str, Any] = {}
+            for (_, names), on in zip(GROUPS, mask, strict=True):
+                for name in names:
+                    cols[name] = getattr(d, name) if on else np.repeat(getattr(ref, name), n)
+            cols["bw_assumed"] = d.bw_assumed
+            mixed = _Design(**cols)
+            values[c] = _evaluate(self.theta, mixed, self.priors, n_gpu, n_fam,
+                                  jacobian=False).f
+        index = {mask: c for c, mask in enumerate(coalitions)}
+        phi = np.zeros((n, g))
+        for mask, c in index.items():
+            size = sum(mask)
+            for k in range(g):
+                if mask[k]:
+                    continue
+                with_k = (*mask[:k], 1, *mask[k + 1:])
+                weight = math.factorial(size) * math.factorial(g - size - 1) / math.factorial(g)
+                phi[:, k] += weight * (values[index[with_k]] - values[c])
+        return phi
+
+
+def _detail(group: str, f: OfferFeatures) -> str:
+    if group == "GPU model":
+        return f"{f.gpu_name} ({f.mem_bw_gbps:.0f} GB/s)"
+    if group == "GPU count":
+        return f"{f.num_gpus}x"
+    if group == "CPU share":
+        return f"{f.cpu_cores_effective:g} vCPU {f.cpu_family} at {f.cpu_ghz:.1f} GHz"
+    if group == "RAM share":
+        return f"{f.ram_share_gib:.0f} GiB"
+    if group == "PCIe":
+        return f"{f.pcie_gbps:.1f} GB/s per GPU"
+    return f"host share {f.host_share:.2f}"
+
+
+def _with_basis(pred: Prediction, f: OfferFeatures) -> Prediction:
+    """The one-line basis shown beside a prediction: interval, bottleneck, main factors."""
+    moved = sorted(
+        (c for c in pred.contributions
+         if abs(c.log_rate) >= 0.03 and c.name != "this machine's runs"),
+        key=lambda c: -abs(c.log_rate),
+    )[:3]
+    factors = ", ".join(f"{c.name} {c.detail} x{c.factor:.2f}" for c in moved)
+    text = (
+        f"{pred.rate_low:.0f}-{pred.rate_high:.0f}/h (80%), {pred.bottleneck}-bound; "
+        f"vs reference {pred.reference_rate_per_hour:.0f}/h: {factors or 'as the reference'}"
+    )
+    if pred.machine_runs:
+        own = next(c for c in pred.contributions if c.name == "this machine's runs")
+        text += f"; this machine x{own.factor:.2f} over {pred.machine_runs} run(s)"
+    if pred.novelty:
+        text += "; " + "; ".join(pred.novelty)
+    if f.assumed:
+        text += "; " + "; ".join(f.assumed)
+    return Prediction(**{**{k: getattr(pred, k) for k in pred.__dataclass_fields__},
+                         "basis": text})
+
+
+# --- fitting -----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Data:
+    y: Array  # log rates, rows sorted by machine
+    q: Array  # per-measurement precision multiplier (older: less)
+    starts: NDArray[np.int64]  # first row of each machine
+
+
+def _prior_arrays(priors: Priors, n_gpu: int, n_fam: int) -> tuple[Array, Array]:
+    p = priors
+    mean = {name: 0.0 for name in FIXED}
+    mean["ghz_exponent"] = p.ghz_exponent
+    mean["log_sharpness"] = math.log(p.sharpness)
+    mean["mem_bw_deviation"] = p.deviation_coef
+    mean["dlperf_deviation"] = p.deviation_coef
+    sd = {
+        "gpu_scale": p.gpu_scale_sd, "cpu_scale": p.cpu_scale_sd, "pcie_scale": p.pcie_scale_sd,
+        "ram_scale": p.ram_scale_sd, "ram_resident": p.ram_resident_sd,
+        "ram_partition": p.ram_partition_sd, "ghz_exponent": p.ghz_exponent_sd,
+        "log_sharpness": p.sharpness_sd, "multi_gpu": p.linear_sd, "host_share": p.linear_sd,
+        "mem_bw_deviation": p.deviation_coef_sd, "dlperf_deviation": p.deviation_coef_sd,
+        "disk_bw": p.other_sd, "inet_down": p.other_sd, "reliability": p.other_sd,
+    }
+    mu = np.array([mean[k] for k in FIXED] + [0.0] * (n_gpu + n_fam))
+    sds = np.array([sd[k] for k in FIXED] + [p.gpu_model_sd] * n_gpu + [p.cpu_family_sd] * n_fam)
+    return mu, 1.0 / sds**2
+
+
+class _Posterior:
+    """The block-marginal likelihood (host effects integrated out) at one theta."""
+
+    def __init__(self, data: _Data, jac: Array, resid: Array) -> None:
+        q = data.q
+        self.qr2 = float((q * resid * resid).sum())
+        self.qm = np.add.reduceat(q, data.starts)
+        self.qrm = np.add.reduceat(q * resid, data.starts)
+        self.jqj = jac.T @ (q[:, None] * jac)
+        self.jqr = jac.T @ (q * resid)
+        self.tq = np.add.reduceat(q[:, None] * jac, data.starts, axis=0)
+        self.log_q = float(np.log(q).sum())
+        self.n = resid.shape[0]
+
+    def parts(
+        self, sig_e: float, sig_h: float, weight: Array
+    ) -> tuple[float, float, Array, Array, Array]:
+        """(r'Wr, log|Sigma_y|, J'WJ, J'Wr, c per machine); machine m's host effect has
+        variance sig_h^2 / weight[m] (the t-distribution's scale mixture)."""
+        e2, h2 = sig_e**2, sig_h**2 / weight
+        c = h2 / (1.0 + h2 * self.qm / e2)
+        rwr = self.qr2 / e2 - float((c * (self.qrm / e2) ** 2).sum())
+        logdet = self.n * math.log(e2) - self.log_q + float(np.log1p(h2 * self.qm / e2).sum())
+        jwj = self.jqj / e2 - (self.tq.T * (c / e2**2)) @ self.tq
+        jwr = self.jqr / e2 - self.tq.T @ (c * self.qrm / e2**2)
+        return rwr, logdet, jwj, jwr, c
+
+
+def _golden(fn: Any, lo: float, hi: float, tol: float = 0.01) -> float:
+    """The maximiser of a unimodal fn on [lo, hi]."""
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    x1, x2 = b - g * (b - a), a + g * (b - a)
+    f1, f2 = fn(x1), fn(x2)
+    while b - a > tol:
+        if f1 > f2:
+            b, x2, f2 = x2, x1, f1
+            x1 = b - g * (b - a)
+            f1 = fn(x1)
+        else:
+            a, x1, f1 = x1, x2, f2
+            x2 = a + g * (b - a)
+            f2 = fn(x2)
+    return (a + b) / 2
+
+
+def fit_rate_model(
+    measurements: Sequence[Measurement],
+    *,
+    now: float | None = None,
+    priors: Priors | None = None,
+) -> RateModel:
+    """The posterior given every measurement (none is fine: the facts alone).
+
+    ``now`` (unix seconds) ages the measurements: an old one counts for less. No
+    clock is read here.
+    """
+    # The matrices are small (parameters x parameters): BLAS threads only contend,
+    # and on a shared two-core host they made the fit a hundred times slower.
+    with threadpool_limits(1, "blas"):
+        return _fit(measurements, now, priors or Priors())
+
+
+def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors) -> RateModel:
+    ms = sorted(measurements, key=lambda m: m.machine_id)
+    feats = [m.features() for m in ms]
+    gpu_index = {k: i for i, k in enumerate(sorted({f.gpu_key for f in feats}))}
+    fam_index = {k: i for i, k in enumerate(sorted({f.cpu_family for f in feats}))}
+    dl: dict[str, list[float]] = {}
+    gpu_runs: dict[str, int] = {}
+    family_runs: dict[str, int] = {}
+    for f in feats:
+        if f.dlperf_per_gpu:
+            dl.setdefault(f.gpu_key, []).append(f.dlperf_per_gpu)
+        gpu_runs[f.gpu_key] = gpu_runs.get(f.gpu_key, 0) + 1
+        family_runs[f.cpu_family] = family_runs.get(f.cpu_family, 0) + 1
+    dl_center = {k: float(np.median(v)) for k, v in dl.items()}
+    mu, prec = _prior_arrays(p, len(gpu_index), len(fam_index))
+    if not ms:
+        return RateModel(p, mu, np.diag(1.0 / prec), gpu_index, fam_index, dl_center, {},
+                         p.noise_sd, p.host_sd, p.prior_dof, 0)
+
+    machine_ids: list[str] = []
+    starts: list[int] = []
+    for i, m in enumerate(ms):
+        if not machine_ids or machine_ids[-1] != m.machine_id:
+            machine_ids.append(m.machine_id)
+            starts.append(i)
+    ages_days = np.array([max(0.0, (now - m.measured_at) / 86400.0) if now is not None else 0.0
+                          for m in ms])
+    data = _Data(
+        y=np.log(np.array([m.rate_per_hour for m in ms])),
+        q=1.0 / (1.0 + ages_days / p.age_days_per_noise),
+        starts=np.asarray(starts, dtype=np.int64),
+    )
+    fitter = _Fitter(p, _design(feats, p, gpu_index, fam_index, dl_center), data, mu, prec,
+                     len(gpu_index), len(fam_index))
+    for _ in range(6):
+        fitter.fit_theta()
+        fitter.fit_spreads()
+        fitter.update_weights()
+
+    post = fitter.posterior(fitter.theta)
+    _, _, jwj, _, c = post.parts(fitter.sig_e, fitter.sig_h, fitter.weight)
+    cov: Array = np.asarray(np.linalg.inv(jwj + np.diag(prec)), dtype=np.float64)
+    e2 = fitter.sig_e**2
+    runs = np.diff(np.append(data.starts, len(ms)))
+    machines = {
+        mid: _Machine(
+            runs=int(runs[k]),
+            effect=float(c[k] * post.qrm[k] / e2),
+            variance=float(c[k]),
+            gradient=-c[k] * post.tq[k] / e2,
+        )
+        for k, mid in enumerate(machine_ids)
+    }
+    p_eff = float(np.trace(cov @ jwj))
+    return RateModel(
+        priors=p, theta=fitter.theta, cov=cov, gpu_index=gpu_index, fam_index=fam_index,
+        dl_center=dl_center, machines=machines, sigma_noise=fitter.sig_e,
+        sigma_host=fitter.sig_h, dof=max(len(machine_ids) - p_eff, 0.0) + p.prior_dof,
+        n_measurements=len(ms), gpu_runs=gpu_runs, family_runs=family_runs,
+        iterations=fitter.iterations,
+    )
+
+
+class _Fitter:
+    """Maximum a posteriori parameters, spreads by evidence, host tails by EM."""
+
+    def __init__(self, priors: Priors, design: _Design, data: _Data, mu: Array, prec: Array,
+                 n_gpu: int, n_fam: int) -> None:
+        self.p, self.d, self.data, self.mu, self.prec = priors, design, data, mu, prec
+        self.n_gpu, self.n_fam = n_gpu, n_fam
+        self.theta = mu.copy()
+        self.sig_e, self.sig_h = priors.noise_sd, priors.host_sd
+        # Host effects are Student-t (a scale mixture of normals): a few hosts far off
+        # their hardware's rate (a throttled card, a RAM cliff) must not widen every
+        # other host's interval. weight[m] divides machine m's host variance.
+        self.weight = np.ones(data.starts.shape[0])
+        self.iterations = 0
+
+    def posterior(self, theta: Array) -> _Posterior:
+        ev = _evaluate(theta, self.d, self.p, self.n_gpu, self.n_fam, jacobian=True)
+        assert ev.jac is not None
+        return _Posterior(self.data, ev.jac, self.data.y - ev.f)
+
+    def objective(self, theta: Array, post: _Posterior) -> float:
+        rwr = post.parts(self.sig_e, self.sig_h, self.weight)[0]
+        return 0.5 * rwr + 0.5 * float((self.prec * (theta - self.mu) ** 2).sum())
+
+    def fit_theta(self) -> None:
+        """Levenberg-Marquardt on the parameters at the current spreads."""
+        post = self.posterior(self.theta)
+        obj = self.objective(self.theta, post)
+        damping = 1e-3
+        for _ in range(60):
+            self.iterations += 1
+            _, _, jwj, jwr, _ = post.parts(self.sig_e, self.sig_h, self.weight)
+            hess = jwj + np.diag(self.prec)
+            grad = jwr - self.prec * (self.theta - self.mu)
+            step = np.linalg.solve(hess + damping * np.diag(np.diag(hess)), grad)
+            cand = self.theta + step
+            cand_post = self.posterior(cand)
+            cand_obj = self.objective(cand, cand_post)
+            if cand_obj <= obj:
+                converged = (obj - cand_obj < 1e-8 * max(1.0, abs(obj))
+                             or float(np.abs(step).max()) < 1e-6)
+                self.theta, post, obj = cand, cand_post, cand_obj
+                damping = max(damping / 3.0, 1e-7)
+                if converged:
+                    return
+            else:
+                damping *= 4.0
+                if damping > 1e6:
+                    return
+
+    def fit_spreads(self) -> None:
+        """Noise and host spreads by the Laplace marginal likelihood (which charges for
+        the parameters the fit spends), under log-normal priors."""
+        post = self.posterior(self.theta)
+        prior_e, prior_h = math.log(self.p.noise_sd), math.log(self.p.host_sd)
+        s2 = self.p.spread_log_sd**2
+        prec_diag = np.diag(self.prec)
+
+        def log_evidence(le: float, lh: float) -> float:
+            rwr, logdet, jwj, _, _ = post.parts(math.exp(le), math.exp(lh), self.weight)
+            sign, logdet_h = np.linalg.slogdet(jwj + prec_diag)
+            if sign <= 0:
+                return -math.inf
+            return (-0.5 * (rwr + logdet + logdet_h)
+                    - 0.5 * ((le - prior_e) ** 2 + (lh - prior_h) ** 2) / s2)
+
+        le, lh = math.log(self.sig_e), math.log(self.sig_h)
+        for _ in range(2):
+            le = _golden(lambda x, lh=lh: log_evidence(x, lh), math.log(0.005), math.log(1.0))
+            lh = _golden(lambda x, le=le: log_evidence(le, x), math.log(0.005), math.log(1.5))
+        self.sig_e, self.sig_h = math.exp(le), math.exp(lh)
+
+    def update_weights(self) -> None:
+        """EM's E-step: each machine's weight from its host effect's posterior."""
+        post = self.posterior(self.theta)
+        _, _, _, _, c = post.parts(self.sig_e, self.sig_h, self.weight)
+        effect = c * post.qrm / self.sig_e**2
+        nu = self.p.host_tail_dof
+        self.weight = (nu + 1.0) / (nu + (effect**2 + c) / self.sig_h**2)

@@ -1,0 +1,61 @@
+"""Synthetic offers and measurements for the discovery tests (every rate simulated).
+
+Offers are the local catalog's hosts (coordinator/catalog.py) re-drawn with other
+GPU counts, CPU shares and RAM; their true rates come from the simulated cuzk's
+hardware model (agent/sim/model.py ``capacities``), never from the rate model
+under test, times a hidden per-machine factor.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+from agent.sim.hardware import Profile
+from agent.sim.model import capacities
+from coordinator.catalog import local_offers
+from coordinator.discovery.features import offer_features
+from coordinator.discovery.measurements import Measurement
+
+
+def synthetic_offer(rng: random.Random, machine_id: int) -> dict[str, Any]:
+    """A catalog host with another slice, host size and RAM (vast.ai's shape)."""
+    base = dict(rng.choice(local_offers()))
+    host_gpus = rng.choice((1, 2, 4, 8))
+    k = rng.choice([n for n in (1, 2, 4, 8) if n <= host_gpus])
+    cores = rng.choice((32, 64, 128))
+    base.update({
+        "id": machine_id * 10 + k,
+        "machine_id": machine_id,
+        "num_gpus": k,
+        "cpu_cores": cores,
+        "cpu_cores_effective": cores * k / host_gpus,
+        "cpu_ram": rng.choice((256_000, 512_000, 1_024_000)),
+        "dph_total": round(base["dph_total"] / base["num_gpus"] * k * rng.uniform(0.8, 1.2), 4),
+    })
+    base.pop("sim", None)
+    return base
+
+
+def true_rate(offer: dict[str, Any], hidden: float = 1.0) -> float:
+    """The simulated hardware model's rate for the instance's share, times ``hidden``."""
+    f = offer_features(offer)
+    profile = Profile.from_offer({**offer, "cpu_cores_effective": round(f.cpu_cores_effective),
+                                  "cpu_ram": f.ram_share_gib * (1 << 30) / 1e6})
+    return capacities(profile).rate_per_hour * hidden
+
+
+def measurements(n: int, seed: int = 1, runs: int = 1) -> list[Measurement]:
+    """n measurements of distinct random machines (``runs`` each), 5% noise, 10% hosts."""
+    rng = random.Random(seed)
+    out: list[Measurement] = []
+    machine = 70_000
+    while len(out) < n:
+        offer = synthetic_offer(rng, machine)
+        hidden = math.exp(rng.gauss(0.0, 0.10))
+        for _ in range(min(runs, n - len(out))):
+            rate = true_rate(offer, hidden) * math.exp(rng.gauss(0.0, 0.05))
+            out.append(Measurement(str(machine), offer, rate, 0.0, "fleet"))
+        machine += 1
+    return out

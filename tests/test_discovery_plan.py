@@ -1,0 +1,109 @@
+"""The trial planner: expected value against cost, the stop, and what each proposal says."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import pytest
+from discovery_support import measurements, synthetic_offer
+
+from coordinator.discovery.model import Prediction, fit_rate_model
+from coordinator.discovery.plan import (
+    FleetView,
+    PlanSettings,
+    TrialCost,
+    expected_saving_per_hour,
+    plan_trials,
+)
+
+
+@pytest.fixture(scope="module")
+def model():  # type: ignore[no-untyped-def]
+    return fit_rate_model(measurements(120))
+
+
+def _offers(n: int = 80, seed: int = 4) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [synthetic_offer(rng, 80_000 + i) for i in range(n)]
+
+
+def test_the_closed_form_saving_matches_sampling(model) -> None:  # type: ignore[no-untyped-def]
+    p = model.predict(_offers(1)[0])
+    dph, ref = 0.3, 0.006
+    rng = random.Random(0)
+    draws = [max(0.0, ref * math.exp(rng.gauss(p.log_rate_mean, p.log_rate_sd)) - dph)
+             for _ in range(200_000)]
+    assert expected_saving_per_hour(p, dph, ref) == pytest.approx(sum(draws) / len(draws),
+                                                                   rel=0.03, abs=1e-4)
+
+
+def test_a_plan_lists_the_best_expected_value_first_and_says_why(model) -> None:  # type: ignore[no-untyped-def]
+    plan = plan_trials(_offers(), model, FleetView(best_usd_per_proof=0.004),
+                       PlanSettings(trials=4))
+    assert 0 < len(plan.proposals) <= 4
+    values = [p.expected_value_usd for p in plan.proposals]
+    assert values == sorted(values, reverse=True) and values[-1] > 0
+    for p in plan.proposals:
+        assert p.break_even_rate_per_hour == pytest.approx(p.dph_total / 0.008)
+        assert p.break_even_vs_best == pytest.approx(p.dph_total / 0.004)
+        assert p.probability_beats_best is not None and 0 <= p.probability_beats_best <= 1
+        assert p.trial_cost_usd == pytest.approx(p.trial_hours * p.dph_total)
+        assert f"break-even {p.break_even_rate_per_hour:.0f}/h" in p.hypothesis
+        assert (f"predicted {p.prediction.rate_low:.0f}-{p.prediction.rate_high:.0f}/h"
+                in p.hypothesis)
+        assert p.hypothesis.startswith(f"{p.offer['num_gpus']}x {p.offer['gpu_name']} on ")
+        assert p.prediction.contributions  # the listed ones carry their explanation
+    assert len({p.machine_id for p in plan.proposals}) == len(plan.proposals)
+
+
+def test_it_stops_when_nothing_is_worth_its_cost(model) -> None:  # type: ignore[no-untyped-def]
+    # At ten times the price nothing can beat a fleet already at $0.002 a proof.
+    pricey = [{**o, "dph_total": o["dph_total"] * 10} for o in _offers()]
+    plan = plan_trials(pricey, model, FleetView(best_usd_per_proof=0.002), PlanSettings())
+    assert plan.proposals == ()
+    assert plan.considered > 0 and plan.worth_trying == 0
+    assert plan.stop_reason.startswith("nothing is worth its cost")
+
+
+def test_a_trial_that_would_cost_more_than_it_can_save_is_not_proposed(model) -> None:  # type: ignore[no-untyped-def]
+    offers = _offers()
+    fleet = FleetView(reference_usd_per_proof=0.008)
+    cheap = plan_trials(offers, model, fleet, PlanSettings(trials=50))
+    # The same offers over a ten-minute horizon: no saving can repay a trial.
+    short = plan_trials(offers, model, fleet, PlanSettings(trials=50, horizon_hours=0.2))
+    assert cheap.proposals and short.proposals == ()
+
+
+def test_budget_trials_and_blocked_machines_are_respected(model) -> None:  # type: ignore[no-untyped-def]
+    offers = _offers()
+    fleet = FleetView(reference_usd_per_proof=0.008)
+    free = plan_trials(offers, model, fleet, PlanSettings(trials=10))
+    first = free.proposals[0]
+    budget = first.trial_cost_usd + 1e-9
+    tight = plan_trials(offers, model, fleet, PlanSettings(trials=10, budget_usd=budget))
+    assert sum(p.trial_cost_usd for p in tight.proposals) <= budget
+    assert "budget" in tight.stop_reason
+    blocked = FleetView(reference_usd_per_proof=0.008,
+                        busy_machines=frozenset({str(first.machine_id)}))
+    again = plan_trials(offers, model, blocked, PlanSettings(trials=10))
+    assert first.machine_id not in {p.machine_id for p in again.proposals}
+    one = plan_trials(offers, model, fleet, PlanSettings(trials=1))
+    assert len(one.proposals) == 1 and "1 trials asked for" in one.stop_reason
+
+
+def test_a_slow_link_makes_a_longer_trial() -> None:
+    cost = TrialCost()
+    fast = cost.hours({"inet_down": 2000}, 60.0)
+    slow = cost.hours({"inet_down": 100}, 60.0)
+    assert slow > fast
+    # 45 GiB over 100 Mbit/s is about an hour of fetch on top of the rest.
+    assert slow - fast == pytest.approx(45 * (1 << 30) * 8 * (1 / 100e6 - 1 / 2000e6) / 3600)
+
+
+def test_predictions_carry_the_probability_of_any_rate(model) -> None:  # type: ignore[no-untyped-def]
+    p: Prediction = model.predict(_offers(1)[0])
+    assert p.probability_above(p.rate_per_hour) == pytest.approx(0.5)
+    assert p.probability_above(p.rate_high) == pytest.approx(0.1, abs=1e-6)
+    assert p.probability_above(p.rate_low) == pytest.approx(0.9, abs=1e-6)
