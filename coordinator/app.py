@@ -714,15 +714,10 @@ async def _scaling(core: Core, request: web.Request) -> Any:
     return [scaling_view(r) for r in core.store.scaling()]
 
 
-def fleet_scaling_efficiency(rows: list[Row]) -> float | None:
-    """Median multi-GPU efficiency the fleet measured (coordinator's reading, else agent's)."""
-    values = []
-    for r in rows:
-        eff = r.get("efficiency")
-        if eff is None:
-            eff = r.get("agent_efficiency")
-        if eff is not None and eff > 0:
-            values.append(float(eff))
+def fleet_scaling_efficiency(reads: Reads) -> float | None:
+    """Median multi-GPU efficiency the fleet measured, by the coordinator's own reading of
+    results that count (never a host's own figure, nor a flagged result's)."""
+    values = reads.trusted_scaling_efficiencies(policy.RANKING_EXCLUDING_FLAGS)
     return statistics.median(values) if values else None
 
 
@@ -747,7 +742,7 @@ async def _offers(core: Core, request: web.Request) -> Any:
     # vast.ai machine ids are integers; a bring-your-own label never matches an offer.
     numeric_bad = {int(m) for m in bad_ids if m.isdigit()}
     return rank_offers(offers, core.store.host_perf(), numeric_bad,
-                       fleet_scaling_efficiency(core.store.scaling()))
+                       fleet_scaling_efficiency(core.store))
 
 
 async def _deploy(core: Core, request: web.Request) -> Any:

@@ -65,6 +65,15 @@ def _take_directive(tx: Tx, inst: Row, settings: Settings, now: float) -> Direct
     return directive
 
 
+def time_scale(inst: Row, settings: Settings) -> float:
+    """Simulated seconds per real second of this instance: the local fleet's scale for an
+    instance the local provider runs, 1 for anything else (a bring-your-own agent is a
+    real machine, even beside a simulated fleet)."""
+    if inst.get("provider") == "local" and inst.get("kind") == "deployed":
+        return settings.sim_time_scale
+    return 1.0
+
+
 def _require_agent(tx: Tx, agent_id: str) -> Row:
     agent = tx.get_agent(agent_id)
     if agent is None or agent["revoked"]:
@@ -258,6 +267,8 @@ def _heartbeat_job(
         }
         if hb.phase != "benchmarking":
             updates["last_non_benchmark_at"] = now
+        else:
+            updates["benchmarking_seen_at"] = now
         state = inst["state"]
         ids = {"instance_id": inst["id"], "agent_id": agent_id, "machine_id": inst["machine_id"]}
         if state in policy.STICKY_STATES:
@@ -394,7 +405,7 @@ def _track_benchmark(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: 
     # late heartbeat only makes it later, in the host's favour). Before the first
     # completion only the first sight is known, and the agent announces the run a
     # moment before the batch really starts: two heartbeat intervals are allowed.
-    scale = settings.sim_time_scale
+    scale = time_scale(inst, settings)
     for w in fresh:
         anchor = min(now - w / scale, anchor if anchor is not None else now)
     if anchor is not None:
@@ -560,7 +571,7 @@ def _scaling_diagnosis(
 
 
 def _steady_rate(
-    result: Result, inst: Row, settings: Settings
+    result: Result, inst: Row, settings: Settings, gpus: int
 ) -> tuple[float | None, int | None]:
     """The steady-state rate of a finished benchmark (early verdicts on), and its concurrency.
 
@@ -572,13 +583,49 @@ def _steady_rate(
             or inst["bench_status"] not in (BENCH_OPEN, BENCH_PASSED)):
         return None, None
     j = int(concurrency)
-    if j > settings.max_concurrency_per_gpu * max(1, len(result.gpus_used)):
+    if j > settings.max_concurrency_per_gpu * gpus:
         return None, None
     rate = steady_state_rate_per_hour(
         list(result.proof_seconds), j, result.wall_seconds,
         proofs_failed=result.proofs_failed, tolerance=settings.rate_tolerance,
     )
     return (rate, j) if rate is not None else (None, None)
+
+
+def reported_gpus(inst: Row) -> frozenset[int] | None:
+    """The GPU indexes of the instance's hello (None before its first hello)."""
+    host = loads(inst.get("host_json"))
+    if not isinstance(host, dict) or not isinstance(host.get("gpus"), list):
+        return None
+    return frozenset(
+        g["index"] for g in host["gpus"]
+        if isinstance(g, dict) and isinstance(g.get("index"), int)
+        and not isinstance(g.get("index"), bool)
+    )
+
+
+def watch_of(inst: Row, settings: Settings, now: float) -> policy.Watch:
+    """What the coordinator saw of an instance, for judging its next result."""
+    entered = inst["last_non_benchmark_at"] or inst["hello_at"]
+    used = inst["result_window_at"]
+    after_result = entered is not None and used is not None and float(used) >= float(entered)
+    window_start = float(used) if after_result else entered
+    seen = inst["benchmarking_seen_at"]
+    state = inst["state"]
+    terminated = inst["terminate_reason"] or (
+        f"the instance is {state}" if state in policy.STICKY_STATES else None)
+    return policy.Watch(
+        now=now,
+        window_start=None if window_start is None else float(window_start),
+        window_after_result=after_result,
+        benchmarking_seen=seen is not None and entered is not None
+        and float(seen) >= float(entered),
+        reported_gpus=reported_gpus(inst),
+        # A deployed instance rents the offer's GPUs, whatever its hello says.
+        max_gpus=(inst["num_gpus"] or None) if inst["kind"] == "deployed" else None,
+        time_scale=time_scale(inst, settings),
+        terminated=terminated,
+    )
 
 
 def result_job(
@@ -596,9 +643,9 @@ def result_job(
         ids = {"instance_id": inst["id"], "agent_id": agent_id, "machine_id": inst["machine_id"]}
         machine_id = inst["machine_id"] or inst["label"]
         gpu_name = inst["gpu_name"] or "unknown"
-        num_gpus = inst["num_gpus"] or max(len(result.gpus_used), 1)
+        num_gpus = inst["num_gpus"] or max(len(set(result.gpus_used)), 1)
+        watch = watch_of(inst, settings, now)
         seen_from = inst["last_non_benchmark_at"] or inst["hello_at"]
-        observed = None if seen_from is None else max(0.0, now - float(seen_from))
         # Ours on the same machine at any time since this benchmark began (still
         # active, or destroyed meanwhile, e.g. a doubly sold offer reconciled away);
         # an instance that never said hello never ran a proof.
@@ -610,26 +657,30 @@ def result_job(
             and (o["destroyed_at"] is None or seen_from is None
                  or float(o["destroyed_at"]) >= float(seen_from))
         ]
-        check = policy.check_result(
-            result, observed_max_seconds=observed, limits=limits, contended_with=contended
-        )
+        check = policy.check_result(result, watch=watch, limits=limits, contended_with=contended)
         rate = check.recomputed_rate_per_hour
-        inst_updates: dict[str, Any] = {"last_seen": now, "updated_at": now}
+        # Every result uses up the stretch of benchmarking before it: the next may claim
+        # only what the coordinator sees after this one.
+        inst_updates: dict[str, Any] = {"last_seen": now, "updated_at": now,
+                                        "result_window_at": now}
         verdict: policy.Verdict | None = None
         terminate = False
-        already_ending = inst["state"] in policy.STICKY_STATES or bool(inst["terminate_reason"])
-        if result.kind == "benchmark":
-            steady, concurrency = _steady_rate(result, inst, settings)
+        already_ending = watch.terminated is not None
+        if check.reasons:
+            tx.insert_event(now, "flagged", "; ".join(check.reasons), **ids)
+        if result.kind == "benchmark" or check.implausible:
+            steady, concurrency = _steady_rate(result, inst, settings, check.gpus)
             if inst["bench_status"] in (BENCH_OPEN, BENCH_PASSED):
                 inst_updates["bench_status"] = BENCH_CLOSED  # the run is over: judge no more
-            verdict = policy.benchmark_verdict(
-                check, inst["min_rate_per_hour"], steady_rate=steady, concurrency=concurrency
-            )
-            if not check.implausible and rate is not None:
+            if not already_ending:
+                verdict = policy.benchmark_verdict(
+                    check, inst["min_rate_per_hour"], steady_rate=steady,
+                    concurrency=concurrency,
+                )
+            if result.kind == "benchmark" and not check.implausible and not already_ending \
+                    and rate is not None:
                 inst_updates["rate_per_hour"] = rate
-            if check.reasons:
-                tx.insert_event(now, "flagged", "; ".join(check.reasons), **ids)
-            if already_ending:
+            if verdict is None:
                 pass  # already on its way out; the result is kept as evidence only
             elif verdict.action == "terminate":
                 terminate = True
@@ -694,7 +745,7 @@ def result_job(
             )
         if result.kind == "scaling":
             _record_scaling(tx, result, fresh, row_id, machine_id, gpu_name, num_gpus, now)
-        elif terminate and len(result.gpus_used) > 1:
+        elif terminate and check.gpus > 1:
             # No one-GPU run follows a terminated host, yet why its GPUs scale
             # badly is exactly what the operator wants to know: diagnose the
             # all-GPU run's telemetry.

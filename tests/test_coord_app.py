@@ -288,7 +288,8 @@ async def test_lower_second_measurement_never_lowers_best(h: Harness) -> None:
     await agent.heartbeat("proving")
     await agent.heartbeat("benchmarking")
     h.clock.advance(1300)
-    await agent.post("/v1/result", result_msg("b", proofs=10, wall_seconds=1200))  # 30/h
+    await agent.post("/v1/result", result_msg("b", proofs=10, wall_seconds=1200,
+                                              finished_at=h.clock()))  # 30/h
     (row,) = h.store.host_perf()
     assert row["machine_id"] == "rig-7"
     assert row["best_rate_per_hour"] == pytest.approx(60.0)
