@@ -546,27 +546,27 @@ class ResultOutcome:
 
 
 def _scaling_diagnosis(
-    runs: list[ScalingRun], inst: Row
-) -> tuple[float, float | None, scaling.Diagnosis] | None:
-    """(rate_all, rate_one, the coordinator's own Diagnosis) from the reported runs.
+    runs: list[ScalingRun], inst: Row, rate_all: float | None, rate_one: float | None
+) -> tuple[float | None, float | None, scaling.Diagnosis] | None:
+    """(rate_all, rate_one, the coordinator's own Diagnosis) of the reported runs, on the
+    rates the coordinator measured (never the runs' own: a host's arithmetic).
 
-    Without a one-GPU run (a host terminated on its all-GPU benchmark) the
-    efficiency is unknown, but the telemetry still names the bottleneck.
+    Without a one-GPU run (a host terminated on its all-GPU benchmark) or a measured
+    all-GPU run the efficiency is unknown, but the telemetry still names the bottleneck.
     """
     if not runs:
         return None
-    run_all = max(runs, key=lambda r: len(r.gpus_used))
-    singles = [r for r in runs if len(r.gpus_used) == 1 and r is not run_all]
-    rate_all = run_all.rate_per_hour
-    rate_one = singles[0].rate_per_hour if singles else None
+    run_all = max(runs, key=lambda r: len(set(r.gpus_used)))
     gpus = []
     if inst.get("host_json"):
         try:
             gpus = from_obj(HostInfo, loads(inst["host_json"])).gpus
         except ValueError:
             gpus = []
-    num_gpus = max(len(run_all.gpus_used), 1)
-    diagnosis = scaling.diagnose(num_gpus, rate_all, rate_one or 0.0, run_all.telemetry, gpus)
+    num_gpus = max(len(set(run_all.gpus_used)), 1)
+    diagnosis = scaling.diagnose(num_gpus, rate_all or 0.0,
+                                 rate_one if rate_all is not None and rate_one else 0.0,
+                                 run_all.telemetry, gpus)
     return rate_all, rate_one, diagnosis
 
 
@@ -604,7 +604,19 @@ def reported_gpus(inst: Row) -> frozenset[int] | None:
     )
 
 
-def watch_of(inst: Row, settings: Settings, now: float) -> policy.Watch:
+def measured_rates(tx: Tx, inst: Row) -> dict[int, float]:
+    """GPU count -> the recomputed rate of the instance's latest counted benchmark result
+    on that many GPUs (the coordinator's own figures for a scaling diagnosis)."""
+    rates: dict[int, float] = {}
+    for row in tx.results_for_instance(inst["id"]):  # oldest first: the latest wins
+        rate = row["recomputed_rate_per_hour"]
+        if row["kind"] == "benchmark" and row["counts_for_host_perf"] and rate is not None:
+            rates[max(1, len(set(loads(row["gpus_used_json"]) or [])))] = float(rate)
+    return rates
+
+
+def watch_of(inst: Row, settings: Settings, now: float,
+             measured: dict[int, float] | None = None) -> policy.Watch:
     """What the coordinator saw of an instance, for judging its next result."""
     entered = inst["last_non_benchmark_at"] or inst["hello_at"]
     used = inst["result_window_at"]
@@ -625,6 +637,7 @@ def watch_of(inst: Row, settings: Settings, now: float) -> policy.Watch:
         max_gpus=(inst["num_gpus"] or None) if inst["kind"] == "deployed" else None,
         time_scale=time_scale(inst, settings),
         terminated=terminated,
+        measured_rates=measured or {},
     )
 
 
@@ -644,7 +657,8 @@ def result_job(
         machine_id = inst["machine_id"] or inst["label"]
         gpu_name = inst["gpu_name"] or "unknown"
         num_gpus = inst["num_gpus"] or max(len(set(result.gpus_used)), 1)
-        watch = watch_of(inst, settings, now)
+        watch = watch_of(inst, settings, now,
+                         measured_rates(tx, inst) if result.kind == "scaling" else None)
         seen_from = inst["last_non_benchmark_at"] or inst["hello_at"]
         # Ours on the same machine at any time since this benchmark began (still
         # active, or destroyed meanwhile, e.g. a doubly sold offer reconciled away);
@@ -744,12 +758,15 @@ def result_job(
                 rate_per_hour=rate, dph_total=inst["dph_total"], now=now,
             )
         if result.kind == "scaling":
-            _record_scaling(tx, result, fresh, row_id, machine_id, gpu_name, num_gpus, now)
+            one = {len(set(result.gpus_used)): rate} if rate is not None else {}
+            _record_scaling(tx, result, fresh, row_id, machine_id, gpu_name, num_gpus, now,
+                            {**watch.measured_rates, **one})
         elif terminate and check.gpus > 1:
             # No one-GPU run follows a terminated host, yet why its GPUs scale
             # badly is exactly what the operator wants to know: diagnose the
             # all-GPU run's telemetry.
-            _record_scaling(tx, result, fresh, row_id, machine_id, gpu_name, num_gpus, now)
+            _record_scaling(tx, result, fresh, row_id, machine_id, gpu_name, num_gpus, now,
+                            {check.gpus: rate} if rate is not None else {})
         return ResultOutcome(inst["id"], False, directive, terminate)
 
     return job
@@ -764,10 +781,16 @@ def _record_scaling(
     gpu_name: str,
     num_gpus: int,
     now: float,
+    measured: dict[int, float],
 ) -> None:
+    """The scaling table's row: the coordinator's reading (on ``measured``, GPU count ->
+    the rate it recomputed) beside the agent's own."""
     runs = result.runs or [ScalingRun(result.gpus_used, result.rate_per_hour, result.telemetry)]
+    sizes = sorted({max(1, len(set(r.gpus_used))) for r in runs})
+    rate_all = measured.get(sizes[-1])
+    rate_one = measured.get(1) if len(sizes) > 1 and sizes[0] == 1 else None
     try:
-        found = _scaling_diagnosis(runs, inst)
+        found = _scaling_diagnosis(runs, inst, rate_all, rate_one)
     except Exception:  # a diagnosis bug must not lose the agent's result
         log.exception("scaling diagnosis failed for result %s", row_id)
         found = None

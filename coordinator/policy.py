@@ -129,6 +129,9 @@ class Watch:
     """Simulated seconds per real second of this instance (1 for real machines)."""
     terminated: str | None = None
     """The terminate verdict the instance already has, if any."""
+    measured_rates: Mapping[int, float] = field(default_factory=dict)
+    """GPU count -> the recomputed rate of the instance's latest counted benchmark on that
+    many GPUs: what a scaling result's runs must agree with."""
 
 
 @dataclass(slots=True)
@@ -294,6 +297,27 @@ def _check_window(result: Result, watch: Watch, gpus: int, limits: PolicyLimits,
                 )
 
 
+def _check_runs(result: Result, rate: float | None, watch: Watch | None,
+                limits: PolicyLimits, out: Plausibility) -> None:
+    """A scaling result's runs: their GPUs, and their rates against what the coordinator
+    measured (the run on this result's own GPUs is this result; the others, the
+    benchmark results before it)."""
+    tol = limits.rate_tolerance
+    own = set(result.gpus_used)
+    for run in result.runs or []:
+        gpus = check_gpus(list(run.gpus_used), watch, out, what="a scaling run's gpus_used")
+        ceiling = gpus * limits.max_rate_per_gpu_per_hour
+        if run.rate_per_hour > ceiling * (1 + tol):
+            out.flag(IMPLAUSIBLE, f"a scaling run claims {run.rate_per_hour:.1f} proofs/h on "
+                     f"{gpus} GPU(s), beyond the ceiling of {ceiling:.0f}/h")
+        measured = rate if set(run.gpus_used) == own else (
+            watch.measured_rates.get(gpus) if watch is not None else None)
+        if measured is not None and abs(run.rate_per_hour - measured) > max(tol * measured, 0.1):
+            out.flag(IMPLAUSIBLE, f"a scaling run on {gpus} GPU(s) claims "
+                     f"{run.rate_per_hour:.2f} proofs/h; the coordinator measured "
+                     f"{measured:.2f}/h")
+
+
 def check_result(
     result: Result,
     *,
@@ -315,12 +339,7 @@ def check_result(
     if watch is not None and watch.terminated is not None:
         out.flag(AFTER_TERMINATE, f"arrived after the terminate verdict ({watch.terminated})")
     out.gpus = check_gpus(list(result.gpus_used), watch, out)
-    for run in result.runs or []:
-        check_gpus(list(run.gpus_used), watch, out, what="a scaling run's gpus_used")
-        run_ceiling = out.gpus * limits.max_rate_per_gpu_per_hour
-        if run.rate_per_hour > run_ceiling * (1 + limits.rate_tolerance):
-            out.flag(IMPLAUSIBLE, f"a scaling run claims {run.rate_per_hour:.1f} proofs/h, "
-                     f"beyond the ceiling of {run_ceiling:.0f}/h")
+    _check_runs(result, rate, watch, limits, out)
     if rate is None:
         if n > 0:
             out.flag(IMPLAUSIBLE, f"{n} proofs completed in wall_seconds {wall:g}")

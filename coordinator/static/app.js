@@ -623,7 +623,8 @@ async function renderInstance(id) {
       el("tr", {},
         td(r.kind || "-"), td((r.gpus_used || []).join(",")), td(String(r.proofs_completed ?? "-")),
         td(num(r.wall_seconds, 0)), td(num(r.recomputed_rate_per_hour ?? r.rate_per_hour)),
-        td((r.flags || []).join(", ") || "-"), td(r.verdict || "-"),
+        td((r.flags || []).join(", ") || "-"),
+        td((r.flag_reasons || []).join("; ") || "-"), td(r.verdict || "-"),
         td(r.verdict_reason || "-"))),
   );
   renderEvents($("instance-events"), (inst.events || []).slice(-50).reverse());
