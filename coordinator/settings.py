@@ -226,6 +226,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("metrics_public", False, "serve /metrics without the admin token"),
     Setting("log_format", "text", "server log lines: text, or json (one object per line)"),
     Setting("session_ttl_s", 43200.0, "dashboard login session lifetime, seconds"),
+    Setting(
+        "admin_failures_per_minute",
+        10,
+        "failed admin-token attempts (dashboard logins, bearer tokens) one client address "
+        "may make in a minute; beyond it `429` with Retry-After, the token not even compared",
+    ),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -328,6 +334,7 @@ class Settings:
     metrics_public: bool = False
     log_format: str = "text"
     session_ttl_s: float = 43200.0
+    admin_failures_per_minute: int = 10
     vast_image: str | None = None
     vast_onstart: str | None = None
     vast_runtype: str = "ssh_direc ssh_proxy"
@@ -386,7 +393,7 @@ class Settings:
 
         for name in ("port", "next_heartbeat_s", "log_lines_per_instance",
                      "heartbeat_history_rows", "max_concurrency_per_gpu", "nonces_per_agent",
-                     "write_batch_max", "deploy_disk_gb"):
+                     "write_batch_max", "deploy_disk_gb", "admin_failures_per_minute"):
             minimum = 0 if name == "port" else 1
             if values[name] < minimum:
                 raise ValueError(f"{_BY_NAME[name].env} must be at least {minimum}")

@@ -185,7 +185,10 @@ def run_schemathesis(tmp_path: Path, budget: int) -> Counter[str]:
     # Agent operations first: an operator case may destroy the fuzzing agent's instance.
     operations.sort(key=lambda op: (not op.path.startswith("/v1/"), op.path, op.method))
     outcomes: Counter[str] = Counter()
-    with ThreadedCoordinator(tmp_path, provider=provider, nonces_per_agent=1_000_000) as coord:
+    # Negative cases send wrong admin tokens: throttling them (tests/test_adversarial_http.py)
+    # would turn every later operator case into a 429.
+    with ThreadedCoordinator(tmp_path, provider=provider, nonces_per_agent=1_000_000,
+                             admin_failures_per_minute=1_000_000) as coord:
         agent_id, key = coord.issue_agent("schemathesis-rig")
         status, raw, _ = coord.post_signed(agent_id, key, "/v1/hello",
                                            orjson.dumps(hello_msg("boot-st")))
