@@ -47,6 +47,7 @@ from coordinator.errors import (
 from coordinator.guard import BodyBudget, Guard, QuietLog
 from coordinator.monitor import HeartbeatTracker, Monitor
 from coordinator.providers.base import Provider, ProviderError
+from coordinator.render import has_unsafe
 from coordinator.settings import Settings
 from coordinator.store import Reads, Row, Store, Tx, loads
 from protocol import signing
@@ -141,10 +142,11 @@ async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES,
     if content.is_eof():
         # The whole body is already buffered (a heartbeat fits in the packets that brought
         # its headers): take it without arming a timer, the common case of the hot path.
+        # It claims nothing: aiohttp's flow control bounds what one connection buffers
+        # before anyone reads, and a full budget must never refuse a good heartbeat.
         body = content.read_nowait(-1)
         if len(body) > limit:
             raise too_large()
-        claim(len(body))
         return body, claimed
     declared = request.content_length
     if declared is not None:
@@ -476,8 +478,9 @@ def _text(body: dict[str, Any], name: str, *, required: bool, max_chars: int) ->
         raise InvalidInput(f"Field '{name}' must not be empty.", field=name)
     if len(value) > max_chars:
         raise InvalidInput(f"Field '{name}' is longer than {max_chars} characters.", field=name)
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise InvalidInput(f"Field '{name}' must not hold control characters.", field=name)
+    if has_unsafe(value):
+        raise InvalidInput(f"Field '{name}' must not hold control or bidi characters.",
+                           field=name)
     return value
 
 

@@ -182,22 +182,26 @@ class _ServerLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
         self.guard = guard
 
     def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
-        if level < logging.WARNING:
-            super().log(level, msg, *args, **kwargs)
-            return
         exc = kwargs.get("exc_info")
         if isinstance(exc, tuple):
             exc = exc[1]
-        text = str(msg) % args if args else str(msg)
         if isinstance(exc, HttpProcessingError):
+            # Counted at any level (aiohttp logs a first request that is not HTTP at all,
+            # e.g. a TLS hello, at debug), written once an interval at most.
             kind = type(exc).__name__
             self.guard.counters.malformed[kind] += 1
-            self.guard.quiet.report(f"malformed:{kind}",
-                                    f"malformed request refused: {text}: {kind}: {exc}")
-        else:
-            # Not the client's fault: a bug, written with its traceback, once an interval.
-            self.guard.quiet.report("server-error", text, level=logging.ERROR,
-                                    exc_info=kwargs.get("exc_info"))
+            if level >= logging.WARNING:
+                text = str(msg) % args if args else str(msg)
+                self.guard.quiet.report(f"malformed:{kind}",
+                                        f"malformed request refused: {text}: {kind}: {exc}")
+            return
+        if level < logging.WARNING:
+            super().log(level, msg, *args, **kwargs)
+            return
+        # Not the client's fault: a bug, written with its traceback, once an interval.
+        text = str(msg) % args if args else str(msg)
+        self.guard.quiet.report("server-error", text, level=logging.ERROR,
+                                exc_info=kwargs.get("exc_info"))
 
 
 @dataclass(slots=True)

@@ -27,6 +27,10 @@ UNSAFE_TEXT_RANGES: tuple[tuple[int, int], ...] = (
 _AS_SPACE = frozenset("\t\n\r")
 _CLASS = "".join(f"\\u{a:04x}-\\u{b:04x}" for a, b in UNSAFE_TEXT_RANGES)
 _UNSAFE = re.compile(f"[{_CLASS}]")
+# Inside JSON text orjson already escapes the C0 controls; what is left are the others
+# (the line breaks and indentation outside strings must stay as they are).
+_UNSAFE_IN_JSON = re.compile("[" + "".join(
+    f"\\u{a:04x}-\\u{b:04x}" for a, b in UNSAFE_TEXT_RANGES if a > 0x1F) + "]")
 
 
 def _shown(match: re.Match[str]) -> str:
@@ -43,7 +47,13 @@ def neutralise(text: str) -> str:
 def json_safe(text: str) -> str:
     """JSON text (as orjson writes it) with every unsafe character inside its strings
     written as a ``\\uXXXX`` escape: the same data for a program, inert on a terminal."""
-    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def has_unsafe(text: str) -> bool:
+    """Whether ``text`` holds a character ``neutralise`` would change (operator input
+    holding one is refused: it would be shown escaped)."""
+    return _UNSAFE.search(text) is not None
 
 
 def clean(value: Any) -> str:

@@ -112,7 +112,7 @@ def test_a_url_that_is_not_http_is_named(url: str) -> None:
 
 def test_control_characters_refused_in_operator_input(server: ServerThread) -> None:
     refused = run(server, "bad-hosts", "add", "41001", "--reason", "evil \x1b[2J reason")
-    assert refused.exit_code == 1 and "control characters" in refused.output
+    assert refused.exit_code == 1 and "control or bidi characters" in refused.output
     assert "No bad hosts" in run(server, "bad-hosts", "list").output
 
 
