@@ -306,8 +306,8 @@ def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Re
             try:
                 agent = core.auth.verify(
                     # raw_path: the path and query exactly as the agent sent and signed them.
-                    method=request.method, path_qs=request.raw_path,
-                    headers=request.headers, body=body, now=core.clock(),
+                    method=request.method, path_qs=request.raw_path, headers=request.headers,
+                    body=body, now=core.clock(), screened_id=agent_id,
                 )
             except AuthFailure as failure:
                 return _refused(core, request, failure.status, failure.to_body(),

@@ -128,9 +128,12 @@ class AgentAuth:
         headers: Mapping[str, str],
         body: bytes,
         now: float,
+        screened_id: str | None = None,
     ) -> VerifiedAgent:
-        """Check one request (body already read within the size limit); raise AuthFailure."""
-        agent = self.authenticate(method=method, path_qs=path_qs, headers=headers, body=body)
+        """Check one request (body already read within the size limit); raise AuthFailure.
+        ``screened_id``: what ``screen`` returned for these headers, if it ran."""
+        agent = self.authenticate(method=method, path_qs=path_qs, headers=headers, body=body,
+                                  screened_id=screened_id)
         self.admit(agent, now)
         return agent
 
@@ -154,12 +157,13 @@ class AgentAuth:
         return agent_id
 
     def authenticate(
-        self, *, method: str, path_qs: str, headers: Mapping[str, str], body: bytes
+        self, *, method: str, path_qs: str, headers: Mapping[str, str], body: bytes,
+        screened_id: str | None = None,
     ) -> VerifiedAgent:
         """Steps 2 to 4: a known agent whose signature verifies. Writes nothing, so a front
         process (``coordinator.front``) runs it and leaves ``admit`` to the one process
         that holds the nonce memory."""
-        agent_id = self.screen(headers)
+        agent_id = screened_id if screened_id is not None else self.screen(headers)
         timestamp = headers[signing.HEADER_TIMESTAMP]
         nonce = headers[signing.HEADER_NONCE]
         signature = headers[signing.HEADER_SIGNATURE]
