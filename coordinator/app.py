@@ -75,6 +75,7 @@ class Core:
     monitor: Monitor
     deployer: Deployer
     guard: Guard
+    started_at: float  # when this process started watching (its clock)
 
 
 CORE = web.AppKey("core", Core)
@@ -404,7 +405,8 @@ async def _heartbeat(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int
 async def _result(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, Any]:
     result = decode(Result, body)
     now = core.clock()
-    outcome = await core.store.write(ingest.result_job(agent.agent_id, result, core.settings, now))
+    outcome = await core.store.write(ingest.result_job(agent.agent_id, result, core.settings, now,
+                                                       core.started_at))
     core.tracker.touch(outcome.instance_id, now)
     if outcome.terminate:
         core.monitor.wake()
@@ -895,7 +897,7 @@ def create_app(
     monitor.seed(clock())
     guard = Guard(clock, settings.admin_failures_per_minute)
     core = Core(settings, store, provider, clock, auth, tracker, monitor,
-                Deployer(settings, store, provider, clock), guard)
+                Deployer(settings, store, provider, clock), guard, float(started_second))
 
     # Bodies are read (and bounded) by read_body, so aiohttp's own limit never answers first.
     app = web.Application(middlewares=[error_middleware], client_max_size=2 * MAX_BODY_BYTES)

@@ -616,7 +616,8 @@ def measured_rates(tx: Tx, inst: Row) -> dict[int, float]:
 
 
 def watch_of(inst: Row, settings: Settings, now: float,
-             measured: dict[int, float] | None = None) -> policy.Watch:
+             measured: dict[int, float] | None = None,
+             watching_since: float | None = None) -> policy.Watch:
     """What the coordinator saw of an instance, for judging its next result."""
     entered = inst["last_non_benchmark_at"] or inst["hello_at"]
     used = inst["result_window_at"]
@@ -637,13 +638,16 @@ def watch_of(inst: Row, settings: Settings, now: float,
         max_gpus=(inst["num_gpus"] or None) if inst["kind"] == "deployed" else None,
         time_scale=time_scale(inst, settings),
         terminated=terminated,
+        watching_since=watching_since,
         measured_rates=measured or {},
     )
 
 
 def result_job(
-    agent_id: str, result: Result, settings: Settings, now: float
+    agent_id: str, result: Result, settings: Settings, now: float,
+    watching_since: float | None = None,
 ) -> Callable[[Tx], ResultOutcome]:
+    """``watching_since``: when this coordinator process started (``policy.Watch``)."""
     limits = policy.PolicyLimits.from_settings(settings)
 
     def job(tx: Tx) -> ResultOutcome:
@@ -658,7 +662,8 @@ def result_job(
         gpu_name = inst["gpu_name"] or "unknown"
         num_gpus = inst["num_gpus"] or max(len(set(result.gpus_used)), 1)
         watch = watch_of(inst, settings, now,
-                         measured_rates(tx, inst) if result.kind == "scaling" else None)
+                         measured_rates(tx, inst) if result.kind == "scaling" else None,
+                         watching_since)
         seen_from = inst["last_non_benchmark_at"] or inst["hello_at"]
         # Ours on the same machine at any time since this benchmark began (still
         # active, or destroyed meanwhile, e.g. a doubly sold offer reconciled away);

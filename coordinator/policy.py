@@ -129,6 +129,11 @@ class Watch:
     """Simulated seconds per real second of this instance (1 for real machines)."""
     terminated: str | None = None
     """The terminate verdict the instance already has, if any."""
+    watching_since: float | None = None
+    """When this coordinator process started watching: a window that began before it
+    could not have been watched whole, so no benchmarking heartbeat is required then
+    (an agent keeps benchmarking while the coordinator restarts; the window still
+    bounds what it may claim)."""
     measured_rates: Mapping[int, float] = field(default_factory=dict)
     """GPU count -> the recomputed rate of the instance's latest counted benchmark on that
     many GPUs: what a scaling result's runs must agree with."""
@@ -268,7 +273,11 @@ def _window_slack_s(watch: Watch, limits: PolicyLimits) -> float:
 def _check_window(result: Result, watch: Watch, gpus: int, limits: PolicyLimits,
                   out: Plausibility) -> None:
     """The run against the stretch of benchmarking the coordinator saw (DESIGN 3.6)."""
-    if watch.window_start is None or not watch.benchmarking_seen:
+    if watch.window_start is None:
+        out.flag(IMPLAUSIBLE, "the coordinator never saw this instance before the result")
+        return
+    blind = watch.watching_since is not None and watch.window_start < watch.watching_since
+    if not watch.benchmarking_seen and not blind:
         out.flag(IMPLAUSIBLE, "the coordinator never saw this instance benchmarking before "
                  "the result arrived")
         return

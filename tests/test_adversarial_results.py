@@ -302,3 +302,25 @@ def test_heartbeat_helper_is_the_wire_shape() -> None:
 
     assert decode(Heartbeat, orjson.dumps(heartbeat_msg(1, "benchmarking"))).phase == (
         "benchmarking")
+
+
+async def test_a_restart_mid_benchmark_is_not_held_against_the_host(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """The coordinator was down when the benchmark began, so it saw no benchmarking
+    heartbeat: that is its blindness, not the host's lie. The window still bounds it."""
+    h = await honest_fleet(aiohttp_client, tmp_path)
+    agent = await deploy(h, 9001)
+    await agent.heartbeat("warming")
+    await h.client.close()  # the coordinator stops; the agent benchmarks meanwhile
+    h.clock.advance(1300)
+    h2 = await start(aiohttp_client, tmp_path, provider=h.provider, clock=h.clock)
+    agent2 = h2.agent(agent.agent_id)
+    await post_result(h2, agent2, "through-a-restart", proofs=20, wall_seconds=1200.0)
+    stored = h2.store.find_result(agent.agent_id, "through-a-restart")
+    assert stored is not None and stored["flags"] == "", stored["flag_reasons_json"]
+    # ... but more than the window allows is still caught.
+    h2.clock.advance(100)
+    await post_result(h2, agent2, "too-long", proofs=20, wall_seconds=1200.0)
+    stored = h2.store.find_result(agent.agent_id, "too-long")
+    assert stored is not None and "implausible" in stored["flags"]
