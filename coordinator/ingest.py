@@ -66,12 +66,10 @@ def _take_directive(tx: Tx, inst: Row, settings: Settings, now: float) -> Direct
 
 
 def time_scale(inst: Row, settings: Settings) -> float:
-    """Simulated seconds per real second of this instance: the local fleet's scale for an
-    instance the local provider runs, 1 for anything else (a bring-your-own agent is a
-    real machine, even beside a simulated fleet)."""
-    if inst.get("provider") == "local" and inst.get("kind") == "deployed":
-        return settings.sim_time_scale
-    return 1.0
+    """Simulated seconds per real second of this instance: the simulated fleet's scale
+    for an instance we deployed (``VM_SIM_TIME_SCALE``, 1 outside a simulation), 1 for a
+    bring-your-own agent, which is a real machine even beside a simulated fleet."""
+    return settings.sim_time_scale if inst.get("kind") == "deployed" else 1.0
 
 
 def _require_agent(tx: Tx, agent_id: str) -> Row:

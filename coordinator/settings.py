@@ -196,7 +196,7 @@ SETTINGS: tuple[Setting, ...] = (
         "sim_time_scale",
         1.0,
         "simulation only: simulated seconds per real second of the local fleet; the "
-        "plausibility check scales the time it observed of a local-provider instance by it "
+        "plausibility check scales the time it observed of a deployed instance by it "
         "(never of a bring-your-own agent: a real machine)",
     ),
     Setting("nonces_per_agent", 2000, "nonce memory per agent (beyond it: 429)"),

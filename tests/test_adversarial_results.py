@@ -57,8 +57,8 @@ async def post_result(h: Harness, agent: Agent, result_id: str, **kw: Any) -> di
     return data
 
 
-async def honest_fleet(aiohttp_client: Any, tmp_path: Path, **settings: Any) -> Harness:
-    h = await start(aiohttp_client, tmp_path, provider=FakeProvider(OFFERS), **settings)
+async def honest_fleet(aiohttp_client: Any, tmp_path: Path) -> Harness:
+    h = await start(aiohttp_client, tmp_path, provider=FakeProvider(OFFERS))
     for offer_id, proofs in ((9002, 60), (9005, 40)):
         agent = await deploy(h, offer_id)
         await benchmark(h, agent, 3700)
@@ -275,7 +275,8 @@ async def test_a_bring_your_own_agent_is_watched_in_real_seconds(
 ) -> None:
     """Beside a simulated fleet at 200x, a bring-your-own agent is a real machine: ten
     seconds seen are ten seconds, not 2000."""
-    h = await honest_fleet(aiohttp_client, tmp_path, sim_time_scale=200.0)
+    h = await start(aiohttp_client, tmp_path, provider=FakeProvider(OFFERS),
+                    sim_time_scale=200.0)
     agent = await h.issue("garage-rig", min_rate=1.0)
     assert (await agent.hello())[0] == 200
     before = await standing(h)

@@ -278,9 +278,7 @@ async def test_a_stalled_benchmark_is_caught_in_simulated_seconds(
     # A simulated fleet at 100x. Before any proof completes the time counts from the
     # first sight less two heartbeat intervals (30 s: the agent announces the run a
     # moment before the batch starts): 40 real seconds are 1000 simulated ones.
-    fleet = provider()
-    fleet.name = "local"  # the scale applies to the simulated fleet's instances only
-    h = await start(aiohttp_client, tmp_path, provider=fleet, sim_time_scale=100.0)
+    h = await start(aiohttp_client, tmp_path, provider=provider(), sim_time_scale=100.0)
     agent, iid, _ = await deployed(h)
     await send(agent, bench_hb(agent, done=0, total_completed=0, recent=[]))
     h.clock.advance(31)
