@@ -234,35 +234,36 @@ async def test_timestamps_that_do_not_agree(h: Harness, case: str, times: dict[s
     await assert_flagged(h, agent, case, "implausible", words)
 
 
-async def test_a_scaling_run_that_claims_other_rates_than_measured(h: Harness) -> None:
+async def scaling_after_a_benchmark(h: Harness, run_rates: tuple[float, float],
+                                    proofs: int, wall_seconds: float) -> tuple[Agent, Standing]:
+    """A 2-GPU host's all-GPU benchmark (40 proofs in 1200 s: 120/h, counted), then its
+    scaling result: the one-GPU run (``proofs`` in ``wall_seconds``) and runs claiming
+    ``run_rates`` (both GPUs, one). Returns the agent and the standing in between."""
     agent = await deploy(h, 9003, gpus=2)
     await benchmark(h, agent, 1300)
     await post_result(h, agent, "all", proofs=40, wall_seconds=1200.0, gpus_used=[0, 1])
     before = await standing(h)
-    h.clock.advance(3700)
-    # The one-GPU run made 20/h, the two-GPU one 120/h; the runs claim 30/h and 300/h
-    # (an efficiency of 5, which would multiply every multi-GPU prediction).
-    runs = [{"gpus_used": [0, 1], "rate_per_hour": 300.0, "telemetry": None},
-            {"gpus_used": [0], "rate_per_hour": 30.0, "telemetry": None}]
-    await post_result(h, agent, "scaling", kind="scaling", proofs=20, wall_seconds=3600.0,
-                      gpus_used=[0], runs=runs, efficiency=5.0, bottleneck="gpu",
+    h.clock.advance(wall_seconds + 100)
+    runs = [{"gpus_used": [0, 1], "rate_per_hour": run_rates[0], "telemetry": None},
+            {"gpus_used": [0], "rate_per_hour": run_rates[1], "telemetry": None}]
+    await post_result(h, agent, "scaling", kind="scaling", proofs=proofs,
+                      wall_seconds=wall_seconds, gpus_used=[0], runs=runs,
+                      efficiency=run_rates[0] / (2 * run_rates[1]), bottleneck="gpu",
                       evidence=["gpus busy"])
+    return agent, before
+
+
+async def test_a_scaling_run_that_claims_other_rates_than_measured(h: Harness) -> None:
+    # The one-GPU run made 20/h, the two-GPU one 120/h; the runs claim 300/h and 30/h
+    # (an efficiency of 5, which would multiply every multi-GPU prediction).
+    agent, before = await scaling_after_a_benchmark(h, (300.0, 30.0), 20, 3600.0)
     before.assert_unmoved_by(await standing(h), 9003)
     await assert_flagged(h, agent, "scaling", "implausible", "the coordinator measured")
 
 
 async def test_an_honest_scaling_result_moves_the_prediction(h: Harness) -> None:
     """The control: the same flow told truthfully does reach the ranking."""
-    agent = await deploy(h, 9003, gpus=2)
-    await benchmark(h, agent, 1300)
-    await post_result(h, agent, "all", proofs=40, wall_seconds=1200.0, gpus_used=[0, 1])
-    before = await standing(h)
-    h.clock.advance(1300)
-    runs = [{"gpus_used": [0, 1], "rate_per_hour": 120.0, "telemetry": None},
-            {"gpus_used": [0], "rate_per_hour": 72.0, "telemetry": None}]
-    await post_result(h, agent, "scaling", kind="scaling", proofs=24, wall_seconds=1200.0,
-                      gpus_used=[0], runs=runs, efficiency=0.83, bottleneck="cpu",
-                      evidence=["cpu busy 95%"])
+    agent, before = await scaling_after_a_benchmark(h, (120.0, 72.0), 24, 1200.0)
     stored = h.store.find_result(agent.agent_id, "scaling")
     assert stored is not None and stored["flags"] == ""
     rate, basis = (await standing(h)).predictions[9004]
