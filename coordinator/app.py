@@ -269,12 +269,12 @@ def agent_failure(err: BaseException, agent_id: str, path: str,
 
 def _refused(core: Core, request: web.Request, status: int, body: dict[str, str],
              key: bytes | None, nonce: str) -> web.Response:
-    """An agent request refused before its handler: counted, answered, and for one whose
-    body was never read, the connection closed (aiohttp drains what is left of it for a
-    few seconds, then drops it)."""
+    """An agent request refused before its handler: counted, answered, and when part of
+    its body is still on the way, the connection closed (aiohttp drains what is left of
+    it for a few seconds, discarding it, then drops it)."""
     core.guard.refused(body["error"])
     response = _agent_answer(core, status, body, key, nonce)
-    if key is None:
+    if not request.content.is_eof():
         response.force_close()
     return response
 

@@ -13,7 +13,6 @@ and /metrics while the main one answers only the agents (/v1/*).
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import gc
 import logging
@@ -73,22 +72,32 @@ class HeadDeadline:
         self.server = server
         self.timeout_s = timeout_s
         self.on_cut = on_cut
-        self._pending: collections.deque[tuple[float, Any]] = collections.deque()
+        # Connections in the order they came, with their deadline; a connection leaves
+        # when it closes or has sent its first head, so none is kept alive by this.
+        self._pending: dict[Any, float] = {}
         self._loop = asyncio.get_running_loop()
-        made = server.connection_made
+        made, lost = server.connection_made, server.connection_lost
 
         def connection_made(handler: Any, transport: asyncio.Transport) -> None:
             made(handler, transport)
-            self._pending.append((self._loop.time() + self.timeout_s, handler))
+            self._pending[handler] = self._loop.time() + self.timeout_s
+
+        def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
+            self._pending.pop(handler, None)
+            lost(handler, exc)
 
         server.connection_made = connection_made  # type: ignore[method-assign]
+        server.connection_lost = connection_lost  # type: ignore[method-assign]
 
     def sweep(self) -> int:
         """Close the connections whose time is up with no request head; how many."""
         now = self._loop.time()
         cut = 0
-        while self._pending and self._pending[0][0] <= now:
-            _, handler = self._pending.popleft()
+        while self._pending:
+            handler, deadline = next(iter(self._pending.items()))
+            if deadline > now:
+                break
+            del self._pending[handler]
             if handler.transport is not None and handler._request_count == 0:
                 handler.force_close()
                 self.on_cut()
