@@ -29,6 +29,8 @@ EARLY_VERDICT = "early_verdict"
 # the benchmark finished before it heard) changes nothing: no host_perf, no ranking.
 AFTER_TERMINATE = "after_terminate"
 HOST_PERF_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED, EARLY_VERDICT, AFTER_TERMINATE})
+#: Every flag a stored result can carry (docs/openapi.yaml's StoredResult lists them).
+RESULT_FLAGS = (IMPLAUSIBLE, CONTENDED, PARTIAL, EARLY_VERDICT, AFTER_TERMINATE)
 # What keeps a scaling diagnosis out of the fleet's efficiency (and so out of ranking).
 RANKING_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED, AFTER_TERMINATE})
 

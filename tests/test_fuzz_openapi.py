@@ -78,6 +78,13 @@ def test_every_route_is_documented_and_every_documented_operation_routed(
     assert documented - routed == set(), "documented operations the app does not route"
 
 
+def test_every_result_flag_is_documented() -> None:
+    from coordinator.policy import RESULT_FLAGS
+
+    stored = load_doc()["components"]["schemas"]["StoredResult"]
+    assert stored["properties"]["flags"]["items"]["enum"] == list(RESULT_FLAGS)
+
+
 def _schema_for(tp: Any, meta: dict[str, Any]) -> dict[str, Any]:
     """The JSON Schema of one message field, from the same facts the decoder uses."""
     origin = get_origin(tp)
