@@ -268,12 +268,14 @@ def agent_failure(err: BaseException, agent_id: str, path: str,
 
 
 def _refused(core: Core, request: web.Request, status: int, body: dict[str, str],
-             key: bytes | None, nonce: str) -> web.Response:
+             key: bytes | None, nonce: str, retry_after_s: int | None = None) -> web.Response:
     """An agent request refused before its handler: counted, answered, and when part of
     its body is still on the way, the connection closed (aiohttp drains what is left of
     it for a few seconds, discarding it, then drops it)."""
     core.guard.refused(body["error"])
     response = _agent_answer(core, status, body, key, nonce)
+    if retry_after_s is not None:
+        response.headers["Retry-After"] = str(retry_after_s)
     if not request.content.is_eof():
         response.force_close()
     return response
@@ -300,10 +302,8 @@ def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Re
             try:
                 body, claimed = await read_body(request, budget=core.guard.budget, key=agent_id)
             except Refusal as err:
-                response = _refused(core, request, err.status, err.to_body(), None, nonce)
-                if err.retry_after_s is not None:
-                    response.headers["Retry-After"] = str(err.retry_after_s)
-                return response
+                return _refused(core, request, err.status, err.to_body(), None, nonce,
+                                err.retry_after_s)
             try:
                 agent = core.auth.verify(
                     # raw_path: the path and query exactly as the agent sent and signed them.

@@ -73,7 +73,7 @@ class HeadDeadline:
         self.timeout_s = timeout_s
         self.on_cut = on_cut
         # Connections in the order they came, with their deadline; a connection leaves
-        # when it closes or has sent its first head, so none is kept alive by this.
+        # when it closes or its time is up, so none is kept alive by this table.
         self._pending: dict[Any, float] = {}
         self._loop = asyncio.get_running_loop()
         made, lost = server.connection_made, server.connection_lost
