@@ -109,6 +109,9 @@ _HTTP_CODES = {
 # A whole body must arrive within this many seconds (1 MiB in 60 s is 140 kbit/s), so a
 # slow sender (slowloris) cannot hold a request open for ever.
 BODY_READ_TIMEOUT_S = 60.0
+# Bodies up to this size claim nothing from the budget of bodies in flight: aiohttp holds
+# up to twice its 64 KiB read limit of a connection before pausing it, read or not.
+UNBUDGETED_BODY_BYTES = 64 * 1024
 
 
 def too_large() -> Refusal:
@@ -143,14 +146,14 @@ async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES,
     if content.is_eof():
         # The whole body is already buffered (a heartbeat fits in the packets that brought
         # its headers): take it without arming a timer, the common case of the hot path.
-        # It claims nothing: aiohttp's flow control bounds what one connection buffers
-        # before anyone reads, and a full budget must never refuse a good heartbeat.
         body = content.read_nowait(-1)
         if len(body) > limit:
             raise too_large()
         return body, claimed
+    # A small body claims nothing: aiohttp buffers that much of a connection before
+    # anyone reads anyway, and a full budget must never refuse a good heartbeat.
     declared = request.content_length
-    if declared is not None:
+    if declared is not None and declared > UNBUDGETED_BODY_BYTES:
         claim(declared)
     chunks: list[bytes] = []
     size = 0
@@ -163,8 +166,8 @@ async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES,
                 size += len(chunk)
                 if size > limit:
                     raise too_large()
-                if declared is None:
-                    claim(len(chunk))
+                if declared is None and size > UNBUDGETED_BODY_BYTES:
+                    claim(size - claimed)
                 chunks.append(chunk)
     except BaseException as err:
         if budget is not None:

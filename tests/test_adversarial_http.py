@@ -235,11 +235,14 @@ def test_a_slow_body_is_cut_off_and_releases_its_claim(
     monkeypatch.setattr(app_module, "BODY_READ_TIMEOUT_S", 1.0)
     agent_id, key = issue(served)
     headers = signed_headers(agent_id, key, "POST", "/v1/logs", b"")
+    # 100 KB declared (over the 64 KiB that claim nothing), one byte sent.
     status, raw, first = raw_exchange(port_of(served.server.url),
-                                      head("/v1/logs", headers, 1000) + b"{", timeout_s=5)
+                                      head("/v1/logs", headers, 100_000) + b"{", timeout_s=5)
     assert status == 408 and body_of(raw)["error"] == "request_timeout"
     assert 0.9 < first < 3.0
-    assert served.server.app[CORE].guard.budget.in_flight_bytes == 0
+    guard = served.server.app[CORE].guard
+    assert guard.budget.in_flight_bytes == 0
+    assert guard.counters.refused["request_timeout"] == 1
 
 
 def test_a_request_head_that_never_ends_is_cut_off(
