@@ -292,7 +292,7 @@ def main() -> None:
                 bad = {int(b["machine_id"]) for b in store.bad_hosts()
                        if str(b["machine_id"]).isdigit()}
                 return rank_offers(offers, store.host_perf(), bad,
-                                   fleet_scaling_efficiency(store.scaling()))
+                                   fleet_scaling_efficiency(store))
 
             m, w, ranked = timed(rank, args.repeat)
             known = sum(1 for o in ranked if o["known"])

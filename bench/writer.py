@@ -62,7 +62,7 @@ def main() -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-writer-"))
     db = str(workdir / "coord.db")
-    env = {"VM_FLEET_SECRET": "11" * 32, "VM_ADMIN_TOKEN": "x" * 24,
+    env = {"VM_FLEET_SECRET": "11" * 32, "VM_ADMIN_TOKEN": "writer-bench-token-0123456789",
            "VM_CONFIG_DIR": str(workdir / "config")}
     ids = [load.agent_id_for(i, "b0") for i in range(args.agents)]
     took = load.provision(db, env, ids)

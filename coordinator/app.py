@@ -44,8 +44,10 @@ from coordinator.errors import (
     error_body,
     http_status,
 )
+from coordinator.guard import BodyBudget, Guard, QuietLog
 from coordinator.monitor import HeartbeatTracker, Monitor
 from coordinator.providers.base import Provider, ProviderError
+from coordinator.render import has_unsafe
 from coordinator.settings import Settings
 from coordinator.store import Reads, Row, Store, Tx, loads
 from protocol import signing
@@ -72,6 +74,8 @@ class Core:
     tracker: HeartbeatTracker
     monitor: Monitor
     deployer: Deployer
+    guard: Guard
+    started_at: float  # when this process started watching (its clock)
 
 
 CORE = web.AppKey("core", Core)
@@ -105,24 +109,52 @@ _HTTP_CODES = {
 # A whole body must arrive within this many seconds (1 MiB in 60 s is 140 kbit/s), so a
 # slow sender (slowloris) cannot hold a request open for ever.
 BODY_READ_TIMEOUT_S = 60.0
+# Bodies up to this size claim nothing from the budget of bodies in flight: aiohttp holds
+# up to twice its 64 KiB read limit of a connection before pausing it, read or not.
+UNBUDGETED_BODY_BYTES = 64 * 1024
 
 
-def _too_large() -> Refusal:
+def too_large() -> Refusal:
     return Refusal(413, "body_too_large", f"The body is larger than {MAX_BODY_BYTES} bytes.")
 
 
-async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The exact request bytes, refusing more than ``limit`` before reading them all."""
-    if request.content_length is not None and request.content_length > limit:
-        raise _too_large()
+def too_large_declared(request: web.Request, limit: int = MAX_BODY_BYTES) -> bool:
+    """A declared Content-Length over the limit: DESIGN 3.3's first check, on headers."""
+    return request.content_length is not None and request.content_length > limit
+
+
+async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES,
+                    budget: BodyBudget | None = None, key: str = "") -> tuple[bytes, int]:
+    """The exact request bytes, refusing more than ``limit`` before reading them all, and
+    the bytes claimed from ``budget`` for ``key`` (release them once the request is
+    answered). Claims the declared length up front, a chunked body as it arrives."""
+    if too_large_declared(request, limit):
+        raise too_large()
+    claimed = 0
+
+    def claim(n: int) -> None:
+        nonlocal claimed
+        if budget is None or n <= 0:
+            return
+        refused = budget.claim(key, n)
+        if refused is not None:
+            budget.release(key, claimed)
+            raise Refusal(503, "busy", refused, retry_after_s=1)
+        claimed += n
+
     content = request.content
     if content.is_eof():
         # The whole body is already buffered (a heartbeat fits in the packets that brought
         # its headers): take it without arming a timer, the common case of the hot path.
         body = content.read_nowait(-1)
         if len(body) > limit:
-            raise _too_large()
-        return body
+            raise too_large()
+        return body, claimed
+    # A small body claims nothing: aiohttp buffers that much of a connection before
+    # anyone reads anyway, and a full budget must never refuse a good heartbeat.
+    declared = request.content_length
+    if declared is not None and declared > UNBUDGETED_BODY_BYTES:
+        claim(declared)
     chunks: list[bytes] = []
     size = 0
     try:
@@ -133,15 +165,22 @@ async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> bytes:
                     break
                 size += len(chunk)
                 if size > limit:
-                    raise _too_large()
+                    raise too_large()
+                if declared is None and size > UNBUDGETED_BODY_BYTES:
+                    claim(size - claimed)
                 chunks.append(chunk)
-    except TimeoutError:
-        raise Refusal(408, "request_timeout",
-                             f"The body did not arrive within {BODY_READ_TIMEOUT_S:g} s.") from None
-    except ConnectionError:
-        # The client went away mid-body: nobody reads this answer, and nothing is written.
-        raise Refusal(400, "incomplete_body", "The connection closed mid-body.") from None
-    return b"".join(chunks)
+    except BaseException as err:
+        if budget is not None:
+            budget.release(key, claimed)
+        if isinstance(err, TimeoutError):
+            raise Refusal(408, "request_timeout",
+                          f"The body did not arrive within {BODY_READ_TIMEOUT_S:g} s.") from None
+        if isinstance(err, ConnectionError):
+            # The client went away mid-body: nobody reads this answer, and nothing is
+            # written.
+            raise Refusal(400, "incomplete_body", "The connection closed mid-body.") from None
+        raise
+    return b"".join(chunks), claimed
 
 
 @web.middleware
@@ -161,7 +200,8 @@ async def error_middleware(
         except Refusal as err:
             refusal = err
     if refusal is not None:
-        response = error_response(refusal.status, refusal.code, refusal.message)
+        core.guard.refused(refusal.code)
+        response = refusal_response(refusal)
     else:
         try:
             response = await handler(request)
@@ -172,13 +212,24 @@ async def error_middleware(
                 response.headers["Allow"] = exc.headers["Allow"]
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("unhandled error on %s %s", request.method, request.path)
+        except Exception as err:
+            # A bug, not the client's fault; whoever found it may repeat it, so the
+            # traceback is written once an interval and the rest counted.
+            core.guard.quiet.report("internal-error", f"unhandled error on {request.method} "
+                                    f"{request.path}", level=logging.ERROR,
+                                    exc_info=(type(err), err, err.__traceback__))
             response = error_response(
                 500, "internal_error", "The coordinator hit an internal error."
             )
     if is_agent and signing.HEADER_SERVER_TIME not in response.headers:
         response.headers[signing.HEADER_SERVER_TIME] = str(int(core.clock()))
+    return response
+
+
+def refusal_response(err: Refusal) -> web.Response:
+    response = error_response(err.status, err.code, err.message)
+    if err.retry_after_s is not None:
+        response.headers["Retry-After"] = str(err.retry_after_s)
     return response
 
 
@@ -204,42 +255,77 @@ def _agent_answer(
     return agent_response(core.clock(), status, orjson.dumps(payload), key, nonce)
 
 
-def agent_failure(err: BaseException, agent_id: str, path: str) -> tuple[int, Any]:
+def agent_failure(err: BaseException, agent_id: str, path: str,
+                  quiet: QuietLog | None = None) -> tuple[int, Any]:
     """The status and body for an agent handler's exception (DESIGN 3.5)."""
     if isinstance(err, ProtocolError):
         return 400, err.to_body()
     if isinstance(err, (CoordinatorError, ProviderError)):
         return http_status(err), error_body(err)
-    log.error("agent %s: %s failed", agent_id, path, exc_info=err)
+    if quiet is None:
+        log.error("agent %s: %s failed", agent_id, path, exc_info=err)
+    else:
+        quiet.report("internal-error", f"agent {agent_id}: {path} failed", level=logging.ERROR,
+                     exc_info=(type(err), err, err.__traceback__))
     return 500, error_body(err)
 
 
+def _refused(core: Core, request: web.Request, status: int, body: dict[str, str],
+             key: bytes | None, nonce: str, retry_after_s: int | None = None) -> web.Response:
+    """An agent request refused before its handler: counted, answered, and when part of
+    its body is still on the way, the connection closed (aiohttp drains what is left of
+    it for a few seconds, discarding it, then drops it)."""
+    core.guard.refused(body["error"])
+    response = _agent_answer(core, status, body, key, nonce)
+    if retry_after_s is not None:
+        response.headers["Retry-After"] = str(retry_after_s)
+    if not request.content.is_eof():
+        response.force_close()
+    return response
+
+
 def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """Wrap an agent handler in DESIGN 3.3's checks and 3.4's response signature."""
+    """Wrap an agent handler in DESIGN 3.3's checks and 3.4's response signature.
+
+    The order: a declared body over 1 MiB (413), then, on the headers alone, an issued
+    agent and well-formed signing headers (401), and only then is the body read, within
+    the shared budget and a deadline, its signature verified, its nonce admitted."""
 
     async def handler(request: web.Request) -> web.Response:
         core = request.app[CORE]
         nonce = request.headers.get(signing.HEADER_NONCE, "")
+        if too_large_declared(request):
+            return _refused(core, request, 413, too_large().to_body(), None, nonce)
         try:
-            body = await read_body(request)
-        except Refusal as err:
-            return _agent_answer(core, err.status, err.to_body(), None, nonce)
-        try:
-            agent = core.auth.verify(
-                # raw_path: the path and query exactly as the agent sent and signed them.
-                method=request.method, path_qs=request.raw_path,
-                headers=request.headers, body=body, now=core.clock(),
-            )
+            agent_id = core.auth.screen(request.headers)
         except AuthFailure as failure:
-            return _agent_answer(core, failure.status, failure.to_body(), failure.verified_key,
-                                 nonce)
+            return _refused(core, request, failure.status, failure.to_body(), None, nonce)
+        claimed = 0
         try:
-            status, payload = await fn(core, agent, body)
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:
-            status, payload = agent_failure(err, agent.agent_id, request.path)
-        return _agent_answer(core, status, payload, agent.key, agent.nonce)
+            try:
+                body, claimed = await read_body(request, budget=core.guard.budget, key=agent_id)
+            except Refusal as err:
+                return _refused(core, request, err.status, err.to_body(), None, nonce,
+                                err.retry_after_s)
+            try:
+                agent = core.auth.verify(
+                    # raw_path: the path and query exactly as the agent sent and signed them.
+                    method=request.method, path_qs=request.raw_path, headers=request.headers,
+                    body=body, now=core.clock(), screened_id=agent_id,
+                )
+            except AuthFailure as failure:
+                return _refused(core, request, failure.status, failure.to_body(),
+                                failure.verified_key, nonce)
+            try:
+                status, payload = await fn(core, agent, body)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                status, payload = agent_failure(err, agent.agent_id, request.path,
+                                                core.guard.quiet)
+            return _agent_answer(core, status, payload, agent.key, agent.nonce)
+        finally:
+            core.guard.budget.release(agent_id, claimed)
 
     return handler
 
@@ -322,7 +408,8 @@ async def _heartbeat(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int
 async def _result(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, Any]:
     result = decode(Result, body)
     now = core.clock()
-    outcome = await core.store.write(ingest.result_job(agent.agent_id, result, core.settings, now))
+    outcome = await core.store.write(ingest.result_job(agent.agent_id, result, core.settings, now,
+                                                       core.started_at))
     core.tracker.touch(outcome.instance_id, now)
     if outcome.terminate:
         core.monitor.wake()
@@ -341,7 +428,11 @@ async def _logs(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, Any
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:
-    raw = await read_body(request)
+    # The operator's bodies are small; they are read whole here, once the token is known
+    # (the middleware checked it), and count against the same budget while read.
+    budget = request.app[CORE].guard.budget
+    raw, claimed = await read_body(request, budget=budget, key="operator")
+    budget.release("operator", claimed)
     if not raw.strip():
         return {}
     try:
@@ -392,8 +483,9 @@ def _text(body: dict[str, Any], name: str, *, required: bool, max_chars: int) ->
         raise InvalidInput(f"Field '{name}' must not be empty.", field=name)
     if len(value) > max_chars:
         raise InvalidInput(f"Field '{name}' is longer than {max_chars} characters.", field=name)
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise InvalidInput(f"Field '{name}' must not hold control characters.", field=name)
+    if has_unsafe(value):
+        raise InvalidInput(f"Field '{name}' must not hold control or bidi characters.",
+                           field=name)
     return value
 
 
@@ -659,7 +751,7 @@ async def _recent_events(core: Core, request: web.Request) -> Any:
 
 async def _metrics(request: web.Request) -> web.Response:
     core = request.app[CORE]
-    text = metrics.render_metrics(core.store, core.clock)
+    text = metrics.render_metrics(core.store, core.clock, core.guard)
     return web.Response(body=text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
@@ -714,15 +806,10 @@ async def _scaling(core: Core, request: web.Request) -> Any:
     return [scaling_view(r) for r in core.store.scaling()]
 
 
-def fleet_scaling_efficiency(rows: list[Row]) -> float | None:
-    """Median multi-GPU efficiency the fleet measured (coordinator's reading, else agent's)."""
-    values = []
-    for r in rows:
-        eff = r.get("efficiency")
-        if eff is None:
-            eff = r.get("agent_efficiency")
-        if eff is not None and eff > 0:
-            values.append(float(eff))
+def fleet_scaling_efficiency(reads: Reads) -> float | None:
+    """Median multi-GPU efficiency the fleet measured, by the coordinator's own reading of
+    results that count (never a host's own figure, nor a flagged result's)."""
+    values = reads.trusted_scaling_efficiencies(policy.RANKING_EXCLUDING_FLAGS)
     return statistics.median(values) if values else None
 
 
@@ -747,7 +834,7 @@ async def _offers(core: Core, request: web.Request) -> Any:
     # vast.ai machine ids are integers; a bring-your-own label never matches an offer.
     numeric_bad = {int(m) for m in bad_ids if m.isdigit()}
     return rank_offers(offers, core.store.host_perf(), numeric_bad,
-                       fleet_scaling_efficiency(core.store.scaling()),
+                       fleet_scaling_efficiency(core.store),
                        min_instance_ram_gb=core.settings.min_instance_ram_gb,
                        machine_ram_gb=core.store.instance_ram_by_machine())
 
@@ -813,8 +900,10 @@ def create_app(
     monitor = Monitor(settings, store, provider, clock, tracker,
                       on_agent_revoked=auth.mark_revoked)
     monitor.seed(clock())
+    guard = Guard(clock, settings.admin_failures_per_minute)
     core = Core(settings, store, provider, clock, auth, tracker, monitor,
-                Deployer(settings, store, provider, clock, destroy=monitor.destroy))
+                Deployer(settings, store, provider, clock, destroy=monitor.destroy), guard,
+                float(started_second))
 
     # Bodies are read (and bounded) by read_body, so aiohttp's own limit never answers first.
     app = web.Application(middlewares=[error_middleware], client_max_size=2 * MAX_BODY_BYTES)
@@ -845,7 +934,7 @@ def create_app(
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/openapi.json", _openapi)
     setup_dashboard(app, admin_token=settings.admin_token, session_ttl_s=settings.session_ttl_s,
-                    clock=clock)
+                    clock=clock, throttle=guard.credentials, on_refused=guard.refused)
 
     if run_monitor:
         app.cleanup_ctx.append(_monitor_ctx)

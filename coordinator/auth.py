@@ -1,7 +1,9 @@
 """Who may speak: agent request verification (DESIGN 3.3), response signing (3.4), admin token.
 
 Checks run in the contract's order and write nothing: body size (413), agent
-and signature (401), timestamp (401), nonce (409), nonce budget (429).
+and signature (401), timestamp (401), nonce (409), nonce budget (429). The agent
+id and the shape of the signing headers are checked on the headers alone
+(``screen``), before any of the body is read.
 
 Nonce memory is not persisted. Instead every timestamp at or before the
 second this process started is refused (``protocol.nonces`` explains why
@@ -126,33 +128,45 @@ class AgentAuth:
         headers: Mapping[str, str],
         body: bytes,
         now: float,
+        screened_id: str | None = None,
     ) -> VerifiedAgent:
-        """Check one request (body already read within the size limit); raise AuthFailure."""
-        agent = self.authenticate(method=method, path_qs=path_qs, headers=headers, body=body)
+        """Check one request (body already read within the size limit); raise AuthFailure.
+        ``screened_id``: what ``screen`` returned for these headers, if it ran."""
+        agent = self.authenticate(method=method, path_qs=path_qs, headers=headers, body=body,
+                                  screened_id=screened_id)
         self.admit(agent, now)
         return agent
 
-    def authenticate(
-        self, *, method: str, path_qs: str, headers: Mapping[str, str], body: bytes
-    ) -> VerifiedAgent:
-        """Steps 2 to 4: a known agent whose signature verifies. Writes nothing, so a front
-        process (``coordinator.front``) runs it and leaves ``admit`` to the one process
-        that holds the nonce memory."""
+    def screen(self, headers: Mapping[str, str]) -> str:
+        """Step 2 on the headers alone, before any of the body is read: an issued, not
+        revoked agent id and well-formed signing headers; returns the agent id. A
+        stranger is refused here, so nothing is ever buffered for one."""
         agent_id = headers.get(signing.HEADER_AGENT, "")
-        timestamp = headers.get(signing.HEADER_TIMESTAMP, "")
-        nonce = headers.get(signing.HEADER_NONCE, "")
-        signature = headers.get(signing.HEADER_SIGNATURE, "")
         if not signing.is_agent_id(agent_id) or not self._known(agent_id):
             raise AuthFailure(401, "unknown_agent", "This agent id is unknown or revoked.")
+        signature = headers.get(signing.HEADER_SIGNATURE, "")
         if (
             not signature
             or signing.SIGNATURE_RE.fullmatch(signature) is None
-            or signing.TIMESTAMP_RE.fullmatch(timestamp) is None
-            or not signing.is_nonce(nonce)
+            or signing.TIMESTAMP_RE.fullmatch(headers.get(signing.HEADER_TIMESTAMP, "")) is None
+            or not signing.is_nonce(headers.get(signing.HEADER_NONCE, ""))
         ):
             raise AuthFailure(
                 401, "bad_signature", "The request signature is missing or malformed."
             )
+        return agent_id
+
+    def authenticate(
+        self, *, method: str, path_qs: str, headers: Mapping[str, str], body: bytes,
+        screened_id: str | None = None,
+    ) -> VerifiedAgent:
+        """Steps 2 to 4: a known agent whose signature verifies. Writes nothing, so a front
+        process (``coordinator.front``) runs it and leaves ``admit`` to the one process
+        that holds the nonce memory."""
+        agent_id = screened_id if screened_id is not None else self.screen(headers)
+        timestamp = headers[signing.HEADER_TIMESTAMP]
+        nonce = headers[signing.HEADER_NONCE]
+        signature = headers[signing.HEADER_SIGNATURE]
         canonical = signing.canonical_request(timestamp, nonce, method, path_qs, body)
         verified_key: bytes | None = None
         for key in self.keys_for(agent_id):

@@ -56,7 +56,8 @@ def operator_options(fn: F) -> F:
         try:
             return fn(client, *args, **kwargs)
         except OperatorError as err:
-            click.echo(f"Error: {err}", err=True)
+            # The message may quote what a host sent (a label, a machine id): shown as text.
+            click.echo(f"Error: {render.clean(str(err))}", err=True)
             sys.exit(EXIT_REFUSED if err.status else EXIT_UNREACHABLE)
 
     return wrapper  # type: ignore[return-value]
@@ -69,7 +70,7 @@ def json_option(fn: F) -> F:
 
 
 def echo_json(value: Any) -> None:
-    click.echo(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode())
+    click.echo(render.json_safe(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -230,7 +231,7 @@ def status(client: OperatorClient, as_json: bool) -> None:
         if sys.stdout.isatty():
             echo_json(orjson.loads(raw))
         else:  # for a script: the API's own JSON, compact, without a parse and re-encode
-            click.echo(raw)
+            click.echo(render.json_safe(raw.decode()))
         return
     rows = client.get("/api/instances")
     if not rows:
@@ -505,7 +506,7 @@ def agents_issue(
         echo_json(env)
         return
     for key, value in env.items():
-        click.echo(f"{key}={value}")
+        click.echo(f"{key}={render.clean(value)}")
 
 
 @agents.command("revoke")
@@ -519,7 +520,7 @@ def agents_revoke(client: OperatorClient, agent_id: str) -> None:
       vast-manager agents revoke ag_0123456789abcdef0123
     """
     client.post(f"/api/agents/{agent_id}/revoke")
-    click.echo(f"Agent {agent_id} revoked.")
+    click.echo(f"Agent {render.clean(agent_id)} revoked.")
 
 
 # --- offers and deploy --------------------------------------------------------------
@@ -617,8 +618,8 @@ def deploy(
         body["max_dph_total"] = max_dph_total
     answer = client.post("/api/deploy", body)
     click.echo(
-        f"Instance {answer.get('instance_id')} (agent {answer.get('agent_id')}): "
-        f"{render.clean(answer.get('message'))}"
+        f"Instance {render.clean(answer.get('instance_id'))} (agent "
+        f"{render.clean(answer.get('agent_id'))}): {render.clean(answer.get('message'))}"
     )
 
 

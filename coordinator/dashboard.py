@@ -23,8 +23,12 @@ from aiohttp import web
 
 from coordinator.auth import admin_authorized
 from coordinator.errors import Refusal
+from coordinator.guard import CredentialThrottle
+from coordinator.render import dashboard_script
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
+#: Generated from ``render.UNSAFE_TEXT_RANGES``: the dashboard's ``safeText``.
+TEXTSAFE_SCRIPT = "textsafe.js"
 COOKIE_NAME = "vm_session"
 CSRF_HEADER = "X-CSRF-Token"
 MAX_SESSIONS = 1000
@@ -100,20 +104,39 @@ class SessionStore:
 
 SESSIONS = web.AppKey("sessions", SessionStore)
 ADMIN_TOKEN = web.AppKey("dashboard_admin_token", str)
+THROTTLE = web.AppKey("credential_throttle", CredentialThrottle)
+ON_REFUSED: web.AppKey[Callable[[str], None]] = web.AppKey("on_refused")
+
+
+def throttled(request: web.Request, what: str) -> Refusal | None:
+    """The ``429`` for an address past its failed attempts (checked before any token is
+    compared, so a guesser learns nothing more), else None."""
+    wait = request.app[THROTTLE].retry_after_s(request.remote)
+    if wait is None:
+        return None
+    return Refusal(429, "too_many_attempts",
+                   f"Too many failed {what} from this address; try again in {wait} s.",
+                   retry_after_s=wait)
 
 
 def authorize_operator(request: web.Request, admin_token: str) -> None:
     """Raise ``Refusal`` unless the request carries the Bearer token or a live session.
 
-    A request that names an Authorization header is judged by it alone. A
+    A request that names an Authorization header is judged by it alone, and a wrong
+    token counts against its address (``coordinator.guard.CredentialThrottle``). A
     session-authenticated request that can change state must also carry the
     session's CSRF token (a cross-site page can make the browser send the
     cookie, SameSite aside, but cannot read the token).
     """
     authorization = request.headers.get("Authorization")
     if authorization is not None:
+        refusal = throttled(request, "admin-token attempts")
+        if refusal is not None:
+            raise refusal
         if admin_authorized(authorization, admin_token):
+            request.app[THROTTLE].succeeded(request.remote)
             return
+        request.app[THROTTLE].failed(request.remote)
         raise Refusal(401, "unauthorized", "The admin token is not valid.")
     session = request.app[SESSIONS].get(request.cookies.get(COOKIE_NAME))
     if session is None:
@@ -149,7 +172,21 @@ def _secure_request(request: web.Request) -> bool:
     return request.secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
 
 
+def _refuse(request: web.Request, status: int, code: str, message: str,
+            retry_after_s: int | None = None) -> web.Response:
+    request.app[ON_REFUSED](code)
+    response = _error(status, code, message)
+    if retry_after_s is not None:
+        response.headers["Retry-After"] = str(retry_after_s)
+    return response
+
+
 async def _login(request: web.Request) -> web.Response:
+    refusal = throttled(request, "logins")
+    if refusal is not None:
+        # Before the body is read: a guesser past the limit costs nothing more.
+        return _refuse(request, refusal.status, refusal.code, refusal.message,
+                       refusal.retry_after_s)
     if request.content_type != "application/json":
         # A cross-site form cannot send JSON without a CORS preflight we never answer.
         return _error(415, "unsupported_media_type", "Send the token as a JSON object.")
@@ -167,7 +204,9 @@ async def _login(request: web.Request) -> web.Response:
     if not isinstance(token, str) or not hmac.compare_digest(
         token.encode(), admin_token.encode()
     ):
-        return _error(401, "unauthorized", "That is not the admin token.")
+        request.app[THROTTLE].failed(request.remote)
+        return _refuse(request, 401, "unauthorized", "That is not the admin token.")
+    request.app[THROTTLE].succeeded(request.remote)
     sessions = request.app[SESSIONS]
     request.app[SESSIONS].drop(request.cookies.get(COOKIE_NAME))
     session_id, session = sessions.create()
@@ -217,8 +256,12 @@ async def _index(request: web.Request) -> web.FileResponse:
     return _static_file("index.html")
 
 
-async def _static(request: web.Request) -> web.FileResponse:
-    return _static_file(request.match_info["name"])
+async def _static(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["name"]
+    if name == TEXTSAFE_SCRIPT:
+        return web.Response(text=dashboard_script(), content_type="text/javascript",
+                            charset="utf-8", headers={"Cache-Control": "no-cache"})
+    return _static_file(name)
 
 
 async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
@@ -232,11 +275,18 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
 
 
 def setup_dashboard(
-    app: web.Application, *, admin_token: str, session_ttl_s: float, clock: Callable[[], float]
+    app: web.Application, *, admin_token: str, session_ttl_s: float, clock: Callable[[], float],
+    throttle: CredentialThrottle | None = None,
+    on_refused: Callable[[str], None] = lambda _code: None,
 ) -> None:
-    """Register the dashboard's routes, its session store and the security headers."""
+    """Register the dashboard's routes, its session store and the security headers.
+
+    ``throttle`` counts failed admin-token attempts per address, for the login and the
+    operator API alike; ``on_refused`` is told the code of each refused login."""
     app[SESSIONS] = SessionStore(session_ttl_s, clock)
     app[ADMIN_TOKEN] = admin_token
+    app[THROTTLE] = throttle if throttle is not None else CredentialThrottle(clock)
+    app[ON_REFUSED] = on_refused
     app.on_response_prepare.append(_security_headers)
     app.router.add_get("/", _index)
     app.router.add_get("/static/{name}", _static)

@@ -34,13 +34,16 @@ class CoordinatorError(Exception):
 
 class Refusal(Exception):
     """A request refused at the HTTP layer with its own status, before any handler
-    runs: a body too large, too slow or cut off; a missing login; a failed CSRF check."""
+    runs: a body too large, too slow or cut off; a missing login; a failed CSRF check;
+    too many failed attempts (with the seconds to wait, sent as ``Retry-After``)."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, *,
+                 retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.retry_after_s = retry_after_s
 
     def to_body(self) -> dict[str, str]:
         return {"error": self.code, "message": self.message}

@@ -39,7 +39,13 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from coordinator import relay
-from coordinator.app import agent_lookup, agent_response, read_body
+from coordinator.app import (
+    agent_lookup,
+    agent_response,
+    read_body,
+    too_large,
+    too_large_declared,
+)
 from coordinator.auth import MAX_BODY_BYTES, AgentAuth, AuthFailure
 from coordinator.errors import Refusal
 from coordinator.ingest import steady_fields
@@ -92,7 +98,13 @@ class Front:
     async def heartbeat(self, request: web.Request) -> web.Response:
         nonce = request.headers.get(signing.HEADER_NONCE, "")
         try:
-            body = await read_body(request)
+            if not too_large_declared(request):
+                self.auth.screen(request.headers)  # a stranger's body is never read
+        except AuthFailure as failure:
+            return agent_response(self.clock(), failure.status,
+                                  orjson.dumps(failure.to_body()), None, nonce)
+        try:
+            body, _ = await read_body(request)
         except Refusal as err:
             return agent_response(self.clock(), err.status, orjson.dumps(err.to_body()), None,
                                   nonce)
@@ -134,10 +146,19 @@ class Front:
     async def forward(self, request: web.Request) -> web.StreamResponse:
         """Any other request, to the writer's process as it came, and its answer back."""
         agent_side = request.path.startswith("/v1/")
+        if agent_side and request.method == "POST":
+            # As the writer's process would answer, before reading: a stranger's body is
+            # never read.
+            if too_large_declared(request):
+                return self._plain(413, orjson.dumps(too_large().to_body()), True)
+            try:
+                self.auth.screen(request.headers)
+            except AuthFailure as failure:
+                return self._plain(failure.status, orjson.dumps(failure.to_body()), True)
         try:
             # Twice the agents' limit: the writer's process applies its own limits, this
             # only bounds what a front holds.
-            body = await read_body(request, 2 * MAX_BODY_BYTES)
+            body, _ = await read_body(request, 2 * MAX_BODY_BYTES)
         except Refusal as err:
             return self._plain(err.status, orjson.dumps(err.to_body()), agent_side)
         headers = CIMultiDict((k, v) for k, v in request.headers.items()

@@ -65,6 +65,13 @@ def _take_directive(tx: Tx, inst: Row, settings: Settings, now: float) -> Direct
     return directive
 
 
+def time_scale(inst: Row, settings: Settings) -> float:
+    """Simulated seconds per real second of this instance: the simulated fleet's scale
+    for an instance we deployed (``VM_SIM_TIME_SCALE``, 1 outside a simulation), 1 for a
+    bring-your-own agent, which is a real machine even beside a simulated fleet."""
+    return settings.sim_time_scale if inst.get("kind") == "deployed" else 1.0
+
+
 def _require_agent(tx: Tx, agent_id: str) -> Row:
     agent = tx.get_agent(agent_id)
     if agent is None or agent["revoked"]:
@@ -258,6 +265,8 @@ def _heartbeat_job(
         }
         if hb.phase != "benchmarking":
             updates["last_non_benchmark_at"] = now
+        else:
+            updates["benchmarking_seen_at"] = now
         state = inst["state"]
         ids = {"instance_id": inst["id"], "agent_id": agent_id, "machine_id": inst["machine_id"]}
         if state in policy.STICKY_STATES:
@@ -394,7 +403,7 @@ def _track_benchmark(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: 
     # late heartbeat only makes it later, in the host's favour). Before the first
     # completion only the first sight is known, and the agent announces the run a
     # moment before the batch really starts: two heartbeat intervals are allowed.
-    scale = settings.sim_time_scale
+    scale = time_scale(inst, settings)
     for w in fresh:
         anchor = min(now - w / scale, anchor if anchor is not None else now)
     if anchor is not None:
@@ -535,32 +544,32 @@ class ResultOutcome:
 
 
 def _scaling_diagnosis(
-    runs: list[ScalingRun], inst: Row
-) -> tuple[float, float | None, scaling.Diagnosis] | None:
-    """(rate_all, rate_one, the coordinator's own Diagnosis) from the reported runs.
+    runs: list[ScalingRun], inst: Row, rate_all: float | None, rate_one: float | None
+) -> tuple[float | None, float | None, scaling.Diagnosis] | None:
+    """(rate_all, rate_one, the coordinator's own Diagnosis) of the reported runs, on the
+    rates the coordinator measured (never the runs' own: a host's arithmetic).
 
-    Without a one-GPU run (a host terminated on its all-GPU benchmark) the
-    efficiency is unknown, but the telemetry still names the bottleneck.
+    Without a one-GPU run (a host terminated on its all-GPU benchmark) or a measured
+    all-GPU run the efficiency is unknown, but the telemetry still names the bottleneck.
     """
     if not runs:
         return None
-    run_all = max(runs, key=lambda r: len(r.gpus_used))
-    singles = [r for r in runs if len(r.gpus_used) == 1 and r is not run_all]
-    rate_all = run_all.rate_per_hour
-    rate_one = singles[0].rate_per_hour if singles else None
+    run_all = max(runs, key=lambda r: len(set(r.gpus_used)))
     gpus = []
     if inst.get("host_json"):
         try:
             gpus = from_obj(HostInfo, loads(inst["host_json"])).gpus
         except ValueError:
             gpus = []
-    num_gpus = max(len(run_all.gpus_used), 1)
-    diagnosis = scaling.diagnose(num_gpus, rate_all, rate_one or 0.0, run_all.telemetry, gpus)
+    num_gpus = max(len(set(run_all.gpus_used)), 1)
+    diagnosis = scaling.diagnose(num_gpus, rate_all or 0.0,
+                                 rate_one if rate_all is not None and rate_one else 0.0,
+                                 run_all.telemetry, gpus)
     return rate_all, rate_one, diagnosis
 
 
 def _steady_rate(
-    result: Result, inst: Row, settings: Settings
+    result: Result, inst: Row, settings: Settings, gpus: int
 ) -> tuple[float | None, int | None]:
     """The steady-state rate of a finished benchmark (early verdicts on), and its concurrency.
 
@@ -572,7 +581,7 @@ def _steady_rate(
             or inst["bench_status"] not in (BENCH_OPEN, BENCH_PASSED)):
         return None, None
     j = int(concurrency)
-    if j > settings.max_concurrency_per_gpu * max(1, len(result.gpus_used)):
+    if j > settings.max_concurrency_per_gpu * gpus:
         return None, None
     rate = steady_state_rate_per_hour(
         list(result.proof_seconds), j, result.wall_seconds,
@@ -581,9 +590,62 @@ def _steady_rate(
     return (rate, j) if rate is not None else (None, None)
 
 
+def reported_gpus(inst: Row) -> frozenset[int] | None:
+    """The GPU indexes of the instance's hello (None before its first hello)."""
+    host = loads(inst.get("host_json"))
+    if not isinstance(host, dict) or not isinstance(host.get("gpus"), list):
+        return None
+    return frozenset(
+        g["index"] for g in host["gpus"]
+        if isinstance(g, dict) and isinstance(g.get("index"), int)
+        and not isinstance(g.get("index"), bool)
+    )
+
+
+def measured_rates(tx: Tx, inst: Row) -> dict[int, float]:
+    """GPU count -> the recomputed rate of the instance's latest counted benchmark result
+    on that many GPUs (the coordinator's own figures for a scaling diagnosis)."""
+    rates: dict[int, float] = {}
+    for row in tx.results_for_instance(inst["id"]):  # oldest first: the latest wins
+        rate = row["recomputed_rate_per_hour"]
+        if row["kind"] == "benchmark" and row["counts_for_host_perf"] and rate is not None:
+            rates[max(1, len(set(loads(row["gpus_used_json"]) or [])))] = float(rate)
+    return rates
+
+
+def watch_of(inst: Row, settings: Settings, now: float,
+             measured: dict[int, float] | None = None,
+             watching_since: float | None = None) -> policy.Watch:
+    """What the coordinator saw of an instance, for judging its next result."""
+    entered = inst["last_non_benchmark_at"] or inst["hello_at"]
+    used = inst["result_window_at"]
+    after_result = entered is not None and used is not None and float(used) >= float(entered)
+    window_start = float(used) if after_result else entered
+    seen = inst["benchmarking_seen_at"]
+    state = inst["state"]
+    terminated = inst["terminate_reason"] or (
+        f"the instance is {state}" if state in policy.STICKY_STATES else None)
+    return policy.Watch(
+        now=now,
+        window_start=None if window_start is None else float(window_start),
+        window_after_result=after_result,
+        benchmarking_seen=seen is not None and entered is not None
+        and float(seen) >= float(entered),
+        reported_gpus=reported_gpus(inst),
+        # A deployed instance rents the offer's GPUs, whatever its hello says.
+        max_gpus=(inst["num_gpus"] or None) if inst["kind"] == "deployed" else None,
+        time_scale=time_scale(inst, settings),
+        terminated=terminated,
+        watching_since=watching_since,
+        measured_rates=measured or {},
+    )
+
+
 def result_job(
-    agent_id: str, result: Result, settings: Settings, now: float
+    agent_id: str, result: Result, settings: Settings, now: float,
+    watching_since: float | None = None,
 ) -> Callable[[Tx], ResultOutcome]:
+    """``watching_since``: when this coordinator process started (``policy.Watch``)."""
     limits = policy.PolicyLimits.from_settings(settings)
 
     def job(tx: Tx) -> ResultOutcome:
@@ -596,9 +658,11 @@ def result_job(
         ids = {"instance_id": inst["id"], "agent_id": agent_id, "machine_id": inst["machine_id"]}
         machine_id = inst["machine_id"] or inst["label"]
         gpu_name = inst["gpu_name"] or "unknown"
-        num_gpus = inst["num_gpus"] or max(len(result.gpus_used), 1)
+        num_gpus = inst["num_gpus"] or max(len(set(result.gpus_used)), 1)
+        watch = watch_of(inst, settings, now,
+                         measured_rates(tx, inst) if result.kind == "scaling" else None,
+                         watching_since)
         seen_from = inst["last_non_benchmark_at"] or inst["hello_at"]
-        observed = None if seen_from is None else max(0.0, now - float(seen_from))
         # Ours on the same machine at any time since this benchmark began (still
         # active, or destroyed meanwhile, e.g. a doubly sold offer reconciled away);
         # an instance that never said hello never ran a proof.
@@ -610,26 +674,30 @@ def result_job(
             and (o["destroyed_at"] is None or seen_from is None
                  or float(o["destroyed_at"]) >= float(seen_from))
         ]
-        check = policy.check_result(
-            result, observed_max_seconds=observed, limits=limits, contended_with=contended
-        )
+        check = policy.check_result(result, watch=watch, limits=limits, contended_with=contended)
         rate = check.recomputed_rate_per_hour
-        inst_updates: dict[str, Any] = {"last_seen": now, "updated_at": now}
+        # Every result uses up the stretch of benchmarking before it: the next may claim
+        # only what the coordinator sees after this one.
+        inst_updates: dict[str, Any] = {"last_seen": now, "updated_at": now,
+                                        "result_window_at": now}
         verdict: policy.Verdict | None = None
         terminate = False
-        already_ending = inst["state"] in policy.STICKY_STATES or bool(inst["terminate_reason"])
-        if result.kind == "benchmark":
-            steady, concurrency = _steady_rate(result, inst, settings)
+        already_ending = watch.terminated is not None
+        if check.reasons:
+            tx.insert_event(now, "flagged", "; ".join(check.reasons), **ids)
+        if result.kind == "benchmark" or check.implausible:
+            steady, concurrency = _steady_rate(result, inst, settings, check.gpus)
             if inst["bench_status"] in (BENCH_OPEN, BENCH_PASSED):
                 inst_updates["bench_status"] = BENCH_CLOSED  # the run is over: judge no more
-            verdict = policy.benchmark_verdict(
-                check, inst["min_rate_per_hour"], steady_rate=steady, concurrency=concurrency
-            )
-            if not check.implausible and rate is not None:
+            if not already_ending:
+                verdict = policy.benchmark_verdict(
+                    check, inst["min_rate_per_hour"], steady_rate=steady,
+                    concurrency=concurrency,
+                )
+            if result.kind == "benchmark" and not check.implausible and not already_ending \
+                    and rate is not None:
                 inst_updates["rate_per_hour"] = rate
-            if check.reasons:
-                tx.insert_event(now, "flagged", "; ".join(check.reasons), **ids)
-            if already_ending:
+            if verdict is None:
                 pass  # already on its way out; the result is kept as evidence only
             elif verdict.action == "terminate":
                 terminate = True
@@ -693,12 +761,15 @@ def result_job(
                 rate_per_hour=rate, dph_total=inst["dph_total"], now=now,
             )
         if result.kind == "scaling":
-            _record_scaling(tx, result, fresh, row_id, machine_id, gpu_name, num_gpus, now)
-        elif terminate and len(result.gpus_used) > 1:
+            one = {len(set(result.gpus_used)): rate} if rate is not None else {}
+            _record_scaling(tx, result, fresh, row_id, machine_id, gpu_name, num_gpus, now,
+                            {**watch.measured_rates, **one})
+        elif terminate and check.gpus > 1:
             # No one-GPU run follows a terminated host, yet why its GPUs scale
             # badly is exactly what the operator wants to know: diagnose the
             # all-GPU run's telemetry.
-            _record_scaling(tx, result, fresh, row_id, machine_id, gpu_name, num_gpus, now)
+            _record_scaling(tx, result, fresh, row_id, machine_id, gpu_name, num_gpus, now,
+                            {check.gpus: rate} if rate is not None else {})
         return ResultOutcome(inst["id"], False, directive, terminate)
 
     return job
@@ -713,10 +784,16 @@ def _record_scaling(
     gpu_name: str,
     num_gpus: int,
     now: float,
+    measured: dict[int, float],
 ) -> None:
+    """The scaling table's row: the coordinator's reading (on ``measured``, GPU count ->
+    the rate it recomputed) beside the agent's own."""
     runs = result.runs or [ScalingRun(result.gpus_used, result.rate_per_hour, result.telemetry)]
+    sizes = sorted({max(1, len(set(r.gpus_used))) for r in runs})
+    rate_all = measured.get(sizes[-1])
+    rate_one = measured.get(1) if len(sizes) > 1 and sizes[0] == 1 else None
     try:
-        found = _scaling_diagnosis(runs, inst)
+        found = _scaling_diagnosis(runs, inst, rate_all, rate_one)
     except Exception:  # a diagnosis bug must not lose the agent's result
         log.exception("scaling diagnosis failed for result %s", row_id)
         found = None

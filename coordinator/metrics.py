@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator import policy
+from coordinator.guard import Guard
+from coordinator.render import neutralise
 from coordinator.store import Reads, Row, loads
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -31,23 +33,11 @@ Labels = tuple[tuple[str, str], ...]
 
 
 def escape_label_value(value: Any) -> str:
-    """Backslash, double quote and newline escaped as the format says; other control
-    characters (which no label should hold) become spaces; long values are cut."""
-    text = "" if value is None else str(value)
-    text = text[:MAX_LABEL_CHARS]
-    out = []
-    for ch in text:
-        if ch == "\\":
-            out.append("\\\\")
-        elif ch == '"':
-            out.append('\\"')
-        elif ch == "\n":
-            out.append("\\n")
-        elif ord(ch) < 32 or ord(ch) == 127:
-            out.append(" ")
-        else:
-            out.append(ch)
-    return "".join(out)
+    """Host text neutralised (``render.neutralise``: control and bidi characters read as
+    escapes), cut to ``MAX_LABEL_CHARS``, then backslash, double quote and newline
+    escaped as the exposition format says."""
+    text = "" if value is None else neutralise(str(value))[:MAX_LABEL_CHARS]
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def format_value(value: float) -> str:
@@ -250,10 +240,33 @@ def collect(reads: Reads, now: float) -> list[Family]:
             *cuzk_fams.values(), scrape]
 
 
+def guard_families(guard: Guard) -> list[Family]:
+    """What the coordinator refused since it started (``coordinator.guard``)."""
+    refused = Family("vm_refused_requests_total",
+                     "Requests refused before their body was used, by error code.", "counter")
+    for code, n in sorted(guard.counters.refused.items()):
+        refused.add(n, (("code", code),))
+    malformed = Family("vm_malformed_requests_total",
+                       "Requests the HTTP parser refused, by kind.", "counter")
+    for kind, n in sorted(guard.counters.malformed.items()):
+        malformed.add(n, (("kind", kind),))
+    suppressed = Family("vm_log_lines_suppressed_total",
+                        "Log lines about refused traffic left out by the rate limit "
+                        "(counted here instead).", "counter")
+    suppressed.add(guard.counters.suppressed_log_lines)
+    in_flight = Family("vm_request_body_bytes_in_flight",
+                       "Request-body bytes held in memory now (bounded in total).")
+    in_flight.add(guard.budget.in_flight_bytes)
+    return [refused, malformed, suppressed, in_flight]
+
+
 def render(families: Iterable[Family]) -> str:
     return "\n".join(f.render() for f in families) + "\n"
 
 
-def render_metrics(reads: Reads, clock: Callable[[], float]) -> str:
+def render_metrics(reads: Reads, clock: Callable[[], float], guard: Guard | None = None) -> str:
     """The whole exposition text for one scrape."""
-    return render(collect(reads, clock()))
+    families = collect(reads, clock())
+    if guard is not None:
+        families += guard_families(guard)
+    return render(families)

@@ -28,6 +28,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -38,6 +39,7 @@ from coordinator.app import CORE, create_app, error_response, relay_handler
 from coordinator.frontpool import FrontPool
 from coordinator.providers.base import Provider
 from coordinator.relay import RelayServer
+from coordinator.render import json_safe, neutralise
 from coordinator.settings import Settings, parse_listen
 from coordinator.store import Store
 
@@ -46,6 +48,66 @@ log = logging.getLogger(__name__)
 # Paths the agents' address serves when the operator side listens elsewhere.
 AGENT_SIDE_EXACT = frozenset({"/openapi.json"})
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
+
+
+#: Seconds a new connection has to finish its first request head. aiohttp has no such
+#: timer (its keep-alive timer starts after a first answer), so a connection that never
+#: finishes one (slowloris) would stay open for ever, holding a socket and its buffers.
+HEAD_TIMEOUT_S = 20.0
+#: Seconds an idle keep-alive connection is kept (agents heartbeat every 15 s by default;
+#: aiohttp's own default is an hour).
+KEEPALIVE_TIMEOUT_S = 75.0
+
+
+class HeadDeadline:
+    """Closes every connection that has not finished its first request head within
+    ``timeout_s`` of connecting. Each connection is looked at once, when its time is up
+    (a queue in connection order), so the cost follows new connections, not open ones.
+
+    It reads aiohttp's per-connection request count (``RequestHandler._request_count``,
+    which aiohttp keeps for its own logging); ``tests/test_adversarial_http.py`` fails if
+    that ever goes away."""
+
+    def __init__(self, server: web.Server, timeout_s: float, on_cut: Callable[[], None]) -> None:
+        self.server = server
+        self.timeout_s = timeout_s
+        self.on_cut = on_cut
+        # Connections in the order they came, with their deadline; a connection leaves
+        # when it closes or its time is up, so none is kept alive by this table.
+        self._pending: dict[Any, float] = {}
+        self._loop = asyncio.get_running_loop()
+        made, lost = server.connection_made, server.connection_lost
+
+        def connection_made(handler: Any, transport: asyncio.Transport) -> None:
+            made(handler, transport)
+            self._pending[handler] = self._loop.time() + self.timeout_s
+
+        def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
+            self._pending.pop(handler, None)
+            lost(handler, exc)
+
+        server.connection_made = connection_made  # type: ignore[method-assign]
+        server.connection_lost = connection_lost  # type: ignore[method-assign]
+
+    def sweep(self) -> int:
+        """Close the connections whose time is up with no request head; how many."""
+        now = self._loop.time()
+        cut = 0
+        while self._pending:
+            handler, deadline = next(iter(self._pending.items()))
+            if deadline > now:
+                break
+            del self._pending[handler]
+            if handler.transport is not None and handler._request_count == 0:
+                handler.force_close()
+                self.on_cut()
+                cut += 1
+        return cut
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.timeout_s / 4)
+            self.sweep()
 
 
 @dataclass(slots=True)
@@ -58,6 +120,7 @@ class RunningServer:
     provider: Provider
     admin_url: str | None = None
     fronts: Fronts | None = None
+    heads: asyncio.Task[None] | None = None
 
     async def stop(self) -> None:
         """Stop serving, let the monitor loop end, then close the store.
@@ -65,6 +128,10 @@ class RunningServer:
         The fronts stop first: they finish their requests in flight, which still need
         this process. The provider belongs to the caller (it may outlive the server).
         """
+        if self.heads is not None:
+            self.heads.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.heads
         if self.fronts is not None:
             await self.fronts.stop()
         await self.runner.cleanup()
@@ -216,10 +283,19 @@ async def start_server(
     app = create_app(settings, store, provider, clock)
     if admin_addr is not None:
         app.middlewares.insert(0, listener_split(*admin_addr))
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    guard = app[CORE].guard
+    # aiohttp's server logs through the guard: a malformed request costs a counted kind
+    # and at most a line an interval, not a traceback each.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0,
+                           logger=guard.server_logger(), keepalive_timeout=KEEPALIVE_TIMEOUT_S)
     fronts: Fronts | None = None
+    heads: asyncio.Task[None] | None = None
     try:
         await runner.setup()
+        assert runner.server is not None
+        deadline = HeadDeadline(runner.server, HEAD_TIMEOUT_S,
+                                lambda: guard.refused("head_timeout"))
+        heads = asyncio.create_task(deadline.run(), name="coordinator-head-deadline")
         # With fronts, the agents' socket is theirs: this process serves the admin socket
         # (if any) and, for the fronts, a private one.
         for s in socks[1:] if settings.fronts else socks:
@@ -227,12 +303,14 @@ async def start_server(
         if settings.fronts:
             fronts = await _start_fronts(settings, app, runner, sock)
     except BaseException:
+        if heads is not None:
+            heads.cancel()
         await runner.cleanup()
         for s in socks:
             s.close()
         await asyncio.to_thread(store.close)
         raise
-    return RunningServer(url, settings, store, app, runner, provider, admin_url, fronts)
+    return RunningServer(url, settings, store, app, runner, provider, admin_url, fronts, heads)
 
 
 #: Container allocations between young-generation collections (CPython's default: 700).
@@ -342,6 +420,10 @@ class RedactingFormatter(logging.Formatter):
         text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
         return _KEYED.sub(lambda m: m.group(1) + REDACTED, text)
 
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        # A message may quote what a stranger sent: it must not forge lines or escapes.
+        return neutralise(super().formatMessage(record))
+
     def format(self, record: logging.LogRecord) -> str:
         return self.redact(super().format(record))
 
@@ -361,7 +443,7 @@ class JsonFormatter(RedactingFormatter):
         if record.exc_info:
             payload["exc"] = self.redact(self.formatException(record.exc_info))
         # Blanked before encoding too: JSON escaping would hide a key's quotes from the pattern.
-        return self.redact(orjson.dumps(payload).decode())
+        return json_safe(self.redact(orjson.dumps(payload).decode()))
 
 
 def log_secrets(settings: Settings) -> list[str]:

@@ -22,6 +22,10 @@ from protocol.signing import parse_secrets
 
 ENV_PREFIX = "VM_"
 MIN_ADMIN_TOKEN_CHARS = 16
+#: A token of one character repeated, or two or three in turn, is as long as a good one
+#: and as easy to guess as a short one. A random 16-character hex token has fewer than 6
+#: distinct characters about once in 70,000 draws.
+MIN_ADMIN_TOKEN_DISTINCT_CHARS = 6
 FLEET_SECRET_FILE = "fleet-secret"
 #: More front processes than this buys nothing on any machine we expect: the writer's
 #: process, one core, is the limit long before.
@@ -57,8 +61,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "admin_token",
         None,
-        f"operator API bearer token, at least {MIN_ADMIN_TOKEN_CHARS} characters; unset: "
-        "generated at start and printed once to stderr",
+        f"operator API bearer token: at least {MIN_ADMIN_TOKEN_CHARS} printable ASCII "
+        f"characters, no spaces, at least {MIN_ADMIN_TOKEN_DISTINCT_CHARS} of them different "
+        "(e.g. `openssl rand -hex 24`); unset: generated at start and printed once to stderr",
     ),
     Setting(
         "fleet_secret",
@@ -165,6 +170,12 @@ SETTINGS: tuple[Setting, ...] = (
         "plausibility: relative slack between reported and recomputed numbers",
     ),
     Setting(
+        "max_rate_per_gpu_per_hour",
+        300.0,
+        "plausibility: most proofs/hour one GPU the host reported can make (about three "
+        "times the best the operator has seen, 90-110/h); a faster claim is implausible",
+    ),
+    Setting(
         "verdict_early",
         True,
         "early benchmark verdicts (docs/policy.md): judge the running benchmark from its proof "
@@ -194,7 +205,8 @@ SETTINGS: tuple[Setting, ...] = (
         "sim_time_scale",
         1.0,
         "simulation only: simulated seconds per real second of the local fleet; the "
-        "plausibility check scales the time it observed by it (1 for real hosts)",
+        "plausibility check scales the time it observed of a deployed instance by it "
+        "(never of a bring-your-own agent: a real machine)",
     ),
     Setting("nonces_per_agent", 2000, "nonce memory per agent (beyond it: 429)"),
     Setting("write_batch_max", 512, "most write jobs the writer commits in one transaction"),
@@ -223,6 +235,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("metrics_public", False, "serve /metrics without the admin token"),
     Setting("log_format", "text", "server log lines: text, or json (one object per line)"),
     Setting("session_ttl_s", 43200.0, "dashboard login session lifetime, seconds"),
+    Setting(
+        "admin_failures_per_minute",
+        10,
+        "failed admin-token attempts (dashboard logins, bearer tokens) one client address "
+        "may make in a minute; beyond it `429` with Retry-After, the token not even compared",
+    ),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -313,6 +331,7 @@ class Settings:
     unowned_grace_s: float
     max_concurrency_per_gpu: int
     rate_tolerance: float
+    max_rate_per_gpu_per_hour: float
     sim_time_scale: float
     nonces_per_agent: int
     write_batch_max: int
@@ -324,6 +343,7 @@ class Settings:
     metrics_public: bool = False
     log_format: str = "text"
     session_ttl_s: float = 43200.0
+    admin_failures_per_minute: int = 10
     vast_image: str | None = None
     vast_onstart: str | None = None
     vast_runtype: str = "ssh_direc ssh_proxy"
@@ -383,12 +403,12 @@ class Settings:
 
         for name in ("port", "next_heartbeat_s", "log_lines_per_instance",
                      "heartbeat_history_rows", "max_concurrency_per_gpu", "nonces_per_agent",
-                     "write_batch_max", "deploy_disk_gb"):
+                     "write_batch_max", "deploy_disk_gb", "admin_failures_per_minute"):
             minimum = 0 if name == "port" else 1
             if values[name] < minimum:
                 raise ValueError(f"{_BY_NAME[name].env} must be at least {minimum}")
         for name in ("max_usd_per_proof", "monitor_interval_s", "max_deploy_dph_total",
-                     "sim_time_scale"):
+                     "sim_time_scale", "max_rate_per_gpu_per_hour"):
             if values[name] <= 0:
                 raise ValueError(f"{_BY_NAME[name].env} must be positive")
 
@@ -436,13 +456,26 @@ class Settings:
         if token is None:
             token = secrets.token_urlsafe(32)
             generated = True
-        elif len(token) < MIN_ADMIN_TOKEN_CHARS:
-            raise ValueError(
-                f"VM_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_CHARS} characters"
-            )
+        else:
+            check_admin_token(token)
         values["admin_token"] = token
         values["admin_token_generated"] = generated
         return cls(**values)
+
+
+def check_admin_token(token: str) -> None:
+    """Refuse a token too weak to stand guessing (ValueError naming the rule, never the
+    token): with failed attempts throttled per address (``coordinator.guard``), 16
+    random hex characters (64 bits) take longer than the universe's age to guess."""
+    if len(token) < MIN_ADMIN_TOKEN_CHARS:
+        raise ValueError(f"VM_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_CHARS} characters")
+    if not all("!" <= c <= "~" for c in token):
+        raise ValueError("VM_ADMIN_TOKEN must be printable ASCII without spaces")
+    if len(set(token)) < MIN_ADMIN_TOKEN_DISTINCT_CHARS:
+        raise ValueError(
+            f"VM_ADMIN_TOKEN must hold at least {MIN_ADMIN_TOKEN_DISTINCT_CHARS} different "
+            "characters (generate one: openssl rand -hex 24)"
+        )
 
 
 def parse_listen(text: str) -> tuple[str, int]:

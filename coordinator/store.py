@@ -353,11 +353,22 @@ def _m4_instance_share(db: sqlite_utils.Database) -> None:
     instances.add_column("instance_ram_gb", float)
 
 
+def _m5_observed_benchmark_window(db: sqlite_utils.Database) -> None:
+    """What the coordinator saw of an instance's benchmarking, to judge results against
+    (DESIGN 3.6): a result may claim only the time since the later of these and
+    ``last_non_benchmark_at``, and only if a benchmarking heartbeat was seen."""
+    instances = db.table("instances")
+    instances.add_column("benchmarking_seen_at", float)  # the latest benchmarking heartbeat
+    instances.add_column("result_window_at", float)  # arrival of the latest result: the
+    # stretch of benchmarking before it is used up
+
+
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
     (1, "initial tables of DESIGN 4", _m1_initial),
     (2, "benchmark state for early verdicts", _m2_benchmark_verdict_state),
     (3, "the latest heartbeat on its instance's row", _m3_latest_heartbeat_on_instances),
     (4, "the instance's share of its host", _m4_instance_share),
+    (5, "the observed benchmarking window of each instance", _m5_observed_benchmark_window),
 )
 
 
@@ -553,6 +564,22 @@ class Reads:
 
     def scaling(self) -> list[Row]:
         return _rows(self._conn, "select * from scaling order by id")
+
+    def trusted_scaling_efficiencies(self, excluding_flags: Iterable[str]) -> list[float]:
+        """The coordinator's own efficiency of every scaling diagnosis whose result carries
+        none of ``excluding_flags`` (what the fleet's efficiency, and ranking, may use).
+        A diagnosis without a result row (none is written so today) is the operator's."""
+        flags = sorted(excluding_flags)
+        clauses = " ".join("and (',' || coalesce(r.flags, '') || ',') not like ?" for _ in flags)
+        return [
+            float(r["efficiency"])
+            for r in _rows(
+                self._conn,
+                "select s.efficiency from scaling s left join results r on r.id = s.result_row_id "
+                f"where s.efficiency > 0 {clauses} order by s.id",
+                [f"%,{f},%" for f in flags],
+            )
+        ]
 
     def content_digest(self) -> str:
         """SHA-256 over every row of every table (tests use it to prove a rejected

@@ -107,14 +107,19 @@ def render_instance(data: dict[str, Any]) -> str:
                         r.get("kind"),
                         r.get("proofs_completed"),
                         render.num(r.get("wall_seconds"), 0, " s"),
-                        render.num(r.get("rate_per_hour")),
-                        render.clean(r.get("flags") or "-"),
+                        render.num(r.get("recomputed_rate_per_hour")),
+                        ",".join(r.get("flags") or []) or "-",
                     )
                     for r in results
                 ),
                 ["RESULT", "KIND", "PROOFS", "WALL", "RATE/H (recomputed)", "FLAGS"],
             )
         )
+        # Why each flagged result was kept out (implausible, contended, ...), in the
+        # coordinator's words.
+        for r in results:
+            for why in r.get("flag_reasons") or []:
+                lines.append(f"  {render.clean(r.get('result_id'))}: {render.clean(why)}")
     events = data.get("events") or []
     if events:
         lines += ["", "Decisions:"]

@@ -5,7 +5,9 @@ output format (reference/cuzk.md); the bench talks to the daemon over plain
 HTTP on the daemon's `listen` address where the real one speaks gRPC.
 Knobs (environment): FAKE_GPUS (GPUs when gpus.devices is empty),
 FAKE_BENCH_CRASH (die mid-batch), FAKE_BENCH_MARKER (file touched when a
-batch of more than one proof starts), FAKE_PROOF_DELAY (real seconds per proof).
+batch of more than one proof starts), FAKE_PROOF_DELAY (real seconds per proof),
+FAKE_PROOF_SECONDS (the seconds the bench reports a proof took; default: the daemon's
+simulated ones, which a coordinator watching in real time finds implausible).
 """
 
 from __future__ import annotations
@@ -104,7 +106,9 @@ for i in range(1, n + 1):
     if os.environ.get("FAKE_BENCH_CRASH"):
         print("  [%d/%d] COMPLETED \u2014 1.0s (prove=1 ms, queue=0 ms)" % (i, n), flush=True)
         sys.exit(1)
-    secs = post("/prove")["seconds"]
+    secs = float(os.environ.get("FAKE_PROOF_SECONDS") or post("/prove")["seconds"])
+    if os.environ.get("FAKE_PROOF_SECONDS"):
+        post("/prove")  # the daemon still counts it
     walls.append(secs)
     print("  [%d/%d] COMPLETED \u2014 %.1fs (prove=%d ms, queue=0 ms)" % (i, n, secs, secs * 500),
           flush=True)

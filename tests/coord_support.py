@@ -177,15 +177,19 @@ def result_msg(
     kind: str = "benchmark",
     proof_seconds: list[float] | None = None,
     gpus_used: list[int] | None = None,
+    finished_at: float | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
+    """A benchmark result; ``finished_at`` (e.g. the test's clock now) sets both ends of
+    the run, which otherwise starts at the fake clock's start."""
     rate_per_hour = proofs * 3600.0 / wall_seconds if rate is None else rate
+    started_at = 1_800_000_000.0 if finished_at is None else finished_at - wall_seconds
     msg = {
         "result_id": result_id,
         "kind": kind,
         "proof_type": "porep-c2-32g",
-        "started_at": 1_800_000_000.0,
-        "finished_at": 1_800_000_000.0 + wall_seconds,
+        "started_at": started_at,
+        "finished_at": started_at + wall_seconds,
         "gpus_used": gpus_used if gpus_used is not None else [0],
         "proofs_completed": proofs,
         "proofs_failed": 0,

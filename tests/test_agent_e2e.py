@@ -92,6 +92,8 @@ def env(tmp_path: Path) -> Iterator[dict[str, str]]:
         "VM_FLEET_SECRET": secrets.token_hex(32), "VM_ADMIN_TOKEN": TOKEN,
         "PYTHONPATH": str(ROOT), "VM_E2E_MARKER": f"e2e-{os.getpid()}-{time.monotonic_ns()}",
         "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        # The fake proves in 0.3 s, faster than any GPU: lift the rate ceiling.
+        "VM_MAX_RATE_PER_GPU_PER_HOUR": "1000000",
     })
     yield e
     left = []
@@ -125,6 +127,8 @@ def test_coordinator_killed_mid_benchmark_result_arrives_once(
             "VM_CUZK_BENCH_BIN": write_script(tmp_path / "fake-cuzk-bench", FAKE_BENCH),
             "VM_BENCH_PROOFS": "4", "VM_NVML": "off", "VM_PROVIDER": "local",
             "FAKE_BENCH_MARKER": str(marker), "FAKE_PROOF_DELAY": "0.3",
+            # A bring-your-own agent is watched in real seconds: report the real ones.
+            "FAKE_PROOF_SECONDS": "0.3",
         })
         agent_log_path = tmp_path / "agent.log"
         with open(agent_log_path, "wb") as agent_log:

@@ -288,7 +288,8 @@ async def test_lower_second_measurement_never_lowers_best(h: Harness) -> None:
     await agent.heartbeat("proving")
     await agent.heartbeat("benchmarking")
     h.clock.advance(1300)
-    await agent.post("/v1/result", result_msg("b", proofs=10, wall_seconds=1200))  # 30/h
+    await agent.post("/v1/result", result_msg("b", proofs=10, wall_seconds=1200,
+                                              finished_at=h.clock()))  # 30/h
     (row,) = h.store.host_perf()
     assert row["machine_id"] == "rig-7"
     assert row["best_rate_per_hour"] == pytest.approx(60.0)
@@ -378,11 +379,18 @@ async def test_scaling_result_is_stored(h: Harness) -> None:
     agent = await h.issue("quad")
     await agent.hello(gpus=2)
     await agent.heartbeat("benchmarking")
-    h.clock.advance(2000)
+    h.clock.advance(3700)
+    # The all-GPU benchmark (40/h), then the one-GPU run (30/h) as a scaling result.
+    status, data = await agent.post("/v1/result", result_msg(
+        "b1", proofs=40, wall_seconds=3600.0, gpus_used=[0, 1], finished_at=h.clock()))
+    assert status == 200 and data["directive"]["action"] == "continue", data
+    h.clock.advance(1300)
     msg = result_msg(
         "s1",
         kind="scaling",
-        gpus_used=[0, 1],
+        proofs=10,
+        gpus_used=[0],
+        finished_at=h.clock(),
         runs=[
             {"gpus_used": [0, 1], "rate_per_hour": 40.0, "telemetry": None},
             {"gpus_used": [0], "rate_per_hour": 30.0, "telemetry": None},
@@ -401,7 +409,8 @@ async def test_scaling_result_is_stored(h: Harness) -> None:
     assert row["agent_evidence"] == ["cpu busy 97%"]
     # The coordinator's own reading, from the reported runs.
     assert row["efficiency"] == pytest.approx(40.0 / (2 * 30.0), abs=0.01)
-    assert h.store.host_perf() == []  # scaling runs are not benchmark samples
+    (perf,) = h.store.host_perf()  # scaling runs are not benchmark samples
+    assert perf["samples"] == 1 and perf["median_rate_per_hour"] == pytest.approx(40.0)
 
 
 async def test_terminated_multi_gpu_host_is_still_diagnosed(h: Harness) -> None:

@@ -49,11 +49,26 @@ def test_recomputed_rate_and_cost() -> None:
     assert policy.silence_ttl_s(15, 30) == 75
 
 
+def watch(seen_s: float | None = 1250.0, **kw: Any) -> policy.Watch:
+    """What the coordinator saw: ``seen_s`` of benchmarking up to now (1300)."""
+    values: dict[str, Any] = {
+        "now": 1300.0,
+        "window_start": None if seen_s is None else 1300.0 - seen_s,
+        "window_after_result": False,
+        "benchmarking_seen": seen_s is not None,
+        "reported_gpus": frozenset({0}),
+    }
+    values.update(kw)
+    return policy.Watch(**values)
+
+
 def test_honest_result_is_plausible() -> None:
-    check = policy.check_result(result(), observed_max_seconds=1250.0, limits=LIMITS)
+    check = policy.check_result(result(started_at=90.0, finished_at=1290.0), watch=watch(),
+                                limits=LIMITS)
     assert check.flags == []
     assert check.recomputed_rate_per_hour == pytest.approx(36.0)
     assert check.counts_for_host_perf
+    assert check.gpus == 1
 
 
 @pytest.mark.parametrize(
@@ -80,21 +95,27 @@ def test_honest_result_is_plausible() -> None:
 def test_forged_results_are_implausible(
     changes: dict[str, Any], observed: float | None, words: str
 ) -> None:
-    check = policy.check_result(result(**changes), observed_max_seconds=observed, limits=LIMITS)
+    seen = None if observed is None else watch(observed)
+    check = policy.check_result(result(**changes), watch=seen, limits=LIMITS)
     assert check.implausible
     assert any(words in r for r in check.reasons), check.reasons
     assert not check.counts_for_host_perf
 
 
 def test_sim_time_scale_stretches_observed_time() -> None:
-    limits = policy.PolicyLimits(sim_time_scale=200.0)
-    check = policy.check_result(result(), observed_max_seconds=7.0, limits=limits)
+    # 7 real seconds of a fleet at 200x are 1400 simulated ones; its timestamps are real.
+    check = policy.check_result(result(started_at=1293.5, finished_at=1299.5),
+                                watch=watch(7.0, time_scale=200.0), limits=LIMITS)
     assert check.flags == []
+    # A real machine (scale 1) claiming the same is caught.
+    real = policy.check_result(result(started_at=1293.5, finished_at=1299.5),
+                               watch=watch(7.0), limits=LIMITS)
+    assert real.implausible
 
 
 def test_contended_and_partial_flags() -> None:
     check = policy.check_result(
-        result(proofs_failed=2), observed_max_seconds=None, limits=LIMITS, contended_with=[4]
+        result(proofs_failed=2), watch=None, limits=LIMITS, contended_with=[4]
     )
     assert check.flags == ["partial", "contended"]
     assert not check.counts_for_host_perf
@@ -102,7 +123,7 @@ def test_contended_and_partial_flags() -> None:
 
 
 def test_verdicts_quote_numbers() -> None:
-    ok = policy.check_result(result(), observed_max_seconds=None, limits=LIMITS)
+    ok = policy.check_result(result(), watch=None, limits=LIMITS)
     low = policy.benchmark_verdict(ok, 50.0)
     assert (low.action, low.bad_host) == ("terminate", True)
     assert "36.00" in low.reason and "50.00" in low.reason and "below" in low.reason
@@ -110,7 +131,7 @@ def test_verdicts_quote_numbers() -> None:
     assert keep.action == "keep" and "36.00" in keep.reason
     assert policy.benchmark_verdict(ok, None).action == "keep"
     contended = policy.check_result(
-        result(), observed_max_seconds=None, limits=LIMITS, contended_with=[2]
+        result(), watch=None, limits=LIMITS, contended_with=[2]
     )
     assert policy.benchmark_verdict(contended, 50.0).action == "keep"
 
@@ -163,7 +184,7 @@ def test_flapping_between_phases_does_not_dodge_the_overall_budget() -> None:
 
 def test_settings_defaults_and_env(tmp_path: Path) -> None:
     s = Settings.from_env(
-        {"VM_PORT": "9000", "VM_ADMIN_TOKEN": "x" * 16, "VM_MAX_USD_PER_PROOF": "0.01"},
+        {"VM_PORT": "9000", "VM_ADMIN_TOKEN": "0123456789abcdef", "VM_MAX_USD_PER_PROOF": "0.01"},
         config_dir=str(tmp_path),
     )
     assert (s.db_path, s.host, s.port) == ("./vast-manager.db", "127.0.0.1", 9000)
@@ -171,7 +192,7 @@ def test_settings_defaults_and_env(tmp_path: Path) -> None:
     assert s.silence_ttl_s == 3 * 15 + 30
     assert s.coordinator_url == "http://127.0.0.1:9000"
     assert not s.admin_token_generated
-    assert "x" * 16 not in repr(s)
+    assert "0123456789abcdef" not in repr(s)
 
 
 def test_fleet_secret_file_is_created_0600_and_reused(tmp_path: Path) -> None:

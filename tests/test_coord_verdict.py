@@ -153,7 +153,7 @@ async def test_host_exactly_at_its_minimum_is_never_judged_early(
     assert verdict_events(h, iid) == []
     assert loads(bench_row(h, iid)["bench_proof_seconds_json"]) == [w0] * 12
     # The finished benchmark gets the ordinary verdict: 50.0/h is not below 50.0/h.
-    msg = _result("r1", [w0] * 12, wall=6 * w0)
+    msg = _result("r1", [w0] * 12, wall=6 * w0, finished_at=h.clock())
     status, data = await agent.post("/v1/result", msg)
     assert status == 200
     assert data["directive"]["action"] == "continue"
@@ -166,13 +166,14 @@ async def test_host_exactly_at_its_minimum_is_never_judged_early(
     assert bench_row(h, iid)["bench_status"] == "closed"
 
 
-def _result(result_id: str, proofs: list[float], *, wall: float, gpus: int = 1) -> dict[str, Any]:
+def _result(result_id: str, proofs: list[float], *, wall: float, finished_at: float,
+            gpus: int = 1) -> dict[str, Any]:
     return {
         "result_id": result_id,
         "kind": "benchmark",
         "proof_type": "porep-c2-32g",
-        "started_at": PHASE_STARTED,
-        "finished_at": PHASE_STARTED + wall,
+        "started_at": finished_at - wall,
+        "finished_at": finished_at,
         "gpus_used": list(range(gpus)),
         "proofs_completed": len(proofs),
         "proofs_failed": 0,
@@ -207,7 +208,7 @@ async def test_early_pass_is_an_event_and_the_steady_state_rate_judges_the_resul
     await send(agent, bench_hb(agent, done=12, total_completed=12, recent=[480.0] * 4,
                                concurrency=8))
     status, data = await agent.post("/v1/result", _result("r1", [480.0] * 12, wall=960.0,
-                                                          gpus=4))
+                                                          finished_at=h.clock(), gpus=4))
     assert status == 200
     assert data["directive"]["action"] == "continue"
     assert verdict_events(h, iid)[-1]["reason"] == (
@@ -312,7 +313,8 @@ async def test_no_early_verdict_when_off_or_concurrency_unknown(
         assert directive["action"] == "continue"
     assert verdict_events(h, iid) == []
     # The full benchmark is judged on its batch rate, as before issue 6.
-    _, data = await agent.post("/v1/result", _result("r1", [360.0] * 12, wall=2160.0))
+    _, data = await agent.post("/v1/result", _result("r1", [360.0] * 12, wall=2160.0,
+                                                     finished_at=h.clock()))
     assert data["directive"]["action"] == "terminate"
     assert data["directive"]["reason"] == (
         "measured 20.00 proofs/h, below the minimum 50.00 proofs/h"

@@ -32,6 +32,8 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
 HOSTILE = "<img src=x onerror=alert(1)>"
+# Bidi override and isolate, a C1 CSI, a line separator: shown as escapes, never acting.
+SPOOF = "\u202egnp.exe\u2066\u009b\u2028"
 
 
 @pytest.fixture
@@ -222,12 +224,21 @@ async def _hostile_byo_agent(url: str, start_second: int) -> None:
                 assert r.status == 200, await r.text()
 
         hello = hello_msg(gpus=1)
-        hello["host"]["hostname"] = HOSTILE
+        hello["host"]["hostname"] = HOSTILE + SPOOF
         hello["host"]["gpus"][0]["name"] = HOSTILE
         await post("/v1/hello", hello)
         await post("/v1/logs", {"lines": [
             {"ts": time.time(), "source": "agent", "text": f"hello {HOSTILE} <script>alert(2)"},
+            {"ts": time.time(), "source": "agent", "text": f"spoof{SPOOF}\nFAKE forged line"},
         ]})
+        # A forged result (64 GPUs named on a one-GPU host): flagged, and the page says why.
+        now = time.time()
+        await post("/v1/result", {
+            "result_id": "forged", "kind": "benchmark", "proof_type": "porep-c2-32g",
+            "started_at": now - 85, "finished_at": now, "gpus_used": [0] * 64,
+            "proofs_completed": 500, "proofs_failed": 0, "wall_seconds": 85.0,
+            "rate_per_hour": 500 * 3600 / 85, "proof_seconds": [10.0] * 500, "telemetry": None,
+        })
 
 
 async def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
@@ -369,10 +380,19 @@ async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) 
     await until(page,
         "document.querySelector('#logs').textContent.includes('<script>alert(2)')",
         timeout_s=15)
-    assert HOSTILE in (await page.text_content("#host-facts") or "")
+    facts = await page.text_content("#host-facts") or ""
+    assert HOSTILE in facts
     assert HOSTILE in (await page.text_content("#instance-title") or "")
     assert await page.locator("img").count() == 0
     assert await page.locator("#logs script").count() == 0
+    # Bidi and control characters reach the page as escapes (textsafe.js).
+    assert "\\u202egnp.exe\\u2066\\u009b\\u2028" in facts
+    await until(page, "document.querySelector('#results-table').textContent"
+                      ".includes('names a GPU more than once')", timeout_s=15)
+    page_text = await page.evaluate("document.body.innerText")
+    assert not any(c in page_text for c in SPOOF if not c.isalnum() and c not in ".")
+    logs = await page.text_content("#logs") or ""
+    assert "spoof\\u202egnp.exe" in logs and "\nFAKE" not in logs
     await page.screenshot(path=str(ARTIFACTS / "06-hostile-text.png"), full_page=True)
 
     # Bad hosts: add, then remove.

@@ -141,7 +141,7 @@ def test_settings_for_exposure(tmp_path: Path) -> None:
         make_settings(tmp_path, log_format="xml")
     assert parse_listen("[::1]:8421") == ("::1", 8421)
     assert parse_listen("0.0.0.0:9000") == ("0.0.0.0", 9000)
-    env = {"VM_FLEET_SECRET": "11" * 32, "VM_ADMIN_TOKEN": "t" * 20,
+    env = {"VM_FLEET_SECRET": "11" * 32, "VM_ADMIN_TOKEN": "exposure-token-0123456789",
            "VM_CONFIG_DIR": str(tmp_path / "c")}
     assert Settings.from_env({**env, "VM_METRICS_PUBLIC": "false"}).metrics_public is False
     assert Settings.from_env({**env, "VM_METRICS_PUBLIC": "yes"}).metrics_public is True
@@ -150,7 +150,7 @@ def test_settings_for_exposure(tmp_path: Path) -> None:
 
 
 def test_serve_refuses_an_unreadable_certificate(tmp_path: Path) -> None:
-    env = {"VM_FLEET_SECRET": "11" * 32, "VM_ADMIN_TOKEN": "t" * 20,
+    env = {"VM_FLEET_SECRET": "11" * 32, "VM_ADMIN_TOKEN": "exposure-token-0123456789",
            "VM_CONFIG_DIR": str(tmp_path / "c")}
     result = CliRunner().invoke(
         cli,

@@ -232,7 +232,7 @@ async def test_a_killed_front_is_replaced_and_the_fleet_is_still_answered(
 def test_fronts_setting_is_bounded(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="VM_FRONTS must be between 0 and 16"):
         make_settings(tmp_path, fronts=17)
-    env = {"VM_FLEET_SECRET": "11" * 32, "VM_ADMIN_TOKEN": "x" * 20, "VM_FRONTS": "2",
+    env = {"VM_FLEET_SECRET": "11" * 32, "VM_ADMIN_TOKEN": "fronts-token-0123", "VM_FRONTS": "2",
            "VM_CONFIG_DIR": str(tmp_path)}
     assert Settings.from_env(env).fronts == 2
 

@@ -78,6 +78,13 @@ def test_every_route_is_documented_and_every_documented_operation_routed(
     assert documented - routed == set(), "documented operations the app does not route"
 
 
+def test_every_result_flag_is_documented() -> None:
+    from coordinator.policy import RESULT_FLAGS
+
+    stored = load_doc()["components"]["schemas"]["StoredResult"]
+    assert stored["properties"]["flags"]["items"]["enum"] == list(RESULT_FLAGS)
+
+
 def _schema_for(tp: Any, meta: dict[str, Any]) -> dict[str, Any]:
     """The JSON Schema of one message field, from the same facts the decoder uses."""
     origin = get_origin(tp)
@@ -185,7 +192,10 @@ def run_schemathesis(tmp_path: Path, budget: int) -> Counter[str]:
     # Agent operations first: an operator case may destroy the fuzzing agent's instance.
     operations.sort(key=lambda op: (not op.path.startswith("/v1/"), op.path, op.method))
     outcomes: Counter[str] = Counter()
-    with ThreadedCoordinator(tmp_path, provider=provider, nonces_per_agent=1_000_000) as coord:
+    # Negative cases send wrong admin tokens: throttling them (tests/test_adversarial_http.py)
+    # would turn every later operator case into a 429.
+    with ThreadedCoordinator(tmp_path, provider=provider, nonces_per_agent=1_000_000,
+                             admin_failures_per_minute=1_000_000) as coord:
         agent_id, key = coord.issue_agent("schemathesis-rig")
         status, raw, _ = coord.post_signed(agent_id, key, "/v1/hello",
                                            orjson.dumps(hello_msg("boot-st")))

@@ -84,8 +84,9 @@ async def test_metrics_parse_and_carry_per_gpu_series(
     assert util["0"].value == 91.5 and util["1"].value == 12.0
     assert util["0"].labels == {"instance_id": str(inst["id"]), "machine_id": "rig-metrics",
                                 "gpu": "0", "gpu_name": "RTX 4090"}
-    # The hostile name round-trips through the escaping, and forges no label.
-    assert util["1"].labels["gpu_name"] == HOSTILE_GPU
+    # The hostile name round-trips through the escaping (its line break shown as a space,
+    # as everywhere host text is shown), and forges no label.
+    assert util["1"].labels["gpu_name"] == HOSTILE_GPU.replace("\n", " ")
     assert set(util["1"].labels) == {"instance_id", "machine_id", "gpu", "gpu_name"}
     tx = {s.labels["gpu"]: s.value for s in fams["vm_gpu_pcie_tx_bytes_per_second"].samples}
     rx = {s.labels["gpu"]: s.value for s in fams["vm_gpu_pcie_rx_bytes_per_second"].samples}
@@ -139,8 +140,8 @@ async def test_metrics_public(aiohttp_client: Any, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("raw", "escaped"),
-    [('a"b', 'a\\"b'), ("a\\b", "a\\\\b"), ("a\nb", "a\\nb"), ("a\x00\rb", "a  b"),
-     (None, ""), (7, "7")],
+    [('a"b', 'a\\"b'), ("a\\b", "a\\\\b"), ("a\nb", "a b"), ("a\x00\rb", "a\\\\u0000 b"),
+     ("rig\u202egnp", "rig\\\\u202egnp"), ("x\u009b31m", "x\\\\u009b31m"), (None, ""), (7, "7")],
 )
 def test_escape_label_value(raw: Any, escaped: str) -> None:
     assert escape_label_value(raw) == escaped

@@ -175,8 +175,10 @@ def test_logs_follow_prints_new_lines_once(tmp_path: Path) -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
-    # Each line once, in order; the escape character never reaches the terminal.
+    # Each line once, in order; the escape character never reaches the terminal (it is
+    # shown as its escape).
     assert [line.split(" ", 1)[1] for line in seen] == [
-        "agent: first line", "cuzk: same second", "work: later [2Jline", "agent: last line",
+        "agent: first line", "cuzk: same second", "work: later \\u001b[2Jline",
+        "agent: last line",
     ]
     assert proc.returncode == 0  # Ctrl-C ends a follow quietly

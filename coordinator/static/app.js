@@ -1,6 +1,8 @@
 // vast-manager dashboard: plain JS over the operator API, no build step.
 // Every value a host sent (names, labels, log lines, reasons) reaches the page
-// through textContent or an attribute set by code, never through HTML parsing.
+// through textContent or an attribute set by code, never through HTML parsing,
+// and through safeText (textsafe.js, generated from coordinator/render.py), so
+// control and bidi characters show as escapes instead of acting on the page.
 "use strict";
 
 const REFRESH_MS = 3000;
@@ -32,11 +34,11 @@ function el(tag, attrs, ...children) {
   for (const [name, value] of Object.entries(attrs || {})) {
     if (value === null || value === undefined || value === false) continue;
     if (name === "class") node.className = value;
-    else node.setAttribute(name, value === true ? "" : String(value));
+    else node.setAttribute(name, value === true ? "" : safeText(value));
   }
   for (const child of children) {
     if (child === null || child === undefined) continue;
-    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    node.append(child instanceof Node ? child : document.createTextNode(safeText(child)));
   }
   return node;
 }
@@ -82,7 +84,7 @@ function progressText(p) {
 
 function flash(message, isError) {
   const node = $("flash");
-  node.textContent = message;
+  node.textContent = safeText(message);
   node.className = isError ? "flash error" : "flash";
   node.hidden = false;
 }
@@ -187,7 +189,7 @@ async function login(event) {
   });
   const data = await resp.json().catch(() => null);
   if (!resp.ok) {
-    $("login-error").textContent = (data && data.message) || "Login failed.";
+    $("login-error").textContent = safeText((data && data.message) || "Login failed.");
     return;
   }
   $("token").value = "";
@@ -477,7 +479,7 @@ function lineChart(node, series, opts) {
         class: `dot ${s.cls}` }));
     }
     const key = svg("text", { x: W - R + 8, y: T + 12 + i * 16, class: `legend ${s.cls}` });
-    key.textContent = s.name;
+    key.textContent = safeText(s.name);
     node.append(key);
   });
 }
@@ -525,7 +527,8 @@ async function renderInstance(id) {
       (source ? "&source=" + encodeURIComponent(source) : "")),
   ]);
   show("instance-view");
-  $("instance-title").textContent = `Instance ${inst.id}` + (inst.label ? ` — ${inst.label}` : "");
+  $("instance-title").textContent =
+    safeText(`Instance ${inst.id}` + (inst.label ? ` — ${inst.label}` : ""));
   facts($("instance-facts"), [
     ["state", inst.state || "-"],
     ["phase", `${inst.phase || "-"} ${progressText(inst.progress)}`.trim()],
@@ -623,14 +626,16 @@ async function renderInstance(id) {
       el("tr", {},
         td(r.kind || "-"), td((r.gpus_used || []).join(",")), td(String(r.proofs_completed ?? "-")),
         td(num(r.wall_seconds, 0)), td(num(r.recomputed_rate_per_hour ?? r.rate_per_hour)),
-        td((r.flags || []).join(", ") || "-"), td(r.verdict || "-"),
+        td((r.flags || []).join(", ") || "-"),
+        td((r.flag_reasons || []).join("; ") || "-"), td(r.verdict || "-"),
         td(r.verdict_reason || "-"))),
   );
   renderEvents($("instance-events"), (inst.events || []).slice(-50).reverse());
 
   const pre = $("logs");
   const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
-  pre.textContent = logs.map((l) => `${clock(l.ts)} ${l.source}: ${l.text}`).join("\n");
+  pre.textContent = logs.map((l) => safeText(`${clock(l.ts)} ${l.source}: ${l.text}`))
+    .join("\n");
   if (atBottom) pre.scrollTop = pre.scrollHeight;
 }
 

@@ -1,0 +1,574 @@
+"""The open internet against a real coordinator: strangers' bodies, slow senders, log
+floods, token guessing and display spoofing.
+
+The server-level defences are played against ``start_server`` (the one-process
+coordinator the CLI runs, on a loopback port, from a thread) or a ``vast-manager serve``
+process; the throttling, whose window must pass, against ``create_app`` with an injected
+clock. The attacks that held before (no script from hostile markup in the dashboard,
+CSRF, sessions and authorisation, no 5xx under schemathesis, no secret anywhere) stay in
+``test_dashboard.py``, ``test_fuzz_openapi.py``, ``test_fuzz_raw.py`` and
+``test_secrets.py``; ``docs/reliability.md`` lists them all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+from coord_support import (
+    ADMIN,
+    ADMIN_TOKEN,
+    SECRET_HEX,
+    Harness,
+    ServerThread,
+    agent_key,
+    heartbeat_msg,
+    hello_msg,
+    start,
+)
+from fault_support import (
+    TEST_MARKER_ENV,
+    CoordinatorProcess,
+    admin_call,
+    http,
+    kill_marked,
+    process_env,
+    signed_headers,
+)
+
+from coordinator import render
+from coordinator import server as server_module
+from coordinator.app import CORE
+from coordinator.cli import cli
+from coordinator.metrics import escape_label_value
+from coordinator.server import RedactingFormatter
+from coordinator.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+MIB = 1024 * 1024
+NEVER_ISSUED = "ag_" + "0" * 20
+#: Every kind of character that must not reach a screen as it is.
+SPOOFS = "\u202e\u2066\u200e\u200f\u061c\u2028\u2029\u009b\x1b\x07\ufeff"
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def raw_exchange(port: int, data: bytes, *, timeout_s: float = 3.0) -> tuple[int | None, bytes,
+                                                                             float]:
+    """Send ``data`` (a request head, maybe part of a body) and read the answer: (status or
+    None when none came, the bytes read, seconds until the first byte)."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    try:
+        sock.sendall(data)
+        sock.settimeout(timeout_s)
+        started = time.monotonic()
+        chunks: list[bytes] = []
+        first: float | None = None
+        try:
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                first = first if first is not None else time.monotonic() - started
+                chunks.append(chunk)
+                raw = b"".join(chunks)
+                head, sep, body = raw.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), None)
+                if sep and length is not None and len(body) >= length:
+                    break
+        except TimeoutError:
+            pass
+        raw = b"".join(chunks)
+        status = int(raw.split(b" ", 2)[1]) if raw.startswith(b"HTTP/1.1 ") else None
+        return status, raw, first if first is not None else timeout_s
+    finally:
+        sock.close()
+
+
+def head(path: str, headers: dict[str, str], content_length: int) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json",
+             f"Content-Length: {content_length}",
+             *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def body_of(raw: bytes) -> dict[str, Any]:
+    return dict(orjson.loads(raw.partition(b"\r\n\r\n")[2]))
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[ServerThread]:
+    with ServerThread(tmp_path) as thread:
+        # Timestamps at or before the start second are refused: let it pass.
+        start_second = int(time.time())
+        while int(time.time()) <= start_second:
+            time.sleep(0.05)
+        yield thread
+
+
+def issue(thread: ServerThread, label: str = "rig") -> tuple[str, bytes]:
+    issued = admin_call(thread.server.url, "POST", "/api/agents", {"label": label})
+    return issued["agent_id"], bytes.fromhex(issued["agent_key"])
+
+
+# --- nothing buffered for a stranger --------------------------------------------------------
+
+
+@pytest.mark.parametrize("who", ["never_issued", "revoked", "malformed_id", "malformed_headers"])
+def test_a_stranger_is_answered_before_its_body_arrives(served: ServerThread, who: str) -> None:
+    """A 1 MiB body declared, none of it sent: the refusal comes at once, not after the
+    body (or the 60 s deadline)."""
+    agent_id, key = issue(served)
+    if who == "revoked":
+        admin_call(served.server.url, "POST", f"/api/agents/{agent_id}/revoke")
+    headers = signed_headers(agent_id, key, "POST", "/v1/result", b"x" * MIB)
+    if who == "never_issued":
+        headers["X-VM-Agent"] = NEVER_ISSUED
+    elif who == "malformed_id":
+        headers["X-VM-Agent"] = "ag_" + "Z" * 500
+    elif who == "malformed_headers":
+        headers["X-VM-Signature"] = "v2=" + "0" * 64
+    status, raw, first_byte_s = raw_exchange(port_of(served.server.url),
+                                             head("/v1/result", headers, MIB))
+    assert status == 401, raw[:300]
+    expected = "bad_signature" if who == "malformed_headers" else "unknown_agent"
+    assert body_of(raw)["error"] == expected
+    assert first_byte_s < 1.0
+    assert b"Connection: close" in raw.partition(b"\r\n\r\n")[0]
+    assert b"X-VM-Signature" not in raw  # never signed: nothing was verified
+    core = served.server.app[CORE]
+    assert core.guard.budget.in_flight_bytes == 0
+    assert core.guard.counters.refused[expected] >= 1
+
+
+def test_a_body_declared_over_1_mib_is_413_first(served: ServerThread) -> None:
+    # DESIGN 3.3's order: the size before the agent, even for a stranger.
+    headers = signed_headers(NEVER_ISSUED, b"k" * 32, "POST", "/v1/logs", b"")
+    status, raw, _ = raw_exchange(port_of(served.server.url),
+                                  head("/v1/logs", headers, 2 * MIB))
+    assert status == 413 and body_of(raw)["error"] == "body_too_large"
+
+
+def test_bodies_in_flight_are_bounded_per_agent_and_in_total(served: ServerThread) -> None:
+    """A key holder (a hostile host has its own key) sending slowly: its third 1 MiB body
+    is refused at once, and with the total spent, others' large bodies too; a good
+    agent's heartbeat (already whole when its head is read) is still answered."""
+    url = served.server.url
+    port = port_of(url)
+    core = served.server.app[CORE]
+    from coordinator.guard import BodyBudget
+
+    core.guard.budget = BodyBudget(total_bytes=3 * MIB)  # small, so three agents fill it
+    hostile = [issue(served, f"hostile-{i}") for i in range(2)]
+    good_id, good_key = issue(served, "good")
+    body = orjson.dumps(hello_msg("boot-good"))
+    assert http(url + "/v1/hello", "POST", body,
+                signed_headers(good_id, good_key, "POST", "/v1/hello", body))[0] == 200
+
+    held: list[socket.socket] = []
+
+    def hold(agent_id: str, key: bytes) -> None:
+        sock = socket.create_connection(("127.0.0.1", port))
+        headers = signed_headers(agent_id, key, "POST", "/v1/logs", b"")
+        sock.sendall(head("/v1/logs", headers, MIB) + b'{"lines": [')  # and then nothing
+        held.append(sock)
+
+    try:
+        hold(*hostile[0])
+        hold(*hostile[0])
+        deadline = time.monotonic() + 5
+        while core.guard.budget.in_flight_bytes < 2 * MIB and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert core.guard.budget.in_flight_bytes == 2 * MIB
+        # The same agent's third: over its own share.
+        headers = signed_headers(*hostile[0], "POST", "/v1/logs", b"")
+        status, raw, first = raw_exchange(port, head("/v1/logs", headers, MIB))
+        assert status == 503 and body_of(raw)["error"] == "busy", raw[:300]
+        assert b"Retry-After: 1" in raw and first < 1.0
+        assert body_of(raw)["message"].startswith("This agent already has")
+        # Another agent's: within its share, the total now spent by the first two.
+        hold(*hostile[1])
+        while core.guard.budget.in_flight_bytes < 3 * MIB and time.monotonic() < deadline:
+            time.sleep(0.02)
+        headers = signed_headers(*hostile[1], "POST", "/v1/logs", b"")
+        status, raw, _ = raw_exchange(port, head("/v1/logs", headers, 512 * 1024))
+        assert status == 503 and "too many request bodies" in body_of(raw)["message"]
+        # A good heartbeat is answered throughout.
+        hb = orjson.dumps(heartbeat_msg(1, "proving"))
+        t0 = time.monotonic()
+        status, raw_hb, _ = http(url + "/v1/heartbeat", "POST", hb,
+                                 signed_headers(good_id, good_key, "POST", "/v1/heartbeat", hb))
+        assert status == 200, raw_hb
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        for sock in held:
+            sock.close()
+    # The senders went away: everything they claimed is released.
+    deadline = time.monotonic() + 5
+    while core.guard.budget.in_flight_bytes and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert core.guard.budget.in_flight_bytes == 0
+
+
+def test_a_slow_body_is_cut_off_and_releases_its_claim(
+    served: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from coordinator import app as app_module
+
+    monkeypatch.setattr(app_module, "BODY_READ_TIMEOUT_S", 1.0)
+    agent_id, key = issue(served)
+    headers = signed_headers(agent_id, key, "POST", "/v1/logs", b"")
+    # 100 KB declared (over the 64 KiB that claim nothing), one byte sent.
+    status, raw, first = raw_exchange(port_of(served.server.url),
+                                      head("/v1/logs", headers, 100_000) + b"{", timeout_s=5)
+    assert status == 408 and body_of(raw)["error"] == "request_timeout"
+    assert 0.9 < first < 3.0
+    guard = served.server.app[CORE].guard
+    assert guard.budget.in_flight_bytes == 0
+    assert guard.counters.refused["request_timeout"] == 1
+
+
+def test_a_request_head_that_never_ends_is_cut_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_module, "HEAD_TIMEOUT_S", 1.0, raising=False)
+    with ServerThread(tmp_path) as thread:
+        port = port_of(thread.server.url)
+        silent = socket.create_connection(("127.0.0.1", port))
+        trickle = socket.create_connection(("127.0.0.1", port))
+        trickle.sendall(b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nX-VM-Agent: ag_")
+        try:
+            for sock in (silent, trickle):
+                sock.settimeout(5)
+                started = time.monotonic()
+                assert sock.recv(100) == b""  # closed by the coordinator
+                assert time.monotonic() - started < 4
+        finally:
+            silent.close()
+            trickle.close()
+        # A connection that did send its head in time is answered as ever.
+        assert http(thread.server.url + "/openapi.json")[0] == 200
+        assert thread.server.app[CORE].guard.counters.refused["head_timeout"] == 2
+
+
+# --- logs stay readable ----------------------------------------------------------------------
+
+MALFORMED = [
+    b"GARBAGE\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+    b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"
+    b"hello",
+    b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"zz\r\nhi\r\n0\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64,
+    b"G\x00T / HTTP/1.1\r\n\r\n",
+    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"b" * 9000 + b"\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: x\r\nX: \x1b[2J\xe2\x80\xae\r\n\r\n" + b"\x00garbage\r\n\r\n",
+]
+
+
+def test_two_hundred_malformed_requests_add_fewer_than_two_hundred_log_lines(
+    tmp_path: Path
+) -> None:
+    """Acceptance 4, against ``vast-manager serve`` in its own process: before, 200 of
+    these wrote 1,462 lines (a traceback each); now one line per kind and minute."""
+    env = process_env(tmp_path)
+    coord = CoordinatorProcess(tmp_path, env, provider="local")
+    log_path = tmp_path / "coordinator.log"
+    try:
+        coord.start()
+        lines_before = log_path.read_text(errors="replace").count("\n")
+        for i in range(200):
+            raw_exchange(coord.port, MALFORMED[i % len(MALFORMED)], timeout_s=2)
+        # The good path still answers, and /metrics counts what the log left out.
+        status, raw, _ = http(coord.url + "/metrics", headers={"Authorization":
+                                                               f"Bearer {ADMIN_TOKEN}"})
+        assert status == 200
+        text = raw.decode()
+        malformed = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                        if line.startswith("vm_malformed_requests_total{"))
+        added = log_path.read_text(errors="replace").count("\n") - lines_before
+        print(f"200 malformed requests: {added} log lines added, {malformed:.0f} counted in "
+              "vm_malformed_requests_total")
+        assert added < 200
+        assert added <= 2 * len(MALFORMED)  # one a kind (and a summary now and then)
+        assert malformed >= 180  # every one the HTTP parser refused (a few answer 4xx)
+        log_text = log_path.read_text(errors="replace")
+        assert "Traceback" not in log_text
+        assert "\x1b" not in log_text and "\u202e" not in log_text
+    finally:
+        coord.kill()
+        kill_marked(env[TEST_MARKER_ENV])
+
+
+def test_log_lines_show_host_text_as_text() -> None:
+    record = logging.LogRecord("coordinator", logging.WARNING, __file__, 1,
+                               "agent says %s", (f"hi{SPOOFS}\nFAKE 12:00 ERROR forged",), None)
+    line = RedactingFormatter([], "%(levelname)s %(message)s").format(record)
+    assert "\n" not in line and not any(c in line for c in SPOOFS)
+    assert "\\u202e" in line
+
+
+# --- operator credentials resist guessing ---------------------------------------------------
+
+
+async def test_wrong_bearer_tokens_are_throttled_per_address(aiohttp_client: Any,
+                                                             tmp_path: Path) -> None:
+    h = await start(aiohttp_client, tmp_path)
+    wrong = {"Authorization": "Bearer " + "guess-" + secrets.token_hex(8)}
+    for _ in range(10):
+        status, data = await h.admin("GET", "/api/instances", headers=wrong)
+        assert (status, data["error"]) == (401, "unauthorized")
+    resp = await h.client.get("/api/instances", headers=wrong)
+    data = await resp.json()
+    assert resp.status == 429 and data["error"] == "too_many_attempts"
+    wait = int(resp.headers["Retry-After"])
+    assert 1 <= wait <= 60
+    assert data["message"] == ("Too many failed admin-token attempts from this address; "
+                               f"try again in {wait} s.")
+    # While locked, even the right token is not compared: a guesser learns nothing.
+    status, data = await h.admin("GET", "/api/instances")
+    assert (status, data["error"]) == (429, "too_many_attempts")
+    status, _ = await h.admin("GET", "/metrics")
+    assert status == 429
+    h.clock.advance(wait)
+    status, data = await h.admin("GET", "/api/instances")
+    assert (status, data) == (200, [])
+    resp = await h.client.get("/metrics", headers=ADMIN)
+    text = await resp.text()
+    # The 11th guess, the right token while locked, /metrics while locked.
+    assert 'vm_refused_requests_total{code="too_many_attempts"} 3' in text
+    assert 'vm_refused_requests_total{code="unauthorized"} 10' in text
+
+
+async def test_failed_dashboard_logins_are_throttled(aiohttp_client: Any, tmp_path: Path) -> None:
+    h = await start(aiohttp_client, tmp_path)
+
+    async def login(token: str) -> Any:
+        return await h.client.post("/auth/login", data=orjson.dumps({"token": token}),
+                                   headers={"Content-Type": "application/json"})
+
+    for _ in range(10):
+        assert (await login("not-the-token-" + secrets.token_hex(4))).status == 401
+    resp = await login(ADMIN_TOKEN)
+    data = await resp.json()
+    assert resp.status == 429 and data["error"] == "too_many_attempts"
+    assert data["message"].startswith("Too many failed logins from this address; try again in")
+    assert int(resp.headers["Retry-After"]) >= 1
+    h.clock.advance(61)
+    assert (await login(ADMIN_TOKEN)).status == 200
+
+
+def test_the_throttle_groups_ipv6_by_64_and_forgets_the_oldest() -> None:
+    from coordinator.guard import CredentialThrottle, address_key
+
+    assert address_key("2001:db8:1:2::1") == address_key("2001:db8:1:2:ffff::9")
+    assert address_key("2001:db8:1:2::1") != address_key("2001:db8:1:3::1")
+    assert address_key("::ffff:192.0.2.7") == "192.0.2.7"
+    assert address_key(None) == "local"
+    now = [0.0]
+    throttle = CredentialThrottle(lambda: now[0], max_failures=2, window_s=60,
+                                  max_addresses=3)
+    for addr in ("192.0.2.1", "192.0.2.1"):
+        throttle.failed(addr)
+    assert throttle.retry_after_s("192.0.2.1") == 60
+    assert throttle.retry_after_s("192.0.2.2") is None
+    for i in range(2, 6):
+        throttle.failed(f"192.0.2.{i}")
+    assert len(throttle) == 3  # bounded: the oldest address is forgotten
+    now[0] = 61.0
+    assert throttle.retry_after_s("192.0.2.1") is None
+
+
+@pytest.mark.parametrize(
+    ("token", "words"),
+    [
+        ("short-token", "at least 16 characters"),
+        ("x" * 20, "at least 6 different characters"),
+        ("abcabcabcabcabcabc", "at least 6 different characters"),
+        ("twelve words with spaces", "printable ASCII without spaces"),
+        ("t\u00f6ken-0123456789abc", "printable ASCII without spaces"),
+    ],
+)
+def test_tokens_too_weak_to_resist_guessing_are_refused_at_start(
+    tmp_path: Path, token: str, words: str
+) -> None:
+    with pytest.raises(ValueError, match=words) as err:
+        Settings.from_env({"VM_ADMIN_TOKEN": token, "VM_FLEET_SECRET": SECRET_HEX},
+                          config_dir=str(tmp_path))
+    assert token not in str(err.value)
+
+
+def test_serve_refuses_a_weak_token(tmp_path: Path) -> None:
+    env = {**os.environ, "VM_ADMIN_TOKEN": "a" * 32, "VM_FLEET_SECRET": SECRET_HEX,
+           "VM_CONFIG_DIR": str(tmp_path / "config"), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "coordinator.cli", "serve", "--db",
+                           str(tmp_path / "c.db"), "--port", "0"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1
+    assert "VM_ADMIN_TOKEN must hold at least 6 different characters" in proc.stderr
+    assert "a" * 32 not in proc.stderr
+
+
+# --- host text is shown as text --------------------------------------------------------------
+
+
+def test_one_neutralising_function_covers_every_character() -> None:
+    for first, last in render.UNSAFE_TEXT_RANGES:
+        for code in (first, last):
+            shown = render.neutralise(f"a{chr(code)}b")
+            assert chr(code) not in shown
+            assert shown in ("a b", f"a\\u{code:04x}b")
+    assert render.neutralise("plain ASCII and ünïcödé") == "plain ASCII and ünïcödé"
+    hostile = f"rig{SPOOFS}name"
+    # The CLI and /metrics show the same text (the labels then escape it per the format).
+    assert render.clean(hostile) == render.neutralise(hostile)
+    assert escape_label_value(hostile) == render.neutralise(hostile).replace("\\", "\\\\")
+
+
+def test_the_dashboard_neutralises_with_the_same_definition(tmp_path: Path) -> None:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed (the headless-browser test checks the page)")
+    every = "".join(chr(c) for c in range(0x3000) if not 0xD800 <= c <= 0xDFFF) + "\ufeff\ufffd"
+    script = tmp_path / "check.js"
+    script.write_text(render.dashboard_script() + "\nconst fs = require('fs');\n"
+                      "process.stdout.write(JSON.stringify(safeText("
+                      "JSON.parse(fs.readFileSync(0, 'utf8')))));\n")
+    out = subprocess.run([node, str(script)], input=json.dumps(every), capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    assert json.loads(out) == render.neutralise(every)
+
+
+async def test_the_dashboard_loads_its_neutraliser(h: Harness) -> None:
+    resp = await h.client.get("/static/textsafe.js")
+    assert resp.status == 200
+    assert resp.headers["Content-Type"].startswith("text/javascript")
+    assert await resp.text() == render.dashboard_script()
+    index = await (await h.client.get("/")).text()
+    assert index.index("/static/textsafe.js") < index.index("/static/app.js")
+    app_js = await (await h.client.get("/static/app.js")).text()
+    # Every text and attribute the page builds goes through safeText.
+    assert "document.createTextNode(safeText(child))" in app_js
+    assert "setAttribute(name, value === true ? \"\" : safeText(value))" in app_js
+
+
+@pytest.fixture
+async def h(aiohttp_client: Any, tmp_path: Path) -> Harness:
+    return await start(aiohttp_client, tmp_path)
+
+
+def test_cli_shows_hostile_host_text_as_text(served: ServerThread) -> None:
+    url = served.server.url
+    agent_id, key = issue(served, "rig-spoof")
+    hello = hello_msg("boot-spoof")
+    hello["host"]["hostname"] = f"evil{SPOOFS}gnp.exe"
+    hello["host"]["gpus"][0]["name"] = f"RTX{SPOOFS}4090"
+    for path, payload in (
+        ("/v1/hello", hello),
+        ("/v1/logs", {"lines": [{"ts": time.time(), "source": f"cuzk{SPOOFS}",
+                                 "text": f"line{SPOOFS}\nFAKE forged line"}]}),
+    ):
+        body = orjson.dumps(payload)
+        assert http(url + path, "POST", body,
+                    signed_headers(agent_id, key, "POST", path, body))[0] == 200
+    inst = served.server.store.instance_by_agent(agent_id)
+    assert inst is not None
+    runner = CliRunner()
+    env = {"VM_URL": url, "VM_ADMIN_TOKEN": ADMIN_TOKEN}
+    for args in (["instance", str(inst["id"])], ["logs", str(inst["id"])], ["status"],
+                 ["instance", str(inst["id"]), "--json"], ["status", "--json"]):
+        result = runner.invoke(cli, args, env=env, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        assert not any(c in result.output for c in SPOOFS), (args, result.output)
+        if "--json" in args:
+            data = json.loads(result.output)  # the data itself is intact
+            text = json.dumps(data, ensure_ascii=False)
+            assert "\u202e" in text or args[0] == "status"
+        else:
+            assert "\\u202e" in result.output, (args, result.output)
+
+
+def test_cli_error_messages_show_hostile_text_as_text() -> None:
+    """An error message quoting what a host sent reaches the terminal neutralised."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Hostile(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"error": "not_found",
+                               "message": f"No machine {SPOOFS} here\n[OK] all fine"}).encode()
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    stub = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    thread = threading.Thread(target=stub.serve_forever, daemon=True)
+    thread.start()
+    try:
+        result = CliRunner().invoke(
+            cli, ["instance", "1"],
+            env={"VM_URL": f"http://127.0.0.1:{stub.server_address[1]}",
+                 "VM_ADMIN_TOKEN": ADMIN_TOKEN})
+    finally:
+        stub.shutdown()
+        stub.server_close()
+    assert result.exit_code == 1
+    assert not any(c in result.output for c in SPOOFS)
+    assert result.output.count("\n") == 1  # one line: no forged second one
+    assert "\\u202e" in result.output and "\\u009b" in result.output
+
+
+async def test_metrics_labels_show_hostile_text_as_text(h: Harness) -> None:
+    status, data = await h.admin("POST", "/api/agents", {"label": f"rig{SPOOFS}"})
+    assert (status, data["field"]) == (400, "label")  # the operator's own input: refused
+    agent = await h.issue("rig-metrics")
+    hello = hello_msg()
+    hello["host"]["gpus"][0]["name"] = f"RTX{SPOOFS}4090"
+    assert (await agent.post("/v1/hello", hello))[0] == 200
+    assert (await agent.heartbeat("proving", telemetry=True))[0] == 200
+    resp = await h.client.get("/metrics", headers=ADMIN)
+    text = await resp.text()
+    assert not any(c in text for c in SPOOFS)
+    assert "\\\\u202e" in text  # the escape, its backslash escaped per the format
+    from prometheus_client.parser import text_string_to_metric_families
+
+    labels = [s.labels for f in text_string_to_metric_families(text) for s in f.samples
+              if s.labels.get("gpu_name", "").startswith("RTX")]
+    shown = render.neutralise(f"RTX{SPOOFS}4090")
+    assert labels and all(lab["gpu_name"] == shown for lab in labels)
+
+
+def test_a_good_key_is_all_that_gets_a_body_read(served: ServerThread) -> None:
+    """The control: an issued agent's signed heartbeat is read, verified and answered."""
+    agent_id, key = issue(served)
+    body = orjson.dumps(hello_msg("boot-ok"))
+    status, raw, headers = http(served.server.url + "/v1/hello", "POST", body,
+                                signed_headers(agent_id, key, "POST", "/v1/hello", body))
+    assert status == 200, raw
+    assert "X-VM-Signature" in headers
+    assert agent_key(agent_id) == key
