@@ -24,6 +24,8 @@ from agent_fakes import FAKE_BENCH, FAKE_DAEMON, FAKE_WORK, write_script
 from aiohttp import web
 
 from agent.config import AgentConfig, load_config
+from agent.host import MemoryLimit
+from agent.sim.c1 import write_c1
 from agent.lifecycle import EXIT_FAILED, EXIT_ORPHANED, EXIT_TERMINATED, Agent
 from protocol import (
     CpuTelemetry,
@@ -176,7 +178,7 @@ class FakeSampler:
     async def stop(self) -> None:
         self.running = False
 
-    def set_cuzk_status_url(self, url: str | None) -> None:
+    def set_cuzk_status_url(self, url: str | None, synthesis_slots: int | None = None) -> None:
         self.urls.append(url)
 
     def open_window(self) -> int:
@@ -211,7 +213,9 @@ class Harness:
         self.sampler = FakeSampler(n_gpus)
         self.n_gpus = n_gpus
         self.destroyed: list[str] = []
-        (tmp_path / "c1.json").write_text("{}")
+        # A 256 GB container on a 512 GB host: the budget must come from the limit.
+        self.memory = MemoryLimit(512 * 10**9, 256 * 10**9)
+        write_c1(tmp_path / "c1.json")
         base = {
             "VM_COORDINATOR_URL": url,
             "VM_AGENT_ID": AGENT_ID,
@@ -238,6 +242,7 @@ class Harness:
             self.config,
             sampler_factory=lambda cfg: (host_info(self.n_gpus), self.sampler),
             destroyer=destroyer,
+            memory_probe=lambda cfg: self.memory,
         )
 
 
@@ -320,10 +325,13 @@ async def test_benchmark_result_then_proving_then_terminate(
     assert "[work] work started" in text
     assert "[agent] INFO agent.lifecycle: phase" in text
     assert KEY.hex() not in text
-    # The warm-up built the PCE and restarted the daemon to load it.
-    assert (tmp_path / "params" / "pce-porep-32g.bin").exists()
-    assert text.count("fake cuzk up") >= 2
-    assert (tmp_path / "state" / "cuzk.toml").exists()
+    # One daemon: the warm-up proof made its PCE and the benchmark ran in it; no
+    # restart in between (a restart would throw the PCE away).
+    assert text.count("fake cuzk up") == 1
+    toml = (tmp_path / "state" / "cuzk.toml").read_text()
+    # The budget is the container's 256 GB limit less 5 GiB, not the host's 512 GB.
+    assert f'total_budget = "{(256 * 10**9 - 5 * 2**30) // 2**20}MiB"' in toml
+    assert 'status_listen = "127.0.0.1:' in toml
     assert agent.spool.pending("result") == []
     assert_no_children()
 

@@ -67,7 +67,9 @@ def simulated_machine_env(
     for sub in ("state", "params"):
         (home / sub).mkdir(parents=True, exist_ok=True)
     c1 = home / "c1.json"
-    c1.write_bytes(b'{"simulated": true, "proof": "porep-c2-32g"}')
+    # A simulated C1 in Curio's wrapper format (sector 1, miner 1000: the agent's
+    # default VM_C1_MINER_ID), written by the simulator's own tool.
+    subprocess.run([console_script("vm-sim-c1"), str(c1)], check=True, timeout=60)
     return {
         "VM_STATE_DIR": str(home / "state"),
         "VM_PARAMS_DIR": str(home / "params"),
