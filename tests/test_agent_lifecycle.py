@@ -17,16 +17,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import cuzk_surface
 import orjson
 import psutil
 import pytest
 from agent_fakes import FAKE_BENCH, FAKE_DAEMON, FAKE_WORK, write_script
 from aiohttp import web
 
+import agent.cuzk as agent_cuzk
 from agent.config import AgentConfig, load_config
 from agent.host import MemoryLimit
-from agent.sim.c1 import write_c1
 from agent.lifecycle import EXIT_FAILED, EXIT_ORPHANED, EXIT_TERMINATED, Agent
+from agent.sim.c1 import write_c1
 from protocol import (
     CpuTelemetry,
     Gpu,
@@ -595,8 +597,6 @@ def sim_entry_point(path: Path, module: str) -> str:
 async def test_lifecycle_on_the_simulated_cuzk_with_the_real_sampler(
     stand_in: tuple[StandIn, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("agent.sim.daemon")
-    pytest.importorskip("agent.sim.bench")
     pytest.importorskip("agent.sampler")
     coord, url = stand_in
     coord.result_action = lambda r: "terminate" if r.kind == "scaling" else "continue"
@@ -604,6 +604,15 @@ async def test_lifecycle_on_the_simulated_cuzk_with_the_real_sampler(
     monkeypatch.setenv("VM_SIM_PROFILE", orjson.dumps(SIM_OFFER_2X).decode())
     monkeypatch.setenv("VM_SIM_TIME_SCALE", "3000")
     monkeypatch.setenv("VM_SIM_STATE_FILE", str(tmp_path / "sim-state.json"))
+    # Every command line the agent runs, checked below against cuzk's clap declarations.
+    argvs: list[list[str]] = []
+
+    class Recorded(agent_cuzk.ManagedProcess):
+        def __init__(self, argv: list[str], **kw: Any) -> None:
+            argvs.append(list(argv))
+            super().__init__(argv, **kw)
+
+    monkeypatch.setattr(agent_cuzk, "ManagedProcess", Recorded)
     h = Harness(
         tmp_path, url,
         VM_CUZK_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk", "agent.sim.daemon"),
@@ -614,7 +623,7 @@ async def test_lifecycle_on_the_simulated_cuzk_with_the_real_sampler(
     async def destroyer(config: AgentConfig) -> None:
         h.destroyed.append(config.provider)
 
-    agent = Agent(h.config, destroyer=destroyer)  # the real sampler factory
+    agent = Agent(h.config, destroyer=destroyer)  # the real sampler factory and memory probe
     code = await asyncio.wait_for(agent.run(), 120)
     assert code == EXIT_TERMINATED, coord.log_text()[-3000:]
     assert len(coord.hellos) == 1 and len(coord.hellos[0].host.gpus) == 2
@@ -623,12 +632,35 @@ async def test_lifecycle_on_the_simulated_cuzk_with_the_real_sampler(
     assert bench.gpus_used == [0, 1] and bench.proofs_completed == 6
     assert bench.rate_per_hour > 0 and len(bench.proof_seconds) == 6
     assert bench.telemetry is not None and len(bench.telemetry.gpus) == 2
+    assert bench.telemetry.cuzk is not None and bench.telemetry.cuzk.synthesis_slots == 18
     assert scaling.runs is not None and len(scaling.runs) == 2
     assert scaling.efficiency is not None and 0 < scaling.efficiency <= 1.2
     assert scaling.bottleneck in ("gpu", "cpu", "pcie", "memory", "unknown")
-    # Warm-up built the PCE through the simulator and restarted the daemon.
-    assert (tmp_path / "params" / "pce-porep-32g.bin").exists()
-    assert "[cuzk-bench] === Batch Summary ===" in coord.log_text()
+    # The real command lines, and the lifecycle they make: each daemon that is
+    # benchmarked gets a warm-up proof, then its PCE, then the benchmark, with
+    # no restart in between; the one-GPU run is a new daemon, warmed up again.
+    for argv in argvs:
+        cuzk_surface.check(argv)
+    kinds = []
+    for argv in argvs:
+        m = cuzk_surface.check(argv)
+        if not m.path():
+            kinds.append("daemon")
+        elif m.path() == ["batch"]:
+            v = m.leaf().values
+            assert (v["sector_num"], v["miner_id"]) == (1, 1000)
+            kinds.append(f"batch {v['count']}")
+        else:
+            kinds.append(m.path()[0])
+    assert kinds == ["daemon", "preload", "batch 1", "batch 6",
+                     "daemon", "preload", "batch 1", "batch 6",
+                     "daemon", "preload"], kinds
+    text = coord.log_text()
+    assert text.count("PCE extracted and held in memory") == 2
+    first_pce = text.index("PCE extracted and held in memory")
+    assert text.index("warm-up proof") < first_pce < text.index("benchmark on GPUs [0, 1]")
+    assert "restarting" not in text
+    assert "[cuzk-bench] === Batch Summary ===" in text
     assert_no_children()
 
 
