@@ -27,7 +27,8 @@ from typing import Protocol
 
 import aiohttp
 
-from agent.benchparse import BenchRun, ProofLine
+from agent.benchparse import BenchRun
+from agent.benchwatch import BenchWatch
 from agent.c1 import C1Error, C1Input, check_c1
 from agent.client import ClientError, CoordinatorClient, PermanentFailure, TransientFailure
 from agent.config import AgentConfig
@@ -41,7 +42,6 @@ from agent.cuzk import (
     CuzkError,
     DaemonExited,
     completed_total,
-    finished_total,
     has_pce,
     parse_budget_text,
     srs_reservation_bytes,
@@ -84,6 +84,7 @@ LOG_SHIP_INTERVAL_S = 5.0
 PROVING_POLL_S = 2.0
 PCE_POLL_S = 1.0
 COMPLETION_POLL_S = 0.5  # how often /status counters are read while a benchmark runs
+MIN_STEADY_SAMPLES = 3
 
 
 async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
@@ -613,34 +614,21 @@ class Agent:
         sampler = self._sampler
         for attempt in (1, 2):
             await self._ensure_warm()
-            done = 0
-            steady: list[int] = []
             self.progress = Progress(done=0, total=cfg.bench_proofs, unit="proofs",
                                      concurrency=concurrency)
-
-            def on_proof(proof: ProofLine) -> None:
-                # Lines come in submission order: their values are right, their
-                # arrival times are not when the proofs finished.
-                nonlocal done
-                done += 1
-                self.progress = Progress(
-                    done=min(done, cfg.bench_proofs), total=cfg.bench_proofs, unit="proofs",
-                    concurrency=concurrency,
-                )
-                if proof.completed:
-                    self._proof_seconds_recent.append(proof.wall_seconds)
-                    self.proofs_completed_total += 1
-
-            baseline = await self._finished_now()
-            watcher = asyncio.create_task(self._open_steady_window(baseline, steady))
+            steady: list[int] = []
+            watch = await self._bench_watch()
+            watcher = asyncio.create_task(self._watch_benchmark(watch, steady, concurrency))
             wid = sampler.open_window()
             started_at = self.client.now()
             try:
                 run = await self.bench.batch(
                     self.daemon.addr, c1_path=c1.path, count=cfg.bench_proofs,
                     concurrency=concurrency, sector_num=c1.sector_num,
-                    miner_id=cfg.c1_miner_id, on_proof=on_proof,
+                    miner_id=cfg.c1_miner_id,
                 )
+                await self._stop_watcher(watcher)
+                await self._take_finished(watch, None, concurrency)  # the last ones
             except BenchFailed as exc:
                 for w in (wid, *steady):
                     sampler.close_window(w)
@@ -654,12 +642,12 @@ class Agent:
                     sampler.close_window(w)
                 raise
             finally:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
+                await self._stop_watcher(watcher)
             full_run = sampler.close_window(wid)
             steady_state = sampler.close_window(steady[0]) if steady else None
-            telemetry = steady_state or full_run
+            # A steady window opened moments before the end says less than the whole run.
+            enough = steady_state is not None and steady_state.samples >= MIN_STEADY_SAMPLES
+            telemetry = steady_state if enough else full_run
             finished_at = self.client.now()
             log.info(
                 "benchmark on GPUs %s: %d completed, %d failed in %.1f s: %.1f proofs/h",
@@ -668,29 +656,53 @@ class Agent:
             return _Measured(run, telemetry, started_at, finished_at, gpus_used)
         raise AssertionError("unreachable")
 
-    async def _finished_now(self) -> int | None:
+    @staticmethod
+    async def _stop_watcher(task: asyncio.Task[None]) -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def _bench_watch(self) -> BenchWatch | None:
         with contextlib.suppress(CuzkError):
-            return finished_total(await self.daemon.status())
+            return BenchWatch(await self.daemon.status())
         return None
 
-    async def _open_steady_window(self, baseline: int | None, steady: list[int]) -> None:
-        """Open the steady-state telemetry window when the daemon first finishes a proof.
-
-        The pipeline is full once a proof has come out: telemetry from then on is
-        the host's steady state, not the fill. The daemon's /status counters say
-        when that is; cuzk-bench's lines do not (with -j above 1 they wait for
-        the proofs submitted before theirs).
-        """
-        assert self._sampler is not None
-        while not steady:
-            await asyncio.sleep(COMPLETION_POLL_S)
-            now = await self._finished_now()
-            if now is None:
+    async def _watch_benchmark(
+        self, watch: BenchWatch | None, steady: list[int], concurrency: int
+    ) -> None:
+        """Report the benchmark's proofs as the daemon finishes them (`agent.benchwatch`)."""
+        poll_s = min(COMPLETION_POLL_S, self.config.sample_interval_s)
+        while True:
+            await asyncio.sleep(poll_s)
+            if watch is None:
+                watch = await self._bench_watch()
                 continue
-            if baseline is None:
-                baseline = now  # the daemon was not answering at the start
-            elif now > baseline:
-                steady.append(self._sampler.open_window())
+            await self._take_finished(watch, steady, concurrency)
+
+    async def _take_finished(
+        self, watch: BenchWatch | None, steady: list[int] | None, concurrency: int
+    ) -> None:
+        """One /status read: proofs finished since the last go to the heartbeats, and the
+        first one opens the steady-state window (the pipeline is full from then on)."""
+        if watch is None:
+            return
+        try:
+            finished = watch.update(await self.daemon.status())
+        except CuzkError:
+            return
+        if not finished:
+            return
+        assert self._sampler is not None and self.progress is not None
+        for f in finished:
+            if f.completed:
+                self.proofs_completed_total += 1
+                if f.wall_seconds is not None:
+                    self._proof_seconds_recent.append(f.wall_seconds)
+        total = self.progress.total
+        self.progress = Progress(done=min(self.progress.done + len(finished), total),
+                                 total=total, unit="proofs", concurrency=concurrency)
+        if steady is not None and not steady:
+            steady.append(self._sampler.open_window())
 
     def _result_of(self, kind: str, m: _Measured) -> Result:
         return Result(

@@ -30,7 +30,7 @@ with open(args["config"], "rb") as fh:
 devices = cfg["gpus"]["devices"]
 gpus = len(devices) or int(os.environ.get("FAKE_GPUS", "1"))
 pce = os.path.join(cfg["srs"]["param_cache"], "pce-porep-32g.bin")
-state = {"completed": 0, "pce": False}  # never loaded from disk
+state = {"completed": 0, "pce": False, "pipelines": []}  # the PCE: never loaded from disk
 lock = threading.Lock()
 print(f"fake cuzk up: devices={devices} param_cache={cfg['srs']['param_cache']}", flush=True)
 print("param env", os.environ.get("FIL_PROOFS_PARAMETER_CACHE"), file=sys.stderr, flush=True)
@@ -59,21 +59,26 @@ class H(BaseHTTPRequestHandler):
                                         if state["pce"] else []},
                         "memory": {"total_bytes": 1, "used_bytes": 0, "available_bytes": 1},
                         "synthesis": {"max_concurrent": 0, "active": 0},
-                        "gpu_workers": [], "pipelines": []})
+                        "gpu_workers": [], "pipelines": list(state["pipelines"])})
 
     def do_POST(self):
         if self.path == "/preload":
             self._json({"ok": True})
         elif self.path == "/prove":
             time.sleep(0.01)
+            # More GPUs prove faster, not quite linearly.
+            seconds = 60.0 if gpus == 1 else 60.0 / (gpus * 0.75)
             with lock:
                 state["completed"] += 1
+                state["pipelines"] = state["pipelines"][-40:] + [{
+                    "job_id": f"job-{state['completed']}", "proof_kind": "porep-c2",
+                    "started_secs_ago": seconds, "total_partitions": 1, "partitions_done": 1,
+                    "partitions": [{"index": 0, "state": "done", "synth_ms": 1, "gpu_ms": 1}]}]
                 if not state["pce"]:
                     with open(pce, "wb") as fh:
                         fh.write(b"pce" * 100)
                     state["pce"] = True
-            # More GPUs prove faster, not quite linearly.
-            self._json({"seconds": 60.0 if gpus == 1 else 60.0 / (gpus * 0.75)})
+            self._json({"seconds": seconds})
         else:
             self.send_error(404)
 

@@ -70,7 +70,9 @@ PCE_FILE_NAME = "pce-porep-32g.bin"  # cuzk-pce/src/disk.rs pce_filename("porep-
 CIRCUIT_ID = "porep-32g"
 PROOF_KIND = "porep-c2"  # cuzk-core/src/types.rs Display for ProofKind::PoRepSealCommit
 ENV_BLOCK_TIMEOUT = "VM_SIM_BUDGET_BLOCK_TIMEOUT"
-PIPELINE_KEEP_S = 30.0  # status.rs: finished jobs stay in /status for 30 s
+# status.rs: finished jobs stay in /status for 30 s (of the wall clock: here real
+# seconds, so a fast simulated clock does not hide them from a poller).
+PIPELINE_KEEP_S = 30.0
 TICK_REAL_S = 0.01
 STATE_WRITE_REAL_S = 0.1  # the documented contract is "at least every 0.2 s"
 THERMAL_TAU_S = 60.0  # simulated seconds for GPU temperature to settle
@@ -343,6 +345,7 @@ class SimDaemon:
         self._load1 = 0.0
         self._cpu_last: dict[str, Any] = {}
         self._finished: list[str] = []
+        self._finished_real: dict[str, float] = {}
         self._oom = False
 
     # ----- time -----
@@ -396,8 +399,11 @@ class SimDaemon:
 
     def _remember(self, proof: ProofSim) -> None:
         self._finished.append(proof.job_id)
+        self._finished_real[proof.job_id] = time.monotonic()
         while len(self._finished) > KEEP_FINISHED_PROOFS:
-            self.sim.forget(self._finished.pop(0))
+            old = self._finished.pop(0)
+            self.sim.forget(old)
+            self._finished_real.pop(old, None)
         if proof.status == "completed":
             engine_log.info(
                 "proof completed job_id=%s kind=%s wall=%.1fs gpu=%dms queue=%dms (simulated)",
@@ -423,7 +429,8 @@ class SimDaemon:
         for proof in sim.proofs.values():
             if proof.registered_at is None:
                 continue  # not dispatched yet: no pipeline
-            if proof.finished_at is not None and now - proof.finished_at >= PIPELINE_KEEP_S:
+            ended = self._finished_real.get(proof.job_id)
+            if ended is not None and time.monotonic() - ended >= PIPELINE_KEEP_S:
                 continue
             parts = [
                 {
