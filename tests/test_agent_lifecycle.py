@@ -508,6 +508,81 @@ async def test_crashing_bench_reports_failed_then_obeys_terminate(
     assert_no_children()
 
 
+async def failed_reason(coord: StandIn, agent_task: asyncio.Task[int]) -> str:
+    """Wait for the `failed` heartbeat; return its reason, after terminating the agent."""
+    try:
+        await until(lambda: any(hb.phase == "failed" for hb in coord.heartbeats), "failed")
+        reason = next(hb.failure for hb in coord.heartbeats if hb.phase == "failed")
+        coord.heartbeat_action = "terminate"
+        assert await asyncio.wait_for(agent_task, 30) == EXIT_FAILED
+    finally:
+        if not agent_task.done():
+            agent_task.cancel()
+    assert reason is not None
+    return reason
+
+
+async def test_a_budget_under_one_partition_fails_before_anything_runs(
+    stand_in: tuple[StandIn, str], tmp_path: Path
+) -> None:
+    coord, url = stand_in
+    h = Harness(tmp_path, url)
+    h.memory = MemoryLimit(512 * 10**9, 16 * 10**9)  # a 16 GB container: 9.9 GiB of budget
+    reason = await failed_reason(coord, asyncio.create_task(h.make_agent().run()))
+    assert "memory budget of 9.9 GiB" in reason and "14 GiB one PoRep partition" in reason
+    assert "fetching_params" not in coord.phases()
+    assert "[cuzk]" not in coord.log_text()
+    assert_no_children()
+
+
+async def test_a_pce_extraction_that_never_finishes_fails_the_warm_up(
+    stand_in: tuple[StandIn, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    coord, url = stand_in
+    monkeypatch.setenv("FAKE_NO_PCE", "1")
+    h = Harness(tmp_path, url, VM_PCE_WAIT="1")
+    reason = await failed_reason(coord, asyncio.create_task(h.make_agent().run()))
+    assert "PCE extraction did not finish within VM_PCE_WAIT (1 s)" in reason
+    assert coord.results == {}
+    assert "[cuzk-bench] count:       3" not in coord.log_text()  # no benchmark started
+    assert_no_children()
+
+
+async def test_every_boot_warms_up_whatever_pce_file_an_earlier_one_left(
+    stand_in: tuple[StandIn, str], tmp_path: Path
+) -> None:
+    coord, url = stand_in
+    coord.result_action = lambda r: "terminate"
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params" / "pce-porep-32g.bin").write_bytes(b"from an earlier boot")
+    h = Harness(tmp_path, url)
+    assert await asyncio.wait_for(h.make_agent().run(), 60) == EXIT_TERMINATED
+    text = coord.log_text()
+    # The warm-up proof ran before the benchmark although a PCE file was there.
+    assert text.index("[cuzk-bench] count:       1") < text.index("[cuzk-bench] count:       3")
+    # The daemon was stopped the way cuzk understands: SIGINT first.
+    assert "[cuzk] received SIGINT, shutting down" in text
+    assert_no_children()
+
+
+async def test_a_c1_for_another_miner_fails_the_warm_up_proof_on_the_simulator(
+    stand_in: tuple[StandIn, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    coord, url = stand_in
+    monkeypatch.setenv("VM_SIM_PROFILE", orjson.dumps(SIM_OFFER_2X).decode())
+    monkeypatch.setenv("VM_SIM_TIME_SCALE", "3000")
+    h = Harness(
+        tmp_path, url, VM_C1_MINER_ID="1001",  # the Harness's C1 is miner 1000's
+        VM_CUZK_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk", "agent.sim.daemon"),
+        VM_CUZK_BENCH_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk-bench", "agent.sim.bench"),
+    )
+    reason = await failed_reason(coord, asyncio.create_task(h.make_agent().run()))
+    assert reason.startswith("the warm-up proof FAILED: cuzk cannot prove C1 file")
+    assert f"{tmp_path / 'c1.json'} as sector 1 of miner 1001" in reason
+    assert coord.results == {}
+    assert_no_children()
+
+
 async def test_signal_stops_children_without_self_destroy(
     stand_in: tuple[StandIn, str], tmp_path: Path
 ) -> None:
