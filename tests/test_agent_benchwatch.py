@@ -34,7 +34,7 @@ def test_proofs_are_counted_when_they_finish_with_their_seconds() -> None:
     # Finished some time in the last minute between polls: half of it, on average.
     assert got == [Finished(True, 31.0)]
     assert w.update(status(162.0, 2, 0, [("a", 62.0, DONE), ("b", 31.0, RUNNING)])) == []
-    got = w.update(status(164.0, 3, 1, [("b", 33.0, DONE), ("c", 3.0, ["failed"] + DONE[1:])]))
+    got = w.update(status(164.0, 3, 1, [("b", 33.0, DONE), ("c", 3.0, ["failed", *DONE[1:]])]))
     assert got == [Finished(True, 32.0), Finished(False, None)]
 
 

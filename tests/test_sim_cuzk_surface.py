@@ -57,7 +57,7 @@ def test_the_fixture_and_the_simulator_name_the_same_commit() -> None:
 def test_the_simulators_command_lines_are_the_declared_ones() -> None:
     assert CUZK_BENCH.to_spec() == bench_command().to_spec()
     assert CUZK_DAEMON.to_spec() == daemon_command().to_spec()
-    assert FEATURE_GATED == SURFACE["cuzk-bench"]["feature_gated"]
+    assert SURFACE["cuzk-bench"]["feature_gated"] == FEATURE_GATED
 
 
 def test_every_command_line_the_agent_builds_is_accepted() -> None:
