@@ -1,9 +1,14 @@
-"""Parser of ``cuzk-bench batch`` output (format in reference/cuzk.md).
+"""Parser of ``cuzk-bench batch`` output (format strings in docs/cuzk.md).
 
-``BenchLineParser`` takes the output a line at a time, so the lifecycle can
-report each proof as it completes; ``finish()`` returns the run's
-``BenchRun``. ``parse_bench_output`` does both for a whole text. Output that
-stops before the summary (the process died) raises ``TruncatedBenchOutput``.
+``BenchLineParser`` takes the output a line at a time; ``finish()`` returns
+the run's ``BenchRun``; ``parse_bench_output`` does both for a whole text.
+Output that stops before the summary (the process died) raises
+``TruncatedBenchOutput``. With ``-j`` above 1 the tool prints its proof
+lines in submission order, each after the proofs submitted before it have
+returned: a line's arrival is not when its proof finished (the agent takes
+that from the daemon, `agent.benchwatch`), but its wall seconds are the
+proof's own. Every status but ``COMPLETED`` (``FAILED``, ``CANCELLED``,
+``TIMEOUT``, ``UNKNOWN``) is a proof that did not complete.
 """
 
 from __future__ import annotations

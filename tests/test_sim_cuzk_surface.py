@@ -245,3 +245,19 @@ def test_config_defaults_and_types_are_the_real_ones(tmp_path: Path) -> None:
     got = load_settings(str(toml), None, None, profile)
     assert got.sim.total_budget_bytes == 200 * units["GiB"]
     assert (got.listen, got.status_listen) == ("127.0.0.1:5", "127.0.0.1:6")
+
+
+def test_docs_cite_the_commit_and_every_source_file_of_the_fixture() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "cuzk.md").read_text()
+    assert COMMIT in doc
+    assert SURFACE["source"]["extern_cuzk_last_changed"][:8] in doc
+    paths = {
+        str(section["path"]).split(" ")[0].removeprefix("extern/cuzk/")
+        for section in SURFACE.values() if isinstance(section, dict) and "path" in section
+    }
+    assert paths, "the fixture names its source files"
+    for path in paths:
+        assert path in doc, f"docs/cuzk.md does not cite {path}"
+    # The image builds the commit the facts were read at.
+    dockerfile = (Path(__file__).resolve().parents[1] / "image" / "Dockerfile").read_text()
+    assert f"ARG CURIO_REF={COMMIT}" in dockerfile

@@ -1,8 +1,8 @@
 """The simulated cuzk host model: calibration targets, bottlenecks, determinism.
 
 Every rate here is simulated. The offers are the ones the local catalog uses
-(vast.ai field names); the targets come from the operator's observed rates in
-reference/cuzk.md.
+(vast.ai field names); the targets are the operator's observed rates (the
+calibration notes of agent/sim/model.py).
 """
 
 from __future__ import annotations
