@@ -545,8 +545,8 @@ class Agent:
         """One warm-up proof, then wait for the PCE extraction it started, in this daemon.
 
         Every boot and every new daemon process does this: cuzk never loads a PCE
-        from disk, it extracts one in the background after the first proof of a
-        process and keeps it in memory. The benchmark then runs in the same
+        from disk; a proof dispatched while it has none starts a background
+        extraction, whose result it keeps in memory only (docs/cuzk.md). The benchmark then runs in the same
         process, never beside a running extraction (it competes for RAM and cores).
         """
         if self._daemon_warm:
