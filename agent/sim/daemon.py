@@ -530,13 +530,13 @@ class SimDaemon:
             "# HELP cuzk_proofs_completed_total Proofs completed (simulated).",
             "# TYPE cuzk_proofs_completed_total counter",
         ]
-        for kind, n in sorted(sim.completed_by_kind.items()) or [("porep", 0)]:
+        for kind, n in sorted(sim.completed_by_kind.items()) or [(PROOF_KIND, 0)]:
             lines.append(f'cuzk_proofs_completed_total{{kind="{kind}"}} {n}')
         lines += [
             "# HELP cuzk_proofs_failed_total Proofs failed (simulated).",
             "# TYPE cuzk_proofs_failed_total counter",
         ]
-        for kind, n in sorted(sim.failed_by_kind.items()) or [("porep", 0)]:
+        for kind, n in sorted(sim.failed_by_kind.items()) or [(PROOF_KIND, 0)]:
             lines.append(f'cuzk_proofs_failed_total{{kind="{kind}"}} {n}')
         lines += [
             "# HELP cuzk_queue_depth Proofs waiting to start (simulated).",
