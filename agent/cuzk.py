@@ -31,7 +31,6 @@ from agent.procs import LineSink, ManagedProcess
 
 log = logging.getLogger("agent.cuzk")
 
-PCE_FILE_NAME = "pce-porep-32g.bin"  # written by the extraction; never read back by cuzk
 PRELOAD_CIRCUIT = "porep-32g"
 PCE_CIRCUIT = "porep-32g"  # /status allocations.pce circuit_id (srs_manager.rs Display)
 # srs_manager.rs circuit_id_to_param_filename(Porep32G): the SRS whose size cuzk reserves.
