@@ -546,8 +546,9 @@ class Agent:
 
         Every boot and every new daemon process does this: cuzk never loads a PCE
         from disk; a proof dispatched while it has none starts a background
-        extraction, whose result it keeps in memory only (docs/cuzk.md). The benchmark then runs in the same
-        process, never beside a running extraction (it competes for RAM and cores).
+        extraction, whose result it keeps in memory only (docs/cuzk.md). The
+        benchmark then runs in the same process, never beside a running
+        extraction (it competes for RAM and cores).
         """
         if self._daemon_warm:
             return
