@@ -1,9 +1,14 @@
-"""Parser of ``cuzk-bench batch`` output (format in reference/cuzk.md).
+"""Parser of ``cuzk-bench batch`` output (format strings in docs/cuzk.md).
 
-``BenchLineParser`` takes the output a line at a time, so the lifecycle can
-report each proof as it completes; ``finish()`` returns the run's
-``BenchRun``. ``parse_bench_output`` does both for a whole text. Output that
-stops before the summary (the process died) raises ``TruncatedBenchOutput``.
+``BenchLineParser`` takes the output a line at a time; ``finish()`` returns
+the run's ``BenchRun``; ``parse_bench_output`` does both for a whole text.
+Output that stops before the summary (the process died) raises
+``TruncatedBenchOutput``. With ``-j`` above 1 the tool prints its proof
+lines in submission order, each after the proofs submitted before it have
+returned: a line's arrival is not when its proof finished (the agent takes
+that from the daemon, `agent.benchwatch`), but its wall seconds are the
+proof's own. Every status but ``COMPLETED`` (``FAILED``, ``CANCELLED``,
+``TIMEOUT``, ``UNKNOWN``) is a proof that did not complete.
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ from dataclasses import dataclass, field
 
 # "  [7/12] FAILED — 12.0s (prove=0 ms, queue=0 ms)". The real tool prints an
 # em dash (U+2014); an ASCII dash is accepted too, in case a terminal or a
-# log pipeline replaced it.
+# log pipeline replaced it. The labels are main.rs status_label's.
+STATUS_LABELS = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "UNKNOWN")
 _PROOF_RE = re.compile(
-    r"^\s*\[(?P<index>\d+)/(?P<count>\d+)\]\s+(?P<status>COMPLETED|FAILED)\s*(?:\u2014|--?)\s*"
+    r"^\s*\[(?P<index>\d+)/(?P<count>\d+)\]\s+(?P<status>" + "|".join(STATUS_LABELS)
+    + r")\s*(?:\u2014|--?)\s*"
     r"(?P<wall>\d+(?:\.\d+)?)\s*s"
     r"(?:\s*\(prove=(?P<prove>\d+(?:\.\d+)?)\s*ms,\s*queue=(?P<queue>\d+(?:\.\d+)?)\s*ms\))?"
 )
@@ -38,14 +45,18 @@ class TruncatedBenchOutput(BenchOutputError):
 
 @dataclass(frozen=True, slots=True)
 class ProofLine:
-    """One ``[i/n] COMPLETED|FAILED`` line."""
+    """One ``[i/n] STATUS`` line."""
 
     index: int
     count: int
-    completed: bool
+    status: str
     wall_seconds: float
     prove_ms: float | None
     queue_ms: float | None
+
+    @property
+    def completed(self) -> bool:
+        return self.status == "COMPLETED"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +66,7 @@ class BenchRun:
     proof_type: str | None
     count: int | None
     concurrency: int | None
-    proofs: list[ProofLine]  # in completion order
+    proofs: list[ProofLine]  # in printed (submission) order
     completed: int
     failed: int
     total_seconds: float
@@ -69,7 +80,7 @@ class BenchRun:
 
     @property
     def proof_seconds(self) -> list[float]:
-        """Wall seconds of each completed proof, in completion order."""
+        """Wall seconds of each completed proof, in printed order."""
         return [p.wall_seconds for p in self.proofs if p.completed]
 
 
@@ -80,7 +91,7 @@ def parse_proof_line(line: str) -> ProofLine | None:
     return ProofLine(
         index=int(m["index"]),
         count=int(m["count"]),
-        completed=m["status"] == "COMPLETED",
+        status=m["status"],
         wall_seconds=float(m["wall"]),
         prove_ms=float(m["prove"]) if m["prove"] is not None else None,
         queue_ms=float(m["queue"]) if m["queue"] is not None else None,

@@ -8,6 +8,7 @@ in step. Errors name the variable, never a secret's value.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,8 +48,20 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("VM_CUZK_BIN", "cuzk", "the cuzk daemon executable"),
     Setting("VM_CUZK_BENCH_BIN", "cuzk-bench", "the cuzk-bench executable"),
-    Setting("VM_C1_PATH", "/data/zk/c1.json", "the C1 output fed to `cuzk-bench batch --c1`"),
-    Setting("VM_BENCH_PROOFS", "12", "`-n` of the benchmark"),
+    Setting(
+        "VM_C1_PATH",
+        "/data/zk/c1.json",
+        "the C1 output fed to `cuzk-bench batch --c1`: Curio's wrapper JSON (SectorNum, "
+        "Phase1Out, SectorSize), checked before anything is rented for it; its SectorNum is "
+        "passed as `--sector-num`",
+    ),
+    Setting(
+        "VM_C1_MINER_ID",
+        "1000",
+        "the miner (actor id) the C1 was made for, passed as `--miner-id`; a wrong one fails "
+        "the warm-up proof's self-check",
+    ),
+    Setting("VM_BENCH_PROOFS", "12", "`-c/--count` of the benchmark"),
     Setting(
         "VM_BENCH_CONCURRENCY",
         "auto",
@@ -81,7 +94,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "VM_PCE_WAIT",
         "900",
-        "seconds to wait, after the warm-up proof, for the PCE file (or /status allocations.pce)",
+        "seconds the daemon may take, after the warm-up proof, to finish its background PCE "
+        "extraction (`/status` allocations.pce); longer fails the instance; 0: do not wait",
+    ),
+    Setting(
+        "VM_CUZK_MEMORY_BUDGET",
+        "auto",
+        "cuzk's `[memory] total_budget`: `auto` = the memory this container may use (its cgroup "
+        "limit or MemTotal, the smaller) less cuzk's 5 GiB safety margin; or a size such as "
+        "`200GiB`",
     ),
     Setting(
         "VM_SPOOL_MAX_BYTES",
@@ -105,6 +126,12 @@ SETTINGS: tuple[Setting, ...] = (
         "VM_SIM_STATE_FILE",
         None,
         "simulation: the live hardware state file (read by the simulator)",
+    ),
+    Setting(
+        "VM_SIM_BUDGET_BLOCK_TIMEOUT",
+        "1800",
+        "simulation: simulated seconds a proof may wait for memory budget nothing will free "
+        "before the simulated daemon fails it (the real one waits for ever)",
     ),
 )
 
@@ -131,6 +158,7 @@ class AgentConfig:
     cuzk_bin: str
     cuzk_bench_bin: str
     c1_path: Path
+    c1_miner_id: int
     bench_proofs: int
     bench_concurrency: int | None  # None: 2 per GPU in the run
     work_cmd: str | None
@@ -140,6 +168,7 @@ class AgentConfig:
     provider: str
     cuzk_start_timeout_s: float
     pce_wait_s: float
+    memory_budget: str | None  # None: auto (from the container's limit); else cuzk's size text
     spool_max_bytes: int
     log_level: str
     # Set by vast.ai inside an instance (reference/vast-api.md).
@@ -201,6 +230,22 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default
     return value
 
 
+# config.rs parse_size: whole numbers of GiB, MiB, GB or MB, or plain bytes; anything
+# else it silently reads as 50 GiB, so the agent refuses it instead.
+_SIZE_RE = re.compile(r"^[0-9]+(GiB|MiB|GB|MB)?$")
+
+
+def _budget(env: Mapping[str, str], name: str) -> str | None:
+    value = _required(env, name)
+    if value == "auto":
+        return None
+    if not _SIZE_RE.match(value) or not value.rstrip("GiBM") or int(value.rstrip("GiBM")) == 0:
+        raise ConfigError(
+            f"{name} must be auto or a whole size such as 200GiB, 204800MiB or bytes, got {value!r}"
+        )
+    return value
+
+
 def _url(env: Mapping[str, str], name: str, value: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -244,6 +289,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> AgentConfig:
         cuzk_bin=_required(env, "VM_CUZK_BIN"),
         cuzk_bench_bin=_required(env, "VM_CUZK_BENCH_BIN"),
         c1_path=Path(_required(env, "VM_C1_PATH")),
+        c1_miner_id=_int(env, "VM_C1_MINER_ID", 0),
         bench_proofs=_int(env, "VM_BENCH_PROOFS", 1),
         bench_concurrency=(
             None
@@ -257,6 +303,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> AgentConfig:
         provider=provider,
         cuzk_start_timeout_s=_float(env, "VM_CUZK_START_TIMEOUT", 0.0, exclusive=True),
         pce_wait_s=_float(env, "VM_PCE_WAIT", 0.0),
+        memory_budget=_budget(env, "VM_CUZK_MEMORY_BUDGET"),
         spool_max_bytes=_int(env, "VM_SPOOL_MAX_BYTES", 1_048_576),
         log_level=_choice(env, "VM_LOG_LEVEL", LOG_LEVELS, "INFO"),
         container_id=container_id,

@@ -1,8 +1,13 @@
-"""Drives the cuzk programs (reference/cuzk.md): the daemon, cuzk-bench and GET /status.
+"""Drives the cuzk programs (docs/cuzk.md): the daemon, cuzk-bench and GET /status.
 
 Works unchanged with the real ``cuzk`` / ``cuzk-bench`` and the simulated
-``vm-sim-cuzk`` / ``vm-sim-cuzk-bench``: it only uses their documented flags,
-``cuzk.toml`` and the ``/status`` JSON.
+``vm-sim-cuzk`` / ``vm-sim-cuzk-bench``: it only uses their flags as their
+clap definitions declare them, ``cuzk.toml`` keys and the ``/status`` JSON,
+as read at Curio e0294b0f. The daemon listens where the agent says (its own
+default is a Unix socket) and serves ``/status`` only because the agent
+sets ``status_listen`` (off by default); it handles SIGINT only, which stops
+its engine but not the process, so it is stopped with SIGINT, then SIGTERM
+(whose default action ends it), then SIGKILL.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,8 +31,20 @@ from agent.procs import LineSink, ManagedProcess
 
 log = logging.getLogger("agent.cuzk")
 
-PCE_FILE_NAME = "pce-porep-32g.bin"
 PRELOAD_CIRCUIT = "porep-32g"
+PCE_CIRCUIT = "porep-32g"  # /status allocations.pce circuit_id (srs_manager.rs Display)
+# srs_manager.rs circuit_id_to_param_filename(Porep32G): the SRS whose size cuzk reserves.
+POREP_32G_PARAMS = (
+    "v28-stacked-proof-of-replication-merkletree-poseidon_hasher-8-8-0-sha256_hasher-"
+    "82a357d2f2ca81dc61bb45f4a762807aedee1b0a53fd6c4e77b46a01bfef7820.params"
+)
+GIB = 1 << 30
+# cuzk-core/src/memory.rs and config.rs
+POREP_PARTITION_FULL_BYTES = 14 * GIB
+SAFETY_MARGIN_BYTES = 5 * GIB
+MAX_PARALLEL_SYNTHESIS = 18
+EXTRACTION_FAILED_TEXT = "background PCE extraction failed"
+SIGINT_GRACE_S = 1.0
 
 
 class CuzkError(Exception):
@@ -59,11 +77,14 @@ def render_config(
     listen: str,
     status_listen: str,
     param_cache: Path,
+    total_budget: str,
     devices: Sequence[int] | None = None,
-    total_budget: str = "auto",
-    safety_margin: str = "5GiB",
 ) -> str:
-    """The daemon's ``cuzk.toml``. ``devices=None`` means every GPU (``devices = []``)."""
+    """The daemon's ``cuzk.toml``. ``devices=None`` means every GPU (``devices = []``).
+
+    ``total_budget`` is cuzk's size text (``"204800MiB"``), never ``"auto"``,
+    which would read the host's MemTotal past the container's limit.
+    """
     device_list = ", ".join(str(int(d)) for d in (devices or []))
     return (
         "# Written by vast-agent; rewritten at every daemon start.\n"
@@ -74,27 +95,90 @@ def render_config(
         f"param_cache = {_toml_str(str(param_cache))}\n"
         "\n[memory]\n"
         f"total_budget = {_toml_str(total_budget)}\n"
-        f"safety_margin = {_toml_str(safety_margin)}\n"
         "\n[gpus]\n"
         f"devices = [{device_list}]\n"
     )
 
 
-def completed_total(status: Mapping[str, Any]) -> int | None:
-    """``counters.total_completed`` of a /status answer, or None when absent."""
+def budget_text(budget_bytes: int) -> str:
+    """A byte count as cuzk's parse_size reads it exactly (whole MiB, rounded down)."""
+    return f"{budget_bytes // (1 << 20)}MiB"
+
+
+def parse_budget_text(text: str) -> int:
+    """config.rs parse_size for the sizes `agent.config` accepts."""
+    for suffix, unit in (("GiB", 1 << 30), ("MiB", 1 << 20), ("GB", 10**9), ("MB", 10**6)):
+        if text.endswith(suffix):
+            return int(text[: -len(suffix)]) * unit
+    return int(text)
+
+
+def synthesis_workers(budget_bytes: int) -> int:
+    """engine.rs: min(budget / 14 GiB, max_parallel_synthesis), at least 2."""
+    return max(2, min(budget_bytes // POREP_PARTITION_FULL_BYTES, MAX_PARALLEL_SYNTHESIS))
+
+
+def srs_reservation_bytes(params_dir: Path) -> int:
+    """What cuzk reserves for the PoRep 32G SRS: the size of its .params file (0 if absent)."""
+    try:
+        return (params_dir / POREP_32G_PARAMS).stat().st_size
+    except OSError:
+        return 0
+
+
+def daemon_argv(cuzk_bin: str, config_path: Path) -> list[str]:
+    """``cuzk -c cuzk.toml`` (cuzk-daemon's ``-c/--config``)."""
+    return [cuzk_bin, "--config", str(config_path)]
+
+
+def preload_argv(bench_bin: str, addr: str, circuit: str = PRELOAD_CIRCUIT) -> list[str]:
+    """``cuzk-bench --addr ADDR preload --circuit-id porep-32g`` (global options first)."""
+    return [bench_bin, "--addr", addr, "preload", "--circuit-id", circuit]
+
+
+def batch_argv(
+    bench_bin: str, addr: str, *, c1_path: Path, count: int, concurrency: int,
+    sector_num: int, miner_id: int,
+) -> list[str]:
+    """``cuzk-bench --addr ADDR batch --type porep --c1 FILE --count N --concurrency J ...``."""
+    return [
+        bench_bin, "--addr", addr, "batch", "--type", "porep", "--c1", str(c1_path),
+        "--count", str(count), "--concurrency", str(concurrency),
+        "--sector-num", str(sector_num), "--miner-id", str(miner_id),
+    ]
+
+
+def _counter(status: Mapping[str, Any], name: str) -> int | None:
     counters = status.get("counters")
     if isinstance(counters, dict):
-        value = counters.get("total_completed")
+        value = counters.get(name)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return None
 
 
+def completed_total(status: Mapping[str, Any]) -> int | None:
+    """``counters.total_completed`` of a /status answer, or None when absent."""
+    return _counter(status, "total_completed")
+
+
+def finished_total(status: Mapping[str, Any]) -> int | None:
+    """Proofs the daemon has finished, completed or failed: when they really finished."""
+    done, failed = _counter(status, "total_completed"), _counter(status, "total_failed")
+    return None if done is None or failed is None else done + failed
+
+
 def has_pce(status: Mapping[str, Any]) -> bool:
+    """Whether the daemon holds the PoRep PCE in memory (``allocations.pce``).
+
+    engine.rs lists only the cache's evictable entries (no proof holding one),
+    so read it while no proof runs, as the warm-up does.
+    """
     allocations = status.get("allocations")
     if isinstance(allocations, dict):
         pce = allocations.get("pce")
-        return isinstance(pce, list) and len(pce) > 0
+        if isinstance(pce, list):
+            return any(isinstance(e, dict) and e.get("circuit_id") == PCE_CIRCUIT for e in pce)
     return False
 
 
@@ -117,6 +201,8 @@ class CuzkDaemon:
         self.params_dir = params_dir
         self.config_path = state_dir / "cuzk.toml"
         self._sink = sink
+        self.budget_bytes = 0
+        self.extraction_failed = False
         base_env = dict(os.environ if env is None else env)
         # cuzk and the proofs library find the parameters through this.
         base_env["FIL_PROOFS_PARAMETER_CACHE"] = str(params_dir)
@@ -139,10 +225,6 @@ class CuzkDaemon:
         return f"http://127.0.0.1:{self.status_port}/status"
 
     @property
-    def pce_path(self) -> Path:
-        return self.params_dir / PCE_FILE_NAME
-
-    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.running
 
@@ -155,11 +237,18 @@ class CuzkDaemon:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         return self._session
 
-    async def start(self, devices: Sequence[int] | None = None) -> None:
+    def _line(self, source: str, text: str) -> None:
+        if EXTRACTION_FAILED_TEXT in text:
+            self.extraction_failed = True
+        self._sink(source, text)
+
+    async def start(self, devices: Sequence[int] | None = None, *, budget_bytes: int) -> None:
         """Write cuzk.toml, start the daemon and wait until GET /status answers."""
         if self.running:
             await self.stop()
         self.devices = list(devices) if devices else None
+        self.budget_bytes = budget_bytes
+        self.extraction_failed = False
         self.state_dir.mkdir(parents=True, exist_ok=True)
         # A port picked free can be taken before the daemon binds it: one more try.
         for attempt in (1, 2):
@@ -172,13 +261,14 @@ class CuzkDaemon:
                     listen=f"127.0.0.1:{self.port}",
                     status_listen=f"127.0.0.1:{self.status_port}",
                     param_cache=self.params_dir,
+                    total_budget=budget_text(budget_bytes),
                     devices=self.devices,
                 )
             )
             self._proc = ManagedProcess(
-                [self.cuzk_bin, "-c", str(self.config_path)],
+                daemon_argv(self.cuzk_bin, self.config_path),
                 source="cuzk",
-                sink=self._sink,
+                sink=self._line,
                 env=self._env,
             )
             try:
@@ -191,12 +281,12 @@ class CuzkDaemon:
                          "all" if self.devices is None else self.devices)
                 return
             except DaemonExited:
-                await self._proc.stop(self.stop_timeout_s)
+                await self.stop()
                 if attempt == 2:
                     raise
                 log.warning("cuzk daemon exited during start-up; retrying on other ports")
             except BaseException:
-                await self._proc.stop(self.stop_timeout_s)
+                await self.stop()
                 raise
 
     async def wait_ready(self) -> None:
@@ -236,10 +326,20 @@ class CuzkDaemon:
         return await self._proc.wait()
 
     async def stop(self) -> None:
-        if self._proc is not None:
-            code = await self._proc.stop(self.stop_timeout_s)
-            log.info("cuzk daemon stopped (status %s)", code)
-            self._proc = None
+        """SIGINT (the one signal cuzk handles: its engine stops), then SIGTERM, then SIGKILL."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            if proc.running and proc.pid is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(proc.pid, signal.SIGINT)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(SIGINT_GRACE_S):
+                        await proc.wait()
+        finally:
+            code = await proc.stop(self.stop_timeout_s)
+        log.info("cuzk daemon stopped (status %s)", code)
 
     async def close(self) -> None:
         try:
@@ -283,8 +383,8 @@ class CuzkBench:
             await proc.stop(self.stop_timeout_s)
 
     async def preload(self, addr: str, circuit: str = PRELOAD_CIRCUIT) -> None:
-        """``cuzk-bench --addr ADDR preload -c porep-32g``: load the SRS into the daemon."""
-        code = await self._run([self.bench_bin, "--addr", addr, "preload", "-c", circuit])
+        """``cuzk-bench --addr ADDR preload --circuit-id porep-32g``: load the SRS."""
+        code = await self._run(preload_argv(self.bench_bin, addr, circuit))
         if code != 0:
             raise BenchFailed(f"cuzk-bench preload exited with status {code}")
 
@@ -295,9 +395,13 @@ class CuzkBench:
         c1_path: Path,
         count: int,
         concurrency: int,
+        sector_num: int,
+        miner_id: int,
         on_proof: Callable[[ProofLine], None] | None = None,
     ) -> BenchRun:
-        """``cuzk-bench batch -t porep``; ``on_proof`` sees each proof line as it comes."""
+        """``cuzk-bench batch --type porep``; ``on_proof`` sees each proof line as it is
+        printed (in submission order: with ``concurrency`` above 1, later than the proof
+        finished)."""
         parser = BenchLineParser()
 
         def on_line(line: str) -> None:
@@ -305,10 +409,10 @@ class CuzkBench:
             if proof is not None and on_proof is not None:
                 on_proof(proof)
 
-        argv = [
-            self.bench_bin, "--addr", addr, "batch", "-t", "porep", "--c1", str(c1_path),
-            "-n", str(count), "-j", str(concurrency),
-        ]
+        argv = batch_argv(
+            self.bench_bin, addr, c1_path=c1_path, count=count, concurrency=concurrency,
+            sector_num=sector_num, miner_id=miner_id,
+        )
         code = await self._run(argv, on_line)
         try:
             run = parser.finish()

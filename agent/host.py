@@ -61,6 +61,8 @@ class HostSource(Protocol):
 
     def disk_usage(self) -> DiskUsage | None: ...
 
+    def memory_limit(self) -> MemoryLimit: ...
+
 
 def read_cgroup_quota_cores(root: str = "/sys/fs/cgroup") -> float | None:
     """Cores this container may use by its CFS quota; None when unlimited or unknown.
@@ -88,6 +90,61 @@ def read_cgroup_quota_cores(root: str = "/sys/fs/cgroup") -> float | None:
             continue
         return quota / period if quota > 0 and period > 0 else None
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryLimit:
+    """The memory this container may use: MemTotal, and the cgroup's limit if it has one."""
+
+    mem_total_bytes: int | None  # /proc/meminfo MemTotal (the host's, in a container)
+    cgroup_limit_bytes: int | None  # memory.max / memory.limit_in_bytes; None: unlimited
+
+    @property
+    def usable_bytes(self) -> int | None:
+        known = [v for v in (self.mem_total_bytes, self.cgroup_limit_bytes) if v is not None]
+        return min(known) if known else None
+
+
+# cgroup v1 reports "no limit" as a huge number (PAGE_COUNTER_MAX pages): anything
+# at or above 2^60 bytes is no limit in practice.
+_V1_UNLIMITED = 1 << 60
+
+
+def read_memory_limit(
+    root: str = "/sys/fs/cgroup", meminfo_path: str = "/proc/meminfo"
+) -> MemoryLimit:
+    """MemTotal and the container's cgroup memory limit.
+
+    cgroup v2: ``memory.max`` (``max`` = unlimited); cgroup v1:
+    ``memory/memory.limit_in_bytes``. cuzk's ``total_budget = "auto"`` reads
+    only MemTotal (docs/cuzk.md), so the agent passes the smaller of the two.
+    """
+    total: int | None = None
+    try:
+        with open(meminfo_path) as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    parts = line.split()
+                    total = int(parts[1]) * 1024 if parts[-1] == "kB" else int(parts[1])
+                    break
+    except (OSError, ValueError, IndexError):
+        total = None
+    limit: int | None = None
+    for path in (os.path.join(root, "memory.max"),
+                 os.path.join(root, "memory", "memory.limit_in_bytes")):
+        try:
+            with open(path) as f:
+                raw = f.read().strip()
+        except OSError:
+            continue
+        if raw != "max":
+            try:
+                value = int(raw)
+            except ValueError:
+                continue
+            limit = value if 0 < value < _V1_UNLIMITED else None
+        break
+    return MemoryLimit(total, limit)
 
 
 def read_cpu_model(cpuinfo_path: str = "/proc/cpuinfo") -> str | None:
@@ -183,6 +240,9 @@ class HostProbe:
 
     def quota_cores(self) -> float | None:
         return self._quota_cores
+
+    def memory_limit(self) -> MemoryLimit:
+        return read_memory_limit(self.cgroup_root)
 
     def _cpu(self) -> tuple[float | None, list[float], float | None]:
         now = self._cpu_times()

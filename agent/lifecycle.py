@@ -27,17 +27,27 @@ from typing import Protocol
 
 import aiohttp
 
-from agent.benchparse import BenchRun, ProofLine
+from agent.benchparse import BenchRun
+from agent.benchwatch import BenchWatch
+from agent.c1 import C1Error, C1Input, check_c1
 from agent.client import ClientError, CoordinatorClient, PermanentFailure, TransientFailure
 from agent.config import AgentConfig
 from agent.cuzk import (
+    GIB,
+    POREP_PARTITION_FULL_BYTES,
+    SAFETY_MARGIN_BYTES,
     BenchFailed,
     CuzkBench,
     CuzkDaemon,
     CuzkError,
+    DaemonExited,
     completed_total,
     has_pce,
+    parse_budget_text,
+    srs_reservation_bytes,
+    synthesis_workers,
 )
+from agent.host import MemoryLimit, read_memory_limit
 from agent.params import Downloader, ParamsError, load_manifest, run_params_cmd
 from agent.procs import ManagedProcess
 from agent.selfdestroy import SelfDestroyError, self_destroy
@@ -72,6 +82,9 @@ EXIT_SIGNALLED = 128  # + the signal number (SIGTERM: 143, SIGINT: 130)
 DEFAULT_HEARTBEAT_S = 30.0
 LOG_SHIP_INTERVAL_S = 5.0
 PROVING_POLL_S = 2.0
+PCE_POLL_S = 1.0
+COMPLETION_POLL_S = 0.5  # how often /status counters are read while a benchmark runs
+MIN_STEADY_SAMPLES = 3
 
 
 async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
@@ -101,7 +114,9 @@ def agent_version() -> str:
 class SamplerLike(Protocol):
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
-    def set_cuzk_status_url(self, url: str | None) -> None: ...
+    def set_cuzk_status_url(
+        self, url: str | None, synthesis_slots: int | None = None
+    ) -> None: ...
     def open_window(self) -> int: ...
     def roll_window(self, wid: int) -> Telemetry | None: ...
     def close_window(self, wid: int) -> Telemetry | None: ...
@@ -121,6 +136,17 @@ def default_sampler_factory(config: AgentConfig) -> tuple[HostInfo, SamplerLike]
 
 
 Destroyer = Callable[[AgentConfig], Awaitable[None]]
+MemoryProbe = Callable[[AgentConfig], MemoryLimit]
+
+
+def default_memory_probe(config: AgentConfig) -> MemoryLimit:
+    """The memory this container may use (cgroup limit, MemTotal); the simulation's own
+    with ``VM_NVML=sim``, whose machine is the simulated one."""
+    if config.nvml == "sim":
+        from agent.sim.fake_host import FakeHostProbe  # lazily: the simulator is optional
+
+        return FakeHostProbe(str(config.params_dir)).memory_limit()
+    return read_memory_limit()
 
 
 async def default_destroyer(config: AgentConfig) -> None:
@@ -216,9 +242,11 @@ class Agent:
         destroyer: Destroyer = default_destroyer,
         monotonic: Callable[[], float] = time.monotonic,
         watchdog_period_s: float | None = None,
+        memory_probe: MemoryProbe = default_memory_probe,
     ) -> None:
         self.config = config
         self._sampler_factory = sampler_factory
+        self._memory_probe = memory_probe
         self.client = client or CoordinatorClient(
             config.coordinator_url, config.agent_id, config.agent_key
         )
@@ -266,6 +294,10 @@ class Agent:
         self._work_task: asyncio.Task[None] | None = None
         self._prepared = False
         self._has_failed = False
+        self._failure: str | None = None  # why, once phase is failed
+        self._c1: C1Input | None = None
+        self._budget_bytes = 0
+        self._daemon_warm = False  # this daemon process has finished its PCE extraction
 
     # -- public controls ------------------------------------------------------------
 
@@ -351,9 +383,11 @@ class Agent:
                     raise
             except (AgentFailure, CuzkError, ParamsError, PermanentFailure, OSError) as exc:
                 log.error("%s failed: %s", plan, exc)
+                self._failure = str(exc)[:1024] or type(exc).__name__
                 next_plan = "failed"
-            except Exception:
+            except Exception as exc:
                 log.exception("%s failed unexpectedly", plan)
+                self._failure = f"the agent crashed in {plan}: {type(exc).__name__}"
                 next_plan = "failed"
             if self._signal is not None:
                 log.info("stopping on signal %d", self._signal)
@@ -404,12 +438,52 @@ class Agent:
     # -- fetching params and warming -------------------------------------------------
 
     async def _prepare(self) -> str:
+        # Both checks are cheap and need nothing fetched: a C1 that cuzk cannot prove,
+        # or a budget that cannot hold one partition, fails now, before any rent is
+        # spent on parameters or proofs.
+        await self._check_c1()
+        self._budget_bytes = await self._memory_budget()
         self._set_phase("fetching_params")
         await self._fetch_params()
         self._set_phase("warming")
         await self._warm()
         self._prepared = True
         return "benchmark"
+
+    async def _check_c1(self) -> None:
+        try:
+            c1 = await asyncio.to_thread(check_c1, self.config.c1_path)
+        except C1Error as exc:
+            raise AgentFailure(f"{exc}; no benchmark was started") from None
+        self._c1 = c1
+        log.info("C1 input %s: sector %d, %s, %d bytes (miner %d from VM_C1_MINER_ID)",
+                 c1.path, c1.sector_num, c1.registered_proof, c1.size_bytes,
+                 self.config.c1_miner_id)
+
+    async def _memory_budget(self) -> int:
+        """cuzk's ``[memory] total_budget`` in bytes: set, or the container's memory less
+        cuzk's safety margin (cuzk's own "auto" would read the host's MemTotal)."""
+        if self.config.memory_budget is not None:
+            budget = parse_budget_text(self.config.memory_budget)
+            source = "VM_CUZK_MEMORY_BUDGET"
+        else:
+            limit = await asyncio.to_thread(self._memory_probe, self.config)
+            usable = limit.usable_bytes
+            if usable is None:
+                raise AgentFailure("cannot tell how much memory this container has "
+                                   "(no MemTotal, no cgroup limit); set VM_CUZK_MEMORY_BUDGET")
+            budget = max(0, usable - SAFETY_MARGIN_BYTES)
+            where = ("its cgroup limit" if limit.cgroup_limit_bytes is not None
+                     and limit.cgroup_limit_bytes == usable else "MemTotal")
+            source = f"this container's {usable / GIB:.1f} GiB ({where}) less 5 GiB"
+        if budget < POREP_PARTITION_FULL_BYTES:
+            raise AgentFailure(
+                f"cuzk's memory budget of {budget / GIB:.1f} GiB ({source}) is under the "
+                f"{POREP_PARTITION_FULL_BYTES // GIB} GiB one PoRep partition reserves: "
+                "its proofs would wait for ever"
+            )
+        log.info("cuzk memory budget %.1f GiB (%s)", budget / GIB, source)
+        return budget
 
     def _bytes_progress(self, done: int, total: int) -> None:
         self.progress = Progress(done=max(done, 0), total=max(total, 0), unit="bytes")
@@ -440,56 +514,88 @@ class Agent:
         log.info("parameters ready in %s", cfg.params_dir)
 
     async def _start_daemon(self, devices: list[int] | None) -> None:
-        """(Re)start the daemon on ``devices`` (None: all) and preload the SRS."""
+        """(Re)start the daemon on ``devices`` (None: all) and preload the SRS.
+
+        A new daemon process has no PCE (cuzk keeps it in memory only), so it
+        is not warm until `_ensure_warm` has run on it.
+        """
         assert self._sampler is not None
+        srs = srs_reservation_bytes(self.config.params_dir)
+        need = srs + POREP_PARTITION_FULL_BYTES
+        if self._budget_bytes < need:
+            raise AgentFailure(
+                f"cuzk's memory budget of {self._budget_bytes / GIB:.1f} GiB cannot hold the "
+                f"{srs / GIB:.1f} GiB SRS and one {POREP_PARTITION_FULL_BYTES // GIB} GiB "
+                "PoRep partition: its proofs would wait for ever"
+            )
+        self._daemon_warm = False
         self._sampler.set_cuzk_status_url(None)
-        await self.daemon.start(devices)
-        self._sampler.set_cuzk_status_url(self.daemon.status_url)
+        await self.daemon.start(devices, budget_bytes=self._budget_bytes)
+        self._sampler.set_cuzk_status_url(
+            self.daemon.status_url, synthesis_workers(self._budget_bytes)
+        )
         await self.bench.preload(self.daemon.addr)
 
     async def _warm(self) -> None:
-        if not self.config.c1_path.is_file():
-            raise AgentFailure(f"VM_C1_PATH {self.config.c1_path} is not a file")
         await self._start_daemon(None)
-        pce = self.daemon.pce_path
-        if pce.exists() and pce.stat().st_size > 0:
-            log.info("PCE already built (%s): the daemon loaded it at start", pce.name)
-            return
-        log.info("warm-up proof: builds the PCE")
-        self.progress = Progress(done=0, total=1, unit="proofs")
-        run = await self.bench.batch(
-            self.daemon.addr, c1_path=self.config.c1_path, count=1, concurrency=1
-        )
-        if run.completed < 1:
-            raise AgentFailure("the warm-up proof failed")
-        self.progress = Progress(done=1, total=1, unit="proofs")
-        await self._wait_for_pce()
-        log.info("restarting the cuzk daemon to load the PCE")
-        await self._start_daemon(None)
+        await self._ensure_warm()
         self.progress = None
 
+    async def _ensure_warm(self) -> None:
+        """One warm-up proof, then wait for the PCE extraction it started, in this daemon.
+
+        Every boot and every new daemon process does this: cuzk never loads a PCE
+        from disk; a proof dispatched while it has none starts a background
+        extraction, whose result it keeps in memory only (docs/cuzk.md). The
+        benchmark then runs in the same process, never beside a running
+        extraction (it competes for RAM and cores).
+        """
+        if self._daemon_warm:
+            return
+        c1 = self._c1
+        assert c1 is not None
+        log.info("warm-up proof: starts the daemon's background PCE extraction")
+        self.progress = Progress(done=0, total=1, unit="proofs")
+        run = await self.bench.batch(
+            self.daemon.addr, c1_path=c1.path, count=1, concurrency=1,
+            sector_num=c1.sector_num, miner_id=self.config.c1_miner_id,
+        )
+        if run.completed < 1:
+            status = run.proofs[0].status if run.proofs else "did not complete"
+            raise AgentFailure(
+                f"the warm-up proof {status}: cuzk cannot prove C1 file {c1.path} as sector "
+                f"{c1.sector_num} of miner {self.config.c1_miner_id} (is VM_C1_MINER_ID the "
+                "miner the C1 was made for?); no benchmark was started"
+            )
+        self.progress = Progress(done=1, total=1, unit="proofs")
+        await self._wait_for_pce()
+        self._daemon_warm = True
+
     async def _wait_for_pce(self) -> None:
-        pce = self.daemon.pce_path
-        deadline = self._monotonic() + self.config.pce_wait_s
-        last_size = -1
+        """Until ``/status`` lists the PoRep PCE in memory, within VM_PCE_WAIT."""
+        wait_s = self.config.pce_wait_s
+        if wait_s <= 0:
+            log.warning("VM_PCE_WAIT is 0: benchmarking without waiting for the PCE extraction")
+            return
+        started = self._monotonic()
         while True:
-            size = pce.stat().st_size if pce.exists() else -1
-            # Extraction writes the file in the background: done once it stops growing.
-            if size > 0 and size == last_size:
-                log.info("PCE written (%d bytes)", size)
-                return
-            last_size = size
+            if not self.daemon.running:
+                raise DaemonExited("the cuzk daemon exited during its PCE extraction")
+            if self.daemon.extraction_failed:
+                raise AgentFailure("the cuzk daemon's background PCE extraction failed "
+                                   "(its log says why); a benchmark would start another one")
             with contextlib.suppress(CuzkError):
                 if has_pce(await self.daemon.status()):
-                    log.info("the daemon reports its PCE in memory")
+                    log.info("PCE extracted and held in memory after %.0f s",
+                             self._monotonic() - started)
                     return
-            if self._monotonic() >= deadline:
-                log.warning(
-                    "no PCE after %.0f s; going on (proofs may use the slow path)",
-                    self.config.pce_wait_s,
+            if self._monotonic() - started >= wait_s:
+                raise AgentFailure(
+                    f"the cuzk daemon's PCE extraction did not finish within VM_PCE_WAIT "
+                    f"({wait_s:.0f} s) of the warm-up proof; a benchmark beside it would "
+                    "measure the wrong rate"
                 )
-                return
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(PCE_POLL_S)
 
     # -- benchmarking ------------------------------------------------------------------
 
@@ -498,42 +604,32 @@ class Agent:
         return [g.index for g in self._host.gpus]
 
     async def _measure(self, devices: list[int] | None) -> _Measured:
-        """One benchmark run on the running daemon; retried once after a daemon restart."""
-        assert self._sampler is not None
+        """One benchmark run on the running, warm daemon; retried once on a fresh daemon."""
+        assert self._sampler is not None and self._c1 is not None
         cfg = self.config
+        c1 = self._c1
         gpus_used = list(devices) if devices is not None else self._all_gpus()
         # One proof's partitions spread over the GPUs; two proofs in flight per
         # GPU keep each fed while the next proof synthesises.
         concurrency = cfg.bench_concurrency or 2 * max(1, len(gpus_used))
         sampler = self._sampler
         for attempt in (1, 2):
-            done = 0
-            steady: list[int] = []
+            await self._ensure_warm()
             self.progress = Progress(done=0, total=cfg.bench_proofs, unit="proofs",
                                      concurrency=concurrency)
-
-            def on_proof(proof: ProofLine, steady: list[int] = steady) -> None:
-                nonlocal done
-                done += 1
-                self.progress = Progress(
-                    done=min(done, cfg.bench_proofs), total=cfg.bench_proofs, unit="proofs",
-                    concurrency=concurrency,
-                )
-                if proof.completed:
-                    self._proof_seconds_recent.append(proof.wall_seconds)
-                    self.proofs_completed_total += 1
-                    if not steady:
-                        # The pipeline is full once a proof has come out: telemetry
-                        # from here on shows the host's steady state, not the fill.
-                        steady.append(sampler.open_window())
-
+            steady: list[int] = []
+            watch = await self._bench_watch()
+            watcher = asyncio.create_task(self._watch_benchmark(watch, steady, concurrency))
             wid = sampler.open_window()
             started_at = self.client.now()
             try:
                 run = await self.bench.batch(
-                    self.daemon.addr, c1_path=cfg.c1_path, count=cfg.bench_proofs,
-                    concurrency=concurrency, on_proof=on_proof,
+                    self.daemon.addr, c1_path=c1.path, count=cfg.bench_proofs,
+                    concurrency=concurrency, sector_num=c1.sector_num,
+                    miner_id=cfg.c1_miner_id,
                 )
+                await self._stop_watcher(watcher)
+                await self._take_finished(watch, None, concurrency)  # the last ones
             except BenchFailed as exc:
                 for w in (wid, *steady):
                     sampler.close_window(w)
@@ -546,9 +642,13 @@ class Agent:
                 for w in (wid, *steady):
                     sampler.close_window(w)
                 raise
+            finally:
+                await self._stop_watcher(watcher)
             full_run = sampler.close_window(wid)
             steady_state = sampler.close_window(steady[0]) if steady else None
-            telemetry = steady_state or full_run
+            # A steady window opened moments before the end says less than the whole run.
+            enough = steady_state is not None and steady_state.samples >= MIN_STEADY_SAMPLES
+            telemetry = steady_state if enough else full_run
             finished_at = self.client.now()
             log.info(
                 "benchmark on GPUs %s: %d completed, %d failed in %.1f s: %.1f proofs/h",
@@ -556,6 +656,54 @@ class Agent:
             )
             return _Measured(run, telemetry, started_at, finished_at, gpus_used)
         raise AssertionError("unreachable")
+
+    @staticmethod
+    async def _stop_watcher(task: asyncio.Task[None]) -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def _bench_watch(self) -> BenchWatch | None:
+        with contextlib.suppress(CuzkError):
+            return BenchWatch(await self.daemon.status())
+        return None
+
+    async def _watch_benchmark(
+        self, watch: BenchWatch | None, steady: list[int], concurrency: int
+    ) -> None:
+        """Report the benchmark's proofs as the daemon finishes them (`agent.benchwatch`)."""
+        poll_s = min(COMPLETION_POLL_S, self.config.sample_interval_s)
+        while True:
+            await asyncio.sleep(poll_s)
+            if watch is None:
+                watch = await self._bench_watch()
+                continue
+            await self._take_finished(watch, steady, concurrency)
+
+    async def _take_finished(
+        self, watch: BenchWatch | None, steady: list[int] | None, concurrency: int
+    ) -> None:
+        """One /status read: proofs finished since the last go to the heartbeats, and the
+        first one opens the steady-state window (the pipeline is full from then on)."""
+        if watch is None:
+            return
+        try:
+            finished = watch.update(await self.daemon.status())
+        except CuzkError:
+            return
+        if not finished:
+            return
+        assert self._sampler is not None and self.progress is not None
+        for f in finished:
+            if f.completed:
+                self.proofs_completed_total += 1
+                if f.wall_seconds is not None:
+                    self._proof_seconds_recent.append(f.wall_seconds)
+        total = self.progress.total
+        self.progress = Progress(done=min(self.progress.done + len(finished), total),
+                                 total=total, unit="proofs", concurrency=concurrency)
+        if steady is not None and not steady:
+            steady.append(self._sampler.open_window())
 
     def _result_of(self, kind: str, m: _Measured) -> Result:
         return Result(
@@ -580,7 +728,7 @@ class Agent:
         if not self.daemon.running or self.daemon.devices is not None:
             await self._start_daemon(None)
         all_gpus = self._all_gpus()
-        measured_all = await self._measure(None)
+        measured_all = await self._measure(None)  # warms a new daemon up first
         result = self._result_of("benchmark", measured_all)
         directive = await self._deliver(result)
         if directive.action != "continue":
@@ -596,7 +744,9 @@ class Agent:
 
         assert self._host is not None
         one = [all_gpus[0]]
-        log.info("one-GPU run for the scaling diagnosis (GPU %d of %d)", one[0], len(all_gpus))
+        log.info("one-GPU run for the scaling diagnosis (GPU %d of %d): a new daemon, "
+                 "warmed up again (it starts without the PCE)", one[0], len(all_gpus))
+        self.progress = None
         await self._start_daemon(one)
         try:
             measured_one = await self._measure(one)
@@ -739,6 +889,7 @@ class Agent:
             proofs_completed_total=self.proofs_completed_total,
             proof_seconds_recent=list(self._proof_seconds_recent),
             telemetry=telemetry,
+            failure=self._failure if self.phase == "failed" else None,
         )
 
     async def _send_heartbeat(self, give_up_after_s: float) -> None:

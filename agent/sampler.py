@@ -212,46 +212,46 @@ class _GpuAgg:
 
 
 class _CuzkAgg:
-    """Running aggregate of the daemon's /status polls in one window."""
+    """Running aggregate of the daemon's /status polls in one window.
+
+    What /status fields mean (cuzk-core/src/status.rs, docs/cuzk.md):
+    ``gpu_workers[].busy_secs`` is the length of the worker's *current* busy
+    stretch (null when idle), not a running total, so a GPU's busy share is
+    the share of polls in which one of its workers was ``proving``;
+    ``synthesis.max_concurrent`` is the memory budget over the smallest
+    partition of any proof kind, not a cap (the cap is the agent's
+    ``synthesis_slots``); ``memory`` is the budget's accounting.
+    """
 
     __slots__ = (
         "mem_max", "mem_total", "n", "ordinal_polls", "ordinal_proving", "queue_n",
-        "queue_sum", "synth_max", "synth_n", "synth_sum", "workers",
+        "queue_sum", "slots", "synth_max", "synth_n", "synth_sum",
     )
 
-    def __init__(self, baselines: dict[Any, list[Any]] | None = None) -> None:
+    def __init__(self, synthesis_slots: int | None = None) -> None:
         self.n = 0
         self.synth_sum = self.queue_sum = 0.0
         self.synth_n = self.queue_n = 0
         self.synth_max: int | None = None
+        self.slots = synthesis_slots
         self.mem_max: int | None = None
         self.mem_total: int | None = None
         self.ordinal_polls: dict[int, int] = {}
         self.ordinal_proving: dict[int, int] = {}
-        # worker_id -> [ordinal, first_busy_secs, first_t, last_busy_secs, last_t]
-        self.workers: dict[Any, list[Any]] = {}
-        for wid, (ordinal, _, _, busy, t) in (baselines or {}).items():
-            self.workers[wid] = [ordinal, busy, t, busy, t]
 
-    def add(self, status: dict[str, Any], t: float) -> None:
+    def add(self, status: dict[str, Any]) -> None:
         self.n += 1
-        # busy_secs is on the daemon's clock; so is uptime_secs. Dividing one
-        # by the other stays right where the two clocks differ (a simulated
-        # daemon runs faster than real time).
-        uptime = status.get("uptime_secs")
-        if isinstance(uptime, int | float) and not isinstance(uptime, bool):
-            t = float(uptime)
         synth = status.get("synthesis")
         if isinstance(synth, dict):
             active, max_c = synth.get("active"), synth.get("max_concurrent")
-            if isinstance(active, int | float):
+            if isinstance(active, int | float) and not isinstance(active, bool):
                 self.synth_sum += float(active)
                 self.synth_n += 1
-            if isinstance(max_c, int):
+            if isinstance(max_c, int) and not isinstance(max_c, bool):
                 self.synth_max = max_c
         counters = status.get("counters")
         queue = counters.get("queue_depth") if isinstance(counters, dict) else None
-        if isinstance(queue, int | float):
+        if isinstance(queue, int | float) and not isinstance(queue, bool):
             self.queue_sum += float(queue)
             self.queue_n += 1
         mem = status.get("memory")
@@ -273,16 +273,6 @@ class _CuzkAgg:
             seen.add(ordinal)
             if w.get("state") == "proving":
                 proving.add(ordinal)
-            wid = w.get("worker_id", ordinal)
-            busy = w.get("busy_secs")
-            if not _num(busy) or not isinstance(wid, int | str):
-                continue
-            rec = self.workers.get(wid)
-            if rec is None:
-                if len(self.workers) < MAX_CUZK_WORKERS:
-                    self.workers[wid] = [ordinal, busy, t, busy, t]
-            else:
-                rec[0], rec[3], rec[4] = ordinal, busy, t
         for ordinal in seen:
             if len(self.ordinal_polls) < MAX_CUZK_WORKERS or ordinal in self.ordinal_polls:
                 self.ordinal_polls[ordinal] = self.ordinal_polls.get(ordinal, 0) + 1
@@ -290,25 +280,11 @@ class _CuzkAgg:
                     self.ordinal_proving[ordinal] = self.ordinal_proving.get(ordinal, 0) + 1
 
     def busy_pct(self, ordinal: int) -> float | None:
-        # busy_secs differences are exact; the proving-state fraction of the
-        # polls is the fallback (one poll, or a daemon restart reset them).
-        total = 0.0
-        usable = False
-        for o, b0, t0, b1, t1 in self.workers.values():
-            if o != ordinal:
-                continue
-            if t1 <= t0 or b1 < b0:
-                usable = False
-                break
-            total += (b1 - b0) / (t1 - t0)
-            usable = True
-        if usable:
-            return min(100.0, 100.0 * total)
         polls = self.ordinal_polls.get(ordinal, 0)
         return 100.0 * self.ordinal_proving.get(ordinal, 0) / polls if polls else None
 
     def result(self) -> CuzkTelemetry:
-        ordinals = sorted(set(self.ordinal_polls) | {rec[0] for rec in self.workers.values()})
+        ordinals = sorted(self.ordinal_polls)
         return CuzkTelemetry(
             samples=self.n,
             workers=[CuzkWorker(o, _r(self.busy_pct(o), 1)) for o in ordinals][
@@ -319,11 +295,8 @@ class _CuzkAgg:
             queue_depth_mean=_r(self.queue_sum / self.queue_n) if self.queue_n else None,
             memory_used_bytes_max=self.mem_max,
             memory_total_bytes=self.mem_total,
+            synthesis_slots=self.slots,
         )
-
-
-def _num(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class _Window:
@@ -340,7 +313,7 @@ class _Window:
         opened_at: float,
         gpu_indices: list[int],
         net_first: tuple[float, int, int] | None = None,
-        cuzk_baselines: dict[Any, list[Any]] | None = None,
+        cuzk: _CuzkAgg | None = None,
     ) -> None:
         self.opened_at = opened_at
         self.gpus = {i: _GpuAgg() for i in gpu_indices}
@@ -355,9 +328,7 @@ class _Window:
         self.ram_total: int | None = None
         self.net_first = net_first
         self.net_last: tuple[float, int, int] | None = None
-        self.cuzk: _CuzkAgg | None = (
-            _CuzkAgg(cuzk_baselines) if cuzk_baselines is not None else None
-        )
+        self.cuzk = cuzk
 
     def add_host(self, s: HostSample) -> None:
         self.host_n += 1
@@ -389,10 +360,10 @@ class _Window:
             if self.net_first is None:
                 self.net_first = self.net_last
 
-    def add_cuzk(self, status: dict[str, Any], t: float) -> None:
+    def add_cuzk(self, status: dict[str, Any], synthesis_slots: int | None) -> None:
         if self.cuzk is None:
-            self.cuzk = _CuzkAgg()
-        self.cuzk.add(status, t)
+            self.cuzk = _CuzkAgg(synthesis_slots)
+        self.cuzk.add(status)
 
     def net_rates(self) -> tuple[float | None, float | None]:
         first, last = self.net_first, self.net_last
@@ -458,6 +429,7 @@ class Sampler:
         # A read this late is hung: normal ones take ~50 ms (two 20 ms PCIe windows).
         self.hang_timeout_s = max(2.0, 2.0 * interval_s)
         self._cuzk_url: str | None = None
+        self._synthesis_slots: int | None = None
         self._cuzk_task: asyncio.Task[None] | None = None
         self._failed_logged: set[str] = set()
         self.host_ticks = 0  # readings taken by the host thread since start
@@ -475,10 +447,7 @@ class Sampler:
                 del self._windows[oldest]
                 log.warning("telemetry window %d dropped: more than %d open", oldest,
                             MAX_OPEN_WINDOWS)
-            self._windows[wid] = _Window(
-                self.clock(), self._gpu_indices,
-                cuzk_baselines={} if self._cuzk_url else None,
-            )
+            self._windows[wid] = _Window(self.clock(), self._gpu_indices, cuzk=self._new_cuzk())
             return wid
 
     def roll_window(self, wid: int) -> Telemetry | None:
@@ -491,12 +460,9 @@ class Sampler:
             if w is None:
                 return None
             now = self.clock()
-            baselines = dict(w.cuzk.workers) if w.cuzk is not None else (
-                {} if self._cuzk_url else None
-            )
             # The next window starts where this one ended: no gap in the rates.
             self._windows[wid] = _Window(
-                now, self._gpu_indices, w.net_last or w.net_first, baselines
+                now, self._gpu_indices, w.net_last or w.net_first, self._new_cuzk()
             )
         return self._result(w, now)
 
@@ -531,12 +497,11 @@ class Sampler:
             for w in self._windows.values():
                 w.add_host(sample)
 
-    def ingest_cuzk(self, status: dict[str, Any], t: float | None = None) -> None:
+    def ingest_cuzk(self, status: dict[str, Any]) -> None:
         """One parsed ``GET /status`` body (untrusted shape: bad parts are skipped)."""
-        t = self.clock() if t is None else t
         with self._lock:
             for w in self._windows.values():
-                w.add_cuzk(status, t)
+                w.add_cuzk(status, self._synthesis_slots)
 
     def sample_once(self) -> None:
         """Read every source once, in the calling thread (tests, benchmarks)."""
@@ -618,15 +583,25 @@ class Sampler:
 
     # --- cuzk /status ------------------------------------------------------------
 
-    def set_cuzk_status_url(self, url: str | None) -> None:
-        """Poll ``url`` (the daemon's ``GET /status``) each interval; None stops."""
+    def _new_cuzk(self) -> _CuzkAgg | None:
+        return _CuzkAgg(self._synthesis_slots) if self._cuzk_url else None
+
+    def set_cuzk_status_url(self, url: str | None, synthesis_slots: int | None = None) -> None:
+        """Poll ``url`` (the daemon's ``GET /status``) each interval; None stops.
+
+        ``synthesis_slots``: the daemon's synthesis workers, reported beside the
+        mean of /status ``synthesis.active`` (docs/cuzk.md).
+        """
         self._cuzk_url = url
+        self._synthesis_slots = synthesis_slots if url is not None else None
         if url is None:
             return
         with self._lock:
             for w in self._windows.values():
                 if w.cuzk is None:
-                    w.cuzk = _CuzkAgg()
+                    w.cuzk = _CuzkAgg(synthesis_slots)
+                else:
+                    w.cuzk.slots = synthesis_slots
 
     async def _poll_cuzk(self) -> None:
         timeout = aiohttp.ClientTimeout(total=max(2.0, self.interval_s))

@@ -285,7 +285,8 @@ def _heartbeat_job(
             fresh = tx.get_instance(inst["id"])
             assert fresh is not None
             reason = (
-                "the agent reported failed" if hb.phase == "failed"
+                ("the agent reported failed: " + hb.failure if hb.failure
+                 else "the agent reported failed") if hb.phase == "failed"
                 else "the agent is terminating on its own"
             )
             _schedule_termination(

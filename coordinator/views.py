@@ -93,7 +93,7 @@ def render_instance(data: dict[str, Any]) -> str:
             lines.append(
                 f"cuzk: workers busy {workers or '-'}; synthesis "
                 f"{render.num(cuzk.get('synthesis_active_mean'))} of "
-                f"{cuzk.get('synthesis_max') or '-'} slots; queue "
+                f"{cuzk.get('synthesis_slots') or '-'} workers; queue "
                 f"{render.num(cuzk.get('queue_depth_mean'))}"
             )
     results = data.get("results") or []

@@ -148,6 +148,11 @@ class CuzkTelemetry:
     queue_depth_mean: float | None
     memory_used_bytes_max: int | None
     memory_total_bytes: int | None
+    # extension: the daemon's synthesis workers (min(budget / 14 GiB, [pipeline]
+    # max_parallel_synthesis), at least 2; docs/cuzk.md), the cap `synthesis_active_mean`
+    # is measured against. /status synthesis.max_concurrent (`synthesis_max`) is not a
+    # cap: it is the budget over the smallest partition size of any proof kind.
+    synthesis_slots: int | None = field(default=None, metadata={"min": 1})
 
 
 @dataclass
@@ -183,6 +188,9 @@ class Heartbeat:
     proofs_completed_total: int = field(metadata=NONNEG)
     proof_seconds_recent: list[float] = field(metadata={"max_len": 10000, "item_min": 0})
     telemetry: Telemetry | None
+    # extension: with phase `failed`, why, in one sentence (e.g. the C1 file that cuzk
+    # cannot read), so the instance's events say it; null otherwise.
+    failure: str | None = field(default=None, metadata={"max_len": 1024})
 
 
 # --- results -----------------------------------------------------------------

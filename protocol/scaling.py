@@ -195,15 +195,19 @@ def diagnose(
     elif cpu_util is not None:
         observed.append(f"CPU {cpu_util:.0f}% busy")
     cz = t.cuzk
-    if cz is not None and cz.synthesis_max and cz.synthesis_active_mean is not None:
+    # /status synthesis.max_concurrent (synthesis_max) is the budget over the smallest
+    # partition of any proof kind, no cap; the daemon's synthesis workers are
+    # (synthesis_slots, docs/cuzk.md). Without them there is no saturation to judge.
+    if cz is not None and cz.synthesis_slots and cz.synthesis_active_mean is not None:
         busy = [w.busy_pct for w in cz.workers if w.busy_pct is not None]
         if busy:
-            worker_busy = sum(busy) / len(busy)
-            synth_full = cz.synthesis_active_mean >= SYNTH_FULL_FRACTION * cz.synthesis_max
-            if synth_full and 100.0 - worker_busy >= GPU_IDLE_PCT:
+            gpu_busy = sum(busy) / len(busy)
+            synth_full = cz.synthesis_active_mean >= SYNTH_FULL_FRACTION * cz.synthesis_slots
+            if synth_full and 100.0 - gpu_busy >= GPU_IDLE_PCT:
                 findings["cpu"].append(
-                    f"cuzk synthesis {cz.synthesis_active_mean:.1f} of {cz.synthesis_max} slots "
-                    f"busy while its GPU workers idle {100.0 - worker_busy:.0f}% of the time"
+                    f"cuzk synthesis {cz.synthesis_active_mean:.1f} of its "
+                    f"{cz.synthesis_slots} workers busy while its GPUs had no partition "
+                    f"{100.0 - gpu_busy:.0f}% of the time"
                 )
 
     # PCIe: a link carrying close to what it can.

@@ -1,10 +1,15 @@
 """Fake `cuzk` / `cuzk-bench` / work-command executables for the agent's tests.
 
-They follow the real programs' flags, cuzk.toml, GET /status JSON and batch
-output format (reference/cuzk.md); the bench talks to the daemon over plain
-HTTP on the daemon's `listen` address where the real one speaks gRPC.
+They parse their command lines with the real programs' clap definitions
+(`agent.sim.cuzk_cli`, refused as clap refuses), read cuzk.toml, serve the
+GET /status JSON and print the batch output format (docs/cuzk.md); the daemon
+holds its PCE in memory only (the first proof makes it) and, like cuzk,
+handles only SIGINT (its engine stops, the process stays), so SIGTERM ends
+it. The bench talks to the daemon over plain HTTP on the daemon's `listen`
+address where the real one speaks gRPC.
 Knobs (environment): FAKE_GPUS (GPUs when gpus.devices is empty),
-FAKE_BENCH_CRASH (die mid-batch), FAKE_BENCH_MARKER (file touched when a
+FAKE_NO_PCE (the PCE extraction never finishes), FAKE_BENCH_CRASH (die mid-batch),
+FAKE_BENCH_MARKER (file touched when a
 batch of more than one proof starts), FAKE_PROOF_DELAY (real seconds per proof),
 FAKE_PROOF_SECONDS (the seconds the bench reports a proof took; default: the daemon's
 simulated ones, which a coordinator watching in real time finds implausible).
@@ -19,14 +24,16 @@ from pathlib import Path
 FAKE_DAEMON = r"""
 import json, os, signal, sys, threading, time, tomllib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from agent.sim import clap
+from agent.sim.cuzk_cli import CUZK_DAEMON
 
-args = sys.argv[1:]
-with open(args[args.index("-c") + 1], "rb") as fh:
+args = clap.parse_or_exit(CUZK_DAEMON, sys.argv).values
+with open(args["config"], "rb") as fh:
     cfg = tomllib.load(fh)
 devices = cfg["gpus"]["devices"]
 gpus = len(devices) or int(os.environ.get("FAKE_GPUS", "1"))
 pce = os.path.join(cfg["srs"]["param_cache"], "pce-porep-32g.bin")
-state = {"completed": 0, "pce": os.path.exists(pce)}
+state = {"completed": 0, "pce": False, "pipelines": []}  # the PCE: never loaded from disk
 lock = threading.Lock()
 print(f"fake cuzk up: devices={devices} param_cache={cfg['srs']['param_cache']}", flush=True)
 print("param env", os.environ.get("FIL_PROOFS_PARAMETER_CACHE"), file=sys.stderr, flush=True)
@@ -52,21 +59,29 @@ class H(BaseHTTPRequestHandler):
                         "counters": {"total_completed": state["completed"], "total_failed": 0,
                                      "queue_depth": 0},
                         "allocations": {"srs": [], "pce": [{"circuit_id": "porep-32g"}]
-                                        if state["pce"] else []}})
+                                        if state["pce"] else []},
+                        "memory": {"total_bytes": 1, "used_bytes": 0, "available_bytes": 1},
+                        "synthesis": {"max_concurrent": 0, "active": 0},
+                        "gpu_workers": [], "pipelines": list(state["pipelines"])})
 
     def do_POST(self):
         if self.path == "/preload":
             self._json({"ok": True})
         elif self.path == "/prove":
             time.sleep(0.01)
+            # More GPUs prove faster, not quite linearly.
+            seconds = 60.0 if gpus == 1 else 60.0 / (gpus * 0.75)
             with lock:
                 state["completed"] += 1
-                if not state["pce"]:
+                state["pipelines"] = state["pipelines"][-40:] + [{
+                    "job_id": f"job-{state['completed']}", "proof_kind": "porep-c2",
+                    "started_secs_ago": seconds, "total_partitions": 1, "partitions_done": 1,
+                    "partitions": [{"index": 0, "state": "done", "synth_ms": 1, "gpu_ms": 1}]}]
+                if not state["pce"] and not os.environ.get("FAKE_NO_PCE"):
                     with open(pce, "wb") as fh:
                         fh.write(b"pce" * 100)
                     state["pce"] = True
-            # More GPUs prove faster, not quite linearly.
-            self._json({"seconds": 60.0 if gpus == 1 else 60.0 / (gpus * 0.75)})
+            self._json({"seconds": seconds})
         else:
             self.send_error(404)
 
@@ -74,17 +89,20 @@ for addr in (cfg["daemon"]["listen"], cfg["daemon"]["status_listen"]):
     host, port = addr.rsplit(":", 1)
     srv = ThreadingHTTPServer((host, int(port)), H)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+signal.signal(signal.SIGINT, lambda *a: print("received SIGINT, shutting down", flush=True))
 while True:
     time.sleep(3600)
 """
 
 FAKE_BENCH = r"""
 import json, os, sys, time, urllib.request
+from agent.sim import clap
+from agent.sim.cuzk_cli import CUZK_BENCH
 
-args = sys.argv[1:]
-addr = args[args.index("--addr") + 1]
-sub = args[args.index("--addr") + 2]
+m = clap.parse_or_exit(CUZK_BENCH, sys.argv)
+addr = m.values["addr"]
+sub = m.subcommand.command.name
+v = m.subcommand.values
 
 def post(path):
     req = urllib.request.Request(addr + path, data=b"", method="POST")
@@ -93,10 +111,10 @@ def post(path):
 
 if sub == "preload":
     post("/preload")
-    print("preloaded", args[args.index("-c") + 1])
+    print(v["circuit_id"], "loaded in 1 ms")
     sys.exit(0)
-n = int(args[args.index("-n") + 1])
-j = int(args[args.index("-j") + 1])
+n, j = v["count"], v["concurrency"]
+open(v["c1"], "rb").close()
 print("=== Batch Benchmark ===\nproof type:  porep\ncount:       %d\nconcurrency: %d\n" % (n, j))
 if n > 1 and os.environ.get("FAKE_BENCH_MARKER"):
     open(os.environ["FAKE_BENCH_MARKER"], "w").close()  # the real benchmark has begun

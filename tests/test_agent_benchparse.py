@@ -1,4 +1,4 @@
-"""The `cuzk-bench batch` output parser (reference/cuzk.md format)."""
+"""The `cuzk-bench batch` output parser (the format of docs/cuzk.md)."""
 
 from __future__ import annotations
 

@@ -24,6 +24,8 @@ import psutil
 import pytest
 from agent_fakes import FAKE_BENCH, FAKE_DAEMON, write_script
 
+from agent.sim.c1 import write_c1
+
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "e2e-admin-token-" + "x" * 16
 
@@ -116,7 +118,7 @@ def test_coordinator_killed_mid_benchmark_result_arrives_once(
     try:
         issued = api(f"{coord.url}/api/agents", "POST", {"label": "e2e", "min_rate_per_hour": 1.0})
         assert isinstance(issued, dict)
-        (tmp_path / "c1.json").write_text("{}")
+        write_c1(tmp_path / "c1.json")
         marker = tmp_path / "bench-started"
         agent_env = dict(env)
         agent_env.update({
@@ -126,6 +128,7 @@ def test_coordinator_killed_mid_benchmark_result_arrives_once(
             "VM_CUZK_BIN": write_script(tmp_path / "fake-cuzk", FAKE_DAEMON),
             "VM_CUZK_BENCH_BIN": write_script(tmp_path / "fake-cuzk-bench", FAKE_BENCH),
             "VM_BENCH_PROOFS": "4", "VM_NVML": "off", "VM_PROVIDER": "local",
+            "VM_CUZK_MEMORY_BUDGET": "64GiB",
             "FAKE_BENCH_MARKER": str(marker), "FAKE_PROOF_DELAY": "0.3",
             # A bring-your-own agent is watched in real seconds: report the real ones.
             "FAKE_PROOF_SECONDS": "0.3",
@@ -161,6 +164,71 @@ def test_coordinator_killed_mid_benchmark_result_arrives_once(
         agent_proc.send_signal(signal.SIGTERM)
         assert agent_proc.wait(timeout=30) == 128 + signal.SIGTERM
         assert stored() == 1
+    finally:
+        if agent_proc is not None and agent_proc.poll() is None:
+            agent_proc.kill()
+            agent_proc.wait()
+        coord.kill(signal.SIGTERM)
+
+
+MARKING = r"""
+import os, sys
+open(os.environ["VM_E2E_RAN"], "a").write(" ".join(sys.argv) + "\n")
+sys.exit(1)
+"""
+
+
+def test_a_c1_in_the_wrong_format_fails_the_instance_before_any_proof(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """Through the real coordinator: the instance ends `failed`, its reason names the
+    C1 file and what is wrong with it, and neither cuzk nor cuzk-bench ever ran."""
+    coord = Coordinator(tmp_path, env)
+    coord.start()
+    agent_proc: subprocess.Popen[bytes] | None = None
+    try:
+        issued = api(f"{coord.url}/api/agents", "POST", {"label": "bad-c1"})
+        assert isinstance(issued, dict)
+        c1 = tmp_path / "c1.json"
+        c1.write_text('{"simulated": true}')  # JSON, but not Curio's wrapper
+        ran = tmp_path / "ran"
+        agent_env = dict(env)
+        agent_env.update({
+            "VM_COORDINATOR_URL": coord.url, "VM_AGENT_ID": issued["agent_id"],
+            "VM_AGENT_KEY": issued["agent_key"], "VM_STATE_DIR": str(tmp_path / "state"),
+            "VM_PARAMS_DIR": str(tmp_path / "params"), "VM_C1_PATH": str(c1),
+            "VM_CUZK_BIN": write_script(tmp_path / "cuzk", MARKING),
+            "VM_CUZK_BENCH_BIN": write_script(tmp_path / "cuzk-bench", MARKING),
+            "VM_NVML": "off", "VM_PROVIDER": "local", "VM_E2E_RAN": str(ran),
+        })
+        with open(tmp_path / "agent.log", "wb") as agent_log:
+            agent_proc = subprocess.Popen(
+                [sys.executable, "-m", "agent.cli", "run"], env=agent_env, cwd=tmp_path,
+                stdout=agent_log, stderr=subprocess.STDOUT,
+            )
+
+        def instance() -> dict[str, object]:
+            rows = api(f"{coord.url}/api/instances")
+            assert isinstance(rows, list)
+            mine = [r for r in rows if r["agent_id"] == issued["agent_id"]]
+            if not mine:
+                return {}
+            one = api(f"{coord.url}/api/instances/{mine[0]['id']}")
+            assert isinstance(one, dict)
+            return one
+
+        wait_until(lambda: instance().get("state") == "failed", "the instance to fail", 60)
+        inst = instance()
+        reason = str(inst["terminate_reason"])
+        assert str(c1) in reason and "is not Curio's C1 wrapper" in reason, reason
+        assert "lacks SectorNum, Phase1Out, SectorSize" in reason
+        events = inst["events"]
+        assert isinstance(events, list)
+        failed = [e for e in events if e["kind"] == "failed"]
+        assert failed and str(c1) in failed[0]["reason"]
+        assert not ran.exists(), ran.read_text()  # no daemon, no bench, no proof
+        # The coordinator answers `failed` with terminate: the agent ends, status 1.
+        assert agent_proc.wait(timeout=60) == 1
     finally:
         if agent_proc is not None and agent_proc.poll() is None:
             agent_proc.kill()

@@ -17,14 +17,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import cuzk_surface
 import orjson
 import psutil
 import pytest
 from agent_fakes import FAKE_BENCH, FAKE_DAEMON, FAKE_WORK, write_script
 from aiohttp import web
 
+import agent.cuzk as agent_cuzk
 from agent.config import AgentConfig, load_config
+from agent.host import MemoryLimit
 from agent.lifecycle import EXIT_FAILED, EXIT_ORPHANED, EXIT_TERMINATED, Agent
+from agent.sim.c1 import write_c1
 from protocol import (
     CpuTelemetry,
     Gpu,
@@ -176,7 +180,7 @@ class FakeSampler:
     async def stop(self) -> None:
         self.running = False
 
-    def set_cuzk_status_url(self, url: str | None) -> None:
+    def set_cuzk_status_url(self, url: str | None, synthesis_slots: int | None = None) -> None:
         self.urls.append(url)
 
     def open_window(self) -> int:
@@ -211,7 +215,9 @@ class Harness:
         self.sampler = FakeSampler(n_gpus)
         self.n_gpus = n_gpus
         self.destroyed: list[str] = []
-        (tmp_path / "c1.json").write_text("{}")
+        # A 256 GB container on a 512 GB host: the budget must come from the limit.
+        self.memory = MemoryLimit(512 * 10**9, 256 * 10**9)
+        write_c1(tmp_path / "c1.json")
         base = {
             "VM_COORDINATOR_URL": url,
             "VM_AGENT_ID": AGENT_ID,
@@ -238,6 +244,7 @@ class Harness:
             self.config,
             sampler_factory=lambda cfg: (host_info(self.n_gpus), self.sampler),
             destroyer=destroyer,
+            memory_probe=lambda cfg: self.memory,
         )
 
 
@@ -320,10 +327,13 @@ async def test_benchmark_result_then_proving_then_terminate(
     assert "[work] work started" in text
     assert "[agent] INFO agent.lifecycle: phase" in text
     assert KEY.hex() not in text
-    # The warm-up built the PCE and restarted the daemon to load it.
-    assert (tmp_path / "params" / "pce-porep-32g.bin").exists()
-    assert text.count("fake cuzk up") >= 2
-    assert (tmp_path / "state" / "cuzk.toml").exists()
+    # One daemon: the warm-up proof made its PCE and the benchmark ran in it; no
+    # restart in between (a restart would throw the PCE away).
+    assert text.count("fake cuzk up") == 1
+    toml = (tmp_path / "state" / "cuzk.toml").read_text()
+    # The budget is the container's 256 GB limit less 5 GiB, not the host's 512 GB.
+    assert f'total_budget = "{(256 * 10**9 - 5 * 2**30) // 2**20}MiB"' in toml
+    assert 'status_listen = "127.0.0.1:' in toml
     assert agent.spool.pending("result") == []
     assert_no_children()
 
@@ -498,6 +508,81 @@ async def test_crashing_bench_reports_failed_then_obeys_terminate(
     assert_no_children()
 
 
+async def failed_reason(coord: StandIn, agent_task: asyncio.Task[int]) -> str:
+    """Wait for the `failed` heartbeat; return its reason, after terminating the agent."""
+    try:
+        await until(lambda: any(hb.phase == "failed" for hb in coord.heartbeats), "failed")
+        reason = next(hb.failure for hb in coord.heartbeats if hb.phase == "failed")
+        coord.heartbeat_action = "terminate"
+        assert await asyncio.wait_for(agent_task, 30) == EXIT_FAILED
+    finally:
+        if not agent_task.done():
+            agent_task.cancel()
+    assert reason is not None
+    return reason
+
+
+async def test_a_budget_under_one_partition_fails_before_anything_runs(
+    stand_in: tuple[StandIn, str], tmp_path: Path
+) -> None:
+    coord, url = stand_in
+    h = Harness(tmp_path, url)
+    h.memory = MemoryLimit(512 * 10**9, 16 * 10**9)  # a 16 GB container: 9.9 GiB of budget
+    reason = await failed_reason(coord, asyncio.create_task(h.make_agent().run()))
+    assert "memory budget of 9.9 GiB" in reason and "14 GiB one PoRep partition" in reason
+    assert "fetching_params" not in coord.phases()
+    assert "[cuzk]" not in coord.log_text()
+    assert_no_children()
+
+
+async def test_a_pce_extraction_that_never_finishes_fails_the_warm_up(
+    stand_in: tuple[StandIn, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    coord, url = stand_in
+    monkeypatch.setenv("FAKE_NO_PCE", "1")
+    h = Harness(tmp_path, url, VM_PCE_WAIT="1")
+    reason = await failed_reason(coord, asyncio.create_task(h.make_agent().run()))
+    assert "PCE extraction did not finish within VM_PCE_WAIT (1 s)" in reason
+    assert coord.results == {}
+    assert "[cuzk-bench] count:       3" not in coord.log_text()  # no benchmark started
+    assert_no_children()
+
+
+async def test_every_boot_warms_up_whatever_pce_file_an_earlier_one_left(
+    stand_in: tuple[StandIn, str], tmp_path: Path
+) -> None:
+    coord, url = stand_in
+    coord.result_action = lambda r: "terminate"
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params" / "pce-porep-32g.bin").write_bytes(b"from an earlier boot")
+    h = Harness(tmp_path, url)
+    assert await asyncio.wait_for(h.make_agent().run(), 60) == EXIT_TERMINATED
+    text = coord.log_text()
+    # The warm-up proof ran before the benchmark although a PCE file was there.
+    assert text.index("[cuzk-bench] count:       1") < text.index("[cuzk-bench] count:       3")
+    # The daemon was stopped the way cuzk understands: SIGINT first.
+    assert "[cuzk] received SIGINT, shutting down" in text
+    assert_no_children()
+
+
+async def test_a_c1_for_another_miner_fails_the_warm_up_proof_on_the_simulator(
+    stand_in: tuple[StandIn, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    coord, url = stand_in
+    monkeypatch.setenv("VM_SIM_PROFILE", orjson.dumps(SIM_OFFER_2X).decode())
+    monkeypatch.setenv("VM_SIM_TIME_SCALE", "3000")
+    h = Harness(
+        tmp_path, url, VM_C1_MINER_ID="1001",  # the Harness's C1 is miner 1000's
+        VM_CUZK_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk", "agent.sim.daemon"),
+        VM_CUZK_BENCH_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk-bench", "agent.sim.bench"),
+    )
+    reason = await failed_reason(coord, asyncio.create_task(h.make_agent().run()))
+    assert reason.startswith("the warm-up proof FAILED: cuzk cannot prove C1 file")
+    assert f"{tmp_path / 'c1.json'} as sector 1 of miner 1001" in reason
+    assert coord.results == {}
+    assert_no_children()
+
+
 async def test_signal_stops_children_without_self_destroy(
     stand_in: tuple[StandIn, str], tmp_path: Path
 ) -> None:
@@ -587,8 +672,6 @@ def sim_entry_point(path: Path, module: str) -> str:
 async def test_lifecycle_on_the_simulated_cuzk_with_the_real_sampler(
     stand_in: tuple[StandIn, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("agent.sim.daemon")
-    pytest.importorskip("agent.sim.bench")
     pytest.importorskip("agent.sampler")
     coord, url = stand_in
     coord.result_action = lambda r: "terminate" if r.kind == "scaling" else "continue"
@@ -596,6 +679,15 @@ async def test_lifecycle_on_the_simulated_cuzk_with_the_real_sampler(
     monkeypatch.setenv("VM_SIM_PROFILE", orjson.dumps(SIM_OFFER_2X).decode())
     monkeypatch.setenv("VM_SIM_TIME_SCALE", "3000")
     monkeypatch.setenv("VM_SIM_STATE_FILE", str(tmp_path / "sim-state.json"))
+    # Every command line the agent runs, checked below against cuzk's clap declarations.
+    argvs: list[list[str]] = []
+
+    class Recorded(agent_cuzk.ManagedProcess):
+        def __init__(self, argv: list[str], **kw: Any) -> None:
+            argvs.append(list(argv))
+            super().__init__(argv, **kw)
+
+    monkeypatch.setattr(agent_cuzk, "ManagedProcess", Recorded)
     h = Harness(
         tmp_path, url,
         VM_CUZK_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk", "agent.sim.daemon"),
@@ -606,7 +698,7 @@ async def test_lifecycle_on_the_simulated_cuzk_with_the_real_sampler(
     async def destroyer(config: AgentConfig) -> None:
         h.destroyed.append(config.provider)
 
-    agent = Agent(h.config, destroyer=destroyer)  # the real sampler factory
+    agent = Agent(h.config, destroyer=destroyer)  # the real sampler factory and memory probe
     code = await asyncio.wait_for(agent.run(), 120)
     assert code == EXIT_TERMINATED, coord.log_text()[-3000:]
     assert len(coord.hellos) == 1 and len(coord.hellos[0].host.gpus) == 2
@@ -615,12 +707,35 @@ async def test_lifecycle_on_the_simulated_cuzk_with_the_real_sampler(
     assert bench.gpus_used == [0, 1] and bench.proofs_completed == 6
     assert bench.rate_per_hour > 0 and len(bench.proof_seconds) == 6
     assert bench.telemetry is not None and len(bench.telemetry.gpus) == 2
+    assert bench.telemetry.cuzk is not None and bench.telemetry.cuzk.synthesis_slots == 18
     assert scaling.runs is not None and len(scaling.runs) == 2
     assert scaling.efficiency is not None and 0 < scaling.efficiency <= 1.2
     assert scaling.bottleneck in ("gpu", "cpu", "pcie", "memory", "unknown")
-    # Warm-up built the PCE through the simulator and restarted the daemon.
-    assert (tmp_path / "params" / "pce-porep-32g.bin").exists()
-    assert "[cuzk-bench] === Batch Summary ===" in coord.log_text()
+    # The real command lines, and the lifecycle they make: each daemon that is
+    # benchmarked gets a warm-up proof, then its PCE, then the benchmark, with
+    # no restart in between; the one-GPU run is a new daemon, warmed up again.
+    for argv in argvs:
+        cuzk_surface.check(argv)
+    kinds = []
+    for argv in argvs:
+        m = cuzk_surface.check(argv)
+        if not m.path():
+            kinds.append("daemon")
+        elif m.path() == ["batch"]:
+            v = m.leaf().values
+            assert (v["sector_num"], v["miner_id"]) == (1, 1000)
+            kinds.append(f"batch {v['count']}")
+        else:
+            kinds.append(m.path()[0])
+    assert kinds == ["daemon", "preload", "batch 1", "batch 6",
+                     "daemon", "preload", "batch 1", "batch 6",
+                     "daemon", "preload"], kinds
+    text = coord.log_text()
+    assert text.count("PCE extracted and held in memory") == 2
+    first_pce = text.index("PCE extracted and held in memory")
+    assert text.index("warm-up proof") < first_pce < text.index("benchmark on GPUs [0, 1]")
+    assert "restarting" not in text
+    assert "[cuzk-bench] === Batch Summary ===" in text
     assert_no_children()
 
 

@@ -178,10 +178,11 @@ def test_cuzk_synthesis_saturated_while_workers_idle_is_cpu() -> None:
         samples=600,
         workers=[CuzkWorker(i, 45.0) for i in range(4)],
         synthesis_active_mean=7.8,
-        synthesis_max=8,
+        synthesis_max=27,  # /status max_concurrent: the budget over 9 GiB, not a cap
         queue_depth_mean=6.0,
         memory_used_bytes_max=100 * GB,
         memory_total_bytes=245 * GB,
+        synthesis_slots=8,
     )
     # Host CPU looks only 85% busy (other tenants' idle cores dilute it), but
     # cuzk's own view says synthesis is the limit.
@@ -189,9 +190,13 @@ def test_cuzk_synthesis_saturated_while_workers_idle_is_cpu() -> None:
     d = diagnose(4, 38.8, 24.0, t, inventory(4, 5, 8))
     assert d.bottleneck == "cpu"
     assert (
-        "cuzk synthesis 7.8 of 8 slots busy while its GPU workers idle 55% of the time"
-        in d.evidence
+        "cuzk synthesis 7.8 of its 8 workers busy while its GPUs had no partition 55% of "
+        "the time" in d.evidence
     )
+    # Against /status max_concurrent alone there is no cap to be full against.
+    cuzk.synthesis_slots = None
+    assert not any("cuzk synthesis" in e for e in diagnose(4, 38.8, 24.0, t,
+                                                           inventory(4, 5, 8)).evidence)
 
 
 def test_pcie_uses_slot_max_not_idle_current_link() -> None:

@@ -207,3 +207,34 @@ def test_fake_host_idle_without_a_daemon(tmp_path: Path) -> None:
     assert s.ram_total_bytes == 128 * GB
     du = host.disk_usage()
     assert du is not None and du.total_bytes > 0 and os.path.isdir(du.path)
+
+
+def test_memory_limit_from_cgroup_v2_v1_and_meminfo(tmp_path: Path) -> None:
+    from agent.host import MemoryLimit, read_memory_limit
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       528280124 kB\nMemFree:        1 kB\n")
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text("274877906944\n")
+    got = read_memory_limit(str(v2), str(meminfo))
+    assert got == MemoryLimit(528280124 * 1024, 274877906944)
+    assert got.usable_bytes == 274877906944  # the container's limit, not the host's RAM
+    (v2 / "memory.max").write_text("max\n")
+    assert read_memory_limit(str(v2), str(meminfo)).usable_bytes == 528280124 * 1024
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # unlimited
+    assert read_memory_limit(str(v1), str(meminfo)).cgroup_limit_bytes is None
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("137438953472\n")
+    assert read_memory_limit(str(v1), str(meminfo)).usable_bytes == 137438953472
+    assert read_memory_limit(str(tmp_path / "none"), str(tmp_path / "none")).usable_bytes is None
+
+
+def test_the_simulated_container_has_its_offers_memory_as_its_limit() -> None:
+    shared = Profile.from_offer({"cpu_ram": 128000, "sim": {"host_ram_mb": 512000}})
+    probe = FakeHostProbe(".", shared, "")
+    assert probe.memory_limit().mem_total_bytes == 512000 * 10**6
+    assert probe.memory_limit().usable_bytes == 128000 * 10**6
+    whole = FakeHostProbe(".", Profile.from_offer({"cpu_ram": 257000}), "")
+    assert whole.memory_limit().cgroup_limit_bytes is None

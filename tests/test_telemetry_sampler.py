@@ -197,51 +197,42 @@ def test_windows_are_independent_and_bounded(tmp_path: Path) -> None:
 def test_cuzk_status_aggregation(tmp_path: Path) -> None:
     sources, _ = make_sources(tmp_path)
     s = Sampler(sources, clock=Clock())
-    s.set_cuzk_status_url("http://127.0.0.1:9/status")  # never polled: not started
+    s.set_cuzk_status_url("http://127.0.0.1:9/status", synthesis_slots=6)  # not polled
     wid = s.open_window()
 
-    def status(
-        busy0: float, busy1: float, state1: str, active: int, queue: int, used: int
-    ) -> dict[str, Any]:
+    def status(state0: str, state1: str, active: int, queue: int, used: int) -> dict[str, Any]:
+        # busy_secs is the current busy stretch, null when idle (status.rs): it says
+        # nothing about the time between polls, so it is not differenced.
+        def worker(wid: int, ordinal: int, state: str) -> dict[str, Any]:
+            return {"worker_id": wid, "gpu_ordinal": ordinal, "state": state,
+                    "busy_secs": 2.5 if state == "proving" else None}
+
         return {
             "memory": {"total_bytes": 200 * GB, "used_bytes": used, "available_bytes": 0},
-            "synthesis": {"max_concurrent": 4, "active": active},
-            "gpu_workers": [
-                {"worker_id": 0, "gpu_ordinal": 0, "state": "proving", "busy_secs": busy0},
-                {"worker_id": 1, "gpu_ordinal": 1, "state": state1, "busy_secs": busy1},
-                {"worker_id": 2, "gpu_ordinal": 1, "state": "idle"},  # no busy_secs
-            ],
+            "synthesis": {"max_concurrent": 22, "active": active},
+            "gpu_workers": [worker(0, 0, state0), worker(1, 1, state1), worker(2, 1, "idle")],
             "counters": {"queue_depth": queue},
         }
 
-    s.ingest_cuzk(status(100.0, 50.0, "idle", 4, 2, 150 * GB), t=0.0)
-    s.ingest_cuzk(status(109.0, 52.0, "proving", 3, 4, 180 * GB), t=10.0)
-    s.ingest_cuzk({"synthesis": "garbage", "gpu_workers": [None, {"gpu_ordinal": "x"}]}, t=11.0)
+    s.ingest_cuzk(status("proving", "idle", 4, 2, 150 * GB))
+    s.ingest_cuzk(status("proving", "proving", 3, 4, 180 * GB))
+    s.ingest_cuzk(status("idle", "idle", 5, 3, 100 * GB))
+    s.ingest_cuzk(status("proving", "idle", 4, 3, 120 * GB))
+    s.ingest_cuzk({"synthesis": "garbage", "gpu_workers": [None, {"gpu_ordinal": "x"}]})
     t = s.roll_window(wid)
     assert t is not None and t.cuzk is not None
     c = t.cuzk
-    assert c.samples == 3
-    assert {w.gpu_ordinal: w.busy_pct for w in c.workers} == {0: 90.0, 1: 20.0}
-    assert (c.synthesis_active_mean, c.synthesis_max, c.queue_depth_mean) == (3.5, 4, 3.0)
+    assert c.samples == 5
+    # A GPU is busy in a poll when one of its workers is proving.
+    assert {w.gpu_ordinal: w.busy_pct for w in c.workers} == {0: 75.0, 1: 25.0}
+    assert (c.synthesis_active_mean, c.synthesis_max, c.synthesis_slots) == (4.0, 22, 6)
+    assert c.queue_depth_mean == 3.0
     assert (c.memory_used_bytes_max, c.memory_total_bytes) == (180 * GB, 200 * GB)
-    # Next window: busy_secs differences continue from the last poll of the previous one.
-    s.ingest_cuzk(status(119.0, 52.0, "idle", 4, 0, 100 * GB), t=20.0)
+    # The next window starts afresh.
+    s.ingest_cuzk(status("idle", "proving", 1, 0, 100 * GB))
     t2 = s.roll_window(wid)
     assert t2 is not None and t2.cuzk is not None
-    assert {w.gpu_ordinal: w.busy_pct for w in t2.cuzk.workers} == {0: 100.0, 1: 0.0}
-
-
-def test_cuzk_busy_falls_back_to_worker_state(tmp_path: Path) -> None:
-    sources, _ = make_sources(tmp_path)
-    s = Sampler(sources, clock=Clock())
-    wid = s.open_window()
-    for i, state in enumerate(["proving", "idle", "proving", "proving"]):
-        s.ingest_cuzk(
-            {"gpu_workers": [{"worker_id": 0, "gpu_ordinal": 0, "state": state}]}, t=float(i)
-        )
-    t = s.close_window(wid)
-    assert t is not None and t.cuzk is not None
-    assert t.cuzk.workers[0].busy_pct == 75.0
+    assert {w.gpu_ordinal: w.busy_pct for w in t2.cuzk.workers} == {0: 0.0, 1: 100.0}
 
 
 async def _wait_for(cond: Any, timeout_s: float = 10.0) -> None:
@@ -401,8 +392,8 @@ def test_memory_flat_over_100000_samples(tmp_path: Path) -> None:
             s.ingest_gpu(snap(1, 50.0))
             s.ingest_host(host(float(i), 50.0, cores, i * 1000, i * 10))
             if i % 10 == 0:
-                status["gpu_workers"][0]["busy_secs"] = float(i)  # type: ignore[index]
-                s.ingest_cuzk(status, t=float(i))
+                status["gpu_workers"][0]["busy_secs"] = float(i % 7)  # type: ignore[index]
+                s.ingest_cuzk(status)
             if i % 30 == 29:
                 s.roll_window(heartbeat)
 

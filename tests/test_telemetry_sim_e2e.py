@@ -1,6 +1,8 @@
 """End to end: the simulated cuzk daemon (agent.sim.daemon) drives the fake NVML
 and fake host through its state file; the sampler's telemetry of a benchmark
-batch, taken after the pipeline filled, gets the expected verdict."""
+batch (the simulated cuzk-bench, after a warm-up proof and its PCE), taken
+after the pipeline filled by the daemon's own counters, gets the expected
+verdict."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import aiohttp
 import pytest
 
 from agent.sampler import Sampler, open_sources
+from agent.sim.c1 import write_c1
 from protocol.scaling import diagnose
 
 pytestmark = pytest.mark.slow
@@ -70,20 +73,38 @@ async def test_sim_daemon_verdicts(
                             stderr=subprocess.PIPE)
     sources = open_sources("sim", str(tmp_path))
     sampler = Sampler(sources, interval_s=0.05)
+    c1 = write_c1(tmp_path / "c1.json")
+    status_url = f"http://127.0.0.1:{status}/status"
+
+    def bench(count: int, concurrency: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "agent.sim.bench", "--addr", f"http://127.0.0.1:{engine}",
+             "batch", "-t", "porep", "--c1", str(c1), "-c", str(count), "-j", str(concurrency)],
+            env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
+    async def get(session: aiohttp.ClientSession) -> dict[str, Any]:
+        async with session.get(status_url) as resp:
+            body: dict[str, Any] = await resp.json(content_type=None)
+            return body
+
     try:
         async with aiohttp.ClientSession() as session:
             await _wait_healthy(session, f"http://127.0.0.1:{engine}/sim/v1/health", proc)
-            sampler.set_cuzk_status_url(f"http://127.0.0.1:{status}/status")
+            warm = bench(1, 1)
+            while warm.poll() is None or not (await get(session))["allocations"]["pce"]:
+                await asyncio.sleep(0.02)
+            sampler.set_cuzk_status_url(status_url)
             await sampler.start()
             n = offer["num_gpus"]
             window = None
-            body = {"proof_type": "porep", "count": 8 * n, "concurrency": n}
-            async with session.post(f"http://127.0.0.1:{engine}/sim/v1/batch", json=body) as r:
-                seen = 0
-                async for _ in r.content:
-                    seen += 1
-                    if seen == 2 * n:  # the pipeline is full: measure from here
-                        window = sampler.open_window()
+            run = bench(8 * n, n)
+            while run.poll() is None:
+                finished = (await get(session))["counters"]["total_completed"] - 1
+                if window is None and finished >= 2 * n:  # the pipeline is full
+                    window = sampler.open_window()
+                await asyncio.sleep(0.02)
+            assert run.returncode == 0
             assert window is not None
             telemetry = sampler.close_window(window)
     finally:

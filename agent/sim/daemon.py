@@ -1,35 +1,45 @@
 """``vm-sim-cuzk``: a simulated cuzk proving daemon driven by `agent.sim.model`.
 
-Same flags as the real ``cuzk`` (``-c/--config``, ``-l/--listen``,
-``--log-level``) and the same ``cuzk.toml`` sections. It serves the real
-``GET /status`` JSON on ``[daemon] status_listen`` and, on ``listen`` (where
-the real daemon speaks gRPC), the simulator's **private HTTP/JSON transport**
-that ``vm-sim-cuzk-bench`` uses:
+It stands in for ``cuzk-daemon`` (installed as ``cuzk``) at Curio ``e0294b0f``
+(docs/cuzk.md): the same flags, parsed and refused as clap does
+(`agent.sim.cuzk_cli`); the same ``cuzk.toml`` keys, types and defaults (a
+missing file means defaults; unknown keys are ignored; a wrong type stops
+the daemon with exit status 1); ``listen`` defaults to
+``unix:///run/curio/cuzk.sock`` and ``[daemon] status_listen`` to off; it
+serves the real ``GET /status`` JSON there (anything else: 404); SIGINT
+only stops its engine (the process keeps serving, as the real one does),
+SIGTERM ends it at once. The memory budget is ``[memory] total_budget`` or
+"auto" (the MemTotal it sees less ``safety_margin``, blind to a container's
+limit: a simulated container whose memory runs out is OOM-killed, SIGKILL).
+
+On ``listen`` the real daemon speaks gRPC; the simulator speaks its
+**private HTTP/JSON transport** to ``vm-sim-cuzk-bench`` instead:
 
 =====================================  =============================================
 ``GET  /sim/v1/health``                ``{"ok", "simulated", "time_scale", "sim_time_s"}``
-``POST /sim/v1/batch``                 ``{"proof_type", "count", "concurrency"}`` ->
-                                       NDJSON stream: one ``{"event": "proof", ...}``
-                                       line per proof as it completes, then
-                                       ``{"event": "done", "total_s", ...}``
-``POST /sim/v1/prove``                 ``{"proof_type"}`` -> one proof's result
+``POST /sim/v1/prove``                 one Prove RPC: ``{"proof_kind", "c1_b64",
+                                       "sector_num", "miner_id"}`` -> its result
 ``POST /sim/v1/preload``               ``{"circuit_id"}`` -> ``{"already_loaded", "load_time_ms"}``
-``GET  /sim/v1/status``                what ``cuzk-bench status`` prints
-``GET  /sim/v1/metrics``               Prometheus text (also ``GET /metrics`` on status_listen)
+``GET  /sim/v1/status``                what ``cuzk-bench status`` prints (GetStatus)
+``GET  /sim/v1/metrics``               Prometheus text (GetMetrics)
 =====================================  =============================================
 
 Time runs at ``VM_SIM_TIME_SCALE`` simulated seconds per real second; every
-duration it reports is simulated. While it runs it writes the live hardware
-state to ``VM_SIM_STATE_FILE`` (docs/architecture.md), which the fake NVML and
-fake host probe read.
+duration it reports is simulated. ``VM_SIM_BUDGET_BLOCK_TIMEOUT`` (simulated
+seconds, default 1800) bounds how long a proof waits for budget that nothing
+will free; the real daemon waits for ever. While it runs it writes the live
+hardware state to ``VM_SIM_STATE_FILE`` (docs/architecture.md), which the
+fake NVML and fake host probe read.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import base64
+import binascii
 import contextlib
 import hashlib
+import ipaddress
 import logging
 import math
 import os
@@ -44,20 +54,25 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from agent.sim import model
+from agent.sim import clap, model
+from agent.sim.c1 import check_request
+from agent.sim.cuzk_cli import CUZK_DAEMON
 from agent.sim.hardware import ENV_STATE_FILE, Profile, load_profile, time_scale
-from agent.sim.model import BatchDriver, Counters, ProofSim, SimConfig, Simulation
+from agent.sim.model import Counters, ProofSim, SimConfig, Simulation
 
 log = logging.getLogger("cuzk_daemon")
+engine_log = logging.getLogger("cuzk_core::engine")
 
 DEFAULT_CONFIG_PATH = "/data/zk/cuzk.toml"
-# The real daemon binds 0.0.0.0; a simulator has no business outside loopback.
-DEFAULT_LISTEN = "127.0.0.1:9820"
-DEFAULT_STATUS_LISTEN = "127.0.0.1:9821"
+DEFAULT_LISTEN = "unix:///run/curio/cuzk.sock"  # cuzk-core/src/config.rs
 DEFAULT_PARAM_CACHE = "/data/zk/params"
-PCE_FILE_NAME = "pce-porep-32g.bin"
+PCE_FILE_NAME = "pce-porep-32g.bin"  # cuzk-pce/src/disk.rs pce_filename("porep-32g")
 CIRCUIT_ID = "porep-32g"
-SUPPORTED_PROOF_TYPES = {"porep", "porep-c2", "seal-commit"}
+PROOF_KIND = "porep-c2"  # cuzk-core/src/types.rs Display for ProofKind::PoRepSealCommit
+ENV_BLOCK_TIMEOUT = "VM_SIM_BUDGET_BLOCK_TIMEOUT"
+# status.rs: finished jobs stay in /status for 30 s (of the wall clock: here real
+# seconds, so a fast simulated clock does not hide them from a poller).
+PIPELINE_KEEP_S = 30.0
 TICK_REAL_S = 0.01
 STATE_WRITE_REAL_S = 0.1  # the documented contract is "at least every 0.2 s"
 THERMAL_TAU_S = 60.0  # simulated seconds for GPU temperature to settle
@@ -65,41 +80,23 @@ LOAD1_TAU_S = 60.0  # the kernel's 1-minute load average
 AMBIENT_C = 32.0
 IDLE_SM_CLOCK_MHZ = 210.0
 KEEP_FINISHED_PROOFS = 64
+# AwaitProofResponse.Status (cuzk-proto/proto/cuzk/v1/proving.proto)
+STATUS_COMPLETED, STATUS_FAILED = 1, 2
 
 
 class ConfigError(Exception):
-    """cuzk.toml could not be used."""
+    """cuzk.toml could not be used (the real daemon: exit status 1)."""
 
 
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-    "tb": 1000**4,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-    "tib": 1024**4,
-}
-
-
-def parse_size(value: Any) -> int:
-    """``"5GiB"``, ``"200 GB"`` or an integer of bytes."""
-    if isinstance(value, bool):
-        raise ConfigError(f"not a size: {value!r}")
-    if isinstance(value, int | float):
-        return int(value)
-    text = str(value).strip().lower().replace(" ", "")
-    num = text.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = text[len(num) :]
-    if unit not in _SIZE_UNITS or not num:
-        raise ConfigError(f"not a size: {value!r}")
-    try:
-        return int(float(num) * _SIZE_UNITS[unit])
-    except ValueError as exc:
-        raise ConfigError(f"not a size: {value!r}") from exc
+def parse_size(text: str) -> int:
+    """config.rs ``parse_size``: integer GiB/MiB/GB/MB or bytes; what it cannot read is 50 GiB."""
+    s = text.strip()
+    for suffix, unit, fallback in (("GiB", 1 << 30, 50), ("MiB", 1 << 20, 0),
+                                   ("GB", 10**9, 50), ("MB", 10**6, 0)):
+        if s.endswith(suffix):
+            num = s[: -len(suffix)].strip()
+            return (int(num) if num.isdigit() else fallback) * unit
+    return int(s) if s.isdigit() else 50 * (1 << 30)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,65 +104,136 @@ class DaemonSettings:
     """What the daemon takes from cuzk.toml and its flags."""
 
     listen: str = DEFAULT_LISTEN
-    status_listen: str | None = DEFAULT_STATUS_LISTEN
+    status_listen: str = ""
     param_cache: Path = Path(DEFAULT_PARAM_CACHE)
+    log_level: str = "info"
+    pipeline_enabled: bool = True
     sim: SimConfig = field(default_factory=SimConfig)
 
 
-def load_settings(path: str | None, listen_override: str | None) -> DaemonSettings:
-    """Read cuzk.toml (tomllib); a missing default file means defaults, as cuzk does."""
-    data: dict[str, Any] = {}
-    if path:
-        p = Path(path)
-        if p.exists():
-            try:
-                data = tomllib.loads(p.read_text())
-            except (OSError, tomllib.TOMLDecodeError) as exc:
-                raise ConfigError(f"cannot read {p}: {exc}") from exc
-        elif path != DEFAULT_CONFIG_PATH:
-            raise ConfigError(f"config file {p} does not exist")
-    daemon = data.get("daemon") or {}
-    srs = data.get("srs") or {}
-    memory = data.get("memory") or {}
-    gpus = data.get("gpus") or {}
-    synthesis = data.get("synthesis") or {}
-    devices_raw = gpus.get("devices", [])
-    if not isinstance(devices_raw, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) for d in devices_raw
-    ):
-        raise ConfigError("gpus.devices must be a list of GPU ordinals")
-    budget_raw = memory.get("total_budget", "auto")
-    budget = None if str(budget_raw).lower() == "auto" else parse_size(budget_raw)
-    max_conc_raw = synthesis.get("max_concurrent", "auto")
-    max_concurrent = None if str(max_conc_raw).lower() == "auto" else int(max_conc_raw)
-    sim = SimConfig(
-        devices=tuple(devices_raw) or None,
-        workers_per_device=max(1, int(gpus.get("gpu_workers_per_device", 2))),
-        max_concurrent=max_concurrent if max_concurrent and max_concurrent > 0 else None,
-        synthesis_threads=max(0, int(synthesis.get("threads", 0))),
-        total_budget_bytes=budget,
-        safety_margin_bytes=parse_size(
-            memory.get("safety_margin", model.DEFAULT_SAFETY_MARGIN_BYTES)
+# (section, key) -> the TOML type serde expects (config.rs); anything else is ignored.
+_STR, _INT, _BOOL, _U32_LIST = "a string", "an integer", "a boolean", "a sequence"
+CONFIG_TYPES: dict[tuple[str, str], str] = {
+    ("daemon", "listen"): _STR, ("daemon", "status_listen"): _STR,
+    ("memory", "total_budget"): _STR, ("memory", "safety_margin"): _STR,
+    ("memory", "eviction_min_idle"): _STR, ("memory", "pinned_budget"): _STR,
+    ("memory", "working_memory_budget"): _STR,
+    ("gpus", "devices"): _U32_LIST, ("gpus", "gpu_threads"): _INT,
+    ("gpus", "gpu_workers_per_device"): _INT,
+    ("scheduler", "max_batch_size"): _INT, ("scheduler", "max_batch_wait_ms"): _INT,
+    ("scheduler", "sort_by_type"): _BOOL,
+    ("synthesis", "threads"): _INT, ("synthesis", "partition_workers"): _INT,
+    ("pipeline", "enabled"): _BOOL, ("pipeline", "synthesis_lookahead"): _INT,
+    ("pipeline", "synthesis_concurrency"): _INT, ("pipeline", "max_parallel_synthesis"): _INT,
+    ("pipeline", "slot_size"): _INT, ("pipeline", "max_gpu_queue_depth"): _INT,
+    ("srs", "param_cache"): _STR, ("logging", "level"): _STR, ("logging", "format"): _STR,
+}
+
+
+def _toml_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return f"boolean `{str(value).lower()}`"
+    if isinstance(value, int):
+        return f"integer `{value}`"
+    if isinstance(value, float):
+        return f"floating point `{value}`"
+    if isinstance(value, str):
+        return f'string "{value}"'
+    if isinstance(value, list):
+        return "sequence"
+    return "map" if isinstance(value, dict) else type(value).__name__
+
+
+def _typed(section: str, key: str, value: Any) -> Any:
+    want = CONFIG_TYPES[(section, key)]
+    ok = {
+        _STR: isinstance(value, str),
+        _INT: isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 32,
+        _BOOL: isinstance(value, bool),
+        _U32_LIST: isinstance(value, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 32 for v in value
         ),
+    }[want]
+    if not ok:
+        raise ConfigError(f"invalid type: {_toml_kind(value)}, expected {want}\n"
+                          f"in `{section}.{key}`")
+    return value
+
+
+def load_settings(path: str, listen_override: str | None, level_override: str | None,
+                  profile: Profile) -> DaemonSettings:
+    """cuzk.toml as cuzk-daemon reads it (a missing file: defaults)."""
+    data: dict[str, Any] = {}
+    p = Path(path)
+    if p.exists():
+        try:
+            data = tomllib.loads(p.read_text())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(str(exc)) from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"TOML parse error: {exc}") from exc
+    cfg: dict[tuple[str, str], Any] = {}
+    for section, table in data.items():
+        if not isinstance(table, dict):
+            if section in {s for s, _ in CONFIG_TYPES}:
+                raise ConfigError(f"invalid type: {_toml_kind(table)}, expected struct\n"
+                                  f"in `{section}`")
+            continue
+        for key, value in table.items():
+            if (section, key) in CONFIG_TYPES:
+                cfg[(section, key)] = _typed(section, key, value)
+
+    def get(section: str, key: str, default: Any) -> Any:
+        return cfg.get((section, key), default)
+
+    budget = str(get("memory", "total_budget", "auto"))
+    margin = parse_size(str(get("memory", "safety_margin", "5GiB")))
+    sim = SimConfig(
+        devices=tuple(get("gpus", "devices", [])) or None,
+        workers_per_device=max(1, int(get("gpus", "gpu_workers_per_device", 2))),
+        max_parallel_synthesis=int(get("pipeline", "max_parallel_synthesis", 18)) or 18,
+        synthesis_threads=int(get("synthesis", "threads", 0)),
+        # config.rs resolve_total_budget: only the exact string "auto" detects.
+        total_budget_bytes=None if budget == "auto" else parse_size(budget),
+        safety_margin_bytes=margin,
+        budget_block_timeout_s=_block_timeout(),
     )
-    status_listen = daemon.get("status_listen", DEFAULT_STATUS_LISTEN)
+    model.active_devices(profile, sim)
     return DaemonSettings(
-        listen=listen_override or str(daemon.get("listen", DEFAULT_LISTEN)),
-        status_listen=str(status_listen) if status_listen else None,
-        param_cache=Path(str(srs.get("param_cache", DEFAULT_PARAM_CACHE))),
+        listen=listen_override if listen_override is not None
+        else str(get("daemon", "listen", DEFAULT_LISTEN)),
+        status_listen=str(get("daemon", "status_listen", "")),
+        param_cache=Path(str(get("srs", "param_cache", DEFAULT_PARAM_CACHE))),
+        log_level=level_override if level_override is not None
+        else str(get("logging", "level", "info")),
+        pipeline_enabled=bool(get("pipeline", "enabled", True)),
         sim=sim,
     )
 
 
-def split_address(addr: str) -> tuple[str, str]:
-    """Split ``host:port``, ``http://host:port`` or ``unix:///path`` into (kind, where)."""
+def _block_timeout() -> float:
+    try:
+        value = float(os.environ.get(ENV_BLOCK_TIMEOUT, model.DEFAULT_BLOCK_TIMEOUT_S))
+    except ValueError:
+        return model.DEFAULT_BLOCK_TIMEOUT_S
+    return value if value > 0 else model.DEFAULT_BLOCK_TIMEOUT_S
+
+
+def grpc_listen_address(addr: str) -> tuple[str, str]:
+    """``listen`` as cuzk-daemon takes it: ``unix:///path``, or an ``IP:port`` socket address."""
     if addr.startswith("unix://"):
         return "unix", addr[len("unix://") :]
-    text = addr.split("://", 1)[-1].rstrip("/")
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"bad listen address {addr!r}: expected host:port")
-    return "tcp", f"{host.strip('[]') or '127.0.0.1'}:{port}"
+    host, sep, port = addr.rpartition(":")
+    try:
+        if not sep or not port.isdigit() or int(port) > 65535:
+            raise ValueError(addr)
+        ip = ipaddress.ip_address(host[1:-1] if host.startswith("[") and host.endswith("]")
+                                  else host)
+        if ip.version == 6 and not host.startswith("["):
+            raise ValueError(addr)
+    except ValueError:
+        raise ConfigError(f"invalid listen address: {addr}") from None
+    return "tcp", f"{ip}:{port}"
 
 
 class _CuzkFormatter(logging.Formatter):
@@ -204,27 +272,6 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def proof_result(index: int, proof: ProofSim) -> dict[str, Any]:
-    """One proof as the private transport sends it (simulated seconds)."""
-    synth_ms = sum(
-        (p.synth_ended - p.synth_started) * 1000
-        for p in proof.partitions
-        if p.synth_started is not None and p.synth_ended is not None
-    )
-    return {
-        "event": "proof",
-        "index": index,
-        "job_id": proof.job_id,
-        "status": "COMPLETED" if proof.status == "completed" else "FAILED",
-        "wall_s": round(proof.wall_s, 6),
-        "prove_ms": proof.prove_ms,
-        "queue_ms": proof.queue_ms,
-        "synth_ms": round(synth_ms),
-        "error": proof.error,
-        "proof_hex": (_proof_bytes(proof.job_id).hex() if proof.status == "completed" else ""),
-    }
-
-
 def _proof_bytes(job_id: str) -> bytes:
     """Stand-in Groth16 proof bytes (simulated; deterministic per job)."""
     out = b""
@@ -233,6 +280,29 @@ def _proof_bytes(job_id: str) -> bytes:
         out += hashlib.sha256(f"{job_id}:{counter}".encode()).digest()
         counter += 1
     return out[: model.PROOF_BYTES]
+
+
+def prove_response(proof: ProofSim) -> dict[str, Any]:
+    """One proof's AwaitProofResponse (service.rs status_to_proto), in simulated time."""
+    ok = proof.status == "completed"
+    synth_ms = sum(
+        (p.synth_ended - p.synth_started) * 1000
+        for p in proof.partitions
+        if p.synth_started is not None and p.synth_ended is not None
+    )
+    return {
+        "job_id": proof.job_id,
+        "status": STATUS_COMPLETED if ok else STATUS_FAILED,
+        "proof_hex": _proof_bytes(proof.job_id).hex() if ok else "",
+        "error_message": "" if ok else proof.error,
+        "queue_wait_ms": proof.queue_ms,
+        "srs_load_ms": 0,
+        "synthesis_ms": round(synth_ms) if ok else 0,
+        "gpu_compute_ms": proof.prove_ms,
+        "total_ms": round(proof.wall_s * 1000) if ok else 0,
+        "submitted_sim_s": proof.submitted_at,
+        "finished_sim_s": proof.finished_at,
+    }
 
 
 @dataclass(slots=True)
@@ -256,14 +326,17 @@ class SimDaemon:
         self.scale = scale
         self.state_file = state_file
         self.pce_path = settings.param_cache / PCE_FILE_NAME
-        pce_present = self.pce_path.is_file()
         seed = profile.sim.seed
         if seed is None:
             seed = int.from_bytes(os.urandom(4), "big")
-        self.sim = Simulation(profile, settings.sim, seed=seed, pce_present=pce_present)
-        self.sim.on_pce_extracted = self._write_pce
+        # The PCE is never read from disk (engine.rs: loaded on demand, no preload;
+        # PceCache::load_from_disk has no caller): every daemon starts without it.
+        self.sim = Simulation(profile, settings.sim, seed=seed)
+        self.sim.on_pce_saved = self._write_pce
+        self.sim.on_log = self._engine_log
         self.t0 = time.monotonic()
         self.stopping = asyncio.Event()
+        self.engine_stopped = False
         self._tasks: list[asyncio.Task[None]] = []
         self._handlers: set[asyncio.Task[Any]] = set()
         self._runners: list[web.AppRunner] = []
@@ -272,13 +345,8 @@ class SimDaemon:
         self._load1 = 0.0
         self._cpu_last: dict[str, Any] = {}
         self._finished: list[str] = []
-        if pce_present:
-            log.info("PCE found at %s; loading it (fast path after load)", self.pce_path)
-        else:
-            log.info(
-                "no PCE at %s: proofs take the slow path; the first one records the PCE",
-                self.pce_path,
-            )
+        self._finished_real: dict[str, float] = {}
+        self._oom = False
 
     # ----- time -----
 
@@ -286,15 +354,34 @@ class SimDaemon:
         return (time.monotonic() - self.t0) * self.scale
 
     def _sync(self) -> None:
-        self.sim.advance_to(self.sim_now())
+        if not self.engine_stopped:
+            self.sim.advance_to(self.sim_now())
+        self._check_memory()
+
+    def _check_memory(self) -> None:
+        limit = self.profile.memory_limit_bytes
+        used = self.sim.memory_used_bytes()
+        if limit is not None and used > limit and not self._oom:
+            self._oom = True
+            # The kernel's OOM killer: no cleanup, no last words from cuzk.
+            sys.stderr.write(
+                f"(simulated) Out of memory: the container's limit of {limit / 2**30:.0f} GiB "
+                f"is exceeded ({used / 2**30:.0f} GiB in use; cuzk's budget is "
+                f"{self.sim.budget_bytes / 2**30:.0f} GiB); killed\n"
+            )
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
 
     async def _tick_loop(self) -> None:
         while True:
             self._sync()
             await asyncio.sleep(TICK_REAL_S)
 
+    def _engine_log(self, level: str, message: str) -> None:
+        engine_log.log(_LEVELS.get(level, logging.INFO), "%s", message)
+
     def _write_pce(self) -> None:
-        """Write the stand-in PCE file (tiny, never the real 25 GiB)."""
+        """Write the stand-in PCE file (tiny, never the real 25 GiB); nothing reads it."""
         try:
             self.settings.param_cache.mkdir(parents=True, exist_ok=True)
             body = orjson.dumps(
@@ -306,57 +393,59 @@ class SimDaemon:
                 }
             )
             _write_atomic(self.pce_path, body)
-            log.info(
-                "PCE extracted and saved to %s (simulated stand-in); restart to load it",
-                self.pce_path,
-            )
+            engine_log.info("PCE saved to disk circuit_id=%s path=%s", CIRCUIT_ID, self.pce_path)
         except OSError as exc:
-            log.error("cannot save PCE to %s: %s", self.pce_path, exc)
+            engine_log.warning("failed to save PCE to disk (non-fatal) error=%s", exc)
 
     def _remember(self, proof: ProofSim) -> None:
         self._finished.append(proof.job_id)
+        self._finished_real[proof.job_id] = time.monotonic()
         while len(self._finished) > KEEP_FINISHED_PROOFS:
-            self.sim.forget(self._finished.pop(0))
+            old = self._finished.pop(0)
+            self.sim.forget(old)
+            self._finished_real.pop(old, None)
         if proof.status == "completed":
-            log.info(
+            engine_log.info(
                 "proof completed job_id=%s kind=%s wall=%.1fs gpu=%dms queue=%dms (simulated)",
-                proof.job_id,
-                proof.kind,
-                proof.wall_s,
-                proof.prove_ms,
-                proof.queue_ms,
+                proof.job_id, proof.kind, proof.wall_s, proof.prove_ms, proof.queue_ms,
             )
         else:
-            log.warning("proof failed job_id=%s error=%s (simulated)", proof.job_id, proof.error)
+            engine_log.warning("proof failed job_id=%s error=%s (simulated)", proof.job_id,
+                               proof.error)
 
-    # ----- /status -----
+    # ----- /status (cuzk-core/src/status.rs StatusSnapshot) -----
 
     def status_json(self) -> dict[str, Any]:
         self._sync()
         sim = self.sim
         now = sim.t
+
+        def ms(start: float | None, end: float | None) -> int | None:
+            if start is None:
+                return None
+            return round(((end if end is not None else now) - start) * 1000)
+
         pipelines = []
         for proof in sim.proofs.values():
-            if proof.status not in ("queued", "running"):
+            if proof.registered_at is None:
+                continue  # not dispatched yet: no pipeline
+            ended = self._finished_real.get(proof.job_id)
+            if ended is not None and time.monotonic() - ended >= PIPELINE_KEEP_S:
                 continue
-            parts = []
-            for p in proof.partitions:
-                synth_ms = 0
-                if p.synth_started is not None:
-                    end = p.synth_ended if p.synth_ended is not None else now
-                    synth_ms = round((end - p.synth_started) * 1000)
-                gpu_ms = 0
-                if p.compute_started is not None:
-                    end = p.gpu_ended if p.gpu_ended is not None else now
-                    gpu_ms = round((end - p.compute_started) * 1000)
-                parts.append(
-                    {"index": p.index, "state": p.state, "synth_ms": synth_ms, "gpu_ms": gpu_ms}
-                )
+            parts = [
+                {
+                    "index": p.index,
+                    "state": p.state,
+                    "synth_ms": ms(p.synth_started, p.synth_ended),
+                    "gpu_ms": ms(p.gpu_started, p.gpu_ended),
+                }
+                for p in proof.partitions
+            ]
             pipelines.append(
                 {
                     "job_id": proof.job_id,
                     "proof_kind": proof.kind,
-                    "started_secs_ago": round(now - proof.submitted_at, 3),
+                    "started_secs_ago": now - proof.registered_at,
                     "total_partitions": model.PARTITIONS_PER_PROOF,
                     "partitions_done": proof.partitions_done,
                     "partitions": parts,
@@ -364,17 +453,19 @@ class SimDaemon:
             )
         workers = []
         wpd = sim.config.workers_per_device
-        for d in sorted(sim.gpus):
+        for n, d in enumerate(sorted(sim.gpus)):
             g = sim.gpus[d]
             for w, held in enumerate(g.workers):
+                since = g.busy_since[w]
                 workers.append(
                     {
-                        "worker_id": d * wpd + w,
+                        "worker_id": n * wpd + w,
                         "gpu_ordinal": d,
                         "state": "proving" if held is not None else "idle",
                         "current_job": held.proof.job_id if held is not None else None,
                         "current_partition": held.index if held is not None else None,
-                        "busy_secs": round(g.worker_busy_s[w], 3),
+                        # the current busy stretch, not a total (status.rs busy_since)
+                        "busy_secs": now - since if since is not None else None,
                     }
                 )
         srs_alloc = []
@@ -383,25 +474,30 @@ class SimDaemon:
                 {
                     "circuit_id": CIRCUIT_ID,
                     "bytes": model.SRS_BYTES,
-                    "last_used_secs_ago": round(now - sim.srs_last_used, 3),
-                    "evictable": False,
+                    "last_used_secs_ago": now - sim.srs_last_used,
+                    "evictable": True,
                 }
             )
         pce_alloc = []
-        if sim.pce_loaded:
+        if sim.pce_cached:
+            # engine.rs lists the cache's evictable entries: no proof holds it now.
             pce_alloc.append(
                 {
                     "circuit_id": CIRCUIT_ID,
                     "bytes": model.PCE_BYTES,
-                    "last_used_secs_ago": round(now - sim.pce_last_used, 3),
+                    "last_used_secs_ago": now - sim.pce_last_used,
                     "evictable": True,
                 }
             )
-        used = sim.memory_used_bytes() - model.OS_BASELINE_BYTES
+        used = sim.budget_used_bytes()
         budget = sim.budget_bytes
+        synthesized = len(sim.synth_done) + sum(
+            1 for g in sim.gpus.values() for p in g.workers
+            if p is not None and p.compute_started is None
+        )
+        computing = sum(1 for g in sim.gpus.values() if g.computing is not None)
         return {
-            "simulated": True,
-            "uptime_secs": int(now),
+            "uptime_secs": now,
             "memory": {
                 "total_bytes": budget,
                 "used_bytes": used,
@@ -419,10 +515,11 @@ class SimDaemon:
                 "queue_depth": sim.queue_depth,
             },
             "buffers": {
-                "partitions_in_flight": sim.memory_in_flight,
-                "partition_bytes": model.PARTITION_HOST_BYTES,
-                "in_flight_bytes": sim.memory_in_flight * model.PARTITION_HOST_BYTES,
-                "synth_done_waiting": len(sim.synth_done),
+                "synth_in_flight": sim.synthesis_active,
+                "provers_in_flight": synthesized,
+                "aux_in_flight": synthesized + computing,
+                "shells_in_flight": computing,
+                "pending_handles": computing,
             },
         }
 
@@ -433,13 +530,13 @@ class SimDaemon:
             "# HELP cuzk_proofs_completed_total Proofs completed (simulated).",
             "# TYPE cuzk_proofs_completed_total counter",
         ]
-        for kind, n in sorted(sim.completed_by_kind.items()) or [("porep", 0)]:
+        for kind, n in sorted(sim.completed_by_kind.items()) or [(PROOF_KIND, 0)]:
             lines.append(f'cuzk_proofs_completed_total{{kind="{kind}"}} {n}')
         lines += [
             "# HELP cuzk_proofs_failed_total Proofs failed (simulated).",
             "# TYPE cuzk_proofs_failed_total counter",
         ]
-        for kind, n in sorted(sim.failed_by_kind.items()) or [("porep", 0)]:
+        for kind, n in sorted(sim.failed_by_kind.items()) or [(PROOF_KIND, 0)]:
             lines.append(f'cuzk_proofs_failed_total{{kind="{kind}"}} {n}')
         lines += [
             "# HELP cuzk_queue_depth Proofs waiting to start (simulated).",
@@ -592,7 +689,7 @@ class SimDaemon:
                 log.warning("cannot write state file %s: %s", self.state_file, exc)
             await asyncio.sleep(STATE_WRITE_REAL_S)
 
-    # ----- private transport handlers -----
+    # ----- private transport handlers (where the real daemon speaks gRPC) -----
 
     async def h_health(self, request: web.Request) -> web.Response:
         self._sync()
@@ -605,18 +702,10 @@ class SimDaemon:
         try:
             body = orjson.loads(await request.read() or b"{}")
         except orjson.JSONDecodeError as exc:
-            raise _bad_request("invalid_json", "body is not JSON") from exc
+            raise _rpc_error("invalid_argument", "body is not JSON") from exc
         if not isinstance(body, dict):
-            raise _bad_request("invalid_json", "body must be a JSON object")
+            raise _rpc_error("invalid_argument", "body must be a JSON object")
         return body
-
-    def _check_type(self, body: dict[str, Any]) -> str:
-        kind = str(body.get("proof_type", "porep")).lower()
-        if kind not in SUPPORTED_PROOF_TYPES:
-            raise _bad_request(
-                "unsupported_proof_type", f"proof type {kind!r} is not simulated (porep only)"
-            )
-        return "porep"
 
     def _track(self) -> None:
         """Remember a long-running handler, so shutdown can end it instead of waiting."""
@@ -625,97 +714,64 @@ class SimDaemon:
             self._handlers.add(task)
             task.add_done_callback(self._handlers.discard)
 
-    async def h_batch(self, request: web.Request) -> web.StreamResponse:
-        self._track()
-        body = await self._json_body(request)
-        kind = self._check_type(body)
-        try:
-            count = int(body.get("count", 3))
-            concurrency = int(body.get("concurrency", 1))
-        except (TypeError, ValueError) as exc:
-            raise _bad_request("bad_field", "count and concurrency must be integers") from exc
-        if count < 0 or count > 100_000:
-            raise _bad_request("bad_field", "count must be between 0 and 100000")
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-
-        def on_proof(index: int, proof: ProofSim) -> None:
-            self._remember(proof)
-            queue.put_nowait(proof_result(index, proof))
-
-        def on_done(driver: BatchDriver) -> None:
-            completed = sum(1 for _, p in driver.results if p.status == "completed")
-            queue.put_nowait(
-                {
-                    "event": "done",
-                    "total_s": round(driver.total_s, 6),
-                    "completed": completed,
-                    "failed": len(driver.results) - completed,
-                }
-            )
-
-        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await resp.prepare(request)
-        self._sync()
-        log.info("batch started: %d x %s, concurrency %d", count, kind, concurrency)
-        BatchDriver(self.sim, count, concurrency, on_proof=on_proof, on_done=on_done, kind=kind)
-        while True:
-            item = await queue.get()
-            await resp.write(orjson.dumps(item) + b"\n")
-            if item["event"] == "done":
-                break
-        await resp.write_eof()
-        return resp
-
     async def h_prove(self, request: web.Request) -> web.Response:
+        """The Prove RPC: submit one proof and answer when it is done."""
         self._track()
         body = await self._json_body(request)
-        kind = self._check_type(body)
+        kind = str(body.get("proof_kind", ""))
+        if kind != PROOF_KIND:
+            raise _rpc_error("invalid_argument", f"proof kind {kind!r} is not simulated "
+                             f"({PROOF_KIND} only)")
+        try:
+            c1 = base64.b64decode(str(body.get("c1_b64", "")), validate=True)
+            sector_num, miner_id = int(body.get("sector_num", 1)), int(body.get("miner_id", 1000))
+        except (binascii.Error, ValueError) as exc:
+            raise _rpc_error("invalid_argument", "bad c1_b64, sector_num or miner_id") from exc
+        input_error, identity_ok = check_request(c1, sector_num, miner_id)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[ProofSim] = loop.create_future()
         self._sync()
-        srs_before = self.sim.srs_loaded
 
         def done(proof: ProofSim) -> None:
             self._remember(proof)
             if not fut.done():
                 fut.set_result(proof)
 
-        self.sim.submit(kind, on_done=done)
+        # After SIGINT the engine takes no more work: the request waits for ever.
+        self.sim.submit(kind, on_done=done, input_error=input_error, identity_ok=identity_ok)
         proof = await fut
-        out = proof_result(1, proof)
-        out["srs_ms"] = 0 if srs_before else round(self.sim.srs_load_s * 1000)
-        out["total_ms"] = round(proof.wall_s * 1000)
-        return web.json_response(out, dumps=lambda o: orjson.dumps(o).decode())
+        return web.json_response(prove_response(proof), dumps=lambda o: orjson.dumps(o).decode())
 
     async def h_preload(self, request: web.Request) -> web.Response:
         self._track()
         body = await self._json_body(request)
         circuit = str(body.get("circuit_id", ""))
         if circuit != CIRCUIT_ID:
-            raise _bad_request(
-                "unknown_circuit", f"circuit {circuit!r} is not simulated ({CIRCUIT_ID} only)"
-            )
+            # engine.rs preload_srs: an anyhow error the service returns as Internal.
+            known = {"porep-64g", "wpost-32g", "winning-32g", "snap-32g", "snap-64g"}
+            message = (f"unknown circuit ID: {circuit}" if circuit not in known
+                       else f"circuit {circuit} is not simulated ({CIRCUIT_ID} only)")
+            raise _rpc_error("internal", message)
         self._sync()
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[float] = loop.create_future()
+        fut: asyncio.Future[float | None] = loop.create_future()
 
-        def loaded(seconds: float) -> None:
+        def loaded(seconds: float | None) -> None:
             if not fut.done():
                 fut.set_result(seconds)
 
         already = self.sim.request_srs(loaded)
         seconds = await fut
+        if seconds is None:
+            raise _rpc_error("internal", "(simulated) the memory budget can never hold the SRS")
         if not already:
-            log.info("SRS %s loaded in %.1fs (simulated)", circuit, seconds)
+            engine_log.info("SRS %s loaded in %.1fs (simulated)", circuit, seconds)
         return web.json_response(
-            {
-                "circuit_id": circuit,
-                "already_loaded": already,
-                "load_time_ms": round(seconds * 1000),
-            }
+            {"already_loaded": already, "load_time_ms": round(seconds * 1000)}
         )
 
     async def h_sim_status(self, request: web.Request) -> web.Response:
+        """GetStatus (service.rs get_status), as ``cuzk-bench status`` shows it."""
         st = self.status_json()
         gpus = []
         for d in sorted(self.sim.gpus):
@@ -735,69 +791,91 @@ class SimDaemon:
         running = sum(1 for p in self.sim.proofs.values() if p.status == "running")
         return web.json_response(
             {
-                "uptime_seconds": st["uptime_secs"],
+                "uptime_seconds": int(st["uptime_secs"]),
                 "total_proofs_completed": self.sim.total_completed,
                 "total_proofs_failed": self.sim.total_failed,
                 "pinned_memory_bytes": st["memory"]["used_bytes"],
                 "pinned_memory_limit_bytes": st["memory"]["total_bytes"],
                 "gpus": gpus,
                 "loaded_srs": [
-                    {
-                        "circuit_id": a["circuit_id"],
-                        "tier": "host",
-                        "size_bytes": a["bytes"],
-                        "ref_count": 1,
-                    }
+                    {"circuit_id": a["circuit_id"], "tier": 1, "size_bytes": a["bytes"],
+                     "ref_count": 1}
                     for a in st["allocations"]["srs"]
                 ],
                 "queues": [
-                    {"proof_kind": "porep", "pending": self.sim.queue_depth, "in_progress": running}
+                    {"proof_kind": 1, "pending": self.sim.queue_depth, "in_progress": running}
                 ],
             }
         )
 
     async def h_status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.status_json(), dumps=lambda o: orjson.dumps(o).decode())
+        # cuzk-daemon/src/main.rs: any request line starting "GET /status" gets the JSON.
+        return web.Response(
+            text=orjson.dumps(self.status_json()).decode(), content_type="application/json",
+            headers={"Access-Control-Allow-Origin": "*", "Connection": "close"},
+        )
+
+    async def h_not_found(self, request: web.Request) -> web.Response:
+        return web.Response(status=404, text="404 Not Found\n", headers={"Connection": "close"})
 
     async def h_metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=self.metrics_text(), content_type="text/plain")
 
     # ----- lifecycle -----
 
+    def stop_engine(self) -> None:
+        """SIGINT: engine.rs shutdown(): its workers stop taking work; the process stays."""
+        if not self.engine_stopped:
+            log.info("received SIGINT, shutting down")
+            engine_log.info("shutting down cuzk engine")
+            self._sync()
+            self.engine_stopped = True
+
     async def start(self) -> None:
+        status_listen = self.settings.status_listen
+        if status_listen:
+            status = web.Application()
+            status.router.add_route("GET", r"/status{tail:.*}", self.h_status)
+            status.router.add_route("*", r"/{tail:.*}", self.h_not_found)
+            try:
+                host, _, port = status_listen.rpartition(":")
+                await self._serve_tcp(status, host.strip("[]"), int(port))
+                log.info("status HTTP server listening addr=%s", status_listen)
+            except (OSError, ValueError) as exc:
+                # main.rs: a failed bind of the status server is only logged.
+                log.error("failed to bind status HTTP server addr=%s error=%s", status_listen, exc)
         private = web.Application()
         private.router.add_get("/sim/v1/health", self.h_health)
-        private.router.add_post("/sim/v1/batch", self.h_batch)
         private.router.add_post("/sim/v1/prove", self.h_prove)
         private.router.add_post("/sim/v1/preload", self.h_preload)
         private.router.add_get("/sim/v1/status", self.h_sim_status)
         private.router.add_get("/sim/v1/metrics", self.h_metrics)
-        await self._serve(private, self.settings.listen, "engine (simulator's private HTTP)")
-        if self.settings.status_listen:
-            status = web.Application()
-            status.router.add_get("/status", self.h_status)
-            status.router.add_get("/metrics", self.h_metrics)
-            await self._serve(status, self.settings.status_listen, "status HTTP")
+        kind, where = grpc_listen_address(self.settings.listen)
+        if kind == "unix":
+            log.info("listening on unix socket path=%s", where)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(where)
+            Path(where).parent.mkdir(parents=True, exist_ok=True)
+            runner = await self._runner(private)
+            await web.UnixSite(runner, where).start()
+            log.info("cuzk-daemon ready, serving on unix://%s", where)
+        else:
+            host, _, port = where.rpartition(":")
+            log.info("listening on TCP addr=%s", where)
+            await self._serve_tcp(private, host, int(port))
+            log.info("cuzk-daemon ready, serving on %s", where)
         self._tasks.append(asyncio.create_task(self._tick_loop()))
         if self.state_file is not None:
             self._tasks.append(asyncio.create_task(self._state_loop()))
 
-    async def _serve(self, app: web.Application, addr: str, what: str) -> None:
+    async def _runner(self, app: web.Application) -> web.AppRunner:
         runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         self._runners.append(runner)
-        kind, where = split_address(addr)
-        site: web.BaseSite
-        if kind == "unix":
-            path = str(where)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            site = web.UnixSite(runner, path)
-        else:
-            host, _, port = str(where).rpartition(":")
-            site = web.TCPSite(runner, host, int(port))
-        await site.start()
-        log.info("%s listening on %s", what, addr)
+        return runner
+
+    async def _serve_tcp(self, app: web.Application, host: str, port: int) -> None:
+        await web.TCPSite(await self._runner(app), host, port).start()
 
     async def stop(self) -> None:
         # Proofs in flight die with the daemon, as with real cuzk; their
@@ -811,6 +889,9 @@ class SimDaemon:
                 await task
         for runner in reversed(self._runners):
             await runner.cleanup()
+        self.remove_state_file()
+
+    def remove_state_file(self) -> None:
         if self.state_file is not None:
             # Readers fall back to idle values without it (docs/architecture.md),
             # so a stopped daemon never leaves a busy-looking host behind.
@@ -818,8 +899,9 @@ class SimDaemon:
                 self.state_file.unlink()
 
 
-def _bad_request(code: str, message: str) -> web.HTTPBadRequest:
-    return web.HTTPBadRequest(
+def _rpc_error(code: str, message: str) -> web.HTTPException:
+    cls = web.HTTPBadRequest if code == "invalid_argument" else web.HTTPInternalServerError
+    return cls(
         text=orjson.dumps({"error": code, "message": message}).decode(),
         content_type="application/json",
     )
@@ -829,58 +911,58 @@ async def run_daemon(settings: DaemonSettings, profile: Profile, scale: float) -
     state_env = os.environ.get(ENV_STATE_FILE)
     daemon = SimDaemon(settings, profile, scale, Path(state_env) if state_env else None)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, daemon.stopping.set)
+    # Only SIGINT is handled (main.rs: tokio::signal::ctrl_c), and it stops the
+    # engine, not the process. SIGTERM keeps its default action: the process
+    # ends at once; the simulator only removes its state file on the way out.
+    loop.add_signal_handler(signal.SIGINT, daemon.stop_engine)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        daemon.remove_state_file()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    log.info("cuzk-daemon starting")
+    log.info("configuration loaded listen=%s", settings.listen)
+    engine_log.info("memory budget initialized total_budget_gib=%d",
+                    daemon.sim.budget_bytes // (1 << 30))
+    if not settings.pipeline_enabled:
+        engine_log.warning("(simulated) [pipeline] enabled = false is not simulated; "
+                           "the pipelined engine runs")
+    engine_log.info(
+        "initializing GPU workers num_gpus=%d gpu_workers_per_device=%d gpus=%s "
+        "(SIMULATED: %dx %s, %d cores, %d MB RAM, PCIe Gen%d x%d, time scale %gx)",
+        len(daemon.sim.devices), settings.sim.workers_per_device, daemon.sim.devices,
+        profile.num_gpus, profile.gpu_name, profile.cpu_cores, profile.cpu_ram_mb,
+        profile.pcie_gen, profile.pcie_width, scale,
+    )
     try:
         await daemon.start()
-    except OSError as exc:
-        log.error("cannot listen: %s", exc)
+    except (OSError, ConfigError) as exc:
         await daemon.stop()
+        sys.stderr.write(f"Error: gRPC server error\n\nCaused by:\n    {exc}\n")
         return 1
-    log.info(
-        "cuzk daemon ready (SIMULATED: %dx %s, %d cores, %d MB RAM, PCIe Gen%d x%d, "
-        "GPUs in use %s, time scale %gx)",
-        profile.num_gpus,
-        profile.gpu_name,
-        profile.cpu_cores,
-        profile.cpu_ram_mb,
-        profile.pcie_gen,
-        profile.pcie_width,
-        daemon.sim.devices,
-        scale,
-    )
     await daemon.stopping.wait()
-    log.info("shutting down")
     await daemon.stop()
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="vm-sim-cuzk",
-        description="Simulated cuzk proving daemon (a stand-in; every number is simulated).",
-    )
-    parser.add_argument("-c", "--config", default=DEFAULT_CONFIG_PATH, help="cuzk.toml path")
-    parser.add_argument(
-        "-l", "--listen", default=None, help="engine address (host:port or unix://)"
-    )
-    parser.add_argument("--log-level", default=None, help="error, warn, info, debug (or RUST_LOG)")
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    _setup_logging(args.log_level or os.environ.get("RUST_LOG") or "info")
+    matches = clap.parse_or_exit(CUZK_DAEMON, [sys.argv[0], *(sys.argv[1:] if argv is None
+                                                              else argv)])
+    v = matches.values
+    profile = load_profile()
     try:
-        settings = load_settings(args.config, args.listen)
-        split_address(settings.listen)
-        if settings.status_listen:
-            split_address(settings.status_listen)
-        profile = load_profile()
-        model.active_devices(profile, settings.sim)
-    except (ConfigError, ValueError) as exc:
-        log.error("%s", exc)
-        return 2
+        settings = load_settings(str(v["config"]), v["listen"], v["log_level"], profile)
+    except ConfigError as exc:
+        detail = str(exc).replace("\n", "\n    ")
+        sys.stderr.write(f'Error: failed to load config from "{v["config"]}"\n\n'
+                         f"Caused by:\n    {detail}\n")
+        return 1
+    except ValueError as exc:
+        sys.stderr.write(f"Error: (simulated) {exc}\n")
+        return 1
+    _setup_logging(os.environ.get("RUST_LOG") or settings.log_level)
     return asyncio.run(run_daemon(settings, profile, time_scale()))
 
 

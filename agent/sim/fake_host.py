@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Callable
 
-from agent.host import DiskUsage, HostFacts, HostSample, existing_dir
+from agent.host import DiskUsage, HostFacts, HostSample, MemoryLimit, existing_dir
 from agent.sim.fake_nvml import SimStateReader
 from agent.sim.hardware import ENV_STATE_FILE, Profile, load_profile
 
@@ -99,6 +99,10 @@ class FakeHostProbe:
             net_tx_bytes=int(elapsed * _IDLE_NET_TX_BPS),
             quota_cores=float(self.profile.cpu_cores),
         )
+
+    def memory_limit(self) -> MemoryLimit:
+        """The simulated container's MemTotal and cgroup limit (the profile's)."""
+        return MemoryLimit(self.profile.mem_total_bytes, self.profile.memory_limit_bytes)
 
     def disk_usage(self) -> DiskUsage | None:
         """The real file system under the (simulated) parameter folder."""

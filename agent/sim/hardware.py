@@ -113,6 +113,9 @@ class SimKnobs:
     fail_rate: float = 0.0  # fraction of proofs that fail
     seed: int | None = None
     cpu_speed: float | None = None  # overrides the CPU table (relative to a Zen 3 core)
+    # MemTotal seen inside the container (the whole host's RAM) when the
+    # container may use less (``cpu_ram``, its cgroup memory limit).
+    host_ram_mb: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +139,17 @@ class Profile:
     @property
     def ram_total_bytes(self) -> int:
         return self.cpu_ram_mb * 1_000_000
+
+    @property
+    def mem_total_bytes(self) -> int:
+        """MemTotal of /proc/meminfo in the container: the host's, whatever the limit."""
+        host = (self.sim.host_ram_mb or 0) * 1_000_000
+        return max(host, self.ram_total_bytes)
+
+    @property
+    def memory_limit_bytes(self) -> int | None:
+        """The container's cgroup memory limit (``cpu_ram``), or None when MemTotal is all."""
+        return self.ram_total_bytes if self.mem_total_bytes > self.ram_total_bytes else None
 
     @property
     def cpu_speed(self) -> float:
@@ -182,6 +196,7 @@ class Profile:
                 fail_rate=float(sim.get("fail_rate", 0.0)),
                 seed=int(sim["seed"]) if sim.get("seed") is not None else None,
                 cpu_speed=float(sim["cpu_speed"]) if sim.get("cpu_speed") else None,
+                host_ram_mb=int(sim["host_ram_mb"]) if sim.get("host_ram_mb") else None,
             ),
         )
 

@@ -6,9 +6,11 @@ A PoRep C2 32G proof is 10 partitions. Each partition goes through
    and Poseidon hashing of the partition's challenges runs on one thread) and
    a parallel part (the PCE's sparse matrix x witness products, up to
    ``SYNTH_PARALLEL_MAX_THREADS`` threads). The daemon runs at most
-   ``synthesis.max_concurrent`` syntheses at once, and each one needs
-   ``PARTITION_HOST_BYTES`` of RAM from its start until its data is on the GPU,
-   so RAM bounds how many partitions are in flight;
+   ``[pipeline] max_parallel_synthesis`` syntheses at once (default 18; the
+   real synthesis workers are min(budget / 14 GiB, that), at least 2), and
+   each one holds ``PARTITION_HOST_BYTES`` of the memory budget from its
+   start until its data is on the GPU, so the budget bounds how many
+   partitions are in flight;
 2. **upload** over the GPU's PCIe link (``PARTITION_UPLOAD_BYTES``: the a/b/c
    evaluations, the witness, and the SRS bases streamed for the MSMs, since a
    16-32 GB card cannot keep the 45 GiB SRS);
@@ -19,6 +21,23 @@ Each GPU has ``gpu_workers_per_device`` workers (2 by default), so the next
 partition uploads while the current one computes. All CPU consumers share the
 cores fairly (water-filling), so an oversubscribed CPU slows every synthesis
 and, a little, the GPU drivers too.
+
+How the daemon around the pipeline behaves follows cuzk at Curio e0294b0f
+(docs/cuzk.md): one dispatcher takes queued proofs in order, reserves the
+SRS in the memory budget (blocking while it does not fit), parses the C1,
+loads the SRS, then queues the proof's partitions; every partition reserves
+its share of the budget before synthesis, in strict (proof, partition)
+order; the PCE is never read from disk: each proof dispatched while none
+is cached starts a background extraction (14 GiB of the budget, taken by
+polling once a second, plus a core of CPU), whose result is written to
+``pce-porep-32g.bin`` and cached in memory only. A partition synthesised
+with the PCE cached takes the fast path, as upstream intends (at e0294b0f
+``pipeline.rs`` does not pass the cache yet; docs/cuzk.md). A proof whose
+inputs name another sector or miner fails its self-check after proving.
+Where the real daemon would wait for ever (a budget smaller than what a
+proof needs), the simulation fails the proof after
+``SimConfig.budget_block_timeout_s`` with nothing else in flight, so that
+tests end; the real one never does.
 
 The engine is a fluid discrete-event simulation: between events every rate is
 constant, so it jumps from event to event exactly. `Simulation` is driven
@@ -35,10 +54,12 @@ Calibration (simulated; what each constant is fitted to)
   partition, so a 16-thread Zen 3 CPU tops out near 39 proofs/hour: the
   operator's 4x RTX 5060 Ti (GPUs ~80% idle, CPU ~98% busy).
 * ``PARTITION_HOST_BYTES`` = 20 GiB (a/b/c evaluations + witness + pinned
-  staging; upstream saw ~360 GiB peak RSS for 20 partitions in flight) with
-  70 GiB resident (SRS 45 + PCE 25, reference/cuzk.md), a 5 GiB safety margin
-  and 3 GiB for the OS gives 2 partitions in flight on a 128 GB host, 8 on
-  256 GB, 14 on 384 GB and 20 on 512 GB. By Little's law that reproduces
+  staging; upstream saw ~360 GiB peak RSS for 20 partitions in flight, and
+  cuzk's own reservation of 14 GiB leaves the pinned staging out) with
+  70 GiB resident (SRS 45 + PCE 25, docs/cuzk.md) in a budget of the
+  machine's memory less cuzk's 5 GiB safety margin gives 2 partitions in
+  flight on a 128 GB host, 8 on 256 GB, 14 on 384 GB and 20 on 512 GB (18:
+  ``max_parallel_synthesis``). By Little's law that reproduces
   upstream's RAM table (128 GiB slow, 256 GiB good, 512 GiB best): an RTX 5090
   on 128 GB ~26 proofs/hour, an RTX 4090 on a 32-thread 256 GB host ~61-65,
   an RTX 5070 Ti on 384 GB ~95.
@@ -79,20 +100,30 @@ SLOW_PATH_SERIAL_FACTOR = 2.5
 SLOW_PATH_PARALLEL_FACTOR = 3.0
 # One host thread per busy GPU polls CUDA streams and stages buffers.
 GPU_HOST_THREADS = 1.0
+# PCE extraction: one partition's circuit run through a recording constraint
+# system on one thread (simulated cost).
+EXTRACTION_CORE_S = 90.0
 
 # --- PCIe ---
 PARTITION_UPLOAD_BYTES = 48e9
 PARTITION_DOWNLOAD_BYTES = 1.5e9  # NTT/MSM results and the proof back to the host
 
-# --- RAM ---
-PARTITION_HOST_BYTES = 20 * GIB
+# --- RAM and the memory budget ---
+PARTITION_HOST_BYTES = 20 * GIB  # the model's hold per partition (calibrated)
 SRS_BYTES = 45 * GIB
 PCE_BYTES = 25 * GIB
-PCE_EXTRACT_BYTES = 14 * GIB  # transient, while the first proof records the PCE
-OS_BASELINE_BYTES = 3 * GIB
-DEFAULT_SAFETY_MARGIN_BYTES = 5 * GIB
+# cuzk-core/src/memory.rs: PCE_EXTRACTION_TRANSIENT_BYTES, POREP_PARTITION_FULL_BYTES,
+# SNAP_PARTITION_FULL_BYTES (the divisor of /status synthesis.max_concurrent).
+PCE_EXTRACTION_TRANSIENT_BYTES = 14 * GIB
+POREP_PARTITION_FULL_BYTES = 14 * GIB
+SNAP_PARTITION_FULL_BYTES = 9 * GIB
+OS_BASELINE_BYTES = 3 * GIB  # the rest of the machine, for the RAM gauge
+DEFAULT_SAFETY_MARGIN_BYTES = 5 * GIB  # cuzk-core/src/config.rs
+DEFAULT_MAX_PARALLEL_SYNTHESIS = 18  # config.rs: [pipeline] max_parallel_synthesis 0 -> 18
+BUDGET_POLL_S = 1.0  # the extraction's try_acquire loop sleeps a second
 SRS_LOAD_BYTES_PER_S = 1.5e9  # read + deserialise the .params file
-PCE_LOAD_BYTES_PER_S = 5e9  # reference/cuzk.md: "loads it at about 5 GB/s"
+PCE_SAVE_BYTES_PER_S = 2e9  # writing pce-porep-32g.bin before caching it
+DEFAULT_BLOCK_TIMEOUT_S = 1800.0
 
 # --- GPU memory (for telemetry) ---
 GPU_CONTEXT_BYTES = 600_000_000
@@ -110,11 +141,14 @@ class SimConfig:
     """The parts of cuzk.toml the model honours (parsed by the daemon)."""
 
     devices: tuple[int, ...] | None = None  # None or empty: every GPU
-    workers_per_device: int = 2
-    max_concurrent: int | None = None  # None: as many as RAM allows
-    synthesis_threads: int = 0  # 0: all cores
-    total_budget_bytes: int | None = None  # None: "auto" (RAM - OS - safety margin)
+    workers_per_device: int = 2  # [gpus] gpu_workers_per_device
+    max_parallel_synthesis: int = DEFAULT_MAX_PARALLEL_SYNTHESIS  # [pipeline]
+    synthesis_threads: int = 0  # [synthesis] threads; 0: all cores
+    total_budget_bytes: int | None = None  # None: "auto" (MemTotal - safety margin)
     safety_margin_bytes: int = DEFAULT_SAFETY_MARGIN_BYTES
+    # Simulation only: how long a proof may wait for budget that nothing in
+    # flight will free before it is failed (the real daemon waits for ever).
+    budget_block_timeout_s: float = DEFAULT_BLOCK_TIMEOUT_S
 
 
 def active_devices(profile: Profile, config: SimConfig) -> list[int]:
@@ -131,17 +165,28 @@ def active_devices(profile: Profile, config: SimConfig) -> list[int]:
 
 
 def memory_budget_bytes(profile: Profile, config: SimConfig) -> int:
-    """cuzk's memory budget: configured, or RAM minus the OS and the safety margin."""
+    """cuzk's budget: configured, or "auto": the MemTotal it sees less the safety margin.
+
+    MemTotal is the host's (``Profile.mem_total_bytes``), whatever the
+    container may use: cuzk's "auto" is blind to a container's limit.
+    """
     if config.total_budget_bytes is not None:
         return config.total_budget_bytes
-    return max(0, profile.ram_total_bytes - OS_BASELINE_BYTES - config.safety_margin_bytes)
+    return max(0, profile.mem_total_bytes - config.safety_margin_bytes)
+
+
+def synthesis_workers(budget_bytes: int, config: SimConfig) -> int:
+    """engine.rs: min(budget / POREP_PARTITION_FULL_BYTES, max_parallel), at least 2."""
+    cap = config.max_parallel_synthesis if config.max_parallel_synthesis > 0 else 18
+    return max(2, min(budget_bytes // POREP_PARTITION_FULL_BYTES, cap))
 
 
 def partitions_in_flight_limit(profile: Profile, config: SimConfig, *, pce: bool = True) -> int:
-    """How many partitions RAM can hold at once once SRS (and PCE) are resident."""
-    resident = SRS_BYTES + (PCE_BYTES if pce else PCE_EXTRACT_BYTES)
-    free = memory_budget_bytes(profile, config) - resident
-    return max(1, int(free // PARTITION_HOST_BYTES))
+    """How many partitions the budget holds at once beside the SRS (and PCE)."""
+    budget = memory_budget_bytes(profile, config)
+    resident = SRS_BYTES + (PCE_BYTES if pce else PCE_EXTRACTION_TRANSIENT_BYTES)
+    by_memory = max(0, (budget - resident) // PARTITION_HOST_BYTES)
+    return int(min(by_memory, synthesis_workers(budget, config)))
 
 
 def partition_synth_seconds(profile: Profile, config: SimConfig) -> float:
@@ -184,9 +229,7 @@ def capacities(profile: Profile, config: SimConfig | None = None) -> Capacities:
     )
     cpu = profile.cpu_cores * profile.cpu_speed * 3600.0 / core_s_per_proof
     # Little's law: k partitions hold memory for synthesis + upload each.
-    k = partitions_in_flight_limit(profile, cfg)
-    if cfg.max_concurrent:
-        k = min(k, cfg.max_concurrent)
+    k = max(1, partitions_in_flight_limit(profile, cfg))
     hold_s = partition_synth_seconds(profile, cfg) + upload_s
     memory = k * 3600.0 / (hold_s * PARTITIONS_PER_PROOF)
     return Capacities(gpu=gpu, cpu=cpu, pcie=pcie, memory=memory)
@@ -213,12 +256,13 @@ class PartitionSim:
 
     proof: ProofSim
     index: int
-    serial_left: float
+    serial_left: float  # fast-path work; the slow path multiplies it at synthesis start
     parallel_left: float
     gpu_total: float
     gpu_left: float
     upload_left: float = PARTITION_UPLOAD_BYTES
     state: PartitionState = "pending"
+    slow_path: bool = False
     gpu: int | None = None
     worker: int | None = None
     holds_memory: bool = False
@@ -239,12 +283,14 @@ class ProofSim:
     job_id: str
     kind: str
     submitted_at: float
-    slow_path: bool
     fail_at: int | None
     fail_in_synthesis: bool = False
+    input_error: str | None = None  # the C1 could not be parsed: fails at dispatch
+    identity_ok: bool = True  # sector and miner match the C1: else the self-check fails
     partitions: list[PartitionSim] = field(default_factory=list)
     status: str = "queued"  # queued, running, completed, failed
-    started_at: float | None = None
+    registered_at: float | None = None  # dispatched: its pipeline appears in /status
+    started_at: float | None = None  # its first partition began synthesis
     finished_at: float | None = None
     gpu_compute_s: float = 0.0
     error: str = ""
@@ -255,20 +301,38 @@ class ProofSim:
         return sum(1 for p in self.partitions if p.state == "done")
 
     @property
+    def slow_path(self) -> bool:
+        """Whether any of its partitions was synthesised without the PCE."""
+        return any(p.slow_path for p in self.partitions)
+
+    @property
     def wall_s(self) -> float:
         end = self.finished_at if self.finished_at is not None else self.submitted_at
         return end - self.submitted_at
 
     @property
     def queue_ms(self) -> int:
-        if self.started_at is None:
+        """cuzk's ``queue_wait_ms``: submission to registration (0 if it failed)."""
+        if self.status != "completed" or self.registered_at is None:
             return 0
-        return round((self.started_at - self.submitted_at) * 1000)
+        return round((self.registered_at - self.submitted_at) * 1000)
 
     @property
     def prove_ms(self) -> int:
         """cuzk's ``gpu_compute_ms``: GPU time of the proof's partitions (0 if it failed)."""
         return round(self.gpu_compute_s * 1000) if self.status == "completed" else 0
+
+
+@dataclass(slots=True)
+class ExtractionSim:
+    """One background PCE extraction thread (engine.rs starts one per dispatched proof)."""
+
+    started_at: float
+    state: str = "budget"  # budget, running, insert, saving, done
+    next_poll: float = 0.0
+    work_left: float = EXTRACTION_CORE_S
+    save_left_s: float = 0.0
+    cpu_alloc: float = 0.0
 
 
 @dataclass(slots=True)
@@ -286,7 +350,8 @@ class GpuSim:
     link_busy_s: float = 0.0
     upload_bytes: float = 0.0
     download_bytes: float = 0.0
-    worker_busy_s: list[float] = field(default_factory=list)
+    # when each worker's current busy stretch began (None: idle), as /status reports it
+    busy_since: list[float | None] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +370,9 @@ class Counters:
     memory_blocked_s: float
 
 
+LogSink = Callable[[str, str], None]  # (level, message), for the daemon's log
+
+
 class Simulation:
     """The pipeline of one host, advanced event by event in simulated seconds."""
 
@@ -314,7 +382,7 @@ class Simulation:
         config: SimConfig | None = None,
         *,
         seed: int | None = None,
-        pce_present: bool = True,
+        pce_cached: bool = False,
         srs_loaded: bool = False,
         start_time: float = 0.0,
     ) -> None:
@@ -328,65 +396,106 @@ class Simulation:
         self.cpu_speed = profile.cpu_speed
         self.upload_bps = profile.upload_gbps * 1e9
         self.budget_bytes = memory_budget_bytes(profile, self.config)
+        self.synth_workers = synthesis_workers(self.budget_bytes, self.config)
         self.par_threads = max(
             1,
             min(SYNTH_PARALLEL_MAX_THREADS, self.config.synthesis_threads or self.cpu_cores),
         )
+        wpd = self.config.workers_per_device
         self.gpus: dict[int, GpuSim] = {
-            d: GpuSim(
-                ordinal=d,
-                workers=[None] * self.config.workers_per_device,
-                worker_busy_s=[0.0] * self.config.workers_per_device,
-            )
+            d: GpuSim(ordinal=d, workers=[None] * wpd, busy_since=[None] * wpd)
             for d in self.devices
         }
         self.proofs: dict[str, ProofSim] = {}
+        self.queue: deque[ProofSim] = deque()  # submitted, not yet dispatched
+        self.dispatching: ProofSim | None = None  # waiting for the SRS (budget or load)
         self.pending: deque[PartitionSim] = deque()
         self.synth_done: deque[PartitionSim] = deque()
         self.synthesizing: list[PartitionSim] = []
         self.memory_in_flight = 0
-        # Caches: the PCE, if present at start, is loaded now (fast path);
-        # otherwise every proof of this daemon takes the slow path and the
-        # first one records the PCE (a restart loads it, as with real cuzk).
-        self.pce_present = pce_present
-        self.pce_loaded = False
-        self.pce_load_left = float(PCE_BYTES) if pce_present else 0.0
-        self.pce_extracting: ProofSim | None = None
-        self.pce_extracted = False
-        self.on_pce_extracted: Callable[[], None] | None = None
-        self.srs_loaded = srs_loaded
-        self.srs_load_left = 0.0 if srs_loaded else -1.0  # -1: not requested yet
-        self.srs_load_started: float | None = None
-        self.srs_load_s: float = 0.0
-        self.srs_waiters: list[Callable[[float], None]] = []
-        self.srs_last_used = start_time
+        # The PCE lives in memory only: a new Simulation (a daemon start) has none
+        # unless told otherwise (run_batch's warmed-up daemon).
+        self.pce_cached = pce_cached
         self.pce_last_used = start_time
+        self.extractions: list[ExtractionSim] = []
+        self.on_pce_saved: Callable[[], None] | None = None
+        self.on_log: LogSink | None = None
+        # SRS: none -> budget (waiting for its reservation) -> loading -> loaded
+        self.srs_state = "loaded" if srs_loaded else "none"
+        self.srs_load_left = 0.0
+        self.srs_load_started: float | None = None
+        self.srs_load_s = 0.0
+        self.srs_waiters: list[Callable[[float | None], None]] = []
+        self.srs_last_used = start_time
         self.total_completed = 0
         self.total_failed = 0
         self.completed_by_kind: dict[str, int] = {}
         self.failed_by_kind: dict[str, int] = {}
+        self._stuck_since: float | None = None
+        self._warned_too_big: set[str] = set()
         self._seq = 0
         self._next_gpu = 0
+        self._cpu_in_use = 0.0
+        self._cpu_runnable = 0.0
         # cumulative counters
         self._cpu_core_s = 0.0
         self._cpu_demand_s = 0.0
         self._io_wait_s = 0.0
         self._memory_byte_s = 0.0
         self._memory_blocked_s = 0.0
-        if not pce_present:
-            self.pce_loaded = False
-        elif self.pce_load_left <= 0:
-            self.pce_loaded = True
+
+    # ----- the memory budget -----
+
+    @property
+    def srs_loaded(self) -> bool:
+        return self.srs_state == "loaded"
+
+    def budget_used_bytes(self) -> int:
+        """What cuzk's budget has reserved now (``/status`` ``memory.used_bytes``)."""
+        used = self.memory_in_flight * PARTITION_HOST_BYTES
+        if self.srs_state in ("loading", "loaded"):
+            used += SRS_BYTES
+        if self.pce_cached:
+            used += PCE_BYTES
+        for e in self.extractions:
+            # engine.rs drops the extraction's reservation only after
+            # insert_blocking has reserved, saved and cached the PCE.
+            if e.state in ("running", "insert", "saving"):
+                used += PCE_EXTRACTION_TRANSIENT_BYTES
+            if e.state == "saving":
+                used += PCE_BYTES
+        return used
+
+    def _fits(self, amount: int) -> bool:
+        return self.budget_used_bytes() + amount <= self.budget_bytes
+
+    def _warn_too_big(self, what: str, amount: int) -> None:
+        # memory.rs: acquire() logs this once per call and then waits for ever.
+        if amount > self.budget_bytes and what not in self._warned_too_big:
+            self._warned_too_big.add(what)
+            self._log(
+                "warn",
+                f"acquire request exceeds total budget — will block until possible "
+                f"amount_gib={amount // GIB} total_gib={self.budget_bytes // GIB} ({what})",
+            )
+
+    def _log(self, level: str, message: str) -> None:
+        if self.on_log is not None:
+            self.on_log(level, message)
 
     # ----- requests -----
 
     def submit(
-        self, kind: str = "porep", on_done: Callable[[ProofSim], None] | None = None
+        self,
+        kind: str = "porep-c2",
+        on_done: Callable[[ProofSim], None] | None = None,
+        *,
+        input_error: str | None = None,
+        identity_ok: bool = True,
     ) -> ProofSim:
         """Queue one proof at the current simulated time."""
         self._seq += 1
         job_id = f"sim-{self._seq:06d}"
-        slow = not self.pce_present
         noise = self.profile.sim.noise_pct / 100.0
         factor = min(1.6, max(0.6, self.rng.gauss(1.0, noise)))
         fail_at = None
@@ -398,48 +507,46 @@ class Simulation:
             job_id=job_id,
             kind=kind,
             submitted_at=self.t,
-            slow_path=slow,
             fail_at=fail_at,
             fail_in_synthesis=fail_in_synthesis,
+            input_error=input_error,
+            identity_ok=identity_ok,
             on_done=on_done,
         )
         gpu_part_s = self.profile.gpu.gpu_seconds_per_proof / PARTITIONS_PER_PROOF
         for i in range(PARTITIONS_PER_PROOF):
             jitter = min(1.3, max(0.75, self.rng.gauss(1.0, noise / 3)))
-            serial = SYNTH_SERIAL_CORE_S * factor * jitter
-            parallel = SYNTH_PARALLEL_CORE_S * factor * jitter
-            if slow:
-                serial *= SLOW_PATH_SERIAL_FACTOR
-                parallel *= SLOW_PATH_PARALLEL_FACTOR
             g = gpu_part_s * factor * min(1.2, max(0.85, self.rng.gauss(1.0, noise / 4)))
-            part = PartitionSim(
-                proof=proof,
-                index=i,
-                serial_left=serial,
-                parallel_left=parallel,
-                gpu_total=g,
-                gpu_left=g,
+            proof.partitions.append(
+                PartitionSim(
+                    proof=proof,
+                    index=i,
+                    serial_left=SYNTH_SERIAL_CORE_S * factor * jitter,
+                    parallel_left=SYNTH_PARALLEL_CORE_S * factor * jitter,
+                    gpu_total=g,
+                    gpu_left=g,
+                )
             )
-            proof.partitions.append(part)
-            self.pending.append(part)
-        if slow and self.pce_extracting is None and not self.pce_extracted:
-            self.pce_extracting = proof
         self.proofs[job_id] = proof
-        self.request_srs()
+        self.queue.append(proof)
         self._dispatch()
         return proof
 
-    def request_srs(self, on_loaded: Callable[[float], None] | None = None) -> bool:
-        """Start loading the SRS if needed; returns whether it is already loaded."""
+    def request_srs(self, on_loaded: Callable[[float | None], None] | None = None) -> bool:
+        """Preload the SRS (``cuzk-bench preload``); returns whether it is already loaded.
+
+        ``on_loaded`` gets the load's seconds, or None when the simulation gave
+        up on a reservation that could never fit (`SimConfig.budget_block_timeout_s`).
+        """
         if self.srs_loaded:
             if on_loaded is not None:
                 on_loaded(0.0)
             return True
         if on_loaded is not None:
             self.srs_waiters.append(on_loaded)
-        if self.srs_load_left < 0:
-            self.srs_load_left = float(SRS_BYTES)
-            self.srs_load_started = self.t
+        if self.srs_state == "none":
+            self.srs_state = "budget"
+            self._dispatch()
         return False
 
     def forget(self, job_id: str) -> None:
@@ -452,7 +559,8 @@ class Simulation:
 
     @property
     def queue_depth(self) -> int:
-        return sum(1 for p in self.proofs.values() if p.status == "queued")
+        """Proofs not yet taken by the dispatcher (``counters.queue_depth``)."""
+        return len(self.queue)
 
     @property
     def synthesis_active(self) -> int:
@@ -460,27 +568,34 @@ class Simulation:
 
     @property
     def max_concurrent(self) -> int:
-        limit = partitions_in_flight_limit(self.profile, self.config, pce=self.pce_present)
-        if self.config.max_concurrent:
-            return min(limit, self.config.max_concurrent)
-        return limit
+        """``/status`` ``synthesis.max_concurrent``: the budget over the smallest partition."""
+        return self.budget_bytes // SNAP_PARTITION_FULL_BYTES
+
+    @property
+    def extracting(self) -> int:
+        """Background PCE extractions not finished yet."""
+        return sum(1 for e in self.extractions if e.state != "done")
 
     def memory_used_bytes(self) -> int:
-        """Host RAM in use: OS, resident caches, partitions in flight (simulated)."""
+        """Host RAM in use: the rest of the machine and what cuzk holds (simulated)."""
         used = OS_BASELINE_BYTES + self.memory_in_flight * PARTITION_HOST_BYTES
-        if self.srs_loaded or self.srs_load_left > 0:
-            loaded = SRS_BYTES - max(0.0, self.srs_load_left)
-            used += int(loaded)
-        if self.pce_present:
-            used += int(PCE_BYTES - self.pce_load_left)
-        elif self.pce_extracting is not None and self.pce_extracting.status == "running":
-            used += PCE_EXTRACT_BYTES
+        if self.srs_state == "loading":
+            used += int(SRS_BYTES - self.srs_load_left)
+        elif self.srs_loaded:
+            used += SRS_BYTES
+        if self.pce_cached:
+            used += PCE_BYTES
+        for e in self.extractions:
+            if e.state == "running":
+                used += PCE_EXTRACTION_TRANSIENT_BYTES
+            elif e.state in ("insert", "saving"):
+                used += PCE_EXTRACTION_TRANSIENT_BYTES + PCE_BYTES  # the recorder and its result
         return int(used)
 
     def busy(self) -> bool:
-        return bool(self.pending or self.synth_done or self.synthesizing) or any(
-            g.uploading or g.computing or g.staged or g.uploads for g in self.gpus.values()
-        )
+        return bool(
+            self.queue or self.dispatching or self.pending or self.synth_done or self.synthesizing
+        ) or any(g.uploading or g.computing or g.staged or g.uploads for g in self.gpus.values())
 
     def counters(self) -> Counters:
         order = sorted(self.gpus)
@@ -513,24 +628,29 @@ class Simulation:
         hours = (self.t - self.start_time) / 3600.0
         return min(2.0, 1.0 + pct / 100.0 * hours)
 
-    def _cpu_demands(self) -> list[tuple[PartitionSim, float]]:
-        out: list[tuple[PartitionSim, float]] = []
+    def _cpu_demands(self) -> list[tuple[PartitionSim | ExtractionSim, float]]:
+        out: list[tuple[PartitionSim | ExtractionSim, float]] = []
         for p in self.synthesizing:
             out.append((p, 1.0 if p.serial_left > _EPS else float(self.par_threads)))
         if self.srs_loaded:
             for g in self.gpus.values():
                 if g.computing is not None:
                     out.append((g.computing, GPU_HOST_THREADS))
+        for e in self.extractions:
+            if e.state == "running":
+                out.append((e, 1.0))
         return out
 
-    def _allocate_cpu(self, demands: list[tuple[PartitionSim, float]]) -> list[float]:
+    def _allocate_cpu(
+        self, demands: list[tuple[PartitionSim | ExtractionSim, float]]
+    ) -> list[float]:
         """Cores per consumer: OS threads share fairly, the synthesis pool goes FIFO.
 
-        Serial witness generation and the GPU host threads are plain OS threads,
-        so they share the cores fairly. The parallel phases run on cuzk's
-        rayon pool, whose global queue serves older work first: the oldest
-        partition's mat-vec gets its threads before a younger one's, which is
-        why the first partitions reach the GPU quickly on a busy host.
+        Serial witness generation, the GPU host threads and the extraction are
+        plain OS threads, so they share the cores fairly. The parallel phases
+        run on cuzk's rayon pool, whose global queue serves older work first:
+        the oldest partition's mat-vec gets its threads before a younger one's,
+        which is why the first partitions reach the GPU quickly on a busy host.
         """
         alloc = [0.0] * len(demands)
         fair = [i for i, (p, _) in enumerate(demands) if not self._in_pool(p)]
@@ -546,8 +666,22 @@ class Simulation:
         return alloc
 
     @staticmethod
-    def _in_pool(p: PartitionSim) -> bool:
-        return p.state == "synthesizing" and p.serial_left <= _EPS
+    def _in_pool(p: PartitionSim | ExtractionSim) -> bool:
+        return isinstance(p, PartitionSim) and p.state == "synthesizing" and p.serial_left <= _EPS
+
+    def _stuck(self) -> bool:
+        """Work waits for budget and nothing in flight will ever free any."""
+        waiting = self.srs_state == "budget" or (
+            bool(self.pending) and not self._can_start_synthesis()
+        )
+        if not waiting:
+            return False
+        in_flight = (
+            self.synthesizing or self.synth_done or self.srs_state == "loading"
+            or any(g.workers.count(None) < len(g.workers) for g in self.gpus.values())
+            or any(e.state in ("running", "saving") for e in self.extractions)
+        )
+        return not in_flight
 
     def _rates(self) -> float:
         """Set every active task's rate; return the time to the next event."""
@@ -558,24 +692,32 @@ class Simulation:
         slow = self._slowdown()
         dt = math.inf
         for (p, demand), a in zip(demands, alloc, strict=True):
-            if p.state == "synthesizing":
-                p.cpu_alloc = a
+            p.cpu_alloc = a
+            if isinstance(p, ExtractionSim):
+                if a > 0:
+                    dt = min(dt, p.work_left / (a * self.cpu_speed))
+            elif p.state == "synthesizing":
                 p.rate = a * self.cpu_speed
                 left = p.serial_left if p.serial_left > _EPS else p.parallel_left
                 if p.rate > 0:
                     dt = min(dt, left / p.rate)
             else:  # a GPU compute: the GPU slows if its host thread is starved
-                p.cpu_alloc = a
                 p.rate = min(1.0, a / demand) / slow if demand > 0 else 1.0 / slow
                 if p.rate > 0:
                     dt = min(dt, p.gpu_left / p.rate)
         for g in self.gpus.values():
             if g.uploading is not None:
                 dt = min(dt, g.uploading.upload_left / self.upload_bps)
-        if self.srs_load_left > 0:
+        if self.srs_state == "loading":
             dt = min(dt, self.srs_load_left / SRS_LOAD_BYTES_PER_S)
-        if self.pce_load_left > 0:
-            dt = min(dt, self.pce_load_left / PCE_LOAD_BYTES_PER_S)
+        for e in self.extractions:
+            if e.state in ("budget", "insert"):
+                dt = min(dt, max(0.0, e.next_poll - self.t))
+            elif e.state == "saving":
+                dt = min(dt, e.save_left_s)
+        if self._stuck_since is not None:
+            deadline = self._stuck_since + self.config.budget_block_timeout_s
+            dt = min(dt, max(0.0, deadline - self.t))
         if self.profile.sim.degrade_pct_per_hour > 0:
             dt = min(dt, 30.0)  # re-evaluate the heat slow-down regularly
         return dt
@@ -588,8 +730,7 @@ class Simulation:
         self._memory_byte_s += self.memory_used_bytes() * dt
         if self.pending and not self._can_start_synthesis():
             self._memory_blocked_s += dt
-        loading = self.srs_load_left > 0 or self.pce_load_left > 0
-        if loading:
+        if self.srs_state == "loading":
             self._io_wait_s += dt
         for p in self.synthesizing:
             work = p.rate * dt
@@ -597,10 +738,12 @@ class Simulation:
                 p.serial_left = max(0.0, p.serial_left - work)
             else:
                 p.parallel_left = max(0.0, p.parallel_left - work)
+        for e in self.extractions:
+            if e.state == "running":
+                e.work_left = max(0.0, e.work_left - e.cpu_alloc * self.cpu_speed * dt)
+            elif e.state == "saving":
+                e.save_left_s = max(0.0, e.save_left_s - dt)
         for g in self.gpus.values():
-            for w, held in enumerate(g.workers):
-                if held is not None:
-                    g.worker_busy_s[w] += dt
             if g.uploading is not None:
                 moved = min(g.uploading.upload_left, self.upload_bps * dt)
                 g.uploading.upload_left -= moved
@@ -612,46 +755,58 @@ class Simulation:
                 c.gpu_left -= done
                 g.compute_busy_s += dt
                 g.download_bytes += PARTITION_DOWNLOAD_BYTES * done / max(c.gpu_total, _EPS)
-        if self.srs_load_left > 0:
+        if self.srs_state == "loading":
             self.srs_load_left = max(0.0, self.srs_load_left - SRS_LOAD_BYTES_PER_S * dt)
-        if self.pce_load_left > 0:
-            self.pce_load_left = max(0.0, self.pce_load_left - PCE_LOAD_BYTES_PER_S * dt)
         self.t += dt
+
+    def _step(self, limit: float) -> bool:
+        """One event step no further than ``limit``; False when nothing is scheduled."""
+        dt = self._rates()
+        if not math.isfinite(dt):
+            return False
+        self._advance(min(dt, limit))
+        self._process_events()
+        self._dispatch()
+        return True
 
     def advance_to(self, target: float) -> None:
         """Run the pipeline until simulated time ``target``."""
         while self.t < target - _EPS:
-            dt = self._rates()
-            if not math.isfinite(dt):
+            if not self._step(target - self.t):
                 self._advance(target - self.t)
                 break
-            step = min(dt, target - self.t)
-            self._advance(step)
-            self._process_events()
-            self._dispatch()
         self.t = max(self.t, target)
 
     def run_until_idle(self, limit_s: float = 1e7) -> None:
         """Run until nothing is queued or in flight (tests, batch planning)."""
         end = self.t + limit_s
-        while self.busy() and self.t < end:
-            dt = self._rates()
-            if not math.isfinite(dt):
+        while self.busy() and self.t < end and self._step(end - self.t):
+            pass
+
+    def settle(self, limit_s: float = 1e7) -> None:
+        """`run_until_idle`, then until background extractions are done too (or wait for
+        budget that nothing left running will free)."""
+        end = self.t + limit_s
+        while (self.busy() or self._extraction_can_progress()) and self.t < end:
+            if not self._step(end - self.t):
                 break
-            self._advance(dt)
-            self._process_events()
-            self._dispatch()
+
+    def _extraction_can_progress(self) -> bool:
+        for e in self.extractions:
+            if e.state in ("running", "saving"):
+                return True
+            need = PCE_EXTRACTION_TRANSIENT_BYTES if e.state == "budget" else PCE_BYTES
+            if e.state in ("budget", "insert") and self._fits(need):
+                return True
+        return False
 
     def _can_start_synthesis(self) -> bool:
-        if self.pce_present and not self.pce_loaded:
+        if len(self.synthesizing) >= self.synth_workers:
             return False
-        if self.config.max_concurrent and len(self.synthesizing) >= self.config.max_concurrent:
-            return False
-        limit = self.max_concurrent
-        # One partition always fits, however small the budget (it would swap).
-        return self.memory_in_flight < limit
+        return self._fits(PARTITION_HOST_BYTES)
 
     def _dispatch(self) -> None:
+        self._dispatch_proofs()
         while self.pending and self._can_start_synthesis():
             p = self.pending.popleft()
             if p.proof.status == "failed":
@@ -659,11 +814,68 @@ class Simulation:
             p.state = "synthesizing"
             p.synth_started = self.t
             p.holds_memory = True
+            if not self.pce_cached:
+                p.slow_path = True
+                p.serial_left *= SLOW_PATH_SERIAL_FACTOR
+                p.parallel_left *= SLOW_PATH_PARALLEL_FACTOR
+            else:
+                self.pce_last_used = self.t
             self.memory_in_flight += 1
             self.synthesizing.append(p)
             if p.proof.started_at is None:
                 p.proof.started_at = self.t
-                p.proof.status = "running"
+        if self.pending and not self.synthesizing:
+            self._warn_too_big("partition", PARTITION_HOST_BYTES)
+        self._dispatch_gpus()
+        stuck = self._stuck()
+        if stuck and self._stuck_since is None:
+            self._stuck_since = self.t
+        elif not stuck:
+            self._stuck_since = None
+
+    def _start_srs_load(self) -> None:
+        self.srs_state = "loading"
+        self.srs_load_left = float(SRS_BYTES)
+        self.srs_load_started = self.t
+
+    def _dispatch_proofs(self) -> None:
+        """The synthesis dispatcher: one proof at a time through SRS, C1 parse and queueing."""
+        if self.srs_state == "budget" and self.srs_waiters and self._fits(SRS_BYTES):
+            self._start_srs_load()  # a preload waited for its reservation
+        while True:
+            if self.dispatching is None:
+                if not self.queue:
+                    break
+                self.dispatching = self.queue.popleft()
+            proof = self.dispatching
+            if self.srs_state in ("none", "budget"):
+                # engine.rs reserves the SRS in the budget before it parses the C1.
+                if not self._fits(SRS_BYTES):
+                    self.srs_state = "budget"
+                    break
+                if proof.input_error is None:
+                    self._start_srs_load()
+            if proof.input_error is not None:
+                # Parsed before the SRS is loaded; the reservation is dropped with it.
+                self.dispatching = None
+                if self.srs_state == "budget" and not self.srs_waiters:
+                    self.srs_state = "none"
+                self._finish(proof, ok=False, error=f"C1 parse failed: {proof.input_error}")
+                continue
+            if not self.srs_loaded:
+                break  # loading: the dispatcher waits for it
+            self.dispatching = None
+            proof.registered_at = self.t
+            proof.status = "running"
+            self.srs_last_used = self.t
+            if not self.pce_cached:
+                self.extractions.append(ExtractionSim(started_at=self.t, next_poll=self.t))
+                self._log("info", "background PCE extraction starting for PoRep 32G")
+            self.pending.extend(proof.partitions)
+        if self.srs_state == "budget":
+            self._warn_too_big("srs", SRS_BYTES)
+
+    def _dispatch_gpus(self) -> None:
         while self.synth_done:
             free = [
                 (sum(1 for w in g.workers if w is not None), (d - self._next_gpu) % 1024, d)
@@ -684,6 +896,7 @@ class Simulation:
                 continue
             w = g.workers.index(None)
             g.workers[w] = p
+            g.busy_since[w] = self.t
             p.gpu, p.worker, p.state = d, w, "gpu"
             p.gpu_started = self.t
             g.uploads.append(p)
@@ -700,18 +913,56 @@ class Simulation:
             p.holds_memory = False
             self.memory_in_flight -= 1
 
+    def _process_extractions(self) -> None:
+        for e in self.extractions:
+            if e.state == "budget" and self.t >= e.next_poll - _EPS:
+                if self._fits(PCE_EXTRACTION_TRANSIENT_BYTES):
+                    e.state = "running"
+                else:
+                    e.next_poll = self.t + BUDGET_POLL_S
+            elif e.state == "running" and e.work_left <= _EPS:
+                # Extraction done, its transient budget freed; insert_blocking next.
+                self._log("info", "PCE extraction complete circuit_id=porep-32g (simulated)")
+                if self.pce_cached:
+                    e.state = "done"
+                    self._log("info", "background PCE extraction complete")
+                else:
+                    e.state, e.next_poll = "insert", self.t
+            if e.state == "insert" and self.t >= e.next_poll - _EPS:
+                if self.pce_cached:
+                    e.state = "done"
+                    self._log("info", "background PCE extraction complete")
+                elif self._fits(PCE_BYTES):
+                    e.state, e.save_left_s = "saving", PCE_BYTES / PCE_SAVE_BYTES_PER_S
+                else:
+                    e.next_poll = self.t + BUDGET_POLL_S
+            elif e.state == "saving" and e.save_left_s <= _EPS:
+                e.state = "done"
+                if self.on_pce_saved is not None:
+                    self.on_pce_saved()
+                if not self.pce_cached:
+                    self.pce_cached = True
+                    self.pce_last_used = self.t
+                    self._log("info", "PCE cached circuit_id=porep-32g "
+                              f"size_gib={PCE_BYTES // GIB}")
+                self._log("info", "background PCE extraction complete")
+        self.extractions = [e for e in self.extractions if e.state != "done"]
+
     def _process_events(self) -> None:
-        if self.pce_present and not self.pce_loaded and self.pce_load_left <= _EPS:
-            self.pce_load_left = 0.0
-            self.pce_loaded = True
-        if not self.srs_loaded and self.srs_load_left >= 0 and self.srs_load_left <= _EPS:
+        if self.srs_state == "loading" and self.srs_load_left <= _EPS:
             self.srs_load_left = 0.0
-            self.srs_loaded = True
+            self.srs_state = "loaded"
             started = self.srs_load_started if self.srs_load_started is not None else self.t
             self.srs_load_s = self.t - started
             waiters, self.srs_waiters = self.srs_waiters, []
             for cb in waiters:
                 cb(self.srs_load_s)
+        self._process_extractions()
+        if (
+            self._stuck_since is not None
+            and self.t >= self._stuck_since + self.config.budget_block_timeout_s - _EPS
+        ):
+            self._fail_stuck()
         for p in list(self.synthesizing):
             if p.serial_left <= _EPS and p.parallel_left <= _EPS:
                 self.synthesizing.remove(p)
@@ -728,8 +979,6 @@ class Simulation:
                         self._finish(proof, ok=False, error="synthesis failed (simulated)")
                     continue
                 p.state = "synth_done"
-                if self.pce_present:
-                    self.pce_last_used = self.t
                 self.synth_done.append(p)
         for g in self.gpus.values():
             up = g.uploading
@@ -743,10 +992,29 @@ class Simulation:
                 g.computing = None
                 assert c.worker is not None
                 g.workers[c.worker] = None
+                g.busy_since[c.worker] = None
                 c.gpu_ended = self.t
                 started = c.compute_started if c.compute_started is not None else self.t
                 c.proof.gpu_compute_s += self.t - started
                 self._partition_finished(c)
+
+    def _fail_stuck(self) -> None:
+        self._stuck_since = None
+        waited = self.config.budget_block_timeout_s
+        free_gib = (self.budget_bytes - self.budget_used_bytes()) / GIB
+        why = (f"waited {waited:.0f} s for the memory budget ({free_gib:.0f} GiB free of "
+               f"{self.budget_bytes / GIB:.0f} GiB); the real daemon would wait for ever")
+        if self.srs_state == "budget":
+            self.srs_state = "none"
+            waiters, self.srs_waiters = self.srs_waiters, []
+            for cb in waiters:
+                cb(None)
+            proof, self.dispatching = self.dispatching, None
+        else:
+            proof = self.pending[0].proof if self.pending else None
+        self._log("error", f"(simulated) {why}")
+        if proof is not None:
+            self._finish(proof, ok=False, error=f"(simulated) {why}")
 
     def _partition_finished(self, p: PartitionSim) -> None:
         proof = p.proof
@@ -759,7 +1027,14 @@ class Simulation:
             return
         p.state = "done"
         if proof.partitions_done == PARTITIONS_PER_PROOF:
-            self._finish(proof, ok=True)
+            if not proof.identity_ok:
+                # engine.rs verifies every assembled PoRep proof against the
+                # request's sector and miner before returning it.
+                self._log("warn", f"PoRep proof self-check FAILED — proof is invalid "
+                          f"job_id={proof.job_id}")
+                self._finish(proof, ok=False, error="PoRep proof self-check failed")
+            else:
+                self._finish(proof, ok=True)
 
     def _finish(self, proof: ProofSim, *, ok: bool, error: str = "") -> None:
         proof.finished_at = self.t
@@ -775,14 +1050,8 @@ class Simulation:
                 if q.state == "pending":
                     q.state = "failed"
             self.pending = deque(q for q in self.pending if q.proof is not proof)
-        if proof is self.pce_extracting and ok and not self.pce_extracted:
-            self.pce_extracted = True
-            if self.on_pce_extracted is not None:
-                self.on_pce_extracted()
-        if proof is self.pce_extracting and not ok:
-            self.pce_extracting = None  # the next proof records it instead
-            nxt = next((q for q in self.proofs.values() if q.status in ("queued", "running")), None)
-            self.pce_extracting = nxt
+            if proof in self.queue:
+                self.queue.remove(proof)
         if proof.on_done is not None:
             proof.on_done(proof)
 
@@ -792,7 +1061,8 @@ class BatchDriver:
 
     It submits the next proof at the simulated instant a slot frees, as the
     real bench's semaphore does (the real one adds a connect per request,
-    milliseconds that the model ignores).
+    milliseconds that the model ignores). ``results`` is in completion order;
+    the real tool prints in submission order (`agent.sim.bench`).
     """
 
     def __init__(
@@ -802,7 +1072,8 @@ class BatchDriver:
         concurrency: int,
         on_proof: Callable[[int, ProofSim], None] | None = None,
         on_done: Callable[[BatchDriver], None] | None = None,
-        kind: str = "porep",
+        kind: str = "porep-c2",
+        submit: Callable[[Callable[[ProofSim], None]], ProofSim] | None = None,
     ) -> None:
         self.sim = sim
         self.count = max(0, count)
@@ -810,6 +1081,7 @@ class BatchDriver:
         self.kind = kind
         self.on_proof = on_proof
         self.on_done_cb = on_done
+        self._submit = submit or (lambda done: sim.submit(self.kind, on_done=done))
         self.started_at = sim.t
         self.finished_at: float | None = None
         self.submitted = 0
@@ -826,7 +1098,7 @@ class BatchDriver:
 
     def _submit_next(self) -> None:
         self.submitted += 1
-        proof = self.sim.submit(self.kind, on_done=self._proof_done)
+        proof = self._submit(self._proof_done)
         self._index[proof.job_id] = self.submitted
 
     def _proof_done(self, proof: ProofSim) -> None:
@@ -938,13 +1210,16 @@ def run_batch(
     *,
     config: SimConfig | None = None,
     seed: int | None = None,
-    pce_present: bool = True,
+    pce_cached: bool = True,
     srs_loaded: bool = True,
 ) -> BatchResult:
-    """Simulate ``cuzk-bench batch -n count -j concurrency`` on a warmed-up daemon."""
-    sim = Simulation(profile, config, seed=seed, pce_present=pce_present, srs_loaded=srs_loaded)
-    # A warmed-up daemon has loaded its PCE before the benchmark starts.
-    sim.advance_to(PCE_BYTES / PCE_LOAD_BYTES_PER_S if pce_present else 0.0)
+    """Simulate ``cuzk-bench batch -c count -j concurrency`` on a daemon.
+
+    The default is a warmed-up daemon (SRS loaded, PCE cached); with
+    ``pce_cached=False`` it is a fresh one: the first proof starts the PCE
+    extraction beside the benchmark and the early proofs take the slow path.
+    """
+    sim = Simulation(profile, config, seed=seed, pce_cached=pce_cached, srs_loaded=srs_loaded)
     before = sim.counters()
     driver = BatchDriver(sim, count, concurrency)
     sim.run_until_idle()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -23,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +61,17 @@ def console_script(name: str) -> str:
     return found
 
 
+@functools.cache
+def _simulated_c1() -> bytes:
+    """A simulated C1 in Curio's wrapper format (sector 1, miner 1000: the agent's default
+    VM_C1_MINER_ID), made once by the simulator's own tool (the coordinator imports no
+    agent code)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "c1.json"
+        subprocess.run([console_script("vm-sim-c1"), str(path)], check=True, timeout=60)
+        return path.read_bytes()
+
+
 def simulated_machine_env(
     home: Path, offer: Offer, time_scale: float, sample_interval_s: float = 0.1
 ) -> dict[str, str]:
@@ -70,7 +83,7 @@ def simulated_machine_env(
     for sub in ("state", "params"):
         (home / sub).mkdir(parents=True, exist_ok=True)
     c1 = home / "c1.json"
-    c1.write_bytes(b'{"simulated": true, "proof": "porep-c2-32g"}')
+    c1.write_bytes(_simulated_c1())
     return {
         "VM_STATE_DIR": str(home / "state"),
         "VM_PARAMS_DIR": str(home / "params"),
