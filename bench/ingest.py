@@ -330,7 +330,7 @@ class ServerProcess:
         time.sleep(int(time.time()) + 1.05 - time.time())
 
     def children(self) -> list[int]:
-        """The server's child processes (the coordinator's fronts, with ``--fronts``)."""
+        """The server's child processes."""
         pid = self.proc.pid
         try:
             return [int(c) for c in
@@ -355,7 +355,7 @@ class ServerProcess:
         return sum(self.cpu_split())
 
     def own_cpu_s(self) -> float:
-        """CPU seconds of the server's own process (with fronts: the writer's process)."""
+        """CPU seconds of the server's own process."""
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
@@ -702,8 +702,7 @@ def line(name: str, r: dict[str, Any]) -> str:
             f"p99 {r['p99_ms']:6.1f} ms   server CPU {r['server_cpu_us_per_req']:4.0f} us/hb "
             f"({100 * r['server_sys_share']:.0f}% system, "
             f"{100 * r['server_loop_share']:.0f}% loop thread"
-            + (f", {100 * (1 - r['server_own_share']):.0f}% in front processes"
-               if r["server_own_share"] < 0.999 else "") + ")   "
+            + ")   "
             f"(accepted {c.get('accepted', 0)}, refused {c.get('refused', 0)}, "
             f"lost {c.get('lost', 0)}, bad signature {c.get('unsigned', 0)})")
 
@@ -763,7 +762,7 @@ def main_run(args: argparse.Namespace) -> dict[str, Any]:
            # Agents of a larger rung wait silently through the smaller ones: not `lost`.
            "VM_SILENCE_GRACE_S": "3600", "PYTHONPATH": str(ROOT), "BENCH_GC": args.gc,
            "BENCH_SWITCH_MS": "" if args.switch_interval_ms is None
-           else str(args.switch_interval_ms), "VM_FRONTS": str(args.fronts)}
+           else str(args.switch_interval_ms)}
     fleet_size = max(args.agents, round(max(args.rates or [0]) * PACE_S))
     ids = [agent_id_for(i, salt) for i in range(fleet_size)]
     took = provision(env["VM_DB_PATH"], env, ids)
@@ -773,7 +772,7 @@ def main_run(args: argparse.Namespace) -> dict[str, Any]:
                               for i, a in enumerate(ids)]
     servers: list[ServerProcess] = []
     out: dict[str, Any] = {"agents": fleet_size, "workers": args.workers,
-                           "concurrency": args.concurrency, "fronts": args.fronts}
+                           "concurrency": args.concurrency}
     try:
         bare = ServerProcess("bare", workdir, env)
         servers.append(bare)
@@ -796,7 +795,7 @@ def main_run(args: argparse.Namespace) -> dict[str, Any]:
         real = drive(coord.url, workdir, sat, mode="closed", workers=args.workers,
                      duration=args.seconds, concurrency=args.concurrency,
                      connections=args.concurrency, check_signature=True, server=coord)
-        print(line("coordinator" + (f" + {args.fronts} fronts" if args.fronts else ""), real),
+        print(line("coordinator", real),
               flush=True)
         ratio = real["server_cpu_us_per_req"] / base["server_cpu_us_per_req"]
         print(f"  ratio: coordinator CPU per heartbeat = {ratio:.2f}x the bare request "
@@ -921,9 +920,6 @@ def main() -> None:
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="the coordinator's GIL switch interval in ms (default: as "
                              "`vast-manager serve` sets it, 1; CPython's own is 5)")
-    parser.add_argument("--fronts", type=int, default=0,
-                        help="the coordinator's front processes (vast-manager serve --fronts); "
-                             "their CPU counts as the coordinator's")
     parser.add_argument("--json-out", help="also write the figures as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()

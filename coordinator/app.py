@@ -17,14 +17,14 @@ import importlib.resources
 import logging
 import statistics
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from coordinator import ingest, metrics, policy, relay
+from coordinator import ingest, metrics, policy
 from coordinator.auth import (
     MAX_BODY_BYTES,
     AgentAuth,
@@ -328,59 +328,6 @@ def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Re
             core.guard.budget.release(agent_id, claimed)
 
     return handler
-
-
-def relay_handler(core: Core) -> relay.FrameHandler:
-    """What this (the writer's) process does with a front process's frame.
-
-    ``["admit", id, agent_id, nonce, timestamp]``: the nonce check of a request the
-    front authenticated but will refuse (its body did not decode), so a replay is
-    still a 409 first. ``["hb", id, agent_id, nonce, timestamp, seq, phase,
-    phase_started_at, proofs_completed_total]`` with the blobs ``[body, progress,
-    proof_seconds_recent, telemetry]`` (JSON; empty: null): a heartbeat, admitted, then
-    written as ``_heartbeat`` writes it. The answer: ``[id, status, signed]`` and the
-    body; status 0 admits an "admit". The front signs with the key it verified."""
-
-    def on_frame(header: list[Any], blobs: list[bytes],
-                 reply: Callable[[list[Any], Sequence[bytes]], None]) -> None:
-        kind, rid, agent_id, nonce, timestamp = header[:5]
-        now = core.clock()
-        try:
-            core.auth.admit(VerifiedAgent(agent_id, b"", nonce, timestamp), now)
-        except AuthFailure as failure:
-            reply([rid, failure.status, failure.verified_key is not None],
-                  [orjson.dumps(failure.to_body())])
-            return
-        if kind == "admit":
-            reply([rid, 0, False], [b""])
-            return
-        if kind != "hb":
-            raise ValueError(f"unknown relay frame {kind!r}")
-        seq, phase, phase_started_at, proofs_total = header[5:9]
-        body, progress, recent, telemetry = blobs
-        fields = ingest.SteadyFields(
-            seq, phase, phase_started_at, progress.decode() or None, proofs_total,
-            recent.decode(), telemetry.decode() or None)
-        future = core.store.write_future(
-            ingest.relayed_heartbeat_job(agent_id, fields, body, core.settings, now))
-
-        def answer(done: asyncio.Future[tuple[int, ingest.Directive]]) -> None:
-            if done.cancelled():
-                return
-            err = done.exception()
-            if err is None:
-                instance_id, directive = done.result()
-                core.tracker.touch(instance_id, now)
-                if directive.action == "terminate":
-                    core.monitor.wake()
-                status, payload = 200, directive
-            else:
-                status, payload = agent_failure(err, agent_id, "/v1/heartbeat")
-            reply([rid, status, True], [orjson.dumps(payload)])
-
-        future.add_done_callback(answer)
-
-    return on_frame
 
 
 async def _hello(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, Any]:

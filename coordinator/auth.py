@@ -160,9 +160,8 @@ class AgentAuth:
         self, *, method: str, path_qs: str, headers: Mapping[str, str], body: bytes,
         screened_id: str | None = None,
     ) -> VerifiedAgent:
-        """Steps 2 to 4: a known agent whose signature verifies. Writes nothing, so a front
-        process (``coordinator.front``) runs it and leaves ``admit`` to the one process
-        that holds the nonce memory."""
+        """Steps 2 to 4: a known agent whose signature verifies. Writes nothing: ``admit``
+        then checks the timestamp and remembers the nonce."""
         agent_id = screened_id if screened_id is not None else self.screen(headers)
         timestamp = headers[signing.HEADER_TIMESTAMP]
         nonce = headers[signing.HEADER_NONCE]
@@ -181,8 +180,8 @@ class AgentAuth:
     def admit(self, agent: VerifiedAgent, now: float) -> None:
         """Steps 5 and 6 for an authenticated request: timestamp window, nonce, budget.
 
-        The agent is checked again first: a front process authenticates from its own
-        cache, and a revocation reaches this process (the writer's) first."""
+        The agent is checked again first: it may have been revoked while its request
+        was being read."""
         if not self._known(agent.agent_id):
             raise AuthFailure(401, "unknown_agent", "This agent id is unknown or revoked.")
         verdict = self.nonces.check_and_remember(agent.agent_id, agent.nonce, agent.timestamp,

@@ -120,10 +120,6 @@ def cli() -> None:
               help="Serve /metrics without the admin token (env VM_METRICS_PUBLIC).")
 @click.option("--log-json", is_flag=True, default=None,
               help="Log one JSON object per line on stderr (env VM_LOG_FORMAT=json).")
-@click.option("--fronts", type=int, default=None, metavar="N",
-              help="Answer heartbeats in N front processes beside the coordinator's own, "
-              "for fleets past ~30,000 agents on a machine with cores to spare "
-              "[default: 0, one process] (env VM_FRONTS).")
 def serve(
     db_path: str | None,
     host: str | None,
@@ -134,7 +130,6 @@ def serve(
     admin_listen: str | None,
     metrics_public: bool | None,
     log_json: bool | None,
-    fronts: int | None,
 ) -> None:
     """Run the coordinator: agent endpoints, operator API, web dashboard (at /),
     /metrics, monitor loop.
@@ -158,7 +153,7 @@ def serve(
         "db_path": db_path, "host": host, "port": port, "tls_cert": tls_cert,
         "tls_key": tls_key, "admin_listen": admin_listen,
         "metrics_public": True if metrics_public else None,
-        "log_format": "json" if log_json else None, "fronts": fronts,
+        "log_format": "json" if log_json else None,
     }
     overrides = {name: value for name, value in options.items() if value is not None}
     try:

@@ -27,7 +27,7 @@ from coordinator.verdict import (
     steady_state_rate_per_hour,
 )
 from protocol import scaling
-from protocol.codec import decode, from_obj
+from protocol.codec import from_obj
 from protocol.messages import (
     Directive,
     Heartbeat,
@@ -188,8 +188,7 @@ def hello_job(
 
 class SteadyFields(NamedTuple):
     """What a steady heartbeat writes, its JSON columns already encoded: all a heartbeat
-    job needs unless the heartbeat moves the instance's state. A front process
-    (``coordinator.front``) builds it, so the writer's process never decodes those."""
+    job needs unless the heartbeat moves the instance's state."""
 
     seq: int
     phase: str
@@ -226,26 +225,12 @@ def _steady(hot: Row, f: SteadyFields) -> bool:
 def heartbeat_job(
     agent_id: str, hb: Heartbeat, settings: Settings, now: float
 ) -> Callable[[Tx], tuple[int, Directive]]:
-    return _heartbeat_job(agent_id, steady_fields(hb), lambda: hb, settings, now)
+    fields = steady_fields(hb)
 
-
-def relayed_heartbeat_job(
-    agent_id: str, fields: SteadyFields, body: bytes, settings: Settings, now: float
-) -> Callable[[Tx], tuple[int, Directive]]:
-    """``heartbeat_job`` for a heartbeat a front process verified and decoded: the body is
-    decoded again only when the heartbeat is not steady (a phase change, a benchmark)."""
-    return _heartbeat_job(agent_id, fields, lambda: decode(Heartbeat, body), settings, now)
-
-
-def _heartbeat_job(
-    agent_id: str, fields: SteadyFields, full: Callable[[], Heartbeat], settings: Settings,
-    now: float,
-) -> Callable[[Tx], tuple[int, Directive]]:
     def job(tx: Tx) -> tuple[int, Directive]:
         hot = tx.hot_instance(agent_id) if tx.agent_revoked(agent_id) is False else None
         if hot is not None and _steady(hot, fields):
             return _steady_heartbeat(tx, hot, agent_id, fields, settings, now)
-        hb = full()
         inst = _require_instance(tx, agent_id)
         last_seq = inst["last_seq"]
         if last_seq is not None and hb.seq <= last_seq:
@@ -394,7 +379,7 @@ def _track_benchmark(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: 
         seen_at, anchor = now, None
     else:
         # proofs_completed_total says how many of the listed proofs are new: a list
-        # resent after a lost answer repeats the old ones at its front.
+        # resent after a lost answer repeats the old ones at its start.
         new = hb.proofs_completed_total - int(inst["bench_completed_total"] or 0)
         fresh = recent[len(recent) - max(0, min(len(recent), new)):] if new > 0 else []
         proofs = list(loads(inst["bench_proof_seconds_json"]) or []) + fresh

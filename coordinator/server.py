@@ -18,12 +18,10 @@ import gc
 import logging
 import os
 import re
-import shutil
 import signal
 import socket
 import ssl
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -35,10 +33,8 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from coordinator import policy
-from coordinator.app import CORE, create_app, error_response, relay_handler
-from coordinator.frontpool import FrontPool
+from coordinator.app import CORE, create_app, error_response
 from coordinator.providers.base import Provider
-from coordinator.relay import RelayServer
 from coordinator.render import json_safe, neutralise
 from coordinator.settings import Settings, parse_listen
 from coordinator.store import Store
@@ -119,69 +115,19 @@ class RunningServer:
     runner: web.AppRunner
     provider: Provider
     admin_url: str | None = None
-    fronts: Fronts | None = None
     heads: asyncio.Task[None] | None = None
 
     async def stop(self) -> None:
         """Stop serving, let the monitor loop end, then close the store.
 
-        The fronts stop first: they finish their requests in flight, which still need
-        this process. The provider belongs to the caller (it may outlive the server).
+        The provider belongs to the caller (it may outlive the server).
         """
         if self.heads is not None:
             self.heads.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.heads
-        if self.fronts is not None:
-            await self.fronts.stop()
         await self.runner.cleanup()
         await asyncio.to_thread(self.store.close)
-
-
-@dataclass(slots=True)
-class Fronts:
-    """The front processes of ``--fronts N`` and what this process keeps for them: the
-    listening socket they share, the relay, and a private folder for the Unix sockets."""
-
-    pool: FrontPool
-    relay: RelayServer
-    listen: socket.socket
-    runtime_dir: str
-
-    async def stop(self) -> None:
-        await self.pool.stop()
-        await self.relay.close()
-        self.listen.close()
-        shutil.rmtree(self.runtime_dir, ignore_errors=True)
-
-
-async def _start_fronts(settings: Settings, app: web.Application, runner: web.AppRunner,
-                        listen: socket.socket) -> Fronts:
-    """Serve the app on a private Unix socket, open the relay, start the fronts on
-    ``listen``. ``tempfile.mkdtemp`` makes the folder 0700: only this user reaches the
-    sockets (a connection to the relay speaks for any agent)."""
-    runtime_dir = tempfile.mkdtemp(prefix="vast-manager-")
-    relay = RelayServer(relay_handler(app[CORE]))
-    pool: FrontPool | None = None
-    try:
-        relay_path = os.path.join(runtime_dir, "relay.sock")
-        proxy_path = os.path.join(runtime_dir, "http.sock")
-        await relay.start(relay_path)
-        await web.UnixSite(runner, proxy_path).start()
-        spec = {"relay_path": relay_path, "proxy_path": proxy_path,
-                "db_path": settings.db_path,
-                "fleet_secrets": [s.hex() for s in settings.fleet_secrets],
-                "tls_cert": settings.tls_cert, "tls_key": settings.tls_key,
-                "log_format": settings.log_format, "redact": log_secrets(settings)}
-        pool = FrontPool(settings.fronts, spec, listen, lambda: len(relay.links))
-        await pool.start()
-    except BaseException:
-        if pool is not None:
-            await pool.stop()
-        await relay.close()
-        shutil.rmtree(runtime_dir, ignore_errors=True)
-        raise
-    return Fronts(pool, relay, listen, runtime_dir)
 
 
 def _url(scheme: str, host: str, port: int) -> str:
@@ -288,7 +234,6 @@ async def start_server(
     # and at most a line an interval, not a traceback each.
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0,
                            logger=guard.server_logger(), keepalive_timeout=KEEPALIVE_TIMEOUT_S)
-    fronts: Fronts | None = None
     heads: asyncio.Task[None] | None = None
     try:
         await runner.setup()
@@ -296,12 +241,8 @@ async def start_server(
         deadline = HeadDeadline(runner.server, HEAD_TIMEOUT_S,
                                 lambda: guard.refused("head_timeout"))
         heads = asyncio.create_task(deadline.run(), name="coordinator-head-deadline")
-        # With fronts, the agents' socket is theirs: this process serves the admin socket
-        # (if any) and, for the fronts, a private one.
-        for s in socks[1:] if settings.fronts else socks:
+        for s in socks:
             await web.SockSite(runner, s, ssl_context=ssl_context).start()
-        if settings.fronts:
-            fronts = await _start_fronts(settings, app, runner, sock)
     except BaseException:
         if heads is not None:
             heads.cancel()
@@ -310,7 +251,7 @@ async def start_server(
             s.close()
         await asyncio.to_thread(store.close)
         raise
-    return RunningServer(url, settings, store, app, runner, provider, admin_url, fronts, heads)
+    return RunningServer(url, settings, store, app, runner, provider, admin_url, heads)
 
 
 #: Container allocations between young-generation collections (CPython's default: 700).
@@ -381,8 +322,7 @@ async def _serve_until_signalled(settings: Settings, provider: Provider) -> None
     tune_gc()
     tune_switch_interval()
     admin = f", operator API and dashboard on {server.admin_url}" if server.admin_url else ""
-    fronts = f", {settings.fronts} front processes" if settings.fronts else ""
-    line = (f"vast-manager coordinator on {server.url}{admin}{fronts} (fleet {settings.fleet_id}, "
+    line = (f"vast-manager coordinator on {server.url}{admin} (fleet {settings.fleet_id}, "
             f"db {settings.db_path})")
     if settings.log_format == "json":
         log.info(line)

@@ -27,9 +27,6 @@ MIN_ADMIN_TOKEN_CHARS = 16
 #: distinct characters about once in 70,000 draws.
 MIN_ADMIN_TOKEN_DISTINCT_CHARS = 6
 FLEET_SECRET_FILE = "fleet-secret"
-#: More front processes than this buys nothing on any machine we expect: the writer's
-#: process, one core, is the limit long before.
-MAX_FRONTS = 16
 
 
 class Setting(NamedTuple):
@@ -217,13 +214,6 @@ SETTINGS: tuple[Setting, ...] = (
         "commit per window (or per 64 writes), not per request (0: at the end of each "
         "event-loop turn)",
     ),
-    Setting(
-        "fronts",
-        0,
-        "front processes answering the agents' heartbeats beside the coordinator's process "
-        "(0: one process does everything); one per core beyond the first pays "
-        "(docs/scaling.md)",
-    ),
     Setting("tls_cert", None, "PEM certificate chain: serve HTTPS directly (needs tls_key)"),
     Setting("tls_key", None, "PEM private key of tls_cert"),
     Setting(
@@ -338,7 +328,6 @@ class Settings:
     commit_window_ms: float
     tls_cert: str | None = None
     tls_key: str | None = None
-    fronts: int = 0
     admin_listen: str | None = None
     metrics_public: bool = False
     log_format: str = "text"
@@ -412,8 +401,6 @@ class Settings:
             if values[name] <= 0:
                 raise ValueError(f"{_BY_NAME[name].env} must be positive")
 
-        if not 0 <= values["fronts"] <= MAX_FRONTS:
-            raise ValueError(f"VM_FRONTS must be between 0 and {MAX_FRONTS}")
         if bool(values["tls_cert"]) != bool(values["tls_key"]):
             raise ValueError("VM_TLS_CERT and VM_TLS_KEY go together: set both or neither")
         if values["admin_listen"]:

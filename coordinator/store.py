@@ -1103,21 +1103,13 @@ class Tx(Reads):
 
 
 class _ReaderView(Reads):
-    """``Reads`` on a connection of its own (the reader thread's, ``Store.read``; a front
-    process's, ``open_reads``)."""
+    """``Reads`` on a connection of its own (the reader thread's, ``Store.read``)."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
 
     def close(self) -> None:
         self._conn.close()
-
-
-def open_reads(path: str) -> _ReaderView:
-    """``Reads`` for another process than the writer's, on a read-only connection."""
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
-    conn.execute("PRAGMA busy_timeout = 10000")
-    return _ReaderView(conn)
 
 
 @dataclass(slots=True)

@@ -41,18 +41,6 @@ def test_ingest_quick(tmp_path: Path) -> None:
     assert figures["http_agents"] == 2
 
 
-def test_ingest_quick_with_fronts(tmp_path: Path) -> None:
-    out_file = tmp_path / "ingest.json"
-    text = _run("ingest.py", "--fronts", "1", "--json-out", str(out_file))
-    assert "coordinator + 1 fronts" in text
-    assert "in front processes" in text  # the fronts' CPU is counted, and named
-    figures = orjson.loads(out_file.read_bytes())
-    assert figures["fronts"] == 1
-    assert 0 < figures["coordinator"]["server_own_share"] < 1
-    assert figures["lost"] == 0 and figures["refused"] == 0
-    assert figures["bad_signatures"] == 0
-
-
 def test_writer_quick() -> None:
     text = _run("writer.py")
     assert "rows as written" in text and "rows dropped (floor)" in text

@@ -62,11 +62,9 @@ def self_signed(tmp_path: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-@pytest.mark.parametrize("fronts", [0, 2])
-async def test_tls_serves_https(tmp_path: Path, fronts: int) -> None:
+async def test_tls_serves_https(tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path)
-    settings = make_settings(tmp_path, port=0, tls_cert=str(cert), tls_key=str(key),
-                             fronts=fronts)
+    settings = make_settings(tmp_path, port=0, tls_cert=str(cert), tls_key=str(key))
     server = await start_server(settings, FakeProvider())
     try:
         assert server.url.startswith("https://127.0.0.1:")
@@ -83,7 +81,7 @@ async def test_tls_serves_https(tmp_path: Path, fronts: int) -> None:
                                     ssl=trust) as resp:
                 assert resp.status == 200
                 assert "secure" in resp.headers["Set-Cookie"].lower()
-            # Heartbeats (answered by the fronts when there are any) are served too.
+            # Heartbeats are served too.
             async with session.post(server.url + "/v1/heartbeat", data=b"{}",
                                     ssl=trust) as resp:
                 assert resp.status == 401
@@ -102,9 +100,8 @@ async def _status(session: aiohttp.ClientSession, method: str, url: str, **kw: A
         return resp.status
 
 
-@pytest.mark.parametrize("fronts", [0, 2])
-async def test_admin_listen_separates_agents_from_operators(tmp_path: Path, fronts: int) -> None:
-    settings = make_settings(tmp_path, port=0, admin_listen="127.0.0.1:0", fronts=fronts)
+async def test_admin_listen_separates_agents_from_operators(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, port=0, admin_listen="127.0.0.1:0")
     server = await start_server(settings, FakeProvider())
     try:
         assert server.admin_url is not None and server.admin_url != server.url
