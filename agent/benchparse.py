@@ -6,7 +6,7 @@ Output that stops before the summary (the process died) raises
 ``TruncatedBenchOutput``. With ``-j`` above 1 the tool prints its proof
 lines in submission order, each after the proofs submitted before it have
 returned: a line's arrival is not when its proof finished (the agent takes
-that from the daemon, `agent.benchwatch`), but its wall seconds are the
+that from the daemon, `vast_manager.agent.benchwatch`), but its wall seconds are the
 proof's own. Every status but ``COMPLETED`` (``FAILED``, ``CANCELLED``,
 ``TIMEOUT``, ``UNKNOWN``) is a proof that did not complete.
 """

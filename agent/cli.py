@@ -9,8 +9,8 @@ import sys
 
 import click
 
-from agent.config import ConfigError, load_config, settings_help
-from agent.lifecycle import (
+from vast_manager.agent.config import ConfigError, load_config, settings_help
+from vast_manager.agent.lifecycle import (
     EXIT_CONFIG,
     EXIT_DESTROY_FAILED,
     EXIT_FAILED,
@@ -74,7 +74,7 @@ def run_command() -> None:
     try:
         code = asyncio.run(_run_agent(Agent(config)))
     except Exception:
-        logging.getLogger("agent").exception("the agent crashed")
+        logging.getLogger("vast_manager.agent").exception("the agent crashed")
         code = EXIT_FAILED
     sys.exit(code)
 

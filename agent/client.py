@@ -21,11 +21,24 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from protocol import Directive, Heartbeat, Hello, LogBatch, ProtocolError, Result, ResultAck
-from protocol.codec import decode, encode, parse_json
-from protocol.signing import HEADER_SERVER_TIME, HEADER_SIGNATURE, request_headers, verify_response
+from vast_manager.protocol import (
+    Directive,
+    Heartbeat,
+    Hello,
+    LogBatch,
+    ProtocolError,
+    Result,
+    ResultAck,
+)
+from vast_manager.protocol.codec import decode, encode, parse_json
+from vast_manager.protocol.signing import (
+    HEADER_SERVER_TIME,
+    HEADER_SIGNATURE,
+    request_headers,
+    verify_response,
+)
 
-log = logging.getLogger("agent.client")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

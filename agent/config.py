@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from protocol.signing import is_agent_id
+from vast_manager.protocol.signing import is_agent_id
 
 
 class Setting(NamedTuple):

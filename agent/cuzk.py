@@ -26,10 +26,10 @@ from typing import Any
 
 import aiohttp
 
-from agent.benchparse import BenchLineParser, BenchOutputError, BenchRun, ProofLine
-from agent.procs import LineSink, ManagedProcess
+from vast_manager.agent.benchparse import BenchLineParser, BenchOutputError, BenchRun, ProofLine
+from vast_manager.agent.procs import LineSink, ManagedProcess
 
-log = logging.getLogger("agent.cuzk")
+log = logging.getLogger(__name__)
 
 PRELOAD_CIRCUIT = "porep-32g"
 PCE_CIRCUIT = "porep-32g"  # /status allocations.pce circuit_id (srs_manager.rs Display)
@@ -106,7 +106,7 @@ def budget_text(budget_bytes: int) -> str:
 
 
 def parse_budget_text(text: str) -> int:
-    """config.rs parse_size for the sizes `agent.config` accepts."""
+    """config.rs parse_size for the sizes `vast_manager.agent.config` accepts."""
     for suffix, unit in (("GiB", 1 << 30), ("MiB", 1 << 20), ("GB", 10**9), ("MB", 10**6)):
         if text.endswith(suffix):
             return int(text[: -len(suffix)]) * unit

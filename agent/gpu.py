@@ -5,7 +5,7 @@ lazily, shuts it down at exit, turns any ``NVMLError`` into the caller's
 default (``None``: straight into JSON null), and logs a function that the
 driver lacks or does not support ONCE, then stays quiet about it. The NVML
 module is injectable: the real ``pynvml`` (from nvidia-ml-py) or the
-simulation's `agent.sim.fake_nvml`. Units are in the method names; each
+simulation's `vast_manager.agent.sim.fake_nvml`. Units are in the method names; each
 docstring names the matching ``nvidia-smi --query-gpu=`` field so values can
 be cross-checked on a real machine.
 """
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.messages import Gpu
+from vast_manager.protocol.messages import Gpu
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Host telemetry (CPU, load, RAM, network, disk, cgroup quota) behind one module.
 
 psutil is only touched here, so tests inject a fake and the simulation swaps
-in `agent.sim.fake_host.FakeHostProbe`, which has the same interface
+in `vast_manager.agent.sim.fake_host.FakeHostProbe`, which has the same interface
 (`HostSource`). Inside a container psutil sees the host's cores; the cgroup
 CPU quota says how many this container may use, and both are reported.
 """

@@ -27,12 +27,17 @@ from typing import Protocol
 
 import aiohttp
 
-from agent.benchparse import BenchRun
-from agent.benchwatch import BenchWatch
-from agent.c1 import C1Error, C1Input, check_c1
-from agent.client import ClientError, CoordinatorClient, PermanentFailure, TransientFailure
-from agent.config import AgentConfig
-from agent.cuzk import (
+from vast_manager.agent.benchparse import BenchRun
+from vast_manager.agent.benchwatch import BenchWatch
+from vast_manager.agent.c1 import C1Error, C1Input, check_c1
+from vast_manager.agent.client import (
+    ClientError,
+    CoordinatorClient,
+    PermanentFailure,
+    TransientFailure,
+)
+from vast_manager.agent.config import AgentConfig
+from vast_manager.agent.cuzk import (
     GIB,
     POREP_PARTITION_FULL_BYTES,
     SAFETY_MARGIN_BYTES,
@@ -47,12 +52,12 @@ from agent.cuzk import (
     srs_reservation_bytes,
     synthesis_workers,
 )
-from agent.host import MemoryLimit, read_memory_limit
-from agent.params import Downloader, ParamsError, load_manifest, run_params_cmd
-from agent.procs import ManagedProcess
-from agent.selfdestroy import SelfDestroyError, self_destroy
-from agent.spool import Spool
-from protocol import (
+from vast_manager.agent.host import MemoryLimit, read_memory_limit
+from vast_manager.agent.params import Downloader, ParamsError, load_manifest, run_params_cmd
+from vast_manager.agent.procs import ManagedProcess
+from vast_manager.agent.selfdestroy import SelfDestroyError, self_destroy
+from vast_manager.agent.spool import Spool
+from vast_manager.protocol import (
     PROTOCOL_VERSION,
     Directive,
     Heartbeat,
@@ -64,10 +69,10 @@ from protocol import (
     ScalingRun,
     Telemetry,
 )
-from protocol.messages import MAX_LOG_LINES, MAX_LOG_TEXT_CHARS
+from vast_manager.protocol.messages import MAX_LOG_LINES, MAX_LOG_TEXT_CHARS
 
-log = logging.getLogger("agent.lifecycle")
-child_log = logging.getLogger("vast_agent_child")  # outside "agent": not shipped twice
+log = logging.getLogger(__name__)
+child_log = logging.getLogger("vast_agent_child")  # outside "vast_manager.agent": not shipped twice
 
 PROOF_TYPE = "porep-c2-32g"
 
@@ -127,7 +132,7 @@ SamplerFactory = Callable[[AgentConfig], tuple[HostInfo, SamplerLike]]
 
 def default_sampler_factory(config: AgentConfig) -> tuple[HostInfo, SamplerLike]:
     """The real sampler (NVML / psutil, or the simulation's fakes with VM_NVML=sim)."""
-    import agent.sampler as sampler_mod  # lazily: it loads NVML
+    import vast_manager.agent.sampler as sampler_mod  # lazily: it loads NVML
 
     sources = sampler_mod.open_sources(config.nvml, str(config.params_dir))
     host = sampler_mod.describe_host(sources)
@@ -143,7 +148,9 @@ def default_memory_probe(config: AgentConfig) -> MemoryLimit:
     """The memory this container may use (cgroup limit, MemTotal); the simulation's own
     with ``VM_NVML=sim``, whose machine is the simulated one."""
     if config.nvml == "sim":
-        from agent.sim.fake_host import FakeHostProbe  # lazily: the simulator is optional
+        from vast_manager.agent.sim.fake_host import (
+            FakeHostProbe,  # lazily: the simulator is optional
+        )
 
         return FakeHostProbe(str(config.params_dir)).memory_limit()
     return read_memory_limit()
@@ -336,14 +343,14 @@ class Agent:
     # -- run --------------------------------------------------------------------------
 
     async def run(self) -> int:
-        agent_log = logging.getLogger("agent")
+        agent_log = logging.getLogger("vast_manager.agent")
         agent_log.setLevel(self.config.log_level)
         agent_log.addHandler(self.logs)
         try:
             return await self._run()
         finally:
             await self._cleanup()
-            logging.getLogger("agent").removeHandler(self.logs)
+            logging.getLogger("vast_manager.agent").removeHandler(self.logs)
 
     async def _run(self) -> int:
         # Opening NVML blocks: keep it off the event loop.
@@ -740,7 +747,7 @@ class Agent:
         return "prove"
 
     async def _scaling(self, measured_all: _Measured, all_gpus: list[int]) -> Directive:
-        from protocol.scaling import diagnose  # the coordinator runs the same function
+        from vast_manager.protocol.scaling import diagnose  # the coordinator runs the same function
 
         assert self._host is not None
         one = [all_gpus[0]]

@@ -27,9 +27,9 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 import orjson
 
-from agent.procs import LineSink, ManagedProcess
+from vast_manager.agent.procs import LineSink, ManagedProcess
 
-log = logging.getLogger("agent.params")
+log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int], None]  # (done_bytes, total_bytes)
 CHUNK_BYTES = 4 * 1024 * 1024

@@ -14,7 +14,7 @@ import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
 
-log = logging.getLogger("agent.procs")
+log = logging.getLogger(__name__)
 
 LineSink = Callable[[str, str], None]  # (source, text)
 READ_LIMIT = 1024 * 1024  # longest line read whole; real cuzk logs can be long

@@ -1,4 +1,4 @@
-"""Background telemetry sampler: GPUs, host and cuzk /status -> `protocol.Telemetry`.
+"""Background telemetry sampler: GPUs, host and cuzk /status -> `vast_manager.protocol.Telemetry`.
 
 The host and the GPUs are read by a few daemon threads (up to eight GPUs in
 turn per thread) at 1 Hz: NVML calls block, a PCIe read for 20 ms, so they
@@ -34,9 +34,9 @@ from typing import Any
 
 import aiohttp
 
-from agent.gpu import Device, GpuSnapshot, Nvml, inventory, open_devices
-from agent.host import HostProbe, HostSample, HostSource
-from protocol.messages import (
+from vast_manager.agent.gpu import Device, GpuSnapshot, Nvml, inventory, open_devices
+from vast_manager.agent.host import HostProbe, HostSample, HostSource
+from vast_manager.protocol.messages import (
     CpuTelemetry,
     CuzkTelemetry,
     CuzkWorker,
@@ -99,8 +99,8 @@ def open_sources(
     if mode not in MODES:
         raise ValueError(f"VM_NVML must be one of {', '.join(MODES)}, not {mode!r}")
     if mode == "sim":
-        from agent.sim.fake_host import FakeHostProbe
-        from agent.sim.fake_nvml import FakeNvml
+        from vast_manager.agent.sim.fake_host import FakeHostProbe
+        from vast_manager.agent.sim.fake_nvml import FakeNvml
 
         fake = FakeNvml(environ=environ)
         nvml = Nvml(fake)

@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 
-log = logging.getLogger("agent.selfdestroy")
+log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 #: What vast.ai says of a key it does not accept (vast-cli ``vastai/cli/main.py``).

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from protocol import LogBatch, LogLine, Result
-from protocol.codec import encode
+from vast_manager.protocol import LogBatch, LogLine, Result
+from vast_manager.protocol.codec import encode
 
-log = logging.getLogger("agent.spool")
+log = logging.getLogger(__name__)
 
 Kind = Literal["result", "logs"]
 _NAME_RE = re.compile(

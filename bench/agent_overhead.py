@@ -4,7 +4,7 @@ Run: ``python bench/agent_overhead.py`` (options: ``--gpus``, ``--ticks``,
 ``--interval``, ``--heartbeat-every``).
 
 It runs the real sampler (its threads, aggregation into windows, a heartbeat
-window rolled and encoded with ``protocol.codec.encode`` every 30 ticks) over
+window rolled and encoded with ``vast_manager.protocol.codec.encode`` every 30 ticks) over
 the fake NVML and fake host for an hour's worth of ticks (3600), on an
 accelerated grid so the run takes seconds. The fake NVML's call latencies are
 switched OFF: they are wall time spent blocked in the driver, not CPU. The
@@ -34,13 +34,13 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.gpu import Nvml, open_devices
-from agent.sampler import GPUS_PER_THREAD, Sampler, Sources
-from agent.sim.fake_host import FakeHostProbe
-from agent.sim.fake_nvml import FakeNvml
-from agent.sim.hardware import Profile
-from protocol.codec import encode
-from protocol.messages import Heartbeat
+from vast_manager.agent.gpu import Nvml, open_devices
+from vast_manager.agent.sampler import GPUS_PER_THREAD, Sampler, Sources
+from vast_manager.agent.sim.fake_host import FakeHostProbe
+from vast_manager.agent.sim.fake_nvml import FakeNvml
+from vast_manager.agent.sim.hardware import Profile
+from vast_manager.protocol.codec import encode
+from vast_manager.protocol.messages import Heartbeat
 
 TARGET_CPU_S_PER_HOUR = 3.6  # 0.1% of one core
 

@@ -44,13 +44,13 @@ from coord_support import Harness, make_settings  # noqa: E402
 from fakes_provider import FakeClock  # noqa: E402
 from fakevast import FAKE_API_KEY, OCI_START_FAILURE, FakeVast  # noqa: E402
 
-from coordinator import deploy as deploy_module  # noqa: E402
-from coordinator import monitor as monitor_module  # noqa: E402
-from coordinator import reconcile as reconcile_module  # noqa: E402
-from coordinator.app import create_app  # noqa: E402
-from coordinator.providers.vast import DEFAULT_ONSTART, VastProvider  # noqa: E402
-from coordinator.store import Store  # noqa: E402
-from coordinator.vast import VastClient  # noqa: E402
+from vast_manager.coordinator.decisions import reconcile as reconcile_module  # noqa: E402
+from vast_manager.coordinator.operations import deploy as deploy_module  # noqa: E402
+from vast_manager.coordinator.operations import monitor as monitor_module  # noqa: E402
+from vast_manager.coordinator.providers.vast.client import VastClient  # noqa: E402
+from vast_manager.coordinator.providers.vast.provider import DEFAULT_ONSTART, VastProvider  # noqa: E402
+from vast_manager.coordinator.store.writer import Store  # noqa: E402
+from vast_manager.coordinator.web.app import create_app  # noqa: E402
 
 #: (status, status_msg) each dead group ends in.
 DEAD = (

@@ -7,8 +7,8 @@ to 128, as the agent sends them; the same shapes as ``bench/ingest.py``) and
 times, per heartbeat, best of several rounds over all of them:
 
 - ``orjson.loads`` alone: the floor, measured in the same run;
-- ``orjson.loads`` + the reference converter (``protocol.schema.converter``);
-- ``protocol.codec.decode`` (the generated fast path, reference on a miss).
+- ``orjson.loads`` + the reference converter (``vast_manager.protocol.schema.converter``);
+- ``vast_manager.protocol.codec.decode`` (the generated fast path, reference on a miss).
 
 Each is printed in microseconds and as a ratio to the floor, with the check's
 own share (the time beyond the parse). Before timing, every body is decoded
@@ -37,9 +37,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from ingest import gpus_of, heartbeat_body, telemetry  # noqa: E402 (the ingest bench's shapes)
 
-from protocol.codec import decode  # noqa: E402
-from protocol.messages import Heartbeat  # noqa: E402
-from protocol.schema import converter  # noqa: E402
+from vast_manager.protocol.codec import decode  # noqa: E402
+from vast_manager.protocol.messages import Heartbeat  # noqa: E402
+from vast_manager.protocol.schema import converter  # noqa: E402
 
 # --- bodies -----------------------------------------------------------------------------
 

@@ -21,8 +21,8 @@ report vast.ai's fields: ``gpu_mem_bw`` and ``dlperf`` are measured per host, so
 they carry a little of the hidden GPU effect; nothing reports the CPU's.
 
 **A1: the model on held-out hosts.** Measurements of a random set of machines
-train the model (``coordinator.discovery``); it predicts the true rates of other
-machines' offers. Beside it: today's ranking (``coordinator.ranking``, the same GPU
+train the model (``vast_manager.coordinator.discovery``); it predicts the true rates of other
+machines' offers. Beside it: today's ranking (``coordinator.decisions.ranking``, the same GPU
 model's median) and the noise floor: the error of an oracle that knows the
 hardware model exactly but not the per-host effects (it predicts each host's
 hardware rate times the effects' median).
@@ -30,8 +30,8 @@ hardware rate times the effects' median).
 **A2: policies on the live market**, each with the same target fleet rate, the same
 minimum-rate verdict (``dph_total / 0.008``), caps and offers: the oracle (knows
 every true rate), the operator's manual variety, cheapest-first, today's ranking
-and the planner (``coordinator.discovery.plan`` driven by
-``coordinator.discovery.autopilot``). Every deploy is a trial: parameter fetch,
+and the planner (``vast_manager.coordinator.discovery.plan`` driven by
+``vast_manager.coordinator.discovery.autopilot``). Every deploy is a trial: parameter fetch,
 warm-up and a 12-proof benchmark, paid at the offer's price.
 
 Every number printed is simulated and computed by this run.
@@ -54,25 +54,27 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.sim.hardware import Profile, cpu_core_speed
-from agent.sim.model import capacities, run_batch
-from coordinator.discovery.autopilot import (
+from vast_manager.agent.sim.hardware import Profile, cpu_core_speed
+from vast_manager.agent.sim.model import capacities, run_batch
+from vast_manager.coordinator.decisions.early_verdict import steady_state_rate_per_hour
+from vast_manager.coordinator.decisions.ranking import rank_offers
+from vast_manager.coordinator.discovery.autopilot import (
     AutopilotCaps,
     FleetInstance,
     Ledger,
     decide,
     plan_reference_usd_per_proof,
 )
-from coordinator.discovery.features import GPU_SPECS
-from coordinator.discovery.measurements import Measurement
-from coordinator.discovery.model import (
+from vast_manager.coordinator.discovery.features import GPU_SPECS
+from vast_manager.coordinator.discovery.measurements import Measurement
+from vast_manager.coordinator.discovery.model import (
     Z80,
     Prediction,
     RateModel,
     Unpredictable,
     fit_rate_model,
 )
-from coordinator.discovery.plan import (
+from vast_manager.coordinator.discovery.plan import (
     FleetView,
     Plan,
     PlanSettings,
@@ -80,8 +82,6 @@ from coordinator.discovery.plan import (
     plan_trials,
     reference_usd_per_proof,
 )
-from coordinator.ranking import rank_offers
-from coordinator.verdict import steady_state_rate_per_hour
 
 MAX_USD_PER_PROOF = 0.008
 FLOOR_DRAWS = 63
@@ -723,7 +723,7 @@ class Planner(Policy):
 
 
 class Ranking(Policy):
-    """Today's ``coordinator.ranking``: best predicted $/proof first (same machine's median,
+    """Today's ``decisions.ranking``: best predicted $/proof first (same machine's median,
     else the GPU model's), unknown offers after, cheapest first; at the target it tries a
     ranked offer only when it is predicted 20% cheaper per proof than the fleet's worst."""
 

@@ -13,7 +13,7 @@ What it does, in one command:
    random point of the history interval, so heartbeats land in the
    downsampled history at their natural rate (1 in 20 at the default pace).
 2. Starts the coordinator as its own process (``--role coordinator``: a small
-   launcher around ``coordinator.server.start_server``, the code
+   launcher around ``coordinator.web.server.start_server``, the code
    ``vast-manager serve`` runs) on 127.0.0.1, and a bare aiohttp app
    (``--role bare``) that reads the body and answers a fixed ``200``.
 3. Saturation (closed loop): ``--workers`` load-generator processes, each
@@ -176,11 +176,11 @@ def sign_headers(agent_id: str, key: bytes, body: bytes, nonce: str) -> dict[str
 def provision(db_path: str, env: dict[str, str], ids: list[str], first_seq: int = 1) -> float:
     """Insert agents through the store's write path: issue, hello, one heartbeat, and one
     history row placed at a random point of the history interval. Returns seconds taken."""
-    from coordinator import ingest
-    from coordinator.settings import Settings
-    from coordinator.store import Store, Tx
-    from protocol.codec import from_obj
-    from protocol.messages import Heartbeat, Hello
+    from vast_manager.coordinator.operations import ingest
+    from vast_manager.coordinator.settings import Settings
+    from vast_manager.coordinator.store.writer import Store, Tx
+    from vast_manager.protocol.codec import from_obj
+    from vast_manager.protocol.messages import Heartbeat, Hello
 
     settings = Settings.from_env(env, db_path=db_path)
     rng = random.Random(7)
@@ -224,8 +224,9 @@ def provision(db_path: str, env: dict[str, str], ids: list[str], first_seq: int 
 
 def role_coordinator(ready_file: str) -> None:
     """The coordinator as ``vast-manager serve`` runs it (start_server), on port 0."""
-    from coordinator.server import make_provider, start_server, tune_gc, tune_switch_interval
-    from coordinator.settings import Settings
+    from vast_manager.coordinator.providers.factory import make_provider
+    from vast_manager.coordinator.settings import Settings
+    from vast_manager.coordinator.web.server import start_server, tune_gc, tune_switch_interval
 
     settings = Settings.from_env(os.environ)
     pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}  # seconds, per generation

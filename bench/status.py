@@ -13,7 +13,7 @@ database and times, each ``--repeat`` times (median and worst printed):
 
 - ``GET /api/instances`` (every instance, as the dashboard and ``status`` ask),
 - ``GET /api/host-perf``,
-- ``coordinator.ranking.rank_offers`` over 5,000 offers, in this process, with
+- ``coordinator.decisions.ranking.rank_offers`` over 5,000 offers, in this process, with
   host_perf and the scaling rows read from the database as ``/api/offers``
   does (the provider's search itself is the network's time, not ours),
 - ``vast-manager status --json`` as a subprocess against the running server
@@ -63,7 +63,7 @@ def _rows(conn: sqlite3.Connection, table: str, rows: list[dict[str, Any]]) -> N
 
 def build(db_path: str, instances: int, history: int, results: int, seed: int = 1) -> float:
     """Fill a fresh database; return the seconds it took."""
-    from coordinator.store import Store
+    from vast_manager.coordinator.store.writer import Store
 
     began = time.perf_counter()
     Store(db_path).close()  # the real schema, every migration applied
@@ -278,9 +278,9 @@ def main() -> None:
         record("GET /api/host-perf", m, w,
                f"{count} rows, {len(body) / 1e6:.1f} MB, {m / base_m:.0f}x the baseline")
 
-        from coordinator.app import fleet_scaling_efficiency
-        from coordinator.ranking import rank_offers
-        from coordinator.store import Store
+        from vast_manager.coordinator.decisions.ranking import rank_offers
+        from vast_manager.coordinator.store.writer import Store
+        from vast_manager.coordinator.web.operator_api import fleet_scaling_efficiency
 
         store = Store(str(db))
         try:
@@ -302,7 +302,7 @@ def main() -> None:
         finally:
             store.close()
 
-        cli = [sys.executable, "-m", "coordinator.cli"]
+        cli = [sys.executable, "-m", "vast_manager.coordinator.cli"]
         cenv = {**env, "VM_URL": coord.url}
 
         def run_cli(*argv: str) -> bytes:

@@ -40,11 +40,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from ingest import gpus_of, heartbeat_body, hello_body, telemetry  # noqa: E402
 
-from coordinator import ingest  # noqa: E402
-from coordinator.settings import Settings  # noqa: E402
-from coordinator.store import Store, Tx  # noqa: E402
-from protocol.codec import from_obj  # noqa: E402
-from protocol.messages import Heartbeat, Hello, LogBatch, Result  # noqa: E402
+from vast_manager.coordinator.operations import ingest  # noqa: E402
+from vast_manager.coordinator.settings import Settings  # noqa: E402
+from vast_manager.coordinator.store.writer import Store, Tx  # noqa: E402
+from vast_manager.protocol.codec import from_obj  # noqa: E402
+from vast_manager.protocol.messages import Heartbeat, Hello, LogBatch, Result  # noqa: E402
 
 DAY_S = 86_400
 LOG_TEXT = ("2026-11-29T12:00:00Z INFO cuzk::prover: proof {n} done, porep-c2-32g, "

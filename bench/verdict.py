@@ -15,8 +15,8 @@ Four policies see the same hosts and the same proof times:
 - **A** (the original manager, and the coordinator with early verdicts off):
   after all 12 proofs, the batch rate ``12 * 3600 / elapsed``.
 - **A'**: the same 12 proofs, judged on the steady-state rate ``J * 3600 * n /
-  sum(w)`` (``coordinator.verdict.steady_state_rate_per_hour``).
-- **B'**: ``coordinator.verdict.assess`` at every heartbeat (15 s) with the
+  sum(w)`` (``coordinator.decisions.early_verdict.steady_state_rate_per_hour``).
+- **B'**: ``coordinator.decisions.early_verdict.assess`` at every heartbeat (15 s) with the
   proofs so far and the elapsed time as the coordinator sees it (from its first
   benchmarking heartbeat, so up to 15 s short); ``terminate`` stops the host.
   ``pass`` is only recorded (the agent finishes its benchmark, as in the
@@ -41,7 +41,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from coordinator.verdict import VerdictSettings, assess, steady_state_rate_per_hour
+from vast_manager.coordinator.decisions.early_verdict import (
+    VerdictSettings,
+    assess,
+    steady_state_rate_per_hour,
+)
 
 MAX_USD_PER_PROOF = 0.008
 BENCH_PROOFS = 12

@@ -37,12 +37,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import ingest as load  # noqa: E402  (bench/ingest.py: provisioning, bodies)
 
-from coordinator import ingest  # noqa: E402
-from coordinator import store as store_module  # noqa: E402
-from coordinator.settings import Settings  # noqa: E402
-from coordinator.store import Store  # noqa: E402
-from protocol.codec import from_obj  # noqa: E402
-from protocol.messages import Heartbeat  # noqa: E402
+from vast_manager.coordinator.operations import ingest  # noqa: E402
+from vast_manager.coordinator.settings import Settings  # noqa: E402
+from vast_manager.coordinator.store import writer as store_module  # noqa: E402
+from vast_manager.coordinator.store.writer import Store  # noqa: E402
+from vast_manager.protocol.codec import from_obj  # noqa: E402
+from vast_manager.protocol.messages import Heartbeat  # noqa: E402
 
 
 def thread_cpu_s(clock: int) -> float:

@@ -8,11 +8,11 @@ never hold a key, a token or a stack trace.
 
 from __future__ import annotations
 
-from coordinator.providers.base import AuthError as ProviderAuthError
-from coordinator.providers.base import BadRequest as ProviderBadRequest
-from coordinator.providers.base import OfferGone as ProviderOfferGone
-from coordinator.providers.base import ProviderError
-from coordinator.providers.base import RateLimited as ProviderRateLimited
+from vast_manager.coordinator.providers.base import AuthError as ProviderAuthError
+from vast_manager.coordinator.providers.base import BadRequest as ProviderBadRequest
+from vast_manager.coordinator.providers.base import OfferGone as ProviderOfferGone
+from vast_manager.coordinator.providers.base import ProviderError
+from vast_manager.coordinator.providers.base import RateLimited as ProviderRateLimited
 
 
 class CoordinatorError(Exception):

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from protocol.signing import fleet_id as derive_fleet_id
-from protocol.signing import parse_secrets
+from vast_manager.protocol.signing import fleet_id as derive_fleet_id
+from vast_manager.protocol.signing import parse_secrets
 
 ENV_PREFIX = "VM_"
 MIN_ADMIN_TOKEN_CHARS = 16
@@ -452,7 +452,7 @@ class Settings:
 
 def check_admin_token(token: str) -> None:
     """Refuse a token too weak to stand guessing (ValueError naming the rule, never the
-    token): with failed attempts throttled per address (``coordinator.guard``), 16
+    token): with failed attempts throttled per address (``vast_manager.coordinator.web.guard``), 16
     random hex characters (64 bits) take longer than the universe's age to guess."""
     if len(token) < MIN_ADMIN_TOKEN_CHARS:
         raise ValueError(f"VM_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_CHARS} characters")

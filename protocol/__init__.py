@@ -4,9 +4,9 @@ Pure: message types, the orjson codec and HMAC signing. No I/O, no clock:
 callers pass times and nonces in, so both sides and the tests agree exactly.
 """
 
-from protocol.codec import decode, encode
-from protocol.errors import ProtocolError
-from protocol.messages import (
+from vast_manager.protocol.codec import decode, encode
+from vast_manager.protocol.errors import ProtocolError
+from vast_manager.protocol.messages import (
     PROTOCOL_VERSION,
     SUPPORTED_PROTOCOLS,
     CpuTelemetry,

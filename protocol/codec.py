@@ -6,8 +6,8 @@ from typing import Any, TypeVar
 
 import orjson
 
-from protocol.errors import ProtocolError
-from protocol.schema import decoder
+from vast_manager.protocol.errors import ProtocolError
+from vast_manager.protocol.schema import decoder
 
 T = TypeVar("T")
 

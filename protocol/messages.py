@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from protocol.errors import ProtocolError
+from vast_manager.protocol.errors import ProtocolError
 
 PROTOCOL_VERSION = 1
 SUPPORTED_PROTOCOLS = (1,)

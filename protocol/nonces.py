@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from protocol.signing import TIMESTAMP_WINDOW_S
+from vast_manager.protocol.signing import TIMESTAMP_WINDOW_S
 
 
 class NonceVerdict(Enum):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from protocol.messages import Gpu, GpuTelemetry, Telemetry
+from vast_manager.protocol.messages import Gpu, GpuTelemetry, Telemetry
 
 # Usable bandwidth per lane and direction, GB/s (10^9 bytes), by generation.
 PCIE_LANE_GBPS: dict[int, float] = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}

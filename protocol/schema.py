@@ -2,7 +2,7 @@
 
 Each dataclass gets one converter, built once from its type hints, and every
 error names the dotted field path. That converter is the reference. The hot
-path (``decoder``, used by ``protocol.codec``) runs a function generated from
+path (``decoder``, used by ``vast_manager.protocol.codec``) runs a function generated from
 the same hints with the checks inlined, and hands anything it does not accept
 to the reference, so the errors are the reference's by construction.
 
@@ -23,7 +23,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
-from protocol.errors import ProtocolError
+from vast_manager.protocol.errors import ProtocolError
 
 T = TypeVar("T")
 Converter = Callable[[Any, str], Any]

@@ -14,10 +14,11 @@ import orjson
 from aiohttp.test_utils import TestClient
 from fakes_provider import FakeClock, FakeProvider
 
-from coordinator.app import CORE, Core, create_app
-from coordinator.server import start_server
-from coordinator.settings import Settings
-from coordinator.store import Store
+from vast_manager.coordinator.settings import Settings
+from vast_manager.coordinator.store.writer import Store
+from vast_manager.coordinator.web.app import create_app
+from vast_manager.coordinator.web.core import CORE, Core
+from vast_manager.coordinator.web.server import start_server
 
 SECRET_HEX = "11" * 32
 OLD_SECRET_HEX = "22" * 32

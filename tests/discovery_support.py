@@ -12,11 +12,11 @@ import math
 import random
 from typing import Any
 
-from agent.sim.hardware import Profile
-from agent.sim.model import capacities
-from coordinator.catalog import local_offers
-from coordinator.discovery.features import offer_features
-from coordinator.discovery.measurements import Measurement
+from vast_manager.agent.sim.hardware import Profile
+from vast_manager.agent.sim.model import capacities
+from vast_manager.coordinator.discovery.features import offer_features
+from vast_manager.coordinator.discovery.measurements import Measurement
+from vast_manager.coordinator.providers.local.catalog import local_offers
 
 
 def synthetic_offer(rng: random.Random, machine_id: int) -> dict[str, Any]:

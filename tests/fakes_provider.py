@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator.providers.base import CreatedInstance, Offer, OfferGone, ProviderError
+from vast_manager.coordinator.providers.base import CreatedInstance, Offer, OfferGone, ProviderError
 
 
 class FakeClock:

@@ -75,7 +75,7 @@ from typing import Any, Protocol
 import psutil
 from aiohttp import web
 
-from coordinator.providers.local import simulated_machine_env
+from vast_manager.coordinator.providers.local.provider import simulated_machine_env
 
 FAKE_API_KEY = "fake-account-key-0123456789abcdef"
 #: The ``onstart`` limit of the OpenAPI description ("limited to 4048 characters").
@@ -704,7 +704,7 @@ def _matches(offer: dict[str, Any], query: dict[str, Any]) -> bool:
 
 
 class SimAgents:
-    """A ``Launcher``: each instance runs ``python -m agent.cli run`` on the simulated cuzk.
+    """A ``Launcher``: each instance runs ``vast-agent run`` on the simulated cuzk.
 
     The environment is what the image would bake in (the simulation's binaries,
     state and parameter folders, the fake NVML, ``VM_PROVIDER=vast``; no
@@ -736,7 +736,7 @@ class SimAgents:
         return f"{self.marker}:{instance_id}"
 
     def log_path(self, instance_id: int) -> Path:
-        return self.workdir / f"instance-{instance_id}" / "agent.log"
+        return self.workdir / f"instance-{instance_id}" / "vast_manager.agent.log"
 
     def start(self, instance: dict[str, Any], offer: dict[str, Any], env: dict[str, str]) -> None:
         instance_id = int(instance["id"])
@@ -753,9 +753,9 @@ class SimAgents:
         child_env.update(env)
         child_env[self.MARKER_ENV] = self._marker(instance_id)
         self.envs[instance_id] = child_env
-        with open(home / "agent.log", "ab") as log_file:
+        with open(home / "vast_manager.agent.log", "ab") as log_file:
             self.processes[instance_id] = subprocess.Popen(
-                [sys.executable, "-m", "agent.cli", "run"],
+                [sys.executable, "-m", "vast_manager.agent.cli", "run"],
                 env=child_env, cwd=home, stdin=subprocess.DEVNULL, stdout=log_file,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )

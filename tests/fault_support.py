@@ -39,8 +39,9 @@ from aiohttp import web
 from coord_support import ADMIN_TOKEN, SECRET_HEX, make_settings
 from fakes_provider import FakeProvider
 
-from coordinator.app import CORE, Core, create_app
-from coordinator.store import Store
+from vast_manager.coordinator.store.writer import Store
+from vast_manager.coordinator.web.app import create_app
+from vast_manager.coordinator.web.core import CORE, Core
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_MARKER_ENV = "VM_FAULT_TEST_MARKER"
@@ -276,7 +277,8 @@ class CoordinatorProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> None:
-        args = [sys.executable, "-m", "coordinator.cli", "serve", "--db", str(self.db_path),
+        args = [sys.executable, "-m", "vast_manager.coordinator.cli",
+                "serve", "--db", str(self.db_path),
                 "--port", str(self.port), "--provider", self.provider]
         with open(self.tmp_path / "coordinator.log", "ab") as log:
             self.proc = subprocess.Popen(args, env=self.env, cwd=self.tmp_path, stdout=log,

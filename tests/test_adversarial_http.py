@@ -50,13 +50,13 @@ from fault_support import (
     signed_headers,
 )
 
-from coordinator import render
-from coordinator import server as server_module
-from coordinator.app import CORE
-from coordinator.cli import cli
-from coordinator.metrics import escape_label_value
-from coordinator.server import RedactingFormatter
-from coordinator.settings import Settings
+from vast_manager.coordinator import textsafe
+from vast_manager.coordinator.cli.commands import cli
+from vast_manager.coordinator.settings import Settings
+from vast_manager.coordinator.web import server as server_module
+from vast_manager.coordinator.web.core import CORE
+from vast_manager.coordinator.web.logs import RedactingFormatter
+from vast_manager.coordinator.web.metrics import escape_label_value
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
@@ -173,7 +173,7 @@ def test_bodies_in_flight_are_bounded_per_agent_and_in_total(served: ServerThrea
     url = served.server.url
     port = port_of(url)
     core = served.server.app[CORE]
-    from coordinator.guard import BodyBudget
+    from vast_manager.coordinator.web.guard import BodyBudget
 
     core.guard.budget = BodyBudget(total_bytes=3 * MIB)  # small, so three agents fill it
     hostile = [issue(served, f"hostile-{i}") for i in range(2)]
@@ -230,9 +230,9 @@ def test_bodies_in_flight_are_bounded_per_agent_and_in_total(served: ServerThrea
 def test_a_slow_body_is_cut_off_and_releases_its_claim(
     served: ServerThread, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from coordinator import app as app_module
+    from vast_manager.coordinator.web import http as http_module
 
-    monkeypatch.setattr(app_module, "BODY_READ_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(http_module, "BODY_READ_TIMEOUT_S", 1.0)
     agent_id, key = issue(served)
     headers = signed_headers(agent_id, key, "POST", "/v1/logs", b"")
     # 100 KB declared (over the 64 KiB that claim nothing), one byte sent.
@@ -380,7 +380,7 @@ async def test_failed_dashboard_logins_are_throttled(aiohttp_client: Any, tmp_pa
 
 
 def test_the_throttle_groups_ipv6_by_64_and_forgets_the_oldest() -> None:
-    from coordinator.guard import CredentialThrottle, address_key
+    from vast_manager.coordinator.web.guard import CredentialThrottle, address_key
 
     assert address_key("2001:db8:1:2::1") == address_key("2001:db8:1:2:ffff::9")
     assert address_key("2001:db8:1:2::1") != address_key("2001:db8:1:3::1")
@@ -422,7 +422,7 @@ def test_tokens_too_weak_to_resist_guessing_are_refused_at_start(
 def test_serve_refuses_a_weak_token(tmp_path: Path) -> None:
     env = {**os.environ, "VM_ADMIN_TOKEN": "a" * 32, "VM_FLEET_SECRET": SECRET_HEX,
            "VM_CONFIG_DIR": str(tmp_path / "config"), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "coordinator.cli", "serve", "--db",
+    proc = subprocess.run([sys.executable, "-m", "vast_manager.coordinator.cli", "serve", "--db",
                            str(tmp_path / "c.db"), "--port", "0"], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1
@@ -434,16 +434,16 @@ def test_serve_refuses_a_weak_token(tmp_path: Path) -> None:
 
 
 def test_one_neutralising_function_covers_every_character() -> None:
-    for first, last in render.UNSAFE_TEXT_RANGES:
+    for first, last in textsafe.UNSAFE_TEXT_RANGES:
         for code in (first, last):
-            shown = render.neutralise(f"a{chr(code)}b")
+            shown = textsafe.neutralise(f"a{chr(code)}b")
             assert chr(code) not in shown
             assert shown in ("a b", f"a\\u{code:04x}b")
-    assert render.neutralise("plain ASCII and ünïcödé") == "plain ASCII and ünïcödé"
+    assert textsafe.neutralise("plain ASCII and ünïcödé") == "plain ASCII and ünïcödé"
     hostile = f"rig{SPOOFS}name"
     # The CLI and /metrics show the same text (the labels then escape it per the format).
-    assert render.clean(hostile) == render.neutralise(hostile)
-    assert escape_label_value(hostile) == render.neutralise(hostile).replace("\\", "\\\\")
+    assert textsafe.clean(hostile) == textsafe.neutralise(hostile)
+    assert escape_label_value(hostile) == textsafe.neutralise(hostile).replace("\\", "\\\\")
 
 
 def test_the_dashboard_neutralises_with_the_same_definition(tmp_path: Path) -> None:
@@ -452,19 +452,19 @@ def test_the_dashboard_neutralises_with_the_same_definition(tmp_path: Path) -> N
         pytest.skip("node is not installed (the headless-browser test checks the page)")
     every = "".join(chr(c) for c in range(0x3000) if not 0xD800 <= c <= 0xDFFF) + "\ufeff\ufffd"
     script = tmp_path / "check.js"
-    script.write_text(render.dashboard_script() + "\nconst fs = require('fs');\n"
+    script.write_text(textsafe.dashboard_script() + "\nconst fs = require('fs');\n"
                       "process.stdout.write(JSON.stringify(safeText("
                       "JSON.parse(fs.readFileSync(0, 'utf8')))));\n")
     out = subprocess.run([node, str(script)], input=json.dumps(every), capture_output=True,
                          text=True, timeout=60, check=True).stdout
-    assert json.loads(out) == render.neutralise(every)
+    assert json.loads(out) == textsafe.neutralise(every)
 
 
 async def test_the_dashboard_loads_its_neutraliser(h: Harness) -> None:
     resp = await h.client.get("/static/textsafe.js")
     assert resp.status == 200
     assert resp.headers["Content-Type"].startswith("text/javascript")
-    assert await resp.text() == render.dashboard_script()
+    assert await resp.text() == textsafe.dashboard_script()
     index = await (await h.client.get("/")).text()
     assert index.index("/static/textsafe.js") < index.index("/static/app.js")
     app_js = await (await h.client.get("/static/app.js")).text()
@@ -559,7 +559,7 @@ async def test_metrics_labels_show_hostile_text_as_text(h: Harness) -> None:
 
     labels = [s.labels for f in text_string_to_metric_families(text) for s in f.samples
               if s.labels.get("gpu_name", "").startswith("RTX")]
-    shown = render.neutralise(f"RTX{SPOOFS}4090")
+    shown = textsafe.neutralise(f"RTX{SPOOFS}4090")
     assert labels and all(lab["gpu_name"] == shown for lab in labels)
 
 

@@ -18,7 +18,7 @@ import pytest
 from coord_support import Agent, Harness, heartbeat_msg, result_msg, start
 from fakes_provider import FakeProvider, offer
 
-from coordinator.views import render_instance
+from vast_manager.coordinator.cli.text_views import render_instance
 
 # A fleet of offers: two measured honestly before each attack (4243: 1x 4090 at 60/h,
 # 4245: 1x 3090 at 40/h), the attacker's (4242 or 4244), and the unmeasured ones whose
@@ -299,8 +299,8 @@ async def test_an_honest_result_still_counts(h: Harness) -> None:
 
 def test_heartbeat_helper_is_the_wire_shape() -> None:
     # The attacks above speak the real contract: a heartbeat this file sends decodes.
-    from protocol.codec import decode
-    from protocol.messages import Heartbeat
+    from vast_manager.protocol.codec import decode
+    from vast_manager.protocol.messages import Heartbeat
 
     assert decode(Heartbeat, orjson.dumps(heartbeat_msg(1, "benchmarking"))).phase == (
         "benchmarking")

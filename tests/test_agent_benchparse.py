@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.benchparse import (
+from vast_manager.agent.benchparse import (
     BenchLineParser,
     BenchOutputError,
     TruncatedBenchOutput,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.benchwatch import BenchWatch, Finished
+from vast_manager.agent.benchwatch import BenchWatch, Finished
 
 
 def status(uptime: float, completed: int, failed: int,

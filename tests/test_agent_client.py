@@ -12,9 +12,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from agent.client import Backoff, CoordinatorClient, PermanentFailure, TransientFailure
-from protocol import Heartbeat
-from protocol.signing import (
+from vast_manager.agent.client import Backoff, CoordinatorClient, PermanentFailure, TransientFailure
+from vast_manager.protocol import Heartbeat
+from vast_manager.protocol.signing import (
     HEADER_NONCE,
     HEADER_SERVER_TIME,
     HEADER_SIGNATURE,

@@ -24,7 +24,7 @@ import psutil
 import pytest
 from agent_fakes import FAKE_BENCH, FAKE_DAEMON, write_script
 
-from agent.sim.c1 import write_c1
+from vast_manager.agent.sim.c1 import write_c1
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "e2e-admin-token-" + "x" * 16
@@ -65,7 +65,8 @@ class Coordinator:
     def start(self) -> None:
         log = open(self.tmp / "coordinator.log", "ab")  # noqa: SIM115 - the child holds it
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "coordinator.cli", "serve", "--db", str(self.tmp / "fleet.db"),
+            [sys.executable, "-m", "vast_manager.coordinator.cli",
+             "serve", "--db", str(self.tmp / "fleet.db"),
              "--port", str(self.port)],
             env=self.env, cwd=self.tmp, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -133,10 +134,11 @@ def test_coordinator_killed_mid_benchmark_result_arrives_once(
             # A bring-your-own agent is watched in real seconds: report the real ones.
             "FAKE_PROOF_SECONDS": "0.3",
         })
-        agent_log_path = tmp_path / "agent.log"
+        agent_log_path = tmp_path / "vast_manager.agent.log"
         with open(agent_log_path, "wb") as agent_log:
             agent_proc = subprocess.Popen(
-                [sys.executable, "-m", "agent.cli", "run"], env=agent_env, cwd=tmp_path,
+                [sys.executable, "-m", "vast_manager.agent.cli",
+                 "run"], env=agent_env, cwd=tmp_path,
                 stdout=agent_log, stderr=subprocess.STDOUT,
             )
         wait_until(marker.exists, "the benchmark to start")
@@ -201,9 +203,10 @@ def test_a_c1_in_the_wrong_format_fails_the_instance_before_any_proof(
             "VM_CUZK_BENCH_BIN": write_script(tmp_path / "cuzk-bench", MARKING),
             "VM_NVML": "off", "VM_PROVIDER": "local", "VM_E2E_RAN": str(ran),
         })
-        with open(tmp_path / "agent.log", "wb") as agent_log:
+        with open(tmp_path / "vast_manager.agent.log", "wb") as agent_log:
             agent_proc = subprocess.Popen(
-                [sys.executable, "-m", "agent.cli", "run"], env=agent_env, cwd=tmp_path,
+                [sys.executable, "-m", "vast_manager.agent.cli",
+                 "run"], env=agent_env, cwd=tmp_path,
                 stdout=agent_log, stderr=subprocess.STDOUT,
             )
 

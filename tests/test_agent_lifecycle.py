@@ -24,12 +24,12 @@ import pytest
 from agent_fakes import FAKE_BENCH, FAKE_DAEMON, FAKE_WORK, write_script
 from aiohttp import web
 
-import agent.cuzk as agent_cuzk
-from agent.config import AgentConfig, load_config
-from agent.host import MemoryLimit
-from agent.lifecycle import EXIT_FAILED, EXIT_ORPHANED, EXIT_TERMINATED, Agent
-from agent.sim.c1 import write_c1
-from protocol import (
+import vast_manager.agent.cuzk as agent_cuzk
+from vast_manager.agent.config import AgentConfig, load_config
+from vast_manager.agent.host import MemoryLimit
+from vast_manager.agent.lifecycle import EXIT_FAILED, EXIT_ORPHANED, EXIT_TERMINATED, Agent
+from vast_manager.agent.sim.c1 import write_c1
+from vast_manager.protocol import (
     CpuTelemetry,
     Gpu,
     GpuTelemetry,
@@ -43,7 +43,7 @@ from protocol import (
     Telemetry,
     decode,
 )
-from protocol.signing import (
+from vast_manager.protocol.signing import (
     HEADER_AGENT,
     HEADER_NONCE,
     HEADER_SERVER_TIME,
@@ -325,7 +325,7 @@ async def test_benchmark_result_then_proving_then_terminate(
     assert "[cuzk] fake cuzk up: devices=[]" in text
     assert "[cuzk-bench] === Batch Summary ===" in text
     assert "[work] work started" in text
-    assert "[agent] INFO agent.lifecycle: phase" in text
+    assert "[agent] INFO vast_manager.agent.lifecycle: phase" in text
     assert KEY.hex() not in text
     # One daemon: the warm-up proof made its PCE and the benchmark ran in it; no
     # restart in between (a restart would throw the PCE away).
@@ -383,7 +383,7 @@ async def test_result_answered_terminate_destroys_without_proving(
         proof_seconds=[60.0],
         telemetry=None,
     )
-    from agent.spool import Spool
+    from vast_manager.agent.spool import Spool
 
     Spool(tmp_path / "state" / "spool").put_result(old)
     code = await asyncio.wait_for(h.make_agent().run(), 60)
@@ -573,8 +573,9 @@ async def test_a_c1_for_another_miner_fails_the_warm_up_proof_on_the_simulator(
     monkeypatch.setenv("VM_SIM_TIME_SCALE", "3000")
     h = Harness(
         tmp_path, url, VM_C1_MINER_ID="1001",  # the Harness's C1 is miner 1000's
-        VM_CUZK_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk", "agent.sim.daemon"),
-        VM_CUZK_BENCH_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk-bench", "agent.sim.bench"),
+        VM_CUZK_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk", "vast_manager.agent.sim.daemon"),
+        VM_CUZK_BENCH_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk-bench",
+                                          "vast_manager.agent.sim.bench"),
     )
     reason = await failed_reason(coord, asyncio.create_task(h.make_agent().run()))
     assert reason.startswith("the warm-up proof FAILED: cuzk cannot prove C1 file")
@@ -603,7 +604,7 @@ async def test_signal_stops_children_without_self_destroy(
 
 
 def test_agent_environment_is_documented() -> None:
-    from agent.config import SETTINGS
+    from vast_manager.agent.config import SETTINGS
 
     doc = (Path(__file__).parent.parent / "docs" / "architecture.md").read_text()
     table = doc[doc.index("## Agent configuration") :]
@@ -621,7 +622,7 @@ def test_agent_environment_is_documented() -> None:
 
 
 def test_config_errors_name_the_variable_never_the_key() -> None:
-    from agent.config import ConfigError
+    from vast_manager.agent.config import ConfigError
 
     good = {
         "VM_COORDINATOR_URL": "http://127.0.0.1:1",
@@ -672,7 +673,7 @@ def sim_entry_point(path: Path, module: str) -> str:
 async def test_lifecycle_on_the_simulated_cuzk_with_the_real_sampler(
     stand_in: tuple[StandIn, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("agent.sampler")
+    pytest.importorskip("vast_manager.agent.sampler")
     coord, url = stand_in
     coord.result_action = lambda r: "terminate" if r.kind == "scaling" else "continue"
     # The simulator and the fake NVML read these from the environment.
@@ -690,8 +691,9 @@ async def test_lifecycle_on_the_simulated_cuzk_with_the_real_sampler(
     monkeypatch.setattr(agent_cuzk, "ManagedProcess", Recorded)
     h = Harness(
         tmp_path, url,
-        VM_CUZK_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk", "agent.sim.daemon"),
-        VM_CUZK_BENCH_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk-bench", "agent.sim.bench"),
+        VM_CUZK_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk", "vast_manager.agent.sim.daemon"),
+        VM_CUZK_BENCH_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk-bench",
+                                          "vast_manager.agent.sim.bench"),
         VM_NVML="sim", VM_SAMPLE_INTERVAL="0.1", VM_BENCH_PROOFS="6",
     )
 
@@ -742,8 +744,8 @@ async def test_lifecycle_on_the_simulated_cuzk_with_the_real_sampler(
 def test_cli_help_documents_exit_codes_and_settings() -> None:
     from click.testing import CliRunner
 
-    from agent.cli import cli
-    from agent.config import SETTINGS
+    from vast_manager.agent.cli import cli
+    from vast_manager.agent.config import SETTINGS
 
     runner = CliRunner()
     top = runner.invoke(cli, ["--help"], catch_exceptions=False)
@@ -760,7 +762,7 @@ def test_cli_run_with_bad_config_exits_2_naming_the_variable(
 ) -> None:
     from click.testing import CliRunner
 
-    from agent.cli import cli
+    from vast_manager.agent.cli import cli
 
     for name in [n for n in os.environ if n.startswith("VM_")]:
         monkeypatch.delenv(name)
@@ -787,7 +789,7 @@ async def test_cli_process_stops_its_children_on_sigterm(
         "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
     })
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agent.cli", "run", env=env,
+        sys.executable, "-m", "vast_manager.agent.cli", "run", env=env,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )
     try:
@@ -820,7 +822,7 @@ async def test_whole_lifecycle_without_nvml_sends_no_gpus_and_says_why_once(
     lifecycle with the real sampler, reports gpus [], and logs the reason once."""
     import builtins
 
-    from agent.lifecycle import default_sampler_factory
+    from vast_manager.agent.lifecycle import default_sampler_factory
 
     real_import = builtins.__import__
 
@@ -853,6 +855,7 @@ async def test_whole_lifecycle_without_nvml_sends_no_gpus_and_says_why_once(
     assert result.proofs_completed == 3
     with_telemetry = [hb.telemetry for hb in coord.heartbeats if hb.telemetry is not None]
     assert with_telemetry and all(t.gpus == [] for t in with_telemetry)
-    reasons = [r for r in caplog.records if "NVML" in r.getMessage() and r.name.startswith("agent")]
+    reasons = [r for r in caplog.records
+               if "NVML" in r.getMessage() and r.name.startswith("vast_manager.agent")]
     assert len(reasons) == 1, [r.getMessage() for r in reasons]
     assert_no_children()

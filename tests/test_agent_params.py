@@ -12,7 +12,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from agent.params import (
+from vast_manager.agent.params import (
     VERIFIED_RECORD,
     ChecksumMismatch,
     Downloader,

@@ -14,9 +14,9 @@ import aiohttp
 import pytest
 from fakevast import FakeVast
 
-from agent.config import AgentConfig, load_config
-from agent.lifecycle import EXIT_DESTROY_FAILED, EXIT_ORPHANED, Agent, LogBuffer
-from agent.selfdestroy import (
+from vast_manager.agent.config import AgentConfig, load_config
+from vast_manager.agent.lifecycle import EXIT_DESTROY_FAILED, EXIT_ORPHANED, Agent, LogBuffer
+from vast_manager.agent.selfdestroy import (
     InstanceSurvived,
     SelfDestroyError,
     destroy_vast_instance,
@@ -182,7 +182,7 @@ def _orphan_config(tmp_path: Path, fake: FakeVast, cid: str, key: str) -> AgentC
 async def test_the_agent_exits_with_its_own_status_when_the_instance_survives(
     tmp_path: Path, fake: FakeVast, survives: bool
 ) -> None:
-    from protocol.messages import HostInfo
+    from vast_manager.protocol.messages import HostInfo
 
     cid, key = await instance(fake)
     if survives:
@@ -206,7 +206,7 @@ def test_shipped_logs_are_redacted() -> None:
     key_hex = "ab" * 32
     buf = LogBuffer([key_hex, API_KEY], clock=lambda: 1.0)
     buf.add("work", f"export VM_AGENT_KEY={key_hex} CONTAINER_API_KEY={API_KEY}")
-    logger = logging.getLogger("agent.test_redaction")
+    logger = logging.getLogger("vast_manager.agent.test_redaction")
     logger.addHandler(buf)
     logger.setLevel(logging.INFO)
     try:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import orjson
 
-from agent.spool import Spool
-from protocol import LogLine, Result
+from vast_manager.agent.spool import Spool
+from vast_manager.protocol import LogLine, Result
 
 
 def _result(rid: str) -> Result:

@@ -8,7 +8,7 @@ import secrets
 import pytest
 from coord_support import SECRET_HEX, agent_key, sign
 
-from coordinator.auth import AgentAuth, AgentRecord, AuthFailure
+from vast_manager.coordinator.web.auth import AgentAuth, AgentRecord, AuthFailure
 
 NOW = 1_800_000_000
 

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from coord_support import ADMIN_TOKEN, ServerThread
 from fakes_provider import FakeProvider, offer
 
-from coordinator import clidoc
-from coordinator.cli import cli
+from vast_manager.coordinator.cli import clidoc
+from vast_manager.coordinator.cli.commands import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -116,11 +116,11 @@ def test_control_characters_refused_in_operator_input(server: ServerThread) -> N
     assert "No bad hosts" in run(server, "bad-hosts", "list").output
 
 
-def test_render_strips_host_sent_control_characters() -> None:
-    from coordinator import render
+    from vast_manager.coordinator import textsafe
+    from vast_manager.coordinator.cli import render
 
     hostile = "rig\x1b[2J\x1b[H\x07-01\r\nfake line\x9b31m"
-    cleaned = render.clean(hostile)
+    cleaned = textsafe.clean(hostile)
     assert all(ord(c) >= 32 and not 0x7F <= ord(c) <= 0x9F for c in cleaned)
     assert cleaned == "rig\\u001b[2J\\u001b[H\\u0007-01  fake line\\u009b31m"
     table = render.table([[hostile, 1]], ["HOST", "N"])
@@ -138,7 +138,8 @@ def test_every_command_has_help_with_an_example() -> None:
 def test_cli_reference_is_fresh() -> None:
     expected = clidoc.render(cli)
     current = (ROOT / "docs" / "cli.md").read_text()
-    assert current == expected, "docs/cli.md is stale: python -m coordinator.clidoc > docs/cli.md"
+    assert current == expected, (
+        "docs/cli.md is stale: python -m vast_manager.coordinator.cli.clidoc > docs/cli.md")
 
 
 @contextlib.contextmanager

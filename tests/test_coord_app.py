@@ -24,8 +24,8 @@ from coord_support import (
 )
 from fakes_provider import FakeProvider, offer
 
-from coordinator.deploy import mint_agent_id
-from protocol import signing
+from vast_manager.coordinator.operations.deploy import mint_agent_id
+from vast_manager.protocol import signing
 
 
 @pytest.fixture
@@ -679,7 +679,7 @@ async def test_start_server_binds_a_free_port_and_stops(tmp_path: Path) -> None:
     import aiohttp
     from coord_support import ADMIN_TOKEN, make_settings
 
-    from coordinator.server import start_server
+    from vast_manager.coordinator.web.server import start_server
 
     server = await start_server(make_settings(tmp_path, port=0), FakeProvider())
     try:

@@ -8,8 +8,8 @@ from typing import Any
 from coord_support import SECRET_HEX, Harness, agent_key, start
 from fakes_provider import FakeProvider, offer
 
-from coordinator.providers.base import OfferGone, ProviderError
-from protocol import signing
+from vast_manager.coordinator.providers.base import OfferGone, ProviderError
+from vast_manager.protocol import signing
 
 
 async def deploy(h: Harness, **body: Any) -> tuple[int, Any]:

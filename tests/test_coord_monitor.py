@@ -8,8 +8,8 @@ from typing import Any
 from coord_support import Harness, start
 from fakes_provider import FakeProvider, offer
 
-from coordinator.monitor import HeartbeatTracker
-from coordinator.providers.base import ProviderError
+from vast_manager.coordinator.operations.monitor import HeartbeatTracker
+from vast_manager.coordinator.providers.base import ProviderError
 
 
 def test_tracker_touch_and_expire() -> None:

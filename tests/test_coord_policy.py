@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from coordinator import policy
-from coordinator.settings import SETTINGS, Settings, settings_markdown
-from protocol.codec import from_obj
-from protocol.messages import Result
+from vast_manager.coordinator.decisions import policy
+from vast_manager.coordinator.settings import SETTINGS, Settings, settings_markdown
+from vast_manager.protocol.codec import from_obj
+from vast_manager.protocol.messages import Result
 
 LIMITS = policy.PolicyLimits()
 

@@ -1,7 +1,7 @@
 """Early verdicts wired into the coordinator (issue 6): signed heartbeats through the real app.
 
 The expected numbers are worked out here from the method's formulas (docs/policy.md)
-with ``math`` and ``statistics.NormalDist``, never by calling ``coordinator.verdict``.
+with ``math`` and ``statistics.NormalDist``, never by calling ``decisions.early_verdict``.
 With the default settings (confidence 0.95, 12 planned proofs, verdicts from the 2nd
 proof) the 12 tests share alpha = 0.05: 0.05 / 12 each; the stall test spreads its
 share over the 12 proofs.
@@ -18,7 +18,7 @@ import pytest
 from coord_support import Agent, Harness, start
 from fakes_provider import FakeClock, FakeProvider, offer
 
-from coordinator.store import loads
+from vast_manager.coordinator.store.schema import loads
 
 ALPHA_TEST = 0.05 / 12
 Z = NormalDist().inv_cdf(1 - ALPHA_TEST)  # 2.638

@@ -17,12 +17,12 @@ import orjson
 import pytest
 from coord_support import ADMIN, ADMIN_TOKEN, SECRET_HEX, Harness, hello_msg, start
 
-from coordinator.catalog import local_offers
-from coordinator.dashboard import COOKIE_NAME, STATIC_DIR
-from coordinator.providers.local import LocalProvider
-from coordinator.server import start_server
-from coordinator.settings import Settings
-from protocol import signing
+from vast_manager.coordinator.providers.local.catalog import local_offers
+from vast_manager.coordinator.providers.local.provider import LocalProvider
+from vast_manager.coordinator.settings import Settings
+from vast_manager.coordinator.web.dashboard import COOKIE_NAME, STATIC_DIR
+from vast_manager.coordinator.web.server import start_server
+from vast_manager.protocol import signing
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts" / "dashboard"

@@ -41,7 +41,7 @@ def test_interrupted_demo_leaves_no_process(tmp_path: Path, signum: int) -> None
     workdir = tmp_path / "demo"
     log = (tmp_path / "demo.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "coordinator.cli", "demo", "--keep", str(workdir)],
+        [sys.executable, "-m", "vast_manager.coordinator.cli", "demo", "--keep", str(workdir)],
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,

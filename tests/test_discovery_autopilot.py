@@ -10,7 +10,7 @@ from discovery_support import synthetic_offer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.discovery.autopilot import (
+from vast_manager.coordinator.discovery.autopilot import (
     AutopilotCaps,
     FleetInstance,
     Ledger,
@@ -18,8 +18,14 @@ from coordinator.discovery.autopilot import (
     decide,
     plan_reference_usd_per_proof,
 )
-from coordinator.discovery.model import fit_rate_model
-from coordinator.discovery.plan import FleetView, Plan, PlanSettings, Proposal, evaluate_offer
+from vast_manager.coordinator.discovery.model import fit_rate_model
+from vast_manager.coordinator.discovery.plan import (
+    FleetView,
+    Plan,
+    PlanSettings,
+    Proposal,
+    evaluate_offer,
+)
 
 MODEL = fit_rate_model([])
 CAPS = AutopilotCaps(target_rate_per_hour=300.0, max_dph_total=3.0, max_instances=6,

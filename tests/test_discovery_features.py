@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.catalog import local_offers
-from coordinator.discovery.features import (
+from vast_manager.coordinator.discovery.features import (
     GIB,
     FeatureError,
     cpu_family,
     offer_features,
     offer_from_host_info,
 )
-from coordinator.discovery.measurements import MeasurementError, parse_measurement
+from vast_manager.coordinator.discovery.measurements import MeasurementError, parse_measurement
+from vast_manager.coordinator.providers.local.catalog import local_offers
 
 
 def _offer(**changes: object) -> dict[str, object]:

@@ -9,9 +9,9 @@ import statistics
 import pytest
 from discovery_support import measurements, synthetic_offer, true_rate
 
-from coordinator.catalog import local_offers
-from coordinator.discovery.measurements import Measurement
-from coordinator.discovery.model import Prediction, Unpredictable, fit_rate_model
+from vast_manager.coordinator.discovery.measurements import Measurement
+from vast_manager.coordinator.discovery.model import Prediction, Unpredictable, fit_rate_model
+from vast_manager.coordinator.providers.local.catalog import local_offers
 
 
 def _width(p: Prediction) -> float:

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from discovery_support import measurements, synthetic_offer
 
-from coordinator.discovery.model import Prediction, fit_rate_model
-from coordinator.discovery.plan import (
+from vast_manager.coordinator.discovery.model import Prediction, fit_rate_model
+from vast_manager.coordinator.discovery.plan import (
     FleetView,
     PlanSettings,
     TrialCost,

@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from coord_support import ADMIN, ADMIN_TOKEN, make_settings
 from fakes_provider import FakeProvider
 
-from coordinator.cli import cli
-from coordinator.server import start_server
-from coordinator.settings import Settings, parse_listen
+from vast_manager.coordinator.cli.commands import cli
+from vast_manager.coordinator.settings import Settings, parse_listen
+from vast_manager.coordinator.web.server import start_server
 
 
 def self_signed(tmp_path: Path) -> tuple[Path, Path]:

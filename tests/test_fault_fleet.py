@@ -17,10 +17,10 @@ from coord_support import ADMIN, ADMIN_TOKEN, SECRET_HEX
 from fault_support import TEST_MARKER_ENV, audit_results, fleet_settled, kill_marked
 from faultproxy import FaultProxy, FaultRates
 
-from coordinator.catalog import local_offers
-from coordinator.providers.local import LocalProvider
-from coordinator.server import start_server
-from coordinator.settings import Settings
+from vast_manager.coordinator.providers.local.catalog import local_offers
+from vast_manager.coordinator.providers.local.provider import LocalProvider
+from vast_manager.coordinator.settings import Settings
+from vast_manager.coordinator.web.server import start_server
 
 RATES = FaultRates(drop=0.04, delay=0.08, reset_request=0.04, reset_response=0.04,
                    duplicate=0.04, max_delay_s=0.4)

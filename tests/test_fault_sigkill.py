@@ -31,7 +31,7 @@ from fault_support import (
     wait_until,
 )
 
-from coordinator.catalog import local_offers
+from vast_manager.coordinator.providers.local.catalog import local_offers
 
 KILLS = 4
 

@@ -1,6 +1,6 @@
 """The published API description (issue 5, item 4) and schemathesis against it (item 5).
 
-``docs/openapi.yaml`` is the source; ``coordinator/data/openapi.json`` is the
+``docs/openapi.yaml`` is the source; ``coordinator/web/data/openapi.json`` is the
 same document as JSON, packaged and served at ``GET /openapi.json``. These
 tests keep the document, the packaged copy, the app's routes and the message
 dataclasses in step, then fuzz every documented operation through it: the
@@ -27,17 +27,17 @@ from fault_support import SignedAuth, ThreadedCoordinator
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis.errors import Unsatisfiable
 
-from coordinator.app import create_app, openapi_document
-from coordinator.store import Store
-from protocol import messages
+from vast_manager.coordinator.store.writer import Store
+from vast_manager.coordinator.web.app import create_app, openapi_document
+from vast_manager.protocol import messages
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS_YAML = ROOT / "docs" / "openapi.yaml"
-PACKAGED = ROOT / "coordinator" / "data" / "openapi.json"
+PACKAGED = ROOT / "coordinator" / "web" / "data" / "openapi.json"
 REGENERATE = (
     "regenerate the packaged copy: python -c \"import json, yaml; "
     "json.dump(yaml.safe_load(open('docs/openapi.yaml')), "
-    "open('coordinator/data/openapi.json', 'w'), indent=1)\""
+    "open('coordinator/web/data/openapi.json', 'w'), indent=1)\""
 )
 HTTP_METHODS = ("get", "put", "post", "delete", "patch", "options", "head", "trace")
 
@@ -79,7 +79,7 @@ def test_every_route_is_documented_and_every_documented_operation_routed(
 
 
 def test_every_result_flag_is_documented() -> None:
-    from coordinator.policy import RESULT_FLAGS
+    from vast_manager.coordinator.decisions.policy import RESULT_FLAGS
 
     stored = load_doc()["components"]["schemas"]["StoredResult"]
     assert stored["properties"]["flags"]["items"]["enum"] == list(RESULT_FLAGS)

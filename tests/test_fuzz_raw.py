@@ -21,7 +21,8 @@ import pytest
 from coord_support import ADMIN, heartbeat_msg, hello_msg
 from fault_support import ThreadedCoordinator, http, signed_headers, wait_until
 
-import coordinator.app as app_module
+from vast_manager.coordinator.web import app as app_module
+from vast_manager.coordinator.web import http as http_module
 
 DOC = json.loads(app_module.openapi_document())
 AGENT_PATHS = sorted(p for p in DOC["paths"] if p.startswith("/v1/"))
@@ -177,7 +178,7 @@ def test_garbage_requests_and_huge_headers(coord: ThreadedCoordinator) -> None:
 def test_slow_bodies_time_out_while_good_agents_are_served(
     coord: ThreadedCoordinator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(app_module, "BODY_READ_TIMEOUT_S", 1.5)
+    monkeypatch.setattr(http_module, "BODY_READ_TIMEOUT_S", 1.5)
     agent_id, key = coord.agent  # type: ignore[attr-defined]
     before = coord.rows()
     slow: list[socket.socket] = []

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.sim.c1 import write_c1
+from vast_manager.agent.sim.c1 import write_c1
 
 pytestmark = pytest.mark.slow
 
@@ -133,7 +133,8 @@ def coordinator(tmp_path: Path) -> Iterator[str]:
                XDG_CONFIG_HOME=str(tmp_path / "config"), PYTHONPATH=str(ROOT))
     with open(tmp_path / "coordinator.log", "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "coordinator.cli", "serve", "--db", str(tmp_path / "f.db"),
+            [sys.executable, "-m", "vast_manager.coordinator.cli",
+             "serve", "--db", str(tmp_path / "f.db"),
              "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"

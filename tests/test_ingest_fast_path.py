@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from coord_support import Harness, heartbeat_msg, hello_msg, make_settings, start
 
-from coordinator import ingest
-from coordinator import store as store_module
-from coordinator.store import Store, Tx
-from protocol.codec import from_obj
-from protocol.messages import Heartbeat, Hello
+from vast_manager.coordinator.operations import ingest
+from vast_manager.coordinator.store import writer as store_module
+from vast_manager.coordinator.store.writer import Store, Tx
+from vast_manager.protocol.codec import from_obj
+from vast_manager.protocol.messages import Heartbeat, Hello
 
 AGENT = "ag_" + "5" * 20
 NOW = 1_800_000_100.0
@@ -329,7 +329,7 @@ async def test_a_failed_job_loses_only_its_own_history_row(tmp_path: Path) -> No
 
 
 def test_serving_shortens_the_gil_switch_interval() -> None:
-    from coordinator.server import SWITCH_INTERVAL_S, tune_switch_interval
+    from vast_manager.coordinator.web.server import SWITCH_INTERVAL_S, tune_switch_interval
 
     before = sys.getswitchinterval()
     try:

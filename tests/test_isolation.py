@@ -28,11 +28,11 @@ from coord_support import (
 )
 from fakes_provider import FakeProvider
 
-from agent.client import Backoff, CoordinatorClient
-from coordinator.app import create_app
-from coordinator.store import Store
-from protocol import Heartbeat, Hello
-from protocol.codec import from_obj
+from vast_manager.agent.client import Backoff, CoordinatorClient
+from vast_manager.coordinator.store.writer import Store
+from vast_manager.coordinator.web.app import create_app
+from vast_manager.protocol import Heartbeat, Hello
+from vast_manager.protocol.codec import from_obj
 
 THIRD_SECRET_HEX = "33" * 32
 

@@ -11,7 +11,7 @@ import pytest
 from coord_support import ADMIN, ADMIN_TOKEN, Harness, hello_msg, start, telemetry_msg
 from prometheus_client import parser  # a test dependency: never skip these silently
 
-from coordinator.metrics import escape_label_value
+from vast_manager.coordinator.web.metrics import escape_label_value
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE_GPU = 'RTX "4090" \\ {evil="1"}\nnext line'
@@ -148,7 +148,7 @@ def test_escape_label_value(raw: Any, escaped: str) -> None:
 
 
 def test_grafana_dashboard_uses_our_metrics() -> None:
-    from coordinator.metrics import GPU_GAUGES
+    from vast_manager.coordinator.web.metrics import GPU_GAUGES
 
     board = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
     exprs = " ".join(

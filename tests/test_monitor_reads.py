@@ -14,8 +14,8 @@ import pytest
 from coord_support import Harness, start
 from fakes_provider import FakeProvider, offer
 
-from coordinator.monitor import known_agent_ids
-from coordinator.store import Reads
+from vast_manager.coordinator.operations.monitor import known_agent_ids
+from vast_manager.coordinator.store.reads import Reads
 
 #: The scans a monitor round makes over every instance (50,000 in production).
 FLEET_SCANS = ("active_instances", "instances_of_kind", "instances_due_for_destroy",

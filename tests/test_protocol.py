@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import (
+from vast_manager.protocol import (
     Directive,
     Gpu,
     Heartbeat,
@@ -24,7 +24,7 @@ from protocol import (
     encode,
     signing,
 )
-from protocol.nonces import NonceMemory, NonceVerdict
+from vast_manager.protocol.nonces import NonceMemory, NonceVerdict
 
 SECRET = bytes(range(32))
 AGENT = "ag_0123456789abcdef0123"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.ranking import DEFAULT_SCALING_EFFICIENCY, rank_offers
+from vast_manager.coordinator.decisions.ranking import DEFAULT_SCALING_EFFICIENCY, rank_offers
 
 
 def offer(

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.reconcile import Action, never_runs, parse_label, plan
+from vast_manager.coordinator.decisions.reconcile import Action, never_runs, parse_label, plan
 
 FLEET = "f1e2d3c4"
 NOW = 1_700_000_000.0

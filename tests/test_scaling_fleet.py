@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 from coord_support import ADMIN, make_settings
 
-from coordinator.catalog import local_offers
-from coordinator.providers.local import LocalProvider, marked_processes
-from coordinator.server import start_server
+from vast_manager.coordinator.providers.local.catalog import local_offers
+from vast_manager.coordinator.providers.local.provider import LocalProvider, marked_processes
+from vast_manager.coordinator.web.server import start_server
 
 pytestmark = pytest.mark.slow
 

@@ -24,10 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from message_strategies import hostile_values, mutated
 
-from protocol import messages
-from protocol.codec import decode, from_obj
-from protocol.errors import ProtocolError
-from protocol.schema import (
+from vast_manager.protocol import messages
+from vast_manager.protocol.codec import decode, from_obj
+from vast_manager.protocol.errors import ProtocolError
+from vast_manager.protocol.schema import (
     DEFAULT_MAX_STR_LEN,
     INT64_MAX,
     INT64_MIN,

@@ -21,9 +21,9 @@ import orjson
 import pytest
 from coord_support import ADMIN_TOKEN, SECRET_HEX, make_settings, start
 
-from agent.lifecycle import LogBuffer
-from coordinator import demo
-from coordinator.settings import Settings
+from vast_manager.agent.lifecycle import LogBuffer
+from vast_manager.coordinator.cli import demo
+from vast_manager.coordinator.settings import Settings
 
 FLEET_SECRET = "5e" * 32
 DEMO_ADMIN_TOKEN = "demo-admin-token-" + "7b" * 16
@@ -87,7 +87,7 @@ def test_full_demo_with_known_secrets_leaks_none(
     haystacks: dict[str, str] = {"stdout": out, "stderr": err, "logging": caplog.text}
     haystacks.update({f"answer {i}": a.decode() for i, a in enumerate(answers)})
     files = [p for p in workdir.rglob("*") if p.is_file()]
-    agent_logs = [p for p in files if p.name == "agent.log"]
+    agent_logs = [p for p in files if p.name == "vast_manager.agent.log"]
     assert len(agent_logs) >= 8
     for p in files:
         haystacks[f"file {p.relative_to(workdir)}"] = p.read_bytes().decode("latin-1")
@@ -149,7 +149,7 @@ def test_shipped_logs_are_redacted_on_the_agent() -> None:
     buffer = LogBuffer([key_hex, CONTAINER_API_KEY], clock=lambda: 1.0)
     buffer.add("agent", f"starting with VM_AGENT_KEY={key_hex}")
     buffer.child_line("cuzk", f"env CONTAINER_API_KEY={CONTAINER_API_KEY} ok")
-    logger = logging.getLogger("agent.test-redaction")
+    logger = logging.getLogger("vast_manager.agent.test-redaction")
     logger.addHandler(buffer)
     try:
         logger.error("failed: %s", ValueError(f"bad key {key_hex}"))

@@ -20,7 +20,7 @@ from typing import IO, Any
 import pytest
 from coord_support import ADMIN_TOKEN, SECRET_HEX, ServerThread, make_settings
 
-from coordinator.server import REDACTED, configure_logging
+from vast_manager.coordinator.web.logs import REDACTED, configure_logging
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,7 +104,8 @@ def test_serve_log_json_writes_json_lines_and_keeps_a_generated_token_out(
     env.update({"VM_FLEET_SECRET": SECRET_HEX, "VM_CONFIG_DIR": str(tmp_path / "config"),
                 "PYTHONUNBUFFERED": "1"})
     proc = subprocess.Popen(
-        [sys.executable, "-m", "coordinator.cli", "serve", "--db", str(tmp_path / "fleet.db"),
+        [sys.executable, "-m", "vast_manager.coordinator.cli",
+         "serve", "--db", str(tmp_path / "fleet.db"),
          "--port", "0", "--log-json"],
         env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         start_new_session=True,
@@ -149,7 +150,8 @@ def test_logs_follow_prints_new_lines_once(tmp_path: Path) -> None:
         env = {**os.environ, "VM_URL": s.server.url, "VM_ADMIN_TOKEN": ADMIN_TOKEN,
                "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "coordinator.cli", "logs", str(instance_id), "--follow",
+            [sys.executable, "-m", "vast_manager.coordinator.cli",
+             "logs", str(instance_id), "--follow",
              "--interval", "0.1"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from cuzk_surface import COMMIT, SURFACE, bench_command, check, daemon_command
 
-from agent.cuzk import batch_argv, daemon_argv, preload_argv, render_config
-from agent.sim import clap
-from agent.sim.cuzk_cli import CUZK_BENCH, CUZK_DAEMON, FEATURE_GATED, SOURCE_COMMIT
-from agent.sim.daemon import (
+from vast_manager.agent.cuzk import batch_argv, daemon_argv, preload_argv, render_config
+from vast_manager.agent.sim import clap
+from vast_manager.agent.sim.cuzk_cli import CUZK_BENCH, CUZK_DAEMON, FEATURE_GATED, SOURCE_COMMIT
+from vast_manager.agent.sim.daemon import (
     DEFAULT_LISTEN,
     ConfigError,
     SimDaemon,
@@ -29,7 +29,7 @@ from agent.sim.daemon import (
     load_settings,
     parse_size,
 )
-from agent.sim.hardware import load_profile
+from vast_manager.agent.sim.hardware import load_profile
 
 BENCH = "/usr/local/bin/cuzk-bench"
 CUZK = "/usr/local/bin/cuzk"
@@ -119,12 +119,13 @@ def test_clap_errors_and_defaults() -> None:
 @pytest.mark.parametrize(
     ("module", "argv", "needle"),
     [
-        ("agent.sim.bench", ["batch", "-t", "porep", "--c1", "x", "-n", "3"],
+        ("vast_manager.agent.sim.bench", ["batch", "-t", "porep", "--c1", "x", "-n", "3"],
          "error: unexpected argument '-n' found"),
-        ("agent.sim.bench", ["batch", "--addr", "http://127.0.0.1:1", "-t", "porep"],
+        ("vast_manager.agent.sim.bench", ["batch", "--addr", "http://127.0.0.1:1", "-t", "porep"],
          "error: unexpected argument '--addr' found"),
-        ("agent.sim.daemon", ["--config"], "error: a value is required for '--config <CONFIG>'"),
-        ("agent.sim.daemon", ["-n", "1"], "error: unexpected argument '-n' found"),
+        ("vast_manager.agent.sim.daemon", ["--config"],
+         "error: a value is required for '--config <CONFIG>'"),
+        ("vast_manager.agent.sim.daemon", ["-n", "1"], "error: unexpected argument '-n' found"),
     ],
 )
 def test_the_simulated_programs_refuse_like_clap(module: str, argv: list[str],
@@ -138,15 +139,16 @@ def test_the_simulated_programs_refuse_like_clap(module: str, argv: list[str],
 
 
 def test_feature_gated_subcommands_fail_as_the_release_build_does() -> None:
-    res = subprocess.run([sys.executable, "-m", "agent.sim.bench", "pce-bench", "--c1", "x"],
+    res = subprocess.run([sys.executable, "-m", "vast_manager.agent.sim.bench",
+                          "pce-bench", "--c1", "x"],
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 1
     assert res.stderr == "Error: pce-bench subcommand requires the 'pce-bench' feature.\n"
 
 
 def test_batch_lines_follow_the_format_strings() -> None:
-    from agent.benchparse import STATUS_LABELS, parse_proof_line
-    from agent.sim.bench import _proof_line, format_summary, status_label
+    from vast_manager.agent.benchparse import STATUS_LABELS, parse_proof_line
+    from vast_manager.agent.sim.bench import _proof_line, format_summary, status_label
 
     out = SURFACE["batch_output"]
     fmt = out["proof_line"]
@@ -239,7 +241,7 @@ def test_config_defaults_and_types_are_the_real_ones(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="invalid listen address: localhost:9820"):
         grpc_listen_address("localhost:9820")
     # What the agent writes is what the daemon reads: the budget in whole MiB.
-    toml = tmp_path / "agent.toml"
+    toml = tmp_path / "vast_manager.agent.toml"
     toml.write_text(render_config(listen="127.0.0.1:5", status_listen="127.0.0.1:6",
                                   param_cache=tmp_path, total_budget="204800MiB"))
     got = load_settings(str(toml), None, None, profile)

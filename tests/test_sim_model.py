@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from agent.sim.hardware import Profile, cpu_core_speed, pcie_link_gbps
-from agent.sim.model import (
+from vast_manager.agent.sim.hardware import Profile, cpu_core_speed, pcie_link_gbps
+from vast_manager.agent.sim.model import (
     GIB,
     PCE_EXTRACTION_TRANSIENT_BYTES,
     SRS_BYTES,

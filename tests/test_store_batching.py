@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.store import Store, Tx
-from protocol.errors import ProtocolError
-from protocol.messages import CpuTelemetry
-from protocol.schema import converter
+from vast_manager.coordinator.store.writer import Store, Tx
+from vast_manager.protocol.errors import ProtocolError
+from vast_manager.protocol.messages import CpuTelemetry
+from vast_manager.protocol.schema import converter
 
 
 async def test_one_turn_of_writes_commits_together_and_failures_stay_alone(

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.gpu import Device, Nvml, inventory, open_devices
-from agent.sampler import NvmlUnavailable, describe_host, open_sources
-from agent.sim.fake_nvml import FUNCTIONS, NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml
-from agent.sim.hardware import Profile
+from vast_manager.agent.gpu import Device, Nvml, inventory, open_devices
+from vast_manager.agent.sampler import NvmlUnavailable, describe_host, open_sources
+from vast_manager.agent.sim.fake_nvml import FUNCTIONS, NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml
+from vast_manager.agent.sim.hardware import Profile
 
 GB = 1_000_000_000
 T0 = 1_764_460_000.0
@@ -138,7 +138,8 @@ KINDS = ("not_supported", "function_not_found", "missing")
 
 
 def _log_lines(caplog: pytest.LogCaptureFixture, fn_name: str) -> int:
-    return sum(1 for r in caplog.records if r.name == "agent.gpu" and fn_name in r.getMessage())
+    return sum(1 for r in caplog.records
+               if r.name == "vast_manager.agent.gpu" and fn_name in r.getMessage())
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -148,7 +149,7 @@ def test_each_function_failing_nulls_only_its_fields(
 ) -> None:
     fake, _, devices = make(tmp_path)
     fake.fail(fn_name, kind)
-    caplog.set_level(logging.INFO, logger="agent.gpu")
+    caplog.set_level(logging.INFO, logger="vast_manager.agent.gpu")
     nulled = set(NULLED[fn_name])
     if fn_name == "nvmlDeviceGetCurrentClocksEventReasons" and kind == "not_supported":
         nulled = {"throttle_reasons"}  # supported-but-refused: the old name would say the same
@@ -229,7 +230,7 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "agent.gpu" and r.levelno >= logging.WARNING
+        if r.name == "vast_manager.agent.gpu" and r.levelno >= logging.WARNING
     ]
 
 
@@ -240,7 +241,7 @@ def test_no_nvml_library_means_no_gpus_and_one_log_line(
         raise ImportError("No module named 'pynvml'")
 
     nvml = Nvml(loader=no_bindings, register_atexit=False)
-    caplog.set_level(logging.INFO, logger="agent.gpu")
+    caplog.set_level(logging.INFO, logger="vast_manager.agent.gpu")
     assert open_devices(nvml) == []
     assert nvml.query("nvmlDeviceGetCount") is None
     assert nvml.driver_version() is None and nvml.cuda_version() is None
@@ -250,7 +251,7 @@ def test_no_nvml_library_means_no_gpus_and_one_log_line(
 
 
 def test_nvml_init_failure_and_zero_gpus(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="agent.gpu")
+    caplog.set_level(logging.INFO, logger="vast_manager.agent.gpu")
     broken = Nvml(
         FakeNvml(PROFILE, None, latency_scale=0.0, init_error=NVML_ERROR_LIBRARY_NOT_FOUND),
         register_atexit=False,
@@ -266,7 +267,7 @@ def test_nvml_init_failure_and_zero_gpus(caplog: pytest.LogCaptureFixture) -> No
 
 
 def test_open_sources_without_nvml(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="agent.gpu")
+    caplog.set_level(logging.INFO, logger="vast_manager.agent.gpu")
     missing = FakeNvml(PROFILE, None, latency_scale=0.0, init_error=NVML_ERROR_LIBRARY_NOT_FOUND)
     sources = open_sources("auto", str(tmp_path), nvml_module=missing)
     assert sources.devices == [] and sources.gpu_reason is not None

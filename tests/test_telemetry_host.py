@@ -1,4 +1,4 @@
-"""agent.host (psutil behind one module, cgroup quota) and the simulated host probe."""
+"""vast_manager.agent.host (psutil behind one module, cgroup quota) and the simulated host probe."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 import psutil
 import pytest
 
-from agent.host import HostProbe, read_cgroup_quota_cores, read_cpu_model
-from agent.sim.fake_host import FakeHostProbe
-from agent.sim.hardware import Profile
+from vast_manager.agent.host import HostProbe, read_cgroup_quota_cores, read_cpu_model
+from vast_manager.agent.sim.fake_host import FakeHostProbe
+from vast_manager.agent.sim.hardware import Profile
 
 CpuTimes = namedtuple("CpuTimes", "user nice system idle iowait irq softirq steal guest guest_nice")
 GB = 1_000_000_000
@@ -210,7 +210,7 @@ def test_fake_host_idle_without_a_daemon(tmp_path: Path) -> None:
 
 
 def test_memory_limit_from_cgroup_v2_v1_and_meminfo(tmp_path: Path) -> None:
-    from agent.host import MemoryLimit, read_memory_limit
+    from vast_manager.agent.host import MemoryLimit, read_memory_limit
 
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       528280124 kB\nMemFree:        1 kB\n")

@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from agent.gpu import GpuSnapshot, Nvml, open_devices
-from agent.host import HostSample
-from agent.sampler import MAX_OPEN_WINDOWS, Sampler, Sources, sample_interval_from_env
-from agent.sim.fake_host import FakeHostProbe
-from agent.sim.fake_nvml import FakeNvml
-from agent.sim.hardware import Profile
-from protocol.codec import decode, encode
-from protocol.messages import Telemetry
+from vast_manager.agent.gpu import GpuSnapshot, Nvml, open_devices
+from vast_manager.agent.host import HostSample
+from vast_manager.agent.sampler import MAX_OPEN_WINDOWS, Sampler, Sources, sample_interval_from_env
+from vast_manager.agent.sim.fake_host import FakeHostProbe
+from vast_manager.agent.sim.fake_nvml import FakeNvml
+from vast_manager.agent.sim.hardware import Profile
+from vast_manager.protocol.codec import decode, encode
+from vast_manager.protocol.messages import Telemetry
 
 GB = 1_000_000_000
 PROFILE = Profile.from_offer({"gpu_name": "RTX 4090", "num_gpus": 2, "cpu_cores_effective": 4})
@@ -355,7 +355,7 @@ async def test_end_to_end_sim_sources_from_a_state_file(
         ),
     )
     monkeypatch.setenv("VM_SIM_STATE_FILE", str(state))
-    from agent.sampler import open_sources
+    from vast_manager.agent.sampler import open_sources
 
     sources = open_sources("sim", str(tmp_path))
     s = Sampler(sources, interval_s=0.1, max_samples=3)

@@ -23,8 +23,12 @@ import aiohttp
 import pytest
 from fakevast import FAKE_API_KEY, FakeVast
 
-from coordinator.providers.vast import DEFAULT_ONSTART, ProviderConfigError, from_settings
-from coordinator.settings import Settings
+from vast_manager.coordinator.providers.vast.provider import (
+    DEFAULT_ONSTART,
+    ProviderConfigError,
+    from_settings,
+)
+from vast_manager.coordinator.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "vast-cli-admin-token-0123456789"
@@ -55,7 +59,7 @@ def base_env(tmp_path: Path) -> dict[str, str]:
 
 async def run_cli(env: dict[str, str], *args: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "coordinator.cli", *args, env=env,
+        sys.executable, "-m", "vast_manager.coordinator.cli", *args, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
     out, _ = await asyncio.wait_for(proc.communicate(), 60)
@@ -84,7 +88,7 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
         env["VM_URL"] = url
         with open(tmp_path / "serve.log", "wb") as log:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "coordinator.cli", "serve", "--provider", "vast",
+                sys.executable, "-m", "vast_manager.coordinator.cli", "serve", "--provider", "vast",
                 "--db", str(tmp_path / "fleet.db"), "--port", str(port),
                 env=env, stdout=log, stderr=asyncio.subprocess.STDOUT, cwd=tmp_path,
                 start_new_session=True,

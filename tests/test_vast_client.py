@@ -19,7 +19,7 @@ import pytest
 from aioresponses import aioresponses
 from yarl import URL
 
-from coordinator.providers.base import (
+from vast_manager.coordinator.providers.base import (
     AuthError,
     BadRequest,
     CreateFailed,
@@ -28,7 +28,7 @@ from coordinator.providers.base import (
     ProviderError,
     RateLimited,
 )
-from coordinator.vast import VastClient, find_api_key
+from vast_manager.coordinator.providers.vast.client import VastClient, find_api_key
 
 BASE = "https://vast.example.test"
 KEY = "sk-test-0123456789abcdef0123456789abcdef"

@@ -18,8 +18,8 @@ from coord_support import Harness, result_msg, start
 from fakes_provider import FakeClock
 from fakevast import FAKE_API_KEY, OCI_START_FAILURE, FakeVast
 
-from coordinator.providers.vast import DEFAULT_ONSTART, VastProvider
-from coordinator.vast import VastClient
+from vast_manager.coordinator.providers.vast.client import VastClient
+from vast_manager.coordinator.providers.vast.provider import DEFAULT_ONSTART, VastProvider
 
 IMAGE = "ghcr.io/example/vast-agent:test"
 OTHER_AGENT = "ag_" + "f" * 20

@@ -25,12 +25,16 @@ import aiohttp
 import pytest
 from fakevast import FAKE_API_KEY, FakeVast, SimAgents
 
-from coordinator.catalog import local_offers
-from coordinator.deploy import agent_env, mint_agent_id
-from coordinator.providers.vast import DEFAULT_ONSTART, VastProvider, from_settings
-from coordinator.server import RunningServer, start_server
-from coordinator.settings import Settings
-from protocol import signing
+from vast_manager.coordinator.operations.deploy import agent_env, mint_agent_id
+from vast_manager.coordinator.providers.local.catalog import local_offers
+from vast_manager.coordinator.providers.vast.provider import (
+    DEFAULT_ONSTART,
+    VastProvider,
+    from_settings,
+)
+from vast_manager.coordinator.settings import Settings
+from vast_manager.coordinator.web.server import RunningServer, start_server
+from vast_manager.protocol import signing
 
 TOKEN = "vast-e2e-admin-token-0123456789"
 IMAGE = "ghcr.io/example/vast-agent:e2e"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.filters import (
+from vast_manager.coordinator.providers.vast.filters import (
     DEFAULT_FILTER,
     FilterError,
     apply_local_filters,

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 from fakevast import FAKE_API_KEY, OCI_START_FAILURE, FakeVast
 
-from coordinator.filters import DEFAULT_FILTER, build_search_query
-from coordinator.providers.base import (
+from vast_manager.coordinator.providers.base import (
     AuthError,
     CreateFailed,
     DestroyUnconfirmed,
@@ -22,8 +21,13 @@ from coordinator.providers.base import (
     Provider,
     ProviderError,
 )
-from coordinator.providers.vast import MAX_ONSTART_CHARS, VastProvider, fit_onstart
-from coordinator.vast import VastClient
+from vast_manager.coordinator.providers.vast.client import VastClient
+from vast_manager.coordinator.providers.vast.filters import DEFAULT_FILTER, build_search_query
+from vast_manager.coordinator.providers.vast.provider import (
+    MAX_ONSTART_CHARS,
+    VastProvider,
+    fit_onstart,
+)
 
 AGENT_ID = "ag_0123456789abcdef0123"
 AGENT_KEY = "ab" * 32

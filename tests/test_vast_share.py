@@ -1,4 +1,4 @@
-"""coordinator.share: what an offer's instance gets of its host, with missing, zero and odd
+"""decisions.share: what an offer's instance gets of its host, with missing, zero and odd
 fields answered honestly (unknown, never guessed). Fields and units as vast.ai lists them
 (docs/vast.md): cpu_ram in MB for the whole host, cpu_cores the host's, cpu_cores_effective
 the instance's, gpu_frac the offer's GPUs over the host's."""
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.share import instance_share, ram_class, shortfall
+from vast_manager.coordinator.decisions.share import instance_share, ram_class, shortfall
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from coordinator.filters import OFFER_FIELDS
-from coordinator.providers.vast import DEFAULT_ONSTART, MAX_ONSTART_CHARS
-from coordinator.settings import SETTINGS
+from vast_manager.coordinator.providers.vast.filters import OFFER_FIELDS
+from vast_manager.coordinator.providers.vast.provider import DEFAULT_ONSTART, MAX_ONSTART_CHARS
+from vast_manager.coordinator.settings import SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "image" / "vast-template.json"

@@ -1,4 +1,4 @@
-"""Early benchmark verdicts (coordinator.verdict) on hand-computed cases.
+"""Early benchmark verdicts (decisions.early_verdict) on hand-computed cases.
 
 Every expected number is worked out here from the method's formulas with
 ``math`` and tabulated normal quantiles, never by calling the code under test.
@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from coordinator.verdict import (
+from vast_manager.coordinator.decisions.early_verdict import (
     EarlyVerdict,
     VerdictSettings,
     assess,

@@ -2,7 +2,7 @@
 
 It stands in for ``cuzk-bench`` at Curio ``e0294b0f`` (docs/cuzk.md): the same
 global ``--addr``/``--log-level`` before the subcommand, the same subcommands
-and flags, refused as clap refuses them (`agent.sim.cuzk_cli`), and the same
+and flags, refused as clap refuses them (`vast_manager.agent.sim.cuzk_cli`), and the same
 output. ``batch`` reads the C1 file before printing anything, prints its
 header, then runs one Prove RPC per proof: with ``-j 1`` one after the
 other, each line printed as its proof returns; with ``-j N`` it submits
@@ -14,7 +14,7 @@ and exit status 1, no summary.
 
 It talks to the simulated daemon over the simulator's private HTTP/JSON
 transport on the daemon's ``listen`` address (documented in
-`agent.sim.daemon`), where the real one speaks gRPC. Reported times are
+`vast_manager.agent.sim.daemon`), where the real one speaks gRPC. Reported times are
 simulated seconds (what a real host would print); the run itself takes
 simulated / ``VM_SIM_TIME_SCALE`` real seconds.
 """
@@ -32,8 +32,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from agent.sim import clap
-from agent.sim.cuzk_cli import CUZK_BENCH, FEATURE_GATED
+from vast_manager.agent.sim import clap
+from vast_manager.agent.sim.cuzk_cli import CUZK_BENCH, FEATURE_GATED
 
 CONNECT_TIMEOUT_S = 10.0
 # cuzk-bench/src/main.rs status_label

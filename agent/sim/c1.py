@@ -17,7 +17,7 @@ from pathlib import Path
 
 import orjson
 
-from agent.c1 import SECTOR_SIZE_32GIB, C1Error, C1Input, parse_c1
+from vast_manager.agent.c1 import SECTOR_SIZE_32GIB, C1Error, C1Input, parse_c1
 
 REGISTERED_PROOF = "StackedDrg32GiBV1_1"
 

@@ -5,13 +5,13 @@ Transcribed from Curio ``e0294b0f`` (docs/cuzk.md): ``extern/cuzk/cuzk-daemon/sr
 Commands``, ``enum GenVanillaCommands``). clap derive names every long option after its
 field in kebab case, ``#[arg(short)]`` takes the field's first letter, a non-``Option``
 field without a default is required, and ``bool`` fields are flags. The simulated
-programs parse with these trees (`agent.sim.clap`), so they refuse what the real ones
+programs parse with these trees (`vast_manager.agent.sim.clap`), so they refuse what the real ones
 refuse; tests/fixtures holds an independent transcription that the tests compare with.
 """
 
 from __future__ import annotations
 
-from agent.sim.clap import Arg, Command
+from vast_manager.agent.sim.clap import Arg, Command
 
 SOURCE_COMMIT = "e0294b0f948132d41e8f42f59fa949495d5fd3af"
 

@@ -1,8 +1,8 @@
-"""``vm-sim-cuzk``: a simulated cuzk proving daemon driven by `agent.sim.model`.
+"""``vm-sim-cuzk``: a simulated cuzk proving daemon driven by `vast_manager.agent.sim.model`.
 
 It stands in for ``cuzk-daemon`` (installed as ``cuzk``) at Curio ``e0294b0f``
 (docs/cuzk.md): the same flags, parsed and refused as clap does
-(`agent.sim.cuzk_cli`); the same ``cuzk.toml`` keys, types and defaults (a
+(`vast_manager.agent.sim.cuzk_cli`); the same ``cuzk.toml`` keys, types and defaults (a
 missing file means defaults; unknown keys are ignored; a wrong type stops
 the daemon with exit status 1); ``listen`` defaults to
 ``unix:///run/curio/cuzk.sock`` and ``[daemon] status_listen`` to off; it
@@ -54,11 +54,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from agent.sim import clap, model
-from agent.sim.c1 import check_request
-from agent.sim.cuzk_cli import CUZK_DAEMON
-from agent.sim.hardware import ENV_STATE_FILE, Profile, load_profile, time_scale
-from agent.sim.model import Counters, ProofSim, SimConfig, Simulation
+from vast_manager.agent.sim import clap, model
+from vast_manager.agent.sim.c1 import check_request
+from vast_manager.agent.sim.cuzk_cli import CUZK_DAEMON
+from vast_manager.agent.sim.hardware import ENV_STATE_FILE, Profile, load_profile, time_scale
+from vast_manager.agent.sim.model import Counters, ProofSim, SimConfig, Simulation
 
 log = logging.getLogger("cuzk_daemon")
 engine_log = logging.getLogger("cuzk_core::engine")

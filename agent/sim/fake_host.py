@@ -1,4 +1,4 @@
-"""A simulated host probe: `agent.host.HostSource` fed by the simulation.
+"""A simulated host probe: `vast_manager.agent.host.HostSource` fed by the simulation.
 
 Facts come from the hardware profile (VM_SIM_PROFILE); CPU, load, iowait and
 RAM come from the state file the simulated cuzk daemon writes, so a host the
@@ -13,9 +13,9 @@ import random
 import time
 from collections.abc import Callable
 
-from agent.host import DiskUsage, HostFacts, HostSample, MemoryLimit, existing_dir
-from agent.sim.fake_nvml import SimStateReader
-from agent.sim.hardware import ENV_STATE_FILE, Profile, load_profile
+from vast_manager.agent.host import DiskUsage, HostFacts, HostSample, MemoryLimit, existing_dir
+from vast_manager.agent.sim.fake_nvml import SimStateReader
+from vast_manager.agent.sim.hardware import ENV_STATE_FILE, Profile, load_profile
 
 # Background traffic of an idle agent (heartbeats, logs), bytes per second.
 _IDLE_NET_RX_BPS = 2_000.0
@@ -23,7 +23,7 @@ _IDLE_NET_TX_BPS = 3_000.0
 
 
 class FakeHostProbe:
-    """Same interface as `agent.host.HostProbe`."""
+    """Same interface as `vast_manager.agent.host.HostProbe`."""
 
     def __init__(
         self,

@@ -1,7 +1,7 @@
 """A fake ``pynvml`` fed by the simulation (VM_SIM_PROFILE + VM_SIM_STATE_FILE).
 
 `FakeNvml` is a module-like object with the same function, constant and
-exception names as the pynvml subset `agent.gpu` uses, so `agent.gpu.Nvml`
+exception names as the pynvml subset `vast_manager.agent.gpu` uses, so `vast_manager.agent.gpu.Nvml`
 takes it in place of the real module. Static facts (name, memory, PCIe slot)
 come from the hardware profile; live values come from the state file the
 simulated cuzk daemon writes (docs/architecture.md), falling back to idle
@@ -9,7 +9,7 @@ values when the file is missing or stale. Reads carry sampling noise and
 realistic call latencies (a PCIe throughput read blocks for NVML's 20 ms
 window). Tests switch any function to raise NotSupported or
 FunctionNotFound, remove it, or hang one GPU. `SimStateReader` is shared with
-`agent.sim.fake_host`.
+`vast_manager.agent.sim.fake_host`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from agent.sim.hardware import ENV_STATE_FILE, Profile, load_profile
+from vast_manager.agent.sim.hardware import ENV_STATE_FILE, Profile, load_profile
 
 STALE_AFTER_S = 2.0  # docs/architecture.md: older than this means no daemon
 REREAD_EVERY_S = 0.1  # the daemon writes every <= 0.2 s; stat more often is waste

@@ -42,7 +42,7 @@ tests end; the real one never does.
 The engine is a fluid discrete-event simulation: between events every rate is
 constant, so it jumps from event to event exactly. `Simulation` is driven
 either to completion (`run_batch`, for tests and capacity planning) or in real
-time by the simulated daemon (`agent.sim.daemon`). Every number here is
+time by the simulated daemon (`vast_manager.agent.sim.daemon`). Every number here is
 simulated.
 
 Calibration (simulated; what each constant is fitted to)
@@ -85,7 +85,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from agent.sim.hardware import Profile
+from vast_manager.agent.sim.hardware import Profile
 
 PARTITIONS_PER_PROOF = 10
 GIB = 1 << 30
@@ -1062,7 +1062,7 @@ class BatchDriver:
     It submits the next proof at the simulated instant a slot frees, as the
     real bench's semaphore does (the real one adds a connect per request,
     milliseconds that the model ignores). ``results`` is in completion order;
-    the real tool prints in submission order (`agent.sim.bench`).
+    the real tool prints in submission order (`vast_manager.agent.sim.bench`).
     """
 
     def __init__(

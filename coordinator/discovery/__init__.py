@@ -16,7 +16,7 @@ Pure functions and dataclasses, no I/O and no clock (time is passed in):
 docs/discovery.md explains the model, the plan and the figures of bench/discovery.py.
 """
 
-from coordinator.discovery.autopilot import (
+from vast_manager.coordinator.discovery.autopilot import (
     Action,
     AutopilotCaps,
     Decision,
@@ -26,9 +26,13 @@ from coordinator.discovery.autopilot import (
     decide,
     plan_reference_usd_per_proof,
 )
-from coordinator.discovery.features import FeatureError, OfferFeatures, offer_features
-from coordinator.discovery.measurements import Measurement, MeasurementError, parse_measurement
-from coordinator.discovery.model import (
+from vast_manager.coordinator.discovery.features import FeatureError, OfferFeatures, offer_features
+from vast_manager.coordinator.discovery.measurements import (
+    Measurement,
+    MeasurementError,
+    parse_measurement,
+)
+from vast_manager.coordinator.discovery.model import (
     Contribution,
     Prediction,
     Priors,
@@ -36,7 +40,7 @@ from coordinator.discovery.model import (
     Unpredictable,
     fit_rate_model,
 )
-from coordinator.discovery.plan import (
+from vast_manager.coordinator.discovery.plan import (
     FleetView,
     Plan,
     PlanSettings,

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from coordinator.discovery.plan import Plan, Proposal
+from vast_manager.coordinator.discovery.plan import Plan, Proposal
 
 
 @dataclass(frozen=True, slots=True)

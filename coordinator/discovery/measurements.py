@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.discovery.features import FeatureError, OfferFeatures, offer_features
+from vast_manager.coordinator.discovery.features import FeatureError, OfferFeatures, offer_features
 
 SOURCES = ("fleet", "imported")
 

@@ -46,8 +46,8 @@ import numpy as np
 from numpy.typing import NDArray
 from threadpoolctl import threadpool_limits
 
-from coordinator.discovery.features import FeatureError, OfferFeatures, offer_features
-from coordinator.discovery.measurements import Measurement
+from vast_manager.coordinator.discovery.features import FeatureError, OfferFeatures, offer_features
+from vast_manager.coordinator.discovery.measurements import Measurement
 
 Array = NDArray[np.float64]
 

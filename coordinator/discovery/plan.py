@@ -27,9 +27,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from coordinator.coerce import as_int, positive
-from coordinator.discovery.features import GIB, OfferFeatures, offer_features
-from coordinator.discovery.model import Prediction, Unpredictable, normal_sf
+from vast_manager.coordinator.discovery.features import GIB, OfferFeatures, offer_features
+from vast_manager.coordinator.discovery.model import Prediction, Unpredictable, normal_sf
+from vast_manager.coordinator.providers.coerce import as_int, positive
 
 
 class Predictor(Protocol):

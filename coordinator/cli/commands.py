@@ -1,0 +1,648 @@
+"""`vast-manager`: the coordinator server and the operator's command line.
+
+Thin click commands: each parses its options, calls one function of the core
+or one operator API endpoint, and prints a table or JSON. Errors become one
+line on stderr and an exit code:
+
+\b
+  0  success
+  1  the coordinator refused the request (the message says why)
+  2  bad usage (click's own)
+  3  the coordinator could not be reached
+  4  the demo ended without its expected outcome
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+import orjson
+
+from vast_manager.coordinator import textsafe
+from vast_manager.coordinator.cli import render
+from vast_manager.coordinator.cli.client import DEFAULT_URL, OperatorClient, OperatorError
+from vast_manager.coordinator.textsafe import clean
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_REFUSED = 1
+EXIT_UNREACHABLE = 3
+
+
+def operator_options(fn: F) -> F:
+    """``--url`` and the admin token, shared by every command that talks to a coordinator."""
+
+    @click.option(
+        "--url",
+        envvar="VM_URL",
+        default=DEFAULT_URL,
+        show_default=True,
+        help="Coordinator URL (env VM_URL).",
+    )
+    @click.option(
+        "--token",
+        envvar="VM_ADMIN_TOKEN",
+        default=None,
+        show_default=False,
+        help="Admin token (env VM_ADMIN_TOKEN; prefer the environment over the flag).",
+    )
+    @functools.wraps(fn)
+    def wrapper(*args: Any, url: str, token: str | None, **kwargs: Any) -> Any:
+        client = OperatorClient(url, token)
+        try:
+            return fn(client, *args, **kwargs)
+        except OperatorError as err:
+            # The message may quote what a host sent (a label, a machine id): shown as text.
+            click.echo(f"Error: {clean(str(err))}", err=True)
+            sys.exit(EXIT_REFUSED if err.status else EXIT_UNREACHABLE)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def json_option(fn: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(
+        fn
+    )
+
+
+def echo_json(value: Any) -> None:
+    click.echo(textsafe.json_safe(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="vast-manager")
+def cli() -> None:
+    """Run a fleet of rented vast.ai GPU machines proving with CuZK, and keep only
+    the ones worth their price.
+
+    \b
+    Start here:
+      vast-manager demo            the whole lifecycle on a local simulated fleet
+      vast-manager serve           run a coordinator (agents + operator API)
+      vast-manager status          the fleet, from a running coordinator
+
+    \b
+    Exit codes: 0 success; 1 the coordinator refused the request (the
+    message says why); 2 bad usage; 3 the coordinator could not be reached
+    (or no VM_ADMIN_TOKEN); 4 the demo ended without its expected outcome.
+    """
+
+
+# --- server ----------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--db", "db_path", default=None, help="SQLite file [default: ./vast-manager.db].")
+@click.option("--host", default=None, help="Listen address [default: 127.0.0.1].")
+@click.option("--port", type=int, default=None, help="Listen port [default: 8420].")
+@click.option(
+    "--provider",
+    type=click.Choice(["local", "vast"]),
+    default="local",
+    show_default=True,
+    help="Where instances come from: the local simulated fleet, or vast.ai (VAST_API_KEY).",
+)
+@click.option("--tls-cert", default=None,
+              help="PEM certificate chain: serve HTTPS directly (env VM_TLS_CERT; with --tls-key).")
+@click.option("--tls-key", default=None, help="PEM private key of --tls-cert (env VM_TLS_KEY).")
+@click.option(
+    "--admin-listen",
+    default=None,
+    metavar="HOST:PORT",
+    help="Serve the operator API, dashboard and /metrics here; --host/--port then answer "
+    "only the agents (/v1/*) (env VM_ADMIN_LISTEN).",
+)
+@click.option("--metrics-public", is_flag=True, default=None,
+              help="Serve /metrics without the admin token (env VM_METRICS_PUBLIC).")
+@click.option("--log-json", is_flag=True, default=None,
+              help="Log one JSON object per line on stderr (env VM_LOG_FORMAT=json).")
+def serve(
+    db_path: str | None,
+    host: str | None,
+    port: int | None,
+    provider: str,
+    tls_cert: str | None,
+    tls_key: str | None,
+    admin_listen: str | None,
+    metrics_public: bool | None,
+    log_json: bool | None,
+) -> None:
+    """Run the coordinator: agent endpoints, operator API, web dashboard (at /),
+    /metrics, monitor loop.
+
+    The fleet secret comes from VM_FLEET_SECRET (generated into a 0600 file in
+    your config directory when unset) and the admin token from VM_ADMIN_TOKEN
+    (generated and printed once when unset; with JSON logs, written to
+    admin-token in the config directory instead). Log in to the dashboard
+    with the admin token.
+
+    \b
+    Examples:
+      VM_ADMIN_TOKEN=$(openssl rand -hex 24) vast-manager serve --db fleet.db
+      vast-manager serve --host 0.0.0.0 --port 8420 --admin-listen 127.0.0.1:8421 \\
+          --tls-cert fullchain.pem --tls-key privkey.pem --log-json
+    """
+    from vast_manager.coordinator.settings import Settings
+    from vast_manager.coordinator.web.server import ServeConfigError, run_server
+
+    options: dict[str, Any] = {
+        "db_path": db_path, "host": host, "port": port, "tls_cert": tls_cert,
+        "tls_key": tls_key, "admin_listen": admin_listen,
+        "metrics_public": True if metrics_public else None,
+        "log_format": "json" if log_json else None,
+    }
+    overrides = {name: value for name, value in options.items() if value is not None}
+    try:
+        settings = Settings.from_env(os.environ, **overrides)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    from vast_manager.coordinator.providers.vast.provider import ProviderConfigError
+
+    try:
+        run_server(settings, provider)
+    except (ProviderConfigError, ServeConfigError) as err:  # no API key; unreadable cert
+        raise click.ClickException(str(err)) from None
+
+
+@cli.command()
+@click.option(
+    "--time-scale",
+    type=float,
+    default=None,
+    help="Simulated seconds per real second [default: chosen to finish in about a minute].",
+)
+@click.option("--keep", "keep_dir", default=None, help="Keep the demo's files in this folder.")
+@click.option("--timeout", "timeout_s", type=float, default=150.0, show_default=True,
+              help="Give up after this many seconds.")
+def demo(time_scale: float | None, keep_dir: str | None, timeout_s: float) -> None:
+    """Run the whole lifecycle on a local simulated fleet, in about a minute.
+
+    Starts a coordinator on a fresh SQLite file, deploys every offer of the
+    local catalog through the LocalProvider (agents on the simulated cuzk),
+    shows the fleet live, and ends with each instance's outcome and reason,
+    host_perf, the bad hosts, the scaling verdicts and the offers ranked by
+    cost per proof. All rates are simulated. Nothing is left running.
+
+    \b
+    Example:
+      vast-manager demo
+    """
+    from vast_manager.coordinator.cli.demo import run_demo
+
+    code = run_demo(time_scale=time_scale, keep_dir=keep_dir, timeout_s=timeout_s)
+    sys.exit(code)
+
+
+# --- fleet -------------------------------------------------------------------------
+
+
+def _progress(p: Any) -> str:
+    if not p:
+        return "-"
+    done, total, unit = p.get("done"), p.get("total"), p.get("unit")
+    if unit == "bytes" and total:
+        return f"{100.0 * done / total:.0f}%"
+    return f"{done}/{total} {unit or ''}".strip()
+
+
+@cli.command()
+@json_option
+@operator_options
+def status(client: OperatorClient, as_json: bool) -> None:
+    """The fleet: every instance with state, phase, rate and cost per proof.
+
+    With --json: the API's list, indented on a terminal and compact when piped.
+
+    \b
+    Example:
+      vast-manager status --url http://coordinator:8420
+    """
+    if as_json:
+        raw = client.get_json_bytes("/api/instances")
+        if sys.stdout.isatty():
+            echo_json(orjson.loads(raw))
+        else:  # for a script: the API's own JSON, compact, without a parse and re-encode
+            click.echo(textsafe.json_safe(raw.decode()))
+        return
+    rows = client.get("/api/instances")
+    if not rows:
+        click.echo("No instances.")
+        return
+    now = time.time()
+    click.echo(
+        render.table(
+            (
+                (
+                    r.get("id"),
+                    r.get("state"),
+                    r.get("phase"),
+                    _progress(r.get("progress")),
+                    f"{r.get('num_gpus') or '?'}x {r.get('gpu_name') or '?'}",
+                    render.usd(r.get("dph_total"), 3),
+                    render.num(r.get("rate_per_hour"))
+                    + (" (sim)" if r.get("provider") == "local" else ""),
+                    render.usd(r.get("usd_per_proof")),
+                    render.ago(r.get("last_seen"), now),
+                    r.get("label"),
+                )
+                for r in rows
+            ),
+            ["ID", "STATE", "PHASE", "PROGRESS", "GPUS", "$/H", "RATE/H", "$/PROOF",
+             "LAST SEEN", "LABEL"],
+        )
+    )
+    if any(r.get("provider") == "local" for r in rows):
+        click.echo("(sim): a local-provider instance on the simulated cuzk; its rate is simulated.")
+
+
+@cli.command()
+@click.argument("instance_id", type=int)
+@json_option
+@operator_options
+def instance(client: OperatorClient, instance_id: int, as_json: bool) -> None:
+    """One instance: its state, per-GPU telemetry, results and decisions.
+
+    \b
+    Example:
+      vast-manager instance 700001
+    """
+    from vast_manager.coordinator.cli.text_views import render_instance
+
+    data = client.get(f"/api/instances/{instance_id}")
+    if as_json:
+        echo_json(data)
+        return
+    click.echo(render_instance(data))
+
+
+@cli.command()
+@json_option
+@operator_options
+def hosts(client: OperatorClient, as_json: bool) -> None:
+    """Measured hosts (host_perf): best and median rate, samples, cost per proof.
+
+    \b
+    Example:
+      vast-manager hosts --json
+    """
+    rows = client.get("/api/host-perf")
+    if as_json:
+        echo_json(rows)
+        return
+    if not rows:
+        click.echo("No host measured yet.")
+        return
+    click.echo(
+        render.table(
+            (
+                (
+                    r.get("machine_id"),
+                    r.get("gpu_name"),
+                    r.get("num_gpus"),
+                    render.num(r.get("median_rate_per_hour")),
+                    render.num(r.get("best_rate_per_hour")),
+                    render.num(r.get("last_rate_per_hour")),
+                    r.get("samples"),
+                    render.usd(r.get("usd_per_proof")),
+                )
+                for r in rows
+            ),
+            ["MACHINE", "GPU", "N", "MEDIAN/H", "BEST/H", "LAST/H", "SAMPLES", "$/PROOF"],
+        )
+    )
+
+
+@cli.group("bad-hosts")
+def bad_hosts() -> None:
+    """The blocklist of machines never to deploy on again."""
+
+
+@bad_hosts.command("list")
+@json_option
+@operator_options
+def bad_hosts_list(client: OperatorClient, as_json: bool) -> None:
+    """List blocked machines with the reason each was blocked.
+
+    \b
+    Example:
+      vast-manager bad-hosts list
+    """
+    rows = client.get("/api/bad-hosts")
+    if as_json:
+        echo_json(rows)
+        return
+    if not rows:
+        click.echo("No bad hosts.")
+        return
+    click.echo(
+        render.table(
+            ((r.get("machine_id"), render.ago(r.get("added_at")), r.get("reason")) for r in rows),
+            ["MACHINE", "ADDED", "REASON"],
+        )
+    )
+
+
+@bad_hosts.command("add")
+@click.argument("machine_id", type=int)
+@click.option("--reason", required=True, help="Why this machine is blocked.")
+@operator_options
+def bad_hosts_add(client: OperatorClient, machine_id: int, reason: str) -> None:
+    """Block a machine.
+
+    \b
+    Example:
+      vast-manager bad-hosts add 41006 --reason "25.9/h, noisy neighbour"
+    """
+    client.post("/api/bad-hosts", {"machine_id": machine_id, "reason": reason})
+    click.echo(f"Machine {machine_id} blocked.")
+
+
+@bad_hosts.command("remove")
+@click.argument("machine_id", type=int)
+@operator_options
+def bad_hosts_remove(client: OperatorClient, machine_id: int) -> None:
+    """Unblock a machine.
+
+    \b
+    Example:
+      vast-manager bad-hosts remove 41006
+    """
+    client.delete(f"/api/bad-hosts/{machine_id}")
+    click.echo(f"Machine {machine_id} unblocked.")
+
+
+@cli.command()
+@click.argument("instance_id", type=int)
+@operator_options
+def destroy(client: OperatorClient, instance_id: int) -> None:
+    """Destroy an instance now (billing stops). Safe to repeat.
+
+    \b
+    Example:
+      vast-manager destroy 700001
+    """
+    answer = client.post(f"/api/instances/{instance_id}/destroy")
+    click.echo(clean((answer or {}).get("message") or f"Instance {instance_id} destroyed."))
+
+
+@cli.command()
+@click.argument("instance_id", type=int)
+@operator_options
+def rebenchmark(client: OperatorClient, instance_id: int) -> None:
+    """Make the instance re-run its benchmark at its next heartbeat.
+
+    \b
+    Example:
+      vast-manager rebenchmark 700001
+    """
+    answer = client.post(f"/api/instances/{instance_id}/rebenchmark")
+    click.echo(
+        clean((answer or {}).get("message") or f"Instance {instance_id} will re-benchmark.")
+    )
+
+
+def _print_logs(lines: list[dict[str, Any]]) -> None:
+    for line in lines:
+        ts = time.strftime("%H:%M:%S", time.localtime(float(line.get("ts") or 0)))
+        click.echo(f"{ts} {clean(line.get('source'))}: {clean(line.get('text'))}")
+
+
+def _log_key(line: dict[str, Any]) -> tuple[float, str, str]:
+    return float(line.get("ts") or 0), str(line.get("source")), str(line.get("text"))
+
+
+def _unseen(
+    lines: list[dict[str, Any]], seen_ts: float, seen_at_ts: set[tuple[float, str, str]]
+) -> list[dict[str, Any]]:
+    """Lines newer than the last printed one; at its timestamp, only those not printed yet
+    (several lines often share a second)."""
+    return [x for x in lines
+            if _log_key(x)[0] > seen_ts or (_log_key(x)[0] == seen_ts
+                                            and _log_key(x) not in seen_at_ts)]
+
+
+@cli.command()
+@click.argument("instance_id", type=int)
+@click.option("--tail", type=int, default=100, show_default=True, help="How many lines.")
+@click.option("--source", default=None, help="Only lines from this source (agent, cuzk, ...).")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing new lines as they arrive (polls; Ctrl-C stops).")
+@click.option("--interval", "interval_s", type=click.FloatRange(min=0.1), default=2.0,
+              show_default=True, help="Seconds between polls with --follow.")
+@operator_options
+def logs(
+    client: OperatorClient,
+    instance_id: int,
+    tail: int,
+    source: str | None,
+    follow: bool,
+    interval_s: float,
+) -> None:
+    """Logs the instance's agent shipped (agent, cuzk, benchmark, work command).
+
+    \b
+    Example:
+      vast-manager logs 700001 --tail 50 --source cuzk --follow
+    """
+    path = f"/api/instances/{instance_id}/logs"
+    lines = client.get(path, tail=tail, source=source)
+    _print_logs(lines)
+    seen_ts = max((_log_key(x)[0] for x in lines), default=0.0)
+    seen_at_ts = {_log_key(x) for x in lines if _log_key(x)[0] == seen_ts}
+    try:
+        while follow:
+            time.sleep(interval_s)
+            fresh = _unseen(client.get(path, tail=1000, source=source), seen_ts, seen_at_ts)
+            _print_logs(fresh)
+            if fresh:
+                newest = max(_log_key(x)[0] for x in fresh)
+                if newest > seen_ts:
+                    seen_ts, seen_at_ts = newest, set()
+                seen_at_ts |= {_log_key(x) for x in fresh if _log_key(x)[0] == seen_ts}
+    except KeyboardInterrupt:
+        return
+
+
+@cli.group()
+def agents() -> None:
+    """Bring-your-own agents: issue credentials for a machine you run yourself, or revoke."""
+
+
+@agents.command("issue")
+@click.option("--label", default="byo", show_default=True,
+              help="Name of the machine (its machine_id in host_perf).")
+@click.option("--min-rate", type=float, default=None, help="Minimum proofs/hour to keep it.")
+@json_option
+@operator_options
+def agents_issue(
+    client: OperatorClient, label: str, min_rate: float | None, as_json: bool
+) -> None:
+    """Register an agent and print its environment (VM_COORDINATOR_URL, VM_AGENT_ID,
+    VM_AGENT_KEY) in env-file format. The key is shown only here, once.
+
+    \b
+    Example:
+      vast-manager agents issue --label rig-01 --min-rate 40 > rig-01.env
+    """
+    body: dict[str, Any] = {"label": label}
+    if min_rate is not None:
+        body["min_rate_per_hour"] = min_rate
+    answer = client.post("/api/agents", body)
+    env = {
+        "VM_COORDINATOR_URL": answer["coordinator_url"],
+        "VM_AGENT_ID": answer["agent_id"],
+        "VM_AGENT_KEY": answer["agent_key"],
+    }
+    if as_json:
+        echo_json(env)
+        return
+    for key, value in env.items():
+        click.echo(f"{key}={clean(value)}")
+
+
+@agents.command("revoke")
+@click.argument("agent_id")
+@operator_options
+def agents_revoke(client: OperatorClient, agent_id: str) -> None:
+    """Revoke an agent: its requests are refused from now on.
+
+    \b
+    Example:
+      vast-manager agents revoke ag_0123456789abcdef0123
+    """
+    client.post(f"/api/agents/{agent_id}/revoke")
+    click.echo(f"Agent {clean(agent_id)} revoked.")
+
+
+# --- offers and deploy --------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--filter", "filter_text", default=None,
+              help='Offer filter in vast.ai CLI syntax, e.g. "num_gpus>=2 dph<=0.9".')
+@json_option
+@operator_options
+def offers(client: OperatorClient, filter_text: str | None, as_json: bool) -> None:
+    """Offers ranked by predicted cost per proof, with the basis of each prediction.
+
+    CPU and RAM are what the instance gets, its share of the host (vast.ai lists
+    the whole host's): an offer whose share is below VM_MIN_INSTANCE_RAM_GB is
+    flagged TOO-SMALL, with the reason as its basis, and deploys refuse it.
+
+    \b
+    Example:
+      vast-manager offers --filter "gpu_name=RTX_4090 cpu_ram>=240"
+    """
+    rows = client.get("/api/offers", filter=filter_text)
+    if as_json:
+        echo_json(rows)
+        return
+    if not rows:
+        click.echo("No offers match.")
+        return
+    click.echo(
+        render.table(
+            (
+                (
+                    r.get("id"),
+                    f"{r.get('num_gpus')}x {r.get('gpu_name')}",
+                    render.usd(r.get("dph_total"), 3),
+                    render.num(r.get("predicted_rate_per_hour")),
+                    render.usd(r.get("predicted_usd_per_proof")),
+                    render.num(r.get("instance_cpu_cores"), 0),
+                    render.num(r.get("instance_ram_gb"), 0, "G"),
+                    render.num(r.get("pcie_bw"), 1),
+                    r.get("geolocation"),
+                    _flags(r),
+                    r.get("prediction_basis"),
+                )
+                for r in rows
+            ),
+            ["OFFER", "GPUS", "$/H", "PRED/H", "$/PROOF", "CPU", "RAM", "PCIE GB/S", "PLACE",
+             "FLAGS", "BASIS"],
+        )
+    )
+
+
+def _flags(offer: dict[str, Any]) -> str:
+    flags = []
+    if offer.get("bad_host"):
+        flags.append("BAD-HOST")
+    if offer.get("too_small"):
+        flags.append("TOO-SMALL")
+    if offer.get("known"):
+        flags.append("known")
+    if offer.get("predicted_rate_per_hour") is None and not offer.get("too_small"):
+        flags.append("explore")
+    return ",".join(flags) or "-"
+
+
+@cli.command()
+@click.argument("offer_id", type=int)
+@click.option("--min-rate", type=float, default=None,
+              help="Minimum proofs/hour [default: price / max $ per proof].")
+@click.option("--disk", "disk_gb", type=int, default=None,
+              help="Disk in GB [default: VM_DEPLOY_DISK_GB].")
+@click.option("--max-price", "max_dph_total", type=float, default=None,
+              help="Refuse if the offer now costs more than this, $/h (the price you saw).")
+@operator_options
+def deploy(
+    client: OperatorClient,
+    offer_id: int,
+    min_rate: float | None,
+    disk_gb: int | None,
+    max_dph_total: float | None,
+) -> None:
+    """Rent an offer and start an agent on it, after re-checking the offer
+    (still there, price, bad host, machine already ours).
+
+    \b
+    Example:
+      vast-manager deploy 9001 --min-rate 50 --max-price 0.45
+    """
+    body: dict[str, Any] = {"offer_id": offer_id}
+    if min_rate is not None:
+        body["min_rate_per_hour"] = min_rate
+    if disk_gb is not None:
+        body["disk_gb"] = disk_gb
+    if max_dph_total is not None:
+        body["max_dph_total"] = max_dph_total
+    answer = client.post("/api/deploy", body)
+    click.echo(
+        f"Instance {clean(answer.get('instance_id'))} (agent "
+        f"{clean(answer.get('agent_id'))}): {clean(answer.get('message'))}"
+    )
+
+
+@cli.command()
+@json_option
+@operator_options
+def scaling(client: OperatorClient, as_json: bool) -> None:
+    """Multi-GPU scaling per host: rate with all GPUs vs one, efficiency, bottleneck,
+    evidence — the agent's verdict and the coordinator's own.
+
+    \b
+    Example:
+      vast-manager scaling
+    """
+    from vast_manager.coordinator.cli.text_views import render_scaling
+
+    rows = client.get("/api/scaling")
+    if as_json:
+        echo_json(rows)
+        return
+    click.echo(render_scaling(rows))
+
+
+def main() -> None:
+    cli(prog_name="vast-manager")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Text views of one instance and of the scaling diagnostics, for the CLI and the demo.
+
+Pure functions from the operator API's JSON to text; all host-sent text
+passes through ``textsafe.clean``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vast_manager.coordinator.cli import render
+from vast_manager.coordinator.textsafe import clean
+from vast_manager.protocol.scaling import describe_throttle, link_capacity_gbps
+
+
+def _gbps(kbps: Any) -> str:
+    # NVML's PCIe throughput is in KB/s; show GB/s like the link capacity.
+    return "-" if kbps is None else f"{float(kbps) / 1e6:.2f}"
+
+
+def _link(gpu_tele: dict[str, Any], host_gpu: dict[str, Any] | None) -> tuple[str, float | None]:
+    gen = gpu_tele.get("pcie_gen_current") or (host_gpu or {}).get("pcie_gen_current")
+    width = gpu_tele.get("pcie_width_current") or (host_gpu or {}).get("pcie_width_current")
+    if gen is None or width is None:
+        return "-", None
+    return f"Gen{gen} x{width}", link_capacity_gbps(int(gen), int(width))
+
+
+def gpu_table(telemetry: dict[str, Any] | None, host_gpus: list[dict[str, Any]]) -> str:
+    if not telemetry or not telemetry.get("gpus"):
+        return "No GPU telemetry (no NVML on this host, or nothing sampled yet)."
+    by_index = {g.get("index"): g for g in host_gpus}
+    rows = []
+    for g in telemetry["gpus"]:
+        link, capacity = _link(g, by_index.get(g.get("index")))
+        cap = f"{capacity:.1f}" if capacity else "-"
+        rows.append(
+            (
+                g.get("index"),
+                clean((by_index.get(g.get("index")) or {}).get("name")),
+                f"{render.num(g.get('util_pct_mean'), 0)} / {render.num(g.get('util_pct_max'), 0)}",
+                f"{_gbps(g.get('pcie_tx_kbps_mean'))} / {_gbps(g.get('pcie_rx_kbps_mean'))}",
+                f"{link} ({cap} GB/s)",
+                render.num(g.get("power_w_mean"), 0, " W"),
+                render.num(g.get("temp_c_max"), 0, " C"),
+                render.num(g.get("sm_clock_mhz_mean"), 0, " MHz"),
+                ", ".join(describe_throttle(g.get("throttle_reasons") or 0)) or "none",
+            )
+        )
+    return render.table(
+        rows,
+        ["GPU", "NAME", "UTIL% mean/max", "PCIE TX/RX GB/s", "LINK (capacity/dir)", "POWER",
+         "TEMP", "SM CLOCK", "THROTTLE"],
+    )
+
+
+def render_instance(data: dict[str, Any]) -> str:
+    now = time.time()
+    lines = [
+        f"Instance {data.get('id')}  agent {clean(data.get('agent_id'))}  "
+        f"label {clean(data.get('label'))}",
+        f"  state {clean(data.get('state'))}, phase {clean(data.get('phase'))}, "
+        f"last seen {render.ago(data.get('last_seen'), now)}",
+        f"  machine {clean(data.get('machine_id'))}: {data.get('num_gpus') or '?'}x "
+        f"{clean(data.get('gpu_name'))}, {clean(data.get('geolocation'))}, "
+        f"{render.usd(data.get('dph_total'), 3)}/h",
+        f"  rate {render.num(data.get('rate_per_hour'))}/h (minimum "
+        f"{render.num(data.get('min_rate_per_hour'))}/h), "
+        f"{render.usd(data.get('usd_per_proof'))} per proof"
+        + (" (SIMULATED: local provider)" if data.get("provider") == "local" else ""),
+        "",
+    ]
+    tele = data.get("telemetry")
+    host = data.get("host") or {}
+    lines.append(gpu_table(tele, host.get("gpus") or []))
+    if tele:
+        cpu = tele.get("cpu") or {}
+        ram = tele.get("ram") or {}
+        quota = cpu.get("quota_cores")
+        lines.append(
+            f"CPU {render.num(cpu.get('util_pct_mean'), 0)}% busy (load1 "
+            f"{render.num(cpu.get('load1'))}, iowait {render.num(cpu.get('iowait_pct_mean'))}%"
+            + (f", container quota {render.num(quota)} cores" if quota else "")
+            + f"); RAM {render.num((ram.get('used_bytes') or 0) / 1e9, 0)} of "
+            f"{render.num((ram.get('total_bytes') or 0) / 1e9, 0)} GB"
+        )
+        cuzk = tele.get("cuzk")
+        if cuzk:
+            workers = ", ".join(
+                f"GPU {w.get('gpu_ordinal')} {render.num(w.get('busy_pct'), 0)}%"
+                for w in cuzk.get("workers") or []
+            )
+            lines.append(
+                f"cuzk: workers busy {workers or '-'}; synthesis "
+                f"{render.num(cuzk.get('synthesis_active_mean'))} of "
+                f"{cuzk.get('synthesis_slots') or '-'} workers; queue "
+                f"{render.num(cuzk.get('queue_depth_mean'))}"
+            )
+    results = data.get("results") or []
+    if results:
+        lines += ["", "Results:"]
+        lines.append(
+            render.table(
+                (
+                    (
+                        clean(r.get("result_id")),
+                        r.get("kind"),
+                        r.get("proofs_completed"),
+                        render.num(r.get("wall_seconds"), 0, " s"),
+                        render.num(r.get("recomputed_rate_per_hour")),
+                        ",".join(r.get("flags") or []) or "-",
+                    )
+                    for r in results
+                ),
+                ["RESULT", "KIND", "PROOFS", "WALL", "RATE/H (recomputed)", "FLAGS"],
+            )
+        )
+        # Why each flagged result was kept out (implausible, contended, ...), in the
+        # coordinator's words.
+        for r in results:
+            for why in r.get("flag_reasons") or []:
+                lines.append(f"  {clean(r.get('result_id'))}: {clean(why)}")
+    events = data.get("events") or []
+    if events:
+        lines += ["", "Decisions:"]
+        for e in events[-15:]:
+            ts = time.strftime("%H:%M:%S", time.localtime(float(e.get("ts") or 0)))
+            lines.append(f"  {ts} {clean(e.get('kind'))}: {clean(e.get('reason'))}")
+    return "\n".join(lines)
+
+
+def render_scaling(rows: list[dict[str, Any]]) -> str:
+    """Per host: all-GPU vs one-GPU rate, and the coordinator's verdict beside the agent's."""
+    if not rows:
+        return "No multi-GPU scaling result yet."
+    out = []
+    for r in rows:
+        one = r.get("rate_one_per_hour")
+        one_text = (
+            f"{render.num(one)}/h with one"
+            if one is not None
+            else "no one-GPU run (terminated first)"
+        )
+        out.append(
+            f"machine {clean(r.get('machine_id'))} ({r.get('num_gpus')}x "
+            f"{clean(r.get('gpu_name'))}): {render.num(r.get('rate_all_per_hour'))}/h with "
+            f"all GPUs, {one_text}; efficiency {render.num(r.get('efficiency'), 2)}; "
+            f"bottleneck {clean(r.get('bottleneck')).upper()} (coordinator)"
+            + (
+                f", {clean(r.get('agent_bottleneck')).upper()} (agent says)"
+                if r.get("agent_bottleneck")
+                else ""
+            )
+        )
+        for ev in r.get("evidence") or []:
+            out.append(f"    - {clean(ev)}")
+    return "\n".join(out)

@@ -1,0 +1,514 @@
+"""Lifecycle policy (DESIGN 5) and result plausibility (DESIGN 3.6) as pure functions.
+
+Nothing here does I/O or reads a clock: callers pass ``now`` (from the
+injected clock) and the rows they read, so every decision is reproducible in
+a test and its reason quotes the numbers it was made on.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vast_manager.protocol.messages import Directive, Result
+
+Clock = Callable[[], float]
+"""Unix seconds, as ``time.time``; injected everywhere so tests never sleep."""
+
+# Flags a stored result can carry. A finished benchmark with a failed proof is
+# "partial" and still feeds host_perf; an early verdict's measurement (the proofs
+# seen before the coordinator stopped the benchmark, issue 6) is "partial" and
+# "early_verdict", and is kept out of it like implausible and contended ones.
+IMPLAUSIBLE = "implausible"
+CONTENDED = "contended"
+PARTIAL = "partial"
+EARLY_VERDICT = "early_verdict"
+# A result that arrives after the instance was told to terminate (its host may be honest:
+# the benchmark finished before it heard) changes nothing: no host_perf, no ranking.
+AFTER_TERMINATE = "after_terminate"
+HOST_PERF_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED, EARLY_VERDICT, AFTER_TERMINATE})
+#: Every flag a stored result can carry (docs/openapi.yaml's StoredResult lists them).
+RESULT_FLAGS = (IMPLAUSIBLE, CONTENDED, PARTIAL, EARLY_VERDICT, AFTER_TERMINATE)
+# What keeps a scaling diagnosis out of the fleet's efficiency (and so out of ranking).
+RANKING_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED, AFTER_TERMINATE})
+
+# Instance states (DESIGN 5). Terminal ones never go back to an agent-reported phase.
+ACTIVE_PHASES = ("booting", "fetching_params", "warming", "benchmarking", "proving")
+STICKY_STATES = frozenset({"terminating", "destroyed", "failed", "vanished"})
+GONE_STATES = frozenset({"destroyed", "vanished"})
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyLimits:
+    """The settings the pure functions need (a subset of ``Settings``)."""
+
+    max_usd_per_proof: float = 0.008
+    next_heartbeat_s: int = 15
+    no_hello_timeout_s: float = 900.0
+    params_timeout_s: float = 5400.0
+    warmup_timeout_s: float = 1200.0
+    benchmark_timeout_s: float = 2700.0
+    silence_grace_s: float = 30.0
+    lost_timeout_s: float = 1800.0
+    max_concurrency_per_gpu: int = 8
+    rate_tolerance: float = 0.05
+    max_rate_per_gpu_per_hour: float = 300.0
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> PolicyLimits:
+        return cls(**{f: getattr(settings, f) for f in cls.__dataclass_fields__})
+
+
+# --- rates -------------------------------------------------------------------
+
+
+def min_rate_per_hour(
+    dph_total: float | None, max_usd_per_proof: float, explicit: float | None = None
+) -> float | None:
+    """The minimum proofs/hour for a price: explicit if given, else dph_total / max $/proof."""
+    if explicit is not None:
+        return float(explicit)
+    if dph_total is None or dph_total <= 0 or max_usd_per_proof <= 0:
+        return None
+    return dph_total / max_usd_per_proof
+
+
+def recomputed_rate_per_hour(proofs_completed: int, wall_seconds: float) -> float | None:
+    """Proofs per hour from the counts, never trusting the host's own division."""
+    if wall_seconds <= 0:
+        return None
+    return proofs_completed * 3600.0 / wall_seconds
+
+
+def usd_per_proof(dph_total: float | None, rate_per_hour: float | None) -> float | None:
+    if dph_total is None or not rate_per_hour:
+        return None
+    return dph_total / rate_per_hour
+
+
+def silence_ttl_s(next_heartbeat_s: float, grace_s: float) -> float:
+    """Nomad-style TTL: three missed heartbeats plus a grace."""
+    return 3 * next_heartbeat_s + grace_s
+
+
+# --- plausibility ------------------------------------------------------------
+
+#: Seconds a host's timestamps may sit beside the coordinator's clock: the agent corrects
+#: its clock from ``X-VM-Server-Time`` (whole seconds) whenever it is a second off.
+CLOCK_SKEW_S = 5.0
+#: Seconds a non-benchmark heartbeat can arrive after the benchmark began, beyond the
+#: heartbeat interval it is retried for (its phase was read when it was built).
+PHASE_ENTRY_SLACK_S = 15.0
+#: ``wall_seconds`` against ``finished_at - started_at``: cuzk-bench starts its batch
+#: clock after it has loaded the C1 output and connected to the daemon.
+STARTUP_SLACK_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Watch:
+    """What the coordinator itself knows of the run a result claims, in its own clock.
+
+    The host's numbers are judged against these, never against one another alone.
+    """
+
+    now: float
+    window_start: float | None
+    """Start of the stretch of benchmarking this result may claim: the later of the last
+    time the instance was seen in another phase (or said hello) and the arrival of its
+    previous result, which used up what came before. None: never seen at all."""
+    window_after_result: bool
+    """The stretch starts at a previous result's arrival (exact), not at a phase change
+    (as late as one retried heartbeat)."""
+    benchmarking_seen: bool
+    """A benchmarking heartbeat arrived since the instance was last seen in another phase."""
+    reported_gpus: frozenset[int] | None
+    """The GPU indexes the host's hello reported (None: no hello)."""
+    max_gpus: int | None = None
+    """The GPUs the provider rents with this instance (a deployed one's offer), if known."""
+    time_scale: float = 1.0
+    """Simulated seconds per real second of this instance (1 for real machines)."""
+    terminated: str | None = None
+    """The terminate verdict the instance already has, if any."""
+    watching_since: float | None = None
+    """When this coordinator process started watching: a window that began before it
+    could not have been watched whole, so no benchmarking heartbeat is required then
+    (an agent keeps benchmarking while the coordinator restarts; the window still
+    bounds what it may claim)."""
+    measured_rates: Mapping[int, float] = field(default_factory=dict)
+    """GPU count -> the recomputed rate of the instance's latest counted benchmark on that
+    many GPUs: what a scaling result's runs must agree with."""
+
+
+@dataclass(slots=True)
+class Plausibility:
+    """Flags and one reason per flag (quoting numbers) for a result."""
+
+    recomputed_rate_per_hour: float | None
+    flags: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    gpus: int = 1
+    """The GPUs the result can have used: distinct, reported by the host, rented."""
+
+    def flag(self, name: str, reason: str) -> None:
+        if name not in self.flags:
+            self.flags.append(name)
+        self.reasons.append(f"{name}: {reason}")
+
+    @property
+    def implausible(self) -> bool:
+        return IMPLAUSIBLE in self.flags
+
+    @property
+    def counts_for_host_perf(self) -> bool:
+        return not (set(self.flags) & HOST_PERF_EXCLUDING_FLAGS)
+
+
+def _gpus_list(gpus: list[int]) -> str:
+    return "[" + ", ".join(str(g) for g in gpus[:8]) + (", ..." if len(gpus) > 8 else "") + "]"
+
+
+def check_gpus(gpus_used: list[int], watch: Watch | None, out: Plausibility,
+               what: str = "gpus_used") -> int:
+    """Flag GPUs that are repeated, never reported or beyond what is rented; return how
+    many GPUs the run can really have used (at least 1), the base of every ceiling."""
+    distinct = set(gpus_used)
+    if len(distinct) != len(gpus_used):
+        out.flag(IMPLAUSIBLE, f"{what} {_gpus_list(gpus_used)} names a GPU more than once")
+    usable = distinct
+    if watch is not None and watch.reported_gpus is not None:
+        unknown = sorted(distinct - watch.reported_gpus)
+        if unknown:
+            out.flag(IMPLAUSIBLE, f"{what} names GPU(s) {_gpus_list(unknown)} the host never "
+                     f"reported (its hello listed {_gpus_list(sorted(watch.reported_gpus))})")
+        usable = distinct & watch.reported_gpus
+    count = max(1, len(usable))
+    if watch is not None and watch.max_gpus:
+        count = min(count, watch.max_gpus)
+    return count
+
+
+def _check_arithmetic(result: Result, rate: float, gpus: int, limits: PolicyLimits,
+                      out: Plausibility) -> None:
+    """The host's numbers against one another and against what its GPUs can do."""
+    tol = limits.rate_tolerance
+    wall = result.wall_seconds
+    n = result.proofs_completed
+    reported = result.rate_per_hour
+    if abs(reported - rate) > max(tol * rate, 0.1):
+        out.flag(
+            IMPLAUSIBLE,
+            f"reported rate {reported:.2f}/h does not match {n} proofs in {wall:.1f} s "
+            f"({rate:.2f}/h)",
+        )
+    ceiling = gpus * limits.max_rate_per_gpu_per_hour
+    if rate > ceiling * (1 + tol):
+        out.flag(
+            IMPLAUSIBLE,
+            f"{rate:.1f} proofs/h on {gpus} GPU(s) is beyond the ceiling of {ceiling:.0f}/h "
+            f"({limits.max_rate_per_gpu_per_hour:g}/h a GPU)",
+        )
+    proof_seconds = result.proof_seconds
+    if len(proof_seconds) != n:
+        out.flag(
+            IMPLAUSIBLE, f"proof_seconds lists {len(proof_seconds)} durations for {n} proofs"
+        )
+    concurrency = gpus * limits.max_concurrency_per_gpu
+    if proof_seconds:
+        longest = max(proof_seconds)
+        if longest > wall * (1 + tol) + 1.0:
+            out.flag(
+                IMPLAUSIBLE,
+                f"a proof took {longest:.1f} s, longer than the whole run ({wall:.1f} s)",
+            )
+        total = sum(proof_seconds)
+        if total > wall * concurrency * (1 + tol) + 1.0:
+            out.flag(
+                IMPLAUSIBLE,
+                f"proof seconds sum to {total:.1f} s, more than {wall:.1f} s x "
+                f"{concurrency} concurrent proofs",
+            )
+        median = statistics.median(proof_seconds)
+        if n * median > wall * concurrency * (1 + tol) + median:
+            out.flag(
+                IMPLAUSIBLE,
+                f"{n} proofs of median {median:.1f} s need at least "
+                f"{n * median / concurrency:.1f} s at {concurrency} in flight, "
+                f"but wall_seconds is {wall:.1f}",
+            )
+
+
+def _check_timestamps(result: Result, watch: Watch, limits: PolicyLimits,
+                      out: Plausibility) -> None:
+    """started_at, finished_at and wall_seconds against one another and the window."""
+    tol = limits.rate_tolerance
+    wall = result.wall_seconds
+    span = result.finished_at - result.started_at
+    if not span > 0:
+        out.flag(IMPLAUSIBLE, f"finished_at {result.finished_at:.0f} is not after started_at "
+                 f"{result.started_at:.0f}")
+        return
+    # The agent stamps both ends with its (corrected) real clock; a simulated run counts
+    # its wall_seconds in simulated seconds.
+    span_s = span * watch.time_scale
+    if abs(wall - span_s) > tol * max(wall, span_s) + STARTUP_SLACK_S * watch.time_scale:
+        out.flag(IMPLAUSIBLE, f"wall_seconds {wall:.1f} does not match finished_at - "
+                 f"started_at ({span_s:.1f} s)")
+    if result.finished_at > watch.now + CLOCK_SKEW_S:
+        out.flag(IMPLAUSIBLE, f"finished_at is {result.finished_at - watch.now:.0f} s in the "
+                 "future of the coordinator's clock")
+    if watch.window_start is not None:
+        slack = _window_slack_s(watch, limits)
+        if result.started_at < watch.window_start - slack:
+            out.flag(IMPLAUSIBLE, f"started_at is {watch.window_start - result.started_at:.0f} "
+                     "s before the benchmarking the coordinator saw began")
+
+
+def _window_slack_s(watch: Watch, limits: PolicyLimits) -> float:
+    """Real seconds the true start of a run may precede ``watch.window_start``."""
+    if watch.window_after_result:
+        return CLOCK_SKEW_S
+    return limits.next_heartbeat_s + PHASE_ENTRY_SLACK_S
+
+
+def _check_window(result: Result, watch: Watch, gpus: int, limits: PolicyLimits,
+                  out: Plausibility) -> None:
+    """The run against the stretch of benchmarking the coordinator saw (DESIGN 3.6)."""
+    if watch.window_start is None:
+        out.flag(IMPLAUSIBLE, "the coordinator never saw this instance before the result")
+        return
+    blind = watch.watching_since is not None and watch.window_start < watch.watching_since
+    if not watch.benchmarking_seen and not blind:
+        out.flag(IMPLAUSIBLE, "the coordinator never saw this instance benchmarking before "
+                 "the result arrived")
+        return
+    tol = limits.rate_tolerance
+    wall = result.wall_seconds
+    n = result.proofs_completed
+    scale = watch.time_scale
+    observed = max(0.0, watch.now - watch.window_start) * scale
+    slack = _window_slack_s(watch, limits) * scale
+    since = "its previous result" if watch.window_after_result else "it began benchmarking"
+    if wall > observed * (1 + tol) + slack:
+        out.flag(
+            IMPLAUSIBLE,
+            f"claims {wall:.1f} s of benchmarking; the coordinator saw at most "
+            f"{observed:.1f} s since {since}",
+        )
+    if result.proof_seconds and n > 0:
+        fastest_possible = min(result.proof_seconds)
+        if fastest_possible > 0:
+            most = (observed + slack) * gpus * limits.max_concurrency_per_gpu / fastest_possible
+            if n > most * (1 + tol) + 1:
+                out.flag(
+                    IMPLAUSIBLE,
+                    f"{n} proofs of at least {fastest_possible:.1f} s each cannot fit in "
+                    f"the {observed:.1f} s the coordinator saw since {since}",
+                )
+
+
+def _check_runs(result: Result, rate: float | None, watch: Watch | None,
+                limits: PolicyLimits, out: Plausibility) -> None:
+    """A scaling result's runs: their GPUs, and their rates against what the coordinator
+    measured (the run on this result's own GPUs is this result; the others, the
+    benchmark results before it)."""
+    tol = limits.rate_tolerance
+    own = set(result.gpus_used)
+    for run in result.runs or []:
+        gpus = check_gpus(list(run.gpus_used), watch, out, what="a scaling run's gpus_used")
+        ceiling = gpus * limits.max_rate_per_gpu_per_hour
+        if run.rate_per_hour > ceiling * (1 + tol):
+            out.flag(IMPLAUSIBLE, f"a scaling run claims {run.rate_per_hour:.1f} proofs/h on "
+                     f"{gpus} GPU(s), beyond the ceiling of {ceiling:.0f}/h")
+        measured = rate if set(run.gpus_used) == own else (
+            watch.measured_rates.get(gpus) if watch is not None else None)
+        if measured is not None and abs(run.rate_per_hour - measured) > max(tol * measured, 0.1):
+            out.flag(IMPLAUSIBLE, f"a scaling run on {gpus} GPU(s) claims "
+                     f"{run.rate_per_hour:.2f} proofs/h; the coordinator measured "
+                     f"{measured:.2f}/h")
+
+
+def check_result(
+    result: Result,
+    *,
+    watch: Watch | None,
+    limits: PolicyLimits,
+    contended_with: list[int] | None = None,
+) -> Plausibility:
+    """The plausibility checks of DESIGN 3.6 on one result.
+
+    ``watch`` is what the coordinator saw of the instance (None: judge the host's
+    numbers against one another only). ``contended_with`` lists our other instances
+    active on the same machine meanwhile. The GPU count behind every ceiling is the
+    GPUs named in ``gpus_used`` that the host reported, never the list's length.
+    """
+    wall = result.wall_seconds
+    n = result.proofs_completed
+    rate = recomputed_rate_per_hour(n, wall)
+    out = Plausibility(rate)
+    if watch is not None and watch.terminated is not None:
+        out.flag(AFTER_TERMINATE, f"arrived after the terminate verdict ({watch.terminated})")
+    out.gpus = check_gpus(list(result.gpus_used), watch, out)
+    _check_runs(result, rate, watch, limits, out)
+    if rate is None:
+        if n > 0:
+            out.flag(IMPLAUSIBLE, f"{n} proofs completed in wall_seconds {wall:g}")
+        else:
+            out.flag(IMPLAUSIBLE, "wall_seconds is 0")
+        return out
+    _check_arithmetic(result, rate, out.gpus, limits, out)
+    if watch is not None:
+        _check_timestamps(result, watch, limits, out)
+        _check_window(result, watch, out.gpus, limits, out)
+    if result.proofs_failed > 0:
+        out.flag(PARTIAL, f"{result.proofs_failed} of {n + result.proofs_failed} proofs failed")
+    if contended_with:
+        ids = ", ".join(f"#{i}" for i in contended_with)
+        out.flag(CONTENDED, f"measured while instance(s) {ids} of ours shared the machine")
+    return out
+
+
+# --- verdicts ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    action: str  # "keep" or "terminate"
+    reason: str
+    bad_host: bool  # whether the machine goes on bad_hosts
+
+
+def benchmark_verdict(
+    check: Plausibility,
+    min_rate: float | None,
+    *,
+    steady_rate: float | None = None,
+    concurrency: int | None = None,
+) -> Verdict:
+    """Keep or terminate after a benchmark result, on its recomputed rate.
+
+    ``steady_rate`` (with early verdicts on: ``verdict.steady_state_rate_per_hour``
+    of the result's proof times at the ``concurrency`` the heartbeats announced)
+    replaces the batch rate, which under-reads because the batch's last proofs
+    run with a slot idle; the reason quotes both.
+    """
+    rate = check.recomputed_rate_per_hour
+    if steady_rate is not None and rate is not None and not check.implausible:
+        batch = rate
+        rate = steady_rate
+        basis = f" in steady state ({concurrency} in flight; batch rate {batch:.2f})"
+    else:
+        basis = ""
+    if check.implausible:
+        detail = "; ".join(r for r in check.reasons if r.startswith(IMPLAUSIBLE))
+        return Verdict("terminate", f"implausible benchmark result ({detail})", True)
+    if CONTENDED in check.flags:
+        return Verdict(
+            "keep", "measured while another instance of ours shared the machine: not judged",
+            False,
+        )
+    if min_rate is None:
+        text = "?" if rate is None else f"{rate:.2f}"
+        return Verdict("keep", f"measured {text} proofs/h; no minimum rate set", False)
+    if rate is None or rate < min_rate:
+        measured = 0.0 if rate is None else rate
+        return Verdict(
+            "terminate",
+            f"measured {measured:.2f} proofs/h{basis}, below the minimum {min_rate:.2f} "
+            "proofs/h",
+            True,
+        )
+    return Verdict(
+        "keep", f"measured {rate:.2f} proofs/h{basis}, at or above the minimum {min_rate:.2f}",
+        False,
+    )
+
+
+def directive_for(
+    instance: Mapping[str, Any] | None,
+    *,
+    next_heartbeat_s: int,
+    min_rate: float | None,
+) -> Directive:
+    """The standing directive for an instance row (no one-shot benchmark here)."""
+    if instance is None:
+        return Directive("continue", "no instance yet", next_heartbeat_s, min_rate)
+    state = instance.get("state")
+    if state in STICKY_STATES or instance.get("terminate_reason"):
+        reason = instance.get("terminate_reason") or f"instance is {state}"
+        return Directive("terminate", reason, next_heartbeat_s, min_rate)
+    if instance.get("rebenchmark_pending"):
+        return Directive("benchmark", "the operator asked for a new benchmark",
+                         next_heartbeat_s, min_rate)
+    return Directive("continue", "", next_heartbeat_s, min_rate)
+
+
+# --- timeouts ------------------------------------------------------------------
+
+
+def phase_timeout_s(state: str | None, limits: PolicyLimits) -> float | None:
+    """How long an instance may stay in a state before it is terminated (None: no limit)."""
+    return {
+        "deploying": limits.no_hello_timeout_s,
+        # Booting only lasts until the agent starts its fetch; a host that keeps
+        # heartbeating "booting" must not bill forever.
+        "booting": limits.no_hello_timeout_s,
+        "fetching_params": limits.params_timeout_s,
+        "warming": limits.warmup_timeout_s,
+        "benchmarking": limits.benchmark_timeout_s,
+        "lost": limits.lost_timeout_s,
+    }.get(state or "")
+
+
+FIRST_BENCHMARK_STATES = frozenset({"booting", "fetching_params", "warming", "benchmarking"})
+
+
+def first_benchmark_budget_s(limits: PolicyLimits) -> float:
+    """Deploy to first benchmark result: every phase's limit, two benchmark runs."""
+    return (
+        limits.no_hello_timeout_s
+        + limits.params_timeout_s
+        + limits.warmup_timeout_s
+        + 2 * limits.benchmark_timeout_s
+    )
+
+
+def timed_out(instance: Mapping[str, Any], now: float, limits: PolicyLimits) -> str | None:
+    """The reason an instance overstayed its state, or None.
+
+    Time in a state is measured by the coordinator's clock from when it saw the
+    state begin (``state_since``), never from the host's ``phase_started_at``.
+    """
+    state = instance.get("state")
+    created = instance.get("created_at")
+    if (
+        state in FIRST_BENCHMARK_STATES
+        and instance.get("rate_per_hour") is None
+        and created is not None
+    ):
+        # Each phase limit restarts when the phase changes; a host that flaps
+        # between phases must still produce its first benchmark within the sum.
+        budget = first_benchmark_budget_s(limits)
+        total = now - float(created)
+        if total > budget:
+            return (
+                f"timeout: no benchmark result {total:.0f} s after deploy, "
+                f"limit {budget:.0f} s for all phases together"
+            )
+    limit = phase_timeout_s(state, limits)
+    since = instance.get("state_since")
+    if limit is None or since is None:
+        return None
+    spent = now - float(since)
+    if spent <= limit:
+        return None
+    what = {
+        "deploying": "no hello",
+        "booting": "boot",
+        "fetching_params": "parameter fetch",
+        "warming": "warm-up",
+        "benchmarking": "benchmark",
+        "lost": "silence",
+    }[str(state)]
+    return f"timeout: {what} took {spent:.0f} s, limit {limit:.0f} s"

@@ -1,0 +1,833 @@
+"""What each agent message does to the store: write jobs for hello, heartbeat, result, logs.
+
+Each function returns a job for ``Store.write``: it runs on the writer
+thread inside one transaction, reads what it needs there (so two requests of
+one agent can never interleave half-way), decides with ``policy`` and
+records every decision in ``events``. The HTTP layer (``app.py``) only
+decodes, calls these, and encodes the answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, NamedTuple
+
+import orjson
+
+from vast_manager.coordinator.decisions import policy
+from vast_manager.coordinator.decisions.early_verdict import (
+    EarlyVerdict,
+    VerdictSettings,
+    assess,
+    steady_state_rate_per_hour,
+)
+from vast_manager.coordinator.errors import HelloRequired, UnknownAgent
+from vast_manager.coordinator.settings import Settings
+from vast_manager.coordinator.store.schema import Row, dumps, loads
+from vast_manager.coordinator.store.writer import Tx
+from vast_manager.protocol import scaling
+from vast_manager.protocol.codec import from_obj
+from vast_manager.protocol.messages import (
+    Directive,
+    Heartbeat,
+    Hello,
+    HostInfo,
+    LogBatch,
+    Result,
+    ScalingRun,
+)
+
+log = logging.getLogger(__name__)
+
+
+def directive_to_dict(d: Directive) -> dict[str, Any]:
+    return asdict(d)
+
+
+def directive_from_json(text: str) -> Directive:
+    return from_obj(Directive, orjson.loads(text))
+
+
+def _take_directive(tx: Tx, inst: Row, settings: Settings, now: float) -> Directive:
+    """The directive for an instance now; a pending rebenchmark is delivered once."""
+    directive = policy.directive_for(
+        inst,
+        next_heartbeat_s=settings.next_heartbeat_s,
+        min_rate=inst.get("min_rate_per_hour"),
+    )
+    if directive.action == "benchmark":
+        tx.update_instance(inst["id"], rebenchmark_pending=0, updated_at=now)
+        tx.insert_event(
+            now, "rebenchmark", "benchmark directive delivered to the agent",
+            instance_id=inst["id"], agent_id=inst["agent_id"], machine_id=inst["machine_id"],
+        )
+    return directive
+
+
+def time_scale(inst: Row, settings: Settings) -> float:
+    """Simulated seconds per real second of this instance: the simulated fleet's scale
+    for an instance we deployed (``VM_SIM_TIME_SCALE``, 1 outside a simulation), 1 for a
+    bring-your-own agent, which is a real machine even beside a simulated fleet."""
+    return settings.sim_time_scale if inst.get("kind") == "deployed" else 1.0
+
+
+def _require_agent(tx: Tx, agent_id: str) -> Row:
+    agent = tx.get_agent(agent_id)
+    if agent is None or agent["revoked"]:
+        # Auth checked this already; a revoke may have committed in between.
+        raise UnknownAgent("This agent id is unknown or revoked.")
+    return agent
+
+
+def _require_instance(tx: Tx, agent_id: str) -> Row:
+    _require_agent(tx, agent_id)
+    inst = tx.instance_by_agent(agent_id)
+    if inst is None:
+        raise HelloRequired("Send /v1/hello before anything else.")
+    return inst
+
+
+def _schedule_termination(
+    tx: Tx, inst: Row, reason: str, now: float, delay_s: float, *, kind: str
+) -> None:
+    """Mark an instance terminating; the monitor destroys it (or revokes its agent) when due."""
+    tx.update_instance(
+        inst["id"],
+        state="terminating" if inst["state"] != "failed" else "failed",
+        state_since=now,
+        terminate_reason=reason,
+        destroy_due_at=now + delay_s,
+        updated_at=now,
+    )
+    tx.insert_event(
+        now, kind, reason,
+        instance_id=inst["id"], agent_id=inst["agent_id"], machine_id=inst["machine_id"],
+    )
+
+
+# --- hello -----------------------------------------------------------------------
+
+
+def hello_job(
+    agent_id: str, hello: Hello, settings: Settings, now: float
+) -> Callable[[Tx], tuple[int, Directive]]:
+    """Record a hello; creates the instance of a bring-your-own agent (machine_id = label)."""
+
+    def job(tx: Tx) -> tuple[int, Directive]:
+        agent = _require_agent(tx, agent_id)
+        host = hello.host
+        gpu_name = next((g.name for g in host.gpus if g.name), None)
+        inst = tx.instance_by_agent(agent_id)
+        if inst is None:
+            machine_id = agent["label"] if agent["kind"] == "byo" else None
+            instance_id = tx.insert_instance(
+                {
+                    "agent_id": agent_id,
+                    "label": agent["label"],
+                    "kind": agent["kind"],
+                    "state": "booting",
+                    "state_since": now,
+                    "machine_id": machine_id,
+                    "gpu_name": gpu_name,
+                    "num_gpus": len(host.gpus),
+                    "min_rate_per_hour": agent["min_rate_per_hour"],
+                    "created_at": now,
+                    "updated_at": now,
+                }
+            )
+            tx.insert_event(
+                now, "hello", f"bring-your-own agent registered its machine {machine_id!r}",
+                instance_id=instance_id, agent_id=agent_id, machine_id=machine_id,
+            )
+            inst = tx.get_instance(instance_id)
+            assert inst is not None
+        new_boot = inst["boot_id"] != hello.boot_id
+        updates: dict[str, Any] = {
+            "boot_id": hello.boot_id,
+            "agent_version": hello.agent_version,
+            "container_id": hello.container_id,
+            "host_json": dumps(host),  # orjson encodes dataclasses itself
+            "hello_at": now,
+            "last_seen": now,
+            "last_non_benchmark_at": now,
+            "updated_at": now,
+        }
+        if new_boot:
+            updates["last_seq"] = -1  # a new agent process counts seq from scratch
+        if inst["state"] in ("deploying", "lost"):
+            updates["state"] = "booting"
+            updates["state_since"] = now
+        tx.update_instance(inst["id"], **updates)
+        if new_boot:
+            tx.insert_event(
+                now, "hello", f"agent {hello.agent_version} started (boot {hello.boot_id})",
+                instance_id=inst["id"], agent_id=agent_id, machine_id=inst["machine_id"],
+            )
+        if inst["state"] == "lost":
+            tx.insert_event(
+                now, "recovered", "the agent spoke again after silence",
+                instance_id=inst["id"], agent_id=agent_id, machine_id=inst["machine_id"],
+            )
+        expected = inst["num_gpus"]
+        if inst["kind"] == "deployed" and expected is not None and expected != len(host.gpus):
+            tx.insert_event(
+                now, "hardware_mismatch",
+                f"the offer promised {expected} GPUs, the agent sees {len(host.gpus)}",
+                instance_id=inst["id"], agent_id=agent_id, machine_id=inst["machine_id"],
+            )
+        fresh = tx.get_instance(inst["id"])
+        assert fresh is not None
+        return fresh["id"], _take_directive(tx, fresh, settings, now)
+
+    return job
+
+
+# --- heartbeat -------------------------------------------------------------------
+
+
+class SteadyFields(NamedTuple):
+    """What a steady heartbeat writes, its JSON columns already encoded: all a heartbeat
+    job needs unless the heartbeat moves the instance's state."""
+
+    seq: int
+    phase: str
+    phase_started_at: float | None
+    progress_json: str | None
+    proofs_completed_total: int
+    proof_seconds_recent_json: str
+    telemetry_json: str | None
+
+
+def steady_fields(hb: Heartbeat) -> SteadyFields:
+    # orjson encodes the dataclasses directly: asdict() deep-copies, the costliest step.
+    return SteadyFields(
+        hb.seq, hb.phase, hb.phase_started_at,
+        dumps(hb.progress) if hb.progress else None,
+        hb.proofs_completed_total,
+        orjson.dumps(hb.proof_seconds_recent).decode(),
+        dumps(hb.telemetry) if hb.telemetry is not None else None,
+    )
+
+
+def _steady(hot: Row, f: SteadyFields) -> bool:
+    """A heartbeat that only moves the instance's gauges: the same phase as its state, in
+    order, nothing for early verdicts to judge. Most heartbeats of a fleet are steady."""
+    last_seq = hot["last_seq"]
+    return (
+        (last_seq is None or f.seq > last_seq)
+        and f.phase == hot["state"]
+        and f.phase != "benchmarking"
+        and hot["state"] not in policy.STICKY_STATES
+    )
+
+
+def heartbeat_job(
+    agent_id: str, hb: Heartbeat, settings: Settings, now: float
+) -> Callable[[Tx], tuple[int, Directive]]:
+    fields = steady_fields(hb)
+
+    def job(tx: Tx) -> tuple[int, Directive]:
+        hot = tx.hot_instance(agent_id) if tx.agent_revoked(agent_id) is False else None
+        if hot is not None and _steady(hot, fields):
+            return _steady_heartbeat(tx, hot, agent_id, fields, settings, now)
+        inst = _require_instance(tx, agent_id)
+        last_seq = inst["last_seq"]
+        if last_seq is not None and hb.seq <= last_seq:
+            # Late or out of order within this boot: it must not move the phase back.
+            tx.update_instance(inst["id"], last_seen=now)
+            return inst["id"], _take_directive(tx, inst, settings, now)
+        updates: dict[str, Any] = {
+            "last_seq": hb.seq,
+            "last_seen": now,
+            "phase": hb.phase,
+            "phase_started_at": hb.phase_started_at,
+            "progress_json": fields.progress_json,
+            "proofs_completed_total": hb.proofs_completed_total,
+            "updated_at": now,
+            "heartbeat_at": now,
+            "proof_seconds_recent_json": fields.proof_seconds_recent_json,
+        }
+        if hb.phase != "benchmarking":
+            updates["last_non_benchmark_at"] = now
+        else:
+            updates["benchmarking_seen_at"] = now
+        state = inst["state"]
+        ids = {"instance_id": inst["id"], "agent_id": agent_id, "machine_id": inst["machine_id"]}
+        if state in policy.STICKY_STATES:
+            pass
+        elif hb.phase == "failed":
+            updates.update(state="failed", state_since=now)
+        elif hb.phase == "terminating":
+            updates.update(state="terminating", state_since=now)
+        elif state != hb.phase:
+            updates.update(state=hb.phase, state_since=now)
+            if state == "lost":
+                tx.insert_event(now, "recovered", "the agent spoke again after silence", **ids)
+            tx.insert_event(now, "phase", f"{state} -> {hb.phase}", **ids)
+        tx.update_instance(inst["id"], **updates)
+        if state not in policy.STICKY_STATES and hb.phase in ("failed", "terminating"):
+            fresh = tx.get_instance(inst["id"])
+            assert fresh is not None
+            reason = (
+                ("the agent reported failed: " + hb.failure if hb.failure
+                 else "the agent reported failed") if hb.phase == "failed"
+                else "the agent is terminating on its own"
+            )
+            _schedule_termination(
+                tx, fresh, reason, now, settings.terminate_grace_s,
+                kind="failed" if hb.phase == "failed" else "terminate",
+            )
+        if (settings.verdict_early and hb.phase == "benchmarking"
+                and state not in policy.STICKY_STATES and not inst["terminate_reason"]):
+            _judge_early(tx, inst, hb, settings, now)
+        _record_telemetry(tx, inst["id"], agent_id, fields, settings, now)
+        fresh = tx.get_instance(inst["id"])
+        assert fresh is not None
+        return inst["id"], _take_directive(tx, fresh, settings, now)
+
+    return job
+
+
+def _steady_heartbeat(
+    tx: Tx, hot: Row, agent_id: str, f: SteadyFields, settings: Settings, now: float
+) -> tuple[int, Directive]:
+    """What a steady heartbeat writes: its instance's gauges (which are its latest
+    heartbeat too), held by the writer and written with the others of its transaction;
+    nothing is read (``hot`` is the writer's cached view of the instance)."""
+    instance_id = hot["id"]
+    # In HEARTBEAT_COLUMNS order; a steady heartbeat is never a benchmarking one, hence
+    # last_non_benchmark_at.
+    tx.hold_heartbeat(instance_id, (
+        f.seq, now, f.phase, f.phase_started_at, f.progress_json, f.proofs_completed_total,
+        now, now, now, f.proof_seconds_recent_json))
+    _record_telemetry(tx, instance_id, agent_id, f, settings, now)
+    return instance_id, _take_directive(tx, hot, settings, now)
+
+
+def _record_telemetry(
+    tx: Tx, instance_id: int, agent_id: str, f: SteadyFields, settings: Settings, now: float
+) -> None:
+    """The latest telemetry and, downsampled, the history."""
+    if f.telemetry_json is not None:
+        tx.upsert_telemetry(instance_id, now, f.telemetry_json)
+    tx.append_heartbeat_history(
+        {
+            "agent_id": agent_id,
+            "instance_id": instance_id,
+            "received_at": now,
+            "seq": f.seq,
+            "phase": f.phase,
+            "proofs_completed_total": f.proofs_completed_total,
+            "telemetry_json": f.telemetry_json,
+        },
+        interval_s=settings.heartbeat_history_interval_s,
+        keep_rows=settings.heartbeat_history_rows,
+    )
+
+
+# --- early verdicts (issue 6) ----------------------------------------------------------
+
+BENCH_OPEN, BENCH_PASSED, BENCH_TERMINATED, BENCH_CLOSED = "open", "passed", "terminated", "closed"
+
+
+def verdict_settings(settings: Settings, planned_proofs: int) -> VerdictSettings:
+    """The early-verdict knobs of ``settings`` for a benchmark of ``planned_proofs``."""
+    return VerdictSettings(
+        confidence=settings.verdict_confidence,
+        min_proofs=settings.verdict_min_proofs,
+        sigma_floor=settings.verdict_sigma_floor,
+        planned_proofs=max(planned_proofs, settings.verdict_min_proofs),
+    )
+
+
+def _judge_early(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: float) -> None:
+    """Fold a benchmarking heartbeat into the instance's benchmark state; judge it early.
+
+    A bug here must not cost the agent its heartbeat: the work runs in its own
+    savepoint, undone on error.
+    """
+    try:
+        with tx.db.atomic():
+            _track_benchmark(tx, inst, hb, settings, now)
+    except Exception:
+        tx.drop_caches()  # they may hold what the savepoint undid
+        log.exception("early verdict failed for instance %s", inst["id"])
+
+
+def _track_benchmark(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: float) -> None:
+    progress = hb.progress
+    if progress is None or progress.unit != "proofs" or progress.concurrency is None:
+        return  # an agent that does not say its concurrency is judged on its result only
+    key = f"{inst['boot_id']}|{hb.phase_started_at!r}"
+    same = inst["bench_key"] == key
+    last_seq = inst["bench_last_seq"]
+    if same and last_seq is not None and hb.seq <= last_seq:
+        return  # a replay (same boot, seq already counted)
+    # Proof seconds of non-positive length are no proofs: left out, counted as failed.
+    recent = [w for w in hb.proof_seconds_recent if w > 0]
+    concurrency = progress.concurrency
+    restarted = (concurrency != inst["bench_concurrency"]
+                 or progress.done < (inst["bench_done"] or 0))
+    if same and inst["bench_status"] != BENCH_OPEN:
+        return  # decided or finished: later runs of this phase (the scaling run) are not judged
+    anchor: float | None
+    if not same or restarted:
+        # A new benchmark, or a new run of this one (the agent's retry): start afresh.
+        fresh = recent[len(recent) - min(len(recent), progress.done):]
+        proofs = fresh
+        seen_at, anchor = now, None
+    else:
+        # proofs_completed_total says how many of the listed proofs are new: a list
+        # resent after a lost answer repeats the old ones at its start.
+        new = hb.proofs_completed_total - int(inst["bench_completed_total"] or 0)
+        fresh = recent[len(recent) - max(0, min(len(recent), new)):] if new > 0 else []
+        proofs = list(loads(inst["bench_proof_seconds_json"]) or []) + fresh
+        seen_at, anchor = float(inst["bench_seen_at"]), inst["bench_anchor_at"]
+    # Timing. A proof seen now that ran w seconds started at or before now - w, and
+    # so did the batch: the least such time is a start the host cannot dispute (a
+    # late heartbeat only makes it later, in the host's favour). Before the first
+    # completion only the first sight is known, and the agent announces the run a
+    # moment before the batch really starts: two heartbeat intervals are allowed.
+    scale = time_scale(inst, settings)
+    for w in fresh:
+        anchor = min(now - w / scale, anchor if anchor is not None else now)
+    if anchor is not None:
+        elapsed_s = max(0.0, now - float(anchor)) * scale
+    else:
+        elapsed_s = max(0.0, now - seen_at - 2.0 * settings.next_heartbeat_s) * scale
+    failed = max(0, progress.done - len(proofs))
+    state: dict[str, Any] = {
+        "bench_key": key,
+        "bench_seen_at": seen_at,
+        "bench_anchor_at": anchor,
+        "bench_last_seq": hb.seq,
+        "bench_completed_total": hb.proofs_completed_total,
+        "bench_proof_seconds_json": dumps(proofs),
+        "bench_failed": failed,
+        "bench_done": progress.done,
+        "bench_total": progress.total,
+        "bench_concurrency": concurrency,
+        "bench_status": BENCH_OPEN,
+    }
+    min_rate = inst["min_rate_per_hour"]
+    max_concurrency = settings.max_concurrency_per_gpu * max(1, inst["num_gpus"] or 1)
+    if min_rate is None or not min_rate > 0 or concurrency > max_concurrency:
+        tx.update_instance(inst["id"], **state)  # nothing to judge against, or not believable
+        return
+    vs = verdict_settings(settings, progress.total)
+    v = assess(proofs, concurrency, elapsed_s, float(min_rate), vs, proofs_failed=failed)
+    if v.decision == "undecided":
+        tx.update_instance(inst["id"], **state)
+        return
+    ids = {"instance_id": inst["id"], "agent_id": inst["agent_id"],
+           "machine_id": inst["machine_id"]}
+    data = _verdict_numbers(v, vs, concurrency, elapsed_s, failed, float(min_rate))
+    if v.decision == "pass":
+        state["bench_status"] = BENCH_PASSED
+        tx.update_instance(inst["id"], **state)
+        tx.insert_event(now, "verdict", f"early pass: {v.reason}", data=data, **ids)
+        return
+    _terminate_early(tx, inst, v, data, state, proofs, settings, now)
+
+
+def _verdict_numbers(
+    v: EarlyVerdict, vs: VerdictSettings, concurrency: int, elapsed_s: float, failed: int,
+    min_rate: float,
+) -> dict[str, Any]:
+    return {
+        "decision": v.decision,
+        "rate_estimate_per_hour": v.rate_estimate_per_hour,
+        "bound_per_hour": v.bound_per_hour,
+        "min_rate_per_hour": min_rate,
+        "proofs": v.proofs,
+        "proofs_failed": failed,
+        "statistic": v.statistic,
+        "concurrency": concurrency,
+        "elapsed_s": elapsed_s,
+        "confidence": vs.confidence,
+        "min_proofs": vs.min_proofs,
+        "sigma_floor": vs.sigma_floor,
+        "planned_proofs": vs.planned_proofs,
+    }
+
+
+def _terminate_early(
+    tx: Tx, inst: Row, v: EarlyVerdict, data: dict[str, Any], state: dict[str, Any],
+    proofs: list[float], settings: Settings, now: float,
+) -> None:
+    """The below-minimum path of a benchmark result, on the proofs seen so far."""
+    ids = {"instance_id": inst["id"], "agent_id": inst["agent_id"],
+           "machine_id": inst["machine_id"]}
+    machine_id = inst["machine_id"] or inst["label"]
+    reason = f"early verdict: {v.reason}"
+    tx.insert_event(now, "verdict", f"terminate: {reason}", data=data, **ids)
+    tx.add_bad_host(machine_id, reason=reason, source="benchmark", now=now,
+                    instance_id=inst["id"])
+    tx.insert_event(now, "bad_host", f"{machine_id}: {reason}", **ids)
+    state["bench_status"] = BENCH_TERMINATED
+    tx.update_instance(
+        inst["id"], **state, state="terminating", state_since=now, terminate_reason=reason,
+        destroy_due_at=now + settings.terminate_grace_s, updated_at=now,
+        rate_per_hour=v.rate_estimate_per_hour, last_seen=now,
+    )
+    fresh = tx.get_instance(inst["id"])
+    assert fresh is not None
+    directive = policy.directive_for(
+        fresh, next_heartbeat_s=settings.next_heartbeat_s, min_rate=fresh["min_rate_per_hour"]
+    )
+    failed = int(data["proofs_failed"])
+    flag_reasons = [
+        f"{policy.PARTIAL}: the benchmark was stopped after {len(proofs)} of "
+        f"{state['bench_total']} proofs ({failed} failed)",
+        f"{policy.EARLY_VERDICT}: {v.reason}",
+    ]
+    tx.insert_result(
+        {
+            "agent_id": inst["agent_id"],
+            # One early verdict per benchmark run; the agent's own ids start "res_".
+            "result_id": f"early-verdict:{state['bench_key']}:{state['bench_last_seq']}",
+            "instance_id": inst["id"],
+            "kind": "benchmark",
+            "proof_type": None,
+            "started_at": state["bench_seen_at"],
+            "finished_at": now,
+            "gpus_used_json": None,
+            "proofs_completed": len(proofs),
+            "proofs_failed": failed,
+            "wall_seconds": data["elapsed_s"],
+            "rate_per_hour": v.rate_estimate_per_hour,
+            "recomputed_rate_per_hour": v.rate_estimate_per_hour,
+            "proof_seconds_json": dumps(proofs),
+            "telemetry_json": None,
+            "runs_json": None,
+            "efficiency": None,
+            "bottleneck": None,
+            "evidence_json": None,
+            "flags": f"{policy.PARTIAL},{policy.EARLY_VERDICT}",
+            "flag_reasons_json": dumps(flag_reasons),
+            "counts_for_host_perf": 0,
+            "verdict": "terminate",
+            "verdict_reason": reason,
+            "directive_json": dumps(directive_to_dict(directive)),
+            "machine_id": machine_id,
+            "gpu_name": inst["gpu_name"] or "unknown",
+            "num_gpus": inst["num_gpus"] or 1,
+            "received_at": now,
+        }
+    )
+
+
+# --- result ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ResultOutcome:
+    instance_id: int
+    duplicate: bool
+    directive: Directive
+    terminate: bool  # a destroy was scheduled by this result
+
+
+def _scaling_diagnosis(
+    runs: list[ScalingRun], inst: Row, rate_all: float | None, rate_one: float | None
+) -> tuple[float | None, float | None, scaling.Diagnosis] | None:
+    """(rate_all, rate_one, the coordinator's own Diagnosis) of the reported runs, on the
+    rates the coordinator measured (never the runs' own: a host's arithmetic).
+
+    Without a one-GPU run (a host terminated on its all-GPU benchmark) or a measured
+    all-GPU run the efficiency is unknown, but the telemetry still names the bottleneck.
+    """
+    if not runs:
+        return None
+    run_all = max(runs, key=lambda r: len(set(r.gpus_used)))
+    gpus = []
+    if inst.get("host_json"):
+        try:
+            gpus = from_obj(HostInfo, loads(inst["host_json"])).gpus
+        except ValueError:
+            gpus = []
+    num_gpus = max(len(set(run_all.gpus_used)), 1)
+    diagnosis = scaling.diagnose(num_gpus, rate_all or 0.0,
+                                 rate_one if rate_all is not None and rate_one else 0.0,
+                                 run_all.telemetry, gpus)
+    return rate_all, rate_one, diagnosis
+
+
+def _steady_rate(
+    result: Result, inst: Row, settings: Settings, gpus: int
+) -> tuple[float | None, int | None]:
+    """The steady-state rate of a finished benchmark (early verdicts on), and its concurrency.
+
+    The concurrency is the one the run's heartbeats announced; without it (an
+    older agent, early verdicts off, a run already judged) the batch rate judges.
+    """
+    concurrency = inst["bench_concurrency"]
+    if (not settings.verdict_early or not concurrency
+            or inst["bench_status"] not in (BENCH_OPEN, BENCH_PASSED)):
+        return None, None
+    j = int(concurrency)
+    if j > settings.max_concurrency_per_gpu * gpus:
+        return None, None
+    rate = steady_state_rate_per_hour(
+        list(result.proof_seconds), j, result.wall_seconds,
+        proofs_failed=result.proofs_failed, tolerance=settings.rate_tolerance,
+    )
+    return (rate, j) if rate is not None else (None, None)
+
+
+def reported_gpus(inst: Row) -> frozenset[int] | None:
+    """The GPU indexes of the instance's hello (None before its first hello)."""
+    host = loads(inst.get("host_json"))
+    if not isinstance(host, dict) or not isinstance(host.get("gpus"), list):
+        return None
+    return frozenset(
+        g["index"] for g in host["gpus"]
+        if isinstance(g, dict) and isinstance(g.get("index"), int)
+        and not isinstance(g.get("index"), bool)
+    )
+
+
+def measured_rates(tx: Tx, inst: Row) -> dict[int, float]:
+    """GPU count -> the recomputed rate of the instance's latest counted benchmark result
+    on that many GPUs (the coordinator's own figures for a scaling diagnosis)."""
+    rates: dict[int, float] = {}
+    for row in tx.results_for_instance(inst["id"]):  # oldest first: the latest wins
+        rate = row["recomputed_rate_per_hour"]
+        if row["kind"] == "benchmark" and row["counts_for_host_perf"] and rate is not None:
+            rates[max(1, len(set(loads(row["gpus_used_json"]) or [])))] = float(rate)
+    return rates
+
+
+def watch_of(inst: Row, settings: Settings, now: float,
+             measured: dict[int, float] | None = None,
+             watching_since: float | None = None) -> policy.Watch:
+    """What the coordinator saw of an instance, for judging its next result."""
+    entered = inst["last_non_benchmark_at"] or inst["hello_at"]
+    used = inst["result_window_at"]
+    after_result = entered is not None and used is not None and float(used) >= float(entered)
+    window_start = float(used) if after_result else entered
+    seen = inst["benchmarking_seen_at"]
+    state = inst["state"]
+    terminated = inst["terminate_reason"] or (
+        f"the instance is {state}" if state in policy.STICKY_STATES else None)
+    return policy.Watch(
+        now=now,
+        window_start=None if window_start is None else float(window_start),
+        window_after_result=after_result,
+        benchmarking_seen=seen is not None and entered is not None
+        and float(seen) >= float(entered),
+        reported_gpus=reported_gpus(inst),
+        # A deployed instance rents the offer's GPUs, whatever its hello says.
+        max_gpus=(inst["num_gpus"] or None) if inst["kind"] == "deployed" else None,
+        time_scale=time_scale(inst, settings),
+        terminated=terminated,
+        watching_since=watching_since,
+        measured_rates=measured or {},
+    )
+
+
+def result_job(
+    agent_id: str, result: Result, settings: Settings, now: float,
+    watching_since: float | None = None,
+) -> Callable[[Tx], ResultOutcome]:
+    """``watching_since``: when this coordinator process started (``policy.Watch``)."""
+    limits = policy.PolicyLimits.from_settings(settings)
+
+    def job(tx: Tx) -> ResultOutcome:
+        inst = _require_instance(tx, agent_id)
+        existing = tx.find_result(agent_id, result.result_id)
+        if existing is not None:
+            return ResultOutcome(
+                inst["id"], True, directive_from_json(existing["directive_json"]), False
+            )
+        ids = {"instance_id": inst["id"], "agent_id": agent_id, "machine_id": inst["machine_id"]}
+        machine_id = inst["machine_id"] or inst["label"]
+        gpu_name = inst["gpu_name"] or "unknown"
+        num_gpus = inst["num_gpus"] or max(len(set(result.gpus_used)), 1)
+        watch = watch_of(inst, settings, now,
+                         measured_rates(tx, inst) if result.kind == "scaling" else None,
+                         watching_since)
+        seen_from = inst["last_non_benchmark_at"] or inst["hello_at"]
+        # Ours on the same machine at any time since this benchmark began (still
+        # active, or destroyed meanwhile, e.g. a doubly sold offer reconciled away);
+        # an instance that never said hello never ran a proof.
+        contended = [
+            int(o["id"])
+            for o in tx.list_instances()
+            if o["id"] != inst["id"] and o["machine_id"] == machine_id
+            and o["hello_at"] is not None
+            and (o["destroyed_at"] is None or seen_from is None
+                 or float(o["destroyed_at"]) >= float(seen_from))
+        ]
+        check = policy.check_result(result, watch=watch, limits=limits, contended_with=contended)
+        rate = check.recomputed_rate_per_hour
+        # Every result uses up the stretch of benchmarking before it: the next may claim
+        # only what the coordinator sees after this one.
+        inst_updates: dict[str, Any] = {"last_seen": now, "updated_at": now,
+                                        "result_window_at": now}
+        verdict: policy.Verdict | None = None
+        terminate = False
+        already_ending = watch.terminated is not None
+        if check.reasons:
+            tx.insert_event(now, "flagged", "; ".join(check.reasons), **ids)
+        if result.kind == "benchmark" or check.implausible:
+            steady, concurrency = _steady_rate(result, inst, settings, check.gpus)
+            if inst["bench_status"] in (BENCH_OPEN, BENCH_PASSED):
+                inst_updates["bench_status"] = BENCH_CLOSED  # the run is over: judge no more
+            if not already_ending:
+                verdict = policy.benchmark_verdict(
+                    check, inst["min_rate_per_hour"], steady_rate=steady,
+                    concurrency=concurrency,
+                )
+            if result.kind == "benchmark" and not check.implausible and not already_ending \
+                    and rate is not None:
+                inst_updates["rate_per_hour"] = rate
+            if verdict is None:
+                pass  # already on its way out; the result is kept as evidence only
+            elif verdict.action == "terminate":
+                terminate = True
+                tx.insert_event(now, "verdict", f"terminate: {verdict.reason}", **ids)
+                if verdict.bad_host:
+                    tx.add_bad_host(
+                        machine_id, reason=verdict.reason, source="benchmark", now=now,
+                        instance_id=inst["id"],
+                    )
+                    tx.insert_event(now, "bad_host", f"{machine_id}: {verdict.reason}", **ids)
+            else:
+                tx.insert_event(now, "verdict", f"keep: {verdict.reason}", **ids)
+        tx.update_instance(inst["id"], **inst_updates)
+        if terminate and verdict is not None:
+            tx.update_instance(
+                inst["id"], state="terminating", state_since=now,
+                terminate_reason=verdict.reason, destroy_due_at=now + settings.terminate_grace_s,
+            )
+        fresh = tx.get_instance(inst["id"])
+        assert fresh is not None
+        directive = _take_directive(tx, fresh, settings, now)
+        counts = (
+            result.kind == "benchmark" and check.counts_for_host_perf and rate is not None
+        )
+        row_id = tx.insert_result(
+            {
+                "agent_id": agent_id,
+                "result_id": result.result_id,
+                "instance_id": inst["id"],
+                "kind": result.kind,
+                "proof_type": result.proof_type,
+                "started_at": result.started_at,
+                "finished_at": result.finished_at,
+                "gpus_used_json": dumps(result.gpus_used),
+                "proofs_completed": result.proofs_completed,
+                "proofs_failed": result.proofs_failed,
+                "wall_seconds": result.wall_seconds,
+                "rate_per_hour": result.rate_per_hour,
+                "recomputed_rate_per_hour": rate,
+                "proof_seconds_json": dumps(result.proof_seconds),
+                "telemetry_json": dumps(result.telemetry) if result.telemetry else None,
+                "runs_json": dumps(result.runs) if result.runs else None,
+                "efficiency": result.efficiency,
+                "bottleneck": result.bottleneck,
+                "evidence_json": dumps(result.evidence),
+                "flags": ",".join(check.flags),
+                "flag_reasons_json": dumps(check.reasons),
+                "counts_for_host_perf": int(counts),
+                "verdict": verdict.action if verdict else None,
+                "verdict_reason": verdict.reason if verdict else None,
+                "directive_json": dumps(directive_to_dict(directive)),
+                "machine_id": machine_id,
+                "gpu_name": gpu_name,
+                "num_gpus": num_gpus,
+                "received_at": now,
+            }
+        )
+        if counts and rate is not None:
+            tx.record_measurement(
+                machine_id=machine_id, gpu_name=gpu_name, num_gpus=num_gpus,
+                rate_per_hour=rate, dph_total=inst["dph_total"], now=now,
+            )
+        if result.kind == "scaling":
+            one = {len(set(result.gpus_used)): rate} if rate is not None else {}
+            _record_scaling(tx, result, fresh, row_id, machine_id, gpu_name, num_gpus, now,
+                            {**watch.measured_rates, **one})
+        elif terminate and check.gpus > 1:
+            # No one-GPU run follows a terminated host, yet why its GPUs scale
+            # badly is exactly what the operator wants to know: diagnose the
+            # all-GPU run's telemetry.
+            _record_scaling(tx, result, fresh, row_id, machine_id, gpu_name, num_gpus, now,
+                            {check.gpus: rate} if rate is not None else {})
+        return ResultOutcome(inst["id"], False, directive, terminate)
+
+    return job
+
+
+def _record_scaling(
+    tx: Tx,
+    result: Result,
+    inst: Row,
+    row_id: int,
+    machine_id: str,
+    gpu_name: str,
+    num_gpus: int,
+    now: float,
+    measured: dict[int, float],
+) -> None:
+    """The scaling table's row: the coordinator's reading (on ``measured``, GPU count ->
+    the rate it recomputed) beside the agent's own."""
+    runs = result.runs or [ScalingRun(result.gpus_used, result.rate_per_hour, result.telemetry)]
+    sizes = sorted({max(1, len(set(r.gpus_used))) for r in runs})
+    rate_all = measured.get(sizes[-1])
+    rate_one = measured.get(1) if len(sizes) > 1 and sizes[0] == 1 else None
+    try:
+        found = _scaling_diagnosis(runs, inst, rate_all, rate_one)
+    except Exception:  # a diagnosis bug must not lose the agent's result
+        log.exception("scaling diagnosis failed for result %s", row_id)
+        found = None
+    rate_all, rate_one, diagnosis = found if found else (None, None, None)
+    tx.insert_scaling(
+        {
+            "result_row_id": row_id,
+            "instance_id": inst["id"],
+            "machine_id": machine_id,
+            "gpu_name": gpu_name,
+            "num_gpus": num_gpus,
+            "rate_all_per_hour": rate_all,
+            "rate_one_per_hour": rate_one,
+            "agent_efficiency": result.efficiency,
+            "agent_bottleneck": result.bottleneck,
+            "agent_evidence_json": dumps(result.evidence),
+            "efficiency": getattr(diagnosis, "efficiency", None),
+            "bottleneck": getattr(diagnosis, "bottleneck", None),
+            "evidence_json": dumps(getattr(diagnosis, "evidence", None)),
+            "created_at": now,
+        }
+    )
+    if diagnosis is not None:
+        eff = diagnosis.efficiency
+        text = "?" if eff is None else f"{eff:.2f}"
+        reason = f"efficiency {text}, bottleneck {diagnosis.bottleneck} (coordinator's reading)"
+    else:
+        reason = f"agent reports efficiency {result.efficiency}, bottleneck {result.bottleneck}"
+    tx.insert_event(
+        now, "scaling", reason,
+        instance_id=inst["id"], agent_id=inst["agent_id"], machine_id=machine_id,
+    )
+
+
+# --- logs --------------------------------------------------------------------------
+
+
+def logs_job(
+    agent_id: str, batch: LogBatch, settings: Settings, now: float
+) -> Callable[[Tx], int]:
+    def job(tx: Tx) -> int:
+        inst = _require_instance(tx, agent_id)
+        tx.update_instance(inst["id"], last_seen=now)
+        return tx.insert_logs(
+            inst["id"], agent_id, now,
+            ((line.ts, line.source, line.text) for line in batch.lines),
+            keep_lines=settings.log_lines_per_instance,
+        )
+
+    return job

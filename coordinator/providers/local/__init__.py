@@ -1,0 +1,1 @@
+"""The local provider: a simulated fleet rented from a local catalog of offers."""

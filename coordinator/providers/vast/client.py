@@ -1,0 +1,439 @@
+"""The vast.ai REST client: search offers, create, show, list, destroy and label instances.
+
+Speaks the endpoints of docs/vast.md with aiohttp, Bearer auth only (the
+official CLI also appends ``?api_key=`` to every URL; we never put the key in
+a URL, a log line or an exception message). Transient failures (429, 502,
+503, 504, connection errors, timeouts) are retried with capped, jittered
+exponential backoff; everything else maps to the named errors of
+``vast_manager.coordinator.providers.base``, read as vast.ai means them (docs/vast.md):
+
+- an invalid key is an ``AuthError`` naming where the key came from, whatever
+  the status (the offers search and the instance list answer ``404`` "Invalid
+  user key");
+- an offer is gone on ``410 no_such_ask`` or ``404 invalid_args`` whose message
+  names ``no_such_ask``;
+- a create answering ``success: false`` with a ``new_contract`` made an
+  instance anyway: ``CreateFailed`` carries its id;
+- a destroy is done when ``success`` says so (or the instance is already gone)
+  and a lookup no longer finds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from vast_manager.coordinator.providers.base import (
+    AuthError,
+    BadRequest,
+    CreateFailed,
+    DestroyUnconfirmed,
+    OfferGone,
+    ProviderError,
+    RateLimited,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BASE_URL = "https://console.vast.ai"
+#: Page size of GET /api/v1/instances/ (the CLI's; the server caps pages at 25).
+LIST_PAGE_SIZE = 25
+# A runaway next_token (a server bug) must not page forever.
+_MAX_LIST_PAGES = 400
+
+_RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+#: What vast.ai says of a key it does not accept, whatever the status code: a deleted
+#: or wrong key ("Invalid user key", as 401 or, on the search and the v1 list, 404),
+#: and an expired 2FA session key (404); vast-cli ``vastai/cli/main.py``.
+_AUTH_MESSAGES = ("invalid user key", "session expired", "requires login")
+#: ``error`` codes of a destroy whose instance no longer exists (the OpenAPI
+#: description says ``not_found``; dstack checks ``no_such_instance``).
+_GONE_ERRORS = frozenset({"not_found", "no_such_instance"})
+
+Sleep = Callable[[float], Awaitable[Any]]
+
+
+def find_api_key(environ: Mapping[str, str], home: Path) -> tuple[str, str] | None:
+    """``(key, where it came from)``, found where the official CLI looks; None when absent.
+
+    The source is ``VAST_API_KEY`` or the file's path, for error messages (never the key).
+
+    Order (vast-cli ``vastai/cli/main.py`` and ``vastai/cli/util.py``): the
+    ``VAST_API_KEY`` environment variable; ``$XDG_CONFIG_HOME/vastai/vast_api_key``
+    (``~/.config`` when XDG_CONFIG_HOME is unset or relative, as the ``xdg``
+    package the CLI uses decides); the legacy ``~/.vast_api_key`` (the CLI copies
+    it into the config file on start; we just read it). The CLI's short-lived
+    2FA session key file is not used: it expires, and a fleet needs a key that
+    does not.
+    """
+    key = environ.get("VAST_API_KEY", "").strip()
+    if key:
+        return key, "VAST_API_KEY"
+    xdg = environ.get("XDG_CONFIG_HOME", "")
+    config_home = Path(xdg) if xdg and os.path.isabs(xdg) else home / ".config"
+    for path in (config_home / "vastai" / "vast_api_key", home / ".vast_api_key"):
+        try:
+            text = path.read_text(encoding="utf-8").strip()
+        except OSError:
+            continue
+        if text:
+            return text, str(path)
+    return None
+
+
+class VastClient:
+    """Async client of vast.ai's REST API; one instance per account key.
+
+    ``sleep`` and ``rng`` are injectable so tests never wait; ``session`` may be
+    shared (the client then leaves closing it to its owner). ``key_source`` names
+    where the key came from (``VAST_API_KEY``, a file) in the error vast.ai's
+    refusal of it becomes.
+    """
+
+    def __init__(
+        self,
+        api_key: str,
+        base_url: str | None = None,
+        *,
+        key_source: str = "VAST_API_KEY",
+        session: aiohttp.ClientSession | None = None,
+        sleep: Sleep = asyncio.sleep,
+        rng: Callable[[], float] = random.random,
+        max_attempts: int = 6,
+        backoff_base_s: float = 0.5,
+        backoff_cap_s: float = 10.0,
+        timeout_s: float = 60.0,
+    ) -> None:
+        if not api_key:
+            raise AuthError("no vast.ai API key (set VAST_API_KEY)")
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self._api_key = api_key
+        self.key_source = key_source
+        self.base_url = (base_url or os.environ.get("VAST_URL") or DEFAULT_BASE_URL).rstrip("/")
+        self._session = session
+        self._owns_session = session is None
+        self._sleep = sleep
+        self._rng = rng
+        self.max_attempts = max_attempts
+        self.backoff_base_s = backoff_base_s
+        self.backoff_cap_s = backoff_cap_s
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    def __repr__(self) -> str:  # never show the key
+        return f"VastClient(base_url={self.base_url!r})"
+
+    async def close(self) -> None:
+        if self._session is not None and self._owns_session:
+            await self._session.close()
+        self._session = None
+
+    async def __aenter__(self) -> VastClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- endpoints -------------------------------------------------------
+
+    async def search_offers(self, query: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """POST /api/v0/bundles/ with a query from ``filters.build_search_query``."""
+        body = await self._request("POST", "/api/v0/bundles/", json_body=dict(query))
+        self._check_success(body, "offer search")
+        offers = body.get("offers")
+        if not isinstance(offers, list):
+            raise ProviderError("vast.ai search answered without an offers list")
+        return [o for o in offers if isinstance(o, dict)]
+
+    async def create_instance(self, offer_id: int, body: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT /api/v0/asks/{offer_id}/: rent the offer. Returns vast.ai's answer
+        (``new_contract`` is the instance id; ``instance_api_key`` is a credential
+        the caller must not log).
+
+        Not retried after the request may have reached vast.ai (5xx, timeout,
+        dropped connection): a retry could rent a second instance. Only 429 and a
+        connection that was never made are retried. A refusal that still names a
+        ``new_contract`` raises ``CreateFailed`` with that instance's id.
+        """
+        path = f"/api/v0/asks/{int(offer_id)}/"
+        answer = await self._request("PUT", path, json_body=dict(body), idempotent=False)
+        if answer.get("success") is not True:
+            # The CLI's answer is {"success": true, "new_contract": id}; anything else
+            # is a refusal, even with an id (dstack destroys that instance).
+            raise self._error_from_body(200, answer, f"PUT {path}")
+        new_id = answer.get("new_contract")
+        if not isinstance(new_id, int) or isinstance(new_id, bool):
+            raise ProviderError(
+                f"vast.ai create on offer {offer_id} answered without an instance id"
+            )
+        return answer
+
+    async def show_instance(self, instance_id: int) -> dict[str, Any] | None:
+        """GET /api/v0/instances/{id}/?owner=me; None when the instance does not exist."""
+        try:
+            body = await self._request(
+                "GET", f"/api/v0/instances/{int(instance_id)}/", params={"owner": "me"}
+            )
+        except _NotFound:
+            return None
+        self._check_success(body, f"show of instance {instance_id}")
+        row = body.get("instances")
+        return row if isinstance(row, dict) else None
+
+    async def list_instances(self) -> list[dict[str, Any]]:
+        """Every instance of the account: GET /api/v1/instances/, following ``next_token``.
+
+        Parameters as the CLI's ``show_instances`` sends them (JSON-encoded
+        ``select_filters`` and ``order_by``, ``limit`` 25, ``after_token``).
+        """
+        rows: list[dict[str, Any]] = []
+        params: dict[str, str] = {
+            "select_filters": "{}",
+            "order_by": json.dumps([{"col": "id", "dir": "asc"}]),
+            "limit": str(LIST_PAGE_SIZE),
+        }
+        seen_tokens: set[str] = set()
+        for _ in range(_MAX_LIST_PAGES):
+            body = await self._request("GET", "/api/v1/instances/", params=params)
+            self._check_success(body, "instance list")
+            # A 200 without an instances list is a broken answer, never "no
+            # instances": read as empty, it would mark the whole fleet vanished.
+            page = body.get("instances") if isinstance(body, dict) else None
+            if not isinstance(page, list):
+                raise ProviderError("vast.ai instance list answered without an instances list")
+            rows.extend(r for r in page if isinstance(r, dict))
+            token = body.get("next_token")
+            if not token:
+                return rows
+            token = str(token)
+            if token in seen_tokens:
+                raise ProviderError("vast.ai instance list repeated a page token")
+            seen_tokens.add(token)
+            params["after_token"] = token
+        raise ProviderError(f"vast.ai instance list did not end after {_MAX_LIST_PAGES} pages")
+
+    async def destroy_instance(self, instance_id: int) -> None:
+        """DELETE /api/v0/instances/{id}/, then look it up: returns once vast.ai said so
+        (``success``, or the instance was already gone) and no longer lists it.
+
+        Raises ``DestroyUnconfirmed`` when the instance is still there afterwards
+        (the caller retries; the delete is idempotent) and a ``ProviderError`` when
+        vast.ai refused (``success: false``).
+        """
+        what = f"destroy of instance {instance_id}"
+        try:
+            body = await self._request(
+                "DELETE", f"/api/v0/instances/{int(instance_id)}/", json_body={}
+            )
+        except _NotFound:
+            log.info("vast.ai instance %s already gone (404)", instance_id)
+        else:
+            error = str(body.get("error") or "")
+            if body.get("success") is False and error in _GONE_ERRORS:
+                log.info("vast.ai instance %s already gone (%s)", instance_id, error)
+            else:
+                self._check_success(body, what)
+        row = await self.show_instance(instance_id)
+        if row is None:
+            return
+        status = _clean(str(row.get("actual_status")))
+        raise DestroyUnconfirmed(
+            f"vast.ai {what}: accepted, but the instance is still listed (status {status})"
+        )
+
+    async def set_label(self, instance_id: int, label: str) -> None:
+        """PUT /api/v0/instances/{id}/ {"label": ...}."""
+        try:
+            body = await self._request(
+                "PUT", f"/api/v0/instances/{int(instance_id)}/", json_body={"label": label}
+            )
+        except _NotFound:
+            raise ProviderError(f"vast.ai instance {instance_id} not found") from None
+        self._check_success(body, f"label of instance {instance_id}")
+
+    # ---- transport -------------------------------------------------------
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+            self._owns_session = True
+        return self._session
+
+    def _backoff_s(self, attempt: int) -> float:
+        # Exponential, capped, with jitter in [50%, 100%] so a fleet of callers
+        # does not retry in lockstep. (The CLI waits 0.15 s x 1.5^n; the offers
+        # search allows ~10 requests a minute per IP, so that would spend every
+        # attempt inside the same rate-limit window.)
+        raw = min(self.backoff_cap_s, self.backoff_base_s * (2**attempt))
+        return raw * (0.5 + 0.5 * self._rng())
+
+    def _headers(self) -> dict[str, str]:
+        return {
+            "Authorization": f"Bearer {self._api_key}",
+            "Accept": "application/json",
+            "User-Agent": "vast-manager",
+        }
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        json_body: Any = None,
+        idempotent: bool = True,
+    ) -> dict[str, Any]:
+        """One call with retries; returns the JSON object answered.
+
+        Raises ``_NotFound`` for a plain 404/410 (callers decide what gone means),
+        ``OfferGone`` for ``no_such_ask``, and the named errors otherwise.
+        """
+        url = self.base_url + path
+        what = f"{method} {path}"
+        last_problem = ""
+        status: int | None = None
+        for attempt in range(self.max_attempts):
+            if attempt:
+                await self._sleep(self._backoff_s(attempt - 1))
+            status = None
+            try:
+                async with self._get_session().request(
+                    method,
+                    url,
+                    params=dict(params) if params else None,
+                    json=json_body,
+                    headers=self._headers(),
+                    timeout=self._timeout,
+                ) as resp:
+                    status = resp.status
+                    text = await resp.text()
+            except aiohttp.ClientConnectorError as exc:
+                # Never connected: the request did not reach vast.ai, so even a
+                # create may be retried.
+                last_problem = f"cannot connect ({type(exc).__name__})"
+                log.warning("vast.ai %s: %s (attempt %d)", what, last_problem, attempt + 1)
+                continue
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                last_problem = _describe(exc, self._scrub)
+                if not idempotent:
+                    raise OutcomeUnknown(
+                        f"vast.ai {what}: outcome unknown ({last_problem}); "
+                        "not retried so as not to act twice"
+                    ) from None
+                log.warning("vast.ai %s: %s (attempt %d)", what, last_problem, attempt + 1)
+                continue
+            log.debug("vast.ai %s -> %d", what, status)
+            body = _parse_json(text)
+            if status in _RETRYABLE_STATUS:
+                # 429 bodies are plain text or {"detail": ...}, with no Retry-After.
+                last_problem = f"HTTP {status}"
+                detail = _message(body, text)
+                if detail:
+                    last_problem += f": {_clean(self._scrub(detail))[:120]}"
+                if status != 429 and not idempotent:
+                    raise OutcomeUnknown(
+                        f"vast.ai {what}: answered {status}, outcome unknown; "
+                        "not retried so as not to act twice"
+                    )
+                log.warning("vast.ai %s: HTTP %d (attempt %d)", what, status, attempt + 1)
+                continue
+            if 200 <= status < 300:
+                if not isinstance(body, dict):
+                    raise ProviderError(f"vast.ai {what}: answered {status} without a JSON object")
+                return body
+            raise self._error_from_body(status, body if body is not None else text, what)
+        if status == 429:
+            raise RateLimited(
+                f"vast.ai {what}: still rate limited after {self.max_attempts} attempts "
+                f"({last_problem})"
+            )
+        raise ProviderError(
+            f"vast.ai {what}: failed after {self.max_attempts} attempts ({last_problem})"
+        )
+
+    def _check_success(self, body: dict[str, Any], what: str) -> None:
+        """A 200 answering ``success: false`` is a refusal, not a result."""
+        if body.get("success") is False:
+            raise self._error_from_body(200, body, what)
+
+    def _error_from_body(self, status: int, body: Any, what: str) -> ProviderError:
+        """The named error for a refusal: ``body`` is the parsed JSON, or the text."""
+        error = ""
+        if isinstance(body, dict):
+            error = _clean(self._scrub(str(body.get("error") or "")))[:80]
+        detail = _clean(self._scrub(_message(body, body if isinstance(body, str) else "")))
+        detail = detail[:200]
+        said = f"HTTP {status}" + (f" {error}" if error else "") + (f": {detail}" if detail else "")
+        lowered = detail.lower()
+        if status == 401 or error == "auth_error" or any(m in lowered for m in _AUTH_MESSAGES):
+            return AuthError(
+                f"vast.ai refused the API key from {self.key_source} ({what} answered "
+                f"{said}); check that key"
+            )
+        new_contract = body.get("new_contract") if isinstance(body, dict) else None
+        if isinstance(new_contract, int) and not isinstance(new_contract, bool):
+            return CreateFailed(
+                f"vast.ai {what} answered {said} but made instance {new_contract}",
+                new_contract,
+            )
+        if error == "no_such_ask" or "no_such_ask" in detail or (
+            status in (404, 410) and "/asks/" in what
+        ):
+            return OfferGone(f"vast.ai {what}: offer gone ({said})")
+        if status in (404, 410):
+            return _NotFound(f"vast.ai {what}: not found ({said})")
+        if status in (400, 403):
+            return BadRequest(f"vast.ai {what}: refused ({said})")
+        if status == 429:
+            return RateLimited(f"vast.ai {what}: rate limited ({said})")
+        return ProviderError(f"vast.ai {what}: refused ({said})")
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._api_key, "***") if self._api_key else text
+
+
+class OutcomeUnknown(ProviderError):
+    """A create may or may not have happened (5xx, timeout or dropped connection
+    after the request was sent); it was not retried so as not to rent twice."""
+
+
+class _NotFound(ProviderError):
+    """404/410 for something other than an offer; callers turn it into None or success."""
+
+
+def _describe(exc: BaseException, scrub: Callable[[str], str]) -> str:
+    detail = _clean(scrub(str(exc)))[:200]
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
+def _message(body: Any, text: str) -> str:
+    """What vast.ai said: ``msg``, ``message`` or ``detail`` of a JSON body (endpoints differ,
+    rate-limits-and-errors.mdx), else the plain text."""
+    if isinstance(body, dict):
+        for key in ("msg", "message", "detail"):
+            if body.get(key):
+                return str(body[key])
+        return ""
+    return text if isinstance(text, str) else ""
+
+
+def _parse_json(text: str) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+def _clean(text: str) -> str:
+    """Server text is untrusted: no control characters into our messages and logs."""
+    return _CONTROL_CHARS.sub(" ", text).strip()

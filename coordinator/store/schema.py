@@ -1,0 +1,361 @@
+"""The coordinator's tables in SQLite: their names, the JSON columns' encoding and the numbered
+migrations that build them (each applied once, recorded in ``migrations``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import orjson
+import sqlite_utils
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Row = dict[str, Any]
+
+#: The tables (DESIGN 4's ``heartbeats``, the latest heartbeat per agent, is a view of
+#: ``instances`` since migration 3).
+TABLES = (
+    "instances",
+    "agents",
+    "results",
+    "host_perf",
+    "bad_hosts",
+    "heartbeat_history",
+    "logs",
+    "events",
+    "telemetry",
+    "scaling",
+)
+
+# States after which an instance no longer occupies (or bills) its machine.
+GONE_STATES = ("destroyed", "vanished")
+ACTIVE_SQL = "state not in ('destroyed', 'vanished')"
+
+
+def dumps(value: Any) -> str | None:
+    """JSON text for a TEXT column (None stays NULL)."""
+    if value is None:
+        return None
+    return orjson.dumps(value).decode()
+
+
+def loads(text: str | None) -> Any:
+    return None if text is None else orjson.loads(text)
+
+
+# --- migrations ----------------------------------------------------------------
+
+
+def _m1_initial(db: sqlite_utils.Database) -> None:
+    db.table("agents").create(
+        {
+            "agent_id": str,
+            "label": str,
+            "kind": str,  # "deployed" or "byo"
+            "min_rate_per_hour": float,
+            "revoked": int,
+            "revoked_at": float,
+            "revoked_reason": str,
+            "issued_at": float,
+        },
+        pk="agent_id",
+        not_null={"label", "kind", "revoked", "issued_at"},
+        defaults={"revoked": 0},
+    )
+    db.table("instances").create(
+        {
+            "id": int,
+            "agent_id": str,
+            "label": str,
+            "kind": str,
+            "provider": str,
+            "provider_instance_id": int,
+            "offer_id": int,
+            "state": str,
+            "state_since": float,
+            "phase": str,
+            "phase_started_at": float,
+            "progress_json": str,
+            "proofs_completed_total": int,
+            "machine_id": str,
+            "gpu_name": str,
+            "num_gpus": int,
+            "dph_total": float,
+            "geolocation": str,
+            "cpu_name": str,
+            "cpu_cores": float,
+            "cpu_ram": float,
+            "pcie_bw": float,
+            "disk_gb": int,
+            "min_rate_per_hour": float,
+            "rate_per_hour": float,
+            "boot_id": str,
+            "last_seq": int,
+            "agent_version": str,
+            "container_id": str,
+            "host_json": str,
+            "hello_at": float,
+            "last_seen": float,
+            "last_non_benchmark_at": float,
+            "rebenchmark_pending": int,
+            "terminate_reason": str,
+            "destroy_due_at": float,
+            "destroyed_at": float,
+            "created_at": float,
+            "updated_at": float,
+        },
+        pk="id",
+        not_null={"state", "created_at", "kind"},
+        defaults={"rebenchmark_pending": 0, "proofs_completed_total": 0},
+    )
+    db.table("instances").create_index(["agent_id"], unique=True)
+    db.table("instances").create_index(["machine_id", "state"])
+    db.table("instances").create_index(["provider_instance_id"])
+    db.table("results").create(
+        {
+            "id": int,
+            "agent_id": str,
+            "result_id": str,
+            "instance_id": int,
+            "kind": str,
+            "proof_type": str,
+            "started_at": float,
+            "finished_at": float,
+            "gpus_used_json": str,
+            "proofs_completed": int,
+            "proofs_failed": int,
+            "wall_seconds": float,
+            "rate_per_hour": float,
+            "recomputed_rate_per_hour": float,
+            "proof_seconds_json": str,
+            "telemetry_json": str,
+            "runs_json": str,
+            "efficiency": float,
+            "bottleneck": str,
+            "evidence_json": str,
+            "flags": str,  # comma-separated: implausible, contended, partial
+            "flag_reasons_json": str,
+            "counts_for_host_perf": int,
+            "verdict": str,
+            "verdict_reason": str,
+            "directive_json": str,
+            "machine_id": str,
+            "gpu_name": str,
+            "num_gpus": int,
+            "received_at": float,
+        },
+        pk="id",
+        not_null={"agent_id", "result_id", "kind", "received_at", "directive_json"},
+    )
+    # Unique per agent: one agent must not be able to shadow another's result_id.
+    db.table("results").create_index(["agent_id", "result_id"], unique=True)
+    db.table("results").create_index(["instance_id"])
+    db.table("results").create_index(["machine_id", "gpu_name", "num_gpus"])
+    db.table("host_perf").create(
+        {
+            "machine_id": str,
+            "gpu_name": str,
+            "num_gpus": int,
+            "best_rate_per_hour": float,
+            "median_rate_per_hour": float,
+            "samples": int,
+            "last_rate_per_hour": float,
+            "dph_total": float,
+            "updated_at": float,
+        },
+        pk=("machine_id", "gpu_name", "num_gpus"),
+    )
+    db.table("bad_hosts").create(
+        {"machine_id": str, "reason": str, "added_at": float, "source": str, "instance_id": int},
+        pk="machine_id",
+        not_null={"reason", "added_at", "source"},
+    )
+    db.table("heartbeats").create(
+        {
+            "agent_id": str,
+            "instance_id": int,
+            "received_at": float,
+            "seq": int,
+            "phase": str,
+            "phase_started_at": float,
+            "progress_json": str,
+            "proofs_completed_total": int,
+            "proof_seconds_recent_json": str,
+        },
+        pk="agent_id",
+    )
+    db.table("heartbeat_history").create(
+        {
+            "id": int,
+            "agent_id": str,
+            "instance_id": int,
+            "received_at": float,
+            "seq": int,
+            "phase": str,
+            "proofs_completed_total": int,
+            "telemetry_json": str,
+        },
+        pk="id",
+    )
+    db.table("heartbeat_history").create_index(["agent_id", "id"])
+    db.table("telemetry").create(
+        {"instance_id": int, "received_at": float, "telemetry_json": str}, pk="instance_id"
+    )
+    db.table("logs").create(
+        {
+            "id": int,
+            "instance_id": int,
+            "agent_id": str,
+            "ts": float,
+            "source": str,
+            "text": str,
+            "received_at": float,
+        },
+        pk="id",
+    )
+    db.table("logs").create_index(["instance_id", "id"])
+    db.table("events").create(
+        {
+            "id": int,
+            "ts": float,
+            "kind": str,
+            "reason": str,
+            "instance_id": int,
+            "agent_id": str,
+            "machine_id": str,
+            "data_json": str,
+        },
+        pk="id",
+        not_null={"ts", "kind", "reason"},
+    )
+    db.table("events").create_index(["instance_id", "id"])
+    db.table("scaling").create(
+        {
+            "id": int,
+            "result_row_id": int,
+            "instance_id": int,
+            "machine_id": str,
+            "gpu_name": str,
+            "num_gpus": int,
+            "rate_all_per_hour": float,
+            "rate_one_per_hour": float,
+            "agent_efficiency": float,
+            "agent_bottleneck": str,
+            "agent_evidence_json": str,
+            "efficiency": float,
+            "bottleneck": str,
+            "evidence_json": str,
+            "created_at": float,
+        },
+        pk="id",
+    )
+    db.table("scaling").create_index(["instance_id"])
+
+
+def _m2_benchmark_verdict_state(db: sqlite_utils.Database) -> None:
+    """Per-instance state of the running benchmark, for early verdicts (issue 6).
+
+    Kept on the instance row so that a coordinator restart mid-benchmark
+    remembers the proofs it has seen and when it first saw the benchmark.
+    """
+    instances = db.table("instances")
+    for name, kind in (
+        ("bench_key", str),  # "boot_id|phase_started_at" of the benchmark tracked
+        ("bench_seen_at", float),  # when the coordinator first saw this run (its clock)
+        # The latest the batch can have started by its completed proofs: the least of
+        # (time a proof was seen - its seconds), null before the first completion.
+        ("bench_anchor_at", float),
+        ("bench_last_seq", int),  # the last heartbeat seq counted (within bench_key's boot)
+        ("bench_completed_total", int),  # the agent's proofs_completed_total at that heartbeat
+        ("bench_proof_seconds_json", str),  # every completed proof's seconds in this run
+        ("bench_failed", int),  # failed proofs in this run
+        ("bench_done", int),  # the run's progress.done at the last counted heartbeat
+        ("bench_total", int),  # the run's planned proofs (progress.total)
+        ("bench_concurrency", int),  # proofs in flight (progress.concurrency)
+        ("bench_status", str),  # open, passed, terminated, closed
+    ):
+        instances.add_column(name, kind)
+
+
+def _m3_latest_heartbeat_on_instances(db: sqlite_utils.Database) -> None:
+    """The latest heartbeat per agent moves onto its instance's row; ``heartbeats`` stays,
+    as a view of it (DESIGN 4's name, the same columns).
+
+    Every column of the old table but two was already on the instance (the gauges a
+    heartbeat sets), and nothing read it: writing it cost each heartbeat a second page
+    and a text-key index (``python bench/writer.py``).
+    """
+    instances = db.table("instances")
+    instances.add_column("heartbeat_at", float)  # when the latest heartbeat was received
+    instances.add_column("proof_seconds_recent_json", str)  # its proof_seconds_recent
+    db.execute(
+        "update instances set "
+        "heartbeat_at = (select received_at from heartbeats h where h.instance_id = instances.id), "
+        "proof_seconds_recent_json = (select proof_seconds_recent_json from heartbeats h "
+        "where h.instance_id = instances.id) "
+        "where id in (select instance_id from heartbeats)"
+    )
+    db.execute("drop table heartbeats")
+    db.execute(
+        "create view heartbeats as select agent_id, id as instance_id, "
+        "heartbeat_at as received_at, last_seq as seq, phase, phase_started_at, progress_json, "
+        "proofs_completed_total, proof_seconds_recent_json from instances "
+        "where heartbeat_at is not null"
+    )
+
+
+def _m4_instance_share(db: sqlite_utils.Database) -> None:
+    """What a deployed instance gets of its host (docs/vast.md): the offer's
+    ``cpu_cores_effective`` beside the host's ``cpu_cores``, and the RAM share
+    (``vast_manager.coordinator.decisions.share``), so predictions can keep RAM classes apart."""
+    instances = db.table("instances")
+    instances.add_column("cpu_cores_effective", float)
+    instances.add_column("instance_ram_gb", float)
+
+
+def _m5_observed_benchmark_window(db: sqlite_utils.Database) -> None:
+    """What the coordinator saw of an instance's benchmarking, to judge results against
+    (DESIGN 3.6): a result may claim only the time since the later of these and
+    ``last_non_benchmark_at``, and only if a benchmarking heartbeat was seen."""
+    instances = db.table("instances")
+    instances.add_column("benchmarking_seen_at", float)  # the latest benchmarking heartbeat
+    instances.add_column("result_window_at", float)  # arrival of the latest result: the
+    # stretch of benchmarking before it is used up
+
+
+MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
+    (1, "initial tables of DESIGN 4", _m1_initial),
+    (2, "benchmark state for early verdicts", _m2_benchmark_verdict_state),
+    (3, "the latest heartbeat on its instance's row", _m3_latest_heartbeat_on_instances),
+    (4, "the instance's share of its host", _m4_instance_share),
+    (5, "the observed benchmarking window of each instance", _m5_observed_benchmark_window),
+)
+
+
+def migrate(db: sqlite_utils.Database) -> list[int]:
+    """Apply every migration not yet recorded in ``migrations``; return those applied.
+
+    Each migration runs in its own transaction with its record, so a crash
+    mid-way leaves either both or neither.
+    """
+    if "migrations" not in db.table_names():
+        db.table("migrations").create({"id": int, "name": str, "applied_at": float}, pk="id")
+    done = {row["id"] for row in db.query("select id from migrations")}
+    applied = []
+    for number, name, fn in MIGRATIONS:
+        if number in done:
+            continue
+        with db.atomic():
+            fn(db)
+            db.execute(
+                "insert into migrations (id, name, applied_at) values (?, ?, ?)",
+                (number, name, time.time()),
+            )
+        applied.append(number)
+    return applied
+
+

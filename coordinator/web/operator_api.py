@@ -1,0 +1,438 @@
+"""The operator API (docs/protocol.md, docs/openapi.yaml): bearer-token endpoints over the
+core (deploy, destroy, offers, hosts, scaling, logs) and ``/metrics``."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from vast_manager.coordinator.decisions import policy
+from vast_manager.coordinator.errors import (
+    CoordinatorError,
+    InstanceGone,
+    InvalidInput,
+    NotFound,
+    Refusal,
+    error_body,
+    http_status,
+)
+from vast_manager.coordinator.operations.deploy import mint_agent_id
+from vast_manager.coordinator.providers.base import ProviderError
+from vast_manager.coordinator.store.reads import Reads
+from vast_manager.coordinator.store.schema import Row, loads
+from vast_manager.coordinator.store.writer import Tx
+from vast_manager.coordinator.textsafe import has_unsafe
+from vast_manager.coordinator.web import metrics
+from vast_manager.coordinator.web.core import CORE, Core
+from vast_manager.coordinator.web.http import error_response, json_response, read_body
+from vast_manager.coordinator.web.json_views import (
+    VIEW_COLUMNS,
+    event_view,
+    finish_view,
+    host_perf_view,
+    instance_view,
+    result_view,
+    scaling_view,
+)
+from vast_manager.protocol import signing
+
+log = logging.getLogger(__name__)
+
+MAX_LOG_TAIL = 10000
+MAX_LABEL_CHARS = 200
+MAX_REASON_CHARS = 1000
+
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    # The operator's bodies are small; they are read whole here, once the token is known
+    # (the middleware checked it), and count against the same budget while read.
+    budget = request.app[CORE].guard.budget
+    raw, claimed = await read_body(request, budget=budget, key="operator")
+    budget.release("operator", claimed)
+    if not raw.strip():
+        return {}
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"The body is not valid JSON: {exc}.") from None
+    if not isinstance(value, dict):
+        raise InvalidInput("The body must be a JSON object.", field="body")
+    return value
+
+
+def _number(body: dict[str, Any], name: str, *, positive: bool = True) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"Field '{name}' must be a number.", field=name)
+    out = float(value)
+    if out != out or out in (float("inf"), float("-inf")) or (positive and out <= 0):
+        raise InvalidInput(f"Field '{name}' must be a positive finite number.", field=name)
+    return out
+
+
+def _integer(body: dict[str, Any], name: str, *, required: bool = False,
+             minimum: int = 1, maximum: int = 2**53) -> int | None:
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise InvalidInput(f"Field '{name}' is missing.", field=name)
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"Field '{name}' must be an integer.", field=name)
+    if not minimum <= value <= maximum:
+        raise InvalidInput(f"Field '{name}' must be between {minimum} and {maximum}.", field=name)
+    return value
+
+
+def _text(body: dict[str, Any], name: str, *, required: bool, max_chars: int) -> str | None:
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise InvalidInput(f"Field '{name}' is missing.", field=name)
+        return None
+    if not isinstance(value, str):
+        raise InvalidInput(f"Field '{name}' must be a string.", field=name)
+    value = value.strip()
+    if required and not value:
+        raise InvalidInput(f"Field '{name}' must not be empty.", field=name)
+    if len(value) > max_chars:
+        raise InvalidInput(f"Field '{name}' is longer than {max_chars} characters.", field=name)
+    if has_unsafe(value):
+        raise InvalidInput(f"Field '{name}' must not hold control or bidi characters.",
+                           field=name)
+    return value
+
+
+def _path_int(request: web.Request, name: str) -> int:
+    text = request.match_info[name]
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidInput(f"'{name}' must be an integer.", field=name) from None
+    if not -(2**63) <= value < 2**63:
+        raise InvalidInput(f"'{name}' is out of range.", field=name)
+    return value
+
+
+def _instance_or_404(core: Core, instance_id: int) -> Row:
+    inst = core.store.get_instance(instance_id)
+    if inst is None:
+        raise NotFound(f"No instance {instance_id}.")
+    return inst
+
+
+def operator_endpoint(
+    fn: Callable[[Core, web.Request], Awaitable[Any]],
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """Run an operator handler; map the core's named exceptions in one place."""
+
+    async def handler(request: web.Request) -> web.Response:
+        core = request.app[CORE]
+        try:
+            payload = await fn(core, request)
+        except Refusal as err:
+            return error_response(err.status, err.code, err.message)
+        except (CoordinatorError, ProviderError) as err:
+            return json_response(error_body(err), http_status(err))
+        if isinstance(payload, web.Response):
+            return payload
+        return json_response(payload)
+
+    return handler
+
+
+
+async def _issue_agent(core: Core, request: web.Request) -> Any:
+    body = await _json_object(request)
+    label = _text(body, "label", required=True, max_chars=MAX_LABEL_CHARS)
+    assert label is not None
+    min_rate = _number(body, "min_rate_per_hour")
+    agent_id = mint_agent_id()
+    key = signing.derive_agent_key(core.settings.newest_secret, agent_id)
+    now = core.clock()
+
+    def job(tx: Tx) -> None:
+        tx.insert_agent(agent_id, label=label, kind="byo", min_rate_per_hour=min_rate,
+                        issued_at=now)
+        tx.insert_event(now, "agent_issued", f"bring-your-own agent for {label!r} issued",
+                        agent_id=agent_id, machine_id=label)
+
+    await core.store.write(job)
+    # The one answer that carries a key: it is the operator's to hand over.
+    return {"agent_id": agent_id, "agent_key": key.hex(),
+            "coordinator_url": core.settings.coordinator_url}
+
+
+async def _revoke_agent(core: Core, request: web.Request) -> Any:
+    agent_id = request.match_info["agent_id"]
+    if not signing.is_agent_id(agent_id) or core.store.get_agent(agent_id) is None:
+        raise NotFound(f"No agent {agent_id!r}.")
+    now = core.clock()
+    reason = "revoked by the operator"
+
+    def job(tx: Tx) -> bool:
+        changed = tx.revoke_agent(agent_id, now=now, reason=reason)
+        inst = tx.instance_by_agent(agent_id)
+        if inst is not None and inst["state"] not in policy.GONE_STATES:
+            if inst["kind"] == "byo":
+                # Not ours to destroy: the machine simply stops counting as our instance.
+                tx.update_instance(inst["id"], state="destroyed", state_since=now,
+                                   destroyed_at=now, terminate_reason=reason, updated_at=now)
+            else:
+                # A deployed instance whose agent may not speak is destroyed: it bills.
+                tx.update_instance(inst["id"], state="terminating", state_since=now,
+                                   terminate_reason=reason, destroy_due_at=now, updated_at=now)
+        if changed:
+            tx.insert_event(now, "revoke", reason, agent_id=agent_id,
+                            instance_id=inst["id"] if inst else None)
+        return changed
+
+    changed = await core.store.write(job)
+    core.auth.mark_revoked(agent_id)
+    core.monitor.wake()
+    message = f"Agent {agent_id} revoked." if changed else f"Agent {agent_id} was already revoked."
+    return {"ok": True, "agent_id": agent_id, "revoked": True, "message": message}
+
+
+async def _list_instances(core: Core, request: web.Request) -> Any:
+    # The fleet-sized answer: only the view's columns, and one dict a row built from the
+    # row's values (not a dict per row and then the view from it).
+    return [finish_view(dict(zip(VIEW_COLUMNS, values, strict=True)))
+            for values in core.store.instance_values(VIEW_COLUMNS)]
+
+
+async def _get_instance(core: Core, request: web.Request) -> Any:
+    inst = _instance_or_404(core, _path_int(request, "id"))
+    out = instance_view(inst)
+    out["host"] = loads(inst.get("host_json"))
+    out["results"] = [result_view(r) for r in core.store.results_for_instance(inst["id"])]
+    out["events"] = [event_view(e) for e in core.store.events(inst["id"])]
+    tele = core.store.latest_telemetry(inst["id"])
+    out["telemetry"] = loads(tele["telemetry_json"]) if tele else None
+    out["telemetry_at"] = tele["received_at"] if tele else None
+    return out
+
+
+async def _destroy_instance(core: Core, request: web.Request) -> Any:
+    instance_id = _path_int(request, "id")
+    inst = _instance_or_404(core, instance_id)
+    if inst["state"] in policy.GONE_STATES:
+        return {"ok": True, "already": True,
+                "message": f"Instance {instance_id} is already {inst['state']}."}
+    changed = await core.monitor.destroy(instance_id, "destroyed by the operator",
+                                         source="operator")
+    message = (f"Instance {instance_id} destroyed." if changed
+               else f"Instance {instance_id} is already destroyed.")
+    return {"ok": True, "already": not changed, "message": message}
+
+
+async def _rebenchmark(core: Core, request: web.Request) -> Any:
+    instance_id = _path_int(request, "id")
+    inst = _instance_or_404(core, instance_id)
+    if inst["state"] in policy.STICKY_STATES:
+        raise InstanceGone(f"Instance {instance_id} is {inst['state']}; it cannot re-benchmark.")
+    now = core.clock()
+
+    def job(tx: Tx) -> None:
+        tx.update_instance(instance_id, rebenchmark_pending=1, updated_at=now)
+        tx.insert_event(now, "rebenchmark", "the operator asked for a new benchmark",
+                        instance_id=instance_id, agent_id=inst["agent_id"],
+                        machine_id=inst["machine_id"])
+
+    await core.store.write(job)
+    return {"ok": True,
+            "message": f"Instance {instance_id} will re-benchmark at its next heartbeat."}
+
+
+async def _logs_view(core: Core, request: web.Request) -> Any:
+    instance_id = _path_int(request, "id")
+    _instance_or_404(core, instance_id)
+    tail_text = request.query.get("tail", "200")
+    try:
+        tail = int(tail_text)
+    except ValueError:
+        raise InvalidInput("'tail' must be an integer.", field="tail") from None
+    if not 1 <= tail <= MAX_LOG_TAIL:
+        raise InvalidInput(f"'tail' must be between 1 and {MAX_LOG_TAIL}.", field="tail")
+    source = request.query.get("source") or None
+    if source is not None and len(source) > 64:
+        raise InvalidInput("'source' is longer than 64 characters.", field="source")
+    return core.store.logs(instance_id, tail, source)
+
+
+MAX_HISTORY_POINTS = 2000
+
+
+async def _telemetry_history(core: Core, request: web.Request) -> Any:
+    """The instance's downsampled heartbeat history (DESIGN 4), oldest first, with the
+    latest telemetry appended when it is newer: what the dashboard's charts draw."""
+    inst = _instance_or_404(core, _path_int(request, "id"))
+    points_text = request.query.get("points", "500")
+    try:
+        max_points = int(points_text)
+    except ValueError:
+        raise InvalidInput("'points' must be an integer.", field="points") from None
+    if not 2 <= max_points <= MAX_HISTORY_POINTS:
+        raise InvalidInput(f"'points' must be between 2 and {MAX_HISTORY_POINTS}.",
+                           field="points")
+    points = [
+        {"t": r["received_at"], "phase": r.get("phase"),
+         "proofs_completed_total": r.get("proofs_completed_total"),
+         "telemetry": loads(r.get("telemetry_json"))}
+        for r in (core.store.heartbeat_history(inst["agent_id"]) if inst.get("agent_id") else [])
+    ]
+    latest = core.store.latest_telemetry(inst["id"])
+    if latest is not None and (not points or latest["received_at"] > points[-1]["t"]):
+        points.append({"t": latest["received_at"], "phase": inst.get("phase"),
+                       "proofs_completed_total": inst.get("proofs_completed_total"),
+                       "telemetry": loads(latest["telemetry_json"])})
+    if len(points) > max_points:
+        # Even stride over the history, always keeping the newest point.
+        step = len(points) / max_points
+        points = [points[int(i * step)] for i in range(max_points - 1)] + [points[-1]]
+    return {"instance_id": inst["id"], "points": points}
+
+
+async def _recent_events(core: Core, request: web.Request) -> Any:
+    limit_text = request.query.get("limit", "100")
+    try:
+        limit = int(limit_text)
+    except ValueError:
+        raise InvalidInput("'limit' must be an integer.", field="limit") from None
+    if not 1 <= limit <= 1000:
+        raise InvalidInput("'limit' must be between 1 and 1000.", field="limit")
+    return [event_view(e) for e in core.store.events(None, limit)]
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    core = request.app[CORE]
+    text = metrics.render_metrics(core.store, core.clock, core.guard)
+    return web.Response(body=text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
+
+
+async def _host_perf(core: Core, request: web.Request) -> Any:
+    return [host_perf_view(r) for r in core.store.host_perf()]
+
+
+async def _bad_hosts(core: Core, request: web.Request) -> Any:
+    return core.store.bad_hosts()
+
+
+async def _add_bad_host(core: Core, request: web.Request) -> Any:
+    body = await _json_object(request)
+    raw = body.get("machine_id")
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        raw = str(raw)
+    machine_id = _text({"machine_id": raw}, "machine_id", required=True,
+                       max_chars=MAX_LABEL_CHARS)
+    reason = _text(body, "reason", required=False, max_chars=MAX_REASON_CHARS) or "by the operator"
+    assert machine_id is not None
+    now = core.clock()
+
+    def job(tx: Tx) -> None:
+        tx.add_bad_host(machine_id, reason=reason, source="operator", now=now)
+        tx.insert_event(now, "bad_host", f"{machine_id}: {reason} (operator)",
+                        machine_id=machine_id)
+
+    await core.store.write(job)
+    return {"ok": True, "machine_id": machine_id, "reason": reason,
+            "message": f"Machine {machine_id} is on bad_hosts."}
+
+
+async def _remove_bad_host(core: Core, request: web.Request) -> Any:
+    machine_id = request.match_info["machine_id"]
+    if core.store.bad_host(machine_id) is None:
+        raise NotFound(f"Machine {machine_id!r} is not on bad_hosts.")
+    now = core.clock()
+
+    def job(tx: Tx) -> bool:
+        removed = tx.remove_bad_host(machine_id)
+        if removed:
+            tx.insert_event(now, "bad_host_removed", f"{machine_id} removed by the operator",
+                            machine_id=machine_id)
+        return removed
+
+    await core.store.write(job)
+    return {"ok": True, "machine_id": machine_id,
+            "message": f"Machine {machine_id} removed from bad_hosts."}
+
+
+async def _scaling(core: Core, request: web.Request) -> Any:
+    return [scaling_view(r) for r in core.store.scaling()]
+
+
+def fleet_scaling_efficiency(reads: Reads) -> float | None:
+    """Median multi-GPU efficiency the fleet measured, by the coordinator's own reading of
+    results that count (never a host's own figure, nor a flagged result's)."""
+    values = reads.trusted_scaling_efficiencies(policy.RANKING_EXCLUDING_FLAGS)
+    return statistics.median(values) if values else None
+
+
+async def _offers(core: Core, request: web.Request) -> Any:
+    filter_text = request.query.get("filter") or None
+    try:
+        offers = await core.provider.search_offers(filter_text)
+    except ValueError as err:  # the filter parser's FilterError
+        raise InvalidInput(f"Bad filter: {err}", field="filter") from None
+    bad_ids = [b["machine_id"] for b in core.store.bad_hosts()]
+    try:
+        from vast_manager.coordinator.decisions.ranking import rank_offers
+    except ImportError:
+        bad = set(bad_ids)
+        known = {str(r["machine_id"]) for r in core.store.host_perf()}
+        return [
+            {**o, "bad_host": str(o.get("machine_id")) in bad,
+             "known": str(o.get("machine_id")) in known, "predicted_rate_per_hour": None,
+             "predicted_usd_per_proof": None, "prediction_basis": "explore"}
+            for o in offers
+        ]
+    # vast.ai machine ids are integers; a bring-your-own label never matches an offer.
+    numeric_bad = {int(m) for m in bad_ids if m.isdigit()}
+    return rank_offers(offers, core.store.host_perf(), numeric_bad,
+                       fleet_scaling_efficiency(core.store),
+                       min_instance_ram_gb=core.settings.min_instance_ram_gb,
+                       machine_ram_gb=core.store.instance_ram_by_machine())
+
+
+async def _deploy(core: Core, request: web.Request) -> Any:
+    body = await _json_object(request)
+    offer_id = _integer(body, "offer_id", required=True, minimum=0)
+    assert offer_id is not None
+    min_rate = _number(body, "min_rate_per_hour")
+    disk_gb = _integer(body, "disk_gb", minimum=1, maximum=100_000)
+    max_dph = _number(body, "max_dph_total")
+    deployed = await core.deployer.deploy(
+        offer_id, min_rate_per_hour=min_rate, disk_gb=disk_gb, max_dph_total=max_dph
+    )
+    return {"ok": True, "instance_id": deployed.instance_id,
+            "provider_instance_id": deployed.provider_instance_id,
+            "agent_id": deployed.agent_id, "message": deployed.message}
+
+
+def add_routes(app: web.Application) -> None:
+    op = operator_endpoint
+    app.router.add_post("/api/agents", op(_issue_agent))
+    app.router.add_post("/api/agents/{agent_id}/revoke", op(_revoke_agent))
+    app.router.add_get("/api/instances", op(_list_instances))
+    app.router.add_get("/api/instances/{id}", op(_get_instance))
+    app.router.add_post("/api/instances/{id}/destroy", op(_destroy_instance))
+    app.router.add_post("/api/instances/{id}/rebenchmark", op(_rebenchmark))
+    app.router.add_get("/api/instances/{id}/logs", op(_logs_view))
+    app.router.add_get("/api/host-perf", op(_host_perf))
+    app.router.add_get("/api/bad-hosts", op(_bad_hosts))
+    app.router.add_post("/api/bad-hosts", op(_add_bad_host))
+    app.router.add_delete("/api/bad-hosts/{machine_id}", op(_remove_bad_host))
+    app.router.add_get("/api/scaling", op(_scaling))
+    app.router.add_get("/api/offers", op(_offers))
+    app.router.add_post("/api/deploy", op(_deploy))
+    app.router.add_get("/api/instances/{id}/telemetry-history", op(_telemetry_history))
+    app.router.add_get("/api/events", op(_recent_events))
+    app.router.add_get("/metrics", _metrics)

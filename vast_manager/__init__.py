@@ -1,0 +1,7 @@
+"""vast-manager: a fleet of rented vast.ai GPU machines proving Filecoin with CuZK.
+
+Everything installs under this one name: ``vast_manager.agent`` (runs on each
+instance), ``vast_manager.coordinator`` (the server, the store and the operator's
+CLI) and ``vast_manager.protocol`` (the wire contract both import). The three live
+at the top of the repository; ``vast_manager/`` links to them (docs/architecture.md).
+"""
