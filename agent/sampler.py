@@ -1,4 +1,4 @@
-"""Background telemetry sampler: GPUs, host and cuzk /status -> `vast_manager.protocol.Telemetry`.
+"""Background telemetry sampler: GPUs, host and cuzk /status -> `protocol.Telemetry`.
 
 The host and the GPUs are read by a few daemon threads (up to eight GPUs in
 turn per thread) at 1 Hz: NVML calls block, a PCIe read for 20 ms, so they

@@ -736,7 +736,7 @@ class SimAgents:
         return f"{self.marker}:{instance_id}"
 
     def log_path(self, instance_id: int) -> Path:
-        return self.workdir / f"instance-{instance_id}" / "vast_manager.agent.log"
+        return self.workdir / f"instance-{instance_id}" / "agent.log"
 
     def start(self, instance: dict[str, Any], offer: dict[str, Any], env: dict[str, str]) -> None:
         instance_id = int(instance["id"])
@@ -753,7 +753,7 @@ class SimAgents:
         child_env.update(env)
         child_env[self.MARKER_ENV] = self._marker(instance_id)
         self.envs[instance_id] = child_env
-        with open(home / "vast_manager.agent.log", "ab") as log_file:
+        with open(home / "agent.log", "ab") as log_file:
             self.processes[instance_id] = subprocess.Popen(
                 [sys.executable, "-m", "vast_manager.agent.cli", "run"],
                 env=child_env, cwd=home, stdin=subprocess.DEVNULL, stdout=log_file,

@@ -134,7 +134,7 @@ def test_coordinator_killed_mid_benchmark_result_arrives_once(
             # A bring-your-own agent is watched in real seconds: report the real ones.
             "FAKE_PROOF_SECONDS": "0.3",
         })
-        agent_log_path = tmp_path / "vast_manager.agent.log"
+        agent_log_path = tmp_path / "agent.log"
         with open(agent_log_path, "wb") as agent_log:
             agent_proc = subprocess.Popen(
                 [sys.executable, "-m", "vast_manager.agent.cli",
@@ -203,7 +203,7 @@ def test_a_c1_in_the_wrong_format_fails_the_instance_before_any_proof(
             "VM_CUZK_BENCH_BIN": write_script(tmp_path / "cuzk-bench", MARKING),
             "VM_NVML": "off", "VM_PROVIDER": "local", "VM_E2E_RAN": str(ran),
         })
-        with open(tmp_path / "vast_manager.agent.log", "wb") as agent_log:
+        with open(tmp_path / "agent.log", "wb") as agent_log:
             agent_proc = subprocess.Popen(
                 [sys.executable, "-m", "vast_manager.agent.cli",
                  "run"], env=agent_env, cwd=tmp_path,

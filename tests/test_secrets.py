@@ -87,7 +87,7 @@ def test_full_demo_with_known_secrets_leaks_none(
     haystacks: dict[str, str] = {"stdout": out, "stderr": err, "logging": caplog.text}
     haystacks.update({f"answer {i}": a.decode() for i, a in enumerate(answers)})
     files = [p for p in workdir.rglob("*") if p.is_file()]
-    agent_logs = [p for p in files if p.name == "vast_manager.agent.log"]
+    agent_logs = [p for p in files if p.name == "agent.log"]
     assert len(agent_logs) >= 8
     for p in files:
         haystacks[f"file {p.relative_to(workdir)}"] = p.read_bytes().decode("latin-1")

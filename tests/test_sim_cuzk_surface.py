@@ -241,7 +241,7 @@ def test_config_defaults_and_types_are_the_real_ones(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="invalid listen address: localhost:9820"):
         grpc_listen_address("localhost:9820")
     # What the agent writes is what the daemon reads: the budget in whole MiB.
-    toml = tmp_path / "vast_manager.agent.toml"
+    toml = tmp_path / "agent.toml"
     toml.write_text(render_config(listen="127.0.0.1:5", status_listen="127.0.0.1:6",
                                   param_cache=tmp_path, total_budget="204800MiB"))
     got = load_settings(str(toml), None, None, profile)

@@ -310,7 +310,7 @@ class LocalProvider:
             # Every process under this agent inherits the marker, so destroy finds
             # them all even if one was re-parented after its parent died.
             child_env[MARKER_ENV] = f"{self._token}:{instance_id}"
-            log_file = (workdir / "vast_manager.agent.log").open("ab")
+            log_file = (workdir / "agent.log").open("ab")
             process = subprocess.Popen(
                 [sys.executable, "-m", "vast_manager.agent.cli", "run"],
                 env=child_env,
@@ -360,7 +360,7 @@ class LocalProvider:
 
     def agent_log_path(self, instance_id: int) -> Path | None:
         inst = self._instances.get(instance_id)
-        return inst.workdir / "vast_manager.agent.log" if inst else None
+        return inst.workdir / "agent.log" if inst else None
 
     async def close(self) -> None:
         # In parallel: each destroy may wait out an agent's SIGTERM grace.
