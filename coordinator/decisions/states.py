@@ -132,4 +132,3 @@ def dashboard_script() -> str:
         f"const STATES = Object.freeze({names});\n"
         f"const STATE_SETS = Object.freeze({{\n{sets},\n}});\n"
     )
-

@@ -201,7 +201,7 @@ class Deployer:
                 disk_gb=disk,
             )
         except CreateFailed as err:
-            await self._created_anyway(instance_id, agent_id, machine_id, err)
+            await self._created_anyway(instance_id, err)
             raise ProviderFailed(
                 f"Creating an instance from offer {offer_id} failed ({err}), yet "
                 f"{self.provider.name} made instance {err.instance_id}, which is being destroyed."
@@ -233,9 +233,7 @@ class Deployer:
         message = created.message or f"instance {created.instance_id} created"
         return Deployed(instance_id, created.instance_id, agent_id, message)
 
-    async def _created_anyway(
-        self, instance_id: int, agent_id: str, machine_id: str, err: CreateFailed
-    ) -> None:
+    async def _created_anyway(self, instance_id: int, err: CreateFailed) -> None:
         """Record the instance a failed create left, due for destruction now, and destroy it."""
         now = self.clock()
         pid = err.instance_id
