@@ -90,6 +90,9 @@ PROVING_POLL_S = 2.0
 PCE_POLL_S = 1.0
 COMPLETION_POLL_S = 0.5  # how often /status counters are read while a benchmark runs
 MIN_STEADY_SAMPLES = 3
+#: The plans a ``benchmark`` directive interrupts (and so the only ones it is taken in):
+#: while preparing or benchmarking a benchmark is already on its way.
+REBENCHMARK_PLANS = frozenset({"prove", "failed"})
 
 
 async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
@@ -299,6 +302,7 @@ class Agent:
         self._last_proof_mono: float | None = None
         self._background: list[asyncio.Task[None]] = []
         self._work_task: asyncio.Task[None] | None = None
+        self._plan = "hello"  # what the controller runs now (``_run``)
         self._prepared = False
         self._has_failed = False
         self._failure: str | None = None  # why, once phase is failed
@@ -332,7 +336,7 @@ class Agent:
             self._terminate_requested = True
             self._wake.set()
         elif directive.action == "benchmark":
-            if self.phase in ("proving", "failed"):
+            if self._plan in REBENCHMARK_PLANS:
                 if not self._rebench_requested:
                     log.info("coordinator directive: benchmark again (%s)", directive.reason)
                 self._rebench_requested = True
@@ -365,7 +369,7 @@ class Agent:
         if self.config.provider == "vast" and not self.config.container_api_key:
             log.warning("CONTAINER_API_KEY is not set: this instance cannot destroy itself")
         self._background.append(asyncio.create_task(self._watchdog()))
-        plan = "hello"
+        plan = self._plan = "hello"
         task = asyncio.create_task(self._execute(plan))
         while True:
             waker = asyncio.create_task(self._wake.wait())
@@ -375,7 +379,7 @@ class Agent:
                 self._signal is not None
                 or self._orphaned
                 or self._terminate_requested
-                or (self._rebench_requested and plan in ("prove", "failed"))
+                or (self._rebench_requested and plan in REBENCHMARK_PLANS)
             )
             if not task.done():
                 if not interrupted:
@@ -403,11 +407,11 @@ class Agent:
                 return await self._finish_orphaned()
             if self._terminate_requested:
                 return await self._finish_terminate()
-            if self._rebench_requested and plan in ("prove", "failed"):
+            if self._rebench_requested and plan in REBENCHMARK_PLANS:
                 self._rebench_requested = False
                 self._wake.clear()
                 next_plan = "benchmark" if self._prepared else "prepare"
-            plan = next_plan or "failed"
+            plan = self._plan = next_plan or "failed"
             task = asyncio.create_task(self._execute(plan))
 
     async def _execute(self, plan: str) -> str:

@@ -49,7 +49,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from ingest import ADMIN_TOKEN, ServerProcess, cores_for, gpus_of, telemetry  # noqa: E402
 
+from vast_manager.coordinator.decisions.states import State  # noqa: E402
+
 TARGET_MS = 300.0
+#: The fixture fleet's states, each as often as it is named: six in ten proving.
+STATE_MIX = tuple(state for state, times in {
+    State.PROVING: 6, State.BENCHMARKING: 1, State.DESTROYED: 1, State.WARMING: 1,
+    State.LOST: 1,
+}.items() for _ in range(times))
 GPU_NAMES = ("RTX 4090", "RTX 5090", "RTX 3090", "A100 SXM4", "H100 SXM", "RTX 5060 Ti")
 
 
@@ -81,7 +88,7 @@ def build(db_path: str, instances: int, history: int, results: int, seed: int = 
         agent_id = f"ag_{i:020x}"
         machine = rng.randrange(100_000, 100_000 + machines)
         gpu = GPU_NAMES[machine % len(GPU_NAMES)]
-        state = rng.choice(("proving",) * 6 + ("benchmarking", "destroyed", "warming", "lost"))
+        state = rng.choice(STATE_MIX)
         agent_rows.append({"agent_id": agent_id, "label": f"vast-{i}", "kind": "deployed",
                            "min_rate_per_hour": 10.0, "revoked": 0, "issued_at": now - 86400})
         host = {"hostname": f"C.{i}", "cpu_model": "AMD EPYC 7K62 48-Core Processor",
@@ -108,7 +115,7 @@ def build(db_path: str, instances: int, history: int, results: int, seed: int = 
             "host_json": orjson.dumps(host).decode(), "hello_at": now - 7200,
             "last_seen": now - rng.uniform(0, 15), "last_non_benchmark_at": now - 3600,
             "rebenchmark_pending": 0, "terminate_reason": None, "destroy_due_at": None,
-            "destroyed_at": now - 60 if state == "destroyed" else None,
+            "destroyed_at": now - 60 if state == State.DESTROYED else None,
             "created_at": now - 7200, "updated_at": now,
         })
     _rows(conn, "agents", agent_rows)

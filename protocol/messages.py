@@ -9,7 +9,7 @@ a default, so it may be absent on the wire.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from vast_manager.protocol.errors import ProtocolError
 
@@ -22,15 +22,9 @@ MAX_LOG_TEXT_CHARS = 8192
 Phase = Literal[
     "booting", "fetching_params", "warming", "benchmarking", "proving", "terminating", "failed"
 ]
-PHASES: tuple[str, ...] = (
-    "booting",
-    "fetching_params",
-    "warming",
-    "benchmarking",
-    "proving",
-    "terminating",
-    "failed",
-)
+#: The phases an agent reports, in lifecycle order: the one list of them (the
+#: coordinator's instance states, ``coordinator/decisions/states.py``, include each).
+PHASES: tuple[str, ...] = get_args(Phase)
 Action = Literal["continue", "benchmark", "terminate"]
 ResultKind = Literal["benchmark", "scaling"]
 Bottleneck = Literal["gpu", "cpu", "pcie", "memory", "unknown"]

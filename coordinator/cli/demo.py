@@ -23,12 +23,15 @@ from typing import Any
 import aiohttp
 
 from vast_manager.coordinator.cli import render
+from vast_manager.coordinator.decisions import states
+from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.providers.local.catalog import local_offers
 from vast_manager.coordinator.providers.local.provider import LocalProvider
 
 DEFAULT_TIME_SCALE = 240.0
 REFRESH_S = 0.5
-FINAL_STATES = {"destroyed", "failed", "lost", "terminating"}
+#: An instance's fate is decided once it is ending (``states.ENDING``) or silent.
+FINAL_STATES = states.ENDING | {State.LOST}
 EXIT_OK = 0
 EXIT_UNEXPECTED = 4
 
@@ -143,9 +146,9 @@ def _outcome(detail: dict[str, Any]) -> tuple[str, str]:
     decisive = verdicts or [e for e in events if e.get("kind") in {"timeout", "lost", "failed"}]
     reason = render.clean(decisive[-1].get("reason")) if decisive else "-"
     state = detail.get("state")
-    if state in {"destroyed", "terminating"}:
+    if state in states.ENDING and state != State.FAILED:
         return "TERMINATED", reason
-    if state in {"lost", "failed"}:
+    if state in FINAL_STATES:  # lost, failed: said as they are
         return str(state).upper(), reason
     return "KEPT", reason
 

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vast_manager.coordinator.decisions import states
+from vast_manager.coordinator.decisions.states import State
 from vast_manager.protocol.messages import Directive, Result
 
 Clock = Callable[[], float]
@@ -33,11 +35,6 @@ HOST_PERF_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED, EARLY_VERDICT, AF
 RESULT_FLAGS = (IMPLAUSIBLE, CONTENDED, PARTIAL, EARLY_VERDICT, AFTER_TERMINATE)
 # What keeps a scaling diagnosis out of the fleet's efficiency (and so out of ranking).
 RANKING_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED, AFTER_TERMINATE})
-
-# Instance states (DESIGN 5). Terminal ones never go back to an agent-reported phase.
-ACTIVE_PHASES = ("booting", "fetching_params", "warming", "benchmarking", "proving")
-STICKY_STATES = frozenset({"terminating", "destroyed", "failed", "vanished"})
-GONE_STATES = frozenset({"destroyed", "vanished"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,7 +432,7 @@ def directive_for(
     if instance is None:
         return Directive("continue", "no instance yet", next_heartbeat_s, min_rate)
     state = instance.get("state")
-    if state in STICKY_STATES or instance.get("terminate_reason"):
+    if state in states.ENDING or instance.get("terminate_reason"):
         reason = instance.get("terminate_reason") or f"instance is {state}"
         return Directive("terminate", reason, next_heartbeat_s, min_rate)
     if instance.get("rebenchmark_pending"):
@@ -447,21 +444,24 @@ def directive_for(
 # --- timeouts ------------------------------------------------------------------
 
 
+#: The states with a time limit: the ``PolicyLimits`` field that holds it, and what the
+#: timeout is called in its reason.
+_TIMEOUTS: dict[str, tuple[str, str]] = {
+    State.DEPLOYING: ("no_hello_timeout_s", "no hello"),
+    # Booting only lasts until the agent starts its fetch; a host that keeps
+    # heartbeating "booting" must not bill forever.
+    State.BOOTING: ("no_hello_timeout_s", "boot"),
+    State.FETCHING_PARAMS: ("params_timeout_s", "parameter fetch"),
+    State.WARMING: ("warmup_timeout_s", "warm-up"),
+    State.BENCHMARKING: ("benchmark_timeout_s", "benchmark"),
+    State.LOST: ("lost_timeout_s", "silence"),
+}
+
+
 def phase_timeout_s(state: str | None, limits: PolicyLimits) -> float | None:
     """How long an instance may stay in a state before it is terminated (None: no limit)."""
-    return {
-        "deploying": limits.no_hello_timeout_s,
-        # Booting only lasts until the agent starts its fetch; a host that keeps
-        # heartbeating "booting" must not bill forever.
-        "booting": limits.no_hello_timeout_s,
-        "fetching_params": limits.params_timeout_s,
-        "warming": limits.warmup_timeout_s,
-        "benchmarking": limits.benchmark_timeout_s,
-        "lost": limits.lost_timeout_s,
-    }.get(state or "")
-
-
-FIRST_BENCHMARK_STATES = frozenset({"booting", "fetching_params", "warming", "benchmarking"})
+    timeout = _TIMEOUTS.get(state or "")
+    return None if timeout is None else float(getattr(limits, timeout[0]))
 
 
 def first_benchmark_budget_s(limits: PolicyLimits) -> float:
@@ -483,7 +483,7 @@ def timed_out(instance: Mapping[str, Any], now: float, limits: PolicyLimits) -> 
     state = instance.get("state")
     created = instance.get("created_at")
     if (
-        state in FIRST_BENCHMARK_STATES
+        state in states.FIRST_BENCHMARK
         and instance.get("rate_per_hour") is None
         and created is not None
     ):
@@ -503,12 +503,5 @@ def timed_out(instance: Mapping[str, Any], now: float, limits: PolicyLimits) -> 
     spent = now - float(since)
     if spent <= limit:
         return None
-    what = {
-        "deploying": "no hello",
-        "booting": "boot",
-        "fetching_params": "parameter fetch",
-        "warming": "warm-up",
-        "benchmarking": "benchmark",
-        "lost": "silence",
-    }[str(state)]
+    what = _TIMEOUTS[str(state)][1]
     return f"timeout: {what} took {spent:.0f} s, limit {limit:.0f} s"

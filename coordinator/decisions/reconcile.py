@@ -7,7 +7,7 @@ DESIGN 3.2) is never acted on: it belongs to another fleet or to a person.
 
 ``our_instances`` rows are the coordinator's: vast.ai's instance id as
 ``provider_instance_id`` (the store's column) or ``instance_id`` (None while a
-deploy has not returned one), ``agent_id``, ``state`` (DESIGN 5 states) and
+deploy has not returned one), ``agent_id``, ``state`` (``states.State``) and
 optionally ``created_at`` (epoch seconds). ``Action.instance_id`` is always
 vast.ai's id.
 """
@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from vast_manager.coordinator.decisions import states
 from vast_manager.coordinator.providers.coerce import as_float, as_int
 
 ActionKind = Literal["destroy_leaked", "destroy_dead", "mark_vanished"]
@@ -31,11 +32,6 @@ DEAD_STATUSES = frozenset({"exited", "unknown", "offline", "stopped"})
 #: ``status_msg`` of an instance left ``created`` by a container that could not
 #: start (dstack fails such a start on this text).
 START_FAILURES = ("OCI runtime create failed",)
-#: Our states in which the provider's instance is meant to be gone.
-#: A vanished instance listed again is destroyed: its agent was told to stop.
-GONE_STATES = frozenset({"destroyed", "failed", "vanished"})
-#: Our states for which a missing provider instance is no news.
-NO_VANISH_STATES = frozenset({"destroyed", "vanished"})
 
 _LABEL = re.compile(r"^vm:([^:\s]+):([^:\s]+)$")
 
@@ -91,7 +87,7 @@ def plan(
     - ``destroy_leaked``, once ``start_date`` is ``grace_s`` old: ours whose
       agent id we do not know; or a second instance carrying a known agent's
       label beside the one we recorded (a doubly sold offer); or one we
-      recorded as destroyed/failed that is still there. Without a
+      recorded as gone (destroyed, vanished) that is still there. Without a
       ``start_date`` an unknown instance is not aged, so it is left alone.
     - ``mark_vanished``: one of our records with an instance id that vast.ai
       no longer lists (past ``grace_s`` after ``created_at`` when given).
@@ -127,7 +123,10 @@ def plan(
         aged = start is not None and now - start >= grace_s
         age = f"{now - start:.0f} s old" if start is not None else "age unknown"
         record = ours_by_id.get(iid)
-        if record is not None and record.get("state") in GONE_STATES:
+        # Recorded as gone (``states.GONE``) yet listed: a leak (a vanished instance
+        # listed again is destroyed too: its agent was told to stop). A failed one is
+        # not gone: its destroy is already due, the monitor's to carry out and retry.
+        if record is not None and record.get("state") in states.GONE:
             if aged:
                 actions.append(
                     Action(
@@ -155,7 +154,7 @@ def plan(
             )
 
     for iid, rec in ours_by_id.items():
-        if iid in listed or rec.get("state") in NO_VANISH_STATES:
+        if iid in listed or rec.get("state") in states.GONE:  # gone: its absence is no news
             continue
         created = as_float(rec.get("created_at"))
         if created is not None and now - created < grace_s:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from vast_manager.coordinator.decisions import policy
 from vast_manager.coordinator.decisions.share import instance_share, shortfall
+from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.errors import (
     BadHost,
     MachineBusy,
@@ -175,7 +176,7 @@ class Deployer:
                     "kind": "deployed",
                     "provider": self.provider.name,
                     "offer_id": offer_id,
-                    "state": "deploying",
+                    "state": State.DEPLOYING,
                     "state_since": now,
                     "disk_gb": disk,
                     "min_rate_per_hour": min_rate,
@@ -200,7 +201,7 @@ class Deployer:
                 disk_gb=disk,
             )
         except CreateFailed as err:
-            await self._created_anyway(instance_id, agent_id, machine_id, err)
+            await self._created_anyway(instance_id, err)
             raise ProviderFailed(
                 f"Creating an instance from offer {offer_id} failed ({err}), yet "
                 f"{self.provider.name} made instance {err.instance_id}, which is being destroyed."
@@ -232,22 +233,16 @@ class Deployer:
         message = created.message or f"instance {created.instance_id} created"
         return Deployed(instance_id, created.instance_id, agent_id, message)
 
-    async def _created_anyway(
-        self, instance_id: int, agent_id: str, machine_id: str, err: CreateFailed
-    ) -> None:
+    async def _created_anyway(self, instance_id: int, err: CreateFailed) -> None:
         """Record the instance a failed create left, due for destruction now, and destroy it."""
         now = self.clock()
         pid = err.instance_id
         reason = f"the create failed ({err}) but left {self.provider.name} instance {pid}"
 
         def record(tx: Tx) -> None:
-            tx.update_instance(
-                instance_id, provider_instance_id=pid, state="terminating", state_since=now,
-                terminate_reason=reason, destroy_due_at=now, updated_at=now,
-            )
-            tx.insert_event(now, "deploy_failed", reason, instance_id=instance_id,
-                            agent_id=agent_id, machine_id=machine_id,
-                            data={"provider_instance_id": pid})
+            tx.begin_terminating(instance_id, reason, kind="deploy_failed", now=now,
+                                 destroy_due_at=now, data={"provider_instance_id": pid},
+                                 provider_instance_id=pid)
 
         await self.store.write(record)
         log.warning("deploy: %s; destroying it", reason)
@@ -261,7 +256,7 @@ class Deployer:
     def _abandon(self, tx: Tx, instance_id: int, agent_id: str, reason: str) -> None:
         now = self.clock()
         tx.update_instance(
-            instance_id, state="destroyed", state_since=now, destroyed_at=now,
+            instance_id, state=State.DESTROYED, state_since=now, destroyed_at=now,
             terminate_reason=reason, updated_at=now,
         )
         tx.revoke_agent(agent_id, now=now, reason=reason)

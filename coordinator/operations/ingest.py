@@ -16,13 +16,14 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from vast_manager.coordinator.decisions import policy
+from vast_manager.coordinator.decisions import policy, states
 from vast_manager.coordinator.decisions.early_verdict import (
     EarlyVerdict,
     VerdictSettings,
     assess,
     steady_state_rate_per_hour,
 )
+from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.errors import HelloRequired, UnknownAgent
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.schema import Row, dumps, loads
@@ -89,24 +90,6 @@ def _require_instance(tx: Tx, agent_id: str) -> Row:
     return inst
 
 
-def _schedule_termination(
-    tx: Tx, inst: Row, reason: str, now: float, delay_s: float, *, kind: str
-) -> None:
-    """Mark an instance terminating; the monitor destroys it (or revokes its agent) when due."""
-    tx.update_instance(
-        inst["id"],
-        state="terminating" if inst["state"] != "failed" else "failed",
-        state_since=now,
-        terminate_reason=reason,
-        destroy_due_at=now + delay_s,
-        updated_at=now,
-    )
-    tx.insert_event(
-        now, kind, reason,
-        instance_id=inst["id"], agent_id=inst["agent_id"], machine_id=inst["machine_id"],
-    )
-
-
 # --- hello -----------------------------------------------------------------------
 
 
@@ -127,7 +110,7 @@ def hello_job(
                     "agent_id": agent_id,
                     "label": agent["label"],
                     "kind": agent["kind"],
-                    "state": "booting",
+                    "state": State.BOOTING,
                     "state_since": now,
                     "machine_id": machine_id,
                     "gpu_name": gpu_name,
@@ -156,8 +139,8 @@ def hello_job(
         }
         if new_boot:
             updates["last_seq"] = -1  # a new agent process counts seq from scratch
-        if inst["state"] in ("deploying", "lost"):
-            updates["state"] = "booting"
+        if inst["state"] in states.UNHEARD:
+            updates["state"] = State.BOOTING
             updates["state_since"] = now
         tx.update_instance(inst["id"], **updates)
         if new_boot:
@@ -165,7 +148,7 @@ def hello_job(
                 now, "hello", f"agent {hello.agent_version} started (boot {hello.boot_id})",
                 instance_id=inst["id"], agent_id=agent_id, machine_id=inst["machine_id"],
             )
-        if inst["state"] == "lost":
+        if inst["state"] == State.LOST:
             tx.insert_event(
                 now, "recovered", "the agent spoke again after silence",
                 instance_id=inst["id"], agent_id=agent_id, machine_id=inst["machine_id"],
@@ -218,8 +201,8 @@ def _steady(hot: Row, f: SteadyFields) -> bool:
     return (
         (last_seq is None or f.seq > last_seq)
         and f.phase == hot["state"]
-        and f.phase != "benchmarking"
-        and hot["state"] not in policy.STICKY_STATES
+        and f.phase != State.BENCHMARKING
+        and hot["state"] not in states.ENDING
     )
 
 
@@ -249,38 +232,35 @@ def heartbeat_job(
             "heartbeat_at": now,
             "proof_seconds_recent_json": fields.proof_seconds_recent_json,
         }
-        if hb.phase != "benchmarking":
+        if hb.phase != State.BENCHMARKING:
             updates["last_non_benchmark_at"] = now
         else:
             updates["benchmarking_seen_at"] = now
         state = inst["state"]
         ids = {"instance_id": inst["id"], "agent_id": agent_id, "machine_id": inst["machine_id"]}
-        if state in policy.STICKY_STATES:
+        if state in states.ENDING:
             pass
-        elif hb.phase == "failed":
-            updates.update(state="failed", state_since=now)
-        elif hb.phase == "terminating":
-            updates.update(state="terminating", state_since=now)
+        elif hb.phase in states.ENDING_PHASES:
+            updates.update(state=hb.phase, state_since=now)
         elif state != hb.phase:
             updates.update(state=hb.phase, state_since=now)
-            if state == "lost":
+            if state == State.LOST:
                 tx.insert_event(now, "recovered", "the agent spoke again after silence", **ids)
             tx.insert_event(now, "phase", f"{state} -> {hb.phase}", **ids)
         tx.update_instance(inst["id"], **updates)
-        if state not in policy.STICKY_STATES and hb.phase in ("failed", "terminating"):
-            fresh = tx.get_instance(inst["id"])
-            assert fresh is not None
+        if state not in states.ENDING and hb.phase in states.ENDING_PHASES:
+            failed = hb.phase == State.FAILED
             reason = (
                 ("the agent reported failed: " + hb.failure if hb.failure
-                 else "the agent reported failed") if hb.phase == "failed"
+                 else "the agent reported failed") if failed
                 else "the agent is terminating on its own"
             )
-            _schedule_termination(
-                tx, fresh, reason, now, settings.terminate_grace_s,
-                kind="failed" if hb.phase == "failed" else "terminate",
+            tx.begin_terminating(
+                inst["id"], reason, kind="failed" if failed else "terminate", now=now,
+                destroy_due_at=now + settings.terminate_grace_s,
             )
-        if (settings.verdict_early and hb.phase == "benchmarking"
-                and state not in policy.STICKY_STATES and not inst["terminate_reason"]):
+        if (settings.verdict_early and hb.phase == State.BENCHMARKING
+                and state not in states.ENDING and not inst["terminate_reason"]):
             _judge_early(tx, inst, hb, settings, now)
         _record_telemetry(tx, inst["id"], agent_id, fields, settings, now)
         fresh = tx.get_instance(inst["id"])
@@ -458,19 +438,13 @@ def _terminate_early(
     proofs: list[float], settings: Settings, now: float,
 ) -> None:
     """The below-minimum path of a benchmark result, on the proofs seen so far."""
-    ids = {"instance_id": inst["id"], "agent_id": inst["agent_id"],
-           "machine_id": inst["machine_id"]}
     machine_id = inst["machine_id"] or inst["label"]
     reason = f"early verdict: {v.reason}"
-    tx.insert_event(now, "verdict", f"terminate: {reason}", data=data, **ids)
-    tx.add_bad_host(machine_id, reason=reason, source="benchmark", now=now,
-                    instance_id=inst["id"])
-    tx.insert_event(now, "bad_host", f"{machine_id}: {reason}", **ids)
     state["bench_status"] = BENCH_TERMINATED
-    tx.update_instance(
-        inst["id"], **state, state="terminating", state_since=now, terminate_reason=reason,
-        destroy_due_at=now + settings.terminate_grace_s, updated_at=now,
-        rate_per_hour=v.rate_estimate_per_hour, last_seen=now,
+    tx.begin_terminating(
+        inst["id"], reason, kind="verdict", note=f"terminate: {reason}", data=data,
+        bad_host_source="benchmark", now=now, destroy_due_at=now + settings.terminate_grace_s,
+        **state, rate_per_hour=v.rate_estimate_per_hour, last_seen=now,
     )
     fresh = tx.get_instance(inst["id"])
     assert fresh is not None
@@ -611,7 +585,7 @@ def watch_of(inst: Row, settings: Settings, now: float,
     seen = inst["benchmarking_seen_at"]
     state = inst["state"]
     terminated = inst["terminate_reason"] or (
-        f"the instance is {state}" if state in policy.STICKY_STATES else None)
+        f"the instance is {state}" if state in states.ENDING else None)
     return policy.Watch(
         now=now,
         window_start=None if window_start is None else float(window_start),
@@ -688,21 +662,16 @@ def result_job(
                 pass  # already on its way out; the result is kept as evidence only
             elif verdict.action == "terminate":
                 terminate = True
-                tx.insert_event(now, "verdict", f"terminate: {verdict.reason}", **ids)
-                if verdict.bad_host:
-                    tx.add_bad_host(
-                        machine_id, reason=verdict.reason, source="benchmark", now=now,
-                        instance_id=inst["id"],
-                    )
-                    tx.insert_event(now, "bad_host", f"{machine_id}: {verdict.reason}", **ids)
             else:
                 tx.insert_event(now, "verdict", f"keep: {verdict.reason}", **ids)
-        tx.update_instance(inst["id"], **inst_updates)
         if terminate and verdict is not None:
-            tx.update_instance(
-                inst["id"], state="terminating", state_since=now,
-                terminate_reason=verdict.reason, destroy_due_at=now + settings.terminate_grace_s,
+            tx.begin_terminating(
+                inst["id"], verdict.reason, kind="verdict", note=f"terminate: {verdict.reason}",
+                bad_host_source="benchmark" if verdict.bad_host else None, now=now,
+                destroy_due_at=now + settings.terminate_grace_s, **inst_updates,
             )
+        else:
+            tx.update_instance(inst["id"], **inst_updates)
         fresh = tx.get_instance(inst["id"])
         assert fresh is not None
         directive = _take_directive(tx, fresh, settings, now)

@@ -15,7 +15,8 @@ import logging
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from vast_manager.coordinator.decisions import policy
+from vast_manager.coordinator.decisions import policy, states
+from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.providers.base import Provider, ProviderError, ProviderInstance
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.reads import Reads
@@ -130,7 +131,7 @@ class Monitor:
             instance_id = int(inst["id"])
             # Checked after the scan: a heartbeat heard meanwhile keeps its own time.
             untracked = self.tracker.last_seen(instance_id) is None
-            if inst["state"] in policy.ACTIVE_PHASES and untracked:
+            if inst["state"] in states.ACTIVE_PHASES and untracked:
                 self.tracker.touch(instance_id, now)
         self._seeded = True
 
@@ -183,7 +184,7 @@ class Monitor:
             lost = []
             for instance_id in expired:
                 inst = tx.get_instance(instance_id)
-                if inst is None or inst["state"] not in policy.ACTIVE_PHASES:
+                if inst is None or inst["state"] not in states.ACTIVE_PHASES:
                     continue
                 seen = inst["last_seen"]
                 if seen is not None and now - float(seen) <= ttl:
@@ -192,7 +193,7 @@ class Monitor:
                     spoke.append((instance_id, float(seen)))
                     continue
                 silent = "never heard" if seen is None else f"silent for {now - float(seen):.0f} s"
-                tx.update_instance(instance_id, state="lost", state_since=now, updated_at=now)
+                tx.update_instance(instance_id, state=State.LOST, state_since=now, updated_at=now)
                 tx.insert_event(
                     now, "lost", f"{silent} (TTL {ttl:.0f} s = 3 heartbeats + grace)",
                     instance_id=instance_id, agent_id=inst["agent_id"],
@@ -218,7 +219,7 @@ class Monitor:
                 for inst in reads.active_instances(
                     ("id", "state", "state_since", "created_at", "rate_per_hour")
                 )
-                if inst["state"] not in policy.STICKY_STATES
+                if inst["state"] not in states.ENDING
                 and (reason := policy.timed_out(inst, now, limits)) is not None
             ]
 
@@ -236,14 +237,10 @@ class Monitor:
                 if inst is None or inst["state"] != old["state"]:
                     continue  # moved on meanwhile
                 # An agent that is not listening (no hello, silent) gets no grace.
-                listening = inst["state"] not in ("deploying", "lost")
-                tx.update_instance(
-                    inst["id"], state="terminating", state_since=now, terminate_reason=reason,
-                    destroy_due_at=now + (grace if listening else 0.0), updated_at=now,
-                )
-                tx.insert_event(
-                    now, "timeout", reason, instance_id=inst["id"], agent_id=inst["agent_id"],
-                    machine_id=inst["machine_id"],
+                listening = inst["state"] not in states.UNHEARD
+                tx.begin_terminating(
+                    inst["id"], reason, kind="timeout", now=now,
+                    destroy_due_at=now + (grace if listening else 0.0),
                 )
                 done.append(int(inst["id"]))
             return done
@@ -276,7 +273,7 @@ class Monitor:
         is recorded and retried on the next round.
         """
         inst = self.store.get_instance(instance_id)
-        if inst is None or inst["state"] in policy.GONE_STATES:
+        if inst is None or inst["state"] in states.GONE:
             return False
         now = self.clock()
         agent_id = inst["agent_id"]
@@ -290,15 +287,8 @@ class Monitor:
                 msg = f"destroy through {self.provider.name} failed ({err}); retrying"
 
                 def failed(tx: Tx) -> None:
-                    tx.update_instance(
-                        instance_id, destroy_due_at=retry_at,
-                        terminate_reason=inst["terminate_reason"] or reason,
-                        state="terminating"
-                        if inst["state"] not in policy.STICKY_STATES else inst["state"],
-                        updated_at=now,
-                    )
-                    tx.insert_event(now, "destroy_failed", msg, instance_id=instance_id,
-                                    agent_id=agent_id, machine_id=inst["machine_id"])
+                    tx.begin_terminating(instance_id, reason, kind="destroy_failed", note=msg,
+                                         now=now, destroy_due_at=retry_at)
 
                 await self.store.write(failed)
                 raise
@@ -311,10 +301,10 @@ class Monitor:
 
         def done(tx: Tx) -> bool:
             current = tx.get_instance(instance_id)
-            if current is None or current["state"] in policy.GONE_STATES:
+            if current is None or current["state"] in states.GONE:
                 return False
             tx.update_instance(
-                instance_id, state="destroyed", state_since=now, destroyed_at=now,
+                instance_id, state=State.DESTROYED, state_since=now, destroyed_at=now,
                 terminate_reason=current["terminate_reason"] or reason, updated_at=now,
             )
             if agent_id:
@@ -480,7 +470,7 @@ class Monitor:
 
             def vanish(tx: Tx) -> None:
                 tx.update_instance(
-                    row["id"], state="vanished", state_since=now, destroyed_at=now,
+                    row["id"], state=State.VANISHED, state_since=now, destroyed_at=now,
                     terminate_reason=row["terminate_reason"] or reason, updated_at=now,
                 )
                 tx.insert_event(now, "vanished", reason, instance_id=row["id"],
@@ -492,7 +482,7 @@ class Monitor:
         # destroy_dead, destroy_leaked
         if kind == "destroy_dead":
             reason = f"{reason}, seen in {self._dead_rounds.get(pid, 0)} rounds in a row"
-        if row is not None and row["state"] not in policy.GONE_STATES:
+        if row is not None and row["state"] not in states.GONE:
             await self.destroy(int(row["id"]), reason, source=kind)
             return
         await self.provider.destroy_instance(pid)

@@ -43,6 +43,7 @@ from typing import Any
 
 import sqlite_utils
 
+from vast_manager.coordinator.decisions import states
 from vast_manager.coordinator.store.reads import Reads, one_row, rows_of
 from vast_manager.coordinator.store.schema import ACTIVE_SQL, Row, T, dumps, migrate
 
@@ -373,6 +374,45 @@ class Tx(Reads):
                 return
             for name in cols.keys() & hot.keys():
                 hot[name] = cols[name]
+
+    def begin_terminating(
+        self, instance_id: int, reason: str, *, kind: str, now: float, destroy_due_at: float,
+        note: str | None = None, data: Any = None, bad_host_source: str | None = None,
+        **cols: Any,
+    ) -> bool:
+        """Send an instance to ``terminating``: the one way anything ends an instance.
+
+        The monitor destroys it (or, bring-your-own, revokes its agent) at
+        ``destroy_due_at``; until then its directive is ``terminate`` with the reason.
+        An instance already ending keeps its state (``failed`` says what happened) and
+        the first reason it was given; its destroy falls due at ``destroy_due_at`` (a
+        revoke brings it forward, a failed destroy puts it back). Records the event
+        ``kind`` (its text: ``note``, else the reason) and, with ``bad_host_source``,
+        lists the machine on ``bad_hosts`` under that source. ``cols``: more columns
+        to set in the same update. Returns False, writing nothing, for an instance
+        that is gone (or unknown): there is no machine left to free.
+        """
+        inst = self.get_instance(instance_id)
+        if inst is None or inst["state"] in states.GONE:
+            return False
+        updates: dict[str, Any] = {
+            **cols,
+            "terminate_reason": inst["terminate_reason"] or reason,
+            "destroy_due_at": destroy_due_at,
+            "updated_at": now,
+        }
+        if inst["state"] not in states.ENDING:
+            updates.update(state=states.State.TERMINATING, state_since=now)
+        self.update_instance(instance_id, **updates)
+        ids = {"instance_id": instance_id, "agent_id": inst["agent_id"],
+               "machine_id": inst["machine_id"]}
+        self.insert_event(now, kind, reason if note is None else note, data=data, **ids)
+        if bad_host_source is not None:
+            machine_id = inst["machine_id"] or inst["label"]
+            self.add_bad_host(machine_id, reason=reason, source=bad_host_source, now=now,
+                              instance_id=instance_id)
+            self.insert_event(now, "bad_host", f"{machine_id}: {reason}", **ids)
+        return True
 
     def hold_heartbeat(self, instance_id: int, gauges: tuple[Any, ...]) -> None:
         """A steady heartbeat's instance columns (``HEARTBEAT_COLUMNS`` order), held (see

@@ -21,14 +21,19 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
+from vast_manager.coordinator import textsafe
+from vast_manager.coordinator.decisions import states
 from vast_manager.coordinator.errors import Refusal
-from vast_manager.coordinator.textsafe import dashboard_script
 from vast_manager.coordinator.web.auth import admin_authorized
 from vast_manager.coordinator.web.guard import CredentialThrottle
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-#: Generated from ``render.UNSAFE_TEXT_RANGES``: the dashboard's ``safeText``.
-TEXTSAFE_SCRIPT = "textsafe.js"
+#: The dashboard's scripts generated from their one definition: ``safeText`` from
+#: ``textsafe.UNSAFE_TEXT_RANGES``, ``STATES`` and ``STATE_SETS`` from ``decisions.states``.
+GENERATED_SCRIPTS: dict[str, Callable[[], str]] = {
+    "textsafe.js": textsafe.dashboard_script,
+    "states.js": states.dashboard_script,
+}
 COOKIE_NAME = "vm_session"
 CSRF_HEADER = "X-CSRF-Token"
 MAX_SESSIONS = 1000
@@ -258,8 +263,9 @@ async def _index(request: web.Request) -> web.FileResponse:
 
 async def _static(request: web.Request) -> web.StreamResponse:
     name = request.match_info["name"]
-    if name == TEXTSAFE_SCRIPT:
-        return web.Response(text=dashboard_script(), content_type="text/javascript",
+    generate = GENERATED_SCRIPTS.get(name)
+    if generate is not None:
+        return web.Response(text=generate(), content_type="text/javascript",
                             charset="utf-8", headers={"Cache-Control": "no-cache"})
     return _static_file(name)
 

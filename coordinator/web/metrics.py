@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vast_manager.coordinator.decisions import policy
+from vast_manager.coordinator.decisions import policy, states
+from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.store.reads import Reads
 from vast_manager.coordinator.store.schema import Row, loads
 from vast_manager.coordinator.textsafe import neutralise
@@ -23,12 +24,9 @@ from vast_manager.coordinator.web.guard import Guard
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_LABEL_CHARS = 256
-INSTANCE_STATES = (
-    "deploying", "booting", "fetching_params", "warming", "benchmarking", "proving",
-    "terminating", "lost", "failed", "destroyed", "vanished",
-)
+INSTANCE_STATES: tuple[str, ...] = tuple(State)
 # Instances whose telemetry describes a machine working now.
-LIVE_STATES = frozenset(policy.ACTIVE_PHASES)
+LIVE_STATES = states.ACTIVE_PHASES
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -139,7 +137,7 @@ def collect(reads: Reads, now: float) -> list[Family]:
     for state, n in counts.items():
         by_state.add(n, (("state", state),))
 
-    billing = [i for i in instances if i.get("state") not in policy.GONE_STATES]
+    billing = [i for i in instances if i.get("state") not in states.GONE]
     proving = [i for i in billing if i.get("state") == "proving"]
     dollars_per_hour = sum(float(i.get("dph_total") or 0.0) for i in billing)
     proofs_per_hour = sum(float(i.get("rate_per_hour") or 0.0) for i in proving)

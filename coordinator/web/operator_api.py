@@ -11,7 +11,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from vast_manager.coordinator.decisions import policy
+from vast_manager.coordinator.decisions import policy, states
+from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.errors import (
     CoordinatorError,
     InstanceGone,
@@ -181,15 +182,16 @@ async def _revoke_agent(core: Core, request: web.Request) -> Any:
     def job(tx: Tx) -> bool:
         changed = tx.revoke_agent(agent_id, now=now, reason=reason)
         inst = tx.instance_by_agent(agent_id)
-        if inst is not None and inst["state"] not in policy.GONE_STATES:
-            if inst["kind"] == "byo":
-                # Not ours to destroy: the machine simply stops counting as our instance.
-                tx.update_instance(inst["id"], state="destroyed", state_since=now,
-                                   destroyed_at=now, terminate_reason=reason, updated_at=now)
-            else:
-                # A deployed instance whose agent may not speak is destroyed: it bills.
-                tx.update_instance(inst["id"], state="terminating", state_since=now,
-                                   terminate_reason=reason, destroy_due_at=now, updated_at=now)
+        if inst is not None and inst["state"] not in states.GONE:
+            if inst["kind"] != "byo":
+                # A deployed instance whose agent may not speak is destroyed now: it bills.
+                # (The revoke's event is recorded with it.)
+                tx.begin_terminating(inst["id"], reason, kind="revoke", now=now,
+                                     destroy_due_at=now)
+                return changed
+            # Not ours to destroy: the machine simply stops counting as our instance.
+            tx.update_instance(inst["id"], state=State.DESTROYED, state_since=now,
+                               destroyed_at=now, terminate_reason=reason, updated_at=now)
         if changed:
             tx.insert_event(now, "revoke", reason, agent_id=agent_id,
                             instance_id=inst["id"] if inst else None)
@@ -224,7 +226,7 @@ async def _get_instance(core: Core, request: web.Request) -> Any:
 async def _destroy_instance(core: Core, request: web.Request) -> Any:
     instance_id = _path_int(request, "id")
     inst = _instance_or_404(core, instance_id)
-    if inst["state"] in policy.GONE_STATES:
+    if inst["state"] in states.GONE:
         return {"ok": True, "already": True,
                 "message": f"Instance {instance_id} is already {inst['state']}."}
     changed = await core.monitor.destroy(instance_id, "destroyed by the operator",
@@ -237,7 +239,7 @@ async def _destroy_instance(core: Core, request: web.Request) -> Any:
 async def _rebenchmark(core: Core, request: web.Request) -> Any:
     instance_id = _path_int(request, "id")
     inst = _instance_or_404(core, instance_id)
-    if inst["state"] in policy.STICKY_STATES:
+    if inst["state"] in states.ENDING:
         raise InstanceGone(f"Instance {instance_id} is {inst['state']}; it cannot re-benchmark.")
     now = core.clock()
 

@@ -290,14 +290,22 @@ function simulatedTag(r) {
     : "";
 }
 
+// How a state reads at a glance (style.css colours each): proving is good; ending or
+// silent is bad; gone is muted; the rest is on its way. From the sets of states.js.
+function stateTone(s) {
+  if (STATE_SETS.GONE.has(s)) return "gone";
+  if (STATE_SETS.ENDING.has(s) || s === STATES.LOST) return "bad";
+  return s === STATES.PROVING ? "good" : "busy";
+}
+
 async function renderFleet() {
   const [rows, events] = await Promise.all([
     api("GET", "/api/instances"),
     api("GET", "/api/events?limit=30"),
   ]);
   show("fleet-view");
-  const billing = rows.filter((r) => !["destroyed", "vanished"].includes(r.state));
-  const proving = billing.filter((r) => r.state === "proving");
+  const billing = rows.filter((r) => STATE_SETS.BILLING.has(r.state));
+  const proving = billing.filter((r) => r.state === STATES.PROVING);
   const dph = billing.reduce((a, r) => a + (r.dph_total || 0), 0);
   const rate = proving.reduce((a, r) => a + (r.rate_per_hour || 0), 0);
   $("fleet-tiles").replaceChildren(
@@ -313,8 +321,7 @@ async function renderFleet() {
       el("tr", { "data-instance-id": r.id, "data-state": r.state },
         td(el("a", { href: `#/instance/${r.id}`, class: "instance-link" }, String(r.id))),
         td(r.label || "-"),
-        td(el("span", { class: `state state-${String(r.state).replace(/[^a-z_]/g, "")}` },
-          r.state || "-")),
+        td(el("span", { class: `state state-${stateTone(r.state)}` }, r.state || "-")),
         phaseCell(r),
         td(`${r.num_gpus || "?"} x ${r.gpu_name || "?"}`),
         td(usd(r.dph_total, 3)),
@@ -557,9 +564,10 @@ async function renderInstance(id) {
     confirmClick(freshDestroy, "Confirm destroy",
       () => act("POST", `/api/instances/${id}/destroy`));
   }
-  const gone = ["destroyed", "vanished"].includes(inst.state);
-  $("instance-destroy").disabled = gone;
-  $("instance-rebenchmark").disabled = gone || inst.state === "terminating";
+  // As the operator API refuses: a gone instance has nothing to destroy, an ending one
+  // (terminating, failed, gone) does not benchmark again.
+  $("instance-destroy").disabled = STATE_SETS.GONE.has(inst.state);
+  $("instance-rebenchmark").disabled = STATE_SETS.ENDING.has(inst.state);
 
   const points = history.points || [];
   lineChart($("chart-util"), gpuSeries(points, "util_pct_mean", 1, ""), { max: 100 });
