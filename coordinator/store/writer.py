@@ -10,8 +10,9 @@ Steady heartbeats hold their rows instead (``_Held``): written together as
 multi-row statements before anything else touches the database, and before
 the COMMIT.
 
-Fleet-wide reads that would hold the event loop (the monitor's scans) run on
-a reader thread with a connection of its own (``Store.read``).
+Fleet-wide reads that would hold the event loop (the monitor's scans, the
+operator's instance list, a ``/metrics`` scrape) run on a reader thread with a
+connection of its own (``Store.read``).
 
 Durability: WAL mode with ``synchronous=FULL``. An agent deletes a result
 from its spool when it sees our ``200``, so a ``200`` must mean the data is
@@ -809,7 +810,9 @@ class Store(Reads):
     async def read(self, fn: Callable[[Reads], T]) -> T:
         """Run the read-only ``fn`` on the store's reader thread, on a connection of its
         own, and return its value: a fleet-wide scan (50,000 rows) then never holds the
-        event loop, which keeps answering heartbeats meanwhile."""
+        event loop, which keeps answering heartbeats meanwhile. ``fn``'s statements share
+        one read transaction, so they see one committed state (a scrape's counts and its
+        rows agree)."""
         if self._closed:
             raise RuntimeError("the store is closed")
         return await asyncio.get_running_loop().run_in_executor(
@@ -821,7 +824,12 @@ class Store(Reads):
         if view is None:  # first use, on the reader thread: it alone ever uses this one
             view = self._reader_view = _ReaderView(
                 _connect(self.path, check_same_thread=True))
-        return fn(view)
+        conn = view._conn
+        conn.execute("BEGIN")
+        try:
+            return fn(view)
+        finally:
+            conn.execute("COMMIT")  # a read transaction: nothing to keep or undo
 
     def close(self) -> None:
         """Finish the queued writes, stop the writer, close both connections."""
