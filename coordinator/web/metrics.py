@@ -21,14 +21,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import (
-    CONTENT_TYPE_PLAIN_0_0_4,
-    GCCollector,
-    PlatformCollector,
-    ProcessCollector,
-)
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from vast_manager.coordinator.decisions import policy
@@ -38,9 +33,9 @@ from vast_manager.coordinator.textsafe import neutralise
 from vast_manager.coordinator.web.guard import Guard
 from vast_manager.coordinator.web.json_views import fleet_view
 
-# The exposition is the classic text format (every name here is a legacy one, so it is
-# the same text under version 1.0.0): what Prometheus 2 and 3 both read.
-CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+# The classic text format, which Prometheus 2 and 3 both read (every name here is a legacy
+# one, so the text is the same under the format's version 1.0.0).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_LABEL_CHARS = 256
 INSTANCE_STATES = (
     "deploying", "booting", "fetching_params", "warming", "benchmarking", "proving",
