@@ -191,3 +191,25 @@ def test_grafana_dashboard_uses_our_metrics() -> None:
     for word in exprs.replace("(", " ").replace(")", " ").replace("{", " ").split():
         if word.startswith("vm_gpu_"):
             assert word in known, word
+
+
+async def test_the_exposition_is_the_libraries_on_a_registry_of_its_own(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """prometheus_client writes it: the guard's counters as counters, the coordinator
+    process's own series beside the fleet's, and nothing on the library's global
+    registry (whatever else in the process registers there stays out of our scrape)."""
+    from prometheus_client import REGISTRY
+
+    h = await start(aiohttp_client, tmp_path)
+    assert (await scrape(h, headers={"Authorization": "Bearer wrong-token-0123456789"}))[0] == 401
+    fams = families((await scrape(h))[1])
+    refused = {s.labels["code"]: s.value for s in fams["vm_refused_requests"].samples}
+    assert fams["vm_refused_requests"].type == "counter" and refused["unauthorized"] == 1
+    assert fams["vm_malformed_requests"].type == "counter"
+    assert fams["vm_log_lines_suppressed"].samples[0].name == "vm_log_lines_suppressed_total"
+    assert fams["vm_request_body_bytes_in_flight"].samples[0].value == 0
+    assert fams["process_resident_memory_bytes"].samples[0].value > 0
+    assert "python_info" in fams
+    assert fams["vm_scrape_timestamp_seconds"].samples[0].value == h.clock()
+    assert not [m.name for m in REGISTRY.collect() if m.name.startswith("vm_")]

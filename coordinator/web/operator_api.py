@@ -168,8 +168,9 @@ def _only_parameters(request: web.Request, allowed: tuple[str, ...]) -> None:
     otherwise answer with the whole fleet)."""
     for name in request.query:
         if name not in allowed:
+            takes = ", ".join(allowed[:-1]) + f" and {allowed[-1]}" if allowed[1:] else allowed[0]
             raise InvalidInput(f"Unknown parameter {name[:64]!r}; {request.path} takes "
-                               f"{', '.join(allowed)}.", field=name[:64])
+                               f"{takes}.", field=name[:64])
 
 
 def _path_int(request: web.Request, name: str) -> int:
