@@ -62,16 +62,21 @@ def _number(value: Any) -> float | None:
         return None
 
 
+def _labels(*values: Any) -> list[str]:
+    """Label values as shown (``label_text``), made once for every family that uses them."""
+    return [label_text(v) for v in values]
+
+
 class _Gauge(GaugeMetricFamily):
-    """A gauge family whose samples take raw label values and skip non-numbers."""
+    """A gauge family whose samples skip what is not a number."""
 
     def __init__(self, name: str, documentation: str, labels: tuple[str, ...] = ()) -> None:
         super().__init__(name, documentation, labels=labels)
 
-    def sample(self, value: Any, *label_values: Any) -> None:
+    def sample(self, value: Any, labels: list[str] | None = None) -> None:
         number = _number(value)
         if number is not None:
-            self.add_metric([label_text(v) for v in label_values], number)
+            self.add_metric(labels or [], number)
 
 
 # Per-GPU gauges: (metric, help, telemetry field, multiplier).
@@ -152,7 +157,7 @@ class FleetCollector(Collector):
         fleet = fleet_view(self.reads.instances_by_state())
         by_state = _Gauge("vm_instances", "Instances by state.", ("state",))
         for state, n in {**dict.fromkeys(INSTANCE_STATES, 0), **fleet["by_state"]}.items():
-            by_state.sample(n, state)
+            by_state.sample(n, _labels(state))
         yield by_state
         families = (
             ("vm_fleet_proofs_per_hour",
@@ -186,14 +191,14 @@ class FleetCollector(Collector):
             "gpus": _Gauge("vm_instance_gpus", "GPUs of an instance.", INSTANCE_LABELS),
         }
         for inst in self.reads.active_instances(_INSTANCE_COLUMNS):
-            labels = (inst["id"], inst["machine_id"], inst["gpu_name"], inst["state"])
-            fams["rate"].sample(inst["rate_per_hour"], *labels)
-            fams["dph"].sample(inst["dph_total"], *labels)
+            labels = _labels(inst["id"], inst["machine_id"], inst["gpu_name"], inst["state"])
+            fams["rate"].sample(inst["rate_per_hour"], labels)
+            fams["dph"].sample(inst["dph_total"], labels)
             fams["usd"].sample(policy.usd_per_proof(inst["dph_total"], inst["rate_per_hour"]),
-                               *labels)
-            fams["proofs"].sample(inst["proofs_completed_total"], *labels)
-            fams["seen"].sample(inst["last_seen"], *labels)
-            fams["gpus"].sample(inst["num_gpus"], *labels)
+                               labels)
+            fams["proofs"].sample(inst["proofs_completed_total"], labels)
+            fams["seen"].sample(inst["last_seen"], labels)
+            fams["gpus"].sample(inst["num_gpus"], labels)
         yield from fams.values()
 
     def _telemetry(self) -> Iterator[Metric]:
@@ -222,29 +227,29 @@ class FleetCollector(Collector):
             tele = loads(tele_json)
             if not isinstance(tele, dict):
                 continue
-            at = (inst_id, machine_id)
-            host["tele_ts"].sample(received_at, *at)
+            at = _labels(inst_id, machine_id)
+            host["tele_ts"].sample(received_at, at)
             cpu = tele.get("cpu") or {}
-            host["cpu"].sample(cpu.get("util_pct_mean"), *at)
-            host["load1"].sample(cpu.get("load1"), *at)
-            host["ram"].sample((tele.get("ram") or {}).get("used_bytes"), *at)
+            host["cpu"].sample(cpu.get("util_pct_mean"), at)
+            host["load1"].sample(cpu.get("load1"), at)
+            host["ram"].sample((tele.get("ram") or {}).get("used_bytes"), at)
             names = _gpu_names(host_json)
             for gpu in tele.get("gpus") or []:
                 if not isinstance(gpu, dict) or not isinstance(gpu.get("index"), int):
                     continue
                 index = gpu["index"]
-                labels = (inst_id, machine_id, index, names.get(index) or gpu_name)
+                labels = [*at, label_text(index), label_text(names.get(index) or gpu_name)]
                 for fam, (_, _, key, factor) in zip(gpu_fams, GPU_GAUGES, strict=True):
-                    fam.sample(_scaled(gpu.get(key), factor), *labels)
+                    fam.sample(_scaled(gpu.get(key), factor), labels)
             cuzk = tele.get("cuzk")
             if isinstance(cuzk, dict):
-                cuzk_fams["queue"].sample(cuzk.get("queue_depth_mean"), *at)
-                cuzk_fams["synth"].sample(cuzk.get("synthesis_active_mean"), *at)
-                cuzk_fams["mem"].sample(cuzk.get("memory_used_bytes_max"), *at)
+                cuzk_fams["queue"].sample(cuzk.get("queue_depth_mean"), at)
+                cuzk_fams["synth"].sample(cuzk.get("synthesis_active_mean"), at)
+                cuzk_fams["mem"].sample(cuzk.get("memory_used_bytes_max"), at)
                 for worker in cuzk.get("workers") or []:
                     if isinstance(worker, dict) and isinstance(worker.get("gpu_ordinal"), int):
-                        cuzk_fams["busy"].sample(worker.get("busy_pct"), *at,
-                                                 worker["gpu_ordinal"])
+                        cuzk_fams["busy"].sample(worker.get("busy_pct"),
+                                                 [*at, label_text(worker["gpu_ordinal"])])
         yield from gpu_fams
         yield from host.values()
         yield from cuzk_fams.values()
