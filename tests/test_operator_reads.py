@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 import urllib.parse
@@ -20,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from vast_manager.coordinator.cli import commands
 from vast_manager.coordinator.cli.client import next_after_id
 from vast_manager.coordinator.store.reads import Reads
-from vast_manager.coordinator.store.writer import Tx
+from vast_manager.coordinator.store.writer import Store, Tx
 from vast_manager.coordinator.web import operator_api
 from vast_manager.coordinator.web.metrics import INSTANCE_STATES
 
@@ -297,3 +298,26 @@ def test_status_pages_through_the_fleet(tmp_path: Path, monkeypatch: pytest.Monk
 )
 def test_next_after_id(link: str | None, after: int | None) -> None:
     assert next_after_id(link) == after
+
+
+async def test_a_long_read_leaves_the_other_reads_moving(tmp_path: Path) -> None:
+    """A read that takes its time (a scrape of a large fleet) holds one reader thread:
+    another read, and the monitor's scans, run on the others meanwhile."""
+    store = Store(tmp_path / "coord.db")
+    started, release = threading.Event(), threading.Event()
+
+    def long(reads: Reads) -> int:
+        started.set()
+        assert release.wait(30)
+        return reads.bad_host_count()
+
+    try:
+        slow = asyncio.ensure_future(store.read(long))
+        assert await asyncio.to_thread(started.wait, 30)
+        assert await store.read(lambda reads: reads.instances_by_state()) == {}
+        assert not slow.done()
+        release.set()
+        assert await slow == 0
+    finally:
+        release.set()
+        store.close()
