@@ -56,7 +56,7 @@ from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.web import server as server_module
 from vast_manager.coordinator.web.core import CORE
 from vast_manager.coordinator.web.logs import RedactingFormatter
-from vast_manager.coordinator.web.metrics import escape_label_value
+from vast_manager.coordinator.web.metrics import label_text
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
@@ -441,9 +441,9 @@ def test_one_neutralising_function_covers_every_character() -> None:
             assert shown in ("a b", f"a\\u{code:04x}b")
     assert textsafe.neutralise("plain ASCII and ünïcödé") == "plain ASCII and ünïcödé"
     hostile = f"rig{SPOOFS}name"
-    # The CLI and /metrics show the same text (the labels then escape it per the format).
+    # The CLI and /metrics show the same text (the exposition then escapes it per the format).
     assert textsafe.clean(hostile) == textsafe.neutralise(hostile)
-    assert escape_label_value(hostile) == textsafe.neutralise(hostile).replace("\\", "\\\\")
+    assert label_text(hostile) == textsafe.neutralise(hostile)
 
 
 def test_the_dashboard_neutralises_with_the_same_definition(tmp_path: Path) -> None:

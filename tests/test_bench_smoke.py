@@ -51,11 +51,14 @@ def test_status_quick(tmp_path: Path) -> None:
     out_file = tmp_path / "status.json"
     text = _run("status.py", "--json-out", str(out_file))
     for name in ("GET /api/instances", "GET /api/host-perf", "rank_offers",
-                 "vast-manager status --json"):
+                 "vast-manager status --json", "GET /metrics", "GET /api/fleet",
+                 "baseline /openapi.json during GET /metrics"):
         assert name in text
     figures = orjson.loads(out_file.read_bytes())
     assert figures["instances"] == 50
     assert "50 rows" in figures["vast-manager status --json"]["note"]
+    assert figures["every page of 1000"]["pages"] == 1
+    assert "25 rows" in figures["GET /api/instances?state=proving&limit=1000"]["note"]
 
 
 def test_storage_quick() -> None:

@@ -275,6 +275,7 @@ async def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
                 page.on("console", lambda msg: problems.append(f"console: {msg.text}")
                         if msg.type == "error" else None)
                 await _drive(page, server.url, offer, start_second)
+                await _fleet_pages(page, server.store)
             finally:
                 await context.close()
     finally:
@@ -408,6 +409,56 @@ async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) 
     await remove.click()
     await remove.click()
     await bad_row.wait_for(state="detached")
+
+
+async def _fleet_pages(page: Any, store: Any) -> None:
+    """A fleet larger than a page: the table shows it a page at a time, in id order, and
+    filters it by state; the tiles still count the whole fleet."""
+    now = time.time()
+    await page.click("#nav a[data-route=fleet]")
+    await page.wait_for_selector("#fleet-view:not([hidden])")
+    before = int(await page.evaluate("document.querySelectorAll('#fleet-table tbody tr').length"))
+
+    def gone(tx: Any) -> None:
+        for i in range(150):
+            tx.insert_instance({"label": f"gone-{i}", "kind": "byo", "state": "destroyed",
+                                "created_at": now, "destroyed_at": now})
+
+    await store.write(gone)
+    total = before + 150
+    await until(page, "!document.getElementById('fleet-next').disabled")
+    rows = "document.querySelectorAll('#fleet-table tbody tr')"
+    assert await page.evaluate(f"{rows}.length") == 100
+    first = await page.evaluate(f"[...{rows}].map((r) => Number(r.dataset.instanceId))")
+    assert first == sorted(first)
+    assert await page.text_content("#fleet-range") == f"1–100 of {total}"
+    await page.click("#fleet-next")
+    await until(page, "document.getElementById('fleet-range').textContent.startsWith('101')")
+    second = await page.evaluate(f"[...{rows}].map((r) => Number(r.dataset.instanceId))")
+    assert len(second) == total - 100 and min(second) > max(first)
+    assert await page.is_disabled("#fleet-next")
+    await page.screenshot(path=str(ARTIFACTS / "08-fleet-page-2.png"), full_page=True)
+    await page.click("#fleet-prev")
+    await until(page, "document.getElementById('fleet-range').textContent.startsWith('1–')")
+
+    # The filter: its choices count each state; picking one starts again at its first page.
+    options = await page.evaluate(
+        "[...document.querySelectorAll('#fleet-state option')].map((o) => o.textContent)")
+    assert f"all states ({total})" in options and "destroyed (150)" in options
+    await page.select_option("#fleet-state", "destroyed")
+    await until(page, "document.getElementById('fleet-range').textContent === '1–100 of 150'")
+    states = await page.evaluate(f"[...{rows}].map((r) => r.dataset.state)")
+    assert states == ["destroyed"] * 100
+    await page.click("#fleet-next")
+    await until(page, "document.getElementById('fleet-range').textContent === '101–150 of 150'")
+    assert await page.is_disabled("#fleet-next")
+    # The tiles count the whole fleet (the coordinator's sums), not the page shown.
+    summary = await page.evaluate("fetch('/api/fleet').then((r) => r.json())")
+    assert summary["instances"] == total and summary["by_state"]["destroyed"] == 150
+    await until(page, "document.querySelector('#fleet-tiles .tile-value').textContent === "
+                      f"'{summary['billing']}'")
+    await page.select_option("#fleet-state", "")
+    await until(page, f"document.getElementById('fleet-range').textContent === '1–100 of {total}'")
 
     # Logging out ends the session: the API refuses, the page shows the login again.
     await page.click("#logout")

@@ -11,7 +11,8 @@ import pytest
 from coord_support import ADMIN, ADMIN_TOKEN, Harness, hello_msg, start, telemetry_msg
 from prometheus_client import parser  # a test dependency: never skip these silently
 
-from vast_manager.coordinator.web.metrics import escape_label_value
+from vast_manager.coordinator.store.writer import Store
+from vast_manager.coordinator.web.metrics import MAX_LABEL_CHARS, exposition, label_text
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE_GPU = 'RTX "4090" \\ {evil="1"}\nnext line'
@@ -139,12 +140,37 @@ async def test_metrics_public(aiohttp_client: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("raw", "escaped"),
-    [('a"b', 'a\\"b'), ("a\\b", "a\\\\b"), ("a\nb", "a b"), ("a\x00\rb", "a\\\\u0000 b"),
-     ("rig\u202egnp", "rig\\\\u202egnp"), ("x\u009b31m", "x\\\\u009b31m"), (None, ""), (7, "7")],
+    ("raw", "shown"),
+    [('a"b', 'a"b'), ("a\\b", "a\\b"), ("a\nb", "a b"), ("a\x00\rb", "a\\u0000 b"),
+     ("rig\u202egnp", "rig\\u202egnp"), ("x\u009b31m", "x\\u009b31m"), (None, ""), (7, "7"),
+     ("g" * 300, "g" * MAX_LABEL_CHARS)],
 )
-def test_escape_label_value(raw: Any, escaped: str) -> None:
-    assert escape_label_value(raw) == escaped
+def test_label_text(raw: Any, shown: str) -> None:
+    assert label_text(raw) == shown
+
+
+HOSTILE_LABELS = ('RTX "4090"', "back\\slash", "line\nbreak", 'x} vm_bad_hosts 1e9 #{y="',
+                  "rig\u202egnp\x1b[2J", "trailing\\")
+
+
+@pytest.mark.parametrize("raw", HOSTILE_LABELS)
+def test_label_values_round_trip_through_the_exposition(tmp_path: Path, raw: str) -> None:
+    """What the library writes, its parser reads back as the neutralised text: no label
+    forged, no sample added, whatever the host named its GPU."""
+    store = Store(tmp_path / "coord.db")
+    try:
+        store.write_blocking(lambda tx: tx.insert_instance({
+            "agent_id": "ag_" + "1" * 20, "label": "rig", "kind": "byo", "state": "proving",
+            "machine_id": raw, "gpu_name": raw, "num_gpus": 1, "dph_total": 0.5,
+            "rate_per_hour": 10.0, "created_at": 1.0}))
+        fams = families(exposition(store, 2.0).decode())
+    finally:
+        store.close()
+    (sample,) = fams["vm_instance_proofs_per_hour"].samples
+    assert sample.labels == {"instance_id": "1", "machine_id": label_text(raw),
+                             "gpu_name": label_text(raw), "state": "proving"}
+    assert sample.value == 10.0
+    assert fams["vm_bad_hosts"].samples[0].value == 0
 
 
 def test_grafana_dashboard_uses_our_metrics() -> None:
@@ -165,3 +191,25 @@ def test_grafana_dashboard_uses_our_metrics() -> None:
     for word in exprs.replace("(", " ").replace(")", " ").replace("{", " ").split():
         if word.startswith("vm_gpu_"):
             assert word in known, word
+
+
+async def test_the_exposition_is_the_libraries_on_a_registry_of_its_own(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """prometheus_client writes it: the guard's counters as counters, the coordinator
+    process's own series beside the fleet's, and nothing on the library's global
+    registry (whatever else in the process registers there stays out of our scrape)."""
+    from prometheus_client import REGISTRY
+
+    h = await start(aiohttp_client, tmp_path)
+    assert (await scrape(h, headers={"Authorization": "Bearer wrong-token-0123456789"}))[0] == 401
+    fams = families((await scrape(h))[1])
+    refused = {s.labels["code"]: s.value for s in fams["vm_refused_requests"].samples}
+    assert fams["vm_refused_requests"].type == "counter" and refused["unauthorized"] == 1
+    assert fams["vm_malformed_requests"].type == "counter"
+    assert fams["vm_log_lines_suppressed"].samples[0].name == "vm_log_lines_suppressed_total"
+    assert fams["vm_request_body_bytes_in_flight"].samples[0].value == 0
+    assert fams["process_resident_memory_bytes"].samples[0].value > 0
+    assert "python_info" in fams
+    assert fams["vm_scrape_timestamp_seconds"].samples[0].value == h.clock()
+    assert not [m.name for m in REGISTRY.collect() if m.name.startswith("vm_")]

@@ -105,7 +105,7 @@ async def test_the_page_loads_the_states_before_its_script(aiohttp_client: Any,
     index = await (await h.client.get("/")).text()
     assert index.index("/static/states.js") < index.index("/static/app.js")
     app_js = await (await h.client.get("/static/app.js")).text()
-    assert "STATE_SETS.BILLING.has(r.state)" in app_js
+    assert "STATE_SETS.GONE.has(s)" in app_js  # the page reads the sets, not a list
 
 
 def test_a_failed_instance_is_left_to_its_scheduled_destroy() -> None:

@@ -7,12 +7,29 @@ a one-line message and an exit code.
 from __future__ import annotations
 
 import http.client
+import re
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
 
 DEFAULT_URL = "http://127.0.0.1:8420"
+
+
+_NEXT_LINK = re.compile(r'<([^>]*)>\s*;\s*rel="?next"?', re.IGNORECASE)
+
+
+def next_after_id(link: str | None) -> int | None:
+    """The ``after_id`` of the next page a ``Link`` header names; None when it names none
+    (ValueError when it names one without an integer ``after_id``)."""
+    found = _NEXT_LINK.search(link or "")
+    if found is None:
+        return None
+    values = urllib.parse.parse_qs(urllib.parse.urlsplit(found.group(1)).query).get("after_id")
+    if not values:
+        raise ValueError("the next page's link has no after_id")
+    return int(values[0])
 
 
 class OperatorError(Exception):
@@ -54,6 +71,16 @@ class OperatorClient:
         query: dict[str, Any] | None = None,
     ) -> bytes:
         """The answer's bytes as the coordinator sent them (a 2xx); OperatorError otherwise."""
+        return self._exchange(method, path, body, query)[0]
+
+    def _exchange(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, Any] | None = None,
+    ) -> tuple[bytes, str | None]:
+        """``request_raw``'s bytes, and the answer's ``Link`` header (None without one)."""
         if not self.token:
             raise OperatorError("VM_ADMIN_TOKEN is not set; the operator API needs it.")
         target = urllib.parse.urlsplit(self.url)
@@ -81,7 +108,7 @@ class OperatorClient:
             conn.request(method, path, body=data, headers=headers)
             resp = conn.getresponse()
             status, raw = resp.status, resp.read()
-            location = resp.getheader("Location")
+            location, link = resp.getheader("Location"), resp.getheader("Link")
         except (OSError, http.client.HTTPException) as err:
             raise OperatorError(f"Cannot reach the coordinator at {self.url}: {err}.") from None
         finally:
@@ -99,19 +126,50 @@ class OperatorClient:
             except (orjson.JSONDecodeError, AttributeError):
                 message, code = f"HTTP {status}", None
             raise OperatorError(message, status=status, code=code)
-        return raw
+        return raw, link
 
     def get(self, path: str, **query: Any) -> Any:
         return self.request("GET", path, query=query)
 
-    def get_json_bytes(self, path: str, **query: Any) -> bytes:
-        """A GET's JSON answer unparsed, for passing on as it is (a fleet-sized list
-        costs more to parse and re-encode than to fetch). Only its first character is
-        checked: an object or an array, not an error page from something in between."""
-        raw = self.request_raw("GET", path, query=query)
-        if raw.lstrip()[:1] not in (b"[", b"{"):
-            raise OperatorError(f"The coordinator at {self.url} sent a non-JSON answer.")
-        return raw
+    def pages(self, path: str, page_size: int, **query: Any) -> Iterator[bytes]:
+        """Each page of a paged list (docs/openapi.yaml: ``limit``, ``after_id``, and the
+        next page named by the answer's ``Link: <...>; rel="next"``), unparsed, first to
+        last. Only each page's first character is checked: an array, not an error page
+        from something in between."""
+        query = {**query, "limit": page_size}
+        while True:
+            raw, link = self._exchange("GET", path, query=query)
+            if raw.lstrip()[:1] != b"[":
+                raise OperatorError(f"The coordinator at {self.url} sent a non-JSON answer.")
+            yield raw
+            try:
+                after = next_after_id(link)
+            except ValueError:
+                after = -1  # named, but not as this client can follow: refused below
+            if after is None:
+                return
+            if after <= int(query.get("after_id", -1)):
+                raise OperatorError(f"The coordinator at {self.url} named a next page this "
+                                    "client cannot follow (its Link header).")
+            query["after_id"] = after
+
+    def get_list_bytes(self, path: str, page_size: int, **query: Any) -> bytes:
+        """Every page of a paged list as one JSON array, unparsed (a fleet-sized list costs
+        more to parse and re-encode than to fetch)."""
+        items = [inner for raw in self.pages(path, page_size, **query)
+                 if (inner := raw.strip()[1:-1].strip())]
+        return b"[" + b",".join(items) + b"]"
+
+    def get_list(self, path: str, page_size: int, **query: Any) -> list[Any]:
+        """Every page of a paged list, decoded, as one list."""
+        out: list[Any] = []
+        for raw in self.pages(path, page_size, **query):
+            try:
+                out += orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                raise OperatorError(
+                    f"The coordinator at {self.url} sent a non-JSON answer.") from None
+        return out
 
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, body if body is not None else {})

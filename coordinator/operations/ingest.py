@@ -629,8 +629,8 @@ def result_job(
         # an instance that never said hello never ran a proof.
         contended = [
             int(o["id"])
-            for o in tx.list_instances()
-            if o["id"] != inst["id"] and o["machine_id"] == machine_id
+            for o in tx.instances_on_machine(machine_id, ("id", "hello_at", "destroyed_at"))
+            if o["id"] != inst["id"]
             and o["hello_at"] is not None
             and (o["destroyed_at"] is None or seen_from is None
                  or float(o["destroyed_at"]) >= float(seen_from))

@@ -147,7 +147,7 @@ class Monitor:
                 log.exception("monitor round failed; retrying next round")
             timeout = self.settings.monitor_interval_s
             try:
-                # No index on destroy_due_at: a scan of every instance, so off the loop.
+                # On the reader thread with the monitor's other scans.
                 due = await self.store.read(lambda r: r.next_destroy_due_at())
             except Exception:
                 log.exception("could not read the next destroy time")
@@ -255,7 +255,7 @@ class Monitor:
     async def finish_destroys(self, now: float) -> list[int]:
         """Destroy every instance whose ``destroy_due_at`` has come."""
         finished = []
-        # No index on destroy_due_at: scanned on the reader thread. A row that changed
+        # On the reader thread (an index serves it: docs/performance.md). A row that changed
         # since is safe: destroy() re-reads it, and its write re-checks in the transaction.
         for inst in await self.store.read(lambda r: r.instances_due_for_destroy(now)):
             reason = inst["terminate_reason"] or "scheduled for destruction"
@@ -394,13 +394,17 @@ class Monitor:
                 log.warning("reconcile %s of %s failed: %s", action.kind, action.instance_id, err)
         return list(actions)
 
+    #: What reconciliation reads of each record (not the hello's wide ``host_json``).
+    _RECONCILE_COLUMNS = ("id", "agent_id", "machine_id", "provider", "provider_instance_id",
+                          "state", "created_at", "terminate_reason")
+
     def _deployed_rows(self, reads: Reads) -> list[Row]:
         """Our records of instances this provider rented (not bring-your-own machines,
         not another provider's rows left in the same database); run on the reader thread."""
         name = self.provider.name
         return [
-            # Filtered in SQL: a large bring-your-own fleet costs nothing.
-            r for r in reads.instances_of_kind("deployed")
+            # Filtered in SQL, on the kind index: a large bring-your-own fleet costs nothing.
+            r for r in reads.instances_of_kind("deployed", self._RECONCILE_COLUMNS)
             if r["provider"] in (None, name)
         ]
 

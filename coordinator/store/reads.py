@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from vast_manager.coordinator.store.schema import ACTIVE_SQL, TABLES, Row
@@ -51,15 +51,73 @@ class Reads:
         """Every instance, every column."""
         return rows_of(self._conn, "select * from instances order by id")
 
-    def instance_values(self, columns: Sequence[str]) -> list[tuple[Any, ...]]:
-        """Every instance's values of ``columns``, in that order (a fleet-sized list: no
-        dict per row, and without the wide ``host_json``, half the time of 10,000 rows)."""
+    def instance_values(
+        self,
+        columns: Sequence[str],
+        *,
+        states: Collection[str] | None = None,
+        after_id: int | None = None,
+        limit: int | None = None,
+    ) -> list[tuple[Any, ...]]:
+        """Instances' values of ``columns``, in that order, by id: those in ``states``
+        (every state when None) with an id above ``after_id``, at most ``limit`` of them.
+        A fleet-sized list: no dict per row, and without the wide ``host_json``, half the
+        time of 10,000 rows. One state's page is a range of the state index."""
         cols = ", ".join(f"[{c}]" for c in columns)
-        return self._conn.execute(f"select {cols} from instances order by id").fetchall()
+        where: list[str] = []
+        params: list[Any] = []
+        if states is not None:
+            where.append(f"state in ({', '.join('?' * len(states))})")
+            params += states
+        if after_id is not None:
+            where.append("id > ?")
+            params.append(after_id)
+        sql = f"select {cols} from instances"
+        if where:
+            sql += " where " + " and ".join(where)
+        sql += " order by id"
+        if limit is not None:
+            sql += " limit ?"
+            params.append(limit)
+        return self._conn.execute(sql, params).fetchall()
 
-    def instances_of_kind(self, kind: str) -> list[Row]:
-        """Every instance of one kind (``deployed`` or ``byo``), all columns."""
-        return rows_of(self._conn, "select * from instances where kind = ? order by id", (kind,))
+    def instances_by_state(self) -> dict[str, tuple[int, float, float]]:
+        """Per state: how many instances, the sum of their ``dph_total`` and of their
+        ``rate_per_hour`` (nulls count as 0)."""
+        return {
+            str(state): (int(n), float(dph), float(rate))
+            for state, n, dph, rate in self._conn.execute(
+                "select state, count(*), total(dph_total), total(rate_per_hour) "
+                "from instances group by state"
+            )
+        }
+
+    def instances_of_kind(self, kind: str, columns: Sequence[str] | None = None) -> list[Row]:
+        """Every instance of one kind (``deployed`` or ``byo``); ``columns`` as in
+        ``active_instances``."""
+        cols = "*" if columns is None else ", ".join(f"[{c}]" for c in dict.fromkeys(columns))
+        return rows_of(
+            self._conn, f"select {cols} from instances where kind = ? order by id", (kind,)
+        )
+
+    def instances_on_machine(self, machine_id: str, columns: Sequence[str]) -> list[Row]:
+        """Every instance ever on ``machine_id`` (any state), ``columns`` only."""
+        cols = ", ".join(f"[{c}]" for c in dict.fromkeys(columns))
+        return rows_of(
+            self._conn, f"select {cols} from instances where machine_id = ? order by id",
+            (machine_id,),
+        )
+
+    def live_telemetry(self, states: Collection[str]) -> list[tuple[Any, ...]]:
+        """``(id, machine_id, gpu_name, host_json, received_at, telemetry_json)`` of every
+        instance in ``states`` that sent telemetry, by id (one query for a whole scrape)."""
+        marks = ", ".join("?" * len(states))
+        return self._conn.execute(
+            "select i.id, i.machine_id, i.gpu_name, i.host_json, t.received_at, "
+            "t.telemetry_json from instances i join telemetry t on t.instance_id = i.id "
+            f"where i.state in ({marks}) order by i.id",
+            list(states),
+        ).fetchall()
 
     def active_instances(self, columns: Sequence[str] | None = None) -> list[Row]:
         """Instances still on a machine; ``columns`` as in ``list_instances``."""
@@ -175,6 +233,9 @@ class Reads:
 
     def bad_hosts(self) -> list[Row]:
         return rows_of(self._conn, "select * from bad_hosts order by added_at, machine_id")
+
+    def bad_host_count(self) -> int:
+        return int(self._conn.execute("select count(*) from bad_hosts").fetchone()[0])
 
     def bad_host(self, machine_id: str) -> Row | None:
         return one_row(self._conn, "select * from bad_hosts where machine_id = ?", (machine_id,))

@@ -331,12 +331,34 @@ def _m5_observed_benchmark_window(db: sqlite_utils.Database) -> None:
     # stretch of benchmarking before it is used up
 
 
+def _m6_fleet_read_indexes(db: sqlite_utils.Database) -> None:
+    """Indexes for the fleet-sized reads (docs/performance.md): the operator's state
+    filter and the state counts of ``/metrics`` (``state``, which SQLite extends with the
+    id, so one state's instances come in id order); the monitor's scans of the instances
+    still on a machine, of the destroys falling due and of one kind of instance.
+
+    The two partial indexes carry ``ACTIVE_SQL``'s condition as it reads at this
+    migration's release (a past migration builds the same schema for ever): SQLite uses
+    a partial index only for a query whose WHERE holds that same term, so a change to
+    that set of states needs a migration that rebuilds them (tests/test_store_indexes.py
+    reads the plans, and fails first).
+    """
+    instances = db.table("instances")
+    instances.create_index(["state"], index_name="idx_instances_state")
+    instances.create_index(["kind"], index_name="idx_instances_kind")
+    active = "state not in ('destroyed', 'vanished')"
+    db.execute(f"create index idx_instances_active on instances (id) where {active}")
+    db.execute("create index idx_instances_destroy_due on instances (destroy_due_at) "
+               f"where destroy_due_at is not null and {active}")
+
+
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
     (1, "initial tables of DESIGN 4", _m1_initial),
     (2, "benchmark state for early verdicts", _m2_benchmark_verdict_state),
     (3, "the latest heartbeat on its instance's row", _m3_latest_heartbeat_on_instances),
     (4, "the instance's share of its host", _m4_instance_share),
     (5, "the observed benchmarking window of each instance", _m5_observed_benchmark_window),
+    (6, "indexes for the fleet-sized reads and the monitor's scans", _m6_fleet_read_indexes),
 )
 
 

@@ -10,8 +10,9 @@ Steady heartbeats hold their rows instead (``_Held``): written together as
 multi-row statements before anything else touches the database, and before
 the COMMIT.
 
-Fleet-wide reads that would hold the event loop (the monitor's scans) run on
-a reader thread with a connection of its own (``Store.read``).
+Fleet-wide reads that would hold the event loop (the monitor's scans, the
+operator's instance list, a ``/metrics`` scrape) run on a few reader threads, each
+with a connection of its own (``Store.read``).
 
 Durability: WAL mode with ``synchronous=FULL``. An agent deletes a result
 from its spool when it sees our ``200``, so a ``200`` must mean the data is
@@ -649,6 +650,8 @@ def _connect(path: str, *, check_same_thread: bool) -> sqlite3.Connection:
 
 #: A commit window closes early once it holds this many writes.
 WINDOW_FULL_JOBS = 64
+#: Threads (each with its read connection) that run ``Store.read``.
+READER_THREADS = 4
 
 
 class Store(Reads):
@@ -672,9 +675,14 @@ class Store(Reads):
         self._closed = False
         self._group: _Group | None = None  # the current window's writes, not yet queued
         self._group_lock = threading.Lock()
-        # Fleet-wide reads (the monitor's scans) run here, off the event loop.
-        self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-reader")
-        self._reader_view: _ReaderView | None = None
+        # Fleet-sized reads run here, off the event loop: a few threads, each with its
+        # own connection (WAL readers never wait for each other), so a long one (a
+        # scrape of a large fleet) leaves the others and the monitor's scans moving.
+        self._reader = concurrent.futures.ThreadPoolExecutor(
+            READER_THREADS, thread_name_prefix="store-reader")
+        self._reader_local = threading.local()
+        self._reader_views: list[_ReaderView] = []
+        self._reader_views_lock = threading.Lock()
         self.commits = 0  # transactions committed (tests and benchmarks read it)
         self._thread = threading.Thread(target=self._writer, name="store-writer", daemon=True)
         self._thread.start()
@@ -847,9 +855,11 @@ class Store(Reads):
         return self.submit(fn).result()
 
     async def read(self, fn: Callable[[Reads], T]) -> T:
-        """Run the read-only ``fn`` on the store's reader thread, on a connection of its
-        own, and return its value: a fleet-wide scan (50,000 rows) then never holds the
-        event loop, which keeps answering heartbeats meanwhile."""
+        """Run the read-only ``fn`` on one of the store's reader threads, on that thread's
+        connection, and return its value: a fleet-wide scan (50,000 rows) then never holds the
+        event loop, which keeps answering heartbeats meanwhile. ``fn``'s statements share
+        one read transaction, so they see one committed state (a scrape's counts and its
+        rows agree)."""
         if self._closed:
             raise RuntimeError("the store is closed")
         return await asyncio.get_running_loop().run_in_executor(
@@ -857,11 +867,18 @@ class Store(Reads):
         )
 
     def _run_read(self, fn: Callable[[Reads], T]) -> T:
-        view = self._reader_view
-        if view is None:  # first use, on the reader thread: it alone ever uses this one
-            view = self._reader_view = _ReaderView(
-                _connect(self.path, check_same_thread=True))
-        return fn(view)
+        view: _ReaderView | None = getattr(self._reader_local, "view", None)
+        if view is None:  # a reader thread's first read: only this thread uses this one
+            view = self._reader_local.view = _ReaderView(
+                _connect(self.path, check_same_thread=False))
+            with self._reader_views_lock:
+                self._reader_views.append(view)
+        conn = view._conn
+        conn.execute("BEGIN")
+        try:
+            return fn(view)
+        finally:
+            conn.execute("COMMIT")  # a read transaction: nothing to keep or undo
 
     def close(self) -> None:
         """Finish the queued writes, stop the writer, close both connections."""
@@ -875,12 +892,11 @@ class Store(Reads):
                 self._queue.put(pending)
         self._queue.put(_STOP)
         self._thread.join()
-        self._reader.submit(self._close_reader).result()
         self._reader.shutdown(wait=True)
+        # The reader threads are done: their connections can close from here.
+        with self._reader_views_lock:
+            for view in self._reader_views:
+                view.close()
+            self._reader_views.clear()
         self._conn.close()
-
-    def _close_reader(self) -> None:
-        if self._reader_view is not None:
-            self._reader_view.close()
-            self._reader_view = None
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vast_manager.coordinator.decisions import policy
+from vast_manager.coordinator.decisions import policy, states
+from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.store.schema import Row, loads
 
 INSTANCE_FIELDS = (
@@ -60,3 +61,23 @@ def host_perf_view(row: Row) -> dict[str, Any]:
     out["usd_per_proof"] = policy.usd_per_proof(row.get("dph_total"),
                                                 row.get("median_rate_per_hour"))
     return out
+
+
+def fleet_view(by_state: dict[str, tuple[int, float, float]]) -> dict[str, Any]:
+    """The fleet at a glance, from ``Reads.instances_by_state`` (``GET /api/fleet``, the
+    dashboard's tiles and the fleet gauges of ``/metrics``): instances per state present,
+    how many bill (every state but the gone ones) and prove, the fleet's price per hour
+    (of those that bill), its proofs per hour (the proving instances' measured rates)
+    and their ratio (None while nothing proves)."""
+    billing = [v for state, v in by_state.items() if state not in states.GONE]
+    proving = by_state.get(State.PROVING, (0, 0.0, 0.0))
+    dollars_per_hour = sum(dph for _, dph, _ in billing)
+    return {
+        "instances": sum(n for n, _, _ in by_state.values()),
+        "by_state": {state: n for state, (n, _, _) in sorted(by_state.items())},
+        "billing": sum(n for n, _, _ in billing),
+        "proving": proving[0],
+        "proofs_per_hour": proving[2],
+        "dollars_per_hour": dollars_per_hour,
+        "dollars_per_proof": policy.usd_per_proof(dollars_per_hour, proving[2]),
+    }

@@ -1,79 +1,80 @@
 """``GET /metrics``: the fleet and its GPUs in the Prometheus text exposition format.
 
+The exposition is ``prometheus_client``'s: collectors (``FleetCollector`` reads the
+store, ``GuardCollector`` the refused traffic, plus the library's own process and
+Python collectors) on a ``CollectorRegistry`` of one scrape, never the library's
+global one, written by ``generate_latest`` on the store's reader thread (``exposition``
+is what ``Store.read`` runs), so a fleet-sized scrape never holds the event loop.
+
 Per-GPU gauges are named after their dcgm-exporter counterparts so a Grafana
 user finds them by analogy (``vm_gpu_utilization_percent`` ~
 ``DCGM_FI_DEV_GPU_UTIL``) and carry ``instance_id``, ``machine_id``, ``gpu``
 and ``gpu_name``. Values come from each live instance's latest telemetry;
 a number the host could not measure is left out rather than faked. Every
-label value is host-sent text and is escaped per the exposition format.
+label value is host-sent text: neutralised (``textsafe.neutralise``) and cut
+here, escaped per the format by the library.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from vast_manager.coordinator.decisions import policy, states
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.store.reads import Reads
-from vast_manager.coordinator.store.schema import Row, loads
+from vast_manager.coordinator.store.schema import loads
 from vast_manager.coordinator.textsafe import neutralise
 from vast_manager.coordinator.web.guard import Guard
+from vast_manager.coordinator.web.json_views import fleet_view
 
+# The classic text format, which Prometheus 2 and 3 both read (every name here is a legacy
+# one, so the text is the same under the format's version 1.0.0).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_LABEL_CHARS = 256
 INSTANCE_STATES: tuple[str, ...] = tuple(State)
 # Instances whose telemetry describes a machine working now.
 LIVE_STATES = states.ACTIVE_PHASES
 
-Labels = tuple[tuple[str, str], ...]
+
+def label_text(value: Any) -> str:
+    """A label value as shown: host text neutralised (control and bidi characters read as
+    escapes, line breaks as spaces) and cut to ``MAX_LABEL_CHARS``; the exposition then
+    escapes backslash and double quote as the format says."""
+    return "" if value is None else neutralise(str(value))[:MAX_LABEL_CHARS]
 
 
-def escape_label_value(value: Any) -> str:
-    """Host text neutralised (``render.neutralise``: control and bidi characters read as
-    escapes), cut to ``MAX_LABEL_CHARS``, then backslash, double quote and newline
-    escaped as the exposition format says."""
-    text = "" if value is None else neutralise(str(value))[:MAX_LABEL_CHARS]
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def _number(value: Any) -> float | None:
+    """A sample's value, or None for what is not a number (absent rather than faked)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
 
 
-def format_value(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if float(value).is_integer() and abs(value) < 2**53:
-        return str(int(value))
-    return repr(float(value))
+def _labels(*values: Any) -> list[str]:
+    """Label values as shown (``label_text``), made once for every family that uses them."""
+    return [label_text(v) for v in values]
 
 
-@dataclass(slots=True)
-class Family:
-    name: str
-    help: str
-    kind: str = "gauge"
-    samples: list[tuple[Labels, float]] = field(default_factory=list)
+class _Gauge(GaugeMetricFamily):
+    """A gauge family whose samples skip what is not a number."""
 
-    def add(self, value: Any, labels: Labels = ()) -> None:
-        if value is None or isinstance(value, bool):
-            return
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            return
-        self.samples.append((labels, number))
+    def __init__(self, name: str, documentation: str, labels: tuple[str, ...] = ()) -> None:
+        super().__init__(name, documentation, labels=labels)
 
-    def render(self) -> str:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-        for labels, value in self.samples:
-            if labels:
-                inner = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels)
-                lines.append(f"{self.name}{{{inner}}} {format_value(value)}")
-            else:
-                lines.append(f"{self.name} {format_value(value)}")
-        return "\n".join(lines)
+    def sample(self, value: Any, labels: list[str] | None = None) -> None:
+        number = _number(value)
+        if number is not None:
+            self.add_metric(labels or [], number)
 
 
 # Per-GPU gauges: (metric, help, telemetry field, multiplier).
@@ -110,162 +111,208 @@ GPU_GAUGES: tuple[tuple[str, str, str, float], ...] = (
     ("vm_gpu_pcie_link_width", "PCIe link width (lanes) under load.", "pcie_width_current", 1.0),
 )
 
+INSTANCE_LABELS = ("instance_id", "machine_id", "gpu_name", "state")
+HOST_LABELS = ("instance_id", "machine_id")
+GPU_LABELS = ("instance_id", "machine_id", "gpu", "gpu_name")
+#: What the per-instance gauges read of each instance still on a machine.
+_INSTANCE_COLUMNS = ("id", "machine_id", "gpu_name", "state", "rate_per_hour", "dph_total",
+                     "proofs_completed_total", "last_seen", "num_gpus")
 
-def _gpu_names(inst: Row) -> dict[int, str]:
-    host = loads(inst.get("host_json")) or {}
+
+def _gpu_names(host_json: str | None) -> dict[int, str]:
+    host = loads(host_json)
     names: dict[int, str] = {}
-    for gpu in host.get("gpus") or []:
+    for gpu in (host.get("gpus") if isinstance(host, dict) else None) or []:
         if isinstance(gpu, dict) and isinstance(gpu.get("index"), int):
             names[gpu["index"]] = str(gpu.get("name") or "")
     return names
 
 
-def _scale(value: Any, factor: float) -> Any:
+def _scaled(value: Any, factor: float) -> float | None:
     if value is None or isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return value * factor
 
 
-def collect(reads: Reads, now: float) -> list[Family]:
-    """Every metric family, from the store's current state."""
-    instances = reads.list_instances()
-    by_state = Family("vm_instances", "Instances by state.")
-    counts = dict.fromkeys(INSTANCE_STATES, 0)
-    for inst in instances:
-        state = str(inst.get("state") or "unknown")
-        counts[state] = counts.get(state, 0) + 1
-    for state, n in counts.items():
-        by_state.add(n, (("state", state),))
+class FleetCollector(Collector):
+    """The fleet's gauges from the store as it is now: counts by state, the fleet's price
+    and rate, each instance's, and each live instance's latest telemetry (hosts, GPUs,
+    cuzk). Give it the reader thread's ``Reads``: a scrape reads every instance."""
 
-    billing = [i for i in instances if i.get("state") not in states.GONE]
-    proving = [i for i in billing if i.get("state") == "proving"]
-    dollars_per_hour = sum(float(i.get("dph_total") or 0.0) for i in billing)
-    proofs_per_hour = sum(float(i.get("rate_per_hour") or 0.0) for i in proving)
-    fleet = [
-        Family("vm_fleet_proofs_per_hour",
-               "Proofs per hour of the proving instances (their measured rates)."),
-        Family("vm_fleet_dollars_per_hour", "Price per hour of every instance that bills."),
-        Family("vm_fleet_dollars_per_proof",
-               "Fleet price per hour over proofs per hour (absent while nothing proves)."),
-        Family("vm_bad_hosts", "Machines on the blocklist."),
-    ]
-    fleet[0].add(proofs_per_hour)
-    fleet[1].add(dollars_per_hour)
-    if proofs_per_hour > 0:
-        fleet[2].add(dollars_per_hour / proofs_per_hour)
-    fleet[3].add(len(reads.bad_hosts()))
+    def __init__(self, reads: Reads, now: float) -> None:
+        self.reads = reads
+        self.now = now
 
-    inst_fams = {
-        "rate": Family("vm_instance_proofs_per_hour", "Measured proofs per hour of an instance."),
-        "dph": Family("vm_instance_dollars_per_hour", "Price per hour of an instance."),
-        "usd": Family("vm_instance_dollars_per_proof", "Price per proof of an instance."),
-        "proofs": Family("vm_instance_proofs_completed",
-                         "Proofs the instance's cuzk daemon completed (resets on reboot)."),
-        "seen": Family("vm_instance_last_seen_timestamp_seconds",
-                       "Unix time of the instance's last heartbeat."),
-        "gpus": Family("vm_instance_gpus", "GPUs of an instance."),
-    }
-    gpu_fams = [Family(name, help_text) for name, help_text, _, _ in GPU_GAUGES]
-    host_fams = {
-        "cpu": Family("vm_host_cpu_utilization_percent", "Host CPU busy, mean, percent."),
-        "load1": Family("vm_host_load1", "Host one-minute load average."),
-        "ram": Family("vm_host_ram_used_bytes", "Host RAM used, bytes."),
-        "tele_ts": Family("vm_instance_telemetry_timestamp_seconds",
-                          "Unix time the latest telemetry arrived."),
-    }
-    cuzk_fams = {
-        "queue": Family("vm_cuzk_queue_depth", "cuzk queue depth, mean over the window."),
-        "synth": Family("vm_cuzk_synthesis_active", "cuzk synthesis tasks active, mean."),
-        "mem": Family("vm_cuzk_memory_used_bytes", "cuzk memory used, highest of the window."),
-        "busy": Family("vm_cuzk_worker_busy_percent", "cuzk GPU worker busy, percent."),
-    }
-    for inst in billing:
-        base: Labels = (
-            ("instance_id", str(inst["id"])),
-            ("machine_id", str(inst.get("machine_id") or "")),
-            ("gpu_name", str(inst.get("gpu_name") or "")),
-            ("state", str(inst.get("state") or "")),
+    def collect(self) -> Iterator[Metric]:
+        yield from self._fleet()
+        yield from self._instances()
+        yield from self._telemetry()
+        scrape = _Gauge("vm_scrape_timestamp_seconds", "Unix time of this scrape.")
+        scrape.sample(self.now)
+        yield scrape
+
+    def _fleet(self) -> Iterator[Metric]:
+        fleet = fleet_view(self.reads.instances_by_state())
+        by_state = _Gauge("vm_instances", "Instances by state.", ("state",))
+        for state, n in {**dict.fromkeys(INSTANCE_STATES, 0), **fleet["by_state"]}.items():
+            by_state.sample(n, _labels(state))
+        yield by_state
+        families = (
+            ("vm_fleet_proofs_per_hour",
+             "Proofs per hour of the proving instances (their measured rates).",
+             fleet["proofs_per_hour"]),
+            ("vm_fleet_dollars_per_hour", "Price per hour of every instance that bills.",
+             fleet["dollars_per_hour"]),
+            ("vm_fleet_dollars_per_proof",
+             "Fleet price per hour over proofs per hour (absent while nothing proves).",
+             fleet["dollars_per_proof"]),
+            ("vm_bad_hosts", "Machines on the blocklist.", self.reads.bad_host_count()),
         )
-        inst_fams["rate"].add(inst.get("rate_per_hour"), base)
-        inst_fams["dph"].add(inst.get("dph_total"), base)
-        inst_fams["usd"].add(policy.usd_per_proof(inst.get("dph_total"),
-                                                  inst.get("rate_per_hour")), base)
-        inst_fams["proofs"].add(inst.get("proofs_completed_total"), base)
-        inst_fams["seen"].add(inst.get("last_seen"), base)
-        inst_fams["gpus"].add(inst.get("num_gpus"), base)
-        if inst.get("state") not in LIVE_STATES:
-            continue
-        tele_row = reads.latest_telemetry(int(inst["id"]))
-        tele = loads(tele_row["telemetry_json"]) if tele_row else None
-        if not isinstance(tele, dict):
-            continue
-        host_labels: Labels = (
-            ("instance_id", str(inst["id"])),
-            ("machine_id", str(inst.get("machine_id") or "")),
-        )
-        assert tele_row is not None
-        host_fams["tele_ts"].add(tele_row.get("received_at"), host_labels)
-        cpu = tele.get("cpu") or {}
-        host_fams["cpu"].add(cpu.get("util_pct_mean"), host_labels)
-        host_fams["load1"].add(cpu.get("load1"), host_labels)
-        host_fams["ram"].add((tele.get("ram") or {}).get("used_bytes"), host_labels)
-        names = _gpu_names(inst)
-        for gpu in tele.get("gpus") or []:
-            if not isinstance(gpu, dict) or not isinstance(gpu.get("index"), int):
+        for name, documentation, value in families:
+            family = _Gauge(name, documentation)
+            family.sample(value)
+            yield family
+
+    def _instances(self) -> Iterator[Metric]:
+        fams = {
+            "rate": _Gauge("vm_instance_proofs_per_hour",
+                           "Measured proofs per hour of an instance.", INSTANCE_LABELS),
+            "dph": _Gauge("vm_instance_dollars_per_hour", "Price per hour of an instance.",
+                          INSTANCE_LABELS),
+            "usd": _Gauge("vm_instance_dollars_per_proof", "Price per proof of an instance.",
+                          INSTANCE_LABELS),
+            "proofs": _Gauge("vm_instance_proofs_completed",
+                             "Proofs the instance's cuzk daemon completed (resets on reboot).",
+                             INSTANCE_LABELS),
+            "seen": _Gauge("vm_instance_last_seen_timestamp_seconds",
+                           "Unix time of the instance's last heartbeat.", INSTANCE_LABELS),
+            "gpus": _Gauge("vm_instance_gpus", "GPUs of an instance.", INSTANCE_LABELS),
+        }
+        for inst in self.reads.active_instances(_INSTANCE_COLUMNS):
+            labels = _labels(inst["id"], inst["machine_id"], inst["gpu_name"], inst["state"])
+            fams["rate"].sample(inst["rate_per_hour"], labels)
+            fams["dph"].sample(inst["dph_total"], labels)
+            fams["usd"].sample(policy.usd_per_proof(inst["dph_total"], inst["rate_per_hour"]),
+                               labels)
+            fams["proofs"].sample(inst["proofs_completed_total"], labels)
+            fams["seen"].sample(inst["last_seen"], labels)
+            fams["gpus"].sample(inst["num_gpus"], labels)
+        yield from fams.values()
+
+    def _telemetry(self) -> Iterator[Metric]:
+        gpu_fams = [_Gauge(name, help_text, GPU_LABELS) for name, help_text, _, _ in GPU_GAUGES]
+        host = {
+            "cpu": _Gauge("vm_host_cpu_utilization_percent", "Host CPU busy, mean, percent.",
+                          HOST_LABELS),
+            "load1": _Gauge("vm_host_load1", "Host one-minute load average.", HOST_LABELS),
+            "ram": _Gauge("vm_host_ram_used_bytes", "Host RAM used, bytes.", HOST_LABELS),
+            "tele_ts": _Gauge("vm_instance_telemetry_timestamp_seconds",
+                              "Unix time the latest telemetry arrived.", HOST_LABELS),
+        }
+        cuzk_fams = {
+            "queue": _Gauge("vm_cuzk_queue_depth", "cuzk queue depth, mean over the window.",
+                            HOST_LABELS),
+            "synth": _Gauge("vm_cuzk_synthesis_active", "cuzk synthesis tasks active, mean.",
+                            HOST_LABELS),
+            "mem": _Gauge("vm_cuzk_memory_used_bytes",
+                          "cuzk memory used, highest of the window.", HOST_LABELS),
+            "busy": _Gauge("vm_cuzk_worker_busy_percent", "cuzk GPU worker busy, percent.",
+                           (*HOST_LABELS, "gpu")),
+        }
+        for inst_id, machine_id, gpu_name, host_json, received_at, tele_json in (
+            self.reads.live_telemetry(sorted(LIVE_STATES))
+        ):
+            tele = loads(tele_json)
+            if not isinstance(tele, dict):
                 continue
-            index = gpu["index"]
-            labels: Labels = (
-                ("instance_id", str(inst["id"])),
-                ("machine_id", str(inst.get("machine_id") or "")),
-                ("gpu", str(index)),
-                ("gpu_name", names.get(index) or str(inst.get("gpu_name") or "")),
-            )
-            for fam, (_, _, key, factor) in zip(gpu_fams, GPU_GAUGES, strict=True):
-                fam.add(_scale(gpu.get(key), factor), labels)
-        cuzk = tele.get("cuzk")
-        if isinstance(cuzk, dict):
-            cuzk_fams["queue"].add(cuzk.get("queue_depth_mean"), host_labels)
-            cuzk_fams["synth"].add(cuzk.get("synthesis_active_mean"), host_labels)
-            cuzk_fams["mem"].add(cuzk.get("memory_used_bytes_max"), host_labels)
-            for worker in cuzk.get("workers") or []:
-                if isinstance(worker, dict) and isinstance(worker.get("gpu_ordinal"), int):
-                    cuzk_fams["busy"].add(
-                        worker.get("busy_pct"),
-                        (*host_labels, ("gpu", str(worker["gpu_ordinal"]))),
-                    )
-    scrape = Family("vm_scrape_timestamp_seconds", "Unix time of this scrape.")
-    scrape.add(now)
-    return [by_state, *fleet, *inst_fams.values(), *gpu_fams, *host_fams.values(),
-            *cuzk_fams.values(), scrape]
+            at = _labels(inst_id, machine_id)
+            host["tele_ts"].sample(received_at, at)
+            cpu = tele.get("cpu") or {}
+            host["cpu"].sample(cpu.get("util_pct_mean"), at)
+            host["load1"].sample(cpu.get("load1"), at)
+            host["ram"].sample((tele.get("ram") or {}).get("used_bytes"), at)
+            names = _gpu_names(host_json)
+            for gpu in tele.get("gpus") or []:
+                if not isinstance(gpu, dict) or not isinstance(gpu.get("index"), int):
+                    continue
+                index = gpu["index"]
+                labels = [*at, label_text(index), label_text(names.get(index) or gpu_name)]
+                for fam, (_, _, key, factor) in zip(gpu_fams, GPU_GAUGES, strict=True):
+                    fam.sample(_scaled(gpu.get(key), factor), labels)
+            cuzk = tele.get("cuzk")
+            if isinstance(cuzk, dict):
+                cuzk_fams["queue"].sample(cuzk.get("queue_depth_mean"), at)
+                cuzk_fams["synth"].sample(cuzk.get("synthesis_active_mean"), at)
+                cuzk_fams["mem"].sample(cuzk.get("memory_used_bytes_max"), at)
+                for worker in cuzk.get("workers") or []:
+                    if isinstance(worker, dict) and isinstance(worker.get("gpu_ordinal"), int):
+                        cuzk_fams["busy"].sample(worker.get("busy_pct"),
+                                                 [*at, label_text(worker["gpu_ordinal"])])
+        yield from gpu_fams
+        yield from host.values()
+        yield from cuzk_fams.values()
 
 
-def guard_families(guard: Guard) -> list[Family]:
+@dataclass(frozen=True, slots=True)
+class GuardCounts:
+    """What the guard counted, copied on the event loop (whose requests change the
+    counters) for a scrape that runs on another thread."""
+
+    refused: Mapping[str, int]
+    malformed: Mapping[str, int]
+    suppressed_log_lines: int
+    body_bytes_in_flight: int
+
+    @classmethod
+    def of(cls, guard: Guard) -> GuardCounts:
+        counters = guard.counters
+        return cls(dict(counters.refused), dict(counters.malformed),
+                   counters.suppressed_log_lines, guard.budget.in_flight_bytes)
+
+
+class GuardCollector(Collector):
     """What the coordinator refused since it started (``vast_manager.coordinator.web.guard``)."""
-    refused = Family("vm_refused_requests_total",
-                     "Requests refused before their body was used, by error code.", "counter")
-    for code, n in sorted(guard.counters.refused.items()):
-        refused.add(n, (("code", code),))
-    malformed = Family("vm_malformed_requests_total",
-                       "Requests the HTTP parser refused, by kind.", "counter")
-    for kind, n in sorted(guard.counters.malformed.items()):
-        malformed.add(n, (("kind", kind),))
-    suppressed = Family("vm_log_lines_suppressed_total",
-                        "Log lines about refused traffic left out by the rate limit "
-                        "(counted here instead).", "counter")
-    suppressed.add(guard.counters.suppressed_log_lines)
-    in_flight = Family("vm_request_body_bytes_in_flight",
-                       "Request-body bytes held in memory now (bounded in total).")
-    in_flight.add(guard.budget.in_flight_bytes)
-    return [refused, malformed, suppressed, in_flight]
+
+    def __init__(self, counts: GuardCounts) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        refused = CounterMetricFamily(
+            "vm_refused_requests_total",
+            "Requests refused before their body was used, by error code.", labels=("code",))
+        for code, n in sorted(self.counts.refused.items()):
+            refused.add_metric([label_text(code)], n)
+        malformed = CounterMetricFamily(
+            "vm_malformed_requests_total", "Requests the HTTP parser refused, by kind.",
+            labels=("kind",))
+        for kind, n in sorted(self.counts.malformed.items()):
+            malformed.add_metric([label_text(kind)], n)
+        yield refused
+        yield malformed
+        yield CounterMetricFamily(
+            "vm_log_lines_suppressed_total",
+            "Log lines about refused traffic left out by the rate limit (counted here instead).",
+            value=self.counts.suppressed_log_lines)
+        yield GaugeMetricFamily(
+            "vm_request_body_bytes_in_flight",
+            "Request-body bytes held in memory now (bounded in total).",
+            value=self.counts.body_bytes_in_flight)
 
 
-def render(families: Iterable[Family]) -> str:
-    return "\n".join(f.render() for f in families) + "\n"
-
-
-def render_metrics(reads: Reads, clock: Callable[[], float], guard: Guard | None = None) -> str:
-    """The whole exposition text for one scrape."""
-    families = collect(reads, clock())
+def registry(reads: Reads, now: float, guard: GuardCounts | None = None) -> CollectorRegistry:
+    """One scrape's registry: the fleet, the guard's counts, and prometheus_client's own
+    process (CPU, memory, file descriptors) and Python (version, garbage collector)
+    collectors, on a registry of its own rather than the library's global one."""
+    out = CollectorRegistry(auto_describe=False)
+    out.register(FleetCollector(reads, now))
     if guard is not None:
-        families += guard_families(guard)
-    return render(families)
+        out.register(GuardCollector(guard))
+    ProcessCollector(registry=out)
+    PlatformCollector(registry=out)
+    GCCollector(registry=out)
+    return out
+
+
+def exposition(reads: Reads, now: float, guard: GuardCounts | None = None) -> bytes:
+    """The whole exposition text of one scrape (run it with ``Store.read``)."""
+    return generate_latest(registry(reads, now, guard))

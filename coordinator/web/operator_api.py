@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import logging
 import statistics
+import urllib.parse
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, overload
 
 import orjson
 from aiohttp import web
@@ -35,6 +36,7 @@ from vast_manager.coordinator.web.json_views import (
     VIEW_COLUMNS,
     event_view,
     finish_view,
+    fleet_view,
     host_perf_view,
     instance_view,
     result_view,
@@ -47,7 +49,12 @@ log = logging.getLogger(__name__)
 MAX_LOG_TAIL = 10000
 MAX_LABEL_CHARS = 200
 MAX_REASON_CHARS = 1000
-
+#: The most instances one page of ``GET /api/instances`` holds.
+MAX_INSTANCE_PAGE = 10_000
+#: The instance states a state filter may name.
+KNOWN_STATES: tuple[str, ...] = tuple(State)
+#: The parameters ``GET /api/instances`` takes (anything else is refused).
+INSTANCE_LIST_PARAMETERS = ("state", "limit", "after_id")
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:
@@ -110,6 +117,60 @@ def _text(body: dict[str, Any], name: str, *, required: bool, max_chars: int) ->
         raise InvalidInput(f"Field '{name}' must not hold control or bidi characters.",
                            field=name)
     return value
+
+
+@overload
+def _query_int(request: web.Request, name: str, *, default: int,
+               minimum: int, maximum: int) -> int: ...
+
+
+@overload
+def _query_int(request: web.Request, name: str, *, default: None,
+               minimum: int, maximum: int) -> int | None: ...
+
+
+def _query_int(request: web.Request, name: str, *, default: int | None,
+               minimum: int, maximum: int) -> int | None:
+    """The integer query parameter ``name`` (``default`` when absent), within bounds."""
+    given = request.query.getall(name, [])
+    if not given:
+        return default
+    if len(given) > 1:
+        raise InvalidInput(f"'{name}' is given more than once.", field=name)
+    try:
+        value = int(given[0])
+    except ValueError:
+        raise InvalidInput(f"'{name}' must be an integer.", field=name) from None
+    if not minimum <= value <= maximum:
+        raise InvalidInput(f"'{name}' must be between {minimum} and {maximum}.", field=name)
+    return value
+
+
+def _query_states(request: web.Request) -> tuple[str, ...] | None:
+    """The states of ``?state=`` (comma-separated, or the parameter repeated), each a known
+    one, in the order first named; None when the parameter is absent."""
+    given = request.query.getall("state", [])
+    if not given:
+        return None
+    named = [part.strip() for value in given for part in value.split(",")]
+    for state in named:
+        if not state:
+            raise InvalidInput("'state' must name one or more states, comma-separated.",
+                               field="state")
+        if state not in KNOWN_STATES:
+            raise InvalidInput(f"'state' must be among {', '.join(KNOWN_STATES)}; "
+                               f"{state[:64]!r} is not.", field="state")
+    return tuple(dict.fromkeys(named))
+
+
+def _only_parameters(request: web.Request, allowed: tuple[str, ...]) -> None:
+    """Refuse a query parameter the endpoint does not take (a misspelt ``limit`` would
+    otherwise answer with the whole fleet)."""
+    for name in request.query:
+        if name not in allowed:
+            takes = ", ".join(allowed[:-1]) + f" and {allowed[-1]}" if allowed[1:] else allowed[0]
+            raise InvalidInput(f"Unknown parameter {name[:64]!r}; {request.path} takes "
+                               f"{takes}.", field=name[:64])
 
 
 def _path_int(request: web.Request, name: str) -> int:
@@ -204,22 +265,66 @@ async def _revoke_agent(core: Core, request: web.Request) -> Any:
     return {"ok": True, "agent_id": agent_id, "revoked": True, "message": message}
 
 
+def _json_bytes(body: bytes) -> web.Response:
+    """An answer encoded on the reader thread (a fleet-sized list is encoded there too)."""
+    return web.Response(body=body, content_type="application/json")
+
+
 async def _list_instances(core: Core, request: web.Request) -> Any:
-    # The fleet-sized answer: only the view's columns, and one dict a row built from the
-    # row's values (not a dict per row and then the view from it).
-    return [finish_view(dict(zip(VIEW_COLUMNS, values, strict=True)))
-            for values in core.store.instance_values(VIEW_COLUMNS)]
+    """Instances by id: all of them, or with ``limit`` a page whose ``Link: <...>;
+    rel="next"`` names the next (``after_id`` = the page's last id) while more follow;
+    ``state`` keeps those in the states it names. Read and encoded on the reader thread."""
+    _only_parameters(request, INSTANCE_LIST_PARAMETERS)
+    states = _query_states(request)
+    limit = _query_int(request, "limit", default=None, minimum=1, maximum=MAX_INSTANCE_PAGE)
+    after_id = _query_int(request, "after_id", default=None, minimum=0, maximum=2**63 - 1)
+    id_at = VIEW_COLUMNS.index("id")
+
+    def page(reads: Reads) -> tuple[bytes, int | None]:
+        # One row past the page tells whether another follows. Only the view's columns,
+        # and one dict a row built from the row's values.
+        rows = reads.instance_values(VIEW_COLUMNS, states=states, after_id=after_id,
+                                     limit=None if limit is None else limit + 1)
+        more = limit is not None and len(rows) > limit
+        if more:
+            del rows[limit:]
+        body = orjson.dumps([finish_view(dict(zip(VIEW_COLUMNS, values, strict=True)))
+                             for values in rows])
+        return body, int(rows[-1][id_at]) if more else None
+
+    body, last_id = await core.store.read(page)
+    response = _json_bytes(body)
+    if last_id is not None:
+        query = [("state", ",".join(states))] if states else []
+        query += [("limit", str(limit)), ("after_id", str(last_id))]
+        response.headers["Link"] = (f"<{request.path}?{urllib.parse.urlencode(query)}>; "
+                                    'rel="next"')
+    return response
+
+
+async def _fleet(core: Core, request: web.Request) -> Any:
+    return await core.store.read(lambda reads: fleet_view(reads.instances_by_state()))
 
 
 async def _get_instance(core: Core, request: web.Request) -> Any:
-    inst = _instance_or_404(core, _path_int(request, "id"))
-    out = instance_view(inst)
-    out["host"] = loads(inst.get("host_json"))
-    out["results"] = [result_view(r) for r in core.store.results_for_instance(inst["id"])]
-    out["events"] = [event_view(e) for e in core.store.events(inst["id"])]
-    tele = core.store.latest_telemetry(inst["id"])
-    out["telemetry"] = loads(tele["telemetry_json"]) if tele else None
-    out["telemetry_at"] = tele["received_at"] if tele else None
+    instance_id = _path_int(request, "id")
+
+    def detail(reads: Reads) -> dict[str, Any] | None:
+        inst = reads.get_instance(instance_id)
+        if inst is None:
+            return None
+        out = instance_view(inst)
+        out["host"] = loads(inst.get("host_json"))
+        out["results"] = [result_view(r) for r in reads.results_for_instance(instance_id)]
+        out["events"] = [event_view(e) for e in reads.events(instance_id)]
+        tele = reads.latest_telemetry(instance_id)
+        out["telemetry"] = loads(tele["telemetry_json"]) if tele else None
+        out["telemetry_at"] = tele["received_at"] if tele else None
+        return out
+
+    out = await core.store.read(detail)
+    if out is None:
+        raise NotFound(f"No instance {instance_id}.")
     return out
 
 
@@ -257,17 +362,11 @@ async def _rebenchmark(core: Core, request: web.Request) -> Any:
 async def _logs_view(core: Core, request: web.Request) -> Any:
     instance_id = _path_int(request, "id")
     _instance_or_404(core, instance_id)
-    tail_text = request.query.get("tail", "200")
-    try:
-        tail = int(tail_text)
-    except ValueError:
-        raise InvalidInput("'tail' must be an integer.", field="tail") from None
-    if not 1 <= tail <= MAX_LOG_TAIL:
-        raise InvalidInput(f"'tail' must be between 1 and {MAX_LOG_TAIL}.", field="tail")
+    tail = _query_int(request, "tail", default=200, minimum=1, maximum=MAX_LOG_TAIL)
     source = request.query.get("source") or None
     if source is not None and len(source) > 64:
         raise InvalidInput("'source' is longer than 64 characters.", field="source")
-    return core.store.logs(instance_id, tail, source)
+    return await core.store.read(lambda reads: reads.logs(instance_id, tail, source))
 
 
 MAX_HISTORY_POINTS = 2000
@@ -277,25 +376,25 @@ async def _telemetry_history(core: Core, request: web.Request) -> Any:
     """The instance's downsampled heartbeat history (DESIGN 4), oldest first, with the
     latest telemetry appended when it is newer: what the dashboard's charts draw."""
     inst = _instance_or_404(core, _path_int(request, "id"))
-    points_text = request.query.get("points", "500")
-    try:
-        max_points = int(points_text)
-    except ValueError:
-        raise InvalidInput("'points' must be an integer.", field="points") from None
-    if not 2 <= max_points <= MAX_HISTORY_POINTS:
-        raise InvalidInput(f"'points' must be between 2 and {MAX_HISTORY_POINTS}.",
-                           field="points")
-    points = [
-        {"t": r["received_at"], "phase": r.get("phase"),
-         "proofs_completed_total": r.get("proofs_completed_total"),
-         "telemetry": loads(r.get("telemetry_json"))}
-        for r in (core.store.heartbeat_history(inst["agent_id"]) if inst.get("agent_id") else [])
-    ]
-    latest = core.store.latest_telemetry(inst["id"])
-    if latest is not None and (not points or latest["received_at"] > points[-1]["t"]):
-        points.append({"t": latest["received_at"], "phase": inst.get("phase"),
-                       "proofs_completed_total": inst.get("proofs_completed_total"),
-                       "telemetry": loads(latest["telemetry_json"])})
+    max_points = _query_int(request, "points", default=500, minimum=2,
+                            maximum=MAX_HISTORY_POINTS)
+
+    def history(reads: Reads) -> list[dict[str, Any]]:
+        rows = reads.heartbeat_history(inst["agent_id"]) if inst.get("agent_id") else []
+        points = [
+            {"t": r["received_at"], "phase": r.get("phase"),
+             "proofs_completed_total": r.get("proofs_completed_total"),
+             "telemetry": loads(r.get("telemetry_json"))}
+            for r in rows
+        ]
+        latest = reads.latest_telemetry(inst["id"])
+        if latest is not None and (not points or latest["received_at"] > points[-1]["t"]):
+            points.append({"t": latest["received_at"], "phase": inst.get("phase"),
+                           "proofs_completed_total": inst.get("proofs_completed_total"),
+                           "telemetry": loads(latest["telemetry_json"])})
+        return points
+
+    points = await core.store.read(history)
     if len(points) > max_points:
         # Even stride over the history, always keeping the newest point.
         step = len(points) / max_points
@@ -304,28 +403,26 @@ async def _telemetry_history(core: Core, request: web.Request) -> Any:
 
 
 async def _recent_events(core: Core, request: web.Request) -> Any:
-    limit_text = request.query.get("limit", "100")
-    try:
-        limit = int(limit_text)
-    except ValueError:
-        raise InvalidInput("'limit' must be an integer.", field="limit") from None
-    if not 1 <= limit <= 1000:
-        raise InvalidInput("'limit' must be between 1 and 1000.", field="limit")
-    return [event_view(e) for e in core.store.events(None, limit)]
+    limit = _query_int(request, "limit", default=100, minimum=1, maximum=1000)
+    return await core.store.read(lambda reads: [event_view(e) for e in reads.events(None, limit)])
 
 
 async def _metrics(request: web.Request) -> web.Response:
     core = request.app[CORE]
-    text = metrics.render_metrics(core.store, core.clock, core.guard)
-    return web.Response(body=text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
+    # The guard's counters are copied here, on the loop whose requests change them.
+    now, guard = core.clock(), metrics.GuardCounts.of(core.guard)
+    body = await core.store.read(lambda reads: metrics.exposition(reads, now, guard))
+    return web.Response(body=body, headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
 async def _host_perf(core: Core, request: web.Request) -> Any:
-    return [host_perf_view(r) for r in core.store.host_perf()]
+    # One row a measured machine: fleet-sized, so read and encoded on the reader thread.
+    return _json_bytes(await core.store.read(
+        lambda reads: orjson.dumps([host_perf_view(r) for r in reads.host_perf()])))
 
 
 async def _bad_hosts(core: Core, request: web.Request) -> Any:
-    return core.store.bad_hosts()
+    return await core.store.read(lambda reads: reads.bad_hosts())
 
 
 async def _add_bad_host(core: Core, request: web.Request) -> Any:
@@ -368,7 +465,7 @@ async def _remove_bad_host(core: Core, request: web.Request) -> Any:
 
 
 async def _scaling(core: Core, request: web.Request) -> Any:
-    return [scaling_view(r) for r in core.store.scaling()]
+    return await core.store.read(lambda reads: [scaling_view(r) for r in reads.scaling()])
 
 
 def fleet_scaling_efficiency(reads: Reads) -> float | None:
@@ -424,6 +521,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/api/agents", op(_issue_agent))
     app.router.add_post("/api/agents/{agent_id}/revoke", op(_revoke_agent))
     app.router.add_get("/api/instances", op(_list_instances))
+    app.router.add_get("/api/fleet", op(_fleet))
     app.router.add_get("/api/instances/{id}", op(_get_instance))
     app.router.add_post("/api/instances/{id}/destroy", op(_destroy_instance))
     app.router.add_post("/api/instances/{id}/rebenchmark", op(_rebenchmark))

@@ -7,6 +7,8 @@
 
 const REFRESH_MS = 3000;
 const OFFERS_REFRESH_MS = 60000;
+// Instances a page of the fleet table shows (the API pages by id: limit and after_id).
+const FLEET_PAGE = 100;
 const SVG_NS = "http://www.w3.org/2000/svg";
 const VIEWS = ["login-view", "fleet-view", "offers-view", "bad-hosts-view", "instance-view"];
 
@@ -18,6 +20,9 @@ const state = {
   armed: null, // the button waiting for its confirming second click
   offersKey: null,
   offersAt: 0,
+  // The fleet table: its state filter ("" for all), the after_id of each page visited
+  // (null for the first), and the next page's after_id (null on the last page).
+  fleet: { filter: "", cursors: [null], next: null },
 };
 
 class AuthError extends Error {}
@@ -127,7 +132,25 @@ function confirmClick(button, label, action) {
 
 // --- the API ---------------------------------------------------------------------------
 
+// The next page's after_id from a `Link: <...>; rel="next"` header; null on the last page.
+function nextAfterId(link) {
+  const match = /<([^>]*)>\s*;\s*rel="?next"?/i.exec(link || "");
+  if (!match) return null;
+  const after = new URL(match[1], location.href).searchParams.get("after_id");
+  return after === null ? null : Number(after);
+}
+
 async function api(method, path, body) {
+  return (await call(method, path, body)).data;
+}
+
+// One page of a paged list: { rows, next } (next: the after_id of the page after it).
+async function apiPage(path) {
+  const { data, resp } = await call("GET", path);
+  return { rows: data, next: nextAfterId(resp.headers.get("Link")) };
+}
+
+async function call(method, path, body) {
   const options = { method, credentials: "same-origin", headers: {} };
   if (method !== "GET") options.headers["X-CSRF-Token"] = state.csrf || "";
   if (body !== undefined) {
@@ -147,7 +170,7 @@ async function api(method, path, body) {
     throw new AuthError("not logged in");
   }
   if (!resp.ok) throw new Error((data && data.message) || `${method} ${path}: ${resp.status}`);
-  return data;
+  return { data, resp };
 }
 
 async function act(method, path, body) {
@@ -298,23 +321,46 @@ function stateTone(s) {
   return s === STATES.PROVING ? "good" : "busy";
 }
 
+// The state filter's choices: every state some instance is in, with its count.
+function fleetFilter(byState, total) {
+  const select = $("fleet-state");
+  const current = state.fleet.filter;
+  const counts = { ...byState };
+  if (current && !(current in counts)) counts[current] = 0;
+  const choices = [["", `all states (${total})`],
+    ...Object.keys(counts).sort().map((s) => [s, `${s} (${counts[s]})`])];
+  // Rebuilt only when a count changed: a list open under the pointer stays open.
+  const key = JSON.stringify(choices);
+  if (select.dataset.key !== key) {
+    select.dataset.key = key;
+    select.replaceChildren(...choices.map(([value, text]) => el("option", { value }, text)));
+    select.value = current;
+  }
+  return current ? counts[current] : total;
+}
+
 async function renderFleet() {
-  const [rows, events] = await Promise.all([
-    api("GET", "/api/instances"),
+  const fleet = state.fleet;
+  const after = fleet.cursors[fleet.cursors.length - 1];
+  const query = new URLSearchParams({ limit: String(FLEET_PAGE) });
+  if (fleet.filter) query.set("state", fleet.filter);
+  if (after !== null) query.set("after_id", String(after));
+  // The tiles come from the coordinator's own sums, the table one page at a time: the
+  // refresh costs the same for ten instances as for a hundred thousand.
+  const [summary, page, events] = await Promise.all([
+    api("GET", "/api/fleet"),
+    apiPage("/api/instances?" + query),
     api("GET", "/api/events?limit=30"),
   ]);
   show("fleet-view");
-  const billing = rows.filter((r) => STATE_SETS.BILLING.has(r.state));
-  const proving = billing.filter((r) => r.state === STATES.PROVING);
-  const dph = billing.reduce((a, r) => a + (r.dph_total || 0), 0);
-  const rate = proving.reduce((a, r) => a + (r.rate_per_hour || 0), 0);
   $("fleet-tiles").replaceChildren(
-    tile("instances billing", String(billing.length)),
-    tile("proving", String(proving.length)),
-    tile("proofs / hour", num(rate, 1)),
-    tile("$ / hour", usd(dph, 3)),
-    tile("$ / proof", rate > 0 ? usd(dph / rate) : "-"),
+    tile("instances billing", String(summary.billing)),
+    tile("proving", String(summary.proving)),
+    tile("proofs / hour", num(summary.proofs_per_hour, 1)),
+    tile("$ / hour", usd(summary.dollars_per_hour, 3)),
+    tile("$ / proof", summary.dollars_per_proof === null ? "-" : usd(summary.dollars_per_proof)),
   );
+  const rows = page.rows;
   fill(
     $("fleet-table").tBodies[0],
     rows.map((r) =>
@@ -331,6 +377,15 @@ async function renderFleet() {
       ),
     ),
   );
+  const matching = fleetFilter(summary.by_state, summary.instances);
+  fleet.next = page.next;
+  const first = (fleet.cursors.length - 1) * FLEET_PAGE;
+  $("fleet-range").textContent = rows.length
+    ? `${first + 1}–${first + rows.length} of ${matching}` : "";
+  $("fleet-prev").disabled = fleet.cursors.length === 1;
+  $("fleet-next").disabled = page.next === null;
+  $("fleet-empty").textContent = fleet.filter
+    ? `No instances in state ${fleet.filter}.` : "No instances yet: deploy one from Offers.";
   $("fleet-empty").hidden = rows.length > 0;
   renderEvents($("events"), events.slice().reverse());
 }
@@ -660,6 +715,20 @@ document.addEventListener("DOMContentLoaded", () => {
     refresh();
   });
   $("log-source").addEventListener("change", () => refresh());
+  $("fleet-state").addEventListener("change", () => {
+    state.fleet.filter = $("fleet-state").value;
+    state.fleet.cursors = [null];
+    refresh();
+  });
+  $("fleet-next").addEventListener("click", () => {
+    if (state.fleet.next === null) return;
+    state.fleet.cursors.push(state.fleet.next);
+    refresh();
+  });
+  $("fleet-prev").addEventListener("click", () => {
+    if (state.fleet.cursors.length > 1) state.fleet.cursors.pop();
+    refresh();
+  });
   window.addEventListener("hashchange", () => {
     $("flash").hidden = true;
     state.offersAt = 0;
