@@ -89,19 +89,6 @@ def sign_request(
     return _mac(key, canonical_request(timestamp, nonce, method, path, body))
 
 
-def verify_request(
-    key: bytes,
-    signature: str,
-    timestamp: str,
-    nonce: str,
-    method: str,
-    path: str,
-    body: bytes,
-) -> bool:
-    expected = sign_request(key, timestamp, nonce, method, path, body)
-    return hmac.compare_digest(expected.encode(), signature.encode())
-
-
 def sign_response(key: bytes, request_nonce: str, status: int, body: bytes) -> str:
     return _mac(key, canonical_response(request_nonce, status, body))
 

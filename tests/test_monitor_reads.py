@@ -22,32 +22,42 @@ FLEET_SCANS = ("active_instances", "instances_of_kind", "instances_due_for_destr
                "next_destroy_due_at")
 
 
-def slow_scans(monkeypatch: pytest.MonkeyPatch, delay_s: float) -> list[tuple[str, str]]:
-    """Make every fleet-wide scan sleep ``delay_s`` first, on whichever thread calls it;
-    return the (scan, thread name) calls seen."""
-    calls: list[tuple[str, str]] = []
+class HeldScans:
+    """Every fleet-wide scan, on whichever thread calls it, first waits until ``release``
+    (a scan of a large fleet that takes as long as the test wants); ``calls`` keeps each
+    (scan, thread name), ``held`` how many wait now."""
 
-    def slowed(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        def scan(self: Reads, *args: Any, **kwargs: Any) -> Any:
-            calls.append((name, threading.current_thread().name))
-            time.sleep(delay_s)  # a scan of a large fleet
-            return original(self, *args, **kwargs)
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.release = threading.Event()
+        self.held = 0
+        self._lock = threading.Lock()
+        for name in FLEET_SCANS:
+            monkeypatch.setattr(Reads, name, self._wrap(name, getattr(Reads, name)))
+
+    def _wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def scan(reads: Reads, *args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self.calls.append((name, threading.current_thread().name))
+                self.held += 1
+            try:
+                # On the loop's thread nothing could release it: it would hold the test
+                # up this long, then fail it on the thread names.
+                self.release.wait(30)
+            finally:
+                with self._lock:
+                    self.held -= 1
+            return original(reads, *args, **kwargs)
+
         return scan
 
-    for name in FLEET_SCANS:
-        monkeypatch.setattr(Reads, name, slowed(name, getattr(Reads, name)))
-    return calls
 
-
-async def largest_gap(stop: asyncio.Event) -> float:
-    """Tick every 10 ms until ``stop``; the longest the loop kept us waiting."""
-    gap = 0.0
-    last = time.monotonic()
-    while not stop.is_set():
+async def until(cond: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.01)
-        now = time.monotonic()
-        gap, last = max(gap, now - last), now
-    return gap
 
 
 async def proving(aiohttp_client: Any, tmp_path: Path) -> tuple[Harness, dict[str, Any], Any]:
@@ -67,26 +77,22 @@ async def test_monitor_loop_keeps_serving_during_slow_scans(
     h, d, agent = await proving(aiohttp_client, tmp_path)
     monitor = h.core.monitor
     monitor._seeded = False  # the in-loop seeding scans too
-    calls = slow_scans(monkeypatch, 0.3)
-
-    stop = asyncio.Event()
-    gaps = asyncio.create_task(largest_gap(stop))
-    run = asyncio.create_task(monitor.run())  # tick, then the next-destroy read
-    while not any(name == "next_destroy_due_at" for name, _ in calls):
-        await asyncio.sleep(0.01)
-    # A heartbeat is answered while a scan is in progress.
-    status, _ = await agent.heartbeat("proving")
-    assert status == 200
-    await asyncio.sleep(0.35)  # let the last scan finish
-    run.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await run
-    stop.set()
-
-    # Five scans of 0.3 s ran meanwhile; the loop never stalled for one of them.
-    assert await gaps < 0.1
-    assert {name for name, _ in calls} == set(FLEET_SCANS)
-    assert all(thread.startswith("store-reader") for _, thread in calls), calls
+    scans = HeldScans(monkeypatch)
+    run = asyncio.create_task(monitor.run())
+    try:
+        await until(lambda: scans.held == 1, "a scan in progress")
+        # A heartbeat is answered while the scan is still in progress.
+        status, _ = await agent.heartbeat("proving")
+        assert status == 200 and scans.held == 1
+        scans.release.set()
+        await until(lambda: {name for name, _ in scans.calls} == set(FLEET_SCANS),
+                    "every fleet-wide scan of a monitor round")
+    finally:
+        scans.release.set()
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+    assert all(thread.startswith("store-reader") for _, thread in scans.calls), scans.calls
     inst = h.store.get_instance(d["instance_id"])
     assert inst is not None and inst["state"] == "proving"
 

@@ -3,12 +3,14 @@ against real processes on loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -135,6 +137,43 @@ def test_serve_log_json_writes_json_lines_and_keeps_a_generated_token_out(
 # --- logs --follow --------------------------------------------------------------------------
 
 
+def follow_process(url: str, *args: str) -> subprocess.Popen[bytes]:
+    """``vast-manager logs ... --follow`` as a terminal's foreground job runs it: with
+    SIGINT at its default, so Ctrl-C (the SIGINT sent here) reaches it. A suite started
+    in the background by a shell without job control inherits SIGINT ignored, and so
+    would every child (Python keeps an inherited ignore: the child would never see the
+    signal); the disposition is reset for the exec, then restored."""
+    env = {**os.environ, "VM_URL": url, "VM_ADMIN_TOKEN": ADMIN_TOKEN, "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "-m", "vast_manager.coordinator.cli", "logs", *args, "--follow"]
+    with sigint_handled():
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@contextlib.contextmanager
+def sigint_handled() -> Iterator[None]:
+    """SIGINT handled (not ignored) here, so a child started meanwhile gets the default."""
+    saved = signal.getsignal(signal.SIGINT)
+    if saved == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if saved == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def interrupted(proc: subprocess.Popen[bytes]) -> int:
+    """Ctrl-C, and the exit status (or a kill after 30 s)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+        raise AssertionError("`logs --follow` did not end within 30 s of Ctrl-C") from None
+
+
 def test_logs_follow_prints_new_lines_once(tmp_path: Path) -> None:
     with ServerThread(tmp_path) as s:
         store = s.server.store
@@ -147,14 +186,7 @@ def test_logs_follow_prints_new_lines_once(tmp_path: Path) -> None:
             return instance_id
 
         instance_id = store.write_blocking(setup)
-        env = {**os.environ, "VM_URL": s.server.url, "VM_ADMIN_TOKEN": ADMIN_TOKEN,
-               "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "vast_manager.coordinator.cli",
-             "logs", str(instance_id), "--follow",
-             "--interval", "0.1"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        proc = follow_process(s.server.url, str(instance_id), "--interval", "0.1")
         seen: list[str] = []
         try:
             assert proc.stdout is not None
@@ -171,16 +203,30 @@ def test_logs_follow_prints_new_lines_once(tmp_path: Path) -> None:
                 700001, "ag_x", now, [(now + 2, "agent", "last line")], keep_lines=100))
             wait_for_line(lines, "agent: last line", seen)
         finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+            code = interrupted(proc)
     # Each line once, in order; the escape character never reaches the terminal (it is
     # shown as its escape).
     assert [line.split(" ", 1)[1] for line in seen] == [
         "agent: first line", "cuzk: same second", "work: later \\u001b[2Jline",
         "agent: last line",
     ]
-    assert proc.returncode == 0  # Ctrl-C ends a follow quietly
+    assert code == 0  # Ctrl-C ends a follow quietly
+
+
+def test_ctrl_c_during_the_first_fetch_ends_a_follow_quietly() -> None:
+    """A coordinator that takes the connection and never answers: Ctrl-C while the first
+    request waits still ends ``--follow`` at once, with no "Aborted!"."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listener.settimeout(30)
+        proc = follow_process(f"http://127.0.0.1:{listener.getsockname()[1]}", "700001")
+        try:
+            conn, _ = listener.accept()  # the first request is in flight
+        except TimeoutError:
+            proc.kill()
+            raise
+        with conn:
+            code = interrupted(proc)
+    assert proc.stdout is not None
+    assert (code, proc.stdout.read()) == (0, b"")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from vast_manager.coordinator.store.writer import Store, Tx
+from vast_manager.coordinator.store.writer import WINDOW_FULL_JOBS, Store, Tx
 from vast_manager.protocol.errors import ProtocolError
 from vast_manager.protocol.messages import CpuTelemetry
 from vast_manager.protocol.schema import converter
@@ -86,21 +86,32 @@ def test_float_lists_are_checked_in_bulk_with_the_same_errors() -> None:
 
 
 async def test_a_commit_window_gathers_writes_of_several_loop_turns(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db", commit_window_s=0.5)
+    # An hour's window: only filling it (WINDOW_FULL_JOBS writes) can close it here.
+    store = Store(tmp_path / "s.db", commit_window_s=3600.0)
     try:
         commits = store.commits
 
-        async def one(i: int) -> int:
-            await asyncio.sleep(0.01 * i)  # each in a loop turn of its own
-            return await store.write(lambda tx: tx.insert_event(float(i), "test", f"e{i}"))
+        def event(i: int) -> Callable[[Tx], int]:
+            return lambda tx: tx.insert_event(float(i), "test", f"e{i}")
 
-        ids = await asyncio.gather(*(one(i) for i in range(5)))
-        assert len(set(ids)) == 5
+        pending = []
+        for i in range(WINDOW_FULL_JOBS - 1):
+            pending.append(asyncio.ensure_future(store.write(event(i))))
+            await asyncio.sleep(0)  # each write in a loop turn of its own
+        for _ in range(10):
+            await asyncio.sleep(0)
+        # The window holds them all: nothing answered, nothing committed yet.
+        assert not any(f.done() for f in pending) and store.commits == commits
+        pending.append(asyncio.ensure_future(store.write(event(WINDOW_FULL_JOBS - 1))))
+        ids = await asyncio.gather(*pending)  # the last one filled the window
+        assert len(set(ids)) == WINDOW_FULL_JOBS
         assert store.commits - commits == 1  # one window, one transaction
-        # Without a window each turn's writes go at once: five turns, five commits.
+        # Without a window each turn's writes go at once: a write awaited alone commits
+        # alone (the next one is not even made yet).
         store.commit_window_s = 0.0
         commits = store.commits
-        await asyncio.gather(*(one(i) for i in range(5)))
-        assert store.commits - commits == 5
+        for i in range(3):
+            await store.write(event(100 + i))
+        assert store.commits - commits == 3
     finally:
         store.close()

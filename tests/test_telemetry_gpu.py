@@ -12,6 +12,7 @@ import pytest
 
 from vast_manager.agent.gpu import Device, Nvml, inventory, open_devices
 from vast_manager.agent.sampler import NvmlUnavailable, describe_host, open_sources
+from vast_manager.agent.sim import fake_nvml
 from vast_manager.agent.sim.fake_nvml import FUNCTIONS, NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml
 from vast_manager.agent.sim.hardware import Profile
 
@@ -96,17 +97,72 @@ def test_stale_or_missing_state_file_reads_idle(tmp_path: Path) -> None:
     assert open_devices(Nvml(fake2, register_atexit=False))[1].snapshot().util_pct == 0.0
 
 
-def test_pcie_read_blocks_for_the_20ms_window(tmp_path: Path) -> None:
+class RecordingTime:
+    """The ``time`` module as the fake NVML sees it, with every sleep it asks for kept."""
+
+    def __init__(self) -> None:
+        self.slept: list[float] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        time.sleep(seconds)
+
+
+def test_pcie_read_blocks_for_the_20ms_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     state = tmp_path / "state.json"
     write_state(state, time.time())
     fake = FakeNvml(PROFILE, str(state))
     dev = open_devices(Nvml(fake, register_atexit=False))[0]
+    clock = RecordingTime()
+    monkeypatch.setattr(fake_nvml, "time", clock)
     started = time.perf_counter()
     dev.pcie_rx_kbps()
-    assert time.perf_counter() - started >= 0.019
-    started = time.perf_counter()
+    assert time.perf_counter() - started >= 0.019  # a sleep is never shorter than asked
+    assert clock.slept == [0.020]
     dev.power_w()
-    assert time.perf_counter() - started < 0.019
+    assert clock.slept[1:] == [0.001]  # ~1 ms, like most NVML calls
+
+
+def link_state(path: Path, gen: int, width: int, rx_kbps: float, tx_kbps: float) -> None:
+    path.write_text(json.dumps({
+        "ts": T0 + 1e6,
+        "gpus": [{**LIVE_GPU, "index": 0, "pcie_gen_current": gen, "pcie_width_current": width,
+                  "pcie_rx_kbps": rx_kbps, "pcie_tx_kbps": tx_kbps}],
+        "cpu": {"util_pct": 45.0, "load1": 14.2, "iowait_pct": 0.5},
+        "ram": {"used_bytes": 120 * GB, "total_bytes": 257 * GB},
+    }))
+
+
+@pytest.mark.parametrize("rx_fraction", [0.5, 0.965, 1.0, 1.2])
+def test_pcie_throughput_never_reads_above_the_link(tmp_path: Path, rx_fraction: float) -> None:
+    """A 20 ms window cannot move more than the link carries: each noisy reading stays
+    within the link's capacity (a Gen3 x4 riser: 3.94 GB/s), and the readings still
+    average to what the simulation says moves (at most the capacity)."""
+    gen3_x4_kbps = 4 * 0.985 * 1e6
+    profile = Profile.from_offer({"gpu_name": "RTX 3090", "num_gpus": 1, "pci_gen": 3,
+                                  "gpu_lanes": 4, "pcie_bw": 3.8})
+    state = tmp_path / "state.json"
+    link_state(state, 3, 4, rx_fraction * gen3_x4_kbps, 0.02 * gen3_x4_kbps)
+    fake = FakeNvml(profile, str(state), latency_scale=0.0, noise=True, wall_clock=lambda: T0)
+    (dev,) = open_devices(Nvml(fake, register_atexit=False))
+    rx = [dev.pcie_rx_kbps() for _ in range(2000)]
+    tx = [dev.pcie_tx_kbps() for _ in range(2000)]
+    assert all(r is not None and 0 <= r <= gen3_x4_kbps + 1 for r in rx)
+    assert all(t is not None and 0 <= t <= gen3_x4_kbps for t in tx)
+    mean_rx = sum(r for r in rx if r is not None) / len(rx)
+    assert mean_rx == pytest.approx(min(rx_fraction, 1.0) * gen3_x4_kbps, rel=0.01)
+    if rx_fraction < 0.9:
+        assert len(set(rx)) > 100  # still a noisy reading
+    # The scaling diagnosis of such telemetry never finds a link over 100% full.
+    from vast_manager.protocol.scaling import link_capacity_gbps
+
+    cap = link_capacity_gbps(3, 4)
+    assert cap is not None and max(r for r in rx if r is not None) / 1e6 <= cap * 1.0000003
 
 
 # Which snapshot fields go null when one function fails alone. Utilisation

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -258,12 +259,14 @@ async def test_hung_gpu_does_not_stall_the_others_or_the_loop(tmp_path: Path) ->
             await asyncio.sleep(0.005)
 
     hb = asyncio.create_task(heartbeat_like())
+    # GPU 1 stays hung until this fires: a roll that waited for it would return only after.
+    unhang = threading.Timer(60.0, fake.release_device, (1,))
     try:
         await s.start()
         await _wait_for(lambda: s.host_ticks >= 5 and ticks >= 5)
-        started = time.monotonic()
+        unhang.start()
         t = s.roll_window(wid)
-        assert time.monotonic() - started < 0.5
+        assert unhang.is_alive()  # it returned while GPU 1 was still hung
         assert t is not None and t.samples >= 5
         g0, g1 = t.gpus
         assert g0.util_pct_mean is not None and g0.power_w_mean is not None
@@ -271,6 +274,7 @@ async def test_hung_gpu_does_not_stall_the_others_or_the_loop(tmp_path: Path) ->
         await s.stop()  # returns although GPU 1's thread is stuck in a call
         fake.release_device(1)
     finally:
+        unhang.cancel()
         fake.release_device(1)
         hb.cancel()
 

@@ -5,8 +5,9 @@ exception names as the pynvml subset `vast_manager.agent.gpu` uses, so `vast_man
 takes it in place of the real module. Static facts (name, memory, PCIe slot)
 come from the hardware profile; live values come from the state file the
 simulated cuzk daemon writes (docs/architecture.md), falling back to idle
-values when the file is missing or stale. Reads carry sampling noise and
-realistic call latencies (a PCIe throughput read blocks for NVML's 20 ms
+values when the file is missing or stale. Reads carry sampling noise (a PCIe
+throughput reading, a 20 ms window's, is the noisiest, yet never above what
+the link carries) and realistic call latencies (that read blocks for its
 window). Tests switch any function to raise NotSupported or
 FunctionNotFound, remove it, or hang one GPU. `SimStateReader` is shared with
 `vast_manager.agent.sim.fake_host`.
@@ -25,7 +26,12 @@ from typing import Any
 
 import orjson
 
-from vast_manager.agent.sim.hardware import ENV_STATE_FILE, Profile, load_profile
+from vast_manager.agent.sim.hardware import (
+    ENV_STATE_FILE,
+    Profile,
+    load_profile,
+    pcie_link_gbps,
+)
 
 STALE_AFTER_S = 2.0  # docs/architecture.md: older than this means no daemon
 REREAD_EVERY_S = 0.1  # the daemon writes every <= 0.2 s; stat more often is waste
@@ -379,6 +385,17 @@ class FakeNvml:
         value = max(lo, value)
         return min(hi, value) if hi is not None else value
 
+    def _window_sample(self, mean: float, rel: float, ceiling: float) -> float:
+        """One short window's reading of a throughput whose mean is ``mean``: relative
+        noise ``rel``, kept within [0, ``ceiling``] by a cut symmetric about the mean, so
+        the readings still average to it (a link at capacity reads its capacity)."""
+        if mean >= ceiling:
+            return ceiling
+        if not self.noise or mean <= 0:
+            return max(0.0, mean)
+        room = min(mean, ceiling - mean)
+        return mean + max(-room, min(room, self._rng.gauss(0.0, rel * mean)))
+
     def _handle(self, handle: Any) -> FakeHandle:
         if not isinstance(handle, FakeHandle) or not 0 <= handle.index < self._num_gpus:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
@@ -467,8 +484,11 @@ class FakeNvml:
         self._enter("nvmlDeviceGetPcieThroughput", h)
         live = self.reader.gpu(h.index)
         key = "pcie_tx_kbps" if counter == NVML_PCIE_UTIL_TX_BYTES else "pcie_rx_kbps"
-        # A 20 ms window of bursty DMA: much noisier than the other readings.
-        return round(self._jitter(float(live[key]), 0.15))
+        # KB/s (10^3 bytes) moved in one 20 ms window of bursty DMA: much noisier than
+        # the other readings, but never more than the link carries in that window.
+        link_kbps = pcie_link_gbps(int(live["pcie_gen_current"]),
+                                   int(live["pcie_width_current"])) * 1e6
+        return round(self._window_sample(float(live[key]), 0.15, link_kbps))
 
     def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> int:
         h = self._handle(handle)

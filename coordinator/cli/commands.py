@@ -460,11 +460,12 @@ def logs(
       vast-manager logs 700001 --tail 50 --source cuzk --follow
     """
     path = f"/api/instances/{instance_id}/logs"
-    lines = client.get(path, tail=tail, source=source)
-    _print_logs(lines)
-    seen_ts = max((_log_key(x)[0] for x in lines), default=0.0)
-    seen_at_ts = {_log_key(x) for x in lines if _log_key(x)[0] == seen_ts}
     try:
+        # Ctrl-C ends a follow quietly wherever it lands, the first fetch included.
+        lines = client.get(path, tail=tail, source=source)
+        _print_logs(lines)
+        seen_ts = max((_log_key(x)[0] for x in lines), default=0.0)
+        seen_at_ts = {_log_key(x) for x in lines if _log_key(x)[0] == seen_ts}
         while follow:
             time.sleep(interval_s)
             fresh = _unseen(client.get(path, tail=1000, source=source), seen_ts, seen_at_ts)
@@ -475,7 +476,8 @@ def logs(
                     seen_ts, seen_at_ts = newest, set()
                 seen_at_ts |= {_log_key(x) for x in fresh if _log_key(x)[0] == seen_ts}
     except KeyboardInterrupt:
-        return
+        if not follow:
+            raise
 
 
 @cli.group()
