@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from vast_manager.agent.sim.hardware import Profile, cpu_core_speed
 from vast_manager.agent.sim.model import capacities, run_batch
 from vast_manager.coordinator.decisions.early_verdict import steady_state_rate_per_hour
-from vast_manager.coordinator.decisions.ranking import rank_offers
+from vast_manager.coordinator.decisions.share import instance_share, ram_class
 from vast_manager.coordinator.discovery.autopilot import (
     AutopilotCaps,
     FleetInstance,
@@ -390,24 +390,35 @@ def _measurement(m: Machine, k: int, rng: random.Random, t: float) -> Measuremen
     return Measurement(str(m.machine_id), offer, m.measure(k, rng), t, "fleet")
 
 
+#: The least RAM share the coordinator deploys and predicts (``VM_MIN_INSTANCE_RAM_GB``'s
+#: default): the offers table marks a smaller one too small, with no prediction.
+MIN_INSTANCE_RAM_GB = 128.0
+SUBSETS = ("deployable", "all")
+
+
 @dataclass(slots=True)
 class AccuracyRow:
+    subset: str  # deployable: offers the coordinator predicts; all: every held-out offer
     measurements: int
     train_machines: int
+    offers: int
     floor: float  # MdAPE of the hardware oracle that does not know the host
     model: float
-    gpu_median: float  # today's ranking, on the offers it predicts
-    gpu_median_covered: float  # share of held-out offers today's ranking predicts
+    gpu_median: float  # the GPU-model median, on the offers it predicts
+    gpu_median_covered: float  # share of held-out offers the GPU-model median predicts
     model_same_subset: float  # the model's MdAPE on those same offers
     coverage: float  # share of true rates inside the model's 80% interval
     width: float  # median high/low ratio of the intervals
     fit_s: float
-    baseline_s: float  # today's ranking on the same offers, same run
+    baseline_s: float  # the GPU-model median on the same offers, same run
 
 
-def accuracy(seed: int, n_measurements: int, test_machines: int = 400) -> AccuracyRow:
+def accuracy(seed: int, n_measurements: int, test_machines: int = 400
+             ) -> dict[str, AccuracyRow]:
     """Train on ``n_measurements`` of random machines (one to three runs each, on one or
-    two of their slices); predict other machines' true rates."""
+    two of their slices); predict other machines' true rates. One row for the held-out
+    offers the coordinator would predict (their instance's RAM share at least
+    ``MIN_INSTANCE_RAM_GB``), one for all of them."""
     rng = random.Random(seed)
     ms: list[Measurement] = []
     train_machines = 0
@@ -434,43 +445,82 @@ def accuracy(seed: int, n_measurements: int, test_machines: int = 400) -> Accura
             m.true_rate(k, Hidden.draw(floor_rng)) for _ in range(FLOOR_DRAWS)))
     preds = [p for p in model.predict_offers(offers, explain=False) if isinstance(p, Prediction)]
     assert len(preds) == len(offers)
-    rates = [p.rate_per_hour for p in preds]
-    inside = sum(p.rate_low <= t <= p.rate_high for p, t in zip(preds, true, strict=True))
-    # Today's ranking from host_perf rows (median per machine) of the same measurements.
+    # The GPU-model median (same machine's, else the same GPU model and count's
+    # elsewhere), on the same measurements.
     t0 = time.perf_counter()
-    ranked = rank_offers(offers, host_perf_rows(ms), set(), None)
+    rule = Medians(ms, ram_classes=False)
+    baseline = [rule.predict(o) for o in offers]
     baseline_s = time.perf_counter() - t0
-    by_id = {o["id"]: o["predicted_rate_per_hour"] for o in ranked}
-    covered = [(by_id[o["id"]], r, t) for o, r, t in zip(offers, rates, true, strict=True)
-               if by_id[o["id"]] is not None]
-    return AccuracyRow(
-        measurements=len(ms),
-        train_machines=train_machines,
-        floor=mdape(floor_pred, true),
-        model=mdape(rates, true),
-        gpu_median=mdape([c[0] for c in covered], [c[2] for c in covered]) if covered
-        else math.nan,
-        gpu_median_covered=len(covered) / len(offers),
-        model_same_subset=mdape([c[1] for c in covered], [c[2] for c in covered]) if covered
-        else math.nan,
-        coverage=inside / len(true),
-        width=statistics.median(p.rate_high / p.rate_low for p in preds),
-        fit_s=fit_s,
-        baseline_s=baseline_s,
-    )
+    out = {}
+    for subset in SUBSETS:
+        keep = [subset == "all" or (instance_share(o).ram_gb or 0.0) >= MIN_INSTANCE_RAM_GB
+                for o in offers]
+        sel = [i for i, k in enumerate(keep) if k]
+        tr = [true[i] for i in sel]
+        ps = [preds[i] for i in sel]
+        covered = [(baseline[i], preds[i].rate_per_hour, true[i]) for i in sel
+                   if baseline[i] is not None]
+        out[subset] = AccuracyRow(
+            subset=subset,
+            measurements=len(ms),
+            train_machines=train_machines,
+            offers=len(sel),
+            floor=mdape([floor_pred[i] for i in sel], tr),
+            model=mdape([p.rate_per_hour for p in ps], tr),
+            gpu_median=mdape([c[0] for c in covered], [c[2] for c in covered]) if covered
+            else math.nan,
+            gpu_median_covered=len(covered) / len(sel),
+            model_same_subset=mdape([c[1] for c in covered], [c[2] for c in covered])
+            if covered else math.nan,
+            coverage=sum(p.rate_low <= t <= p.rate_high for p, t in zip(ps, tr, strict=True))
+            / len(tr),
+            width=statistics.median(p.rate_high / p.rate_low for p in ps),
+            fit_s=fit_s,
+            baseline_s=baseline_s,
+        )
+    return out
 
 
-def host_perf_rows(ms: Sequence[Measurement]) -> list[dict[str, Any]]:
-    """host_perf as the store keeps it: per machine, GPU and count, the median rate."""
-    runs: dict[tuple[str, str, int], list[float]] = {}
-    for m in ms:
-        key = (m.machine_id, str(m.offer["gpu_name"]), int(m.offer["num_gpus"]))
-        runs.setdefault(key, []).append(m.rate_per_hour)
-    return [
-        {"machine_id": int(mid), "gpu_name": gpu, "num_gpus": n,
-         "median_rate_per_hour": statistics.median(r), "samples": len(r)}
-        for (mid, gpu, n), r in runs.items()
-    ]
+class Medians:
+    """The rule ``coordinator.decisions.ranking`` predicted with before the rate model, the
+    baseline: this machine's median (host_perf), else the median of the same GPU model and
+    count on other machines (with ``ram_classes``, only those whose instances had RAM of
+    the same class: under 240, 240-360, 360 GB or more, as the coordinator did), else the
+    same model's single-GPU median x count x 0.75, else nothing."""
+
+    SCALING = 0.75
+
+    def __init__(self, ms: Sequence[Measurement], *, ram_classes: bool = True) -> None:
+        self.ram_classes = ram_classes
+        runs: dict[tuple[str, str, int], list[float]] = {}
+        ram: dict[tuple[str, int], float | None] = {}
+        for m in ms:
+            key = (m.machine_id, str(m.offer["gpu_name"]), int(m.offer["num_gpus"]))
+            runs.setdefault(key, []).append(m.rate_per_hour)
+            ram[(m.machine_id, key[2])] = instance_share(m.offer).ram_gb
+        self.own = {k: statistics.median(r) for k, r in runs.items()}
+        self.by_model: dict[tuple[str, int], list[tuple[str, float, int | None]]] = {}
+        for (mid, gpu, n), rate in self.own.items():
+            self.by_model.setdefault((gpu, n), []).append((mid, rate, ram_class(ram[(mid, n)])))
+
+    def _elsewhere(self, gpu: str, n: int, machine: str, klass: int | None) -> list[float]:
+        return [r for mid, r, their in self.by_model.get((gpu, n), ())
+                if mid != machine and (klass is None or their in (None, klass))]
+
+    def predict(self, offer: dict[str, Any]) -> float | None:
+        machine, gpu, n = str(offer["machine_id"]), str(offer["gpu_name"]), int(offer["num_gpus"])
+        if (machine, gpu, n) in self.own:
+            return self.own[(machine, gpu, n)]
+        klass = ram_class(instance_share(offer).ram_gb) if self.ram_classes else None
+        others = self._elsewhere(gpu, n, machine, klass)
+        if others:
+            return statistics.median(others)
+        if n > 1:
+            single = self.own.get((machine, gpu, 1))
+            singles = [single] if single else self._elsewhere(gpu, 1, "", klass)
+            if singles:
+                return statistics.median(singles) * n * self.SCALING
+        return None
 
 
 
@@ -722,33 +772,37 @@ class Planner(Policy):
         return plan_trials(offers, self.cache, FleetView(reference_usd_per_proof=ref), SETTINGS)
 
 
-class Ranking(Policy):
-    """Today's ``decisions.ranking``: best predicted $/proof first (same machine's median,
-    else the GPU model's), unknown offers after, cheapest first; at the target it tries a
-    ranked offer only when it is predicted 20% cheaper per proof than the fleet's worst."""
+class MediansPolicy(Policy):
+    """Ranking as it was before the rate model (``Medians``): best predicted $/proof first,
+    unknown offers after, cheapest first; at the target it tries a ranked offer only when
+    it is predicted 20% cheaper per proof than the fleet's worst."""
 
-    name = "ranking"
+    name = "medians"
 
     def __init__(self) -> None:
         self.measurements: list[Measurement] = []
+        self.rule = Medians([])
 
     def observe(self, m: Measurement, h: int) -> None:
         self.measurements.append(m)
+        self.rule = Medians(self.measurements)
 
     def plan(self, offers, fleet, h, sim):  # type: ignore[no-untyped-def]
-        ranked = rank_offers(offers, host_perf_rows(self.measurements), set(), None)
+        predicted = [(o, self.rule.predict(o)) for o in offers]
+        predicted.sort(key=lambda x: (x[1] is None, x[0]["dph_total"] / x[1] if x[1]
+                                      else x[0]["dph_total"]))
         proving = [i for i in fleet if not i.on_trial]
         at_target = sum(i.rate_per_hour or 0 for i in proving) >= CAPS.target_rate_per_hour
         worst = max((i.usd_per_proof for i in proving), default=math.inf)
         chosen, rates = [], []
-        for o in ranked:
-            usd = o["predicted_usd_per_proof"]
+        for o, rate in predicted:
+            usd = o["dph_total"] / rate if rate else None
             if usd is not None and usd > MAX_USD_PER_PROOF:
                 continue
             if at_target and (usd is None or usd > 0.8 * worst):
                 continue
             chosen.append(o)
-            rates.append(o["predicted_rate_per_hour"] or 40.0 * o["num_gpus"])
+            rates.append(rate or 40.0 * o["num_gpus"])
         return _ordered_plan(chosen, rates, FleetView())
 
 
@@ -891,7 +945,7 @@ class FleetSim:
         self.stats.proofs = proofs
 
 
-POLICIES = (Oracle, Planner, Ranking, Cheapest, Variety)
+POLICIES = (Oracle, Planner, MediansPolicy, Cheapest, Variety)
 
 
 def run_policies(seed: int, n_machines: int, hours: int) -> dict[str, RunStats]:
