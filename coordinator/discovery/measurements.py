@@ -109,6 +109,10 @@ class LineError(MeasurementError):
         self.reason = message
 
 
+#: Largest ``hosts import`` file: about 10,000 measurements of vast.ai offers. A larger
+#: history is imported in parts, each whole or not at all.
+MAX_IMPORT_BYTES = 16 * 1024 * 1024
+NDJSON = "application/x-ndjson"
 #: Clock slack allowed to a measurement's time (it may come from another machine).
 FUTURE_SLACK_S = 300.0
 MAX_MACHINE_ID_CHARS = 200

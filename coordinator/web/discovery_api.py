@@ -17,7 +17,13 @@ from aiohttp import web
 
 from vast_manager.coordinator.decisions.ranking import prediction_fields, rank_offers
 from vast_manager.coordinator.discovery.features import canonical_gpu_name
-from vast_manager.coordinator.discovery.measurements import LineError, Measurement, parse_lines
+from vast_manager.coordinator.discovery.measurements import (
+    MAX_IMPORT_BYTES,
+    NDJSON,
+    LineError,
+    Measurement,
+    parse_lines,
+)
 from vast_manager.coordinator.discovery.plan import Plan, Proposal
 from vast_manager.coordinator.errors import InvalidInput, InvalidMeasurement
 from vast_manager.coordinator.operations.autopilot import deployable, fleet_instances, plan_for
@@ -32,11 +38,7 @@ from vast_manager.coordinator.web.operator_api import _json_object, _text
 
 Handler = Callable[[Core, web.Request], Awaitable[Any]]
 
-#: Largest ``hosts import`` body: about 10,000 measurements of vast.ai offers. A larger
-#: history is imported in parts, each whole or not at all.
-MAX_IMPORT_BYTES = 16 * 1024 * 1024
 MAX_TRIALS = 100
-NDJSON = "application/x-ndjson"
 _IMPORT_LOCK = web.AppKey("hosts_import_lock", asyncio.Lock)
 
 
