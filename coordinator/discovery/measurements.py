@@ -72,8 +72,8 @@ def instance_offer(
 ) -> dict[str, Any]:
     """The hardware an instance ran on, in vast.ai's offer shape: the offer it was
     deployed from, else (a bring-your-own agent) its hello's host info, else what the
-    instance row kept of its offer (``INSTANCE_OFFER_COLUMNS``). ``machine_id`` is
-    always the instance's."""
+    instance row kept of its offer (``INSTANCE_OFFER_COLUMNS``); ``machine_id`` is the
+    instance's where the offer has none."""
     machine = columns.get("machine_id")
     if deployed:
         offer = {k: v for k, v in deployed.items() if k not in NOT_OFFER_FIELDS}
@@ -87,7 +87,7 @@ def instance_offer(
         if not offer:
             offer = {k: columns.get(k) for k in INSTANCE_OFFER_COLUMNS
                      if columns.get(k) is not None}
-    if machine is not None:
+    if machine is not None and offer.get("machine_id") in (None, ""):
         offer["machine_id"] = machine
     return offer
 
