@@ -124,6 +124,7 @@ class Action:
     dph_total: float = 0.0
     expected_rate_per_hour: float | None = None
     trial_cost_usd: float = 0.0
+    trial_share: float | None = None  # an exploration's: trials' share of spend with it
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,11 +188,13 @@ def plan_reference_usd_per_proof(
     return min(clearing, max(i.usd_per_proof for i in proving))
 
 
-def _deploy(p: Proposal, reason: str, *, exploration: bool) -> Action:
+def _deploy(p: Proposal, reason: str, *, exploration: bool,
+            trial_share: float | None = None) -> Action:
     return Action(
         kind="deploy", reason=reason, offer_id=p.offer_id, machine_id=p.machine_id,
         exploration=exploration, dph_total=p.dph_total,
         expected_rate_per_hour=p.prediction.rate_per_hour, trial_cost_usd=p.trial_cost_usd,
+        trial_share=trial_share,
     )
 
 
@@ -273,6 +276,7 @@ def decide(
             notes.append(f"offer {p.offer_id} at ${p.dph_total:.2f}/h would take the fleet past "
                          f"the ${caps.max_dph_total:.2f}/h cap")
             continue
+        share: float | None = None
         if short > 0:
             reason = (f"fleet at {rate():.1f}/h of the {target:.1f}/h target ({pending:.1f}/h "
                       f"on trial); expected value ${p.expected_value_usd:.2f} for a "
@@ -296,7 +300,7 @@ def decide(
                       f"${p.expected_value_usd:.2f} for a ${p.trial_cost_usd:.2f} trial: "
                       f"{p.hypothesis}")
             exploration = explored = True
-        actions.append(_deploy(p, reason, exploration=exploration))
+        actions.append(_deploy(p, reason, exploration=exploration, trial_share=share))
         live.append(FleetInstance(f"pending:{p.offer_id}", p.machine_id or f"offer:{p.offer_id}",
                                   p.dph_total, None, p.prediction.rate_per_hour))
         taken.add(p.machine_id or "")

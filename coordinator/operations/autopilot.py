@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -370,7 +371,8 @@ class Autopilot:
     async def _deploy(self, action: Action, tick: Tick) -> None:
         assert action.offer_id is not None
         data = {"action": "deploy", "offer_id": action.offer_id,
-                "exploration": action.exploration, "dph_total": action.dph_total,
+                "exploration": action.exploration, "trial_share": action.trial_share,
+                "dph_total": action.dph_total,
                 "expected_rate_per_hour": action.expected_rate_per_hour,
                 "trial_cost_usd": round(action.trial_cost_usd, 4)}
         what = "explore" if action.exploration else "deploy"
@@ -403,12 +405,14 @@ class Autopilot:
                              "reason": action.reason})
 
     async def _note(self, tick: Tick) -> None:
-        """What it held back from, as an event when that changed (not every interval)."""
+        """What it held back from, as an event when that changed (not every interval: the
+        figures in a note move every time, so they do not count as a change)."""
         notes = tuple(tick.notes)
-        if notes == self._last_notes or not notes:
-            self._last_notes = notes
+        key = tuple(re.sub(r"[0-9.]+", "#", n) for n in notes)
+        if key == self._last_notes or not notes:
+            self._last_notes = key
             return
-        self._last_notes = notes
+        self._last_notes = key
         now = self.clock()
         await self.store.write(lambda tx: tx.insert_event(
             now, EVENT, "holding back: " + "; ".join(notes), data={"action": "note"}))
