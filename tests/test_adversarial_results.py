@@ -125,7 +125,7 @@ async def test_the_honest_fleet_is_measured_and_ranked(h: Harness) -> None:
     assert {m["machine_id"] for m in h.store.measurements()} == {"4243", "4245"}
     # The measured machines' offers are pinned by their own runs; every offer has an
     # interval, widest where nothing like it was measured.
-    rate, basis, low, high = now.predictions[9002]
+    _, basis, low, high = now.predictions[9002]
     assert low < 60.0 < high and "this machine x" in basis
     assert now.predictions[9005][2] < 40.0 < now.predictions[9005][3]
     four = now.predictions[9004]
@@ -281,7 +281,7 @@ async def test_an_honest_benchmark_moves_the_prediction(h: Harness) -> None:
     assert sorted(machines) == ["4243", "4244", "4245"]
     after = await standing(h)
     assert after.predictions == before.predictions  # the scaling run moved nothing
-    rate, basis, low, high = after.predictions[9003]
+    _, basis, low, high = after.predictions[9003]
     assert low < 120.0 < high and "this machine x" in basis
 
 

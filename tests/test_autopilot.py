@@ -9,6 +9,7 @@ itself would start agent processes, whose clocks a fake clock cannot move.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -173,7 +174,8 @@ async def test_explorations_stay_within_their_share_of_spend(
                            last_exploration_at=None)
         assert ledger.trials_usd <= CAPS["autopilot_max_explore_share"] * ledger.total_usd
     starts = sorted(e["ts"] for e in explorations)
-    assert all(b - a >= CAPS["autopilot_explore_interval_s"] for a, b in zip(starts, starts[1:]))
+    assert all(b - a >= CAPS["autopilot_explore_interval_s"]
+               for a, b in itertools.pairwise(starts))
 
 
 async def test_it_replaces_a_host_it_loses(pilot: tuple[Harness, Fleet]) -> None:

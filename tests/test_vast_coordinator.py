@@ -9,7 +9,6 @@ round by round (``tick``), so nothing sleeps.
 from __future__ import annotations
 
 import math
-
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
