@@ -121,13 +121,22 @@ def render_instance(data: dict[str, Any]) -> str:
         for r in results:
             for why in r.get("flag_reasons") or []:
                 lines.append(f"  {clean(r.get('result_id'))}: {clean(why)}")
-    events = data.get("events") or []
-    if events:
-        lines += ["", "Decisions:"]
-        for e in events[-15:]:
-            ts = time.strftime("%H:%M:%S", time.localtime(float(e.get("ts") or 0)))
-            lines.append(f"  {ts} {clean(e.get('kind'))}: {clean(e.get('reason'))}")
+    lines += event_lines(data.get("events") or [], "Decisions:", 15, "%H:%M:%S", kind=True)
     return "\n".join(lines)
+
+
+def event_lines(events: list[dict[str, Any]], title: str, last: int, clock: str, *,
+                kind: bool) -> list[str]:
+    """The ``last`` events under ``title`` (nothing when there are none), each with its
+    time and reason (and kind)."""
+    if not events:
+        return []
+    out = ["", title]
+    for e in events[-last:]:
+        ts = time.strftime(clock, time.localtime(float(e.get("ts") or 0)))
+        what = f"{clean(e.get('kind'))}: " if kind else ""
+        out.append(f"  {ts} {what}{clean(e.get('reason'))}")
+    return out
 
 
 def render_scaling(rows: list[dict[str, Any]]) -> str:
@@ -243,10 +252,6 @@ def render_autopilot(data: dict[str, Any]) -> str:
             f"{render.num(ledger.get('window_h'), 0)} h")
         for note in tick.get("notes") or []:
             lines.append(f"    holding back: {clean(note)}")
-    events = data.get("events") or []
-    if events:
-        lines += ["", "What it did, and why:"]
-        for e in events[-20:]:
-            ts = time.strftime("%m-%d %H:%M:%S", time.localtime(float(e.get("ts") or 0)))
-            lines.append(f"  {ts} {clean(e.get('reason'))}")
+    lines += event_lines(data.get("events") or [], "What it did, and why:", 1000,
+                         "%m-%d %H:%M:%S", kind=False)
     return "\n".join(lines)
