@@ -299,3 +299,13 @@ async def test_a_bring_your_own_result_is_kept_with_its_hosts_hardware(h: Harnes
             offer["cpu_ram"]) == ("RTX 4090", 1, 96, 257000.0)
     fitted = await h.core.models.refresh()
     assert fitted.model.n_measurements == 1 and "garage-rig" in fitted.model.machines
+
+
+async def test_numbers_given_as_text_are_read_as_the_model_reads_them(h: Harness) -> None:
+    (row,) = lines_of(1)
+    row["offer"] = {**row["offer"], "num_gpus": "1.0", "gpu_name": "NVIDIA GeForce RTX 4090"}
+    status, answer = await post_import(h, jsonl([row]))
+    assert status == 200 and answer["imported"] == 1, answer
+    (perf,) = h.store.host_perf()
+    assert (perf["gpu_name"], perf["num_gpus"]) == ("RTX 4090", 1)
+    assert await export(h) == [{**row, "source": "imported"}]

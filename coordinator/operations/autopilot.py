@@ -50,8 +50,6 @@ log = logging.getLogger(__name__)
 
 RUNNING, STOPPED = "running", "stopped"
 EVENT = "autopilot"
-#: Instance states of a trial: deployed, its benchmark verdict not yet in.
-TRIAL_STATES = frozenset({"deploying", "booting", "fetching_params", "warming", "benchmarking"})
 #: How many proposals the plan lists for a decision (more than the trials allowed at once:
 #: one over the price cap is skipped for the next).
 PLAN_LENGTH = 10

@@ -185,14 +185,12 @@ class Reads:
         (null while on a machine) and when their first benchmark verdict came."""
         return rows_of(
             self._conn,
-            "select i.id, i.dph_total, i.created_at, i.state, "
-            "case when i.state in ('destroyed', 'vanished') "
-            "then coalesce(i.destroyed_at, i.state_since) end as ended_at, "
-            "(select min(r.received_at) from results r where r.instance_id = i.id "
-            "and r.verdict is not null) as verdict_at "
-            "from instances i where i.kind = 'deployed' and i.dph_total is not null "
-            "and (i.state not in ('destroyed', 'vanished') "
-            "or coalesce(i.destroyed_at, i.state_since) >= ?) order by i.id",
+            "select id, dph_total, created_at, state, "
+            f"case when {ACTIVE_SQL} then null else coalesce(destroyed_at, state_since) "
+            "end as ended_at, (select min(r.received_at) from results r "
+            "where r.instance_id = instances.id and r.verdict is not null) as verdict_at "
+            "from instances where kind = 'deployed' and dph_total is not null "
+            f"and ({ACTIVE_SQL} or coalesce(destroyed_at, state_since) >= ?) order by id",
             (since,),
         )
 

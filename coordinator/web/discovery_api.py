@@ -16,7 +16,6 @@ import orjson
 from aiohttp import web
 
 from vast_manager.coordinator.decisions.ranking import prediction_fields, rank_offers
-from vast_manager.coordinator.discovery.features import canonical_gpu_name
 from vast_manager.coordinator.discovery.measurements import (
     MAX_IMPORT_BYTES,
     NDJSON,
@@ -145,10 +144,10 @@ async def model(core: Core, request: web.Request) -> Any:
 
 
 def _measurement_row(m: Measurement, now: float) -> dict[str, Any]:
-    n = int(m.offer["num_gpus"])
+    f = m.features()  # the offer's fields as the model reads them ("2.0" GPUs is 2)
     return {
-        "machine_id": m.machine_id, "gpu_name": canonical_gpu_name(str(m.offer["gpu_name"])),
-        "num_gpus": n, "rate_per_hour": m.rate_per_hour, "measured_at": m.measured_at,
+        "machine_id": m.machine_id, "gpu_name": f.gpu_name,
+        "num_gpus": f.num_gpus, "rate_per_hour": m.rate_per_hour, "measured_at": m.measured_at,
         "source": "imported", "offer_json": dumps(dict(m.offer)), "recorded_at": now,
     }
 
