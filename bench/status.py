@@ -367,20 +367,21 @@ def main() -> None:
                f"{count} rows, {len(body) / 1e6:.1f} MB, {m / base_m:.0f}x the baseline")
 
         from vast_manager.coordinator.decisions.ranking import rank_offers
+        from vast_manager.coordinator.operations.rate_model import fit_rows
         from vast_manager.coordinator.store.writer import Store
-        from vast_manager.coordinator.web.operator_api import fleet_scaling_efficiency
 
         store = Store(str(db))
         try:
             machines = [str(r["machine_id"]) for r in store.host_perf()]
             offers = offers_for(args.offers, machines)
+            # The latest fit, as the coordinator keeps it (refitted off the loop, not here).
+            model = fit_rows(store.measurements(), store.measurements_version(), time.time())
 
             def rank() -> list[dict[str, Any]]:
                 # What /api/offers does once the provider answered.
-                bad = {int(b["machine_id"]) for b in store.bad_hosts()
-                       if str(b["machine_id"]).isdigit()}
-                return rank_offers(offers, store.host_perf(), bad,
-                                   fleet_scaling_efficiency(store))
+                bad = [str(b["machine_id"]) for b in store.bad_hosts()]
+                known = {str(r["machine_id"]) for r in store.host_perf()}
+                return rank_offers(offers, model.model, bad, known)
 
             m, w, ranked = timed(rank, args.repeat)
             known = sum(1 for o in ranked if o["known"])

@@ -8,6 +8,8 @@ never hold a key, a token or a stack trace.
 
 from __future__ import annotations
 
+from typing import Any
+
 from vast_manager.coordinator.providers.base import AuthError as ProviderAuthError
 from vast_manager.coordinator.providers.base import BadRequest as ProviderBadRequest
 from vast_manager.coordinator.providers.base import OfferGone as ProviderOfferGone
@@ -25,8 +27,8 @@ class CoordinatorError(Exception):
         self.message = message
         self.field = field
 
-    def to_body(self) -> dict[str, str]:
-        body = {"error": self.code, "message": self.message}
+    def to_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"error": self.code, "message": self.message}
         if self.field is not None:
             body["field"] = self.field
         return body
@@ -97,6 +99,29 @@ class TooSmall(CoordinatorError):
     code = "too_small"
 
 
+class AutopilotNotConfigured(CoordinatorError):
+    """The autopilot cannot start: the coordinator runs without ``--autopilot`` and caps."""
+
+    code = "autopilot_not_configured"
+
+
+class InvalidMeasurement(CoordinatorError):
+    """A ``hosts import`` line that cannot be a measurement: ``line`` is its number."""
+
+    code = "invalid_measurement"
+
+    def __init__(self, message: str, *, field: str | None = None, line: int | None = None
+                 ) -> None:
+        super().__init__(message, field=field)
+        self.line = line
+
+    def to_body(self) -> dict[str, Any]:
+        body = super().to_body()
+        if self.line is not None:
+            body["line"] = self.line
+        return body
+
+
 class ProviderFailed(CoordinatorError):
     """The provider (vast.ai) failed; nothing of ours changed."""
 
@@ -115,6 +140,8 @@ _STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (MachineBusy, 409),
     (PriceChanged, 409),
     (TooSmall, 409),
+    (AutopilotNotConfigured, 409),
+    (InvalidMeasurement, 400),
     (ProviderFailed, 502),
     (ProviderOfferGone, 409),
     (ProviderRateLimited, 503),
@@ -132,7 +159,7 @@ def http_status(exc: BaseException) -> int:
     return 500
 
 
-def error_body(exc: BaseException) -> dict[str, str]:
+def error_body(exc: BaseException) -> dict[str, Any]:
     """The DESIGN 3.5 body for a core or provider exception; never a stack trace."""
     if isinstance(exc, CoordinatorError):
         return exc.to_body()

@@ -231,6 +231,58 @@ SETTINGS: tuple[Setting, ...] = (
         "failed admin-token attempts (dashboard logins, bearer tokens) one client address "
         "may make in a minute; beyond it `429` with Retry-After, the token not even compared",
     ),
+    Setting(
+        "model_refit_interval_s",
+        30.0,
+        "the rate model (docs/discovery.md) refits when measurements arrive, at most once "
+        "this many seconds, off the event loop; requests use the latest fit",
+    ),
+    Setting(
+        "plan_horizon_hours",
+        168.0,
+        "plan and autopilot: how long a host worth keeping is expected to run, hours (its "
+        "saving over this pays for its trial)",
+    ),
+    Setting("autopilot", False, "run the autopilot (`serve --autopilot`; docs/discovery.md)"),
+    Setting(
+        "autopilot_target_rate_per_hour",
+        None,
+        "autopilot: the fleet's target rate, proofs/hour (required with the autopilot)",
+        float,
+    ),
+    Setting(
+        "autopilot_max_dph_total",
+        None,
+        "autopilot: hard cap on the fleet's price, $/hour, trials included (required)",
+        float,
+    ),
+    Setting(
+        "autopilot_max_instances",
+        None,
+        "autopilot: hard cap on instances billing at once (required)",
+        int,
+    ),
+    Setting(
+        "autopilot_max_explore_share",
+        0.15,
+        "autopilot: at its target, it explores only while trials stay within this share of "
+        "the spend over autopilot_spend_window_h (0-1)",
+    ),
+    Setting("autopilot_max_concurrent_trials", 2, "autopilot: most trials under way at once"),
+    Setting("autopilot_explore_interval_s", 3600.0,
+            "autopilot: least time between two explorations, seconds"),
+    Setting("autopilot_interval_s", 120.0, "autopilot: seconds between two decisions"),
+    Setting(
+        "autopilot_spend_window_h",
+        168.0,
+        "autopilot: the spend the exploration share is measured on, the last this many hours",
+    ),
+    Setting(
+        "autopilot_filter",
+        None,
+        "autopilot: offer filter of its searches, vast.ai CLI syntax; unset: VM_VAST_FILTER "
+        "or the provider's default",
+    ),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -344,6 +396,18 @@ class Settings:
     verdict_min_proofs: int = 2
     verdict_sigma_floor: float = 0.15
     min_instance_ram_gb: float = 128.0
+    model_refit_interval_s: float = 30.0
+    plan_horizon_hours: float = 168.0
+    autopilot: bool = False
+    autopilot_target_rate_per_hour: float | None = None
+    autopilot_max_dph_total: float | None = None
+    autopilot_max_instances: int | None = None
+    autopilot_max_explore_share: float = 0.15
+    autopilot_max_concurrent_trials: int = 2
+    autopilot_explore_interval_s: float = 3600.0
+    autopilot_interval_s: float = 120.0
+    autopilot_spend_window_h: float = 168.0
+    autopilot_filter: str | None = None
     admin_token_generated: bool = False
 
     @property
@@ -422,6 +486,8 @@ class Settings:
         if values["verdict_sigma_floor"] <= 0:
             raise ValueError("VM_VERDICT_SIGMA_FLOOR must be positive")
 
+        _check_discovery(values)
+
         config_dir = (
             Path(values["config_dir"]) if values["config_dir"] else default_config_dir(env)
         )
@@ -448,6 +514,29 @@ class Settings:
         values["admin_token"] = token
         values["admin_token_generated"] = generated
         return cls(**values)
+
+
+def _check_discovery(values: dict[str, Any]) -> None:
+    """The rate model's, the plan's and the autopilot's settings (ValueError names one)."""
+    for name in ("model_refit_interval_s", "plan_horizon_hours", "autopilot_interval_s",
+                 "autopilot_spend_window_h"):
+        if not values[name] > 0:
+            raise ValueError(f"{_BY_NAME[name].env} must be positive")
+    if values["autopilot_explore_interval_s"] < 0:
+        raise ValueError("VM_AUTOPILOT_EXPLORE_INTERVAL_S must be 0 or more")
+    if not 0 <= values["autopilot_max_explore_share"] <= 1:
+        raise ValueError("VM_AUTOPILOT_MAX_EXPLORE_SHARE must be between 0 and 1")
+    if values["autopilot_max_concurrent_trials"] < 1:
+        raise ValueError("VM_AUTOPILOT_MAX_CONCURRENT_TRIALS must be at least 1")
+    for name in ("autopilot_target_rate_per_hour", "autopilot_max_dph_total",
+                 "autopilot_max_instances"):
+        value = values[name]
+        if value is None:
+            if values["autopilot"]:
+                raise ValueError(f"{_BY_NAME[name].env} must be set to run the autopilot "
+                                 "(its caps are hard limits, with no default)")
+        elif not value > 0:
+            raise ValueError(f"{_BY_NAME[name].env} must be positive")
 
 
 def check_admin_token(token: str) -> None:

@@ -21,8 +21,8 @@ from fakes_provider import FakeProvider, offer
 from vast_manager.coordinator.cli.text_views import render_instance
 
 # A fleet of offers: two measured honestly before each attack (4243: 1x 4090 at 60/h,
-# 4245: 1x 3090 at 40/h), the attacker's (4242 or 4244), and the unmeasured ones whose
-# predictions come from the measured (4x 4090: 60 x 4 x the fleet's scaling efficiency).
+# 4245: 1x 3090 at 40/h), the attacker's (4242 or 4244), and the unmeasured ones the
+# rate model predicts from what was measured.
 OFFERS = [
     offer(9001, 4242, dph_total=0.40),
     offer(9002, 4243, dph_total=0.40),
@@ -76,7 +76,8 @@ class Standing:
 
     def __init__(self, perf: list[dict[str, Any]], offers: list[dict[str, Any]]) -> None:
         self.perf = perf
-        self.predictions = {o["id"]: (o["predicted_rate_per_hour"], o["prediction_basis"])
+        self.predictions = {o["id"]: (o["predicted_rate_per_hour"], o["prediction_basis"],
+                                      o["predicted_rate_low"], o["predicted_rate_high"])
                             for o in offers}
         self.order = [o["id"] for o in offers]
 
@@ -89,6 +90,8 @@ class Standing:
 
 
 async def standing(h: Harness) -> Standing:
+    # The rate model as it would be once refitted on whatever the attack left behind.
+    await h.core.models.refresh()
     _, perf = await h.admin("GET", "/api/host-perf")
     _, offers = await h.admin("GET", "/api/offers")
     return Standing(perf, offers)
@@ -119,7 +122,14 @@ async def test_the_honest_fleet_is_measured_and_ranked(h: Harness) -> None:
     now = await standing(h)
     assert sorted((p["machine_id"], p["median_rate_per_hour"]) for p in now.perf) == [
         ("4243", 60.0), ("4245", 40.0)]
-    assert now.predictions[9004][0] == pytest.approx(60.0 * 4 * 0.75)  # default efficiency
+    assert {m["machine_id"] for m in h.store.measurements()} == {"4243", "4245"}
+    # The measured machines' offers are pinned by their own runs; every offer has an
+    # interval, widest where nothing like it was measured.
+    _, basis, low, high = now.predictions[9002]
+    assert low < 60.0 < high and "this machine x" in basis
+    assert now.predictions[9005][2] < 40.0 < now.predictions[9005][3]
+    four = now.predictions[9004]
+    assert four[2] < four[0] < four[3]
 
 
 async def test_one_gpu_named_64_times_with_500_proofs_in_85_s(h: Harness) -> None:
@@ -261,14 +271,18 @@ async def test_a_scaling_run_that_claims_other_rates_than_measured(h: Harness) -
     await assert_flagged(h, agent, "scaling", "implausible", "the coordinator measured")
 
 
-async def test_an_honest_scaling_result_moves_the_prediction(h: Harness) -> None:
-    """The control: the same flow told truthfully does reach the ranking."""
+async def test_an_honest_benchmark_moves_the_prediction(h: Harness) -> None:
+    """The control: the same flow told truthfully does reach the ranking (its all-GPU
+    benchmark is a measurement; the scaling run after it is not one)."""
     agent, before = await scaling_after_a_benchmark(h, (120.0, 72.0), 24, 1200.0)
     stored = h.store.find_result(agent.agent_id, "scaling")
     assert stored is not None and stored["flags"] == ""
-    rate, basis = (await standing(h)).predictions[9004]
-    assert rate == pytest.approx(60.0 * 4 * 120.0 / (2 * 72.0), abs=0.05)
-    assert "fleet measured" in basis and before.predictions[9004][0] == pytest.approx(180.0)
+    machines = [m["machine_id"] for m in h.store.measurements()]
+    assert sorted(machines) == ["4243", "4244", "4245"]
+    after = await standing(h)
+    assert after.predictions == before.predictions  # the scaling run moved nothing
+    _, basis, low, high = after.predictions[9003]
+    assert low < 120.0 < high and "this machine x" in basis
 
 
 async def test_a_bring_your_own_agent_is_watched_in_real_seconds(

@@ -54,16 +54,17 @@ def test_with_much_data_the_true_rates_fall_in_the_intervals() -> None:
 
 
 def test_an_unmeasured_gpu_model_is_less_certain_where_the_gpu_binds() -> None:
-    model = fit_rate_model([m for m in measurements(200) if m.offer["gpu_name"] != "RTX 5090"])
+    model = fit_rate_model(measurements(200))
     base = dict(local_offers()[0])
     base.pop("sim")
-    # Plenty of CPU and RAM for one card: the GPU is what limits it.
+    # Plenty of CPU and RAM for one card: the GPU is what limits it (an RTX 5090 would
+    # not: cuzk's 18 syntheses at once bind it first).
     roomy = {**base, "cpu_cores": 128, "cpu_cores_effective": 128, "cpu_ram": 1_024_000}
     known = model.predict(roomy)
-    unknown = model.predict({**roomy, "gpu_name": "RTX 5090", "gpu_mem_bw": 1792.0})
+    unknown = model.predict({**roomy, "gpu_name": "RTX 5080", "gpu_mem_bw": 960.0})
     assert known.bottleneck == unknown.bottleneck == "gpu"
     assert _width(unknown) > _width(known)
-    assert any("no RTX 5090 measured yet" in n for n in unknown.novelty)
+    assert any("no RTX 5080 measured yet" in n for n in unknown.novelty)
     assert not known.novelty
 
 

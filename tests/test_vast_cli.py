@@ -127,7 +127,9 @@ async def test_offers_deploy_destroy_through_the_cli(served: Served) -> None:
     # The default filter leaves out the $1.40 offer; the search went to the fake with
     # the account key in the header only.
     assert sorted(r["id"] for r in rows) == [9101, 9102]
-    assert all(r["prediction_basis"].startswith("explore") for r in rows)
+    # Nothing measured yet: the rate model's priors alone, which say so.
+    assert all(r["known"] is False and r["predicted_rate_low"] < r["predicted_rate_high"]
+               and "measured yet" in r["prediction_basis"] for r in rows)
     (search,) = fake.calls("POST", "/api/v0/bundles/")
     assert search.headers["Authorization"] == f"Bearer {FAKE_API_KEY}"
     assert search.body["dph_total"] == {"lte": "0.9"}

@@ -8,11 +8,13 @@ round by round (``tick``), so nothing sleeps.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from coord_support import Harness, result_msg, start
 from fakes_provider import FakeClock
@@ -312,56 +314,66 @@ async def test_result_alone_on_its_machine_counts(env: Env) -> None:
     assert perf["machine_id"] == "51001"
 
 
-# --- acceptance 6: one ranking basis each, through GET /api/offers -----------------------
+# --- acceptance 6: offers ranked by the rate model, through GET /api/offers --------------
 
 
-async def test_offers_ranked_with_each_prediction_basis(env: Env) -> None:
-    fake, now = env.fake, env.clock.now
+def _reference_rate(basis: str) -> float:
+    return float(basis.split("vs reference ")[1].split("/h")[0])
+
+
+async def test_offers_ranked_by_the_rate_model_from_the_fleets_results(env: Env) -> None:
+    fake = env.fake
     for offer_id in list(fake.offers):
         fake.remove_offer(offer_id)
-    fake.add_offer(9201, 61001, gpu_name="RTX 4090", dph_total=0.42)  # measured itself
-    fake.add_offer(9202, 61002, gpu_name="RTX 4090", dph_total=0.45)  # model measured elsewhere
-    fake.add_offer(9203, 61003, gpu_name="RTX 4090", num_gpus=2, dph_total=0.88)  # 1x * 2 * eff
-    fake.add_offer(9204, 61004, gpu_name="RTX 5090", dph_total=0.60)  # never measured
+    deployed = fake.add_offer(9201, 61001, gpu_name="RTX 4090", dph_total=0.42)
+    fake.add_offer(9202, 61002, gpu_name="RTX 4090", dph_total=0.45)  # the same, unmeasured
+    fake.add_offer(9204, 61004, gpu_name="RTX 5090", dph_total=0.60)  # no 5090 measured
     fake.add_offer(9205, 61005, gpu_name="RTX 4090", dph_total=0.20)  # on bad_hosts
+    await env.h.store.write(lambda tx: tx.add_bad_host("61005", reason="slow",
+                                                       source="operator", now=env.clock.now))
+    # A benchmark of machine 61001 through the real path: its result is kept with the
+    # offer it was deployed from, and the model learns from it.
+    d = await env.deployed(9201)
+    agent = env.h.agent(d["agent_id"])
+    await agent.hello()
+    await agent.heartbeat("benchmarking")
+    env.clock.advance(800)
+    status, data = await agent.post("/v1/result", result_msg("r-1", proofs=12,
+                                                             wall_seconds=720.0))
+    assert status == 200, data
+    (m,) = env.h.store.measurements()
+    assert m["source"] == "fleet" and m["machine_id"] == "61001"
+    assert m["rate_per_hour"] == pytest.approx(60.0)
+    fake.add_offer(9203, 61001, gpu_name="RTX 4090", dph_total=0.42)  # listed again
+    kept = orjson.loads(m["offer_json"])  # the offer as deployed, whole
+    for name in ("machine_id", "gpu_name", "num_gpus", "cpu_name", "cpu_cores",
+                 "cpu_cores_effective", "cpu_ram", "pcie_bw", "inet_down", "dph_total"):
+        assert kept[name] == deployed[name], name
+    await env.h.core.models.refresh()
 
-    def seed(tx: Any) -> None:
-        for machine, rate in (("61001", 60.0), ("61005", 61.0)):
-            tx.record_measurement(machine_id=machine, gpu_name="RTX 4090", num_gpus=1,
-                                  rate_per_hour=rate, dph_total=0.4, now=now)
-        tx.insert_scaling({"machine_id": "70000", "gpu_name": "RTX 3090", "num_gpus": 4,
-                           "rate_all_per_hour": 90.0, "rate_one_per_hour": 25.0,
-                           "efficiency": 0.9, "created_at": now})
-        tx.add_bad_host("61005", reason="slow", source="operator", now=now)
-
-    await env.h.store.write(seed)
     status, rows = await env.h.admin("GET", "/api/offers")
     assert status == 200, rows
     by_id = {r["id"]: r for r in rows}
     assert [r["id"] for r in rows][-1] == 9205 and by_id[9205]["bad_host"] is True
+    for r in rows:
+        low, mid, high = (r["predicted_rate_low"], r["predicted_rate_per_hour"],
+                          r["predicted_rate_high"])
+        assert low < mid < high
+        assert r["predicted_usd_per_proof"] == pytest.approx(r["dph_total"] / mid, abs=1e-6)
+        # The factors multiply the reference host's rate into the prediction.
+        product = math.prod(f["factor"] for f in r["prediction_factors"])
+        assert product * _reference_rate(r["prediction_basis"]) == pytest.approx(mid, rel=0.02)
+        assert r["prediction_basis"].startswith(f"{low:.0f}-{high:.0f}/h (80%)")
 
-    own = by_id[9201]
-    assert own["known"] is True and own["predicted_rate_per_hour"] == 60.0
-    assert own["prediction_basis"] == "machine 61001: median 60.0/h over 1 run"
-    assert own["predicted_usd_per_proof"] == pytest.approx(0.42 / 60.0, abs=1e-6)
-
-    elsewhere = by_id[9202]
-    assert elsewhere["known"] is False
-    assert elsewhere["predicted_rate_per_hour"] == 60.5  # median of 60 and 61
-    assert elsewhere["prediction_basis"].startswith("1x RTX 4090 on 2 other machines")
-
-    scaled = by_id[9203]
-    assert scaled["predicted_rate_per_hour"] == pytest.approx(60.5 * 2 * 0.9, abs=1e-3)
-    assert "x 2 GPUs x efficiency 0.90 (fleet measured)" in scaled["prediction_basis"]
-
-    explore = by_id[9204]
-    assert explore["predicted_rate_per_hour"] is None
-    assert explore["predicted_usd_per_proof"] is None
-    assert explore["prediction_basis"] == (
-        "explore: no measurements of 1x RTX 5090 with 240-360 GB of RAM yet")
-
-    # Best predicted $/proof first, then the unknowns, bad hosts last.
-    assert [r["id"] for r in rows] == [9201, 9202, 9203, 9204, 9205]
+    own, twin, unseen = by_id[9203], by_id[9202], by_id[9204]
+    assert own["known"] is True and twin["known"] is False and unseen["known"] is False
+    # Its own run pins the measured machine near its rate; a twin of it is less certain,
+    # a GPU model nobody measured less still.
+    assert own["predicted_rate_low"] < 60.0 < own["predicted_rate_high"]
+    assert "this machine x" in own["prediction_basis"]
+    widths = [r["predicted_rate_high"] / r["predicted_rate_low"] for r in (own, twin, unseen)]
+    assert widths == sorted(widths)
+    assert "no RTX 5090 measured yet" in unseen["prediction_basis"]
 
 
 async def test_vanished_instance_listed_again_is_destroyed(env: Env) -> None:

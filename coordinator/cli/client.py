@@ -69,9 +69,14 @@ class OperatorClient:
         path: str,
         body: Any = None,
         query: dict[str, Any] | None = None,
+        *,
+        data: bytes | None = None,
+        content_type: str = "application/json",
     ) -> bytes:
-        """The answer's bytes as the coordinator sent them (a 2xx); OperatorError otherwise."""
-        return self._exchange(method, path, body, query)[0]
+        """The answer's bytes as the coordinator sent them (a 2xx); OperatorError otherwise.
+        ``data``: a body sent as it is (``content_type``), instead of ``body`` as JSON."""
+        return self._exchange(method, path, body, query, data=data,
+                              content_type=content_type)[0]
 
     def _exchange(
         self,
@@ -79,6 +84,9 @@ class OperatorClient:
         path: str,
         body: Any = None,
         query: dict[str, Any] | None = None,
+        *,
+        data: bytes | None = None,
+        content_type: str = "application/json",
     ) -> tuple[bytes, str | None]:
         """``request_raw``'s bytes, and the answer's ``Link`` header (None without one)."""
         if not self.token:
@@ -97,10 +105,11 @@ class OperatorClient:
             clean = {k: v for k, v in query.items() if v is not None}
             if clean:
                 path += "?" + urllib.parse.urlencode(clean)
-        data = orjson.dumps(body) if body is not None else None
+        if data is None and body is not None:
+            data = orjson.dumps(body)
         headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
         if data is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
         connection_class = (http.client.HTTPSConnection if target.scheme == "https"
                             else http.client.HTTPConnection)
         conn = connection_class(target.hostname, port, timeout=self.timeout_s)

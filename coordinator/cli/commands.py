@@ -122,6 +122,18 @@ def cli() -> None:
               help="Serve /metrics without the admin token (env VM_METRICS_PUBLIC).")
 @click.option("--log-json", is_flag=True, default=None,
               help="Log one JSON object per line on stderr (env VM_LOG_FORMAT=json).")
+@click.option("--autopilot", "autopilot", is_flag=True, default=None,
+              help="Run the autopilot (off by default; env VM_AUTOPILOT): it keeps the fleet "
+              "at --target-rate for the least per proof, within the caps below.")
+@click.option("--target-rate", type=float, default=None, metavar="PROOFS_PER_HOUR",
+              help="Autopilot: the fleet's target rate (env VM_AUTOPILOT_TARGET_RATE_PER_HOUR).")
+@click.option("--max-dph", type=float, default=None, metavar="USD_PER_HOUR",
+              help="Autopilot: hard cap on the fleet's $/hour (env VM_AUTOPILOT_MAX_DPH_TOTAL).")
+@click.option("--max-instances", type=int, default=None,
+              help="Autopilot: hard cap on instances (env VM_AUTOPILOT_MAX_INSTANCES).")
+@click.option("--explore-share", type=float, default=None, metavar="0-1",
+              help="Autopilot: trials' most share of spend, 0-1 [default: 0.15] (env "
+              "VM_AUTOPILOT_MAX_EXPLORE_SHARE).")
 def serve(
     db_path: str | None,
     host: str | None,
@@ -132,6 +144,11 @@ def serve(
     admin_listen: str | None,
     metrics_public: bool | None,
     log_json: bool | None,
+    autopilot: bool | None,
+    target_rate: float | None,
+    max_dph: float | None,
+    max_instances: int | None,
+    explore_share: float | None,
 ) -> None:
     """Run the coordinator: agent endpoints, operator API, web dashboard (at /),
     /metrics, monitor loop.
@@ -142,11 +159,17 @@ def serve(
     admin-token in the config directory instead). Log in to the dashboard
     with the admin token.
 
+    With --autopilot the coordinator deploys and terminates by itself (every
+    action an event with its reason); `vast-manager autopilot stop` stops it,
+    and a restart does not resume it until `vast-manager autopilot start`.
+
     \b
     Examples:
       VM_ADMIN_TOKEN=$(openssl rand -hex 24) vast-manager serve --db fleet.db
       vast-manager serve --host 0.0.0.0 --port 8420 --admin-listen 127.0.0.1:8421 \\
           --tls-cert fullchain.pem --tls-key privkey.pem --log-json
+      vast-manager serve --provider vast --autopilot --target-rate 400 --max-dph 4 \\
+          --max-instances 12
     """
     from vast_manager.coordinator.settings import Settings
     from vast_manager.coordinator.web.server import ServeConfigError, run_server
@@ -156,6 +179,11 @@ def serve(
         "tls_key": tls_key, "admin_listen": admin_listen,
         "metrics_public": True if metrics_public else None,
         "log_format": "json" if log_json else None,
+        "autopilot": True if autopilot else None,
+        "autopilot_target_rate_per_hour": target_rate,
+        "autopilot_max_dph_total": max_dph,
+        "autopilot_max_instances": max_instances,
+        "autopilot_max_explore_share": explore_share,
     }
     overrides = {name: value for name, value in options.items() if value is not None}
     try:
@@ -290,16 +318,22 @@ def instance(client: OperatorClient, instance_id: int, as_json: bool) -> None:
     click.echo(render_instance(data))
 
 
-@cli.command()
+@cli.group(invoke_without_command=True)
 @json_option
 @operator_options
-def hosts(client: OperatorClient, as_json: bool) -> None:
-    """Measured hosts (host_perf): best and median rate, samples, cost per proof.
+@click.pass_context
+def hosts(ctx: click.Context, client: OperatorClient, as_json: bool) -> None:
+    """Measured hosts (host_perf): best and median rate, samples (of them imported), cost
+    per proof; `hosts import` and `hosts export` carry measurements in and out.
 
     \b
-    Example:
+    Examples:
       vast-manager hosts --json
+      vast-manager hosts export > fleet.jsonl
+      vast-manager hosts import earlier-manager.jsonl
     """
+    if ctx.invoked_subcommand is not None:
+        return
     rows = client.get("/api/host-perf")
     if as_json:
         echo_json(rows)
@@ -318,13 +352,75 @@ def hosts(client: OperatorClient, as_json: bool) -> None:
                     render.num(r.get("best_rate_per_hour")),
                     render.num(r.get("last_rate_per_hour")),
                     r.get("samples"),
+                    r.get("imported_samples") or 0,
                     render.usd(r.get("usd_per_proof")),
                 )
                 for r in rows
             ),
-            ["MACHINE", "GPU", "N", "MEDIAN/H", "BEST/H", "LAST/H", "SAMPLES", "$/PROOF"],
+            ["MACHINE", "GPU", "N", "MEDIAN/H", "BEST/H", "LAST/H", "SAMPLES", "IMPORTED",
+             "$/PROOF"],
         )
     )
+
+
+@hosts.command("import")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@operator_options
+def hosts_import(client: OperatorClient, file: str) -> None:
+    """Import measurements from a JSON Lines file (`-`: stdin), one a line:
+    {"machine_id", "offer": {vast.ai offer fields}, "rate_per_hour", "measured_at"}.
+
+    They count in host_perf and the rate model like the fleet's own, marked
+    imported. A malformed line is reported with its number and field, and
+    nothing of the file is written; a measurement already known is skipped.
+
+    \b
+    Example:
+      vast-manager hosts import earlier-manager.jsonl
+    """
+    from vast_manager.coordinator.discovery.measurements import MAX_IMPORT_BYTES, NDJSON
+
+    try:
+        if file == "-":
+            data = sys.stdin.buffer.read(MAX_IMPORT_BYTES + 1)
+        else:
+            with open(file, "rb") as f:
+                data = f.read(MAX_IMPORT_BYTES + 1)
+    except OSError as err:
+        raise click.ClickException(f"cannot read {file}: {err.strerror}") from None
+    if len(data) > MAX_IMPORT_BYTES:
+        raise click.ClickException(
+            f"{file} is larger than the {MAX_IMPORT_BYTES // (1024 * 1024)} MiB one import "
+            "takes; split it into parts (each part is imported whole or not at all)")
+    answer = orjson.loads(client.request_raw("POST", "/api/hosts/import", data=data,
+                                             content_type=NDJSON) or b"{}")
+    click.echo(clean(answer.get("message") or "Imported."))
+
+
+@hosts.command("export")
+@click.option("--source", type=click.Choice(["fleet", "imported"]), default=None,
+              help="Only the fleet's own measurements, or only imported ones [default: all].")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write to this file [default: stdout].")
+@operator_options
+def hosts_export(client: OperatorClient, source: str | None, output: str | None) -> None:
+    """Every measurement with the hardware it ran on, as JSON Lines (the shape
+    `hosts import` reads, with "source": fleet or imported).
+
+    \b
+    Example:
+      vast-manager hosts export --source fleet > fleet.jsonl
+    """
+    query = f"?source={source}" if source else ""
+    data = client.request_raw("GET", "/api/hosts/export" + query)
+    if output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    with open(output, "wb") as f:
+        f.write(data)
+    lines = data.count(b"\n")
+    click.echo(f"{lines} measurement(s) written to {clean(output)}.", err=True)
 
 
 @cli.group("bad-hosts")
@@ -542,14 +638,20 @@ def agents_revoke(client: OperatorClient, agent_id: str) -> None:
 def offers(client: OperatorClient, filter_text: str | None, as_json: bool) -> None:
     """Offers ranked by predicted cost per proof, with the basis of each prediction.
 
-    CPU and RAM are what the instance gets, its share of the host (vast.ai lists
-    the whole host's): an offer whose share is below VM_MIN_INSTANCE_RAM_GB is
-    flagged TOO-SMALL, with the reason as its basis, and deploys refuse it.
+    The rate model (docs/discovery.md) predicts each offer's proofs/hour from its
+    hardware and the fleet's measurements: PRED/H is the median and, in
+    brackets, the 80% interval of the host's true rate; the basis names the
+    factors that moved it. CPU and RAM are what the instance gets, its share of
+    the host (vast.ai lists the whole host's): an offer whose share is below
+    VM_MIN_INSTANCE_RAM_GB is flagged TOO-SMALL, with the reason as its basis,
+    and deploys refuse it.
 
     \b
     Example:
       vast-manager offers --filter "gpu_name=RTX_4090 cpu_ram>=240"
     """
+    from vast_manager.coordinator.cli.text_views import predicted_interval
+
     rows = client.get("/api/offers", filter=filter_text)
     if as_json:
         echo_json(rows)
@@ -564,7 +666,7 @@ def offers(client: OperatorClient, filter_text: str | None, as_json: bool) -> No
                     r.get("id"),
                     f"{r.get('num_gpus')}x {r.get('gpu_name')}",
                     render.usd(r.get("dph_total"), 3),
-                    render.num(r.get("predicted_rate_per_hour")),
+                    predicted_interval(r),
                     render.usd(r.get("predicted_usd_per_proof")),
                     render.num(r.get("instance_cpu_cores"), 0),
                     render.num(r.get("instance_ram_gb"), 0, "G"),
@@ -575,8 +677,8 @@ def offers(client: OperatorClient, filter_text: str | None, as_json: bool) -> No
                 )
                 for r in rows
             ),
-            ["OFFER", "GPUS", "$/H", "PRED/H", "$/PROOF", "CPU", "RAM", "PCIE GB/S", "PLACE",
-             "FLAGS", "BASIS"],
+            ["OFFER", "GPUS", "$/H", "PRED/H (80%)", "$/PROOF", "CPU", "RAM", "PCIE GB/S",
+             "PLACE", "FLAGS", "BASIS"],
         )
     )
 
@@ -590,7 +692,7 @@ def _flags(offer: dict[str, Any]) -> str:
     if offer.get("known"):
         flags.append("known")
     if offer.get("predicted_rate_per_hour") is None and not offer.get("too_small"):
-        flags.append("explore")
+        flags.append("unpredicted")
     return ",".join(flags) or "-"
 
 
@@ -629,6 +731,119 @@ def deploy(
         f"Instance {clean(answer.get('instance_id'))} (agent "
         f"{clean(answer.get('agent_id'))}): {clean(answer.get('message'))}"
     )
+
+
+@cli.command()
+@click.option("--trials", type=click.IntRange(1, 100), default=5, show_default=True,
+              help="At most this many proposals.")
+@click.option("--budget-usd", type=click.FloatRange(min=0.0), default=None,
+              help="At most this much spent on the proposed trials, $.")
+@click.option("--filter", "filter_text", default=None,
+              help="Offer filter in vast.ai CLI syntax [default: the coordinator's].")
+@json_option
+@operator_options
+def plan(client: OperatorClient, trials: int, budget_usd: float | None,
+         filter_text: str | None, as_json: bool) -> None:
+    """Which offers to benchmark next, and why: for each, the predicted 80% interval,
+    the break-even rate at its price, the chance it passes its verdict and beats the
+    fleet's best $/proof, the trial's cost, its expected value, and the hypothesis it
+    tests. Proposes nothing when nothing is worth its cost.
+
+    \b
+    Example:
+      vast-manager plan --trials 3 --budget-usd 5
+    """
+    from vast_manager.coordinator.cli.text_views import render_plan
+
+    data = client.get("/api/plan", trials=trials, budget_usd=budget_usd, filter=filter_text)
+    if as_json:
+        echo_json(data)
+        return
+    click.echo(render_plan(data))
+
+
+@cli.command()
+@json_option
+@operator_options
+def model(client: OperatorClient, as_json: bool) -> None:
+    """What the rate model learned from the measurements: its spreads, the capacities'
+    scales, each GPU model's and CPU family's factor.
+
+    \b
+    Example:
+      vast-manager model --json
+    """
+    data = client.get("/api/model")
+    if as_json:
+        echo_json(data)
+        return
+    click.echo(
+        f"Rate model on {data.get('measurements')} measurement(s) of {data.get('machines')} "
+        f"machine(s) ({data.get('imported')} imported, {data.get('skipped')} unreadable), "
+        f"fitted {render.ago(data.get('fitted_at'))} in {render.num(data.get('fit_seconds'), 2)} s"
+    )
+    click.echo(f"  host spread {render.num(data.get('sigma_host'), 3)}, benchmark noise "
+               f"{render.num(data.get('sigma_noise'), 3)} (log rate); new hosts' intervals x"
+               f"{render.num(data.get('interval_scale'), 2)} (calibrated on measured machines)")
+    for group in ("gpu_models", "cpu_families"):
+        factors = data.get(group) or {}
+        if factors:
+            click.echo(f"  {group.replace('_', ' ')}: " + ", ".join(
+                f"{clean(k)} x{float(v):.2f}" for k, v in sorted(factors.items())))
+
+
+@cli.group()
+def autopilot() -> None:
+    """The autopilot (`serve --autopilot`): what it did and why, stop it, start it."""
+
+
+@autopilot.command("status")
+@click.option("--events", "limit", type=click.IntRange(1, 1000), default=20, show_default=True,
+              help="How many of its latest actions to show.")
+@json_option
+@operator_options
+def autopilot_status(client: OperatorClient, limit: int, as_json: bool) -> None:
+    """Its state, caps and last decision, and its latest actions with their reasons.
+
+    \b
+    Example:
+      vast-manager autopilot status
+    """
+    from vast_manager.coordinator.cli.text_views import render_autopilot
+
+    data = client.get("/api/autopilot", limit=limit)
+    if as_json:
+        echo_json(data)
+        return
+    click.echo(render_autopilot(data))
+
+
+@autopilot.command("stop")
+@click.option("--reason", default=None, help="Why (kept with the stop).")
+@operator_options
+def autopilot_stop(client: OperatorClient, reason: str | None) -> None:
+    """Stop the autopilot now. It stays stopped across restarts until `autopilot start`;
+    instances it deployed keep running.
+
+    \b
+    Example:
+      vast-manager autopilot stop --reason "budget review"
+    """
+    answer = client.post("/api/autopilot/stop", {"reason": reason} if reason else {})
+    click.echo(clean((answer or {}).get("message") or "The autopilot is stopped."))
+
+
+@autopilot.command("start")
+@operator_options
+def autopilot_start(client: OperatorClient) -> None:
+    """Resume the autopilot of a coordinator served with --autopilot.
+
+    \b
+    Example:
+      vast-manager autopilot start
+    """
+    answer = client.post("/api/autopilot/start")
+    click.echo(clean((answer or {}).get("message") or "The autopilot is running."))
 
 
 @cli.command()

@@ -174,6 +174,7 @@ async def _demo(
         port=0,
         next_heartbeat_s=1,
         monitor_interval_s=1.0,
+        model_refit_interval_s=1.0,
         terminate_grace_s=3.0,
         config_dir=str(workdir / "config"),
         sim_time_scale=time_scale,
@@ -277,22 +278,38 @@ async def _report(api: _Api, rows: list[dict[str, Any]]) -> int:
     print("\n== Multi-GPU scaling (simulated)")
     print(render_scaling(await api.call("GET", "/api/scaling")))
 
+    from vast_manager.coordinator.cli.text_views import predicted_interval, render_plan
+
+    # The rate model learns from every counted benchmark, refitted off the event loop as
+    # results arrive: wait for the fit that has them all.
+    counted = sum(int(p.get("samples") or 0) for p in perf)
+    for _ in range(40):
+        model = await api.call("GET", "/api/model")
+        if model.get("measurements", 0) >= counted:
+            break
+        await asyncio.sleep(0.25)
+    print(f"\n== The rate model: fitted on {model.get('measurements')} simulated "
+          f"measurement(s) of {model.get('machines')} machine(s)")
+
+    print("\n== Plan: which offers to benchmark next while the kept hosts prove (simulated)")
+    print(render_plan(await api.call("GET", "/api/plan?trials=3")))
+
     # The demo is over: destroy what is still running, as an operator would,
     # so every catalog offer is rentable again for the ranking below.
     for r in rows:
         if r.get("state") not in FINAL_STATES:
             await api.call("POST", f"/api/instances/{r['id']}/destroy")
 
-    print("\n== Offers ranked by predicted cost per proof (from the simulated measurements)")
+    print("\n== Offers ranked by predicted cost per proof: the rate model's median and 80% "
+          "interval (from the simulated measurements)")
     offers = await api.call("GET", "/api/offers")
     print(render.table(
         ((o["id"], f"{o['num_gpus']}x {o['gpu_name']}", render.usd(o["dph_total"], 2),
-          render.num(o.get("predicted_rate_per_hour")),
-          render.usd(o.get("predicted_usd_per_proof")),
+          predicted_interval(o), render.usd(o.get("predicted_usd_per_proof")),
           "BAD-HOST" if o.get("bad_host") else "TOO-SMALL" if o.get("too_small") else "-",
           o.get("prediction_basis"))
          for o in offers),
-        ["OFFER", "GPUS", "$/H", "PRED/H", "$/PROOF", "FLAGS", "BASIS"],
+        ["OFFER", "GPUS", "$/H", "PRED/H (80%)", "$/PROOF", "FLAGS", "BASIS"],
     ))
     ok = kept >= 1 and terminated_for_rate >= 1
     print(f"\n{kept} kept, {terminated_for_rate} terminated below their minimum rate.")

@@ -121,13 +121,22 @@ def render_instance(data: dict[str, Any]) -> str:
         for r in results:
             for why in r.get("flag_reasons") or []:
                 lines.append(f"  {clean(r.get('result_id'))}: {clean(why)}")
-    events = data.get("events") or []
-    if events:
-        lines += ["", "Decisions:"]
-        for e in events[-15:]:
-            ts = time.strftime("%H:%M:%S", time.localtime(float(e.get("ts") or 0)))
-            lines.append(f"  {ts} {clean(e.get('kind'))}: {clean(e.get('reason'))}")
+    lines += event_lines(data.get("events") or [], "Decisions:", 15, "%H:%M:%S", kind=True)
     return "\n".join(lines)
+
+
+def event_lines(events: list[dict[str, Any]], title: str, last: int, clock: str, *,
+                kind: bool) -> list[str]:
+    """The ``last`` events under ``title`` (nothing when there are none), each with its
+    time and reason (and kind)."""
+    if not events:
+        return []
+    out = ["", title]
+    for e in events[-last:]:
+        ts = time.strftime(clock, time.localtime(float(e.get("ts") or 0)))
+        what = f"{clean(e.get('kind'))}: " if kind else ""
+        out.append(f"  {ts} {what}{clean(e.get('reason'))}")
+    return out
 
 
 def render_scaling(rows: list[dict[str, Any]]) -> str:
@@ -156,3 +165,93 @@ def render_scaling(rows: list[dict[str, Any]]) -> str:
         for ev in r.get("evidence") or []:
             out.append(f"    - {clean(ev)}")
     return "\n".join(out)
+
+
+def predicted_interval(row: dict[str, Any]) -> str:
+    """'61.0 (50-72)': the median and the 80% interval of a predicted rate, or '-'."""
+    mid = row.get("predicted_rate_per_hour")
+    if mid is None:
+        return "-"
+    low, high = row.get("predicted_rate_low"), row.get("predicted_rate_high")
+    if low is None or high is None:
+        return render.num(mid)
+    return f"{render.num(mid)} ({render.num(low, 0)}-{render.num(high, 0)})"
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None else f"{100.0 * float(value):.0f}%"
+
+
+def render_plan(data: dict[str, Any]) -> str:
+    """The plan: each proposed trial with its numbers, then its hypothesis and basis."""
+    best = data.get("best_usd_per_proof")
+    target = data.get("target_rate_per_hour")
+    reference = render.usd(data.get("reference_usd_per_proof"))
+    lines = [
+        f"Reference: a newcomer is worth keeping below {reference}/proof (fleet's best "
+        f"{render.usd(best) if best else 'none yet'}"
+        + (f", autopilot target {render.num(target)}/h" if target else "") + ")",
+    ]
+    proposals = data.get("proposals") or []
+    if proposals:
+        lines.append(render.table(
+            (
+                (
+                    p.get("offer_id"),
+                    clean(p.get("machine_id")),
+                    f"{p.get('num_gpus')}x {clean(p.get('gpu_name'))}",
+                    render.usd(p.get("dph_total"), 3),
+                    predicted_interval(p),
+                    render.num(p.get("break_even_rate_per_hour")),
+                    _pct(p.get("probability_passes")),
+                    _pct(p.get("probability_beats_best")),
+                    render.usd(p.get("trial_cost_usd"), 2),
+                    render.usd(p.get("expected_value_usd"), 2),
+                )
+                for p in proposals
+            ),
+            ["OFFER", "MACHINE", "GPUS", "$/H", "PRED/H (80%)", "BREAK-EVEN/H", "P(PASS)",
+             "P(BEATS BEST)", "TRIAL $", "EXPECTED $"],
+        ))
+        lines.append("")
+        for p in proposals:
+            lines.append(f"offer {p.get('offer_id')}: {clean(p.get('hypothesis'))}")
+            lines.append(f"    basis: {clean(p.get('prediction_basis'))}")
+    lines.append(f"{len(proposals)} proposed of {data.get('considered')} offers considered "
+                 f"({data.get('worth_trying')} worth their trial): "
+                 f"{clean(data.get('stop_reason'))}")
+    return "\n".join(lines)
+
+
+def render_autopilot(data: dict[str, Any]) -> str:
+    """The autopilot: its switch, caps, last decision and what it did, with the reasons."""
+    state = data.get("state")
+    switch = data.get("switch") or {}
+    lines = [f"Autopilot: {str(state).upper()}"
+             + (f" ({clean(switch.get('reason'))}, {render.ago(switch.get('changed_at'))})"
+                if switch else "")]
+    caps = data.get("caps")
+    if caps:
+        lines.append(
+            f"  target {render.num(caps.get('target_rate_per_hour'))}/h; caps "
+            f"{render.usd(caps.get('max_dph_total'), 2)}/h, {caps.get('max_instances')} "
+            f"instances, trials within {_pct(caps.get('max_explore_share'))} of spend, "
+            f"{caps.get('max_concurrent_trials')} at once, explorations at least "
+            f"{render.num(caps.get('explore_interval_s'), 0)} s apart")
+    else:
+        lines.append("  not configured: serve with --autopilot and its caps")
+    tick = data.get("last_tick")
+    if tick:
+        ledger = tick.get("ledger") or {}
+        lines.append(
+            f"  last decision {render.ago(tick.get('at'))}: fleet "
+            f"{render.num(tick.get('fleet_rate_per_hour'))}/h "
+            f"for {render.usd(tick.get('fleet_dph_total'), 2)}/h, {tick.get('instances')} "
+            f"instances ({tick.get('trials')} on trial); trials {_pct(ledger.get('trial_share'))} "
+            f"of {render.usd(ledger.get('total_usd'), 2)} spent in the last "
+            f"{render.num(ledger.get('window_h'), 0)} h")
+        for note in tick.get("notes") or []:
+            lines.append(f"    holding back: {clean(note)}")
+    lines += event_lines(data.get("events") or [], "What it did, and why:", 1000,
+                         "%m-%d %H:%M:%S", kind=False)
+    return "\n".join(lines)

@@ -8,7 +8,8 @@ here deploys, destroys or reads a clock.
 The rules, in order (docs/discovery.md):
 
 1. **Caps first.** Above ``max_dph_total`` or ``max_instances`` (caps lowered
-   while running), the worst $/proof hosts go until the fleet is within them.
+   while running, instances deployed by hand), the worst $/proof hosts go, then the
+   dearest trials, until the fleet is within them.
 2. **Trim.** While the fleet still meets its target rate without its worst $/proof
    host, that host goes: a better one has replaced it.
 3. **Fill.** Below the target (counting the predicted rates of trials under way),
@@ -63,10 +64,13 @@ class FleetInstance:
     dph_total: float
     rate_per_hour: float | None  # measured; None while it is still before its verdict
     expected_rate_per_hour: float | None = None  # the plan's median, while on trial
+    # Billing still, proving no more (terminating, silent, failed): it counts against the
+    # caps until it is gone, and is neither a trial nor a host to terminate.
+    leaving: bool = False
 
     @property
     def on_trial(self) -> bool:
-        return self.rate_per_hour is None
+        return self.rate_per_hour is None and not self.leaving
 
     @property
     def usd_per_proof(self) -> float:
@@ -83,6 +87,33 @@ class Ledger:
 
 
 @dataclass(frozen=True, slots=True)
+class Rental:
+    """One instance's rent, for the ledger: price, start, end (None: still billing) and
+    when its benchmark verdict came (None: not yet, or never)."""
+
+    dph_total: float
+    started_at: float
+    ended_at: float | None
+    verdict_at: float | None
+
+
+def ledger_of(rentals: Sequence[Rental], *, now: float, since: float,
+              last_exploration_at: float | None) -> Ledger:
+    """Spend since ``since`` (rent at ``dph_total`` from deploy to destroy), and of it the
+    trials' (from deploy to the benchmark verdict, or the end when none came)."""
+    total = trials = 0.0
+    for r in rentals:
+        start = max(r.started_at, since)
+        end = now if r.ended_at is None else min(r.ended_at, now)
+        if end <= start:
+            continue
+        total += r.dph_total * (end - start) / 3600.0
+        trial_end = end if r.verdict_at is None else min(max(r.verdict_at, start), end)
+        trials += r.dph_total * (trial_end - start) / 3600.0
+    return Ledger(total_usd=total, trials_usd=trials, last_exploration_at=last_exploration_at)
+
+
+@dataclass(frozen=True, slots=True)
 class Action:
     kind: Literal["deploy", "terminate"]
     reason: str
@@ -93,6 +124,7 @@ class Action:
     dph_total: float = 0.0
     expected_rate_per_hour: float | None = None
     trial_cost_usd: float = 0.0
+    trial_share: float | None = None  # an exploration's: trials' share of spend with it
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +149,7 @@ def clearing_usd_per_proof(
     when it beats this; it is at most ``max_usd_per_proof``.
     """
     supply = [(i.usd_per_proof, float(i.rate_per_hour)) for i in instances
-              if i.rate_per_hour]
+              if i.rate_per_hour and not i.leaving]
     best: dict[str, tuple[float, float]] = {}
     for n, (machine, dph, rate) in enumerate(offers):
         if rate <= 0 or dph <= 0:
@@ -150,17 +182,19 @@ def plan_reference_usd_per_proof(
     """
     clearing = clearing_usd_per_proof(instances, offers, target_rate_per_hour,
                                       max_usd_per_proof)
-    proving = [i for i in instances if not i.on_trial]
-    if sum(i.rate_per_hour or 0.0 for i in proving) < target_rate_per_hour:
+    proving = [i for i in instances if i.rate_per_hour and not i.leaving]
+    if not proving or sum(i.rate_per_hour or 0.0 for i in proving) < target_rate_per_hour:
         return clearing
     return min(clearing, max(i.usd_per_proof for i in proving))
 
 
-def _deploy(p: Proposal, reason: str, *, exploration: bool) -> Action:
+def _deploy(p: Proposal, reason: str, *, exploration: bool,
+            trial_share: float | None = None) -> Action:
     return Action(
         kind="deploy", reason=reason, offer_id=p.offer_id, machine_id=p.machine_id,
         exploration=exploration, dph_total=p.dph_total,
         expected_rate_per_hour=p.prediction.rate_per_hour, trial_cost_usd=p.trial_cost_usd,
+        trial_share=trial_share,
     )
 
 
@@ -188,21 +222,25 @@ def decide(
         return sum(i.dph_total for i in live)
 
     def rate() -> float:
-        return sum(i.rate_per_hour or 0.0 for i in live)
+        return sum(i.rate_per_hour or 0.0 for i in live if not i.leaving)
 
     def worst_first() -> list[FleetInstance]:
-        return sorted((i for i in live if not i.on_trial), key=lambda i: -i.usd_per_proof)
+        return sorted((i for i in live if i.rate_per_hour is not None and not i.leaving),
+                      key=lambda i: -i.usd_per_proof)
 
-    # 1. Caps.
-    for host in worst_first():
+    # 1. Caps: the worst proving hosts first, then trials, dearest first (a cap lowered,
+    # or instances deployed by hand, can leave the fleet over one).
+    trials_dearest = sorted((i for i in live if i.on_trial), key=lambda i: -i.dph_total)
+    for host in [*worst_first(), *trials_dearest]:
         over_dph = dph() > caps.max_dph_total + 1e-9
         over_count = len(live) > caps.max_instances
         if not (over_dph or over_count):
             break
         why = (f"the fleet costs ${dph():.2f}/h, over the ${caps.max_dph_total:.2f}/h cap"
                if over_dph else f"{len(live)} instances, over the cap of {caps.max_instances}")
-        actions.append(_terminate(host, f"{why}; its ${host.usd_per_proof:.4f}/proof is the "
-                                        "fleet's worst"))
+        which = ("it is the dearest trial under way" if host.on_trial
+                 else f"its ${host.usd_per_proof:.4f}/proof is the fleet's worst")
+        actions.append(_terminate(host, f"{why}; {which}"))
         live.remove(host)
 
     # 2. Trim.
@@ -238,6 +276,7 @@ def decide(
             notes.append(f"offer {p.offer_id} at ${p.dph_total:.2f}/h would take the fleet past "
                          f"the ${caps.max_dph_total:.2f}/h cap")
             continue
+        share: float | None = None
         if short > 0:
             reason = (f"fleet at {rate():.1f}/h of the {target:.1f}/h target ({pending:.1f}/h "
                       f"on trial); expected value ${p.expected_value_usd:.2f} for a "
@@ -261,7 +300,7 @@ def decide(
                       f"${p.expected_value_usd:.2f} for a ${p.trial_cost_usd:.2f} trial: "
                       f"{p.hypothesis}")
             exploration = explored = True
-        actions.append(_deploy(p, reason, exploration=exploration))
+        actions.append(_deploy(p, reason, exploration=exploration, trial_share=share))
         live.append(FleetInstance(f"pending:{p.offer_id}", p.machine_id or f"offer:{p.offer_id}",
                                   p.dph_total, None, p.prediction.rate_per_hour))
         taken.add(p.machine_id or "")

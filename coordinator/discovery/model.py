@@ -85,12 +85,13 @@ class Priors:
     pcie_rate_per_gbps_hour: float = 3600.0 / (10 * 48.0)  # = 3600 / (10 x upload GB)
     pcie_scale_sd: float = 0.5
     # Memory (Little's law): partitions in flight / how long each holds its RAM. cuzk's
-    # memory "scales linearly as ~69 + pw x 20 GiB" (pw = partitions in flight), plus
-    # ~8 GiB for the OS and the safety margin; one is always admitted. Each holds its RAM
-    # while it is synthesised (~29 s on an idle host, faster on faster cores) and
-    # uploaded (48 GB over PCIe). Calibrated so 128 GiB gives cuzk's table figure,
-    # 152 s/proof (23.7/h), on a PCIe 4 x16 reference rig.
-    ram_resident_gib: float = 77.0
+    # budget is MemTotal less a 5 GiB safety margin, of which the SRS keeps 45 GiB and
+    # the PCE 25 (docs/cuzk.md, the memory budget); its memory "scales linearly as ~69 +
+    # pw x 20 GiB" (pw = partitions in flight); whole partitions are admitted, one
+    # always. Each holds its RAM while it is synthesised (~29 s on an idle host, faster
+    # on faster cores) and uploaded (48 GB over PCIe). Calibrated so 128 GiB gives
+    # cuzk's table figure, 152 s/proof (23.7/h), on a PCIe 4 x16 reference rig.
+    ram_resident_gib: float = 75.0
     ram_partition_gib: float = 20.0
     synth_seconds_per_partition: float = 29.0
     upload_gb_per_partition: float = 48.0
@@ -100,6 +101,10 @@ class Priors:
     ram_scale_sd: float = 0.35
     ram_resident_sd: float = 1.0  # in units of 10 GiB
     ram_partition_sd: float = 0.2
+    # cuzk's [pipeline] max_parallel_synthesis default (config.rs; docs/cuzk.md): no more
+    # partitions are synthesised at once, however much RAM there is.
+    max_partitions_in_flight: int = 18
+    partition_step_sharpness: float = 4.0  # a step of the count is ~1/4 partition wide
     sharpness: float = 8.0
     sharpness_sd: float = 0.5
     linear_sd: float = 0.10
@@ -115,6 +120,9 @@ class Priors:
     # An old measurement says less about the machine today: its noise variance
     # grows by one noise variance per this many days of age.
     age_days_per_noise: float = 30.0
+    # The intervals' calibration on measured machines counts fully only once there are
+    # many more machines than this (with few, the spreads' priors speak).
+    interval_calibration_machines: float = 50.0
 
 
 #: The parameters shared by every offer, in the order of the parameter vector.
@@ -279,18 +287,29 @@ def _softplus(z: Array, sharpness: float = 4.0) -> tuple[Array, Array]:
     return value, 1.0 / (1.0 + np.exp(-np.clip(kz, -60.0, 60.0)))
 
 
-def _in_flight(ram_gib: Array, resident_gib: float, partition_gib: float) -> tuple[Array, Array]:
-    """(log partitions RAM holds in flight, d/dx) with x = (RAM - resident) / partition:
-    at least one is always admitted (a smooth floor, so the fit sees a slope near it)."""
+def _in_flight(ram_gib: Array, resident_gib: float, partition_gib: float,
+               priors: Priors) -> tuple[Array, Array]:
+    """(log partitions RAM holds in flight, d/dx) with x = (RAM - resident) / partition.
+
+    cuzk admits whole partitions: each reserves its share of the memory budget before
+    its synthesis, one is always admitted, and at most ``max_parallel_synthesis`` run
+    at once (docs/cuzk.md). So the count is a staircase, floor(x) between 1 and that
+    cap, here with smooth steps (a sum of logistic steps at 2, 3, ...), so the fit
+    sees a slope and a host's hidden RAM shortfall blurs the step."""
     x = (ram_gib - resident_gib) / partition_gib
-    sp, dsp = _softplus(x - 1.0)
-    return np.log1p(sp), dsp / (1.0 + sp)
+    steps = np.arange(2, priors.max_partitions_in_flight + 1, dtype=np.float64)
+    k = priors.partition_step_sharpness
+    z = np.clip(k * (x[:, None] - steps[None, :]), -60.0, 60.0)
+    sig = 1.0 / (1.0 + np.exp(-z))
+    count = 1.0 + sig.sum(axis=1)
+    slope = (k * sig * (1.0 - sig)).sum(axis=1)
+    return np.log(count), slope / count
 
 
 def _ram_calibration(priors: Priors) -> float:
     """log(cuzk's table rate at 128 GiB / Little's law's rate there, unscaled)."""
     log_in_flight, _ = _in_flight(np.array([priors.ram_table_gib]), priors.ram_resident_gib,
-                                  priors.ram_partition_gib)
+                                  priors.ram_partition_gib, priors)
     hold_s = (priors.synth_seconds_per_partition
               + priors.upload_gb_per_partition / priors.ram_table_pcie_gbps)
     return math.log(priors.ram_table_rate_per_hour * hold_s / 360.0) - float(log_in_flight[0])
@@ -322,7 +341,7 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
     hold_s = synth_s + upload_s
     resident = priors.ram_resident_gib + 10.0 * t[_I["ram_resident"]]
     partition = priors.ram_partition_gib * math.exp(t[_I["ram_partition"]])
-    log_in_flight, d_in_flight = _in_flight(d.ram_gib, resident, partition)
+    log_in_flight, d_in_flight = _in_flight(d.ram_gib, resident, partition, priors)
     caps[:, 3] = (log_in_flight + math.log(360.0) - np.log(hold_s) + _ram_calibration(priors)
                   + t[_I["ram_scale"]])
     kappa = math.exp(t[_I["log_sharpness"]])
@@ -392,6 +411,7 @@ class RateModel:
     gpu_runs: Mapping[str, int] = field(default_factory=dict)
     family_runs: Mapping[str, int] = field(default_factory=dict)
     iterations: int = 0
+    interval_scale: float = 1.0  # a new host's interval, calibrated on measured machines
 
     @property
     def n_machines(self) -> int:
@@ -414,6 +434,7 @@ class RateModel:
             "machines": self.n_machines,
             "sigma_host": self.sigma_host,
             "sigma_noise": self.sigma_noise,
+            "interval_scale": self.interval_scale,
             "gpu_rate_per_hour_at_896_gbps": scaled("gpu_scale", p.gpu_rate_per_hour),
             "cpu_rate_per_vcpu_hour_at_ref_ghz": scaled("cpu_scale", p.cpu_rate_per_vcpu_hour),
             "pcie_rate_per_gbps_hour": scaled("pcie_scale", p.pcie_rate_per_gbps_hour),
@@ -489,6 +510,7 @@ class RateModel:
         mean += effects
         var = np.einsum("ij,jk,ik->i", grad, self.cov, grad) + var_extra
         half = np.sqrt(Z80**2 * var + host_q**2) * (t_quantile_90(self.dof) / Z80)
+        half = np.where(runs > 0, half, half * self.interval_scale)
         sd = half / Z80
         shap = self._shapley(d, n_gpu, n_fam) if explain else None
         ref_log = self._reference_log_rate(n_gpu, n_fam) if explain else float("nan")
@@ -751,13 +773,45 @@ def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors) -> R
         for k, mid in enumerate(machine_ids)
     }
     p_eff = float(np.trace(cov @ jwj))
+    dof = max(len(machine_ids) - p_eff, 0.0) + p.prior_dof
     return RateModel(
         priors=p, theta=fitter.theta, cov=cov, gpu_index=gpu_index, fam_index=fam_index,
         dl_center=dl_center, machines=machines, sigma_noise=fitter.sig_e,
-        sigma_host=fitter.sig_h, dof=max(len(machine_ids) - p_eff, 0.0) + p.prior_dof,
+        sigma_host=fitter.sig_h, dof=dof,
         n_measurements=len(ms), gpu_runs=gpu_runs, family_runs=family_runs,
         iterations=fitter.iterations,
+        interval_scale=_interval_scale(fitter, post, cov, dof, p_eff),
     )
+
+
+def _interval_scale(fitter: _Fitter, post: _Posterior, cov: Array, dof: float,
+                    p_eff: float) -> float:
+    """How much a new host's 80% interval must widen (or narrow) so that it would have
+    held 80% of the measured machines' rates: the fleet's own machines calibrate it.
+
+    Each machine's mean residual is compared with the half-width its hardware would get
+    as a new host, inflated for what its own measurements pulled the fit towards
+    (leave-one-out, through the parameters spent). The residual keeps its benchmark
+    noise, which errs on the wide side (a few percent against a host spread of 15-25%);
+    the fitted noise is no better a guide: it holds the differences between slices of
+    one machine too, which a new host's interval must cover. With few machines the
+    scale stays near 1: the spreads' priors speak then.
+    """
+    machines = fitter.data.starts.shape[0]
+    if machines < 2:
+        return 1.0
+    p = fitter.p
+    ev = _evaluate(fitter.theta, fitter.d, p, fitter.n_gpu, fitter.n_fam, jacobian=True)
+    assert ev.jac is not None
+    rows = ev.jac[fitter.data.starts]
+    var = np.einsum("ij,jk,ik->i", rows, cov, rows)
+    host_q = t_quantile_90(p.host_tail_dof) * fitter.sig_h
+    half = np.sqrt(Z80**2 * var + host_q**2) * (t_quantile_90(dof) / Z80)
+    resid = post.qrm / post.qm
+    loo = 1.0 / math.sqrt(max(1.0 - p_eff / machines, 0.5))
+    observed = float(np.quantile(np.abs(resid) / half, 0.8)) * loo
+    weight = machines / (machines + p.interval_calibration_machines)
+    return float(np.clip(1.0 + weight * (observed - 1.0), 0.75, 2.5))
 
 
 class _Fitter:

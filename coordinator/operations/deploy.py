@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from vast_manager.coordinator.decisions import policy
 from vast_manager.coordinator.decisions.share import instance_share, shortfall
 from vast_manager.coordinator.decisions.states import State
+from vast_manager.coordinator.discovery.measurements import NOT_OFFER_FIELDS
 from vast_manager.coordinator.errors import (
     BadHost,
     MachineBusy,
@@ -35,6 +36,7 @@ from vast_manager.coordinator.providers.base import CreateFailed, Provider, Prov
 from vast_manager.coordinator.providers.base import OfferGone as ProviderOfferGone
 from vast_manager.coordinator.providers.coerce import as_float
 from vast_manager.coordinator.settings import Settings
+from vast_manager.coordinator.store.schema import dumps
 from vast_manager.coordinator.store.writer import Store, Tx
 from vast_manager.protocol import signing
 
@@ -162,6 +164,8 @@ class Deployer:
         meta = {name: offer.get(name) for name in OFFER_FIELDS}
         meta["machine_id"] = machine_id
         meta["instance_ram_gb"] = share.ram_gb
+        # The whole offer as deployed: the hardware its results ran on, for the rate model.
+        meta["offer_json"] = dumps({k: v for k, v in offer.items() if k not in NOT_OFFER_FIELDS})
 
         def record(tx: Tx) -> int:
             tx.insert_agent(

@@ -24,6 +24,7 @@ from vast_manager.coordinator.decisions.early_verdict import (
     steady_state_rate_per_hour,
 )
 from vast_manager.coordinator.decisions.states import State
+from vast_manager.coordinator.discovery.measurements import instance_offer
 from vast_manager.coordinator.errors import HelloRequired, UnknownAgent
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.schema import Row, dumps, loads
@@ -716,6 +717,16 @@ def result_job(
                 machine_id=machine_id, gpu_name=gpu_name, num_gpus=num_gpus,
                 rate_per_hour=rate, dph_total=inst["dph_total"], now=now,
             )
+            # The rate with the hardware it ran on: what the rate model learns from.
+            offer = instance_offer(loads(inst.get("offer_json")),
+                                   loads(inst.get("host_json")) if inst["kind"] == "byo" else None,
+                                   {**inst, "machine_id": machine_id})
+            tx.insert_measurement({
+                "machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus,
+                "rate_per_hour": rate, "measured_at": now, "source": "fleet",
+                "offer_json": dumps(offer), "result_row_id": row_id,
+                "instance_id": inst["id"], "recorded_at": now,
+            })
         if result.kind == "scaling":
             one = {len(set(result.gpus_used)): rate} if rate is not None else {}
             _record_scaling(tx, result, fresh, row_id, machine_id, gpu_name, num_gpus, now,

@@ -175,6 +175,11 @@ class Reads:
             (instance_id, limit),
         )[::-1]
 
+    def events_of_kind(self, kind: str, limit: int = 100) -> list[Row]:
+        """The newest ``limit`` events of one kind, oldest first."""
+        return rows_of(self._conn, "select * from events where kind = ? order by id desc "
+                       "limit ?", (kind, limit))[::-1]
+
     def latest_telemetry(self, instance_id: int) -> Row | None:
         return one_row(self._conn, "select * from telemetry where instance_id = ?", (instance_id,))
 
@@ -211,24 +216,40 @@ class Reads:
             "select * from host_perf order by median_rate_per_hour desc, machine_id",
         )
 
-    def instance_ram_by_machine(self) -> dict[tuple[int, int], float]:
-        """(machine_id, num_gpus) -> the RAM share (GB) of our latest instance there, for
-        measured vast.ai machines (numeric ids) whose share was recorded at deploy."""
-        out: dict[tuple[int, int], float] = {}
-        for machine, n, ram in self._conn.execute(
-            "select machine_id, num_gpus, instance_ram_gb from instances "
-            "where instance_ram_gb is not null and num_gpus is not null "
-            "and machine_id in (select machine_id from host_perf) order by id"
-        ):
-            if str(machine).isdigit():
-                out[(int(machine), int(n))] = float(ram)
-        return out
-
     def host_perf_row(self, machine_id: str, gpu_name: str, num_gpus: int) -> Row | None:
         return one_row(
             self._conn,
             "select * from host_perf where machine_id = ? and gpu_name = ? and num_gpus = ?",
             (machine_id, gpu_name, num_gpus),
+        )
+
+    def measurements(self, source: str | None = None) -> list[Row]:
+        """Every measurement (or those of one ``source``), oldest first."""
+        where, params = ("where source = ?", (source,)) if source else ("", ())
+        return rows_of(self._conn, f"select * from measurements {where} "
+                       "order by measured_at, id", params)
+
+    def measurements_version(self) -> tuple[int, int]:
+        """(count, highest id) of the measurements: changes whenever one is added."""
+        row = self._conn.execute("select count(*), coalesce(max(id), 0) from measurements"
+                                 ).fetchone()
+        return int(row[0]), int(row[1])
+
+    def autopilot_state(self) -> Row | None:
+        return one_row(self._conn, "select * from autopilot where id = 1")
+
+    def spend_rows(self, since: float) -> list[Row]:
+        """Deployed instances that billed at any time since ``since``: price, start, end
+        (null while on a machine) and when their first benchmark verdict came."""
+        return rows_of(
+            self._conn,
+            "select id, dph_total, created_at, state, "
+            f"case when {ACTIVE_SQL} then null else coalesce(destroyed_at, state_since) "
+            "end as ended_at, (select min(r.received_at) from results r "
+            "where r.instance_id = instances.id and r.verdict is not null) as verdict_at "
+            "from instances where kind = 'deployed' and dph_total is not null "
+            f"and ({ACTIVE_SQL} or coalesce(destroyed_at, state_since) >= ?) order by id",
+            (since,),
         )
 
     def bad_hosts(self) -> list[Row]:

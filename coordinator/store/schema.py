@@ -12,6 +12,7 @@ import orjson
 import sqlite_utils
 
 from vast_manager.coordinator.decisions import states
+from vast_manager.coordinator.discovery.measurements import INSTANCE_OFFER_COLUMNS, instance_offer
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,8 @@ TABLES = (
     "events",
     "telemetry",
     "scaling",
+    "measurements",
+    "autopilot",
 )
 
 #: Instances still on their machine (``states.BILLING``), as SQL. Written as "not gone"
@@ -352,6 +355,76 @@ def _m6_fleet_read_indexes(db: sqlite_utils.Database) -> None:
                f"where destroy_due_at is not null and {active}")
 
 
+def _m7_measurements(db: sqlite_utils.Database) -> None:
+    """What the rate model learns from (docs/discovery.md): every measured rate with the
+    hardware it ran on, the fleet's own (one per counted benchmark result) and imported
+    ones (``hosts import``); the whole offer an instance was deployed from; and the
+    autopilot's switch, which survives a restart.
+
+    Counted results of earlier versions become fleet measurements, their offer rebuilt
+    from what their instance kept of it.
+    """
+    db.table("instances").add_column("offer_json", str)  # the offer as deployed
+    db.table("host_perf").add_column("imported_samples", int)
+    db.table("measurements").create(
+        {
+            "id": int,
+            "machine_id": str,
+            "gpu_name": str,
+            "num_gpus": int,
+            "rate_per_hour": float,
+            "measured_at": float,
+            "source": str,  # fleet or imported
+            "offer_json": str,
+            "result_row_id": int,  # the fleet's result it came from
+            "instance_id": int,
+            "recorded_at": float,
+        },
+        pk="id",
+        not_null={"machine_id", "gpu_name", "num_gpus", "rate_per_hour", "measured_at",
+                  "source", "offer_json", "recorded_at"},
+    )
+    # One measurement is one machine's rate at one time: importing a file twice, or an
+    # export of this fleet back into it, adds nothing.
+    db.table("measurements").create_index(["machine_id", "measured_at", "rate_per_hour"],
+                                          unique=True)
+    db.table("measurements").create_index(["machine_id", "gpu_name", "num_gpus"])
+    db.table("autopilot").create(
+        {
+            "id": int,  # always 1
+            "state": str,  # running or stopped
+            "changed_at": float,
+            "changed_by": str,
+            "reason": str,
+            "last_exploration_at": float,
+        },
+        pk="id",
+        not_null={"state", "changed_at"},
+    )
+    cols = ", ".join(f"i.[{c}]" for c in INSTANCE_OFFER_COLUMNS)
+    rows = db.execute(
+        f"select r.id, r.instance_id, r.machine_id, r.gpu_name, r.num_gpus, "
+        f"r.recomputed_rate_per_hour, r.received_at, i.host_json, i.kind, {cols} "
+        "from results r left join instances i on i.id = r.instance_id "
+        "where r.kind = 'benchmark' and r.counts_for_host_perf = 1 "
+        "and r.recomputed_rate_per_hour is not null order by r.id"
+    ).fetchall()
+    now = time.time()
+    for row in rows:
+        rid, iid, machine, gpu, n, rate, at, host_json, kind = row[:9]
+        kept = dict(zip(INSTANCE_OFFER_COLUMNS, row[9:], strict=True))
+        offer = instance_offer(
+            None, loads(host_json) if kind == "byo" else None,
+            {**kept, "machine_id": machine, "gpu_name": gpu, "num_gpus": n},
+        )
+        db.execute(
+            "insert or ignore into measurements (machine_id, gpu_name, num_gpus, "
+            "rate_per_hour, measured_at, source, offer_json, result_row_id, instance_id, "
+            "recorded_at) values (?, ?, ?, ?, ?, 'fleet', ?, ?, ?, ?)",
+            (machine, gpu, n, rate, at, dumps(offer), rid, iid, now),
+        )
+
+
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
     (1, "initial tables of DESIGN 4", _m1_initial),
     (2, "benchmark state for early verdicts", _m2_benchmark_verdict_state),
@@ -359,6 +432,8 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...]
     (4, "the instance's share of its host", _m4_instance_share),
     (5, "the observed benchmarking window of each instance", _m5_observed_benchmark_window),
     (6, "indexes for the fleet-sized reads and the monitor's scans", _m6_fleet_read_indexes),
+    (7, "measurements with their hardware, offers as deployed, the autopilot's switch",
+     _m7_measurements),
 )
 
 

@@ -466,9 +466,10 @@ class Tx(Reads):
     ) -> Row:
         """Fold one plausible, uncontended measurement into host_perf.
 
-        Call after inserting its result (``counts_for_host_perf = 1``): the median
-        and the sample count are recomputed from every such result, so a restart
-        or a replay can never double-count; the best is never lowered.
+        Call after inserting its result (``counts_for_host_perf = 1``) or its imported
+        measurement: the median and the sample count are recomputed from every such
+        result and every imported measurement, so a restart or a replay can never
+        double-count; the best is never lowered.
         """
         rates = [
             float(r["recomputed_rate_per_hour"])
@@ -480,6 +481,14 @@ class Tx(Reads):
                 (machine_id, gpu_name, num_gpus),
             )
         ]
+        # Imported measurements count like the fleet's own (``hosts import``).
+        imported = [float(r["rate_per_hour"]) for r in rows_of(
+            self._conn,
+            "select rate_per_hour from measurements where machine_id = ? and gpu_name = ? "
+            "and num_gpus = ? and source = 'imported'",
+            (machine_id, gpu_name, num_gpus),
+        )]
+        rates += imported
         if rate_per_hour not in rates:
             rates.append(rate_per_hour)
         rates.sort()
@@ -489,19 +498,43 @@ class Tx(Reads):
         best = max(rate_per_hour, float(old["best_rate_per_hour"] or 0.0) if old else 0.0)
         self._exec(
             "insert into host_perf (machine_id, gpu_name, num_gpus, best_rate_per_hour, "
-            "median_rate_per_hour, samples, last_rate_per_hour, dph_total, updated_at) "
-            "values (?, ?, ?, ?, ?, ?, ?, ?, ?) on conflict (machine_id, gpu_name, num_gpus) "
+            "median_rate_per_hour, samples, last_rate_per_hour, dph_total, updated_at, "
+            "imported_samples) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "on conflict (machine_id, gpu_name, num_gpus) "
             "do update set best_rate_per_hour = max(best_rate_per_hour, "
             "excluded.best_rate_per_hour), median_rate_per_hour = "
             "excluded.median_rate_per_hour, samples = excluded.samples, last_rate_per_hour = "
             "excluded.last_rate_per_hour, dph_total = coalesce(excluded.dph_total, dph_total), "
-            "updated_at = excluded.updated_at",
+            "updated_at = excluded.updated_at, imported_samples = excluded.imported_samples",
             (machine_id, gpu_name, num_gpus, best, median, len(rates), rate_per_hour,
-             dph_total, now),
+             dph_total, now, len(imported)),
         )
         row = self.host_perf_row(machine_id, gpu_name, num_gpus)
         assert row is not None
         return row
+
+    def insert_measurement(self, row: dict[str, Any]) -> bool:
+        """One measurement (``measurements``' columns); False when the same machine's rate
+        at the same time is already there (a file imported twice, a fleet's own export)."""
+        cols = ", ".join(f"[{c}]" for c in row)
+        marks = ", ".join("?" for _ in row)
+        cur = self._exec(f"insert or ignore into measurements ({cols}) values ({marks})",
+                         list(row.values()))
+        return cur.rowcount > 0
+
+    # the autopilot's switch
+
+    def set_autopilot(self, state: str, *, now: float, by: str, reason: str) -> None:
+        self._exec(
+            "insert into autopilot (id, state, changed_at, changed_by, reason) "
+            "values (1, ?, ?, ?, ?) on conflict (id) do update set state = excluded.state, "
+            "changed_at = excluded.changed_at, changed_by = excluded.changed_by, "
+            "reason = excluded.reason",
+            (state, now, by, reason),
+        )
+
+    def note_exploration(self, now: float) -> None:
+        self._exec("update autopilot set last_exploration_at = ? where id = 1", (now,))
 
     # bad hosts
 

@@ -160,6 +160,8 @@ async def _result(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, A
     core.tracker.touch(outcome.instance_id, now)
     if outcome.terminate:
         core.monitor.wake()
+    if not outcome.duplicate:
+        core.models.wake()  # a counted benchmark is a new measurement for the rate model
     return 200, {"ok": True, "duplicate": outcome.duplicate,
                  "directive": asdict(outcome.directive)}
 

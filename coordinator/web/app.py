@@ -21,8 +21,10 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from vast_manager.coordinator.decisions import policy
+from vast_manager.coordinator.operations.autopilot import Autopilot
 from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.monitor import HeartbeatTracker, Monitor
+from vast_manager.coordinator.operations.rate_model import ModelKeeper
 from vast_manager.coordinator.providers.base import Provider
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.reads import Reads
@@ -88,9 +90,11 @@ def create_app(
                       on_agent_revoked=auth.mark_revoked)
     monitor.seed(clock())
     guard = Guard(clock, settings.admin_failures_per_minute)
-    core = Core(settings, store, provider, clock, auth, tracker, monitor,
-                Deployer(settings, store, provider, clock, destroy=monitor.destroy), guard,
-                float(started_second))
+    deployer = Deployer(settings, store, provider, clock, destroy=monitor.destroy)
+    models = ModelKeeper(store, clock, settings.model_refit_interval_s)
+    core = Core(settings, store, provider, clock, auth, tracker, monitor, deployer, guard,
+                float(started_second), models,
+                Autopilot(settings, store, provider, deployer, monitor, models, clock))
 
     # Bodies are read (and bounded) by read_body, so aiohttp's own limit never answers first.
     app = web.Application(middlewares=[error_middleware], client_max_size=2 * MAX_BODY_BYTES)
@@ -102,14 +106,28 @@ def create_app(
     setup_dashboard(app, admin_token=settings.admin_token, session_ttl_s=settings.session_ttl_s,
                     clock=clock, throttle=guard.credentials, on_refused=guard.refused)
 
+    app.on_startup.append(_autopilot_start_up)
     if run_monitor:
         app.cleanup_ctx.append(_monitor_ctx)
     return app
 
 
+async def _autopilot_start_up(app: web.Application) -> None:
+    line = await app[CORE].autopilot.start_up()
+    if app[CORE].autopilot.configured:
+        log.warning("%s", line)
+
+
 async def _monitor_ctx(app: web.Application) -> AsyncIterator[None]:
-    task = asyncio.create_task(app[CORE].monitor.run(), name="coordinator-monitor")
+    """The background loops: the monitor, the rate model's refits, the autopilot."""
+    core = app[CORE]
+    tasks = [asyncio.create_task(core.monitor.run(), name="coordinator-monitor"),
+             asyncio.create_task(core.models.run(), name="coordinator-rate-model")]
+    if core.autopilot.configured:
+        tasks.append(asyncio.create_task(core.autopilot.run(), name="coordinator-autopilot"))
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

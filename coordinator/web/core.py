@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from vast_manager.coordinator.decisions import policy
+from vast_manager.coordinator.operations.autopilot import Autopilot
 from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.monitor import HeartbeatTracker, Monitor
+from vast_manager.coordinator.operations.rate_model import ModelKeeper
 from vast_manager.coordinator.providers.base import Provider
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.writer import Store
@@ -32,6 +34,8 @@ class Core:
     deployer: Deployer
     guard: Guard
     started_at: float  # when this process started watching (its clock)
+    models: ModelKeeper  # the rate model's latest fit (docs/discovery.md)
+    autopilot: Autopilot
 
 
 CORE = web.AppKey("core", Core)

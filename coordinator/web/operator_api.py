@@ -4,7 +4,6 @@ core (deploy, destroy, offers, hosts, scaling, logs) and ``/metrics``."""
 from __future__ import annotations
 
 import logging
-import statistics
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any, overload
@@ -12,7 +11,7 @@ from typing import Any, overload
 import orjson
 from aiohttp import web
 
-from vast_manager.coordinator.decisions import policy, states
+from vast_manager.coordinator.decisions import states
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.errors import (
     CoordinatorError,
@@ -468,39 +467,6 @@ async def _scaling(core: Core, request: web.Request) -> Any:
     return await core.store.read(lambda reads: [scaling_view(r) for r in reads.scaling()])
 
 
-def fleet_scaling_efficiency(reads: Reads) -> float | None:
-    """Median multi-GPU efficiency the fleet measured, by the coordinator's own reading of
-    results that count (never a host's own figure, nor a flagged result's)."""
-    values = reads.trusted_scaling_efficiencies(policy.RANKING_EXCLUDING_FLAGS)
-    return statistics.median(values) if values else None
-
-
-async def _offers(core: Core, request: web.Request) -> Any:
-    filter_text = request.query.get("filter") or None
-    try:
-        offers = await core.provider.search_offers(filter_text)
-    except ValueError as err:  # the filter parser's FilterError
-        raise InvalidInput(f"Bad filter: {err}", field="filter") from None
-    bad_ids = [b["machine_id"] for b in core.store.bad_hosts()]
-    try:
-        from vast_manager.coordinator.decisions.ranking import rank_offers
-    except ImportError:
-        bad = set(bad_ids)
-        known = {str(r["machine_id"]) for r in core.store.host_perf()}
-        return [
-            {**o, "bad_host": str(o.get("machine_id")) in bad,
-             "known": str(o.get("machine_id")) in known, "predicted_rate_per_hour": None,
-             "predicted_usd_per_proof": None, "prediction_basis": "explore"}
-            for o in offers
-        ]
-    # vast.ai machine ids are integers; a bring-your-own label never matches an offer.
-    numeric_bad = {int(m) for m in bad_ids if m.isdigit()}
-    return rank_offers(offers, core.store.host_perf(), numeric_bad,
-                       fleet_scaling_efficiency(core.store),
-                       min_instance_ram_gb=core.settings.min_instance_ram_gb,
-                       machine_ram_gb=core.store.instance_ram_by_machine())
-
-
 async def _deploy(core: Core, request: web.Request) -> Any:
     body = await _json_object(request)
     offer_id = _integer(body, "offer_id", required=True, minimum=0)
@@ -531,8 +497,10 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/api/bad-hosts", op(_add_bad_host))
     app.router.add_delete("/api/bad-hosts/{machine_id}", op(_remove_bad_host))
     app.router.add_get("/api/scaling", op(_scaling))
-    app.router.add_get("/api/offers", op(_offers))
     app.router.add_post("/api/deploy", op(_deploy))
     app.router.add_get("/api/instances/{id}/telemetry-history", op(_telemetry_history))
     app.router.add_get("/api/events", op(_recent_events))
     app.router.add_get("/metrics", _metrics)
+    from vast_manager.coordinator.web import discovery_api  # it builds on this module's helpers
+
+    discovery_api.add_routes(app, op)

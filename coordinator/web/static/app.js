@@ -10,7 +10,8 @@ const OFFERS_REFRESH_MS = 60000;
 // Instances a page of the fleet table shows (the API pages by id: limit and after_id).
 const FLEET_PAGE = 100;
 const SVG_NS = "http://www.w3.org/2000/svg";
-const VIEWS = ["login-view", "fleet-view", "offers-view", "bad-hosts-view", "instance-view"];
+const VIEWS = ["login-view", "fleet-view", "offers-view", "bad-hosts-view", "autopilot-view",
+  "instance-view"];
 
 const state = {
   csrf: null,
@@ -23,6 +24,7 @@ const state = {
   // The fleet table: its state filter ("" for all), the after_id of each page visited
   // (null for the first), and the next page's after_id (null on the last page).
   fleet: { filter: "", cursors: [null], next: null },
+  planAt: 0,
 };
 
 class AuthError extends Error {}
@@ -255,6 +257,7 @@ function route() {
   if (match) return { name: "instance", id: match[1] };
   if (hash === "offers") return { name: "offers" };
   if (hash === "bad-hosts") return { name: "bad-hosts" };
+  if (hash === "autopilot") return { name: "autopilot" };
   return { name: "fleet" };
 }
 
@@ -273,6 +276,7 @@ async function refresh() {
       if (r.name === "fleet") await renderFleet();
       else if (r.name === "offers") await renderOffers();
       else if (r.name === "bad-hosts") await renderBadHosts();
+      else if (r.name === "autopilot") await renderAutopilot();
       else await renderInstance(r.id);
       $("updated").textContent = "updated " + new Date().toLocaleTimeString([], { hour12: false });
     } catch (err) {
@@ -409,8 +413,9 @@ function offerFlags(o) {
   const flags = [];
   if (o.bad_host) flags.push("BAD-HOST");
   if (o.known) flags.push("known");
+  if (o.too_small) flags.push("TOO-SMALL");
   if (o.predicted_rate_per_hour === null || o.predicted_rate_per_hour === undefined) {
-    flags.push("explore");
+    if (!o.too_small) flags.push("unpredicted");
   }
   return flags.join(", ") || "-";
 }
@@ -439,7 +444,7 @@ async function renderOffers() {
         td(String(o.machine_id ?? "-")),
         td(`${o.num_gpus} x ${o.gpu_name}`),
         td(usd(o.dph_total, 3)),
-        td(num(o.predicted_rate_per_hour)),
+        td(predictedInterval(o)),
         td(usd(o.predicted_usd_per_proof)),
         td(String(o.cpu_cores_effective ?? o.cpu_cores ?? "-")),
         td(o.cpu_ram ? num(o.cpu_ram / 1000, 0, " GB") : "-"),
@@ -451,6 +456,71 @@ async function renderOffers() {
     }),
   );
   $("offers-empty").hidden = rows.length > 0;
+}
+
+// The median and, in brackets, the 80% interval of a predicted rate.
+function predictedInterval(o) {
+  if (o.predicted_rate_per_hour === null || o.predicted_rate_per_hour === undefined) return "-";
+  if (o.predicted_rate_low === null || o.predicted_rate_low === undefined) {
+    return num(o.predicted_rate_per_hour);
+  }
+  return `${num(o.predicted_rate_per_hour)} (${num(o.predicted_rate_low, 0)}-` +
+    `${num(o.predicted_rate_high, 0)})`;
+}
+
+function pct(value) {
+  return value === null || value === undefined ? "-" : Math.round(100 * value) + "%";
+}
+
+// --- autopilot and plan ----------------------------------------------------------------
+
+async function renderAutopilot() {
+  const pilot = await api("GET", "/api/autopilot?limit=50");
+  show("autopilot-view");
+  const sw = pilot.switch;
+  $("autopilot-state").textContent = safeText(
+    String(pilot.state).toUpperCase() + (sw ? ` (${sw.reason}, ${ago(sw.changed_at)})` : ""));
+  const caps = pilot.caps;
+  $("autopilot-caps").textContent = safeText(caps
+    ? `target ${num(caps.target_rate_per_hour)}/h; caps ${usd(caps.max_dph_total, 2)}/h, ` +
+      `${caps.max_instances} instances, trials within ${pct(caps.max_explore_share)} of ` +
+      `spend, ${caps.max_concurrent_trials} at once`
+    : "Not configured: serve with --autopilot and its caps.");
+  const tick = pilot.last_tick;
+  $("autopilot-last").textContent = safeText(tick
+    ? `Last decision ${ago(tick.at)}: fleet ${num(tick.fleet_rate_per_hour)}/h for ` +
+      `${usd(tick.fleet_dph_total, 2)}/h, ${tick.instances} instances (${tick.trials} on ` +
+      `trial); trials ${pct(tick.ledger.trial_share)} of ${usd(tick.ledger.total_usd, 2)} spent`
+    : "");
+  $("autopilot-notes").replaceChildren(
+    ...((tick && tick.notes) || []).map((n) => el("li", {}, "holding back: " + n)));
+  $("autopilot-stop").hidden = pilot.state !== "running";
+  $("autopilot-start").hidden = !pilot.configured || pilot.state === "running";
+  $("autopilot-events").replaceChildren(
+    ...pilot.events.slice().reverse().map((e) =>
+      el("li", {},
+        el("span", { class: "muted" }, clock(e.ts)), " ",
+        e.instance_id ? el("a", { href: `#/instance/${e.instance_id}` }, `#${e.instance_id}`) : "",
+        e.instance_id ? " " : "",
+        e.reason || "")),
+  );
+  // The plan searches the offers (the provider's API): once a minute, not every tick.
+  if (Date.now() - state.planAt < OFFERS_REFRESH_MS) return;
+  state.planAt = Date.now();
+  const plan = await api("GET", "/api/plan?trials=10");
+  $("plan-summary").textContent = safeText(
+    `A newcomer is worth keeping below ${usd(plan.reference_usd_per_proof)}/proof; ` +
+    `${plan.proposals.length} proposed of ${plan.considered} offers: ${plan.stop_reason}`);
+  fill(
+    $("plan-table").tBodies[0],
+    plan.proposals.map((p) =>
+      el("tr", { "data-offer-id": p.offer_id },
+        td(String(p.offer_id)), td(`${p.num_gpus} x ${p.gpu_name}`), td(usd(p.dph_total, 3)),
+        td(predictedInterval(p)), td(num(p.break_even_rate_per_hour)),
+        td(pct(p.probability_passes)), td(pct(p.probability_beats_best)),
+        td(usd(p.trial_cost_usd, 2)), td(usd(p.expected_value_usd, 2)),
+        td(el("span", { title: p.prediction_basis || "" }, p.hypothesis || "")))),
+  );
 }
 
 // --- bad hosts -------------------------------------------------------------------------
@@ -729,9 +799,13 @@ document.addEventListener("DOMContentLoaded", () => {
     if (state.fleet.cursors.length > 1) state.fleet.cursors.pop();
     refresh();
   });
+  confirmClick($("autopilot-stop"), "Confirm stop", () => act("POST", "/api/autopilot/stop",
+    { reason: "stopped from the dashboard" }));
+  confirmClick($("autopilot-start"), "Confirm start", () => act("POST", "/api/autopilot/start"));
   window.addEventListener("hashchange", () => {
     $("flash").hidden = true;
     state.offersAt = 0;
+    state.planAt = 0;
     refresh();
   });
   document.addEventListener("visibilitychange", () => {
