@@ -1,2 +1,2 @@
 """What both sides run that is not the wire contract: the settings tables' bounds rule
-(docs/architecture.md)."""
+and the one retry policy (docs/architecture.md)."""
