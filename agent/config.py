@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from vast_manager.common import settings_table
@@ -26,17 +26,13 @@ PROVIDERS = ("vast", "local")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
-class Setting(NamedTuple):
+@dataclass(frozen=True)
+class Setting(settings_table.Bounds):
+    """One row: ``Setting(name, default, help)``, bounds of the parsed value by keyword."""
+
     name: str
     default: str | None  # None: unset (required, or optional with a documented meaning)
     help: str
-    # Bounds of the parsed value, given by keyword (``vast_manager.common.settings_table``);
-    # above and below exclude the bound itself.
-    at_least: float | None = None
-    above: float | None = None
-    at_most: float | None = None
-    below: float | None = None
-    choices: tuple[str, ...] | None = None
 
     @property
     def env(self) -> str:

@@ -1,8 +1,8 @@
 """What the two settings tables share: bounds in the row, one check, one docs table.
 
 Both tables (the coordinator's ``coordinator/settings.py`` and the agent's
-``agent/config.py``) give their rows the keyword fields ``at_least``, ``above``
-(exclusive), ``at_most``, ``below`` (exclusive) and ``choices``. ``check`` refuses a
+``agent/config.py``) build their rows on ``Bounds``: the keyword fields ``at_least``,
+``above`` (exclusive), ``at_most``, ``below`` (exclusive) and ``choices``. ``check`` refuses a
 value outside them with one sentence naming the variable; ``describe`` says the same
 bounds in the docs (docs/operations.md, docs/architecture.md, ``vast-agent run
 --help``), so what is refused and what is documented cannot drift apart.
@@ -12,11 +12,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 
+@dataclass(frozen=True, kw_only=True)
+class Bounds:
+    """A row's bounds, given by keyword after its own positional fields (None: no such
+    bound); ``above`` and ``below`` exclude the bound itself."""
+
+    at_least: float | None = None
+    above: float | None = None
+    at_most: float | None = None
+    below: float | None = None
+    choices: tuple[str, ...] | None = None
+
+
 class Row(Protocol):
-    """A settings row: its variable, default (None: unset), help, and bounds (None: none)."""
+    """A settings row: its variable, default (None: unset), help, and ``Bounds``."""
 
     @property
     def env(self) -> str: ...

@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from vast_manager.common import settings_table
 from vast_manager.protocol.signing import fleet_id as derive_fleet_id
@@ -31,18 +31,14 @@ MIN_ADMIN_TOKEN_DISTINCT_CHARS = 6
 FLEET_SECRET_FILE = "fleet-secret"
 
 
-class Setting(NamedTuple):
+@dataclass(frozen=True)
+class Setting(settings_table.Bounds):
+    """One row: ``Setting(name, default, help)``, bounds by keyword (``at_least=1``...)."""
+
     name: str
     default: Any  # None: unset, with the meaning the help text gives
     help: str
     kind: type | None = None  # parse type; None: the type of the default
-    # Bounds, given by keyword (``vast_manager.common.settings_table``); above and below
-    # exclude the bound itself.
-    at_least: float | None = None
-    above: float | None = None
-    at_most: float | None = None
-    below: float | None = None
-    choices: tuple[str, ...] | None = None
 
     @property
     def env(self) -> str:
