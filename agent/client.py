@@ -1,16 +1,21 @@
-"""Signed HTTP client from the agent to the coordinator (DESIGN 3.3 to 3.5).
+"""Signed HTTP client from the agent to the coordinator (docs/protocol.md, signing).
 
 Every try is signed afresh (new nonce, current corrected time). An answer is
 acted on only when its response signature verifies; anything else (no
 answer, an unsigned or badly signed answer, a 5xx) is a transient failure,
-retried with capped, jittered exponential backoff that carries over from one
-call to the next, so a silent coordinator is never hammered. The clock
-offset follows ``X-VM-Server-Time``.
+retried under the one retry policy (``vast_manager.common.retry``: tenacity
+runs the tries, ``Backoff`` says how long to wait). The wait is the client's,
+not one call's: failures in a row count across calls and every call waits its
+turn, so the heartbeat and the log shipper together, or a caller looping on
+``TransientFailure``, never hammer a silent coordinator. The clock offset
+follows ``X-VM-Server-Time``; a ``stale_timestamp`` refusal is retried at once
+with the corrected time, once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import secrets
@@ -20,7 +25,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
+from vast_manager.common.retry import Backoff
 from vast_manager.protocol import (
     Directive,
     Heartbeat,
@@ -64,21 +71,12 @@ class PermanentFailure(ClientError):
         self.message = message
 
 
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Capped exponential backoff with jitter: try n waits in [cap_n / 2, cap_n]."""
+class _Unanswered(ClientError):
+    """One try got no verified answer that settles it; another may."""
 
-    base_s: float = 1.0
-    cap_s: float = 60.0
-    factor: float = 2.0
 
-    def delay(self, failures: int, rng: random.Random) -> float:
-        if failures <= 0:
-            return 0.0
-        ceiling = min(self.cap_s, self.base_s * self.factor ** (failures - 1))
-        # "Equal jitter": half fixed so the delay grows, half random so a fleet
-        # that lost the coordinator at once does not come back in lockstep.
-        return ceiling / 2 + rng.random() * ceiling / 2
+class _StaleClock(_Unanswered):
+    """A verified ``401 stale_timestamp``: the offset was just corrected from it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +105,12 @@ class CoordinatorClient:
         self.base_url = base_url.rstrip("/")
         self.agent_id = agent_id
         self._key = agent_key
-        self.backoff = backoff or Backoff()
+        backoff = backoff or Backoff()
+        self.backoff = dataclasses.replace(backoff, rng=rng.random) if rng else backoff
         self.request_timeout_s = request_timeout_s
         self._clock = clock
         self._monotonic = monotonic
         self._sleep = sleep
-        self._rng = rng or random.Random()
         self._session = session
         self._own_session = session is None
         # Seconds to add to the local clock to get the coordinator's.
@@ -120,7 +118,7 @@ class CoordinatorClient:
         # Monotonic time of the last answer whose signature verified (orphan rule).
         self.last_verified_at: float | None = None
         self.consecutive_failures = 0
-        self._next_try_at = 0.0  # monotonic; backoff carried across calls
+        self._next_try_at = 0.0  # monotonic: every call waits its turn (the module docstring)
 
     # -- time -----------------------------------------------------------------
 
@@ -163,12 +161,29 @@ class CoordinatorClient:
             await self._session.close()
         self._session = None
 
-    def _failed(self, why: str) -> float:
+    def _failed(self, why: str) -> _Unanswered:
         self.consecutive_failures += 1
-        delay = self.backoff.delay(self.consecutive_failures, self._rng)
+        delay = self.backoff.after(self.consecutive_failures)
         self._next_try_at = self._monotonic() + delay
         log.warning("coordinator: %s; retry %d in %.1f s", why, self.consecutive_failures, delay)
-        return delay
+        return _Unanswered(why)
+
+    def _settled(self) -> None:
+        """A verified answer: the coordinator is up, the next call need not wait."""
+        self.last_verified_at = self._monotonic()
+        self.consecutive_failures = 0
+        self._next_try_at = 0.0
+
+    async def _wait_turn(self, path: str, deadline: float | None) -> None:
+        """Wait until the client's backoff lets a try go out (tenacity's ``before``);
+        ``TransientFailure`` when that is after ``deadline``."""
+        while (wait := self._next_try_at - self._monotonic()) > 0:
+            if deadline is not None and self._next_try_at > deadline:
+                # Use the time up to the deadline, so a caller that loops on
+                # TransientFailure never spins.
+                await self._sleep(max(0.0, deadline - self._monotonic()))
+                raise TransientFailure(f"{path}: no verified answer in time")
+            await self._sleep(wait)
 
     async def _try_once(self, path: str, body: bytes) -> tuple[Reply | None, str]:
         """One signed try. Returns the verified reply, or None and why it failed."""
@@ -201,41 +216,49 @@ class CoordinatorClient:
         try would start after ``give_up_after_s`` seconds from now.
         """
         deadline = None if give_up_after_s is None else self._monotonic() + give_up_after_s
-        quick_retries = 0
-        while True:
-            wait = self._next_try_at - self._monotonic()
-            if wait > 0:
-                if deadline is not None and self._next_try_at > deadline:
-                    # Use the time up to the deadline, so a caller that loops
-                    # on TransientFailure never spins.
-                    await self._sleep(max(0.0, deadline - self._monotonic()))
-                    raise TransientFailure(f"{path}: no verified answer in time")
-                await self._sleep(wait)
-            reply, why = await self._try_once(path, body)
-            if reply is None:
-                self._failed(why)
-                continue
-            self.last_verified_at = self._monotonic()
-            if reply.status == 200:
-                self.consecutive_failures = 0
-                self._next_try_at = 0.0
-                return reply
-            code, message = _error_of(reply.body)
-            if reply.status in PERMANENT_STATUSES:
-                # Verified, so the coordinator is up: no need to slow the next call.
-                self.consecutive_failures = 0
-                self._next_try_at = 0.0
-                log.error("coordinator refused %s: %s %s: %s", path, reply.status, code, message)
-                raise PermanentFailure(reply.status, code, message)
-            if reply.status == 401 and code == "stale_timestamp" and quick_retries == 0:
-                # The offset was corrected from the answer's server time: retry
-                # now, once; a second stale answer backs off like any failure.
-                log.warning("coordinator said our clock is off; retrying with the corrected time")
-                quick_retries += 1
-                self._next_try_at = 0.0
-                continue
-            # 409 replayed_nonce, 429, 5xx and anything unexpected: back off and retry.
-            self._failed(f"{path} answered {reply.status} {code}")
+
+        async def my_turn(_state: RetryCallState) -> None:
+            await self._wait_turn(path, deadline)
+
+        # No stop and no wait of tenacity's own: the deadline and the client's turn decide.
+        tries = AsyncRetrying(
+            before=my_turn,
+            retry=retry_if_exception_type(_Unanswered),
+            sleep=_waited_in_turn,
+            reraise=True,
+        )
+        stale_before = False
+        async for attempt in tries:
+            with attempt:
+                try:
+                    return await self._try_to_settle(path, body)
+                except _StaleClock:
+                    if stale_before:  # the corrected time was stale too: back off
+                        raise self._failed(f"{path} answered 401 stale_timestamp") from None
+                    stale_before = True
+                    log.warning("coordinator said our clock is off; retrying with the "
+                                "corrected time")
+                    raise
+        raise AssertionError("unreachable: tenacity returns or raises")
+
+    async def _try_to_settle(self, path: str, body: bytes) -> Reply:
+        """One try: the verified 200, or ``PermanentFailure``, or ``_Unanswered``."""
+        reply, why = await self._try_once(path, body)
+        if reply is None:
+            raise self._failed(why)
+        if reply.status == 200:
+            self._settled()
+            return reply
+        code, message = _error_of(reply.body)
+        if reply.status in PERMANENT_STATUSES:
+            self._settled()  # verified, so the coordinator is up
+            log.error("coordinator refused %s: %s %s: %s", path, reply.status, code, message)
+            raise PermanentFailure(reply.status, code, message)
+        self.last_verified_at = self._monotonic()
+        if reply.status == 401 and code == "stale_timestamp":
+            raise _StaleClock(f"{path} answered 401 stale_timestamp")
+        # 409 replayed_nonce, 429, 5xx and anything unexpected: back off and retry.
+        raise self._failed(f"{path} answered {reply.status} {code}")
 
     # -- the four endpoints ---------------------------------------------------
 
@@ -259,6 +282,10 @@ class CoordinatorClient:
     async def logs(self, batch: LogBatch | bytes, *, give_up_after_s: float | None = None) -> None:
         body = batch if isinstance(batch, bytes) else encode(batch)
         await self.call("/v1/logs", body, give_up_after_s=give_up_after_s)
+
+
+async def _waited_in_turn(_seconds: float) -> None:
+    """tenacity's sleep between tries, always 0 s here: ``_wait_turn`` does the waiting."""
 
 
 def _error_of(body: bytes) -> tuple[str, str]:

@@ -1,8 +1,9 @@
 """The agent's settings: one table of ``VM_*`` environment variables, parsed into ``AgentConfig``.
 
-The table (``SETTINGS``) is the single source for defaults, parsing, the
-``vast-agent run --help`` text and docs/architecture.md; a test keeps the two
-in step. Errors name the variable, never a secret's value.
+The table (``SETTINGS``) is the single source for defaults, bounds (keyword fields
+of the row, checked by ``vast_manager.common.settings_table``), parsing, the
+``vast-agent run --help`` text and docs/architecture.md's table (``settings_markdown``;
+a test keeps the two in step). Errors name the variable, never a secret's value.
 """
 
 from __future__ import annotations
@@ -12,16 +13,30 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import TypeVar
 from urllib.parse import urlsplit
 
+from vast_manager.common import settings_table
 from vast_manager.protocol.signing import is_agent_id
 
+T = TypeVar("T")
 
-class Setting(NamedTuple):
+NVML_MODES = ("auto", "real", "sim", "off")
+PROVIDERS = ("vast", "local")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@dataclass(frozen=True)
+class Setting(settings_table.Bounds):
+    """One row: ``Setting(name, default, help)``, bounds of the parsed value by keyword."""
+
     name: str
     default: str | None  # None: unset (required, or optional with a documented meaning)
     help: str
+
+    @property
+    def env(self) -> str:
+        return self.name
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -43,7 +58,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "VM_PARAMS_MANIFEST",
         None,
-        "built-in downloader manifest (path or URL; JSON list of {name, url, size, sha256}); "
+        "built-in downloader manifest (path or URL; JSON list of `{name, url, size, sha256}`); "
         "unset: nothing to fetch",
     ),
     Setting("VM_CUZK_BIN", "cuzk", "the cuzk daemon executable"),
@@ -51,66 +66,86 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "VM_C1_PATH",
         "/data/zk/c1.json",
-        "the C1 output fed to `cuzk-bench batch --c1`: Curio's wrapper JSON (SectorNum, "
-        "Phase1Out, SectorSize), checked before anything is rented for it; its SectorNum is "
-        "passed as `--sector-num`",
+        "the C1 output fed to `cuzk-bench batch --c1`: Curio's wrapper JSON (`SectorNum`, "
+        "`Phase1Out`, `SectorSize`; docs/cuzk.md), checked before anything is fetched or "
+        "proved (a wrong one: the instance fails, naming the file); its `SectorNum` is passed "
+        "as `--sector-num`",
     ),
     Setting(
         "VM_C1_MINER_ID",
         "1000",
         "the miner (actor id) the C1 was made for, passed as `--miner-id`; a wrong one fails "
         "the warm-up proof's self-check",
+        at_least=0,
     ),
-    Setting("VM_BENCH_PROOFS", "12", "`-c/--count` of the benchmark"),
+    Setting("VM_BENCH_PROOFS", "12", "`-c/--count` of the benchmark", at_least=1),
     Setting(
         "VM_BENCH_CONCURRENCY",
         "auto",
-        "`-j` of the benchmark; auto: 2 per GPU in the run, so every GPU stays fed",
+        "`-j/--concurrency` of the benchmark: `auto` (2 per GPU in the run, so every GPU "
+        "stays fed) or a number",
+        at_least=1,
     ),
     Setting(
         "VM_WORK_CMD",
         None,
         "the operator's work command while proving; unset: the daemon idles, ready",
     ),
-    Setting("VM_ORPHAN_TIMEOUT", "1800", "seconds without a verified answer before self-destroy"),
+    Setting(
+        "VM_ORPHAN_TIMEOUT",
+        "1800",
+        "seconds without a verified answer before self-destroy",
+        above=0,
+    ),
     Setting(
         "VM_NVML",
         "auto",
         "`auto` (real NVML if it loads), `real`, `sim` (fake NVML + host fed by the "
         "simulation), `off`",
+        choices=NVML_MODES,
     ),
-    Setting("VM_SAMPLE_INTERVAL", "1.0", "sampler period, seconds"),
+    Setting("VM_SAMPLE_INTERVAL", "1.0", "sampler period, seconds", above=0),
     Setting(
         "VM_PROVIDER",
         None,
         "`vast` (self-destroy through the REST API) or `local` (exit); unset: `vast` when "
         "`CONTAINER_ID` is set, else `local`",
+        choices=PROVIDERS,
     ),
     Setting(
         "VM_CUZK_START_TIMEOUT",
         "900",
-        "seconds the cuzk daemon may take to answer GET /status after it starts",
+        "seconds the cuzk daemon may take to answer `GET /status` after it starts",
+        above=0,
     ),
     Setting(
         "VM_PCE_WAIT",
         "900",
         "seconds the daemon may take, after the warm-up proof, to finish its background PCE "
-        "extraction (`/status` allocations.pce); longer fails the instance; 0: do not wait",
+        "extraction (`/status` `allocations.pce` lists `porep-32g`); the benchmark then runs "
+        "in the same daemon process; longer fails the instance; 0: do not wait",
+        at_least=0,
     ),
     Setting(
         "VM_CUZK_MEMORY_BUDGET",
         "auto",
-        "cuzk's `[memory] total_budget`: `auto` = the memory this container may use (its cgroup "
-        "limit or MemTotal, the smaller) less cuzk's 5 GiB safety margin; or a size such as "
-        "`200GiB`",
+        "cuzk's `[memory] total_budget`: `auto` = the memory this container may use (cgroup v2 "
+        "`memory.max` / v1 `memory.limit_in_bytes`, or MemTotal, the smaller) less cuzk's "
+        "5 GiB safety margin; or a whole size such as `200GiB`. A budget that cannot hold one "
+        "14 GiB partition beside the SRS fails the instance (cuzk would wait for ever)",
     ),
     Setting(
         "VM_SPOOL_MAX_BYTES",
         "67108864",
-        "spool bound; the oldest log batches go first, never a result",
+        "spool bound (results and log batches waiting for a verified `200`); the oldest log "
+        "batches are dropped first, never a result",
+        at_least=1_048_576,
     ),
     Setting(
-        "VM_LOG_LEVEL", "INFO", "the agent's own log level (DEBUG also logs child output locally)"
+        "VM_LOG_LEVEL",
+        "INFO",
+        "the agent's own log level (`DEBUG` also echoes child output to stderr)",
+        choices=LOG_LEVELS,
     ),
     Setting(
         "VM_SIM_PROFILE",
@@ -136,10 +171,6 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 SETTINGS_BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
-
-NVML_MODES = ("auto", "real", "sim", "off")
-PROVIDERS = ("vast", "local")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class ConfigError(ValueError):
@@ -198,36 +229,32 @@ def _required(env: Mapping[str, str], name: str) -> str:
     return value
 
 
-def _int(env: Mapping[str, str], name: str, minimum: int) -> int:
+def _checked(name: str, value: T) -> T:
+    settings_table.check(SETTINGS_BY_NAME[name], value, ConfigError)
+    return value
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
     raw = _required(env, name)
     try:
         value = int(raw)
     except ValueError:
-        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
-    if value < minimum:
-        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
-    return value
+        raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
+    return _checked(name, value)
 
 
-def _float(env: Mapping[str, str], name: str, minimum: float, *, exclusive: bool = False) -> float:
+def _float(env: Mapping[str, str], name: str) -> float:
     raw = _required(env, name)
     try:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{name} must be a number, got {raw!r}") from None
-    if value != value or value < minimum or (exclusive and value == minimum):
-        bound = "greater than" if exclusive else "at least"
-        raise ConfigError(f"{name} must be {bound} {minimum:g}, got {raw!r}")
-    return value
+    return _checked(name, value)
 
 
-def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
-    value = _get(env, name) or default
-    if name == "VM_LOG_LEVEL":
-        value = value.upper()
-    if value not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
-    return value
+def _choice(env: Mapping[str, str], name: str, default: str | None = None) -> str:
+    value = _get(env, name) or default or ""
+    return _checked(name, value.upper() if name == "VM_LOG_LEVEL" else value)
 
 
 # config.rs parse_size: whole numbers of GiB, MiB, GB or MB, or plain bytes; anything
@@ -271,7 +298,7 @@ def load_config(environ: Mapping[str, str] | None = None) -> AgentConfig:
         raise ConfigError("VM_AGENT_KEY must be 64 hexadecimal characters")
 
     container_id = (env.get("CONTAINER_ID") or "").strip() or None
-    provider = _choice(env, "VM_PROVIDER", PROVIDERS, "vast" if container_id else "local")
+    provider = _choice(env, "VM_PROVIDER", "vast" if container_id else "local")
     container_api_key = (env.get("CONTAINER_API_KEY") or "").strip() or None
     if provider == "vast" and not container_id:
         raise ConfigError("VM_PROVIDER is 'vast' but CONTAINER_ID is not set")
@@ -289,23 +316,23 @@ def load_config(environ: Mapping[str, str] | None = None) -> AgentConfig:
         cuzk_bin=_required(env, "VM_CUZK_BIN"),
         cuzk_bench_bin=_required(env, "VM_CUZK_BENCH_BIN"),
         c1_path=Path(_required(env, "VM_C1_PATH")),
-        c1_miner_id=_int(env, "VM_C1_MINER_ID", 0),
-        bench_proofs=_int(env, "VM_BENCH_PROOFS", 1),
+        c1_miner_id=_int(env, "VM_C1_MINER_ID"),
+        bench_proofs=_int(env, "VM_BENCH_PROOFS"),
         bench_concurrency=(
             None
             if (env.get("VM_BENCH_CONCURRENCY") or "auto").strip() == "auto"
-            else _int(env, "VM_BENCH_CONCURRENCY", 1)
+            else _int(env, "VM_BENCH_CONCURRENCY")
         ),
         work_cmd=_get(env, "VM_WORK_CMD"),
-        orphan_timeout_s=_float(env, "VM_ORPHAN_TIMEOUT", 0.0, exclusive=True),
-        nvml=_choice(env, "VM_NVML", NVML_MODES, "auto"),
-        sample_interval_s=_float(env, "VM_SAMPLE_INTERVAL", 0.0, exclusive=True),
+        orphan_timeout_s=_float(env, "VM_ORPHAN_TIMEOUT"),
+        nvml=_choice(env, "VM_NVML"),
+        sample_interval_s=_float(env, "VM_SAMPLE_INTERVAL"),
         provider=provider,
-        cuzk_start_timeout_s=_float(env, "VM_CUZK_START_TIMEOUT", 0.0, exclusive=True),
-        pce_wait_s=_float(env, "VM_PCE_WAIT", 0.0),
+        cuzk_start_timeout_s=_float(env, "VM_CUZK_START_TIMEOUT"),
+        pce_wait_s=_float(env, "VM_PCE_WAIT"),
         memory_budget=_budget(env, "VM_CUZK_MEMORY_BUDGET"),
-        spool_max_bytes=_int(env, "VM_SPOOL_MAX_BYTES", 1_048_576),
-        log_level=_choice(env, "VM_LOG_LEVEL", LOG_LEVELS, "INFO"),
+        spool_max_bytes=_int(env, "VM_SPOOL_MAX_BYTES"),
+        log_level=_choice(env, "VM_LOG_LEVEL"),
         container_id=container_id,
         container_api_key=container_api_key,
         vast_url=vast_url,
@@ -316,6 +343,13 @@ def settings_help() -> str:
     """The settings table as plain text, for ``vast-agent run --help``."""
     lines = []
     for s in SETTINGS:
+        allowed = settings_table.describe(s)
+        allowed = f" ({allowed})" if allowed else ""
         default = f" [default: {s.default}]" if s.default is not None else ""
-        lines.append(f"{s.name}: {s.help}{default}")
+        lines.append(f"{s.name}: {s.help}{allowed}{default}")
     return "\n".join(lines)
+
+
+def settings_markdown() -> str:
+    """The table of docs/architecture.md's agent configuration (a test keeps it in step)."""
+    return settings_table.markdown(SETTINGS)

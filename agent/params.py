@@ -3,7 +3,9 @@
 The built-in downloader reads a manifest (a JSON list of ``{name, url, size,
 sha256}``, from a path or a URL), checks free disk first, downloads into
 ``<name>.part`` resuming with HTTP Range, verifies SHA-256, renames, and
-remembers what it verified so a restart does not hash 45 GiB again.
+remembers what it verified so a restart does not hash 45 GiB again. A failed
+try is tried again under the one retry policy (``vast_manager.common.retry``),
+resuming where the part file ends.
 Progress is reported in bytes.
 """
 
@@ -14,7 +16,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import random
 import re
 import shlex
 import shutil
@@ -28,6 +29,7 @@ import aiohttp
 import orjson
 
 from vast_manager.agent.procs import LineSink, ManagedProcess
+from vast_manager.common.retry import Backoff, retrying
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +143,7 @@ class Downloader:
         self._session = session
         self._disk_free = disk_free or (lambda p: shutil.disk_usage(p).free)
         self.attempts = attempts
-        self.retry_base_s = retry_base_s
+        self._backoff = Backoff(base_s=retry_base_s, cap_s=60.0)
         self._sleep = sleep
 
     # -- the record of verified files ------------------------------------------
@@ -233,32 +235,31 @@ class Downloader:
     async def _fetch_one(self, entry: ManifestEntry, progress: Callable[[int], None]) -> None:
         final = self.dest_dir / entry.name
         part = self.dest_dir / (entry.name + ".part")
-        failures = 0
-        while True:
-            try:
-                await self._download(entry, part, progress)
-                digest = (await asyncio.to_thread(_sha256_of, part)).hexdigest()
-                if digest != entry.sha256:
-                    part.unlink(missing_ok=True)
-                    raise ChecksumMismatch(
-                        f"{entry.name}: SHA-256 {digest} is not the manifest's {entry.sha256}"
-                    )
-                os.replace(part, final)
-                self._remember(entry, final)
-                log.info("fetched and verified %s (%d bytes)", entry.name, entry.size)
-                return
-            except (TimeoutError, aiohttp.ClientError, ParamsError) as exc:
-                failures += 1
-                if failures >= self.attempts or isinstance(exc, InsufficientDisk):
-                    if isinstance(exc, ParamsError):
-                        raise
-                    raise ParamsError(
-                        f"{entry.name}: download failed {failures} times: {type(exc).__name__}"
-                    ) from exc
-                delay = min(60.0, self.retry_base_s * 2 ** (failures - 1))
-                delay *= 0.5 + random.random() / 2
-                log.warning("%s: %s; retrying in %.1f s", entry.name, exc, delay)
-                await self._sleep(delay)
+        attempts = retrying(
+            self._backoff,
+            retry_on=_worth_another_try,
+            attempts=self.attempts,
+            sleep=self._sleep,
+            log=log,
+            what=entry.name,
+        )
+        try:
+            async for attempt in attempts:
+                with attempt:
+                    await self._download(entry, part, progress)
+                    digest = (await asyncio.to_thread(_sha256_of, part)).hexdigest()
+                    if digest != entry.sha256:
+                        part.unlink(missing_ok=True)  # the next try starts afresh
+                        raise ChecksumMismatch(
+                            f"{entry.name}: SHA-256 {digest} is not the manifest's {entry.sha256}"
+                        )
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise ParamsError(
+                f"{entry.name}: download failed {self.attempts} times: {type(exc).__name__}"
+            ) from exc
+        os.replace(part, final)
+        self._remember(entry, final)
+        log.info("fetched and verified %s (%d bytes)", entry.name, entry.size)
 
     async def _download(
         self, entry: ManifestEntry, part: Path, progress: Callable[[int], None]
@@ -299,6 +300,14 @@ class Downloader:
                 os.fsync(fh.fileno())
         if have < entry.size:
             raise ParamsError(f"{entry.name}: download ended at {have} of {entry.size} bytes")
+
+
+def _worth_another_try(exc: BaseException) -> bool:
+    """A dropped or slow connection, an answer or a file that was wrong this time; not a
+    full disk (waiting does not free it)."""
+    return isinstance(exc, TimeoutError | aiohttp.ClientError | ParamsError) and not isinstance(
+        exc, InsufficientDisk
+    )
 
 
 def dir_bytes(path: Path) -> int:

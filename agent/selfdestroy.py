@@ -4,7 +4,8 @@ vast.ai: ``DELETE {VAST_URL}/api/v0/instances/$CONTAINER_ID/`` with the
 instance's own ``CONTAINER_API_KEY`` (docs/vast.md). The instance is gone when
 vast.ai said so (``success: true``, or ``404 not_found``: already gone) *and*
 a lookup (``GET /api/v0/instances/$CONTAINER_ID/``) no longer finds it;
-otherwise the delete is sent again, with backoff. A key vast.ai refuses
+otherwise the delete is sent again, under the one retry policy
+(``vast_manager.common.retry``). A key vast.ai refuses
 ("Invalid user key", whatever the status) is not an instance that is gone.
 If the instance survives every attempt, ``InstanceSurvived`` is raised and the
 agent exits with its own status (``vast-agent run`` exit 4), never as if it
@@ -17,11 +18,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+
+from vast_manager.common.retry import Backoff, retrying
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,10 @@ class SelfDestroyError(Exception):
 
 class InstanceSurvived(SelfDestroyError):
     """Every attempt to destroy the instance ended with it still there (or unconfirmed)."""
+
+
+class _NotYet(Exception):
+    """One delete and its lookup left the instance there, or unconfirmed; says why."""
 
 
 def _said(status: int, text: str) -> tuple[dict[str, Any], str]:
@@ -81,29 +87,32 @@ async def destroy_vast_instance(
     headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json"}
     own = session is None
     http = session or aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
-    why = "not tried"
+    tries = retrying(
+        Backoff(base_s=base_delay_s, cap_s=cap_delay_s, factor=1.5),
+        retry_on=lambda exc: isinstance(exc, _NotYet),
+        attempts=attempts,
+        sleep=sleep,
+        log=log,
+        what=f"destroying instance {container_id}",
+    )
     try:
-        for attempt in range(1, attempts + 1):
-            try:
-                why = await _delete_and_confirm(http, url, headers, container_id)
-            except aiohttp.ClientError as exc:
-                why = type(exc).__name__
-            except TimeoutError:
-                why = "timed out"
-            if not why:
-                return
-            if attempt == attempts:
-                break
-            delay = min(cap_delay_s, base_delay_s * 1.5 ** (attempt - 1))
-            delay *= 0.5 + random.random() / 2
-            log.warning("destroying instance %s: %s; retrying in %.1f s", container_id, why, delay)
-            await sleep(delay)
+        async for attempt in tries:
+            with attempt:
+                try:
+                    why = await _delete_and_confirm(http, url, headers, container_id)
+                except aiohttp.ClientError as exc:
+                    why = type(exc).__name__
+                except TimeoutError:
+                    why = "timed out"
+                if why:
+                    raise _NotYet(why)
+    except _NotYet as last:
+        raise InstanceSurvived(
+            f"instance {container_id} is still there after {attempts} destroy attempts ({last})"
+        ) from None
     finally:
         if own:
             await http.close()
-    raise InstanceSurvived(
-        f"instance {container_id} is still there after {attempts} destroy attempts ({why})"
-    )
 
 
 async def _delete_and_confirm(

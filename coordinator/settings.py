@@ -2,6 +2,7 @@
 
 ``SETTINGS`` drives the defaults, the ``VM_*`` environment variables (the
 name upper-cased behind ``VM_``: ``db_path`` -> ``VM_DB_PATH``), the parsing,
+the bounds (keyword fields of the row, checked by ``vast_manager.common.settings_table``)
 and the docs (``settings_markdown``). ``Settings.from_env(env, **overrides)``
 resolves them, including the fleet secret file and a generated admin token.
 Errors name the variable, never a secret's value.
@@ -15,8 +16,9 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+from vast_manager.common import settings_table
 from vast_manager.protocol.signing import fleet_id as derive_fleet_id
 from vast_manager.protocol.signing import parse_secrets
 
@@ -29,7 +31,10 @@ MIN_ADMIN_TOKEN_DISTINCT_CHARS = 6
 FLEET_SECRET_FILE = "fleet-secret"
 
 
-class Setting(NamedTuple):
+@dataclass(frozen=True)
+class Setting(settings_table.Bounds):
+    """One row: ``Setting(name, default, help)``, bounds by keyword (``at_least=1``...)."""
+
     name: str
     default: Any  # None: unset, with the meaning the help text gives
     help: str
@@ -49,7 +54,7 @@ class Setting(NamedTuple):
 SETTINGS: tuple[Setting, ...] = (
     Setting("db_path", "./vast-manager.db", "SQLite database file"),
     Setting("host", "127.0.0.1", "listen address"),
-    Setting("port", 8420, "listen port (0: any free port)"),
+    Setting("port", 8420, "listen port (0: any free port)", at_least=0, at_most=65535),
     Setting(
         "public_url",
         None,
@@ -75,44 +80,68 @@ SETTINGS: tuple[Setting, ...] = (
         "(~/.config/vast-manager); never beside the database",
     ),
     Setting("fleet_id", None, "fleet id in vast.ai labels; unset: derived from the newest secret"),
-    Setting("max_usd_per_proof", 0.008, "minimum rate = dph_total / this, unless set at deploy"),
-    Setting("next_heartbeat_s", 15, "heartbeat pace the coordinator asks of agents, seconds"),
+    Setting(
+        "max_usd_per_proof", 0.008, "minimum rate = dph_total / this, unless set at deploy", above=0
+    ),
+    Setting(
+        "next_heartbeat_s", 15, "heartbeat pace the coordinator asks of agents, seconds", at_least=1
+    ),
     Setting(
         "no_hello_timeout_s",
         900.0,
         "deployed instance without hello, or an agent stuck in booting: destroyed after (seconds)",
+        above=0,
     ),
-    Setting("params_timeout_s", 5400.0, "longest parameter fetch (fetching_params), seconds"),
-    Setting("warmup_timeout_s", 1200.0, "longest warm-up (warming), seconds"),
-    Setting("benchmark_timeout_s", 2700.0, "longest benchmark run (benchmarking), seconds"),
+    Setting(
+        "params_timeout_s", 5400.0, "longest parameter fetch (fetching_params), seconds", above=0
+    ),
+    Setting("warmup_timeout_s", 1200.0, "longest warm-up (warming), seconds", above=0),
+    Setting(
+        "benchmark_timeout_s", 2700.0, "longest benchmark run (benchmarking), seconds", above=0
+    ),
     Setting(
         "silence_grace_s",
         30.0,
         "silence TTL = 3 x next_heartbeat_s + this; then the instance is `lost`",
+        at_least=0,
     ),
-    Setting("lost_timeout_s", 1800.0, "a `lost` instance silent this long is destroyed"),
+    Setting(
+        "lost_timeout_s", 1800.0, "a `lost` instance silent this long is destroyed", above=0
+    ),
     Setting(
         "terminate_grace_s",
         15.0,
         "after a terminate directive, seconds before the provider destroy (the agent gets "
         "its answer first)",
+        at_least=0,
     ),
-    Setting("monitor_interval_s", 60.0, "monitor loop period, seconds"),
-    Setting("log_lines_per_instance", 20000, "shipped log lines kept per instance"),
+    Setting("monitor_interval_s", 60.0, "monitor loop period, seconds", above=0),
+    Setting(
+        "log_lines_per_instance", 20000, "shipped log lines kept per instance", at_least=1
+    ),
     Setting(
         "heartbeat_history_interval_s",
         300.0,
         "heartbeat history keeps at most one row per agent per this many seconds",
+        at_least=0,
     ),
-    Setting("heartbeat_history_rows", 288, "heartbeat history rows kept per agent"),
-    Setting("max_deploy_dph_total", 5.0, "deploy refuses offers above this price, $/hour"),
+    Setting("heartbeat_history_rows", 288, "heartbeat history rows kept per agent", at_least=1),
+    Setting(
+        "max_deploy_dph_total", 5.0, "deploy refuses offers above this price, $/hour", above=0
+    ),
     Setting(
         "deploy_disk_gb",
         250,
         "disk of a deployed instance unless the deploy says, GB (vast.ai: also priced into "
         "the offers' dph_total; the image needs at least 250)",
+        at_least=1,
     ),
-    Setting("unowned_grace_s", 900.0, "our fleet id on an instance no agent owns: destroyed after"),
+    Setting(
+        "unowned_grace_s",
+        900.0,
+        "our fleet id on an instance no agent owns: destroyed after",
+        at_least=0,
+    ),
     Setting(
         "min_instance_ram_gb",
         128.0,
@@ -120,6 +149,7 @@ SETTINGS: tuple[Setting, ...] = (
         "its share of the host, cpu_ram x cpu_cores_effective / cpu_cores, not the host's "
         "whole; offers below it are flagged and deploys refused (cuzk needs 128 GiB and "
         "proves far faster with 256; 0: no check)",
+        at_least=0,
     ),
     Setting(
         "vast_image",
@@ -160,17 +190,21 @@ SETTINGS: tuple[Setting, ...] = (
         "max_concurrency_per_gpu",
         8,
         "plausibility: most proofs one GPU can have in flight at once",
+        at_least=1,
     ),
     Setting(
         "rate_tolerance",
         0.05,
         "plausibility: relative slack between reported and recomputed numbers",
+        at_least=0,
+        at_most=1,
     ),
     Setting(
         "max_rate_per_gpu_per_hour",
         300.0,
         "plausibility: most proofs/hour one GPU the host reported can make (about three "
         "times the best the operator has seen, 90-110/h); a faster claim is implausible",
+        above=0,
     ),
     Setting(
         "verdict_early",
@@ -184,19 +218,23 @@ SETTINGS: tuple[Setting, ...] = (
         "verdict_confidence",
         0.95,
         "early verdicts: confidence of a terminate or pass, over every look at one benchmark "
-        "(0.5-1; chosen by bench/verdict.py --sweep)",
+        "(chosen by bench/verdict.py --sweep)",
+        above=0.5,
+        below=1,
     ),
     Setting(
         "verdict_min_proofs",
         2,
         "early verdicts: completed proofs before the proof times may decide (a benchmark "
         "that stalls is caught sooner)",
+        at_least=1,
     ),
     Setting(
         "verdict_sigma_floor",
         0.15,
         "early verdicts: smallest per-proof noise assumed (sd of log proof time; the "
         "observed noise is 5-15%)",
+        above=0,
     ),
     Setting(
         "sim_time_scale",
@@ -204,15 +242,20 @@ SETTINGS: tuple[Setting, ...] = (
         "simulation only: simulated seconds per real second of the local fleet; the "
         "plausibility check scales the time it observed of a deployed instance by it "
         "(never of a bring-your-own agent: a real machine)",
+        above=0,
     ),
-    Setting("nonces_per_agent", 2000, "nonce memory per agent (beyond it: 429)"),
-    Setting("write_batch_max", 512, "most write jobs the writer commits in one transaction"),
+    Setting("nonces_per_agent", 2000, "nonce memory per agent (beyond it: 429)", at_least=1),
+    Setting(
+        "write_batch_max", 512, "most write jobs the writer commits in one transaction", at_least=1
+    ),
     Setting(
         "commit_window_ms",
         20.0,
         "how long writes gather before the writer commits them together: one fsync'ed "
         "commit per window (or per 64 writes), not per request (0: at the end of each "
-        "event-loop turn)",
+        "event-loop turn; past a second every write would wait long enough to look hung)",
+        at_least=0,
+        at_most=1000,
     ),
     Setting("tls_cert", None, "PEM certificate chain: serve HTTPS directly (needs tls_key)"),
     Setting("tls_key", None, "PEM private key of tls_cert"),
@@ -223,25 +266,33 @@ SETTINGS: tuple[Setting, ...] = (
         "host:port serves only the agent endpoints (/v1/*)",
     ),
     Setting("metrics_public", False, "serve /metrics without the admin token"),
-    Setting("log_format", "text", "server log lines: text, or json (one object per line)"),
-    Setting("session_ttl_s", 43200.0, "dashboard login session lifetime, seconds"),
+    Setting(
+        "log_format",
+        "text",
+        "server log lines: text, or json (one object per line)",
+        choices=("text", "json"),
+    ),
+    Setting("session_ttl_s", 43200.0, "dashboard login session lifetime, seconds", above=0),
     Setting(
         "admin_failures_per_minute",
         10,
         "failed admin-token attempts (dashboard logins, bearer tokens) one client address "
         "may make in a minute; beyond it `429` with Retry-After, the token not even compared",
+        at_least=1,
     ),
     Setting(
         "model_refit_interval_s",
         30.0,
         "the rate model (docs/discovery.md) refits when measurements arrive, at most once "
         "this many seconds, off the event loop; requests use the latest fit",
+        above=0,
     ),
     Setting(
         "plan_horizon_hours",
         168.0,
         "plan and autopilot: how long a host worth keeping is expected to run, hours (its "
         "saving over this pays for its trial)",
+        above=0,
     ),
     Setting("autopilot", False, "run the autopilot (`serve --autopilot`; docs/discovery.md)"),
     Setting(
@@ -249,33 +300,41 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         "autopilot: the fleet's target rate, proofs/hour (required with the autopilot)",
         float,
+        above=0,
     ),
     Setting(
         "autopilot_max_dph_total",
         None,
         "autopilot: hard cap on the fleet's price, $/hour, trials included (required)",
         float,
+        above=0,
     ),
     Setting(
         "autopilot_max_instances",
         None,
         "autopilot: hard cap on instances billing at once (required)",
         int,
+        at_least=1,
     ),
     Setting(
         "autopilot_max_explore_share",
         0.15,
         "autopilot: at its target, it explores only while trials stay within this share of "
-        "the spend over autopilot_spend_window_h (0-1)",
+        "the spend over autopilot_spend_window_h",
+        at_least=0,
+        at_most=1,
     ),
-    Setting("autopilot_max_concurrent_trials", 2, "autopilot: most trials under way at once"),
+    Setting("autopilot_max_concurrent_trials", 2, "autopilot: most trials under way at once",
+            at_least=1),
     Setting("autopilot_explore_interval_s", 3600.0,
-            "autopilot: least time between two explorations, seconds"),
-    Setting("autopilot_interval_s", 120.0, "autopilot: seconds between two decisions"),
+            "autopilot: least time between two explorations, seconds", at_least=0),
+    Setting("autopilot_interval_s", 120.0, "autopilot: seconds between two decisions",
+            above=0),
     Setting(
         "autopilot_spend_window_h",
         168.0,
         "autopilot: the spend the exploration share is measured on, the last this many hours",
+        above=0,
     ),
     Setting(
         "autopilot_filter",
@@ -317,6 +376,9 @@ def load_or_create_fleet_secret(config_dir: Path) -> list[bytes]:
         raise ValueError(f"{path}: {err}") from None
 
 
+_KIND_WORDS = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}
+
+
 def _parse(setting: Setting, raw: Any) -> Any:
     if raw is None:
         return None
@@ -326,7 +388,7 @@ def _parse(setting: Setting, raw: Any) -> Any:
             return float(raw)
         if isinstance(raw, kind):
             return raw
-        raise ValueError(f"{setting.env} must be a {kind.__name__}")
+        raise ValueError(f"{setting.env} must be {_KIND_WORDS.get(kind, kind.__name__)}")
     text = raw.strip()
     if kind is str:
         return text or None
@@ -341,7 +403,8 @@ def _parse(setting: Setting, raw: Any) -> Any:
     try:
         value = kind(text)
     except ValueError:
-        raise ValueError(f"{setting.env} must be a {kind.__name__}, got {text!r}") from None
+        words = _KIND_WORDS.get(kind, kind.__name__)
+        raise ValueError(f"{setting.env} must be {words}, got {text!r}") from None
     return value
 
 
@@ -452,39 +515,16 @@ class Settings:
                 raw = env[setting.env]
             else:
                 raw = setting.default
-            values[setting.name] = _parse(setting, raw)
+            value = _parse(setting, raw)
+            if value is not None:
+                settings_table.check(setting, value)
+            values[setting.name] = value
 
-        for name in ("port", "next_heartbeat_s", "log_lines_per_instance",
-                     "heartbeat_history_rows", "max_concurrency_per_gpu", "nonces_per_agent",
-                     "write_batch_max", "deploy_disk_gb", "admin_failures_per_minute"):
-            minimum = 0 if name == "port" else 1
-            if values[name] < minimum:
-                raise ValueError(f"{_BY_NAME[name].env} must be at least {minimum}")
-        for name in ("max_usd_per_proof", "monitor_interval_s", "max_deploy_dph_total",
-                     "sim_time_scale", "max_rate_per_gpu_per_hour"):
-            if values[name] <= 0:
-                raise ValueError(f"{_BY_NAME[name].env} must be positive")
-
+        # Rules across settings, or of a shape bounds cannot say.
         if bool(values["tls_cert"]) != bool(values["tls_key"]):
             raise ValueError("VM_TLS_CERT and VM_TLS_KEY go together: set both or neither")
         if values["admin_listen"]:
             parse_listen(values["admin_listen"])  # raises with the variable's name
-        if values["log_format"] not in ("text", "json"):
-            raise ValueError("VM_LOG_FORMAT must be text or json")
-        if values["min_instance_ram_gb"] < 0:
-            raise ValueError("VM_MIN_INSTANCE_RAM_GB must be 0 or more")
-        if values["session_ttl_s"] <= 0:
-            raise ValueError("VM_SESSION_TTL_S must be positive")
-        # Every write waits up to the window: past a second it would read as a hang.
-        if not 0 <= values["commit_window_ms"] <= 1000:
-            raise ValueError("VM_COMMIT_WINDOW_MS must be between 0 and 1000")
-
-        if not 0.5 < values["verdict_confidence"] < 1.0:
-            raise ValueError("VM_VERDICT_CONFIDENCE must be between 0.5 and 1 (exclusive)")
-        if values["verdict_min_proofs"] < 1:
-            raise ValueError("VM_VERDICT_MIN_PROOFS must be at least 1")
-        if values["verdict_sigma_floor"] <= 0:
-            raise ValueError("VM_VERDICT_SIGMA_FLOOR must be positive")
 
         _check_discovery(values)
 
@@ -517,26 +557,13 @@ class Settings:
 
 
 def _check_discovery(values: dict[str, Any]) -> None:
-    """The rate model's, the plan's and the autopilot's settings (ValueError names one)."""
-    for name in ("model_refit_interval_s", "plan_horizon_hours", "autopilot_interval_s",
-                 "autopilot_spend_window_h"):
-        if not values[name] > 0:
-            raise ValueError(f"{_BY_NAME[name].env} must be positive")
-    if values["autopilot_explore_interval_s"] < 0:
-        raise ValueError("VM_AUTOPILOT_EXPLORE_INTERVAL_S must be 0 or more")
-    if not 0 <= values["autopilot_max_explore_share"] <= 1:
-        raise ValueError("VM_AUTOPILOT_MAX_EXPLORE_SHARE must be between 0 and 1")
-    if values["autopilot_max_concurrent_trials"] < 1:
-        raise ValueError("VM_AUTOPILOT_MAX_CONCURRENT_TRIALS must be at least 1")
+    """The autopilot's caps: hard limits with no default, so required to run it (their
+    bounds are in their rows)."""
     for name in ("autopilot_target_rate_per_hour", "autopilot_max_dph_total",
                  "autopilot_max_instances"):
-        value = values[name]
-        if value is None:
-            if values["autopilot"]:
-                raise ValueError(f"{_BY_NAME[name].env} must be set to run the autopilot "
-                                 "(its caps are hard limits, with no default)")
-        elif not value > 0:
-            raise ValueError(f"{_BY_NAME[name].env} must be positive")
+        if values[name] is None and values["autopilot"]:
+            raise ValueError(f"{_BY_NAME[name].env} must be set to run the autopilot "
+                             "(its caps are hard limits, with no default)")
 
 
 def check_admin_token(token: str) -> None:
@@ -565,9 +592,5 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 def settings_markdown() -> str:
-    """The settings table for the docs (variable, default, meaning)."""
-    rows = ["| variable | default | meaning |", "|---|---|---|"]
-    for s in SETTINGS:
-        default = "unset" if s.default is None else f"`{s.default}`"
-        rows.append(f"| `{s.env}` | {default} | {s.help} |")
-    return "\n".join(rows)
+    """The settings table for the docs (variable, default, allowed values, meaning)."""
+    return settings_table.markdown(SETTINGS)

@@ -66,7 +66,7 @@ def dashboard_script() -> str:
     """``neutralise`` for the dashboard's JavaScript, built from the same definition
     (served as ``/static/textsafe.js``)."""
     return (
-        "// Generated from coordinator/render.py (UNSAFE_TEXT_RANGES): the one definition\n"
+        "// Generated from coordinator/textsafe.py (UNSAFE_TEXT_RANGES): the one definition\n"
         "// of host text that may not reach the screen as it is.\n"
         '"use strict";\n'
         f"const UNSAFE_TEXT = /[{_CLASS}]/g;\n"

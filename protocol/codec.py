@@ -1,4 +1,5 @@
-"""orjson codec for the message dataclasses."""
+"""The codec of the message dataclasses: orjson encodes, msgspec decodes and checks
+(``vast_manager.protocol.schema``)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from typing import Any, TypeVar
 
 import orjson
 
+from vast_manager.protocol import schema
 from vast_manager.protocol.errors import ProtocolError
-from vast_manager.protocol.schema import decoder
 
 T = TypeVar("T")
 
@@ -27,7 +28,7 @@ def parse_json(data: bytes | str) -> Any:
 
 def from_obj(cls: type[T], obj: Any) -> T:
     """Check an already parsed JSON value against ``cls`` and build it."""
-    return decoder(cls)(obj)
+    return schema.convert(cls, obj)
 
 
 def decode(cls: type[T], data: bytes | str) -> T:
@@ -35,4 +36,4 @@ def decode(cls: type[T], data: bytes | str) -> T:
 
     Raises ``ProtocolError`` naming the first bad field.
     """
-    return decoder(cls)(parse_json(data))
+    return schema.decode(cls, data)

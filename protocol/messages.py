@@ -1,15 +1,22 @@
-"""Message types of wire contract v1 (DESIGN 3.6), as dataclasses.
+"""Message types of wire contract v1 (docs/protocol.md), as dataclasses.
 
-Field names, types and nullability follow DESIGN 3.6 exactly. A few optional
+Field names, types and nullability follow the contract exactly. A few optional
 fields extend it in the forward-compatible way the contract allows (unknown
 fields are ignored by older peers): each is marked "extension" below and has
 a default, so it may be absent on the wire.
+
+Each field's constraints are in its type (``Annotated`` with ``msgspec.Meta``), which
+is what ``vast_manager.protocol.schema`` decodes against: every integer within the
+signed 64 bits SQLite stores, every float finite, every string and list bounded.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
+
+from msgspec import Meta
 
 from vast_manager.protocol.errors import ProtocolError
 
@@ -35,7 +42,33 @@ ProgressUnit = Literal["bytes", "proofs"]
 # twice as fast (``python bench/decode.py``, last lines), and the coordinator encodes
 # every heartbeat's telemetry again for its column.
 
-NONNEG = {"min": 0}
+# --- the constrained types ---------------------------------------------------------------
+
+# Integers are stored as SQLite INTEGER (signed 64 bits); JSON allows any size.
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+FLOAT_MAX = sys.float_info.max  # a float within +-FLOAT_MAX is finite: no inf, no nan
+#: Strings from hosts are untrusted; nothing in the contract needs more.
+DEFAULT_MAX_STR_LEN = 65536
+
+Int = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)]
+Count = Annotated[int, Meta(ge=0, le=INT64_MAX)]
+Positive = Annotated[int, Meta(ge=1, le=INT64_MAX)]
+Float = Annotated[float, Meta(ge=-FLOAT_MAX, le=FLOAT_MAX)]
+NonNegFloat = Annotated[float, Meta(ge=0, le=FLOAT_MAX)]
+Text = Annotated[str, Meta(max_length=DEFAULT_MAX_STR_LEN)]
+Text64 = Annotated[str, Meta(max_length=64)]
+Text128 = Annotated[str, Meta(max_length=128)]
+Text255 = Annotated[str, Meta(max_length=255)]
+Text1024 = Annotated[str, Meta(max_length=1024)]
+Text4096 = Annotated[str, Meta(max_length=4096)]
+
+
+def absent() -> None:
+    """The default of an absent optional field, as ``field(default_factory=absent)``: a
+    plain ``= None`` leaves msgspec's decoded instance without the attribute (the class
+    holds it), and orjson, encoding the instance's ``__dict__``, would drop the field."""
+    return None
 
 
 # --- hello -----------------------------------------------------------------
@@ -43,34 +76,34 @@ NONNEG = {"min": 0}
 
 @dataclass
 class Gpu:
-    index: int = field(metadata=NONNEG)
-    uuid: str | None
-    name: str | None
-    memory_total_bytes: int | None
-    pcie_gen_max: int | None
-    pcie_width_max: int | None
-    pcie_gen_current: int | None
-    pcie_width_current: int | None
+    index: Count
+    uuid: Text | None
+    name: Text | None
+    memory_total_bytes: Int | None
+    pcie_gen_max: Int | None
+    pcie_width_max: Int | None
+    pcie_gen_current: Int | None
+    pcie_width_current: Int | None
 
 
 @dataclass
 class HostInfo:
-    hostname: str = field(metadata={"max_len": 255})
-    cpu_model: str = field(metadata={"max_len": 255})
-    cpu_cores_logical: int = field(metadata=NONNEG)
-    cpu_cores_physical: int | None
-    ram_total_bytes: int = field(metadata=NONNEG)
-    driver_version: str | None
-    cuda_version: str | None
-    gpus: list[Gpu] = field(metadata={"max_len": 64})
+    hostname: Text255
+    cpu_model: Text255
+    cpu_cores_logical: Count
+    cpu_cores_physical: Int | None
+    ram_total_bytes: Count
+    driver_version: Text | None
+    cuda_version: Text | None
+    gpus: Annotated[list[Gpu], Meta(max_length=64)]
 
 
 @dataclass
 class Hello:
-    protocol: int
-    agent_version: str = field(metadata={"max_len": 64})
-    boot_id: str = field(metadata={"max_len": 64})
-    container_id: str | None
+    protocol: Int
+    agent_version: Text64
+    boot_id: Text64
+    container_id: Text | None
     host: HostInfo
 
     def _check(self, prefix: str) -> None:
@@ -88,76 +121,76 @@ class Hello:
 
 @dataclass
 class GpuTelemetry:
-    index: int = field(metadata=NONNEG)
-    util_pct_mean: float | None
-    util_pct_max: float | None
-    mem_used_bytes: int | None
-    pcie_tx_kbps_mean: float | None
-    pcie_rx_kbps_mean: float | None
-    power_w_mean: float | None
-    temp_c_max: float | None
-    sm_clock_mhz_mean: float | None
-    throttle_reasons: int | None
-    # extension: the link under load (the idle link trains down, nvml.md).
-    pcie_gen_current: int | None = None
-    pcie_width_current: int | None = None
+    index: Count
+    util_pct_mean: Float | None
+    util_pct_max: Float | None
+    mem_used_bytes: Int | None
+    pcie_tx_kbps_mean: Float | None
+    pcie_rx_kbps_mean: Float | None
+    power_w_mean: Float | None
+    temp_c_max: Float | None
+    sm_clock_mhz_mean: Float | None
+    throttle_reasons: Int | None
+    # extension: the link under load (the idle link trains down, docs/nvml.md).
+    pcie_gen_current: Int | None = field(default_factory=absent)
+    pcie_width_current: Int | None = field(default_factory=absent)
 
 
 @dataclass
 class CpuTelemetry:
-    util_pct_mean: float | None
-    per_core_util_pct_mean: list[float] = field(metadata={"max_len": 4096})
-    load1: float | None
-    iowait_pct_mean: float | None
+    util_pct_mean: Float | None
+    per_core_util_pct_mean: Annotated[list[Float], Meta(max_length=4096)]
+    load1: Float | None
+    iowait_pct_mean: Float | None
     # extension: cores the container may use (cgroup cpu.max), beside the host's.
-    quota_cores: float | None = None
+    quota_cores: Float | None = field(default_factory=absent)
 
 
 @dataclass
 class RamTelemetry:
-    used_bytes: int | None
-    total_bytes: int | None
+    used_bytes: Int | None
+    total_bytes: Int | None
 
 
 @dataclass
 class NetTelemetry:
-    rx_bytes_per_s: float | None
-    tx_bytes_per_s: float | None
+    rx_bytes_per_s: Float | None
+    tx_bytes_per_s: Float | None
 
 
 @dataclass
 class CuzkWorker:
-    gpu_ordinal: int
-    busy_pct: float | None
+    gpu_ordinal: Int
+    busy_pct: Float | None
 
 
 @dataclass
 class CuzkTelemetry:
     """Extension: what the cuzk daemon's /status said over the window."""
 
-    samples: int = field(metadata=NONNEG)
-    workers: list[CuzkWorker] = field(metadata={"max_len": 256})
-    synthesis_active_mean: float | None
-    synthesis_max: int | None
-    queue_depth_mean: float | None
-    memory_used_bytes_max: int | None
-    memory_total_bytes: int | None
+    samples: Count
+    workers: Annotated[list[CuzkWorker], Meta(max_length=256)]
+    synthesis_active_mean: Float | None
+    synthesis_max: Int | None
+    queue_depth_mean: Float | None
+    memory_used_bytes_max: Int | None
+    memory_total_bytes: Int | None
     # extension: the daemon's synthesis workers (min(budget / 14 GiB, [pipeline]
     # max_parallel_synthesis), at least 2; docs/cuzk.md), the cap `synthesis_active_mean`
     # is measured against. /status synthesis.max_concurrent (`synthesis_max`) is not a
     # cap: it is the budget over the smallest partition size of any proof kind.
-    synthesis_slots: int | None = field(default=None, metadata={"min": 1})
+    synthesis_slots: Positive | None = field(default_factory=absent)
 
 
 @dataclass
 class Telemetry:
-    window_s: float = field(metadata=NONNEG)
-    samples: int = field(metadata=NONNEG)
-    gpus: list[GpuTelemetry] = field(metadata={"max_len": 64})
+    window_s: NonNegFloat
+    samples: Count
+    gpus: Annotated[list[GpuTelemetry], Meta(max_length=64)]
     cpu: CpuTelemetry
     ram: RamTelemetry
     net: NetTelemetry
-    cuzk: CuzkTelemetry | None = None  # extension
+    cuzk: CuzkTelemetry | None = field(default_factory=absent)  # extension
 
 
 # --- heartbeat ---------------------------------------------------------------
@@ -165,26 +198,26 @@ class Telemetry:
 
 @dataclass
 class Progress:
-    done: int = field(metadata=NONNEG)
-    total: int = field(metadata=NONNEG)
+    done: Count
+    total: Count
     unit: ProgressUnit
     # extension: proofs the benchmark keeps in flight (`cuzk-bench batch -j`), so the
-    # coordinator can judge the rate from proof times while it runs (issue 6).
-    concurrency: int | None = field(default=None, metadata={"min": 1})
+    # coordinator can judge the rate from proof times while it runs (docs/policy.md).
+    concurrency: Positive | None = field(default_factory=absent)
 
 
 @dataclass
 class Heartbeat:
-    seq: int = field(metadata=NONNEG)
+    seq: Count
     phase: Phase
-    phase_started_at: float
+    phase_started_at: Float
     progress: Progress | None
-    proofs_completed_total: int = field(metadata=NONNEG)
-    proof_seconds_recent: list[float] = field(metadata={"max_len": 10000, "item_min": 0})
+    proofs_completed_total: Count
+    proof_seconds_recent: Annotated[list[NonNegFloat], Meta(max_length=10000)]
     telemetry: Telemetry | None
     # extension: with phase `failed`, why, in one sentence (e.g. the C1 file that cuzk
     # cannot read), so the instance's events say it; null otherwise.
-    failure: str | None = field(default=None, metadata={"max_len": 1024})
+    failure: Text1024 | None = field(default_factory=absent)
 
 
 # --- results -----------------------------------------------------------------
@@ -192,32 +225,30 @@ class Heartbeat:
 
 @dataclass
 class ScalingRun:
-    gpus_used: list[int] = field(metadata={"max_len": 64})
-    rate_per_hour: float = field(metadata=NONNEG)
+    gpus_used: Annotated[list[Int], Meta(max_length=64)]
+    rate_per_hour: NonNegFloat
     telemetry: Telemetry | None
 
 
 @dataclass
 class Result:
-    result_id: str = field(metadata={"max_len": 128})
+    result_id: Text128
     kind: ResultKind
-    proof_type: str = field(metadata={"max_len": 64})
-    started_at: float
-    finished_at: float
-    gpus_used: list[int] = field(metadata={"max_len": 64})
-    proofs_completed: int = field(metadata=NONNEG)
-    proofs_failed: int = field(metadata=NONNEG)
-    wall_seconds: float = field(metadata=NONNEG)
-    rate_per_hour: float = field(metadata=NONNEG)
-    proof_seconds: list[float] = field(metadata={"max_len": 100000, "item_min": 0})
+    proof_type: Text64
+    started_at: Float
+    finished_at: Float
+    gpus_used: Annotated[list[Int], Meta(max_length=64)]
+    proofs_completed: Count
+    proofs_failed: Count
+    wall_seconds: NonNegFloat
+    rate_per_hour: NonNegFloat
+    proof_seconds: Annotated[list[NonNegFloat], Meta(max_length=100000)]
     telemetry: Telemetry | None
-    # Present for kind == "scaling" (DESIGN 3.6); absent or null otherwise.
-    runs: list[ScalingRun] | None = field(default=None, metadata={"max_len": 16})
-    efficiency: float | None = None
-    bottleneck: Bottleneck | None = None
-    evidence: list[str] | None = field(
-        default=None, metadata={"max_len": 64, "item_max_len": 1024}
-    )
+    # Present for kind == "scaling" (docs/protocol.md); absent or null otherwise.
+    runs: Annotated[list[ScalingRun], Meta(max_length=16)] | None = field(default_factory=absent)
+    efficiency: Float | None = field(default_factory=absent)
+    bottleneck: Bottleneck | None = field(default_factory=absent)
+    evidence: Annotated[list[Text1024], Meta(max_length=64)] | None = field(default_factory=absent)
 
     def _check(self, prefix: str) -> None:
         if not self.result_id:
@@ -240,14 +271,14 @@ class Result:
 
 @dataclass
 class LogLine:
-    ts: float
-    source: str = field(metadata={"max_len": 64})
-    text: str = field(metadata={"max_len": MAX_LOG_TEXT_CHARS})
+    ts: Float
+    source: Text64
+    text: Annotated[str, Meta(max_length=MAX_LOG_TEXT_CHARS)]
 
 
 @dataclass
 class LogBatch:
-    lines: list[LogLine] = field(metadata={"max_len": MAX_LOG_LINES})
+    lines: Annotated[list[LogLine], Meta(max_length=MAX_LOG_LINES)]
 
 
 # --- answers -----------------------------------------------------------------
@@ -256,9 +287,9 @@ class LogBatch:
 @dataclass
 class Directive:
     action: Action
-    reason: str = field(metadata={"max_len": 4096})
-    next_heartbeat_s: int = field(metadata={"min": 1})
-    min_rate_per_hour: float | None
+    reason: Text4096
+    next_heartbeat_s: Positive
+    min_rate_per_hour: Float | None
 
 
 @dataclass
@@ -270,6 +301,6 @@ class ResultAck:
 
 @dataclass
 class ErrorBody:
-    error: str
-    message: str
-    field: str | None = None
+    error: Text
+    message: Text
+    field: Text | None = field(default_factory=absent)

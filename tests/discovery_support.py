@@ -1,6 +1,6 @@
 """Synthetic offers and measurements for the discovery tests (every rate simulated).
 
-Offers are the local catalog's hosts (coordinator/catalog.py) re-drawn with other
+Offers are the local catalog's hosts (coordinator/providers/local/catalog.py) re-drawn with other
 GPU counts, CPU shares and RAM; their true rates come from the simulated cuzk's
 hardware model (agent/sim/model.py ``capacities``), never from the rate model
 under test, times a hidden per-machine factor.

@@ -180,12 +180,11 @@ async def test_retries_5xx_with_capped_jittered_backoff_and_fresh_signatures(
 
 
 def test_backoff_jitter_differs_between_agents() -> None:
-    b = Backoff(base_s=1.0, cap_s=60.0)
-    a = [b.delay(5, random.Random(1)) for _ in range(1)]
-    c = [b.delay(5, random.Random(2)) for _ in range(1)]
+    a = [Backoff(base_s=1.0, cap_s=60.0, rng=random.Random(1).random).after(5)]
+    c = [Backoff(base_s=1.0, cap_s=60.0, rng=random.Random(2).random).after(5)]
     assert a != c
     assert all(8.0 <= x <= 16.0 for x in a + c)
-    assert b.delay(50, random.Random(3)) <= 60.0
+    assert Backoff(base_s=1.0, cap_s=60.0).after(50) <= 60.0
 
 
 async def test_unsigned_and_badly_signed_answers_are_never_acted_on(aiohttp_server: Any) -> None:

@@ -16,7 +16,7 @@ import types
 import typing
 from collections import Counter
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import orjson
 import pytest
@@ -85,12 +85,17 @@ def test_every_result_flag_is_documented() -> None:
     assert stored["properties"]["flags"]["items"]["enum"] == list(RESULT_FLAGS)
 
 
-def _schema_for(tp: Any, meta: dict[str, Any]) -> dict[str, Any]:
-    """The JSON Schema of one message field, from the same facts the decoder uses."""
+def _schema_for(tp: Any) -> dict[str, Any]:
+    """The JSON Schema of one message field, from the same annotations the decoder reads."""
+    meta: dict[str, Any] = {}
+    while get_origin(tp) is Annotated:
+        tp, *extras = get_args(tp)
+        meta.update({k: getattr(m, k) for m in extras for k in ("ge", "max_length")
+                     if getattr(m, k, None) is not None})
     origin = get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         (inner,) = [a for a in get_args(tp) if a is not type(None)]
-        schema = _schema_for(inner, meta)
+        schema = _schema_for(inner)
         if "$ref" in schema:
             return {"anyOf": [schema, {"type": "null"}]}
         out = {**schema, "type": [schema["type"], "null"]}
@@ -99,21 +104,22 @@ def _schema_for(tp: Any, meta: dict[str, Any]) -> dict[str, Any]:
         return out
     if origin is list:
         (item,) = get_args(tp)
-        item_meta = {k[5:]: v for k, v in meta.items() if k.startswith("item_")}
-        out = {"type": "array", "items": _schema_for(item, item_meta)}
-        if "max_len" in meta:
-            out["maxItems"] = meta["max_len"]
+        out = {"type": "array", "items": _schema_for(item)}
+        if "max_length" in meta:
+            out["maxItems"] = meta["max_length"]
         return out
     if origin is Literal:
         return {"type": "string", "enum": list(get_args(tp))}
     if tp is bool:
         return {"type": "boolean"}
     if tp is int:
-        return {"type": "integer", "maximum": 2**63 - 1, "minimum": meta.get("min", -(2**63))}
+        return {"type": "integer", "maximum": 2**63 - 1, "minimum": meta["ge"]}
     if tp is float:
-        return {"type": "number", **({"minimum": meta["min"]} if "min" in meta else {})}
+        # Every float is bounded to the finite ones; only a lower bound of its own is shown.
+        low = meta["ge"]
+        return {"type": "number", **({"minimum": low} if low != -messages.FLOAT_MAX else {})}
     if tp is str:
-        return {"type": "string", "maxLength": meta.get("max_len", 65536)}
+        return {"type": "string", "maxLength": meta["max_length"]}
     assert isinstance(tp, type) and dataclasses.is_dataclass(tp), tp
     return {"$ref": f"#/components/schemas/{tp.__name__}"}
 
@@ -136,9 +142,9 @@ MESSAGE_TYPES = [
 @pytest.mark.parametrize("cls", MESSAGE_TYPES, ids=lambda c: c.__name__)
 def test_message_schemas_follow_the_dataclasses(cls: type) -> None:
     documented = load_doc()["components"]["schemas"][cls.__name__]
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    expected_props = {f.name: _schema_for(hints[f.name], dict(f.metadata)) for f in fields}
+    expected_props = {f.name: _schema_for(hints[f.name]) for f in fields}
     required = [f.name for f in fields
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     assert _without_descriptions(documented["properties"]) == expected_props

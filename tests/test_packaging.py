@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("agent", "coordinator", "protocol")
+PARTS = ("agent", "coordinator", "protocol", "common")
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 
@@ -77,7 +77,7 @@ def test_every_module_imports_on_its_own() -> None:
 
 def test_no_bare_module_names_in_commands() -> None:
     """A bare module name after ``-m`` would run whatever PyPI project owns that name."""
-    bare = re.compile(r"""(-m\s+|["']-m["'],\s*["'])(agent|coordinator|protocol)\.""")
+    bare = re.compile(r"""(-m\s+|["']-m["'],\s*["'])(agent|coordinator|protocol|common)\.""")
     files = [*ROOT.glob("*/**/*.py"), *ROOT.glob("image/*"), *ROOT.glob(".ci/*"),
              *ROOT.glob("docs/*.md"), ROOT / "README.md"]
     hits = [f"{f.relative_to(ROOT)}:{n}" for f in files

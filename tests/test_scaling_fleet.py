@@ -19,7 +19,7 @@ from vast_manager.coordinator.web.server import start_server
 
 pytestmark = pytest.mark.slow
 
-# machine_id -> expected bottleneck (coordinator/catalog.py):
+# machine_id -> expected bottleneck (coordinator/providers/local/catalog.py):
 EXPECTED = {
     "41008": "cpu",  # 4x RTX 5060 Ti on an 8-core desktop CPU (the operator's 38.8/h box)
     "41009": "pcie",  # 4x RTX 3090 on PCIe Gen3 x4 risers

@@ -16,9 +16,6 @@ from pathlib import Path
 import pytest
 
 from vast_manager.coordinator.store.writer import WINDOW_FULL_JOBS, Store, Tx
-from vast_manager.protocol.errors import ProtocolError
-from vast_manager.protocol.messages import CpuTelemetry
-from vast_manager.protocol.schema import converter
 
 
 async def test_one_turn_of_writes_commits_together_and_failures_stay_alone(
@@ -71,18 +68,6 @@ async def test_latest_telemetry_is_in_its_table_once_answered(tmp_path: Path) ->
         assert store.count_rows()["telemetry"] == 1
     finally:
         store.close()
-
-
-def test_float_lists_are_checked_in_bulk_with_the_same_errors() -> None:
-    conv = converter(CpuTelemetry)
-    base = {"util_pct_mean": 1.0, "load1": None, "iowait_pct_mean": None}
-    cpu = conv({**base, "per_core_util_pct_mean": [1, 2.5]}, "cpu")
-    assert cpu.per_core_util_pct_mean == [1.0, 2.5]
-    assert all(type(v) is float for v in cpu.per_core_util_pct_mean)
-    for bad, where in (([1.0, "x"], "[1]"), ([1.0, True], "[1]"), ([None], "[0]")):
-        with pytest.raises(ProtocolError) as err:
-            conv({**base, "per_core_util_pct_mean": bad}, "cpu")
-        assert err.value.field == "cpu.per_core_util_pct_mean" + where
 
 
 async def test_a_commit_window_gathers_writes_of_several_loop_turns(tmp_path: Path) -> None:

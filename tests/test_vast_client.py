@@ -270,7 +270,8 @@ async def test_persistent_5xx_ends_in_clear_error(client: VastClient, sleeps: Sl
 
 
 async def test_backoff_is_capped_and_jittered(sleeps: Sleeps) -> None:
-    draws = iter([0.0, 1.0, 0.0, 1.0, 0.5, 0.5, 0.5])
+    # Seven waits; tenacity also draws one after the last attempt, before it stops.
+    draws = iter([0.0, 1.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5])
     c = VastClient(
         KEY, BASE, sleep=sleeps, rng=lambda: next(draws), max_attempts=8, backoff_cap_s=3.0
     )

@@ -3,8 +3,9 @@
 Speaks the endpoints of docs/vast.md with aiohttp, Bearer auth only (the
 official CLI also appends ``?api_key=`` to every URL; we never put the key in
 a URL, a log line or an exception message). Transient failures (429, 502,
-503, 504, connection errors, timeouts) are retried with capped, jittered
-exponential backoff; everything else maps to the named errors of
+503, 504, connection errors, timeouts) are retried under the one retry policy
+(``vast_manager.common.retry``: capped exponential backoff with jitter, run by
+tenacity); everything else maps to the named errors of
 ``vast_manager.coordinator.providers.base``, read as vast.ai means them (docs/vast.md):
 
 - an invalid key is an ``AuthError`` naming where the key came from, whatever
@@ -32,6 +33,7 @@ from typing import Any
 
 import aiohttp
 
+from vast_manager.common.retry import Backoff, retrying
 from vast_manager.coordinator.providers.base import (
     AuthError,
     BadRequest,
@@ -124,10 +126,11 @@ class VastClient:
         self._session = session
         self._owns_session = session is None
         self._sleep = sleep
-        self._rng = rng
         self.max_attempts = max_attempts
-        self.backoff_base_s = backoff_base_s
-        self.backoff_cap_s = backoff_cap_s
+        # Delays start at 0.5 s and double (the CLI waits 0.15 s x 1.5^n): the offers
+        # search allows about 10 requests a minute per IP, so the CLI's delays would
+        # spend every attempt inside the same rate-limit window (docs/vast.md).
+        self._backoff = Backoff(base_s=backoff_base_s, cap_s=backoff_cap_s, rng=rng)
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
 
     def __repr__(self) -> str:  # never show the key
@@ -269,14 +272,6 @@ class VastClient:
             self._owns_session = True
         return self._session
 
-    def _backoff_s(self, attempt: int) -> float:
-        # Exponential, capped, with jitter in [50%, 100%] so a fleet of callers
-        # does not retry in lockstep. (The CLI waits 0.15 s x 1.5^n; the offers
-        # search allows ~10 requests a minute per IP, so that would spend every
-        # attempt inside the same rate-limit window.)
-        raw = min(self.backoff_cap_s, self.backoff_base_s * (2**attempt))
-        return raw * (0.5 + 0.5 * self._rng())
-
     def _headers(self) -> dict[str, str]:
         return {
             "Authorization": f"Bearer {self._api_key}",
@@ -298,68 +293,83 @@ class VastClient:
         Raises ``_NotFound`` for a plain 404/410 (callers decide what gone means),
         ``OfferGone`` for ``no_such_ask``, and the named errors otherwise.
         """
-        url = self.base_url + path
         what = f"{method} {path}"
-        last_problem = ""
-        status: int | None = None
-        for attempt in range(self.max_attempts):
-            if attempt:
-                await self._sleep(self._backoff_s(attempt - 1))
-            status = None
-            try:
-                async with self._get_session().request(
-                    method,
-                    url,
-                    params=dict(params) if params else None,
-                    json=json_body,
-                    headers=self._headers(),
-                    timeout=self._timeout,
-                ) as resp:
-                    status = resp.status
-                    text = await resp.text()
-            except aiohttp.ClientConnectorError as exc:
-                # Never connected: the request did not reach vast.ai, so even a
-                # create may be retried.
-                last_problem = f"cannot connect ({type(exc).__name__})"
-                log.warning("vast.ai %s: %s (attempt %d)", what, last_problem, attempt + 1)
-                continue
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                last_problem = _describe(exc, self._scrub)
-                if not idempotent:
-                    raise OutcomeUnknown(
-                        f"vast.ai {what}: outcome unknown ({last_problem}); "
-                        "not retried so as not to act twice"
-                    ) from None
-                log.warning("vast.ai %s: %s (attempt %d)", what, last_problem, attempt + 1)
-                continue
-            log.debug("vast.ai %s -> %d", what, status)
-            body = _parse_json(text)
-            if status in _RETRYABLE_STATUS:
-                # 429 bodies are plain text or {"detail": ...}, with no Retry-After.
-                last_problem = f"HTTP {status}"
-                detail = _message(body, text)
-                if detail:
-                    last_problem += f": {_clean(self._scrub(detail))[:120]}"
-                if status != 429 and not idempotent:
-                    raise OutcomeUnknown(
-                        f"vast.ai {what}: answered {status}, outcome unknown; "
-                        "not retried so as not to act twice"
-                    )
-                log.warning("vast.ai %s: HTTP %d (attempt %d)", what, status, attempt + 1)
-                continue
-            if 200 <= status < 300:
-                if not isinstance(body, dict):
-                    raise ProviderError(f"vast.ai {what}: answered {status} without a JSON object")
-                return body
-            raise self._error_from_body(status, body if body is not None else text, what)
-        if status == 429:
-            raise RateLimited(
-                f"vast.ai {what}: still rate limited after {self.max_attempts} attempts "
-                f"({last_problem})"
-            )
-        raise ProviderError(
-            f"vast.ai {what}: failed after {self.max_attempts} attempts ({last_problem})"
+        attempts = retrying(
+            self._backoff,
+            retry_on=lambda exc: isinstance(exc, _Transient),
+            attempts=self.max_attempts,
+            sleep=self._sleep,
+            log=log,
+            what=f"vast.ai {what}",
         )
+        try:
+            async for attempt in attempts:
+                with attempt:
+                    return await self._request_once(method, path, params, json_body, idempotent)
+        except _Transient as last:
+            if last.status == 429:
+                raise RateLimited(
+                    f"vast.ai {what}: still rate limited after {self.max_attempts} attempts "
+                    f"({last})"
+                ) from None
+            raise ProviderError(
+                f"vast.ai {what}: failed after {self.max_attempts} attempts ({last})"
+            ) from None
+        raise AssertionError("unreachable: tenacity returns or raises")
+
+    async def _request_once(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None,
+        json_body: Any,
+        idempotent: bool,
+    ) -> dict[str, Any]:
+        """One try: the JSON object answered, ``_Transient`` for a failure worth another
+        try, ``OutcomeUnknown`` for one that is not (a create that may have happened)."""
+        what = f"{method} {path}"
+        try:
+            async with self._get_session().request(
+                method,
+                self.base_url + path,
+                params=dict(params) if params else None,
+                json=json_body,
+                headers=self._headers(),
+                timeout=self._timeout,
+            ) as resp:
+                status = resp.status
+                text = await resp.text()
+        except aiohttp.ClientConnectorError as exc:
+            # Never connected: the request did not reach vast.ai, so even a create
+            # may be retried.
+            raise _Transient(f"cannot connect ({type(exc).__name__})") from None
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            problem = _describe(exc, self._scrub)
+            if not idempotent:
+                raise OutcomeUnknown(
+                    f"vast.ai {what}: outcome unknown ({problem}); "
+                    "not retried so as not to act twice"
+                ) from None
+            raise _Transient(problem) from None
+        log.debug("vast.ai %s -> %d", what, status)
+        body = _parse_json(text)
+        if status in _RETRYABLE_STATUS:
+            # 429 bodies are plain text or {"detail": ...}, with no Retry-After.
+            if status != 429 and not idempotent:
+                raise OutcomeUnknown(
+                    f"vast.ai {what}: answered {status}, outcome unknown; "
+                    "not retried so as not to act twice"
+                )
+            problem = f"HTTP {status}"
+            detail = _message(body, text)
+            if detail:
+                problem += f": {_clean(self._scrub(detail))[:120]}"
+            raise _Transient(problem, status)
+        if 200 <= status < 300:
+            if not isinstance(body, dict):
+                raise ProviderError(f"vast.ai {what}: answered {status} without a JSON object")
+            return body
+        raise self._error_from_body(status, body if body is not None else text, what)
 
     def _check_success(self, body: dict[str, Any], what: str) -> None:
         """A 200 answering ``success: false`` is a refusal, not a result."""
@@ -405,6 +415,15 @@ class VastClient:
 class OutcomeUnknown(ProviderError):
     """A create may or may not have happened (5xx, timeout or dropped connection
     after the request was sent); it was not retried so as not to rent twice."""
+
+
+class _Transient(ProviderError):
+    """One try failed in a way another may not (429, 502-504, no connection, a timeout):
+    the message says how, never the key."""
+
+    def __init__(self, problem: str, status: int | None = None) -> None:
+        super().__init__(problem)
+        self.status = status
 
 
 class _NotFound(ProviderError):

@@ -1,7 +1,7 @@
 // vast-manager dashboard: plain JS over the operator API, no build step.
 // Every value a host sent (names, labels, log lines, reasons) reaches the page
 // through textContent or an attribute set by code, never through HTML parsing,
-// and through safeText (textsafe.js, generated from coordinator/render.py), so
+// and through safeText (textsafe.js, generated from coordinator/cli/render.py), so
 // control and bidi characters show as escapes instead of acting on the page.
 "use strict";
 
