@@ -72,7 +72,7 @@ def edges(row: Any) -> tuple[list[Any], list[Any]]:
         return list(row.choices), ["no-such-choice"]
     inside: list[Any] = []
     outside: list[Any] = []
-    integer = isinstance(row.default, int) or row.env in (
+    integer = getattr(row, "kind", None) is int or isinstance(row.default, int) or row.env in (
         "VM_C1_MINER_ID", "VM_BENCH_PROOFS", "VM_BENCH_CONCURRENCY", "VM_SPOOL_MAX_BYTES"
     )
     step = 1 if integer else 0.001
