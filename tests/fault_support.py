@@ -322,7 +322,7 @@ def audit_results(instances_dir: Path, db_path: Path) -> dict[str, int]:
     acknowledged is stored; no result is left in any spool. Returns totals."""
     totals = {"agents": 0, "produced": 0, "acknowledged": 0, "stored": 0}
     with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as db:
-        for log_path in sorted(instances_dir.glob("instance-*/vast_manager.agent.log")):
+        for log_path in sorted(instances_dir.glob("instance-*/agent.log")):
             text = log_path.read_text(errors="replace")
             found = _AGENT_RE.search(text)
             if found is None:

@@ -83,7 +83,7 @@ def test_sigkill_under_load_every_result_stored_exactly_once(tmp_path: Path) -> 
         wait_until(done, "the fleet to settle with every spool empty", 240, poll_s=1.0)
         totals = audit_results(instances_dir, coord.db_path)
         retries = sum(p.read_text(errors="replace").count("; retry ")
-                      for p in instances_dir.glob("instance-*/vast_manager.agent.log"))
+                      for p in instances_dir.glob("instance-*/agent.log"))
         print(f"SIGKILL x{KILLS}: {totals}; {rebenchmarks} rebenchmarks; "
               f"{retries} agent retries")
         assert totals["agents"] == len(local_offers())
