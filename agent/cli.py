@@ -30,7 +30,8 @@ Exit status:
   {EXIT_FAILED}    failed (reported as phase `failed`, then terminated), or crashed
   {EXIT_CONFIG}    bad configuration (the message names the variable)
   {EXIT_ORPHANED}    orphan rule: no coordinator for VM_ORPHAN_TIMEOUT; instance destroyed
-  {EXIT_DESTROY_FAILED}    asked to self-destroy, but the provider could not be reached
+  {EXIT_DESTROY_FAILED}    self-destroy failed: the instance survives (vast.ai refused the key
+       or the destroy, or still listed it after every attempt)
   130  stopped by SIGINT; 143 stopped by SIGTERM (children stopped, no self-destroy)
 
 \b

@@ -1,4 +1,4 @@
-"""The agent's lifecycle (DESIGN 5): booting -> hello -> fetching_params -> warming ->
+"""The agent's lifecycle (docs/policy.md): booting -> hello -> fetching_params -> warming ->
 benchmarking -> result(s) -> proving, or terminating / failed.
 
 One controller runs one plan at a time as a task ("hello", "prepare",
@@ -81,7 +81,7 @@ EXIT_TERMINATED = 0  # terminated on the coordinator's directive, instance destr
 EXIT_FAILED = 1  # an unrecoverable error (reported as phase `failed` first)
 EXIT_CONFIG = 2  # bad configuration or usage (the CLI)
 EXIT_ORPHANED = 3  # the orphan rule fired: instance destroyed without the coordinator
-EXIT_DESTROY_FAILED = 4  # asked to self-destroy, but the provider refused or was unreachable
+EXIT_DESTROY_FAILED = 4  # self-destroy failed: refused, unreachable, or the instance survives
 EXIT_SIGNALLED = 128  # + the signal number (SIGTERM: 143, SIGINT: 130)
 
 DEFAULT_HEARTBEAT_S = 30.0
@@ -964,7 +964,7 @@ class Agent:
     # -- the orphan rule -------------------------------------------------------------------------
 
     def orphan_check(self) -> bool:
-        """True when the orphan rule (DESIGN 5) says this instance runs unwatched."""
+        """True when the orphan rule (docs/operations.md) says this instance runs unwatched."""
         now = self._monotonic()
         timeout = self.config.orphan_timeout_s
         last_answer = self.client.last_verified_at or self._started_mono

@@ -3,7 +3,9 @@
 vast.ai: ``DELETE {VAST_URL}/api/v0/instances/$CONTAINER_ID/`` with the
 instance's own ``CONTAINER_API_KEY`` (docs/vast.md). The instance is gone when
 vast.ai said so (``success: true``, or ``404 not_found``: already gone) *and*
-a lookup (``GET /api/v0/instances/$CONTAINER_ID/``) no longer finds it;
+a lookup (``GET /api/v0/instances/$CONTAINER_ID/``) no longer finds it
+(``{"instances": null}``, a 404 whose body says the instance is not found, or
+the instance's key refused right after the accepted delete);
 otherwise the delete is sent again, under the one retry policy
 (``vast_manager.common.retry``). A key vast.ai refuses
 ("Invalid user key", whatever the status) is not an instance that is gone.
@@ -139,7 +141,9 @@ async def _delete_and_confirm(
     if status == 200 and body.get("instances") is None and "instances" in body:
         log.info("instance %s destroyed (confirmed gone)", container_id)
         return ""
-    if status == 404 or _refused_key(status, body, said):
+    # A 404 is gone only when vast.ai's body says so: a 404 does not always mean gone.
+    gone = status == 404 and body.get("error") in _GONE_ERRORS
+    if gone or _refused_key(status, body, said):
         log.info("instance %s destroyed (its lookup answered %s)", container_id, said)
         return ""
     if status == 200 and isinstance(body.get("instances"), dict):

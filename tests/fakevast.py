@@ -47,8 +47,10 @@ fake's clock), so tests and benches can count instance-minutes.
 With a ``launcher`` (``SimAgents``), create really starts the instance: a
 ``vast-agent run`` process on the simulated cuzk, with the create's ``env``
 plus what vast.ai sets inside a container (``CONTAINER_ID``,
-``CONTAINER_API_KEY``, ``VAST_URL``); destroy stops it and everything it
-started.
+``CONTAINER_API_KEY``, ``VAST_CONTAINERLABEL``, ``PUBLIC_IPADDR``,
+``GPU_COUNT``) and ``VAST_URL`` pointing at the fake (the fake's own: vast.ai
+sets no such variable, and the agent defaults to console.vast.ai); destroy
+stops it and everything it started.
 """
 
 from __future__ import annotations
@@ -489,14 +491,17 @@ class FakeVast:
                 status=self.create_fail_status,
             )
         if self.launcher is not None:
-            # What vast.ai sets inside every container, beside the create's env.
+            # What vast.ai sets inside every container, beside the create's env
+            # (docs/vast.md); VAST_URL is the fake's own, so the agent's self-destroy
+            # reaches this fake instead of console.vast.ai.
             inside = {str(k): str(v) for k, v in env.items()}
             inside.update({
                 "CONTAINER_ID": str(iid),
                 "CONTAINER_API_KEY": key,
                 "VAST_CONTAINERLABEL": f"C.{iid}",
-                "VAST_URL": self.url,
+                "PUBLIC_IPADDR": "127.0.0.1",
                 "GPU_COUNT": str(offer.get("num_gpus") or 1),
+                "VAST_URL": self.url,
             })
             self.launcher.start(self.instances[iid], copy.deepcopy(offer), inside)
         if self.lose_create_answers > 0:

@@ -84,6 +84,19 @@ async def test_success_false_is_not_a_destroy_and_is_retried_with_backoff(
     assert fake.destroys_of(int(cid)) == ["instance"] * 3
     assert int(cid) not in fake.instances
     assert len(sleeps.delays) == 2 and sleeps.delays[1] > sleeps.delays[0] * 0.5
+    # A refusal is read as one: the delete is sent again, and only the accepted one is
+    # looked up.
+    mine = [r.method for r in fake.requests if r.path == f"/api/v0/instances/{cid}/"]
+    assert mine == ["DELETE", "DELETE", "DELETE", "GET"]
+
+
+async def test_a_404_that_does_not_say_gone_is_not_gone(fake: FakeVast) -> None:
+    cid, key = await instance(fake)
+    # Something in between answers the delete and its lookup with a bare 404 page.
+    fake.fail_next, fake.fail_status = 2, 404
+    await destroy_vast_instance(cid, key, vast_url=fake.url, sleep=Sleeps())
+    assert fake.destroys_of(int(cid)) == ["instance"] * 2  # sent again, then confirmed
+    assert int(cid) not in fake.instances
 
 
 async def test_accepted_but_still_listed_is_sent_again(fake: FakeVast) -> None:

@@ -1,5 +1,5 @@
 """`vast-manager serve --provider vast` as a process against the fake vast.ai, and the
-operator CLI (`offers`, `deploy`, `destroy`) against it (issue 4, build 1 and 8)."""
+operator CLI (`offers`, `deploy`, `destroy`) against it."""
 
 from __future__ import annotations
 
@@ -176,17 +176,20 @@ async def test_a_small_slice_is_flagged_in_offers_and_refused_at_deploy(served: 
                    cpu_ram=257000, dph_total=0.80)
     code, out = await run_cli(env, "offers")
     assert code == 0, out
+    print(f"\n$ vast-manager offers\n{out}")  # shown with pytest -s
     (small,) = [line for line in out.splitlines() if line.startswith("9201 ")]
     (whole,) = [line for line in out.splitlines() if line.startswith("9202 ")]
     assert "TOO-SMALL" in small and " 64G " in small and " 32 " in small
     assert "would get about 64 GB of RAM (515 GB x 32/256 cores = 64.4 GB)" in small
     assert "TOO-SMALL" not in whole and " 257G " in whole
     code, out = await run_cli(env, "deploy", "9201")
+    print(f"$ vast-manager deploy 9201  (exit {code})\n{out}")
     assert code == 1, out
     assert "Offer 9201 is refused: its instance would get about 64 GB of RAM" in out
     assert "below the 128 GB cuzk needs (VM_MIN_INSTANCE_RAM_GB)" in out
     assert fake.calls("PUT", "/api/v0/asks/") == []
     code, out = await run_cli(env, "deploy", "9202")
+    print(f"$ vast-manager deploy 9202  (exit {code})\n{out}")
     assert code == 0, out
     assert [c.path for c in fake.calls("PUT", "/api/v0/asks/")] == ["/api/v0/asks/9202/"]
 

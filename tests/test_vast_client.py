@@ -135,6 +135,26 @@ async def test_show_instance_gone_is_none(
         assert await client.show_instance(55) is None
 
 
+@pytest.mark.parametrize(
+    ("status", "body", "payload"),
+    [
+        (404, "404: Not Found", None),  # a page from something in between, not vast.ai
+        (404, None, {"success": False, "error": "invalid_args", "msg": "bad request"}),
+        (200, None, {"success": True}),  # no instances field: not "null", so not gone
+    ],
+    ids=["404-page", "404-other-error", "200-without-instances"],
+)
+async def test_a_lookup_that_does_not_say_gone_is_an_error_not_gone(
+    client: VastClient, status: int, body: str | None, payload: dict[str, Any] | None
+) -> None:
+    with aioresponses() as m:
+        m.get(f"{BASE}/api/v0/instances/55/?owner=me", status=status, body=body,
+              payload=payload)
+        with pytest.raises(ProviderError) as err:
+            await client.show_instance(55)
+    assert not isinstance(err.value, AuthError)
+
+
 async def test_list_instances_follows_next_token(client: VastClient) -> None:
     order_by = json.dumps([{"col": "id", "dir": "asc"}])
     page = re.compile(re.escape(f"{BASE}/api/v1/instances/") + r"\?.*")

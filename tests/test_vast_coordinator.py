@@ -1,9 +1,9 @@
 """The coordinator app with the real VastProvider against the fake vast.ai on loopback.
 
-One test per point of issue 4's acceptance 1 (last point), 4, 5 and 6, plus
-item 6 (contention) and the monitor's adoption of an instance whose create
-answer never reached us. The clock is injected and the monitor is driven
-round by round (``tick``), so nothing sleeps.
+Deploys and their refusals, reconciliation, contention, ranking, and vast.ai read as
+vast.ai means it (docs/vast.md): statuses that never run, failed creates that made an
+instance, the instance's share of its host, a refused key. The clock is injected and
+the monitor is driven round by round (``tick``), so nothing sleeps.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ async def env(aiohttp_client: Any, tmp_path: Path) -> AsyncIterator[Env]:
             await provider.close()
 
 
-# --- acceptance 1 (last point): 410 no_such_ask at create -> 409 offer_gone ----------
+# --- 410 no_such_ask at create -> 409 offer_gone -----------------------------------
 
 
 async def test_no_such_ask_at_create_is_409_offer_gone(env: Env) -> None:
@@ -99,7 +99,7 @@ async def test_no_such_ask_at_create_is_409_offer_gone(env: Env) -> None:
     assert agent is not None and agent["revoked"] == 1
 
 
-# --- acceptance 4: reconciliation ------------------------------------------------------
+# --- reconciliation -------------------------------------------------------------------
 
 
 async def test_leaked_instance_is_destroyed_after_the_grace_not_before(env: Env) -> None:
@@ -131,10 +131,15 @@ async def test_an_instance_that_will_never_run_is_destroyed_in_the_second_round(
     assert env.fake.destroys_of(vid) == []  # seen once: one odd answer ends nothing
     await env.tick()
     assert env.fake.destroys_of(vid) == ["account"]
-    row = env.row(d["instance_id"])
+    # Destroyed means: vast.ai said so, and a lookup after it no longer found it.
+    mine = [r.method for r in env.fake.requests if r.path == f"/api/v0/instances/{vid}/"]
+    assert mine == ["DELETE", "GET"] and vid not in env.fake.instances
+    row = env.row(d["instance_id"])  # the outcome, with its reason
     assert row["state"] == "destroyed"
     assert f"vast.ai status {status}" in row["terminate_reason"]
     assert "seen in 2 rounds in a row" in row["terminate_reason"]
+    (event,) = [e for e in env.h.store.events(d["instance_id"]) if e["kind"] == "destroy"]
+    assert f"vast.ai status {status}" in event["reason"] and "destroy_dead" in event["reason"]
     agent = env.h.store.get_agent(d["agent_id"])
     assert agent is not None and agent["revoked"] == 1
     await env.tick()  # idempotent: nothing more to do
@@ -175,7 +180,7 @@ async def test_phase_timeout_destroys_through_vast(env: Env) -> None:
     assert row["state"] == "destroyed" and "no hello" in row["terminate_reason"]
 
 
-# --- acceptance 5: refused deploys, another fleet's instances ----------------------------
+# --- refused deploys, another fleet's instances -----------------------------------------
 
 
 async def test_deploy_onto_a_bad_host_is_refused_without_create(env: Env) -> None:
@@ -263,7 +268,7 @@ async def test_abandoned_record_still_on_vast_is_destroyed_once_aged(env: Env) -
     assert vid not in env.fake.instances
 
 
-# --- item 6: contention ---------------------------------------------------------------
+# --- contention -----------------------------------------------------------------------
 
 
 async def test_result_measured_beside_another_of_ours_is_contended(env: Env) -> None:
@@ -314,7 +319,7 @@ async def test_result_alone_on_its_machine_counts(env: Env) -> None:
     assert perf["machine_id"] == "51001"
 
 
-# --- acceptance 6: offers ranked by the rate model, through GET /api/offers --------------
+# --- offers ranked by the rate model, through GET /api/offers ----------------------------
 
 
 def _reference_rate(basis: str) -> float:

@@ -349,6 +349,21 @@ async def test_destroy_is_confirmed_or_an_error(env: Env) -> None:
     assert iid not in env.fake.instances
 
 
+async def test_a_404_that_does_not_say_gone_confirms_no_destroy(env: Env) -> None:
+    offer = env.fake.add_offer(97, 9700)
+    created = await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+    iid = created.instance_id
+    # Something in between answers the delete and the lookup with a bare 404 page: the
+    # instance is still there, so the destroy is not done.
+    env.fake.fail_next, env.fake.fail_status = 2, 404
+    with pytest.raises(ProviderError, match="not read as gone"):
+        await env.provider.destroy_instance(iid)
+    assert iid in env.fake.instances
+    await env.provider.destroy_instance(iid)  # sent again (the monitor's next round)
+    assert iid not in env.fake.instances
+    assert env.fake.destroys_of(iid) == ["account", "account"]
+
+
 async def test_an_invalid_key_is_an_auth_error_on_every_call(env: Env) -> None:
     env.fake.add_offer(95, 9500)
     env.fake.api_key = "another-key"  # ours is now wrong

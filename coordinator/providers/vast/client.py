@@ -182,16 +182,32 @@ class VastClient:
         return answer
 
     async def show_instance(self, instance_id: int) -> dict[str, Any] | None:
-        """GET /api/v0/instances/{id}/?owner=me; None when the instance does not exist."""
+        """GET /api/v0/instances/{id}/?owner=me; None when the instance does not exist.
+
+        vast.ai answers ``{"instances": null}`` for an instance that does not exist
+        (docs/vast.md); a ``404`` counts as gone only when its body says so
+        (``no_such_instance``, ``not_found``). Any other answer (a 404 page from
+        something in between, a 200 without ``instances``) is an error, never "gone":
+        a destroy is confirmed by this lookup.
+        """
+        what = f"show of instance {instance_id}"
         try:
             body = await self._request(
                 "GET", f"/api/v0/instances/{int(instance_id)}/", params={"owner": "me"}
             )
-        except _NotFound:
+        except _NotFound as err:
+            if err.error in _GONE_ERRORS:
+                return None
+            raise ProviderError(f"{err}; not read as gone") from None
+        self._check_success(body, what)
+        if "instances" not in body:
+            raise ProviderError(f"vast.ai {what} answered without an instances field")
+        row = body["instances"]
+        if row is None:
             return None
-        self._check_success(body, f"show of instance {instance_id}")
-        row = body.get("instances")
-        return row if isinstance(row, dict) else None
+        if not isinstance(row, dict):
+            raise ProviderError(f"vast.ai {what} answered an instances field that is not an object")
+        return row
 
     async def list_instances(self) -> list[dict[str, Any]]:
         """Every instance of the account: GET /api/v1/instances/, following ``next_token``.
@@ -401,7 +417,7 @@ class VastClient:
         ):
             return OfferGone(f"vast.ai {what}: offer gone ({said})")
         if status in (404, 410):
-            return _NotFound(f"vast.ai {what}: not found ({said})")
+            return _NotFound(f"vast.ai {what}: not found ({said})", error)
         if status in (400, 403):
             return BadRequest(f"vast.ai {what}: refused ({said})")
         if status == 429:
@@ -427,7 +443,12 @@ class _Transient(ProviderError):
 
 
 class _NotFound(ProviderError):
-    """404/410 for something other than an offer; callers turn it into None or success."""
+    """404/410 for something other than an offer; callers decide what it means (``error``
+    is the body's error code, "" when it has none)."""
+
+    def __init__(self, message: str, error: str = "") -> None:
+        super().__init__(message)
+        self.error = error
 
 
 def _describe(exc: BaseException, scrub: Callable[[str], str]) -> str:
