@@ -10,6 +10,11 @@ reaching ``done`` and how long ago it was dispatched (``started_secs_ago``).
 `BenchWatch` turns successive /status answers into finished proofs with
 their seconds, for the heartbeats' ``proof_seconds_recent`` and the
 steady-state telemetry window; the printed lines stay the result's figures.
+
+A pipeline's partitions all reach ``done`` before the proof is counted: the
+daemon assembles the proof and verifies it against the request's sector and
+miner in between (docs/cuzk.md, the C1 input). A poll can fall in that gap,
+so a finished pipeline's seconds wait until the counters take it.
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ class BenchWatch:
         self._uptime = _num(first.get("uptime_secs"))
         # Pipelines already finished before the benchmark are not its proofs.
         self._seen_done: set[str] = {j for j, _, _ in self._finished_pipelines(first)}
+        # Seconds of pipelines seen finished whose proofs the counters have not taken yet.
+        self._unclaimed: list[float | None] = []
+        self._failed_unclaimed = 0  # pipelines seen with a failed partition, not yet counted
 
     @staticmethod
     def _finished_pipelines(
@@ -91,15 +99,22 @@ class BenchWatch:
             else 0.0
         )
         self._uptime = uptime
-        walls: list[float | None] = []
         for job, ago, partition_failed in self._finished_pipelines(status):
             if job in self._seen_done:
                 continue
             self._seen_done.add(job)
-            if not partition_failed:
-                walls.append(max(0.0, ago - half_poll) if ago is not None else None)
-        # A proof failed by its self-check has every partition done: when the counters
-        # say some failed, which of the finished ones cannot always be told; the
-        # seconds then go to the completed ones in the order the pipelines are listed.
-        walls += [None] * max(0, new_ok - len(walls))
-        return [Finished(True, w) for w in walls[:new_ok]] + [Finished(False, None)] * new_failed
+            if partition_failed:
+                self._failed_unclaimed += 1
+            else:
+                self._unclaimed.append(max(0.0, ago - half_poll) if ago is not None else None)
+        walls = self._unclaimed[:new_ok]
+        del self._unclaimed[:new_ok]
+        walls += [None] * (new_ok - len(walls))
+        # A proof failed by its self-check has every partition done too: which of the
+        # finished pipelines it was cannot always be told. Failures not explained by a
+        # failed partition take the oldest unclaimed seconds with them, so those are
+        # never given to a later completed proof.
+        explained = min(new_failed, self._failed_unclaimed)
+        self._failed_unclaimed -= explained
+        del self._unclaimed[: new_failed - explained]
+        return [Finished(True, w) for w in walls] + [Finished(False, None)] * new_failed

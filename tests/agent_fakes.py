@@ -8,7 +8,8 @@ handles only SIGINT (its engine stops, the process stays), so SIGTERM ends
 it. The bench talks to the daemon over plain HTTP on the daemon's `listen`
 address where the real one speaks gRPC.
 Knobs (environment): FAKE_GPUS (GPUs when gpus.devices is empty),
-FAKE_NO_PCE (the PCE extraction never finishes), FAKE_BENCH_CRASH (die mid-batch),
+FAKE_NO_PCE (the PCE extraction never finishes), FAKE_PCE_FAILS (the extraction fails
+and says so as cuzk logs it), FAKE_BENCH_CRASH (die mid-batch),
 FAKE_BENCH_MARKER (file touched when a
 batch of more than one proof starts), FAKE_PROOF_DELAY (real seconds per proof),
 FAKE_PROOF_SECONDS (the seconds the bench reports a proof took; default: the daemon's
@@ -77,7 +78,10 @@ class H(BaseHTTPRequestHandler):
                     "job_id": f"job-{state['completed']}", "proof_kind": "porep-c2",
                     "started_secs_ago": seconds, "total_partitions": 1, "partitions_done": 1,
                     "partitions": [{"index": 0, "state": "done", "synth_ms": 1, "gpu_ms": 1}]}]
-                if not state["pce"] and not os.environ.get("FAKE_NO_PCE"):
+                if not state["pce"] and os.environ.get("FAKE_PCE_FAILS"):
+                    print("WARN cuzk_core::engine: background PCE extraction failed "
+                          "error=out of memory", flush=True)
+                elif not state["pce"] and not os.environ.get("FAKE_NO_PCE"):
                     with open(pce, "wb") as fh:
                         fh.write(b"pce" * 100)
                     state["pce"] = True

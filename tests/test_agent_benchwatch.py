@@ -55,3 +55,26 @@ def test_garbage_and_missing_counters_change_nothing() -> None:
     ]
     # A counter going backwards (another daemon) is no finished proof.
     assert w.update({"counters": {"total_completed": 0, "total_failed": 0}}) == []
+
+
+def test_a_pipeline_done_before_its_proof_is_counted_keeps_its_seconds() -> None:
+    # Every partition is done, but the daemon is still assembling and self-checking
+    # the proof: the counters take it a poll later, and its seconds with it.
+    w = BenchWatch(status(100.0, 0, 0, []))
+    assert w.update(status(102.0, 0, 0, [("a", 40.0, DONE)])) == []
+    assert w.update(status(104.0, 1, 0, [("a", 42.0, DONE)])) == [Finished(True, 39.0)]
+    assert w.update(status(106.0, 1, 0, [("a", 44.0, DONE)])) == []
+
+
+def test_a_self_check_failure_never_lends_its_seconds_to_a_later_proof() -> None:
+    # "a" had every partition done and then failed its self-check: its seconds are
+    # dropped with the failure, and "b", counted later, gets its own.
+    w = BenchWatch(status(100.0, 0, 0, []))
+    assert w.update(status(102.0, 0, 0, [("a", 50.0, DONE)])) == []
+    assert w.update(status(104.0, 0, 1, [("a", 52.0, DONE)])) == [Finished(False, None)]
+    got = w.update(status(106.0, 1, 1, [("a", 54.0, DONE), ("b", 20.0, DONE)]))
+    assert got == [Finished(True, 19.0)]
+    # A failure whose pipeline shows a failed partition takes no one else's seconds.
+    assert w.update(status(108.0, 1, 1, [("c", 8.0, DONE)])) == []
+    got = w.update(status(110.0, 2, 2, [("c", 10.0, DONE), ("d", 9.0, ["failed", *DONE[1:]])]))
+    assert got == [Finished(True, 7.0), Finished(False, None)]

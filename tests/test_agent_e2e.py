@@ -1,7 +1,10 @@
-"""Real processes: the coordinator is SIGKILLed while an agent benchmarks (issue 2, acceptance 7).
+"""Real processes: the agent as `vast-agent run` against `vast-manager serve`.
 
-The agent keeps retrying with capped, jittered backoff; the coordinator comes
-back on the same database; the agent resumes and its result is stored once.
+The coordinator is SIGKILLed while an agent benchmarks: the agent keeps
+retrying with capped, jittered backoff; the coordinator comes back on the same
+database; the agent resumes and its result is stored once. And a C1 input in
+the wrong format ends the instance as `failed`, its reason naming the file,
+before cuzk or cuzk-bench ever runs (docs/cuzk.md, the C1 input).
 """
 
 from __future__ import annotations

@@ -660,6 +660,25 @@ async def test_a_budget_under_one_partition_fails_before_anything_runs(
     assert_no_children()
 
 
+async def test_a_budget_that_cannot_hold_the_srs_and_a_partition_fails_before_the_daemon(
+    fleet: FleetFactory, tmp_path: Path
+) -> None:
+    # cuzk reserves the SRS's .params size, then 14 GiB per partition; a budget short of
+    # both would leave the proofs waiting for ever (docs/cuzk.md, the memory budget).
+    f = await fleet()
+    params = tmp_path / "params"
+    params.mkdir()
+    with open(params / agent_cuzk.POREP_32G_PARAMS, "wb") as fh:
+        fh.truncate(45 * 2**30)  # sparse: its size is what cuzk reserves
+    h = await Harness.deploy(tmp_path, f, VM_CUZK_MEMORY_BUDGET="50GiB")
+    reason = await failed_reason(f, asyncio.create_task(h.make_agent().run()))
+    assert reason.startswith("cuzk's memory budget of 50.0 GiB cannot hold the 45.0 GiB SRS "
+                             "and one 14 GiB PoRep partition"), reason
+    assert "[cuzk]" not in await f.log_text()  # no daemon started
+    assert await f.results() == []
+    assert_no_children()
+
+
 async def test_a_pce_extraction_that_never_finishes_fails_the_warm_up(
     fleet: FleetFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -668,6 +687,20 @@ async def test_a_pce_extraction_that_never_finishes_fails_the_warm_up(
     h = await Harness.deploy(tmp_path, f, VM_PCE_WAIT="1")
     reason = await failed_reason(f, asyncio.create_task(h.make_agent().run()))
     assert "PCE extraction did not finish within VM_PCE_WAIT (1 s)" in reason
+    assert await f.results() == []
+    assert "[cuzk-bench] count:       3" not in await f.log_text()  # no benchmark started
+    assert_no_children()
+
+
+async def test_a_failed_pce_extraction_fails_the_warm_up_without_waiting_it_out(
+    fleet: FleetFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = await fleet()
+    monkeypatch.setenv("FAKE_PCE_FAILS", "1")
+    # A wait far past failed_reason's own: the daemon's failure line ends it, not the wait.
+    h = await Harness.deploy(tmp_path, f, VM_PCE_WAIT="3600")
+    reason = await failed_reason(f, asyncio.create_task(h.make_agent().run()))
+    assert reason.startswith("the cuzk daemon's background PCE extraction failed"), reason
     assert await f.results() == []
     assert "[cuzk-bench] count:       3" not in await f.log_text()  # no benchmark started
     assert_no_children()

@@ -300,6 +300,9 @@ async def deployed_and_stopped(
     assert result["kind"] == "benchmark" and result["flags"] == [], result
     assert result["proofs_completed"] == 3 and result["rate_per_hour"] > 0
     assert result["verdict"] == "keep"
+    print(f"stored benchmark result {result.get('result_id')}: {result['proofs_completed']} proofs "
+          f"completed at {result['rate_per_hour']:.1f} proofs/h (simulated), "
+          f"verdict {result['verdict']}")
     # The operator ends it: vast.ai stops the container, the agent exits as for SIGTERM.
     async with api.post(f"/api/instances/{iid}/destroy") as resp:
         assert resp.status == 200, await resp.text()
@@ -308,3 +311,4 @@ async def deployed_and_stopped(
     assert instances.exit_codes[vid] == str(128 + signal.SIGTERM), log[-3000:]
     assert "PCE extracted and held in memory" in log and "stopping on signal 15" in log
     assert fake.instances == {}
+    print(f"container stopped by the operator's destroy: exit status {instances.exit_codes[vid]}")

@@ -520,7 +520,10 @@ def test_state_file_format(start_daemon: Callable[..., Daemon]) -> None:
         assert g["power_w"] > 100
         assert g["pcie_gen_current"] == 4
         assert busy["cpu"]["util_pct"] > 10
-        assert busy["ram"]["used_bytes"] > 100 * 2**30
+        # A GPU proves only with the SRS loaded: the RAM in use holds it (45 GiB) beside
+        # the rest of the machine. How many partitions also hold memory at that moment
+        # depends on where the sample falls in the pipeline, so it is not asserted.
+        assert busy["ram"]["used_bytes"] > 45 * 2**30
     finally:
         d2.kill()
         d2.wait()

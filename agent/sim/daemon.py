@@ -672,7 +672,7 @@ class SimDaemon:
             "temp_c": round(tel.temp_c, 1),
             "sm_clock_mhz": round(gm.boost_clock_mhz / slow if active else IDLE_SM_CLOCK_MHZ, 1),
             "throttle_reasons": reasons,
-            # NVML's current link generation drops at idle (reference/nvml.md).
+            # NVML's current link generation drops at idle (docs/nvml.md).
             "pcie_gen_current": self.profile.pcie_gen if active else 1,
             "pcie_width_current": self.profile.pcie_width,
         }
