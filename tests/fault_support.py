@@ -320,7 +320,8 @@ _DELIVERED_RE = re.compile(r"result (\S+) delivered")
 def audit_results(instances_dir: Path, db_path: Path) -> dict[str, int]:
     """Every result an agent spooled (produced) is stored exactly once; every result it saw
     acknowledged is stored; no result is left in any spool. Returns totals."""
-    totals = {"agents": 0, "produced": 0, "acknowledged": 0, "stored": 0}
+    totals = {"agents": 0, "produced": 0, "acknowledged": 0, "stored": 0,
+              "stopped_early": 0, "without_result": 0}
     with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as db:
         for log_path in sorted(instances_dir.glob("instance-*/agent.log")):
             text = log_path.read_text(errors="replace")
@@ -346,6 +347,15 @@ def audit_results(instances_dir: Path, db_path: Path) -> dict[str, int]:
             )
             left = list((log_path.parent / "state" / "spool").glob("*-result-*.json"))
             assert left == [], f"{agent_id}: results still spooled: {left}"
+            # An agent whose benchmark an early verdict stopped produced no result of its
+            # own: the coordinator's early_verdict row is its measurement.
+            stopped_early = db.execute(
+                "select count(*) from results where agent_id = ? "
+                "and instr(coalesce(flags, ''), 'early_verdict') > 0",
+                (agent_id,),
+            ).fetchone()[0]
+            if not produced:
+                totals["stopped_early" if stopped_early else "without_result"] += 1
             totals["agents"] += 1
             totals["produced"] += len(produced)
             totals["acknowledged"] += len(acknowledged)
