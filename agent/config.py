@@ -202,7 +202,7 @@ class AgentConfig:
     memory_budget: str | None  # None: auto (from the container's limit); else cuzk's size text
     spool_max_bytes: int
     log_level: str
-    # Set by vast.ai inside an instance (reference/vast-api.md).
+    # Set by vast.ai inside an instance (docs/vast.md).
     container_id: str | None = None
     container_api_key: str | None = field(default=None, repr=False)
     vast_url: str = "https://console.vast.ai"

@@ -11,7 +11,7 @@ running aggregates (sums, maxima, counts, OR of throttle bits), never lists
 of samples, so memory is flat however long the agent runs. The cuzk daemon's
 ``GET /status`` is polled by an asyncio task (plain HTTP, non-blocking).
 
-Aggregation (DESIGN 3.6): means for utilisation, PCIe, power, SM clock, CPU;
+Aggregation (docs/protocol.md, agent endpoints): means for utilisation, PCIe, power, SM clock, CPU;
 maxima for ``util_pct_max`` and ``temp_c_max``; ``mem_used_bytes`` and RAM
 ``used_bytes`` are the window's MAXIMUM (the peak is what runs a proof out
 of memory); throttle bits OR-ed; the PCIe link under load = the highest

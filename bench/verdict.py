@@ -51,7 +51,7 @@ MAX_USD_PER_PROOF = 0.008
 BENCH_PROOFS = 12
 HEARTBEAT_S = 15.0
 RATE_RANGE_PER_HOUR = (25.0, 110.0)
-MAX_DPH = 0.9  # the original manager's default offer filter (reference/cuzk.md)
+MAX_DPH = 0.9  # the original manager's default offer filter (docs/policy.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +79,7 @@ MARKET: tuple[GpuClass, ...] = (
     GpuClass("RTX 3090", 0.20, ((1, 0.60), (2, 0.30), (4, 0.10)), (0.18, 0.25), 50.0,
              (0.4, 0.8)),
 )
-# Share of the 512 GiB rate at each RAM size (reference/cuzk.md: 38 s per proof at
+# Share of the 512 GiB rate at each RAM size (docs/policy.md, Simulation: 38 s per proof at
 # 512 GiB, 43 s at 384, 53 s at 256; the offer filter keeps cpu_ram >= 240 GB).
 RAM_FACTORS: tuple[tuple[float, float], ...] = ((38 / 53, 0.4), (38 / 43, 0.3), (1.0, 0.3))
 HOST_SPREAD_LOG_SD = 0.12  # CPU model and clocks, PCIe, background load

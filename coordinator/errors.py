@@ -1,7 +1,7 @@
 """The coordinator core's named exceptions, and the one place they map to HTTP statuses.
 
 The core (store, policy, deploy, monitor) raises these; ``app.py`` turns any
-of them into a DESIGN 3.5 error body with ``http_status(exc)``, and the CLI
+of them into an error body (docs/protocol.md, Errors) with ``http_status(exc)``, and the CLI
 can turn them into exit codes the same way. Messages are safe to show: they
 never hold a key, a token or a stack trace.
 """
@@ -160,7 +160,7 @@ def http_status(exc: BaseException) -> int:
 
 
 def error_body(exc: BaseException) -> dict[str, Any]:
-    """The DESIGN 3.5 body for a core or provider exception; never a stack trace."""
+    """The error body (docs/protocol.md) for a core or provider exception; never a stack trace."""
     if isinstance(exc, CoordinatorError):
         return exc.to_body()
     if isinstance(exc, ProviderOfferGone):

@@ -1,4 +1,4 @@
-"""The wire contract between agents and the coordinator (DESIGN section 3).
+"""The wire contract between agents and the coordinator (docs/protocol.md).
 
 Pure: message types, the orjson codec and HMAC signing. No I/O, no clock:
 callers pass times and nonces in, so both sides and the tests agree exactly.

@@ -6,7 +6,7 @@ from __future__ import annotations
 class ProtocolError(ValueError):
     """A message that does not follow the contract.
 
-    ``code`` is the snake_case error of DESIGN 3.5 (``malformed_json``,
+    ``code`` is the snake_case error of docs/protocol.md (``malformed_json``,
     ``invalid_field``, ``unsupported_protocol``); ``field`` is the dotted path
     of the offending field where there is one.
     """

@@ -1,4 +1,4 @@
-"""Bounded memory of recently seen request nonces (DESIGN 3.3, step 4).
+"""Bounded memory of recently seen request nonces (docs/protocol.md, request signing, step 4).
 
 A nonce is remembered until its timestamp leaves the acceptance window, after
 which the timestamp check alone refuses a replay. Per agent at most

@@ -1,9 +1,9 @@
-"""Scaling efficiency and bottleneck classification (DESIGN 6), pure functions.
+"""Scaling efficiency and bottleneck classification (docs/architecture.md), pure functions.
 
 The agent sends `diagnose`'s verdict in a ``scaling`` result; the coordinator
 runs the same function on the reported runs and shows its own verdict beside
 it, since hosts are untrusted. Evidence strings quote the numbers they rest
-on. PCIe capacities per lane are the usable figures from reference/nvml.md.
+on. PCIe capacities per lane are the usable figures from docs/nvml.md.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ _NOT_A_LIMIT = 0x1 | 0x2  # idle and application clocks say nothing about a bott
 # Kilobytes per second (NVML) per GB/s.
 _KBPS_PER_GBPS = 1_000_000.0
 
-ORDER = ("cpu", "pcie", "gpu", "memory")  # DESIGN 6's order, first match wins
+ORDER = ("cpu", "pcie", "gpu", "memory")  # first match wins, in this order (docs/architecture.md)
 
 
 @dataclass(slots=True)
@@ -158,7 +158,7 @@ def diagnose(
     telemetry_all: Telemetry | None,
     gpus: list[Gpu],
 ) -> Diagnosis:
-    """Efficiency and the likely bottleneck of an N-GPU host (DESIGN 6)."""
+    """Efficiency and the likely bottleneck of an N-GPU host (docs/architecture.md)."""
     eff = efficiency(num_gpus, rate_all, rate_one)
     evidence: list[str] = []
     if eff is not None:

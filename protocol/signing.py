@@ -1,4 +1,4 @@
-"""HMAC-SHA256 keys and signatures of DESIGN 3.2 to 3.4.
+"""HMAC-SHA256 keys and signatures of docs/protocol.md.
 
 Everything here is a pure function of its arguments: the caller supplies the
 time and the nonce, so the agent, the coordinator and the tests compute
@@ -105,7 +105,7 @@ def verify_response(
 def request_headers(
     agent_id: str, key: bytes, timestamp: int, nonce: str, method: str, path: str, body: bytes
 ) -> dict[str, str]:
-    """The four signing headers of DESIGN 3.3 for one request."""
+    """The four signing headers (docs/protocol.md, request signing) for one request."""
     ts = str(int(timestamp))
     return {
         HEADER_AGENT: agent_id,

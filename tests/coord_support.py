@@ -38,7 +38,7 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
 
 
 def agent_key(agent_id: str, secret_hex: str = SECRET_HEX) -> bytes:
-    """DESIGN 3.2, computed here with hmac (not by the code under test)."""
+    """docs/protocol.md's agent key, computed here with hmac (not by the code under test)."""
     return hmac.new(
         bytes.fromhex(secret_hex), b"vast-manager agent key v1:" + agent_id.encode(), hashlib.sha256
     ).digest()

@@ -5,7 +5,7 @@
   sockets) can hit it; no monitor loop, so only requests write rows.
 - ``count_all_rows``: rows of every table of a database file, read through a
   separate connection (what a rejected request must leave unchanged).
-- ``signed_headers`` / ``SignedAuth``: DESIGN 3.3 signatures for any body.
+- ``signed_headers`` / ``SignedAuth``: request signatures (docs/protocol.md) for any body.
 - ``CoordinatorProcess``: ``vast-manager serve`` as a separate process (for
   SIGKILL and RSS), every process it and its agents start carrying a marker
   in the environment so ``kill_marked`` finds them all at the end.

@@ -159,7 +159,7 @@ def test_a_stranger_is_answered_before_its_body_arrives(served: ServerThread, wh
 
 
 def test_a_body_declared_over_1_mib_is_413_first(served: ServerThread) -> None:
-    # DESIGN 3.3's order: the size before the agent, even for a stranger.
+    # docs/protocol.md's order of checks: the size before the agent, even for a stranger.
     headers = signed_headers(NEVER_ISSUED, b"k" * 32, "POST", "/v1/logs", b"")
     status, raw, _ = raw_exchange(port_of(served.server.url),
                                   head("/v1/logs", headers, 2 * MIB))

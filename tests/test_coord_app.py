@@ -1,4 +1,4 @@
-"""Agent and operator endpoints of the coordinator (DESIGN 3.3 to 3.7), in-process."""
+"""Agent and operator endpoints of the coordinator (docs/protocol.md), in-process."""
 
 from __future__ import annotations
 

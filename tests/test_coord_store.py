@@ -26,7 +26,7 @@ def test_migrations_are_recorded_and_run_once(tmp_path: Path) -> None:
     rows = list(first.db.query("select id, name from migrations"))
     assert [r["id"] for r in rows] == [m[0] for m in MIGRATIONS]
     assert set(TABLES) <= set(first.db.table_names())
-    assert "heartbeats" in first.db.view_names()  # DESIGN 4's name, a view since migration 3
+    assert "heartbeats" in first.db.view_names()  # a view since migration 3
     first.write_blocking(lambda tx: tx.add_bad_host("m1", reason="r", source="test", now=1.0))
     first.close()
     again = Store(path)  # reopening applies nothing twice and keeps the data

@@ -4,7 +4,7 @@ Every request is signed with a valid signature (so it reaches the decoder
 and the core), and its body is a message whose fields are each either valid
 or hostile: wrong types, huge or negative numbers, long or odd strings,
 nested junk, missing fields, extra fields. The coordinator must answer
-without a 5xx, every error as a DESIGN 3.5 body, and a rejected request must
+without a 5xx, every error as an error body of docs/protocol.md, and a rejected request must
 leave every table exactly as it was. Fixed seed and budget.
 """
 

@@ -2,7 +2,7 @@
 methods, garbage request lines, huge headers, slow bodies.
 
 Against the real app on a loopback port: no 5xx, no crash (the coordinator
-keeps answering), every app-level error a DESIGN 3.5 JSON body, and no row
+keeps answering), every app-level error a JSON error body (docs/protocol.md), and no row
 written by any rejected request. Seeded RNGs, fixed case counts.
 """
 

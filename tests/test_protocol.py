@@ -1,4 +1,4 @@
-"""The wire contract: keys, signatures, codec and nonce memory (DESIGN 3)."""
+"""The wire contract: keys, signatures, codec and nonce memory (docs/protocol.md)."""
 
 from __future__ import annotations
 
@@ -277,7 +277,7 @@ def test_nonce_memory_refuses_timestamps_before_restart() -> None:
 
 
 def test_frozen_vectors_pin_the_wire_bytes() -> None:
-    """Literal answers, written down once from DESIGN 3.2-3.4 and never recomputed: a
+    """Literal answers, written down once from docs/protocol.md and never recomputed: a
     change to the canonical strings breaks every deployed agent, and must break this."""
     key = signing.derive_agent_key(SECRET, AGENT)
     assert key.hex() == "90feb8a428ee80c2e0001c0be76292fded66b4853143b2905716ec4b1896e2f4"

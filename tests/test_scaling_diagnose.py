@@ -1,4 +1,4 @@
-"""vast_manager.protocol.scaling: efficiency, bottleneck rules (DESIGN 6), evidence with numbers.
+"""vast_manager.protocol.scaling: efficiency, bottleneck rules, evidence with numbers.
 
 The last tests drive the same verdicts through the fake NVML and the
 sampler, from state files shaped like the simulated cuzk daemon's.

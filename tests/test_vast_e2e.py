@@ -212,7 +212,7 @@ def closed_port_url() -> str:
 async def test_orphaned_agent_destroys_its_own_instance_with_its_instance_key(
     tmp_path: Path,
 ) -> None:
-    """DESIGN 5, agent alone: no verified answer for VM_ORPHAN_TIMEOUT before proving ->
+    """The agent alone (docs/policy.md): no verified answer for VM_ORPHAN_TIMEOUT before proving ->
     DELETE /api/v0/instances/$CONTAINER_ID/ with Bearer $CONTAINER_API_KEY."""
     agents = SimAgents(tmp_path / "instances", time_scale=TIME_SCALE,
                        extra_env={"VM_ORPHAN_TIMEOUT": "2"})

@@ -50,7 +50,7 @@ TABLE: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
-        # The original manager's filter (reference/cuzk.md), host figures.
+        # The original manager's filter (docs/operations.md), host figures.
         "disk_space>=250 dph<=0.9 gpu_ram>12.5 cpu_ram>=240 cpu_cores>25 inet_down>100 "
         "cuda_vers>=13.0",
         {

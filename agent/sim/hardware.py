@@ -1,7 +1,7 @@
 """Hardware profiles for the simulation: which machine a simulated agent is on.
 
 A profile is a vast.ai offer (the same field names and units as
-reference/vast-api.md: ``gpu_ram`` and ``cpu_ram`` in MB, ``pcie_bw`` in GB/s)
+docs/vast.md: ``gpu_ram`` and ``cpu_ram`` in MB, ``pcie_bw`` in GB/s)
 plus an optional ``sim`` object of simulation-only knobs. The coordinator's
 LocalProvider hands the offer it "deploys" to the agent as JSON in
 ``VM_SIM_PROFILE``; the simulated cuzk, the fake NVML and the fake host
@@ -25,7 +25,7 @@ ENV_STATE_FILE = "VM_SIM_STATE_FILE"
 ENV_TIME_SCALE = "VM_SIM_TIME_SCALE"
 
 
-# Usable bandwidth per PCIe lane and direction, GB/s (reference/nvml.md).
+# Usable bandwidth per PCIe lane and direction, GB/s (docs/nvml.md).
 PCIE_GBPS_PER_LANE: dict[int, float] = {
     1: 0.25,
     2: 0.5,

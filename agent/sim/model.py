@@ -1191,7 +1191,7 @@ def utilisation_between(sim: Simulation, a: Counters, b: Counters) -> Utilisatio
 
 
 def classify(u: Utilisation) -> str:
-    """The simulation's own ground truth of what limits a run (DESIGN section 6 rules)."""
+    """The simulation's own ground truth of what limits a run (docs/architecture.md's rules)."""
     if u.gpu_busy_mean > 0.9:
         return "gpu"
     if u.pcie_rx_fraction_max > 0.8:

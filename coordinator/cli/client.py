@@ -1,4 +1,4 @@
-"""A small synchronous client of the operator API (DESIGN 3.7), for the CLI.
+"""A small synchronous client of the operator API (docs/protocol.md), for the CLI.
 
 The CLI stays thin: it calls these functions and turns ``OperatorError`` into
 a one-line message and an exit code.
