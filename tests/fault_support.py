@@ -1,4 +1,4 @@
-"""Shared pieces of the fault-tolerance and hostile-input tests (issue 5).
+"""Shared pieces of the fault-tolerance and hostile-input tests.
 
 - ``ThreadedCoordinator``: the real app on a real loopback port, served from a
   background thread, so synchronous clients (hypothesis, schemathesis, raw

@@ -1,4 +1,4 @@
-"""The auth cache starts from every agent at start-up (issue 7): a known agent's first
+"""The auth cache starts from every agent at start-up: a known agent's first
 request after a restart reads nothing and derives nothing."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Early verdicts wired into the coordinator (issue 6): signed heartbeats through the real app.
+"""Early verdicts wired into the coordinator: signed heartbeats through the real app.
 
 The expected numbers are worked out here from the method's formulas (docs/policy.md)
 with ``math`` and ``statistics.NormalDist``, never by calling ``decisions.early_verdict``.
@@ -312,7 +312,7 @@ async def test_no_early_verdict_when_off_or_concurrency_unknown(
                                                recent=[360.0, 360.0], concurrency=concurrency))
         assert directive["action"] == "continue"
     assert verdict_events(h, iid) == []
-    # The full benchmark is judged on its batch rate, as before issue 6.
+    # The full benchmark is judged on its batch rate, as before early verdicts.
     _, data = await agent.post("/v1/result", _result("r1", [360.0] * 12, wall=2160.0,
                                                      finished_at=h.clock()))
     assert data["directive"]["action"] == "terminate"

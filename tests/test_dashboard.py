@@ -1,4 +1,4 @@
-"""The web dashboard (issue 8, acceptance 1): login sessions, CSRF, escaping, and a
+"""The web dashboard: login sessions, CSRF, escaping, and a
 headless Chromium run against a coordinator with the local simulated fleet."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Exposure (issue 8, item 4): HTTPS served directly, the operator side on its own
+"""Exposure: HTTPS served directly, the operator side on its own
 address (--admin-listen), and the serve options that set them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Acceptance 2 of issue 5: a fleet of 9 real agents (the simulated local fleet) talks to the
+"""A fleet of 9 real agents (the simulated local fleet) talks to the
 coordinator only through the fault proxy (drops, delays, resets mid-request and
 mid-response, duplicated requests) and still completes its lifecycle, with every result
 it produced stored exactly once."""

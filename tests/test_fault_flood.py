@@ -1,4 +1,4 @@
-"""Acceptance 5 of issue 5: 10,000 requests with bad signatures against a coordinator in its
+"""10,000 requests with bad signatures against a coordinator in its
 own process. Its resident memory grows by less than ``RSS_BOUND_BYTES`` over the flood
 (measured after a warm-up, so the allocator's first arenas are not counted), it answers
 every one with a ``401`` error body, writes nothing, and a good agent's signed heartbeat,

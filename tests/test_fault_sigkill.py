@@ -1,4 +1,4 @@
-"""Acceptance 1 of issue 5: real processes, the simulated fleet, the coordinator SIGKILLed
+"""Real processes, the simulated fleet, the coordinator SIGKILLed
 several times under load and restarted on the same database.
 
 ``vast-manager serve --provider local`` runs as its own process; the operator API deploys

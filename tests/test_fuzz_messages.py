@@ -1,4 +1,4 @@
-"""Hypothesis over the agent message types (issue 5, item 5; acceptance 3).
+"""Hypothesis over the agent message types.
 
 Every request is signed with a valid signature (so it reaches the decoder
 and the core), and its body is a message whose fields are each either valid

@@ -1,4 +1,4 @@
-"""The published API description (issue 5, item 4) and schemathesis against it (item 5).
+"""The published API description and schemathesis against it.
 
 ``docs/openapi.yaml`` is the source; ``coordinator/web/data/openapi.json`` is the
 same document as JSON, packaged and served at ``GET /openapi.json``. These

@@ -1,4 +1,4 @@
-"""Hostile bytes on the wire (issue 5, item 5; acceptance 3): random bodies, wrong
+"""Hostile bytes on the wire: random bodies, wrong
 methods, garbage request lines, huge headers, slow bodies.
 
 Against the real app on a loopback port: no 5xx, no crash (the coordinator

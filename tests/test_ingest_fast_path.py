@@ -1,4 +1,4 @@
-"""The steady-heartbeat fast path (issue 7) writes what the full path writes, and the
+"""The steady-heartbeat fast path writes what the full path writes, and the
 writer's cached view of each instance follows every change made to it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Acceptance 6 of issue 5: rotation, revocation, isolation, clock skew, forged results.
+"""Rotation, revocation, isolation, clock skew, forged results.
 
 In-process against the real app (aiohttp's test client, an injected clock), except the
 clock-skew test, which runs the agent's real ``CoordinatorClient`` with a clock ten

@@ -1,4 +1,4 @@
-"""GET /metrics (issue 8, acceptance 2): Prometheus text that prometheus_client parses,
+"""GET /metrics: Prometheus text that prometheus_client parses,
 per-GPU series named after dcgm-exporter's, escaped labels, and the token rule."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 3, end to end: real agents on the simulated cuzk and the fake NVML, deployed
+"""Multi-GPU scaling end to end: real agents on the simulated cuzk and the fake NVML, deployed
 through the local provider, get the scaling verdict their hardware earns."""
 
 from __future__ import annotations

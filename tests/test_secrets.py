@@ -1,4 +1,4 @@
-"""Secrets never leave where they belong (issue 5, item 6; acceptance 4).
+"""Secrets never leave where they belong.
 
 The full demo runs with known secret values (fleet secret, admin token, the agent keys
 derived from them, a fake ``VAST_API_KEY`` and ``CONTAINER_API_KEY`` in the environment);

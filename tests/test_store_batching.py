@@ -1,4 +1,4 @@
-"""The ingest fast paths keep the store's promises (issue 7).
+"""The ingest fast paths keep the store's promises.
 
 One commit window's writes travel to the writer together, each still in its
 own savepoint; the latest telemetry is held and written with its transaction,

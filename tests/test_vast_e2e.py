@@ -1,4 +1,4 @@
-"""End to end against the fake vast.ai, with real agent processes (issue 4, acceptance 3).
+"""End to end against the fake vast.ai, with real agent processes.
 
 The coordinator runs in-process (``start_server``) with the provider
 ``vast-manager serve --provider vast`` builds (``from_settings``: the API key
