@@ -40,6 +40,7 @@ from coord_support import (
     hello_msg,
     start,
 )
+from fakes_provider import FakeProvider, offer
 from fault_support import (
     TEST_MARKER_ENV,
     CoordinatorProcess,
@@ -158,8 +159,25 @@ def test_a_stranger_is_answered_before_its_body_arrives(served: ServerThread, wh
     assert core.guard.counters.refused[expected] >= 1
 
 
+def test_a_connection_is_read_a_little_at_a_time(served: ServerThread) -> None:
+    """What arrives before the agent is known is read 16 KiB at a time, not asyncio's
+    256 KiB: the head of a stranger's request brings little of its body with it. (This
+    sets a transport attribute asyncio does not document: if it ever stops taking effect,
+    this fails, and ``test_adversarial_memory.py``'s bound is at risk under load.)"""
+    sock = socket.create_connection(("127.0.0.1", port_of(served.server.url)))
+    try:
+        server = served.server.runner.server
+        deadline = time.monotonic() + 30
+        while not server.connections and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (handler,) = server.connections  # a copy each time it is read
+        assert handler.transport.max_size == server_module.SOCKET_READ_BYTES == 16 * 1024
+    finally:
+        sock.close()
+
+
 def test_a_body_declared_over_1_mib_is_413_first(served: ServerThread) -> None:
-    # docs/protocol.md's order of checks: the size before the agent, even for a stranger.
+    # docs/protocol.md's order: the size before the agent, even for a stranger.
     headers = signed_headers(NEVER_ISSUED, b"k" * 32, "POST", "/v1/logs", b"")
     status, raw, _ = raw_exchange(port_of(served.server.url),
                                   head("/v1/logs", headers, 2 * MIB))
@@ -244,6 +262,36 @@ def test_a_slow_body_is_cut_off_and_releases_its_claim(
     assert guard.counters.refused["request_timeout"] == 1
 
 
+def test_a_login_body_is_read_whole_within_the_body_deadline(
+    served: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The login is the one body a stranger may send (the token is in it): it too must
+    arrive whole within the body deadline, and one sent in two parts is read whole."""
+    from vast_manager.coordinator.web import http as http_module
+
+    monkeypatch.setattr(http_module, "BODY_READ_TIMEOUT_S", 1.0)
+    port = port_of(served.server.url)
+    login = ("POST /auth/login HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+             "Content-Type: application/json\r\nContent-Length: {n}\r\n\r\n")
+    status, raw, first = raw_exchange(port, login.format(n=100).encode() + b'{"tok')
+    # Cut off by the coordinator (no answer would be None), after the 1 s it allows.
+    assert status == 408 and body_of(raw)["error"] == "request_timeout", raw[:300]
+    assert first > 0.9
+    assert served.server.app[CORE].guard.counters.refused["request_timeout"] == 1
+    # A body that comes in two packets is one body, not what the first one brought.
+    body = orjson.dumps({"token": ADMIN_TOKEN})
+    sock = socket.create_connection(("127.0.0.1", port))
+    try:
+        sock.sendall(login.format(n=len(body)).encode() + body[:5])
+        time.sleep(0.3)
+        sock.sendall(body[5:])
+        sock.settimeout(30)
+        answer = sock.recv(65536)
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+
+
 def test_a_request_head_that_never_ends_is_cut_off(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -305,9 +353,11 @@ def test_two_hundred_malformed_requests_add_fewer_than_two_hundred_log_lines(
         text = raw.decode()
         malformed = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                         if line.startswith("vm_malformed_requests_total{"))
+        suppressed = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                         if line.startswith("vm_log_lines_suppressed_total "))
         added = log_path.read_text(errors="replace").count("\n") - lines_before
         print(f"200 malformed requests: {added} log lines added, {malformed:.0f} counted in "
-              "vm_malformed_requests_total")
+              f"vm_malformed_requests_total, {suppressed:.0f} in vm_log_lines_suppressed_total")
         assert added < 200
         assert added <= 2 * len(MALFORMED)  # one a kind (and a summary now and then)
         assert malformed >= 180  # every one the HTTP parser refused (a few answer 4xx)
@@ -505,6 +555,26 @@ def test_cli_shows_hostile_host_text_as_text(served: ServerThread) -> None:
             assert "\u202e" in text or args[0] == "status"
         else:
             assert "\\u202e" in result.output, (args, result.output)
+
+
+def test_cli_shows_hostile_offer_text_as_text(tmp_path: Path) -> None:
+    """Offer fields come from vast.ai's listing, which a host writes in part: the offers
+    table shows them as text, ``--json`` keeps the data with the characters escaped."""
+    hostile = offer(9100, 4300, gpu_name=f"RTX{SPOOFS}4090")
+    hostile["geolocation"] = f"Quebec{SPOOFS}, CA\n[OK] verified"
+    with ServerThread(tmp_path, FakeProvider([hostile, offer(9101, 4301)])) as thread:
+        env = {"VM_URL": thread.server.url, "VM_ADMIN_TOKEN": ADMIN_TOKEN}
+        for args in (["offers"], ["offers", "--json"]):
+            result = CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
+            assert result.exit_code == 0, result.output
+            assert not any(c in result.output for c in SPOOFS), (args, result.output)
+            assert "\\u202e" in result.output, (args, result.output)
+            if "--json" in args:
+                rows = json.loads(result.output)
+                assert any(r["gpu_name"] == f"RTX{SPOOFS}4090" for r in rows)
+            else:
+                assert "[OK] verified" in result.output
+                assert not any(line.startswith("[OK]") for line in result.output.splitlines())
 
 
 def test_cli_error_messages_show_hostile_text_as_text() -> None:

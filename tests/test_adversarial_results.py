@@ -132,12 +132,16 @@ async def test_the_honest_fleet_is_measured_and_ranked(h: Harness) -> None:
     assert four[2] < four[0] < four[3]
 
 
-async def test_one_gpu_named_64_times_with_500_proofs_in_85_s(h: Harness) -> None:
+@pytest.mark.parametrize("proofs", [500, 400])
+async def test_one_gpu_named_64_times(h: Harness, proofs: int) -> None:
+    """The probe's forgery (500 proofs in 85 s), and one within what 64 real GPUs could
+    make (400 in 85 s: 16,941/h, under 64 x 300/h), so that only counting the GPUs the
+    host reported, never the list's length, keeps it out."""
     agent = await deploy(h, 9001)
     before = await standing(h)
     await benchmark(h, agent, 85)
-    await post_result(h, agent, "forged", proofs=500, wall_seconds=85.0, gpus_used=[0] * 64,
-                      proof_seconds=[10.0] * 500)
+    await post_result(h, agent, "forged", proofs=proofs, wall_seconds=85.0,
+                      gpus_used=[0] * 64, proof_seconds=[10.0] * proofs)
     before.assert_unmoved_by(await standing(h), 9001)
     await assert_flagged(h, agent, "forged", "implausible", "names a GPU more than once")
     await assert_flagged(h, agent, "forged", "implausible", "beyond the ceiling of 300/h")
@@ -178,6 +182,20 @@ async def test_a_result_without_an_observed_benchmarking_phase(h: Harness) -> No
     # Claims 85 s: within what the coordinator's slack allowed before, never seen.
     await post_result(h, agent, "unseen", proofs=2, wall_seconds=85.0,
                       proof_seconds=[80.0, 80.0])
+    before.assert_unmoved_by(await standing(h), 9001)
+    await assert_flagged(h, agent, "unseen", "implausible", "never saw this instance benchmarking")
+
+
+async def test_a_result_after_silence_without_an_observed_benchmarking_phase(
+    h: Harness
+) -> None:
+    """Seen proving, then silent for longer than the result claims: the claim fits in the
+    time since the coordinator last heard, but none of it was seen as benchmarking."""
+    agent = await deploy(h, 9001)
+    await agent.heartbeat("proving")
+    before = await standing(h)
+    h.clock.advance(1300)
+    await post_result(h, agent, "unseen", proofs=20, wall_seconds=1200.0)  # 60/h
     before.assert_unmoved_by(await standing(h), 9001)
     await assert_flagged(h, agent, "unseen", "implausible", "never saw this instance benchmarking")
 
@@ -296,10 +314,15 @@ async def test_a_bring_your_own_agent_is_watched_in_real_seconds(
     assert (await agent.hello())[0] == 200
     before = await standing(h)
     await benchmark(h, agent, 10)
-    await post_result(h, agent, "stretched", proofs=12, wall_seconds=1200.0)
+    # Its timestamps agree with the stretched reading (6 real seconds, 1200 "simulated"),
+    # so only watching it in real seconds tells the claim from the truth.
+    await post_result(h, agent, "stretched", proofs=12, wall_seconds=1200.0,
+                      started_at=h.clock() - 6.0)
     before.assert_unmoved_by(await standing(h), 9001)
     assert h.store.host_perf_row("garage-rig", "RTX 4090", 1) is None
     await assert_flagged(h, agent, "stretched", "implausible", "saw at most 10.0 s")
+    await assert_flagged(h, agent, "stretched", "implausible",
+                         "does not match finished_at - started_at (6.0 s)")
 
 
 async def test_an_honest_result_still_counts(h: Harness) -> None:

@@ -1,5 +1,6 @@
-"""The web dashboard: login sessions, CSRF, escaping, and a
-headless Chromium run against a coordinator with the local simulated fleet."""
+"""The web dashboard: login sessions, CSRF, escaping, and a headless Chromium run against
+a coordinator with the local simulated fleet, hostile host and offer text included
+(docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,19 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
 HOSTILE = "<img src=x onerror=alert(1)>"
+#: Markup a host or an offer's listing may carry: none of it may become an element or run.
+PAYLOADS = (
+    HOSTILE,
+    "<script>alert(2)</script>",
+    "<svg onload=alert(3)>",
+    '"><iframe src=javascript:alert(4)>',
+    "javascript:alert(5)",
+    "' onmouseover='alert(6)",
+    '<a href="javascript:alert(7)">x</a>',
+    "{{constructor.constructor('alert(8)')()}}",
+    "<details open ontoggle=alert(9)>",
+    "</td></tr><tr><td><img src=x onerror=alert(10)>",
+)
 # Bidi override and isolate, a C1 CSI, a line separator: shown as escapes, never acting.
 SPOOF = "\u202egnp.exe\u2066\u009b\u2028"
 
@@ -230,6 +244,7 @@ async def _hostile_byo_agent(url: str, start_second: int) -> None:
         await post("/v1/logs", {"lines": [
             {"ts": time.time(), "source": "agent", "text": f"hello {HOSTILE} <script>alert(2)"},
             {"ts": time.time(), "source": "agent", "text": f"spoof{SPOOF}\nFAKE forged line"},
+            {"ts": time.time(), "source": "agent", "text": " ".join(PAYLOADS)},
         ]})
         # A forged result (64 GPUs named on a one-GPU host): flagged, and the page says why.
         now = time.time()
@@ -253,7 +268,12 @@ async def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
         host="127.0.0.1", port=0, next_heartbeat_s=1, monitor_interval_s=1.0,
         heartbeat_history_interval_s=0.5, sim_time_scale=600.0,
     )
-    provider = LocalProvider(tmp_path / "instances", time_scale=600.0, offers=[offer])
+    # An offer whose listing is hostile: markup and bidi characters in its text fields.
+    hostile = {**offer, "id": offer["id"] + 1000, "machine_id": 990_001,
+               "gpu_name": HOSTILE + SPOOF, "geolocation": " ".join(PAYLOADS) + SPOOF,
+               "cpu_name": " ".join(PAYLOADS)}
+    provider = LocalProvider(tmp_path / "instances", time_scale=600.0,
+                             offers=[offer, hostile])
     server = await start_server(settings, provider)
     start_second = int(time.time())
     problems: list[str] = []
@@ -336,6 +356,16 @@ async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) 
     deploy = page.locator(f"tr[data-offer-id='{offer['id']}'] button.deploy")
     await deploy.wait_for()
     await page.screenshot(path=str(ARTIFACTS / "03-offers.png"), full_page=True)
+    # The hostile offer's fields are text: every payload shown as written, no element
+    # made from any, bidi and control characters as escapes.
+    hostile_row = page.locator(f"tr[data-offer-id='{offer['id'] + 1000}']")
+    shown = await hostile_row.text_content() or ""
+    assert all(p in shown for p in PAYLOADS), shown
+    assert "\\u202egnp.exe\\u2066\\u009b\\u2028" in shown
+    assert not any(c in shown for c in SPOOF if not c.isalnum() and c not in ".")
+    made = "#offers-table img, #offers-table script, #offers-table svg, #offers-table iframe, " \
+           "#offers-table details, #offers-table a"
+    assert await page.locator(made).count() == 0
     await deploy.click()
     await until(page, "document.querySelector('button.deploy.armed') !== null")
     await deploy.click()
@@ -386,6 +416,10 @@ async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) 
     assert HOSTILE in (await page.text_content("#instance-title") or "")
     assert await page.locator("img").count() == 0
     assert await page.locator("#logs script").count() == 0
+    # The batch's lines arrive together: every payload is shown as written, as text.
+    shown_logs = await page.text_content("#logs") or ""
+    assert all(p in shown_logs for p in PAYLOADS), shown_logs
+    assert await page.locator("#logs *").count() == 0  # text only, no element
     # Bidi and control characters reach the page as escapes (textsafe.js).
     assert "\\u202egnp.exe\\u2066\\u009b\\u2028" in facts
     await until(page, "document.querySelector('#results-table').textContent"

@@ -130,7 +130,8 @@ class _Screen:
                 self.last_phases[r["id"]] = key
                 print(
                     f"[{elapsed_s:5.1f}s] instance {r['id']} ({r.get('num_gpus')}x "
-                    f"{r.get('gpu_name')}): {r.get('state')} / {r.get('phase')}",
+                    f"{render.clean(r.get('gpu_name'))}): {render.clean(r.get('state'))} / "
+                    f"{render.clean(r.get('phase'))}",
                     flush=True,
                 )
 
@@ -198,8 +199,9 @@ async def _demo(
             for offer in local_offers():
                 answer = await api.call("POST", "/api/deploy", {"offer_id": offer["id"]})
                 print(
-                    f"deployed offer {offer['id']} ({offer['num_gpus']}x {offer['gpu_name']}, "
-                    f"{offer['geolocation']}, ${offer['dph_total']}/h) -> instance "
+                    f"deployed offer {offer['id']} ({offer['num_gpus']}x "
+                    f"{render.clean(offer['gpu_name'])}, {render.clean(offer['geolocation'])}, "
+                    f"${offer['dph_total']}/h) -> instance "
                     f"{answer['instance_id']}",
                     flush=True,
                 )
@@ -210,8 +212,8 @@ async def _demo(
                     try:
                         await api.call("POST", "/api/deploy", {"offer_id": o["id"]})
                     except RuntimeError as err:
-                        print(f"refused offer {o['id']} ({o['num_gpus']}x {o['gpu_name']}): "
-                              f"{err}", flush=True)
+                        print(f"refused offer {o['id']} ({o['num_gpus']}x "
+                              f"{render.clean(o['gpu_name'])}): {render.clean(err)}", flush=True)
             screen = _Screen()
             deadline = started + timeout_s
             while True:

@@ -195,11 +195,17 @@ async def _login(request: web.Request) -> web.Response:
     if request.content_type != "application/json":
         # A cross-site form cannot send JSON without a CORS preflight we never answer.
         return _error(415, "unsupported_media_type", "Send the token as a JSON object.")
-    if request.content_length is not None and request.content_length > MAX_LOGIN_BODY_BYTES:
-        return _error(413, "body_too_large", "The login body is too large.")
-    raw = await request.content.read(MAX_LOGIN_BODY_BYTES + 1)
-    if len(raw) > MAX_LOGIN_BODY_BYTES:
-        return _error(413, "body_too_large", "The login body is too large.")
+    # The whole body (not what the first packet brought) within the body deadline: a
+    # stranger's login that never finishes is cut off like any slow body
+    # (docs/reliability.md, "Bounds"). Imported here: the HTTP layer imports this module.
+    from vast_manager.coordinator.web.http import read_body
+
+    try:
+        raw, _ = await read_body(request, limit=MAX_LOGIN_BODY_BYTES)
+    except Refusal as err:
+        if err.status == 413:
+            return _error(413, "body_too_large", "The login body is too large.")
+        return _refuse(request, err.status, err.code, err.message)
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:

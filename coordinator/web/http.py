@@ -55,12 +55,13 @@ BODY_READ_TIMEOUT_S = 60.0
 UNBUDGETED_BODY_BYTES = 64 * 1024
 
 
-def too_large() -> Refusal:
-    return Refusal(413, "body_too_large", f"The body is larger than {MAX_BODY_BYTES} bytes.")
+def too_large(limit: int = MAX_BODY_BYTES) -> Refusal:
+    return Refusal(413, "body_too_large", f"The body is larger than {limit} bytes.")
 
 
 def too_large_declared(request: web.Request, limit: int = MAX_BODY_BYTES) -> bool:
-    """A declared Content-Length over the limit: DESIGN 3.3's first check, on headers."""
+    """A declared Content-Length over the limit: the first check of docs/protocol.md
+    ("Request signing"), on the headers."""
     return request.content_length is not None and request.content_length > limit
 
 
@@ -70,7 +71,7 @@ async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES,
     the bytes claimed from ``budget`` for ``key`` (release them once the request is
     answered). Claims the declared length up front, a chunked body as it arrives."""
     if too_large_declared(request, limit):
-        raise too_large()
+        raise too_large(limit)
     claimed = 0
 
     def claim(n: int) -> None:
@@ -89,7 +90,7 @@ async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES,
         # its headers): take it without arming a timer, the common case of the hot path.
         body = content.read_nowait(-1)
         if len(body) > limit:
-            raise too_large()
+            raise too_large(limit)
         return body, claimed
     # A small body claims nothing: aiohttp buffers that much of a connection before
     # anyone reads anyway, and a full budget must never refuse a good heartbeat.
@@ -106,7 +107,7 @@ async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES,
                     break
                 size += len(chunk)
                 if size > limit:
-                    raise too_large()
+                    raise too_large(limit)
                 if declared is None and size > UNBUDGETED_BODY_BYTES:
                     claim(size - claimed)
                 chunks.append(chunk)

@@ -52,6 +52,30 @@ HEAD_TIMEOUT_S = 20.0
 #: Seconds an idle keep-alive connection is kept (agents heartbeat every 15 s by default;
 #: aiohttp's own default is an hour).
 KEEPALIVE_TIMEOUT_S = 75.0
+#: Bytes read from a connection's socket at a time (asyncio's default is 256 KiB). A
+#: request head, and whatever of its body came with it, is read before anyone is
+#: identified: at 256 KiB a read, 100 strangers sending 1 MiB bodies could have 25 MiB
+#: read before their 401s (16.6 MiB was seen on a loaded machine); at 16 KiB, about 3 MiB
+#: (docs/reliability.md, "Strangers on the open internet"). A heartbeat still arrives in
+#: one read.
+SOCKET_READ_BYTES = 16 * 1024
+
+
+def bound_socket_reads(server: web.Server, max_bytes: int) -> None:
+    """Read at most ``max_bytes`` at a time from each plain TCP connection of ``server``.
+
+    It sets the ``max_size`` of asyncio's socket transport (the size of each ``recv``),
+    which is not a documented setting: ``tests/test_adversarial_http.py`` fails if it
+    stops taking effect. A TLS connection reads through asyncio's own TLS buffer (256
+    KiB a connection), which this does not change."""
+    made = server.connection_made
+
+    def connection_made(handler: Any, transport: asyncio.Transport) -> None:
+        if isinstance(getattr(type(transport), "max_size", None), int):
+            transport.max_size = max_bytes  # type: ignore[attr-defined]
+        made(handler, transport)
+
+    server.connection_made = connection_made  # type: ignore[method-assign]
 
 
 class HeadDeadline:
@@ -237,6 +261,7 @@ async def start_server(
     try:
         await runner.setup()
         assert runner.server is not None
+        bound_socket_reads(runner.server, SOCKET_READ_BYTES)
         deadline = HeadDeadline(runner.server, HEAD_TIMEOUT_S,
                                 lambda: guard.refused("head_timeout"))
         heads = asyncio.create_task(deadline.run(), name="coordinator-head-deadline")
