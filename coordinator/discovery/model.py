@@ -553,6 +553,9 @@ class RateModel:
     family_runs: Mapping[str, int] = field(default_factory=dict)
     iterations: int = 0
     interval_scale: float = 1.0  # a new host's interval, calibrated on measured machines
+    # The same, for hosts bound by each capacity (gpu, cpu, pcie, memory); one missing
+    # here takes ``interval_scale``.
+    interval_scales: Mapping[str, float] = field(default_factory=dict)
     # Each measured slice's mean log count of partitions in flight, as its runs told:
     # (machine id, RAM share GiB to 0.1) -> log count.
     slice_log_counts: Mapping[tuple[str, float], float] = field(default_factory=dict)
@@ -579,6 +582,7 @@ class RateModel:
             "sigma_host": self.sigma_host,
             "sigma_noise": self.sigma_noise,
             "interval_scale": self.interval_scale,
+            "interval_scales": dict(self.interval_scales),
             "gpu_rate_per_hour_at_896_gbps": scaled("gpu_scale", p.gpu_rate_per_hour),
             "cpu_rate_per_vcpu_hour_at_ref_ghz": scaled("cpu_scale", p.cpu_rate_per_vcpu_hour),
             "pcie_rate_per_gbps_hour": scaled("pcie_scale", p.pcie_rate_per_gbps_hour),
@@ -665,7 +669,10 @@ class RateModel:
         mean += effects
         var = np.einsum("ij,jk,ik->i", grad, self.cov, grad) + var_extra
         half = np.sqrt(Z80**2 * var + host_q**2) * (t_quantile_90(self.dof) / Z80)
-        half = np.where(runs > 0, half, half * self.interval_scale)
+        bound = np.argmax(ev.w, axis=1)
+        new_scale = np.array([self.interval_scales.get(RESOURCES[j], self.interval_scale)
+                              for j in bound])
+        half = np.where(runs > 0, half, half * new_scale)
         sd = half / Z80
         # The point minimises the expected absolute percentage error: the median of the
         # rate's density times 1/rate. For a normal log rate (mean m, sd s) that density
@@ -975,7 +982,7 @@ def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors) -> R
     post = fitter.posterior(fitter.theta)
     _, _, jwj, _, c = post.parts(fitter.sig_e, fitter.sig_h, fitter.weight)
     cov: Array = np.asarray(np.linalg.inv(jwj + np.diag(prec) + fitter.count_terms(
-        fitter.theta)[2]), dtype=np.float64)
+        fitter.theta)[1]), dtype=np.float64)
     e2 = fitter.sig_e**2
     runs = np.diff(np.append(data.starts, len(ms)))
     machines = {
@@ -990,13 +997,15 @@ def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors) -> R
     unit_log_count = fitter.resp @ fitter.log_counts
     p_eff = float(np.trace(cov @ jwj))
     dof = max(len(machine_ids) - p_eff, 0.0) + p.prior_dof
+    scale, scales = _interval_scales(fitter, post, cov, dof, p_eff)
     return RateModel(
         priors=p, theta=fitter.theta, cov=cov, gpu_index=gpu_index, fam_index=fam_index,
         dl_center=dl_center, machines=machines, sigma_noise=fitter.sig_e,
         sigma_host=fitter.sig_h, dof=dof,
         n_measurements=len(ms), gpu_runs=gpu_runs, family_runs=family_runs,
         iterations=fitter.iterations,
-        interval_scale=_interval_scale(fitter, post, cov, dof, p_eff),
+        interval_scale=scale,
+        interval_scales=scales,
         slice_log_counts={key: float(v) for key, v in zip(unit_keys, unit_log_count,
                                                           strict=True)},
     )
@@ -1007,24 +1016,31 @@ def _slice_key(f: OfferFeatures) -> float:
     return round(f.ram_share_gib, 1)
 
 
-def _interval_scale(fitter: _Fitter, post: _Posterior, cov: Array, dof: float,
-                    p_eff: float) -> float:
+def _interval_scales(fitter: _Fitter, post: _Posterior, cov: Array, dof: float,
+                     p_eff: float) -> tuple[float, dict[str, float]]:
     """How much a new host's 80% interval must widen (or narrow) so that it would have
     held 80% of the measured machines' rates: the fleet's own machines calibrate it.
+    One scale for all, and one for each binding capacity (Mondrian calibration: a
+    GPU-bound host's rate varies less than a CPU-bound one's, and one scale for both
+    would be too wide for the one and too narrow for the other); a capacity's own
+    scale counts fully only with well over ``interval_calibration_machines`` machines
+    bound by it, and leans on the scale for all before.
 
-    Each machine's mean rate (at its first slice's hardware) is compared with the
+    Each machine's first slice, its mean measured rate, is compared with the
     distribution its hardware would get as a new host (every count of partitions in
-    flight it might hold, each a normal in log rate): the least scale of the normals'
-    sd that puts it inside that distribution's 80% interval, inflated for what its own
-    measurements pulled the fit towards (leave-one-out, through the parameters spent).
-    The mean rate keeps its benchmark noise, which errs on the wide side (a few percent
-    against a host spread of 10-20%); the fitted noise is no better a guide: it holds
-    the differences between slices of one machine too, which a new host's interval
-    must cover. With few machines the scale stays near 1: the spreads' priors speak then.
+    flight it might hold, each a normal in log rate), widened by the benchmark noise of
+    that mean: the least scale of the normals' sd that puts it inside that
+    distribution's 80% interval, inflated for what its own measurements pulled the fit
+    towards (leave-one-out, through the parameters spent). The benchmark noise is the
+    spread between runs of one slice of one machine (pooled; none counted when no
+    slice ran twice, which errs on the wide side): the fitted noise is no guide here, it
+    holds the differences between slices of one machine too, which a new host's
+    interval must cover. With few machines the scale stays near 1: the spreads' priors
+    speak then.
     """
     machines = fitter.data.starts.shape[0]
     if machines < 2:
-        return 1.0
+        return 1.0, {}
     p = fitter.p
     first = fitter.data.starts
     ev = _evaluate(fitter.theta, fitter.d, p, fitter.n_gpu, fitter.n_fam, jacobian=True,
@@ -1034,19 +1050,39 @@ def _interval_scale(fitter: _Fitter, post: _Posterior, cov: Array, dof: float,
     var = np.einsum("ij,jk,ik->i", rows, cov, rows)
     host_q = t_quantile_90(p.host_tail_dof) * fitter.sig_h
     sd = np.sqrt(Z80**2 * var + host_q**2) * (t_quantile_90(dof) / Z80) / Z80
-    y = ev.f[first] + post.qrm / post.qm
+    # Each machine's first slice: its rows are the first unit of the machine.
+    q, resid = fitter.data.q, fitter.data.y - ev.f
+    units = fitter.data.unit_starts
+    unit_q = np.add.reduceat(q, units)
+    unit_mean = np.add.reduceat(q * resid, units) / unit_q
+    spread = float((q * (resid - unit_mean[fitter.unit_of_row]) ** 2).sum())
+    repeats = resid.shape[0] - units.shape[0]
+    noise_var = spread / repeats if repeats else 0.0
+    first_unit = np.searchsorted(units, first)
+    y = ev.f[first] + unit_mean[first_unit]
+    y_var = noise_var / unit_q[first_unit]
     weights, means = _modes(fitter.theta, cov, _rows(fitter.d, first), p,
                             fitter.n_gpu, fitter.n_fam)
     lo, hi = np.full(machines, 0.05), np.full(machines, 20.0)
     for _ in range(30):
         mid = np.sqrt(lo * hi)
-        cdf = _mixture_cdf(y, weights, means, sd * mid)
+        cdf = _mixture_cdf(y, weights, means, np.sqrt((sd * mid) ** 2 + y_var))
         inside = (cdf >= 0.1) & (cdf <= 0.9)
         lo, hi = np.where(inside, lo, mid), np.where(inside, mid, hi)
+    least = np.sqrt(lo * hi)
     loo = 1.0 / math.sqrt(max(1.0 - p_eff / machines, 0.5))
-    observed = float(np.quantile(np.sqrt(lo * hi), 0.8)) * loo
-    weight = machines / (machines + p.interval_calibration_machines)
-    return float(np.clip(1.0 + weight * (observed - 1.0), 0.5, 2.5))
+    k = p.interval_calibration_machines
+
+    def shrunk(values: Array, towards: float) -> float:
+        observed = float(np.quantile(values, 0.8)) * loo
+        weight = values.shape[0] / (values.shape[0] + k)
+        return float(np.clip(towards + weight * (observed - towards), 0.5, 2.5))
+
+    overall = shrunk(least, 1.0)
+    bound = np.argmax(ev.w[first], axis=1)
+    by_capacity = {name: shrunk(least[bound == j], overall)
+                   for j, name in enumerate(RESOURCES) if (bound == j).any()}
+    return overall, by_capacity
 
 
 class _Fitter:
@@ -1088,27 +1124,41 @@ class _Fitter:
         out: Array = (self.resp @ self.log_counts)[self.unit_of_row]
         return out
 
-    def count_terms(self, theta: Array) -> tuple[float, Array, Array]:
-        """(sum of resp x log P(count), its gradient, a positive curvature) in theta: what
-        the slices' counts say about where the steps are (the resident RAM and the
+    def count_log_prior(self, theta: Array) -> float:
+        """The sum over slices and counts of resp x log P(count) at theta."""
+        x, _ = _step_position(theta, self.unit_ram, self.p)
+        k = math.exp(theta[_I["log_step_sharpness"]])
+        prob = _count_terms(x, k, self.p.max_partitions_in_flight)[0]
+        r = self.resp
+        return float(np.where(r > 0, r * np.log(np.maximum(prob, 1e-12)), 0.0).sum())
+
+    def count_terms(self, theta: Array) -> tuple[Array, Array]:
+        """(gradient, a positive curvature) in theta of ``count_log_prior``: what the
+        slices' counts say about where the steps are (the resident RAM and the
         partition's size) and how sharp they are."""
         x, dx = _step_position(theta, self.unit_ram, self.p)
         k = math.exp(theta[_I["log_step_sharpness"]])
         prob, d_x, d_k = _count_terms(x, k, self.p.max_partitions_in_flight)
         r = self.resp
         safe = np.maximum(prob, 1e-12)
-        value = float(np.where(r > 0, r * np.log(safe), 0.0).sum())
-        # Scores of log P(count) in (ram_resident, ram_partition, log_step_sharpness).
+        # Scores of log P(count) in x and in log k; x moves with (ram_resident,
+        # ram_partition) through dx.
         sx, sk = d_x / safe, d_k / safe
-        scores = np.stack([sx * dx[:, :1], sx * dx[:, 1:], sk], axis=2)  # (U, C, 3)
-        grad3 = np.einsum("uc,uci->i", r, scores)
-        curv3 = np.einsum("uc,uci,ucj->ij", r, scores, scores)
-        size = self.theta.shape[0]
+        gx, gk = (r * sx).sum(axis=1), (r * sk).sum(axis=1)
+        xx, xk, kk = (r * sx * sx).sum(axis=1), (r * sx * sk).sum(axis=1), (r * sk * sk).sum(axis=1)
+        a, b = dx[:, 0], dx[:, 1]
+        grad3 = np.array([(gx * a).sum(), (gx * b).sum(), gk.sum()])
+        curv3 = np.array([
+            [(xx * a * a).sum(), (xx * a * b).sum(), (xk * a).sum()],
+            [(xx * a * b).sum(), (xx * b * b).sum(), (xk * b).sum()],
+            [(xk * a).sum(), (xk * b).sum(), kk.sum()],
+        ])
+        size = theta.shape[0]
         idx = [_I["ram_resident"], _I["ram_partition"], _I["log_step_sharpness"]]
         grad, curv = np.zeros(size), np.zeros((size, size))
         grad[idx] = grad3
         curv[np.ix_(idx, idx)] = curv3
-        return value, grad, curv
+        return grad, curv
 
     def posterior(self, theta: Array) -> _Posterior:
         ev = _evaluate(theta, self.d, self.p, self.n_gpu, self.n_fam, jacobian=True,
@@ -1119,7 +1169,7 @@ class _Fitter:
     def objective(self, theta: Array, post: _Posterior) -> float:
         rwr = post.parts(self.sig_e, self.sig_h, self.weight)[0]
         return (0.5 * rwr + 0.5 * float((self.prec * (theta - self.mu) ** 2).sum())
-                - self.count_terms(theta)[0])
+                - self.count_log_prior(theta))
 
     def fit_theta(self) -> None:
         """Levenberg-Marquardt on the parameters at the current spreads and counts."""
@@ -1129,7 +1179,7 @@ class _Fitter:
         for _ in range(60):
             self.iterations += 1
             _, _, jwj, jwr, _ = post.parts(self.sig_e, self.sig_h, self.weight)
-            _, count_grad, count_curv = self.count_terms(self.theta)
+            count_grad, count_curv = self.count_terms(self.theta)
             hess = jwj + np.diag(self.prec) + count_curv
             grad = jwr - self.prec * (self.theta - self.mu) + count_grad
             step = np.linalg.solve(hess + damping * np.diag(np.diag(hess)), grad)
@@ -1154,7 +1204,7 @@ class _Fitter:
         post = self.posterior(self.theta)
         prior_e, prior_h = math.log(self.p.noise_sd), math.log(self.p.host_sd)
         s2 = self.p.spread_log_sd**2
-        fixed = np.diag(self.prec) + self.count_terms(self.theta)[2]
+        fixed = np.diag(self.prec) + self.count_terms(self.theta)[1]
 
         def log_evidence(le: float, lh: float) -> float:
             rwr, logdet, jwj, _, _ = post.parts(math.exp(le), math.exp(lh), self.weight)
