@@ -639,8 +639,9 @@ def offers(client: OperatorClient, filter_text: str | None, as_json: bool) -> No
     """Offers ranked by predicted cost per proof, with the basis of each prediction.
 
     The rate model (docs/discovery.md) predicts each offer's proofs/hour from its
-    hardware and the fleet's measurements: PRED/H is the median and, in
-    brackets, the 80% interval of the host's true rate; the basis names the
+    hardware and the fleet's measurements: PRED/H is the predicted rate (the
+    one with the least expected percentage error) and, in brackets, the 80%
+    interval of the host's true rate; the basis names the
     factors that moved it. CPU and RAM are what the instance gets, its share of
     the host (vast.ai lists the whole host's): an offer whose share is below
     VM_MIN_INSTANCE_RAM_GB is flagged TOO-SMALL, with the reason as its basis,

@@ -693,8 +693,9 @@ class RateModel:
         shap = self._shapley(d, n_gpu, n_fam) if explain else None
         ref_log = self._reference_log_rate(n_gpu, n_fam) if explain else float("nan")
         # The explanation's groups move the smooth staircase's rate; what whole
-        # partitions (one count, or the modes) and the point's place in the interval
-        # make of it is its own term.
+        # partitions make of it (one count, or the modes) is a term of its own, and so
+        # is the doubt (the point sits sd^2 below a log-normal's median: the rate with
+        # the least expected percentage error).
         smooth = (_evaluate(self.theta, d, p, n_gpu, n_fam, jacobian=False).f if explain
                   else mean)
         preds = []
@@ -710,7 +711,9 @@ class RateModel:
                 ) + (Contribution(
                     "partitions in flight", _count_detail(weights[i], bool(known[i]),
                                                           float(log_count[i])),
-                    float(point[i] - smooth[i] - effects[i])),
+                    float(point[i] + sd[i] ** 2 - smooth[i] - effects[i])),
+                    Contribution("doubt", f"(80% {math.exp(low[i]):.0f}-"
+                                 f"{math.exp(high[i]):.0f}/h)", float(-sd[i] ** 2)),
                 ) + ((Contribution("this machine's runs", f"{runs[i]} measured",
                                    float(effects[i])),) if runs[i] else ())
             mu, s = float(mean[i]), float(sd[i])
