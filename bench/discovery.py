@@ -1107,11 +1107,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             checks = [max(ratios) <= 1.25, min(gains) >= 2.0,
                       all(0.75 <= c <= 0.85 for c in cov)]
             a1_checks[f"{n} {subset}"] = checks
+            offers = sum(r.offers for r in rows)
+            pooled = sum(r.coverage * r.offers for r in rows) / offers
+            sampling = math.sqrt(0.8 * 0.2 / (offers / len(rows)))
+            out.setdefault("a1_pooled_coverage", {})[f"{n} {subset}"] = pooled
             print(f"  A1 at {n} measurements, {subset}, every seed: model/floor <= 1.25 "
                   f"({', '.join(f'{x:.2f}' for x in ratios)}) {_verdict(checks[0])}; >= 2x "
                   f"better than the GPU median (worst {min(gains):.1f}x) {_verdict(checks[1])}; "
                   f"80% intervals cover 75-85% ({', '.join(f'{c:.1%}' for c in cov)}) "
-                  f"{_verdict(checks[2])}")
+                  f"{_verdict(checks[2])}; all seeds' {offers} offers together {pooled:.1%} "
+                  f"{_verdict(0.75 <= pooled <= 0.85)} (one seed's figure has a sampling sd "
+                  f"of {sampling:.1%} at 80%)")
     out["a1"] = {str(n): [{subset: asdict(r[subset]) for subset in SUBSETS} for r in rows]
                  for n, rows in a1.items()}
     out["a1_checks"] = a1_checks

@@ -786,6 +786,10 @@ def model(client: OperatorClient, as_json: bool) -> None:
     click.echo(f"  host spread {render.num(data.get('sigma_host'), 3)}, benchmark noise "
                f"{render.num(data.get('sigma_noise'), 3)} (log rate); new hosts' intervals x"
                f"{render.num(data.get('interval_scale'), 2)} (calibrated on measured machines)")
+    scales = data.get("interval_scales") or {}
+    if scales:
+        click.echo("  by what binds them: " + ", ".join(
+            f"{clean(k)} x{render.num(v, 2)}" for k, v in sorted(scales.items())))
     for group in ("gpu_models", "cpu_families"):
         factors = data.get(group) or {}
         if factors:
