@@ -15,9 +15,12 @@ with four capacities in proofs/hour, each from a physical fact and a learned sca
 * **pcie**: GPUs x host->GPU GB/s x proofs per GB streamed (each partition
   streams the SRS, which does not fit on the card);
 * **memory**: partitions in flight ((RAM share - resident SRS, PCE and OS) / a
-  partition's RAM, at least one) over how long each holds its RAM (synthesis, faster
-  on faster cores, plus its upload): Little's law, calibrated on cuzk's RAM table
-  (128 GiB = 152 s/proof).
+  partition's RAM, whole partitions, at least one, at most 18) over how long each
+  holds its RAM (synthesis, faster on faster cores, plus its upload): Little's law,
+  calibrated on cuzk's RAM table (128 GiB = 152 s/proof). What RAM a host leaves cuzk
+  is not in its offer, so the count is a latent whole number around that staircase:
+  near a step a new host's rate has two modes (one count or the next), and its
+  prediction is the mixture; each measured slice's count is inferred by EM.
 
 The soft-min's sharpness is learned. A per-machine effect (Student-t in log rate,
 scale ``sigma_host``, fitted by EM as a scale mixture of normals) is marginalised
@@ -28,8 +31,10 @@ Laplace-approximated marginal likelihood (which charges for the parameters the
 fit spends), under priors that keep them sane with five measurements. The
 parameter posterior is Gaussian (Laplace), so a prediction's 80% interval
 includes what the model does not know yet: wide with little data, narrow with
-much. Each prediction is explained by exact Shapley shares of its log rate
-against a reference host, which add up to the prediction.
+much; a new host's interval is then calibrated on the measured machines, per binding
+capacity. The point is the rate with the least expected absolute percentage error.
+Each prediction is explained by exact Shapley shares of its log rate against a
+reference host, which add up to the prediction.
 
 Pure: numpy arrays in, dataclasses out; no I/O and no clock (``now`` is passed in).
 """
@@ -1242,7 +1247,7 @@ class _Fitter:
         f_now = _evaluate(self.theta, self.d, self.p, self.n_gpu, self.n_fam, jacobian=False,
                           log_count=current).f
         wanted = prior[self.unit_of_row] > 0
-        if not (prior > 0).sum(axis=1).max() > 1:
+        if (prior > 0).sum(axis=1).max() <= 1:
             self.resp = prior
             return
         f_counts = _count_rates(self.theta, self.d, self.p, self.n_gpu, self.n_fam, wanted)
