@@ -172,6 +172,9 @@ async def test_the_model_endpoint_says_what_it_learned(h: Harness) -> None:
     assert summary["measurements"] == 20 and summary["imported"] == 20
     assert summary["skipped"] == 0 and summary["machines"] == 10
     assert "rtx 4090" in summary["gpu_models"] or summary["gpu_models"]
+    # A new host's interval scale, for all and for the hosts each capacity binds.
+    assert summary["interval_scales"]
+    assert set(summary["interval_scales"]) <= {"gpu", "cpu", "pcie", "memory"}
 
 
 # --- the CLI -----------------------------------------------------------------------------

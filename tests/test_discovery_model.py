@@ -139,3 +139,35 @@ def test_an_offer_it_cannot_read_says_which_field() -> None:
     out = model.predict_offers([{"gpu_name": "RTX 4090", "num_gpus": 0}, local_offers()[0]])
     assert isinstance(out[0], Unpredictable) and out[0].field == "num_gpus"
     assert isinstance(out[1], Prediction)
+
+
+def test_a_ram_share_on_a_step_has_two_modes_and_its_runs_pick_one() -> None:
+    background = measurements(150)
+    model = fit_rate_model(background)
+    base = dict(local_offers()[0])
+    base.pop("sim")
+    # One GPU with about 128 GB: cuzk's budget holds one partition in flight there, or
+    # two, as the RAM the host keeps for itself decides (docs/discovery.md, the model).
+    # The first RAM share, going up, where both counts are likely:
+    knife, p = None, None
+    for ram_mb in range(100_000, 160_000, 2_000):
+        offer = {**base, "machine_id": 123_999, "id": 7, "num_gpus": 1, "cpu_cores": 32,
+                 "cpu_cores_effective": 32, "cpu_ram": ram_mb}
+        pred = model.predict(offer)
+        if sum(w >= 0.25 for w, _, _ in pred.modes) == 2:
+            knife, p = offer, pred
+            break
+    assert knife is not None and p is not None
+    assert sum(w for w, _, _ in p.modes) == pytest.approx(1.0)
+    (_, m1, _), (_, m2, _) = sorted(p.modes, key=lambda m: -m[0])[:2]
+    assert 1.6 < math.exp(abs(m2 - m1)) < 2.5  # one partition or two: about half the rate
+    assert p.rate_low < math.exp(min(m1, m2)) and math.exp(max(m1, m2)) < p.rate_high
+    assert "partitions in flight 1 (" in p.basis
+    # Three runs at the lower mode's rate: the machine holds one partition; its prediction
+    # has one mode, near what it measured, and a narrower interval.
+    low = math.exp(min(m1, m2))
+    runs = [Measurement("123999", knife, low * f, 0.0) for f in (0.97, 1.0, 1.03)]
+    pinned = fit_rate_model([*background, *runs]).predict(knife)
+    assert not pinned.modes
+    assert pinned.rate_per_hour == pytest.approx(low, rel=0.12)
+    assert pinned.rate_high / pinned.rate_low < p.rate_high / p.rate_low

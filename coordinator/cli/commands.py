@@ -639,8 +639,9 @@ def offers(client: OperatorClient, filter_text: str | None, as_json: bool) -> No
     """Offers ranked by predicted cost per proof, with the basis of each prediction.
 
     The rate model (docs/discovery.md) predicts each offer's proofs/hour from its
-    hardware and the fleet's measurements: PRED/H is the median and, in
-    brackets, the 80% interval of the host's true rate; the basis names the
+    hardware and the fleet's measurements: PRED/H is the predicted rate (the
+    one with the least expected percentage error) and, in brackets, the 80%
+    interval of the host's true rate; the basis names the
     factors that moved it. CPU and RAM are what the instance gets, its share of
     the host (vast.ai lists the whole host's): an offer whose share is below
     VM_MIN_INSTANCE_RAM_GB is flagged TOO-SMALL, with the reason as its basis,
@@ -785,6 +786,10 @@ def model(client: OperatorClient, as_json: bool) -> None:
     click.echo(f"  host spread {render.num(data.get('sigma_host'), 3)}, benchmark noise "
                f"{render.num(data.get('sigma_noise'), 3)} (log rate); new hosts' intervals x"
                f"{render.num(data.get('interval_scale'), 2)} (calibrated on measured machines)")
+    scales = data.get("interval_scales") or {}
+    if scales:
+        click.echo("  by what binds them: " + ", ".join(
+            f"{clean(k)} x{render.num(v, 2)}" for k, v in sorted(scales.items())))
     for group in ("gpu_models", "cpu_families"):
         factors = data.get(group) or {}
         if factors:

@@ -302,7 +302,7 @@ async def _report(api: _Api, rows: list[dict[str, Any]]) -> int:
         if r.get("state") not in FINAL_STATES:
             await api.call("POST", f"/api/instances/{r['id']}/destroy")
 
-    print("\n== Offers ranked by predicted cost per proof: the rate model's median and 80% "
+    print("\n== Offers ranked by predicted cost per proof: the rate model's rate and 80% "
           "interval (from the simulated measurements)")
     offers = await api.call("GET", "/api/offers")
     print(render.table(

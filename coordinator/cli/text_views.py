@@ -168,7 +168,7 @@ def render_scaling(rows: list[dict[str, Any]]) -> str:
 
 
 def predicted_interval(row: dict[str, Any]) -> str:
-    """'61.0 (50-72)': the median and the 80% interval of a predicted rate, or '-'."""
+    """'61.0 (50-72)': a predicted rate and its 80% interval, or '-'."""
     mid = row.get("predicted_rate_per_hour")
     if mid is None:
         return "-"

@@ -63,7 +63,7 @@ class FleetInstance:
     machine_id: str
     dph_total: float
     rate_per_hour: float | None  # measured; None while it is still before its verdict
-    expected_rate_per_hour: float | None = None  # the plan's median, while on trial
+    expected_rate_per_hour: float | None = None  # the plan's predicted rate, while on trial
     # Billing still, proving no more (terminating, silent, failed): it counts against the
     # caps until it is gone, and is neither a trial nor a host to terminate.
     leaving: bool = False

@@ -15,9 +15,12 @@ with four capacities in proofs/hour, each from a physical fact and a learned sca
 * **pcie**: GPUs x host->GPU GB/s x proofs per GB streamed (each partition
   streams the SRS, which does not fit on the card);
 * **memory**: partitions in flight ((RAM share - resident SRS, PCE and OS) / a
-  partition's RAM, at least one) over how long each holds its RAM (synthesis, faster
-  on faster cores, plus its upload): Little's law, calibrated on cuzk's RAM table
-  (128 GiB = 152 s/proof).
+  partition's RAM, whole partitions, at least one, at most 18) over how long each
+  holds its RAM (synthesis, faster on faster cores, plus its upload): Little's law,
+  calibrated on cuzk's RAM table (128 GiB = 152 s/proof). What RAM a host leaves cuzk
+  is not in its offer, so the count is a latent whole number around that staircase:
+  near a step a new host's rate has two modes (one count or the next), and its
+  prediction is the mixture; each measured slice's count is inferred by EM.
 
 The soft-min's sharpness is learned. A per-machine effect (Student-t in log rate,
 scale ``sigma_host``, fitted by EM as a scale mixture of normals) is marginalised
@@ -28,8 +31,10 @@ Laplace-approximated marginal likelihood (which charges for the parameters the
 fit spends), under priors that keep them sane with five measurements. The
 parameter posterior is Gaussian (Laplace), so a prediction's 80% interval
 includes what the model does not know yet: wide with little data, narrow with
-much. Each prediction is explained by exact Shapley shares of its log rate
-against a reference host, which add up to the prediction.
+much; a new host's interval is then calibrated on the measured machines, per binding
+capacity. The point is the rate with the least expected absolute percentage error.
+Each prediction is explained by exact Shapley shares of its log rate against a
+reference host, which add up to the prediction.
 
 Pure: numpy arrays in, dataclasses out; no I/O and no clock (``now`` is passed in).
 """
@@ -104,7 +109,11 @@ class Priors:
     # cuzk's [pipeline] max_parallel_synthesis default (config.rs; docs/cuzk.md): no more
     # partitions are synthesised at once, however much RAM there is.
     max_partitions_in_flight: int = 18
-    partition_step_sharpness: float = 4.0  # a step of the count is ~1/4 partition wide
+    # How sharp a step of the count is, in 1/partitions (a logistic in the RAM a host
+    # leaves cuzk, which no offer shows): 4 = a quarter of a partition (5 GiB) wide.
+    # Learned from which count measured hosts fall on.
+    partition_step_sharpness: float = 4.0
+    partition_step_sharpness_sd: float = 0.5
     sharpness: float = 8.0
     sharpness_sd: float = 0.5
     linear_sd: float = 0.10
@@ -123,6 +132,9 @@ class Priors:
     # The intervals' calibration on measured machines counts fully only once there are
     # many more machines than this (with few, the spreads' priors speak).
     interval_calibration_machines: float = 50.0
+    # Rounds of the fit: parameters, spreads, host tails and (from the second) which
+    # count of partitions in flight each measured slice holds.
+    fit_rounds: int = 8
 
 
 #: The parameters shared by every offer, in the order of the parameter vector.
@@ -130,7 +142,7 @@ FIXED = (
     "gpu_scale", "cpu_scale", "pcie_scale", "ram_scale", "ram_resident", "ram_partition",
     "ghz_exponent", "log_sharpness", "multi_gpu", "host_share", "mem_bw_deviation",
     "dlperf_deviation",
-    "disk_bw", "inet_down", "reliability",
+    "disk_bw", "inet_down", "reliability", "log_step_sharpness",
 )
 _I = {name: i for i, name in enumerate(FIXED)}
 
@@ -172,11 +184,15 @@ class Contribution:
 class Prediction:
     """A predicted true (steady-state) rate, its 80% interval and why."""
 
-    rate_per_hour: float  # the median
+    # The point: the rate that minimises the expected absolute percentage error (the
+    # median of the rate weighted by 1/rate; one log-normal: exp(mean - sd^2), a little
+    # under the median; on a step of the partition count, the lower mode unless the
+    # upper is twice as likely). docs/discovery.md, predictions.
+    rate_per_hour: float
     rate_low: float  # 10th percentile
     rate_high: float  # 90th percentile
-    log_rate_mean: float
-    log_rate_sd: float  # widened for the spreads' own uncertainty (Student t)
+    log_rate_mean: float  # the mean of the log rate (over the modes, if several)
+    log_rate_sd: float  # its sd, widened for the spreads' own uncertainty (Student t)
     bottleneck: str  # the capacity that binds: gpu, cpu, pcie, memory
     capacities_per_hour: dict[str, float]
     reference_rate_per_hour: float
@@ -185,12 +201,21 @@ class Prediction:
     novelty: tuple[str, ...]  # what no measurement has covered yet
     assumed: tuple[str, ...]
     basis: str
+    # (weight, log rate mean, log rate sd) of each mode when the rate has several (a
+    # RAM share on a step of cuzk's partitions in flight); empty: one log-normal,
+    # (log_rate_mean, log_rate_sd).
+    modes: tuple[tuple[float, float, float], ...] = ()
+
+    def components(self) -> tuple[tuple[float, float, float], ...]:
+        """The log-normal modes of the rate: (weight, log mean, log sd), weights sum to 1."""
+        return self.modes or ((1.0, self.log_rate_mean, self.log_rate_sd),)
 
     def probability_above(self, rate_per_hour: float) -> float:
         """P(true rate > rate_per_hour) under the prediction."""
         if rate_per_hour <= 0:
             return 1.0
-        return normal_sf((math.log(rate_per_hour) - self.log_rate_mean) / self.log_rate_sd)
+        y = math.log(rate_per_hour)
+        return sum(w * normal_sf((y - mu) / s) for w, mu, s in self.components())
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +305,11 @@ def _design(
     )
 
 
+def _rows(d: _Design, rows: NDArray[np.int64]) -> _Design:
+    """The design of some rows."""
+    return _Design(**{name: getattr(d, name)[rows] for name in d.__dataclass_fields__})
+
+
 def _softplus(z: Array, sharpness: float = 4.0) -> tuple[Array, Array]:
     """(softplus(z), its derivative): a smooth max(z, 0)."""
     kz = sharpness * z
@@ -288,17 +318,18 @@ def _softplus(z: Array, sharpness: float = 4.0) -> tuple[Array, Array]:
 
 
 def _in_flight(ram_gib: Array, resident_gib: float, partition_gib: float,
-               priors: Priors) -> tuple[Array, Array]:
+               priors: Priors, k: float) -> tuple[Array, Array]:
     """(log partitions RAM holds in flight, d/dx) with x = (RAM - resident) / partition.
 
     cuzk admits whole partitions: each reserves its share of the memory budget before
     its synthesis, one is always admitted, and at most ``max_parallel_synthesis`` run
     at once (docs/cuzk.md). So the count is a staircase, floor(x) between 1 and that
     cap, here with smooth steps (a sum of logistic steps at 2, 3, ...), so the fit
-    sees a slope and a host's hidden RAM shortfall blurs the step."""
+    sees a slope and a host's hidden RAM shortfall blurs the step. This is the mean of
+    ``_count_terms``' distribution: the explanations read it; the fit and the
+    predictions read the distribution."""
     x = (ram_gib - resident_gib) / partition_gib
     steps = np.arange(2, priors.max_partitions_in_flight + 1, dtype=np.float64)
-    k = priors.partition_step_sharpness
     z = np.clip(k * (x[:, None] - steps[None, :]), -60.0, 60.0)
     sig = 1.0 / (1.0 + np.exp(-z))
     count = 1.0 + sig.sum(axis=1)
@@ -306,10 +337,70 @@ def _in_flight(ram_gib: Array, resident_gib: float, partition_gib: float,
     return np.log(count), slope / count
 
 
+def _count_terms(x: Array, k: Array | float, cmax: int) -> tuple[Array, Array, Array]:
+    """(P(count = c), its derivative in x, its derivative in log k), each (N, cmax),
+    c = 1..cmax, with x = (RAM share - resident) / partition.
+
+    The staircase's smooth steps read as a distribution: each step is a logistic in the
+    RAM the host leaves cuzk (which its offer does not show), so P(count >= c) =
+    sigmoid(k (x - c)), and the smooth count of ``_in_flight`` is this distribution's
+    mean. Near a step a host holds one count or the next, never the mean between them:
+    its rate has two modes (a 128 GB share holds one partition or two, a factor of two).
+    """
+    steps = np.arange(2, cmax + 1, dtype=np.float64)
+    kk = np.broadcast_to(np.asarray(k, dtype=np.float64), x.shape)[:, None]
+    u = x[:, None] - steps[None, :]
+    a = 1.0 / (1.0 + np.exp(-np.clip(kk * u, -60.0, 60.0)))
+    da = a * (1.0 - a)
+    n = x.shape[0]
+    one, zero = np.ones((n, 1)), np.zeros((n, 1))
+    at_least = np.hstack([one, a, zero])
+    d_x = np.hstack([zero, kk * da, zero])
+    d_k = np.hstack([zero, kk * u * da, zero])
+    prob = np.maximum(at_least[:, :-1] - at_least[:, 1:], 0.0)
+    return prob, d_x[:, :-1] - d_x[:, 1:], d_k[:, :-1] - d_k[:, 1:]
+
+
+def _erfc(x: Array) -> Array:
+    """erfc, vectorised (Chebyshev fit, fractional error under 1.2e-7: Numerical
+    Recipes' erfcc)."""
+    z = np.abs(x)
+    t = 1.0 / (1.0 + 0.5 * z)
+    poly = -z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (
+        0.09678418 + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (
+            1.48851587 + t * (-0.82215223 + t * 0.17087277))))))))
+    r = t * np.exp(poly)
+    return np.where(x >= 0, r, 2.0 - r)
+
+
+def _mixture_cdf(y: Array, weights: Array, means: Array, sd: Array) -> Array:
+    """P(log rate <= y) per row of a mixture of normals with one sd per row."""
+    z = (y[:, None] - means) / sd[:, None]
+    return (weights * 0.5 * _erfc(-z / math.sqrt(2.0))).sum(axis=1)
+
+
+def _mixture_quantile(q: float, weights: Array, means: Array, sd: Array) -> Array:
+    """The q-quantile per row of a mixture of normals (bisection, to 1e-9 of an sd)."""
+    lo = (means.min(axis=1) - 8.0 * sd)
+    hi = (means.max(axis=1) + 8.0 * sd)
+    for _ in range(48):
+        mid = 0.5 * (lo + hi)
+        below = _mixture_cdf(mid, weights, means, sd) < q
+        lo = np.where(below, mid, lo)
+        hi = np.where(below, hi, mid)
+    out: Array = 0.5 * (lo + hi)
+    return out
+
+
+#: A partition count less likely than this is left out of an offer's modes.
+MODE_MIN_WEIGHT = 1e-3
+
+
 def _ram_calibration(priors: Priors) -> float:
     """log(cuzk's table rate at 128 GiB / Little's law's rate there, unscaled)."""
     log_in_flight, _ = _in_flight(np.array([priors.ram_table_gib]), priors.ram_resident_gib,
-                                  priors.ram_partition_gib, priors)
+                                  priors.ram_partition_gib, priors,
+                                  priors.partition_step_sharpness)
     hold_s = (priors.synth_seconds_per_partition
               + priors.upload_gb_per_partition / priors.ram_table_pcie_gbps)
     return math.log(priors.ram_table_rate_per_hour * hold_s / 360.0) - float(log_in_flight[0])
@@ -324,7 +415,11 @@ class _Eval:
 
 
 def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
-              *, jacobian: bool) -> _Eval:
+              *, jacobian: bool, log_count: Array | None = None) -> _Eval:
+    """The log rate of every row (and its Jacobian). ``log_count`` gives each row's
+    partitions in flight (log: one count, or the mean log over a distribution of them,
+    ``_count_terms``), as the fit and the predictions do; without it the count is the
+    smooth staircase's (``_in_flight``), which the explanations read."""
     nf = len(FIXED)
     delta_gpu = np.concatenate([theta[nf:nf + n_gpu], [0.0]])  # index -1 -> 0
     delta_fam = np.concatenate([theta[nf + n_gpu:nf + n_gpu + n_fam], [0.0]])
@@ -341,7 +436,11 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
     hold_s = synth_s + upload_s
     resident = priors.ram_resident_gib + 10.0 * t[_I["ram_resident"]]
     partition = priors.ram_partition_gib * math.exp(t[_I["ram_partition"]])
-    log_in_flight, d_in_flight = _in_flight(d.ram_gib, resident, partition, priors)
+    if log_count is None:
+        log_in_flight, d_in_flight = _in_flight(d.ram_gib, resident, partition, priors,
+                                                math.exp(t[_I["log_step_sharpness"]]))
+    else:
+        log_in_flight, d_in_flight = log_count, np.zeros_like(log_count)
     caps[:, 3] = (log_in_flight + math.log(360.0) - np.log(hold_s) + _ram_calibration(priors)
                   + t[_I["ram_scale"]])
     kappa = math.exp(t[_I["log_sharpness"]])
@@ -382,6 +481,53 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
     return _Eval(f, caps, w, jac)
 
 
+def _ram_steps(theta: Array, priors: Priors) -> tuple[float, float]:
+    """(resident GiB, GiB a partition) at these parameters."""
+    return (priors.ram_resident_gib + 10.0 * theta[_I["ram_resident"]],
+            priors.ram_partition_gib * math.exp(theta[_I["ram_partition"]]))
+
+
+def _step_position(theta: Array, ram_gib: Array, priors: Priors) -> tuple[Array, Array]:
+    """(x, dx/d(ram_resident, ram_partition)) with x = (RAM share - resident) / partition."""
+    resident, partition = _ram_steps(theta, priors)
+    x = (ram_gib - resident) / partition
+    return x, np.stack([np.full_like(x, -10.0 / partition), -x], axis=1)
+
+
+def _modes(theta: Array, cov: Array | None, d: _Design, priors: Priors, n_gpu: int,
+           n_fam: int) -> tuple[Array, Array]:
+    """(weights, log rates), each (N, max count): a new host's rate for each count of
+    partitions in flight, with that count's probability (``_count_terms``; with the
+    parameters' covariance, the steps widen for the doubt in where they are: a normal
+    doubt in x added to the logistic's variance). Counts less likely than
+    ``MODE_MIN_WEIGHT`` get weight 0, the rest renormalised."""
+    x, dx = _step_position(theta, d.ram_gib, priors)
+    k = math.exp(theta[_I["log_step_sharpness"]])
+    k_eff: Array | float = k
+    if cov is not None:
+        idx = [_I["ram_resident"], _I["ram_partition"]]
+        var_x = np.einsum("ij,jk,ik->i", dx, cov[np.ix_(idx, idx)], dx)
+        k_eff = k / np.sqrt(1.0 + k * k * var_x * 3.0 / math.pi**2)
+    weights = _count_terms(x, k_eff, priors.max_partitions_in_flight)[0]
+    weights = np.where(weights >= MODE_MIN_WEIGHT, weights, 0.0)
+    weights /= weights.sum(axis=1, keepdims=True)
+    return weights, _count_rates(theta, d, priors, n_gpu, n_fam, weights > 0)
+
+
+def _count_rates(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
+                 wanted: NDArray[np.bool_]) -> Array:
+    """(N, max count) every row's log rate at each count of partitions in flight (only
+    where ``wanted``; 0 elsewhere)."""
+    out = np.zeros(wanted.shape)
+    n = wanted.shape[0]
+    for c in range(wanted.shape[1]):
+        if wanted[:, c].any():
+            log_count = np.full(n, math.log(c + 1.0))
+            out[:, c] = _evaluate(theta, d, priors, n_gpu, n_fam, jacobian=False,
+                                  log_count=log_count).f
+    return out
+
+
 # --- the fitted model ------------------------------------------------------------------------
 
 
@@ -412,6 +558,12 @@ class RateModel:
     family_runs: Mapping[str, int] = field(default_factory=dict)
     iterations: int = 0
     interval_scale: float = 1.0  # a new host's interval, calibrated on measured machines
+    # The same, for hosts bound by each capacity (gpu, cpu, pcie, memory); one missing
+    # here takes ``interval_scale``.
+    interval_scales: Mapping[str, float] = field(default_factory=dict)
+    # Each measured slice's mean log count of partitions in flight, as its runs told:
+    # (machine id, RAM share GiB to 0.1) -> log count.
+    slice_log_counts: Mapping[tuple[str, float], float] = field(default_factory=dict)
 
     @property
     def n_machines(self) -> int:
@@ -435,6 +587,7 @@ class RateModel:
             "sigma_host": self.sigma_host,
             "sigma_noise": self.sigma_noise,
             "interval_scale": self.interval_scale,
+            "interval_scales": dict(self.interval_scales),
             "gpu_rate_per_hour_at_896_gbps": scaled("gpu_scale", p.gpu_rate_per_hour),
             "cpu_rate_per_vcpu_hour_at_ref_ghz": scaled("cpu_scale", p.cpu_rate_per_vcpu_hour),
             "pcie_rate_per_gbps_hour": scaled("pcie_scale", p.pcie_rate_per_gbps_hour),
@@ -488,7 +641,18 @@ class RateModel:
         p = self.priors
         n_gpu, n_fam = len(self.gpu_index), len(self.fam_index)
         d = _design(feats, p, self.gpu_index, self.fam_index, self.dl_center)
-        ev = _evaluate(self.theta, d, p, n_gpu, n_fam, jacobian=True)
+        # Partitions in flight: a slice the fleet measured holds the count its runs
+        # told; any other, each count the staircase allows near its RAM share, with its
+        # probability (several on a step: the rate has a mode for each).
+        weights, means = _modes(self.theta, self.cov, d, p, n_gpu, n_fam)
+        log_count = weights @ np.log(np.arange(1.0, weights.shape[1] + 1.0))
+        known = np.zeros(len(feats), dtype=np.bool_)
+        for i, f in enumerate(feats):
+            told = (self.slice_log_counts.get((f.machine_id, _slice_key(f)))
+                    if f.machine_id is not None else None)
+            if told is not None:
+                log_count[i], known[i] = told, True
+        ev = _evaluate(self.theta, d, p, n_gpu, n_fam, jacobian=True, log_count=log_count)
         assert ev.jac is not None
         grad = ev.jac.copy()
         mean = ev.f.copy()
@@ -510,10 +674,35 @@ class RateModel:
         mean += effects
         var = np.einsum("ij,jk,ik->i", grad, self.cov, grad) + var_extra
         half = np.sqrt(Z80**2 * var + host_q**2) * (t_quantile_90(self.dof) / Z80)
-        half = np.where(runs > 0, half, half * self.interval_scale)
+        bound = np.argmax(ev.w, axis=1)
+        new_scale = np.array([self.interval_scales.get(RESOURCES[j], self.interval_scale)
+                              for j in bound])
+        half = np.where(runs > 0, half, half * new_scale)
         sd = half / Z80
+        # The point minimises the expected absolute percentage error: the median of the
+        # rate's density times 1/rate. For a normal log rate (mean m, sd s) that density
+        # is again log-normal, mean m - s^2, weight exp(-m + s^2/2).
+        point = mean - sd * sd
+        low, high = mean - Z80 * sd, mean + Z80 * sd
+        # On a step of the partition count the rate has two (or more) modes: the
+        # interval and the point are the mixture's (with this machine's effect, if its
+        # other slices were measured).
+        multi = ~known & ((weights > 0).sum(axis=1) > 1)
+        if multi.any():
+            w, m, s_ = weights[multi], means[multi] + effects[multi, None], sd[multi]
+            low[multi] = _mixture_quantile(0.1, w, m, s_)
+            high[multi] = _mixture_quantile(0.9, w, m, s_)
+            w_ape = w * np.exp(-(m - m.max(axis=1, keepdims=True)))
+            point[multi] = _mixture_quantile(0.5, w_ape / w_ape.sum(axis=1, keepdims=True),
+                                             m - (s_**2)[:, None], s_)
         shap = self._shapley(d, n_gpu, n_fam) if explain else None
         ref_log = self._reference_log_rate(n_gpu, n_fam) if explain else float("nan")
+        # The explanation's groups move the smooth staircase's rate; what whole
+        # partitions make of it (one count, or the modes) is a term of its own, and so
+        # is the doubt (the point sits sd^2 below a log-normal's median: the rate with
+        # the least expected percentage error).
+        smooth = (_evaluate(self.theta, d, p, n_gpu, n_fam, jacobian=False).f if explain
+                  else mean)
         preds = []
         for i, f in enumerate(feats):
             caps = {r: float(math.exp(ev.caps[i, k])) for k, r in enumerate(RESOURCES)}
@@ -524,13 +713,25 @@ class RateModel:
                 contributions = tuple(
                     Contribution(name, _detail(name, f), float(shap[i, g]))
                     for g, (name, _) in enumerate(GROUPS)
+                ) + (Contribution(
+                    "partitions in flight", _count_detail(weights[i], bool(known[i]),
+                                                          float(log_count[i])),
+                    float(point[i] + sd[i] ** 2 - smooth[i] - effects[i])),
+                    Contribution("doubt", f"(80% {math.exp(low[i]):.0f}-"
+                                 f"{math.exp(high[i]):.0f}/h)", float(-sd[i] ** 2)),
                 ) + ((Contribution("this machine's runs", f"{runs[i]} measured",
                                    float(effects[i])),) if runs[i] else ())
             mu, s = float(mean[i]), float(sd[i])
+            modes: tuple[tuple[float, float, float], ...] = ()
+            if multi[i]:
+                modes = tuple((float(weights[i, c]), float(means[i, c] + effects[i]), s)
+                              for c in np.flatnonzero(weights[i]))
+                mu = sum(wc * mc for wc, mc, _ in modes)
+                s = math.sqrt(sum(wc * (s * s + (mc - mu) ** 2) for wc, mc, _ in modes))
             pred = Prediction(
-                rate_per_hour=math.exp(mu),
-                rate_low=math.exp(mu - Z80 * s),
-                rate_high=math.exp(mu + Z80 * s),
+                rate_per_hour=math.exp(float(point[i])),
+                rate_low=math.exp(float(low[i])),
+                rate_high=math.exp(float(high[i])),
                 log_rate_mean=mu,
                 log_rate_sd=s,
                 bottleneck=bottleneck,
@@ -541,6 +742,7 @@ class RateModel:
                 novelty=novelty,
                 assumed=f.assumed,
                 basis="",
+                modes=modes,
             )
             preds.append(_with_basis(pred, f) if explain else pred)
         return preds
@@ -589,6 +791,17 @@ class RateModel:
         return phi
 
 
+def _count_detail(weights: Array, known: bool, log_count: float) -> str:
+    """The partitions in flight behind a prediction, in words."""
+    if known:
+        return f"{math.exp(log_count):.1f} as measured"
+    k = np.flatnonzero(weights)
+    top = sorted(k[np.argsort(-weights[k])][:2])
+    if len(top) == 1:
+        return f"{top[0] + 1}"
+    return " or ".join(f"{c + 1} ({weights[c]:.0%})" for c in top)
+
+
 def _detail(group: str, f: OfferFeatures) -> str:
     if group == "GPU model":
         return f"{f.gpu_name} ({f.mem_bw_gbps:.0f} GB/s)"
@@ -634,6 +847,7 @@ class _Data:
     y: Array  # log rates, rows sorted by machine
     q: Array  # per-measurement precision multiplier (older: less)
     starts: NDArray[np.int64]  # first row of each machine
+    unit_starts: NDArray[np.int64]  # first row of each slice of a machine (its RAM share)
 
 
 def _prior_arrays(priors: Priors, n_gpu: int, n_fam: int) -> tuple[Array, Array]:
@@ -643,6 +857,7 @@ def _prior_arrays(priors: Priors, n_gpu: int, n_fam: int) -> tuple[Array, Array]
     mean["log_sharpness"] = math.log(p.sharpness)
     mean["mem_bw_deviation"] = p.deviation_coef
     mean["dlperf_deviation"] = p.deviation_coef
+    mean["log_step_sharpness"] = math.log(p.partition_step_sharpness)
     sd = {
         "gpu_scale": p.gpu_scale_sd, "cpu_scale": p.cpu_scale_sd, "pcie_scale": p.pcie_scale_sd,
         "ram_scale": p.ram_scale_sd, "ram_resident": p.ram_resident_sd,
@@ -650,6 +865,7 @@ def _prior_arrays(priors: Priors, n_gpu: int, n_fam: int) -> tuple[Array, Array]
         "log_sharpness": p.sharpness_sd, "multi_gpu": p.linear_sd, "host_share": p.linear_sd,
         "mem_bw_deviation": p.deviation_coef_sd, "dlperf_deviation": p.deviation_coef_sd,
         "disk_bw": p.other_sd, "inet_down": p.other_sd, "reliability": p.other_sd,
+        "log_step_sharpness": p.partition_step_sharpness_sd,
     }
     mu = np.array([mean[k] for k in FIXED] + [0.0] * (n_gpu + n_fam))
     sds = np.array([sd[k] for k in FIXED] + [p.gpu_model_sd] * n_gpu + [p.cpu_family_sd] * n_fam)
@@ -720,8 +936,12 @@ def fit_rate_model(
 
 
 def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors) -> RateModel:
-    ms = sorted(measurements, key=lambda m: m.machine_id)
-    feats = [m.features() for m in ms]
+    # Rows by machine, then by slice (RAM share): a slice's runs share one count of
+    # partitions in flight, so they are one block of rows (a "unit").
+    pairs = sorted(((m, m.features()) for m in measurements),
+                   key=lambda mf: (mf[0].machine_id, mf[1].ram_share_gib))
+    ms = [m for m, _ in pairs]
+    feats = [f for _, f in pairs]
     gpu_index = {k: i for i, k in enumerate(sorted({f.gpu_key for f in feats}))}
     fam_index = {k: i for i, k in enumerate(sorted({f.cpu_family for f in feats}))}
     dl: dict[str, list[float]] = {}
@@ -740,27 +960,37 @@ def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors) -> R
 
     machine_ids: list[str] = []
     starts: list[int] = []
-    for i, m in enumerate(ms):
+    unit_keys: list[tuple[str, float]] = []
+    unit_starts: list[int] = []
+    for i, (m, f) in enumerate(pairs):
         if not machine_ids or machine_ids[-1] != m.machine_id:
             machine_ids.append(m.machine_id)
             starts.append(i)
+        key = (m.machine_id, _slice_key(f))
+        if not unit_keys or unit_keys[-1] != key:
+            unit_keys.append(key)
+            unit_starts.append(i)
     ages_days = np.array([max(0.0, (now - m.measured_at) / 86400.0) if now is not None else 0.0
                           for m in ms])
     data = _Data(
         y=np.log(np.array([m.rate_per_hour for m in ms])),
         q=1.0 / (1.0 + ages_days / p.age_days_per_noise),
         starts=np.asarray(starts, dtype=np.int64),
+        unit_starts=np.asarray(unit_starts, dtype=np.int64),
     )
     fitter = _Fitter(p, _design(feats, p, gpu_index, fam_index, dl_center), data, mu, prec,
                      len(gpu_index), len(fam_index))
-    for _ in range(6):
+    for round_ in range(p.fit_rounds):
+        if round_:
+            fitter.update_counts()
         fitter.fit_theta()
         fitter.fit_spreads()
         fitter.update_weights()
 
     post = fitter.posterior(fitter.theta)
     _, _, jwj, _, c = post.parts(fitter.sig_e, fitter.sig_h, fitter.weight)
-    cov: Array = np.asarray(np.linalg.inv(jwj + np.diag(prec)), dtype=np.float64)
+    cov: Array = np.asarray(np.linalg.inv(jwj + np.diag(prec) + fitter.count_terms(
+        fitter.theta)[1]), dtype=np.float64)
     e2 = fitter.sig_e**2
     runs = np.diff(np.append(data.starts, len(ms)))
     machines = {
@@ -772,50 +1002,100 @@ def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors) -> R
         )
         for k, mid in enumerate(machine_ids)
     }
+    unit_log_count = fitter.resp @ fitter.log_counts
     p_eff = float(np.trace(cov @ jwj))
     dof = max(len(machine_ids) - p_eff, 0.0) + p.prior_dof
+    scale, scales = _interval_scales(fitter, post, cov, dof, p_eff)
     return RateModel(
         priors=p, theta=fitter.theta, cov=cov, gpu_index=gpu_index, fam_index=fam_index,
         dl_center=dl_center, machines=machines, sigma_noise=fitter.sig_e,
         sigma_host=fitter.sig_h, dof=dof,
         n_measurements=len(ms), gpu_runs=gpu_runs, family_runs=family_runs,
         iterations=fitter.iterations,
-        interval_scale=_interval_scale(fitter, post, cov, dof, p_eff),
+        interval_scale=scale,
+        interval_scales=scales,
+        slice_log_counts={key: float(v) for key, v in zip(unit_keys, unit_log_count,
+                                                          strict=True)},
     )
 
 
-def _interval_scale(fitter: _Fitter, post: _Posterior, cov: Array, dof: float,
-                    p_eff: float) -> float:
+def _slice_key(f: OfferFeatures) -> float:
+    """A slice of a machine, by its RAM share (GiB, to 0.1)."""
+    return round(f.ram_share_gib, 1)
+
+
+def _interval_scales(fitter: _Fitter, post: _Posterior, cov: Array, dof: float,
+                     p_eff: float) -> tuple[float, dict[str, float]]:
     """How much a new host's 80% interval must widen (or narrow) so that it would have
     held 80% of the measured machines' rates: the fleet's own machines calibrate it.
+    One scale for all, and one for each binding capacity (Mondrian calibration: a
+    GPU-bound host's rate varies less than a CPU-bound one's, and one scale for both
+    would be too wide for the one and too narrow for the other); a capacity's own
+    scale counts fully only with well over ``interval_calibration_machines`` machines
+    bound by it, and leans on the scale for all before.
 
-    Each machine's mean residual is compared with the half-width its hardware would get
-    as a new host, inflated for what its own measurements pulled the fit towards
-    (leave-one-out, through the parameters spent). The residual keeps its benchmark
-    noise, which errs on the wide side (a few percent against a host spread of 15-25%);
-    the fitted noise is no better a guide: it holds the differences between slices of
-    one machine too, which a new host's interval must cover. With few machines the
-    scale stays near 1: the spreads' priors speak then.
+    Each machine's first slice, its mean measured rate, is compared with the
+    distribution its hardware would get as a new host (every count of partitions in
+    flight it might hold, each a normal in log rate), widened by the benchmark noise of
+    that mean: the least scale of the normals' sd that puts it inside that
+    distribution's 80% interval, inflated for what its own measurements pulled the fit
+    towards (leave-one-out, through the parameters spent). The benchmark noise is the
+    spread between runs of one slice of one machine (pooled; none counted when no
+    slice ran twice, which errs on the wide side): the fitted noise is no guide here, it
+    holds the differences between slices of one machine too, which a new host's
+    interval must cover. With few machines the scale stays near 1: the spreads' priors
+    speak then.
     """
     machines = fitter.data.starts.shape[0]
     if machines < 2:
-        return 1.0
+        return 1.0, {}
     p = fitter.p
-    ev = _evaluate(fitter.theta, fitter.d, p, fitter.n_gpu, fitter.n_fam, jacobian=True)
+    first = fitter.data.starts
+    ev = _evaluate(fitter.theta, fitter.d, p, fitter.n_gpu, fitter.n_fam, jacobian=True,
+                   log_count=fitter.row_log_count())
     assert ev.jac is not None
-    rows = ev.jac[fitter.data.starts]
+    rows = ev.jac[first]
     var = np.einsum("ij,jk,ik->i", rows, cov, rows)
     host_q = t_quantile_90(p.host_tail_dof) * fitter.sig_h
-    half = np.sqrt(Z80**2 * var + host_q**2) * (t_quantile_90(dof) / Z80)
-    resid = post.qrm / post.qm
+    sd = np.sqrt(Z80**2 * var + host_q**2) * (t_quantile_90(dof) / Z80) / Z80
+    # Each machine's first slice: its rows are the first unit of the machine.
+    q, resid = fitter.data.q, fitter.data.y - ev.f
+    units = fitter.data.unit_starts
+    unit_q = np.add.reduceat(q, units)
+    unit_mean = np.add.reduceat(q * resid, units) / unit_q
+    spread = float((q * (resid - unit_mean[fitter.unit_of_row]) ** 2).sum())
+    repeats = resid.shape[0] - units.shape[0]
+    noise_var = spread / repeats if repeats else 0.0
+    first_unit = np.searchsorted(units, first)
+    y = ev.f[first] + unit_mean[first_unit]
+    y_var = noise_var / unit_q[first_unit]
+    weights, means = _modes(fitter.theta, cov, _rows(fitter.d, first), p,
+                            fitter.n_gpu, fitter.n_fam)
+    lo, hi = np.full(machines, 0.05), np.full(machines, 20.0)
+    for _ in range(30):
+        mid = np.sqrt(lo * hi)
+        cdf = _mixture_cdf(y, weights, means, np.sqrt((sd * mid) ** 2 + y_var))
+        inside = (cdf >= 0.1) & (cdf <= 0.9)
+        lo, hi = np.where(inside, lo, mid), np.where(inside, mid, hi)
+    least = np.sqrt(lo * hi)
     loo = 1.0 / math.sqrt(max(1.0 - p_eff / machines, 0.5))
-    observed = float(np.quantile(np.abs(resid) / half, 0.8)) * loo
-    weight = machines / (machines + p.interval_calibration_machines)
-    return float(np.clip(1.0 + weight * (observed - 1.0), 0.75, 2.5))
+    k = p.interval_calibration_machines
+
+    def shrunk(values: Array, towards: float) -> float:
+        observed = float(np.quantile(values, 0.8)) * loo
+        weight = values.shape[0] / (values.shape[0] + k)
+        return float(np.clip(towards + weight * (observed - towards), 0.5, 2.5))
+
+    overall = shrunk(least, 1.0)
+    bound = np.argmax(ev.w[first], axis=1)
+    by_capacity = {name: shrunk(least[bound == j], overall)
+                   for j, name in enumerate(RESOURCES) if (bound == j).any()}
+    return overall, by_capacity
 
 
 class _Fitter:
-    """Maximum a posteriori parameters, spreads by evidence, host tails by EM."""
+    """Maximum a posteriori parameters, spreads by evidence, host tails and partition
+    counts by EM."""
 
     def __init__(self, priors: Priors, design: _Design, data: _Data, mu: Array, prec: Array,
                  n_gpu: int, n_fam: int) -> None:
@@ -828,26 +1108,88 @@ class _Fitter:
         # other host's interval. weight[m] divides machine m's host variance.
         self.weight = np.ones(data.starts.shape[0])
         self.iterations = 0
+        # Each slice's count of partitions in flight is latent: resp[u, c] is the
+        # posterior probability that slice u holds c + 1 (the prior's at first).
+        n = data.y.shape[0]
+        self.unit_of_row = np.repeat(np.arange(data.unit_starts.shape[0]),
+                                     np.diff(np.append(data.unit_starts, n)))
+        self.unit_ram = design.ram_gib[data.unit_starts]
+        self.log_counts = np.log(np.arange(1, priors.max_partitions_in_flight + 1,
+                                           dtype=np.float64))
+        self.resp = self.count_weights(self.theta)
+
+    def count_weights(self, theta: Array) -> Array:
+        """(units, counts) the prior's probability of each count, the unlikely ones 0."""
+        x, _ = _step_position(theta, self.unit_ram, self.p)
+        k = math.exp(theta[_I["log_step_sharpness"]])
+        prob = _count_terms(x, k, self.p.max_partitions_in_flight)[0]
+        prob = np.where(prob >= MODE_MIN_WEIGHT, prob, 0.0)
+        out: Array = prob / prob.sum(axis=1, keepdims=True)
+        return out
+
+    def row_log_count(self) -> Array:
+        """Each row's mean log count of partitions in flight under ``resp``."""
+        out: Array = (self.resp @ self.log_counts)[self.unit_of_row]
+        return out
+
+    def count_log_prior(self, theta: Array) -> float:
+        """The sum over slices and counts of resp x log P(count) at theta."""
+        x, _ = _step_position(theta, self.unit_ram, self.p)
+        k = math.exp(theta[_I["log_step_sharpness"]])
+        prob = _count_terms(x, k, self.p.max_partitions_in_flight)[0]
+        r = self.resp
+        return float(np.where(r > 0, r * np.log(np.maximum(prob, 1e-12)), 0.0).sum())
+
+    def count_terms(self, theta: Array) -> tuple[Array, Array]:
+        """(gradient, a positive curvature) in theta of ``count_log_prior``: what the
+        slices' counts say about where the steps are (the resident RAM and the
+        partition's size) and how sharp they are."""
+        x, dx = _step_position(theta, self.unit_ram, self.p)
+        k = math.exp(theta[_I["log_step_sharpness"]])
+        prob, d_x, d_k = _count_terms(x, k, self.p.max_partitions_in_flight)
+        r = self.resp
+        safe = np.maximum(prob, 1e-12)
+        # Scores of log P(count) in x and in log k; x moves with (ram_resident,
+        # ram_partition) through dx.
+        sx, sk = d_x / safe, d_k / safe
+        gx, gk = (r * sx).sum(axis=1), (r * sk).sum(axis=1)
+        xx, xk, kk = (r * sx * sx).sum(axis=1), (r * sx * sk).sum(axis=1), (r * sk * sk).sum(axis=1)
+        a, b = dx[:, 0], dx[:, 1]
+        grad3 = np.array([(gx * a).sum(), (gx * b).sum(), gk.sum()])
+        curv3 = np.array([
+            [(xx * a * a).sum(), (xx * a * b).sum(), (xk * a).sum()],
+            [(xx * a * b).sum(), (xx * b * b).sum(), (xk * b).sum()],
+            [(xk * a).sum(), (xk * b).sum(), kk.sum()],
+        ])
+        size = theta.shape[0]
+        idx = [_I["ram_resident"], _I["ram_partition"], _I["log_step_sharpness"]]
+        grad, curv = np.zeros(size), np.zeros((size, size))
+        grad[idx] = grad3
+        curv[np.ix_(idx, idx)] = curv3
+        return grad, curv
 
     def posterior(self, theta: Array) -> _Posterior:
-        ev = _evaluate(theta, self.d, self.p, self.n_gpu, self.n_fam, jacobian=True)
+        ev = _evaluate(theta, self.d, self.p, self.n_gpu, self.n_fam, jacobian=True,
+                       log_count=self.row_log_count())
         assert ev.jac is not None
         return _Posterior(self.data, ev.jac, self.data.y - ev.f)
 
     def objective(self, theta: Array, post: _Posterior) -> float:
         rwr = post.parts(self.sig_e, self.sig_h, self.weight)[0]
-        return 0.5 * rwr + 0.5 * float((self.prec * (theta - self.mu) ** 2).sum())
+        return (0.5 * rwr + 0.5 * float((self.prec * (theta - self.mu) ** 2).sum())
+                - self.count_log_prior(theta))
 
     def fit_theta(self) -> None:
-        """Levenberg-Marquardt on the parameters at the current spreads."""
+        """Levenberg-Marquardt on the parameters at the current spreads and counts."""
         post = self.posterior(self.theta)
         obj = self.objective(self.theta, post)
         damping = 1e-3
         for _ in range(60):
             self.iterations += 1
             _, _, jwj, jwr, _ = post.parts(self.sig_e, self.sig_h, self.weight)
-            hess = jwj + np.diag(self.prec)
-            grad = jwr - self.prec * (self.theta - self.mu)
+            count_grad, count_curv = self.count_terms(self.theta)
+            hess = jwj + np.diag(self.prec) + count_curv
+            grad = jwr - self.prec * (self.theta - self.mu) + count_grad
             step = np.linalg.solve(hess + damping * np.diag(np.diag(hess)), grad)
             cand = self.theta + step
             cand_post = self.posterior(cand)
@@ -870,11 +1212,11 @@ class _Fitter:
         post = self.posterior(self.theta)
         prior_e, prior_h = math.log(self.p.noise_sd), math.log(self.p.host_sd)
         s2 = self.p.spread_log_sd**2
-        prec_diag = np.diag(self.prec)
+        fixed = np.diag(self.prec) + self.count_terms(self.theta)[1]
 
         def log_evidence(le: float, lh: float) -> float:
             rwr, logdet, jwj, _, _ = post.parts(math.exp(le), math.exp(lh), self.weight)
-            sign, logdet_h = np.linalg.slogdet(jwj + prec_diag)
+            sign, logdet_h = np.linalg.slogdet(jwj + fixed)
             if sign <= 0:
                 return -math.inf
             return (-0.5 * (rwr + logdet + logdet_h)
@@ -887,9 +1229,43 @@ class _Fitter:
         self.sig_e, self.sig_h = math.exp(le), math.exp(lh)
 
     def update_weights(self) -> None:
-        """EM's E-step: each machine's weight from its host effect's posterior."""
+        """EM's E-step for the host tails: each machine's weight from its host effect's
+        posterior."""
         post = self.posterior(self.theta)
         _, _, _, _, c = post.parts(self.sig_e, self.sig_h, self.weight)
         effect = c * post.qrm / self.sig_e**2
         nu = self.p.host_tail_dof
         self.weight = (nu + 1.0) / (nu + (effect**2 + c) / self.sig_h**2)
+
+    def update_counts(self) -> None:
+        """EM's E-step for the partition counts: each slice's posterior over the counts
+        it might hold, from the prior's step and how well each count explains its
+        machine's runs (the host effect integrated out; the machine's other slices at
+        their current counts)."""
+        prior = self.count_weights(self.theta)
+        current = self.row_log_count()
+        f_now = _evaluate(self.theta, self.d, self.p, self.n_gpu, self.n_fam, jacobian=False,
+                          log_count=current).f
+        wanted = prior[self.unit_of_row] > 0
+        if (prior > 0).sum(axis=1).max() <= 1:
+            self.resp = prior
+            return
+        f_counts = _count_rates(self.theta, self.d, self.p, self.n_gpu, self.n_fam, wanted)
+        q, resid = self.data.q, self.data.y - f_now
+        e2, h2 = self.sig_e**2, self.sig_h**2 / self.weight
+        starts = self.data.starts
+        qm = np.add.reduceat(q, starts)
+        c_m = h2 / (1.0 + h2 * qm / e2)
+        s_m = np.add.reduceat(q * resid, starts)
+        q_m = np.add.reduceat(q * resid * resid, starts)
+        delta = np.where(wanted, f_now[:, None] - f_counts, 0.0)  # resid + delta at count c
+        ds = np.add.reduceat(q[:, None] * delta, self.data.unit_starts, axis=0)
+        dq = np.add.reduceat(q[:, None] * (2.0 * resid[:, None] * delta + delta * delta),
+                             self.data.unit_starts, axis=0)
+        machine_of_unit = np.searchsorted(starts, self.data.unit_starts, side="right") - 1
+        m = machine_of_unit
+        loglik = -0.5 * ((q_m[m, None] + dq) / e2 - c_m[m, None] * ((s_m[m, None] + ds) / e2) ** 2)
+        logits = np.where(prior > 0, np.log(np.maximum(prior, 1e-300)) + loglik, -np.inf)
+        logits -= logits.max(axis=1, keepdims=True)
+        resp = np.exp(logits)
+        self.resp = resp / resp.sum(axis=1, keepdims=True)

@@ -126,12 +126,16 @@ def reference_usd_per_proof(fleet: FleetView, settings: PlanSettings) -> float:
 
 
 def expected_saving_per_hour(prediction: Prediction, dph_total: float, ref: float) -> float:
-    """E[max(0, ref * r - dph_total)] for a log-normal r: the closed-form expected
+    """E[max(0, ref * r - dph_total)] for a log-normal r (or a mixture of log-normals,
+    one per mode: the expectation is their weighted sum): the closed-form expected
     improvement, in dollars per hour."""
-    mu, s = prediction.log_rate_mean, max(prediction.log_rate_sd, 1e-9)
     log_b = math.log(dph_total / ref)
-    return (ref * math.exp(mu + s * s / 2) * normal_sf((log_b - mu - s * s) / s)
-            - dph_total * normal_sf((log_b - mu) / s))
+    total = 0.0
+    for weight, mu, sd in prediction.components():
+        s = max(sd, 1e-9)
+        total += weight * (ref * math.exp(mu + s * s / 2) * normal_sf((log_b - mu - s * s) / s)
+                           - dph_total * normal_sf((log_b - mu) / s))
+    return total
 
 
 def evaluate_offer(

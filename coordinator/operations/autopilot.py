@@ -94,7 +94,7 @@ class _Memo:
 
 def fleet_instances(rows: Sequence[Row], model: RateModel) -> list[FleetInstance]:
     """Our deployed instances still on a machine, as the decision core sees them: proving
-    at their measured rate, on trial at the model's median for their offer, or leaving
+    at their measured rate, on trial at the model's predicted rate for their offer, or leaving
     (terminating, silent, failed: billing, not proving)."""
     out = []
     for r in rows:
