@@ -559,8 +559,10 @@ P_RETIRE = 1 / (60 * 24)
 
 
 def default_filter(offer: dict[str, Any]) -> bool:
-    """``filters.DEFAULT_FILTER`` (the original manager's search), as vast.ai applies it:
-    cpu_ram and cpu_cores are whole-host figures."""
+    """The original manager's search (``dph<=0.9 cpu_ram>=240 cpu_cores>25 ...``), as
+    vast.ai applies it: cpu_ram and cpu_cores are whole-host figures. (The project's own
+    default, ``filters.DEFAULT_FILTER``, asks for what the instance gets instead; the
+    market keeps the wider search, so every policy meets the small slices too.)"""
     return (offer["dph_total"] <= 0.9 and offer["cpu_ram"] >= 240_000
             and offer["cpu_cores"] > 25 and offer["inet_down"] > 100
             and offer["gpu_ram"] > 12_500 and offer["disk_space"] >= 250)

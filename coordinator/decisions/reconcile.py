@@ -1,9 +1,9 @@
 """Reconciliation plan: vast.ai's instance list against ours, as a list of actions.
 
-Pure (DESIGN section 5): no I/O, the clock passed in. The monitor loop carries
+Pure (docs/policy.md): no I/O, the clock passed in. The monitor loop carries
 the actions out (destroy through the provider, mark in the store). An
 instance whose label does not carry our fleet id (``vm:<fleet_id>:<agent_id>``,
-DESIGN 3.2) is never acted on: it belongs to another fleet or to a person.
+docs/protocol.md) is never acted on: it belongs to another fleet or to a person.
 
 ``our_instances`` rows are the coordinator's: vast.ai's instance id as
 ``provider_instance_id`` (the store's column) or ``instance_id`` (None while a

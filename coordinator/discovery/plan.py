@@ -43,7 +43,7 @@ class Predictor(Protocol):
 @dataclass(frozen=True, slots=True)
 class TrialCost:
     """How long a trial rents its host before the verdict: boot, parameter fetch,
-    warm-up and the benchmark (DESIGN 5; the original manager's 12 proofs after a
+    warm-up and the benchmark (docs/policy.md; the original manager's 12 proofs after a
     5-7 minute warm-up)."""
 
     params_gib: float = 45.0  # the PoRep 32G parameters a fresh host downloads

@@ -54,7 +54,7 @@ PRICE_EPSILON = 1e-6
 
 
 def mint_agent_id() -> str:
-    """``ag_`` + 20 lowercase hex characters (DESIGN 3.2)."""
+    """``ag_`` + 20 lowercase hex characters (docs/protocol.md)."""
     return "ag_" + secrets.token_hex(10)
 
 
@@ -79,7 +79,7 @@ class Deployed:
 
 
 class Deployer:
-    """``deploy`` of DESIGN 3.7, with its checks; one deploy at a time."""
+    """``deploy`` of the operator API (docs/protocol.md), with its checks; one deploy at a time."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""Who may speak: agent request verification (DESIGN 3.3), response signing (3.4), admin token.
+"""Who may speak: agent request verification, response signing (docs/protocol.md), admin token.
 
 Checks run in the contract's order and write nothing: body size (413), agent
 and signature (401), timestamp (401), nonce (409), nonce budget (429). The agent
@@ -28,7 +28,7 @@ MAX_BODY_BYTES = 1024 * 1024
 
 
 class AuthFailure(Exception):
-    """A refused agent request: HTTP status, DESIGN 3.5 code, and whether to sign the answer."""
+    """A refused agent request: HTTP status, error code, and whether to sign the answer."""
 
     def __init__(self, status: int, code: str, message: str, *, verified_key: bytes | None = None):
         super().__init__(message)

@@ -136,7 +136,7 @@ class CredentialThrottle:
 class Counters:
     """What ``/metrics`` shows of the traffic the coordinator refused."""
 
-    refused: Counter[str] = field(default_factory=Counter)  # by DESIGN 3.5 error code
+    refused: Counter[str] = field(default_factory=Counter)  # by error code (docs/protocol.md)
     malformed: Counter[str] = field(default_factory=Counter)  # by kind of parse error
     suppressed_log_lines: int = 0
 
