@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from vast_manager.coordinator.decisions import states
 
@@ -24,9 +24,22 @@ from vast_manager.coordinator.decisions import states
 _ROUNDING_S = 1e-9
 
 
+class PaceSettings(Protocol):
+    """What the pace follows: ``Settings`` has it, ``PaceLimits`` holds just that."""
+
+    @property
+    def next_heartbeat_s(self) -> int: ...
+
+    @property
+    def max_next_heartbeat_s(self) -> int: ...
+
+    @property
+    def max_heartbeats_per_second(self) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class PaceLimits:
-    """The settings the pace follows (a subset of ``Settings``)."""
+    """The settings the pace follows, alone."""
 
     next_heartbeat_s: int = 15
     """The base pace, and the least: a small fleet reports this often."""
@@ -39,45 +52,23 @@ class PaceLimits:
     def from_settings(cls, settings: Any) -> PaceLimits:
         return cls(**{f: getattr(settings, f) for f in cls.__dataclass_fields__})
 
-    @property
-    def longest_s(self) -> int:
-        return max(self.next_heartbeat_s, self.max_next_heartbeat_s)
 
+class FleetLoad(NamedTuple):
+    """The agents heard from, by how they are paced (the heartbeat tracker counts them).
 
-@dataclass(frozen=True, slots=True)
-class FleetLoad:
-    """The agents heard from, by how they are paced (the heartbeat tracker counts them)."""
+    A tuple: one is made for every agent request."""
 
     quick: int = 0
     """Agents last heard in a quick phase (``states.QUICK_PACE``)."""
     steady: int = 0
     """Every other agent heard from."""
 
-    @property
-    def agents(self) -> int:
-        return self.quick + self.steady
-
 
 #: No agent heard yet: every pace is the base pace.
 NO_AGENTS = FleetLoad()
 
 
-def is_quick(phase: str | None) -> bool:
-    """Whether an agent in ``phase`` draws on the budget first."""
-    return phase in states.QUICK_PACE
-
-
-def _stretched_s(agents: int, per_second: float, limits: PaceLimits) -> int:
-    """The least whole pace at which ``agents`` send at most ``per_second`` heartbeats a
-    second, within the limits (the longest pace when no budget is left)."""
-    if per_second <= 0:
-        return limits.longest_s
-    needed = math.ceil(agents / per_second - _ROUNDING_S)
-    return min(limits.longest_s, max(limits.next_heartbeat_s, needed))
-
-
-@dataclass(frozen=True, slots=True)
-class Paces:
+class Paces(NamedTuple):
     """The two paces of a fleet, seconds."""
 
     quick_s: int
@@ -86,7 +77,21 @@ class Paces:
     """For every other agent."""
 
 
-def paces(fleet: FleetLoad, limits: PaceLimits) -> Paces:
+def is_quick(phase: str | None) -> bool:
+    """Whether an agent in ``phase`` draws on the budget first."""
+    return phase in states.QUICK_PACE
+
+
+def _stretched_s(agents: int, per_second: float, base_s: int, longest_s: int) -> int:
+    """The least whole pace at which ``agents`` send at most ``per_second`` heartbeats a
+    second, between ``base_s`` and ``longest_s`` (the longest when no budget is left)."""
+    if per_second <= 0:
+        return longest_s
+    needed = math.ceil(agents / per_second - _ROUNDING_S)
+    return min(longest_s, max(base_s, needed))
+
+
+def paces(fleet: FleetLoad, limits: PaceSettings) -> Paces:
     """The paces for a fleet of ``fleet``.
 
     Quick agents get the least pace at which they alone stay under the budget; the
@@ -94,18 +99,21 @@ def paces(fleet: FleetLoad, limits: PaceLimits) -> Paces:
     base pace holds until the fleet would exceed the budget, and the fleet's load stays
     under it until the paces reach the longest.
     """
-    quick_s = _stretched_s(fleet.quick, limits.max_heartbeats_per_second, limits)
-    left = limits.max_heartbeats_per_second - fleet.quick / quick_s
-    return Paces(quick_s, _stretched_s(fleet.steady, left, limits))
+    base_s = limits.next_heartbeat_s
+    longest_s = max(base_s, limits.max_next_heartbeat_s)
+    budget = limits.max_heartbeats_per_second
+    quick_s = _stretched_s(fleet.quick, budget, base_s, longest_s)
+    left = budget - fleet.quick / quick_s
+    return Paces(quick_s, _stretched_s(fleet.steady, left, base_s, longest_s))
 
 
-def next_heartbeat_s(phase: str | None, fleet: FleetLoad, limits: PaceLimits) -> int:
+def next_heartbeat_s(phase: str | None, fleet: FleetLoad, limits: PaceSettings) -> int:
     """The pace, in whole seconds, for an agent in ``phase`` of a fleet of ``fleet``."""
     both = paces(fleet, limits)
     return both.quick_s if is_quick(phase) else both.steady_s
 
 
-def heartbeats_per_second(fleet: FleetLoad, limits: PaceLimits) -> float:
+def heartbeats_per_second(fleet: FleetLoad, limits: PaceSettings) -> float:
     """What ``fleet`` sends a second at the paces it is given."""
     both = paces(fleet, limits)
     return fleet.quick / both.quick_s + fleet.steady / both.steady_s

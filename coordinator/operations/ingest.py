@@ -56,9 +56,7 @@ def pace_s(state: str | None, settings: Settings, fleet: pace.FleetLoad) -> int:
     """The pace for an agent whose instance is in ``state`` (docs/operations.md,
     "Heartbeat pace"). Every job stores the pace it answers in ``heartbeat_pace_s``: the
     agent's silence is timed on it."""
-    limits = pace.PaceLimits(settings.next_heartbeat_s, settings.max_next_heartbeat_s,
-                             settings.max_heartbeats_per_second)
-    return pace.next_heartbeat_s(state, fleet, limits)
+    return pace.next_heartbeat_s(state, fleet, settings)
 
 
 def agent_pace_s(inst: Row, settings: Settings) -> int:

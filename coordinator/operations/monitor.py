@@ -64,24 +64,34 @@ class HeartbeatTracker:
         self.grace_s = grace_s
         self.base_pace_s = base_pace_s
         self._heard: dict[int, tuple[float, float]] = {}  # id -> (last seen, pace)
+        # id -> when it expires: what the monitor's minute pass compares, at 200,000
+        # instances a scan of floats rather than a TTL computed for each.
+        self._expires: dict[int, float] = {}
         self._quick: set[int] = set()  # heard last in a quick phase (``pace.is_quick``)
+        self._load: pace.FleetLoad | None = None  # the counts, until they change
 
     def touch(self, instance_id: int, now: float, pace_s: float | None = None,
               phase: str | None = None) -> None:
         """Heard from now, and told to report again within ``pace_s`` (None: the pace it
         was last given); ``phase`` (None: unchanged) says how it is paced."""
+        known = self._heard.get(instance_id)
+        if known is None:
+            self._load = None
         if pace_s is None:
-            known = self._heard.get(instance_id)
             pace_s = known[1] if known is not None else self.base_pace_s
         self._heard[instance_id] = (now, pace_s)
-        if phase is not None:
+        self._expires[instance_id] = now + self.ttl_s(pace_s)
+        if phase is not None and pace.is_quick(phase) != (instance_id in self._quick):
+            self._load = None
             if pace.is_quick(phase):
                 self._quick.add(instance_id)
             else:
                 self._quick.discard(instance_id)
 
     def forget(self, instance_id: int) -> None:
-        self._heard.pop(instance_id, None)
+        if self._heard.pop(instance_id, None) is not None:
+            self._load = None
+        self._expires.pop(instance_id, None)
         self._quick.discard(instance_id)
 
     def last_seen(self, instance_id: int) -> float | None:
@@ -99,18 +109,19 @@ class HeartbeatTracker:
 
     def load(self) -> pace.FleetLoad:
         """The agents heard from, by how they are paced."""
-        quick = len(self._quick)
-        return pace.FleetLoad(quick=quick, steady=len(self._heard) - quick)
+        if self._load is None:
+            quick = len(self._quick)
+            self._load = pace.FleetLoad(quick, len(self._heard) - quick)
+        return self._load
 
     def expire_stale(self, now: float) -> list[tuple[int, float]]:
         """Remove and return the instances silent for longer than their TTL, each with the
         pace it was last given."""
-        grace = self.grace_s
-        stale = [(i, p) for i, (seen, p) in self._heard.items()
-                 if now - seen > policy.silence_ttl_s(p, grace)]
-        for instance_id, _pace in stale:
+        stale = [i for i, expires in self._expires.items() if now > expires]
+        out = [(i, self._heard[i][1]) for i in stale]
+        for instance_id in stale:
             self.forget(instance_id)
-        return stale
+        return out
 
     def __len__(self) -> int:
         return len(self._heard)
