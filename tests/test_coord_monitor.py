@@ -167,3 +167,14 @@ async def test_reconcile_destroys_leaked_instances_of_our_fleet_only(
     }
     await h.core.monitor.tick()
     assert provider.destroyed == [900]
+
+
+def test_only_the_states_that_can_time_out_are_read() -> None:
+    """The monitor's timeout scan reads the states with a limit and those on the way to
+    the first benchmark: never the proving fleet, which has neither."""
+    from vast_manager.coordinator.decisions import policy, states
+
+    assert {str(s) for s in policy.TIMED_STATES} == {
+        "deploying", "booting", "fetching_params", "warming", "benchmarking", "lost"}
+    assert states.FIRST_BENCHMARK <= policy.TIMED_STATES
+    assert "proving" not in policy.TIMED_STATES

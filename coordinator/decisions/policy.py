@@ -460,6 +460,12 @@ _TIMEOUTS: dict[str, tuple[str, str]] = {
 }
 
 
+#: The states ``timed_out`` can find overstayed: those with a limit of their own, and those
+#: on the way to the first benchmark. The monitor reads only these: a proving fleet, however
+#: large, has nothing to read.
+TIMED_STATES: frozenset[State] = frozenset(map(State, _TIMEOUTS)) | states.FIRST_BENCHMARK
+
+
 def phase_timeout_s(state: str | None, limits: PolicyLimits) -> float | None:
     """How long an instance may stay in a state before it is terminated (None: no limit)."""
     timeout = _TIMEOUTS.get(state or "")

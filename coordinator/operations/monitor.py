@@ -260,16 +260,18 @@ class Monitor:
         """Terminate instances that overstayed a phase (DESIGN 5 timeouts)."""
         limits = self.limits
 
+        cols = ("id", "state", "state_since", "created_at", "rate_per_hour")
+
         def scan(reads: Reads) -> list[tuple[Row, str]]:
             # On the reader thread (50,000 instances held the loop for half a second),
-            # with only the columns timed_out and the job read.
+            # with only the columns timed_out and the job read, of only the states that
+            # can time out (on the state index: the proving fleet is not read).
+            timed = states.ordered(policy.TIMED_STATES - states.ENDING)
             return [
                 (inst, reason)
-                for inst in reads.active_instances(
-                    ("id", "state", "state_since", "created_at", "rate_per_hour")
-                )
-                if inst["state"] not in states.ENDING
-                and (reason := policy.timed_out(inst, now, limits)) is not None
+                for inst in (dict(zip(cols, values, strict=True))
+                             for values in reads.instance_values(cols, states=timed))
+                if (reason := policy.timed_out(inst, now, limits)) is not None
             ]
 
         # The scan's snapshot may be a little older than the writer's state: the job
