@@ -85,6 +85,10 @@ EXIT_DESTROY_FAILED = 4  # self-destroy failed: refused, unreachable, or the ins
 EXIT_SIGNALLED = 128  # + the signal number (SIGTERM: 143, SIGINT: 130)
 
 DEFAULT_HEARTBEAT_S = 30.0
+#: Verified answers the agent hears at least within its orphan timeout, whatever pace the
+#: coordinator sets (docs/operations.md, "Heartbeat pace"): the orphan rule must never
+#: fire between two heartbeats of a healthy agent.
+HEARTBEATS_PER_ORPHAN_TIMEOUT = 3
 LOG_SHIP_INTERVAL_S = 5.0
 PROVING_POLL_S = 2.0
 PCE_POLL_S = 1.0
@@ -93,6 +97,12 @@ MIN_STEADY_SAMPLES = 3
 #: The plans a ``benchmark`` directive interrupts (and so the only ones it is taken in):
 #: while preparing or benchmarking a benchmark is already on its way.
 REBENCHMARK_PLANS = frozenset({"prove", "failed"})
+
+
+def heartbeat_interval_s(next_heartbeat_s: float, orphan_timeout_s: float) -> float:
+    """The pace the coordinator set, never so long that fewer than
+    ``HEARTBEATS_PER_ORPHAN_TIMEOUT`` answers fit in the orphan timeout."""
+    return min(float(next_heartbeat_s), orphan_timeout_s / HEARTBEATS_PER_ORPHAN_TIMEOUT)
 
 
 async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
@@ -283,7 +293,8 @@ class Agent:
         self.proofs_completed_total = 0
         self._proof_seconds_recent: list[float] = []
         self._seq = 0
-        self._heartbeat_interval_s = DEFAULT_HEARTBEAT_S
+        self._heartbeat_interval_s = heartbeat_interval_s(DEFAULT_HEARTBEAT_S,
+                                                          config.orphan_timeout_s)
         self.last_directive: Directive | None = None
         self.results_sent: dict[str, Directive] = {}
 
@@ -329,7 +340,8 @@ class Agent:
 
     def _on_directive(self, directive: Directive) -> None:
         self.last_directive = directive
-        self._heartbeat_interval_s = float(directive.next_heartbeat_s)
+        self._heartbeat_interval_s = heartbeat_interval_s(directive.next_heartbeat_s,
+                                                          self.config.orphan_timeout_s)
         if directive.action == "terminate":
             if not self._terminate_requested:
                 log.info("coordinator directive: terminate (%s)", directive.reason)

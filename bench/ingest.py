@@ -7,15 +7,17 @@ What it does, in one command:
 
 1. Builds a fresh database and provisions a fleet: most agents are inserted
    through the store's own write path (``Tx.insert_agent``, then the real
-   ``ingest.hello_job`` and ``ingest.heartbeat_job``), and ``--http-agents``
-   of them are issued through ``POST /api/agents`` and say hello over HTTP.
-   Each agent has 1 to 8 GPUs; one history row per agent is placed at a
-   random point of the history interval, so heartbeats land in the
-   downsampled history at their natural rate (1 in 20 at the default pace).
+   ``ingest.hello_job`` and ``ingest.heartbeat_job``, answered the pace a
+   coordinator sets for the fleet), and ``--http-agents`` of them are issued
+   through ``POST /api/agents`` and say hello over HTTP. Each agent has 1 to
+   8 GPUs; one history row per agent is placed at a random point of the
+   history interval, so heartbeats land in the downsampled history at their
+   natural rate.
 2. Starts the coordinator as its own process (``--role coordinator``: a small
    launcher around ``coordinator.web.server.start_server``, the code
-   ``vast-manager serve`` runs) on 127.0.0.1, and a bare aiohttp app
-   (``--role bare``) that reads the body and answers a fixed ``200``.
+   ``vast-manager serve`` runs, with its default settings unless ``--budget``
+   or ``--base-pace`` say) on 127.0.0.1, and a bare aiohttp app (``--role
+   bare``) that reads the body and answers a fixed ``200``.
 3. Saturation (closed loop): ``--workers`` load-generator processes, each
    with ``--concurrency`` requests in flight, send signed heartbeats with
    realistic telemetry as fast as the server answers, first to the bare app,
@@ -23,17 +25,24 @@ What it does, in one command:
    latency, and the server's CPU seconds per request (utime + stime of its
    process from ``/proc/<pid>/stat``, all threads, read before and after the
    load window), and the coordinator/bare ratio.
-4. Offered load (open loop): every agent of a fleet of ``rate x 15 s``
-   sends on its own schedule (spread evenly over the 15 s pace) for
-   ``--rate-seconds``, after one uncounted pace of warm-up (``--warmup-s``: every
-   agent heard once, as in a fleet that has been running; the first heartbeat of
-   each agent after a restart costs more); a heartbeat is lost when the request
-   fails, refused when the answer is not ``200``. Latency counts from the heartbeat's
-   scheduled time (a generator that falls behind shows up as latency). The
-   bar: nothing lost or refused, p99 < 100 ms, at least 98% of the offered
-   heartbeats sent within the window. ``--ladder`` runs several rates and
-   names the largest fleet that met the bar on this machine, with the
-   coordinator's and the generators' share of the machine's CPU.
+4. Fleets at the coordinator's pace (open loop), one rung per fleet size
+   (``--fleets``; ``--ladder``: 25,000 to 200,000 agents): the coordinator is
+   restarted on a database of exactly that many agents, one heartbeat asks
+   it the pace, and every agent sends its first heartbeat at its own slot
+   within that pace (as in a fleet that has been running), then each next one
+   when the ``next_heartbeat_s`` of its latest signed answer says, as the agent
+   does. After ``--warmup-s`` (uncounted), the window lasts one pace
+   (``--window-s``), so every agent of the fleet is heard in it. A heartbeat
+   is lost when the request fails, refused when the answer is not ``200``;
+   an instance is lost when the coordinator marked it so. Latency counts
+   from the heartbeat's scheduled time (a generator that falls behind shows
+   up as latency). The bar: nothing lost or refused, p99 < 100 ms, at least
+   98% of the scheduled heartbeats sent within the window. The bare app,
+   restarted to answer the same pace, runs the same fleet for at most
+   ``--bare-seconds``: the CPU per heartbeat at the same rate. The run names
+   the largest fleet that met the bar on this machine, with the pace the
+   coordinator set and the coordinator's and the generators' share of the
+   machine's CPU.
 
 Every process it starts is stopped (SIGTERM, then SIGKILL after 10 s) in a
 ``finally``; every loop is bounded by the run's duration.
@@ -46,6 +55,7 @@ import asyncio
 import contextlib
 import gc
 import hashlib
+import heapq
 import hmac
 import json
 import os
@@ -67,7 +77,7 @@ sys.path.insert(0, str(ROOT))
 
 ADMIN_TOKEN = "bench-admin-token-0123456789abcdef"
 HEARTBEAT_PATH = "/v1/heartbeat"
-PACE_S = 15  # the default next_heartbeat_s: 50,000 agents at 15 s is ~3,333 heartbeats/s
+LADDER = (25_000, 50_000, 100_000, 150_000, 200_000)  # agents, one rung each
 BAR_P99_MS = 100.0
 BAR_SENT_FRACTION = 0.98
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -173,9 +183,13 @@ def sign_headers(agent_id: str, key: bytes, body: bytes, nonce: str) -> dict[str
 # --- provisioning --------------------------------------------------------------------
 
 
-def provision(db_path: str, env: dict[str, str], ids: list[str], first_seq: int = 1) -> float:
-    """Insert agents through the store's write path: issue, hello, one heartbeat, and one
-    history row placed at a random point of the history interval. Returns seconds taken."""
+def provision(db_path: str, env: dict[str, str], ids: list[str], first_seq: int = 1, *,
+              first_index: int = 0, fleet_agents: int = 0) -> float:
+    """Insert agents through the store's write path: issue, hello, one heartbeat (answered
+    the pace of a fleet of ``fleet_agents``, stored as the pace their silence is timed on),
+    and one history row placed at a random point of the history interval. ``first_index``:
+    the index of ``ids[0]`` in the whole fleet. Returns seconds taken."""
+    from vast_manager.coordinator.decisions.pace import FleetLoad
     from vast_manager.coordinator.operations import ingest
     from vast_manager.coordinator.settings import Settings
     from vast_manager.coordinator.store.writer import Store, Tx
@@ -183,13 +197,14 @@ def provision(db_path: str, env: dict[str, str], ids: list[str], first_seq: int 
     from vast_manager.protocol.messages import Heartbeat, Hello
 
     settings = Settings.from_env(env, db_path=db_path)
-    rng = random.Random(7)
+    fleet = FleetLoad(steady=fleet_agents)
+    rng = random.Random(7 + first_index)
     began = time.perf_counter()
     store = Store(db_path, batch_max=settings.write_batch_max)
     try:
         chunk = 2000
         for start in range(0, len(ids), chunk):
-            part = list(enumerate(ids[start:start + chunk], start=start))
+            part = list(enumerate(ids[start:start + chunk], start=first_index + start))
             now = time.time()
 
             def job(tx: Tx, part: list[tuple[int, str]] = part, now: float = now) -> None:
@@ -198,10 +213,10 @@ def provision(db_path: str, env: dict[str, str], ids: list[str], first_seq: int 
                     tx.insert_agent(agent_id, label=f"bench-{index}", kind="byo",
                                     min_rate_per_hour=None, issued_at=now)
                     hello = from_obj(Hello, hello_body(agent_id, gpus))
-                    instance_id, _ = ingest.hello_job(agent_id, hello, settings, now)(tx)
+                    instance_id, _ = ingest.hello_job(agent_id, hello, settings, now, fleet)(tx)
                     hb = from_obj(Heartbeat, heartbeat_body(
                         first_seq, now - 3600, 100, telemetry(gpus, rng), []))
-                    ingest.heartbeat_job(agent_id, hb, settings, now)(tx)
+                    ingest.heartbeat_job(agent_id, hb, settings, now, fleet)(tx)
                     # The next history row of this agent is due somewhere in the coming
                     # interval, as in a fleet that has been running for a while.
                     at = now - rng.uniform(0, settings.heartbeat_history_interval_s)
@@ -281,7 +296,9 @@ def role_bare(ready_file: str) -> None:
     """The ceiling: aiohttp reading the body and answering a fixed 200 JSON directive."""
     from aiohttp import web
 
-    answer = orjson.dumps({"action": "continue", "reason": "", "next_heartbeat_s": PACE_S,
+    # The pace the coordinator set for the same fleet: the generators follow it here too.
+    answer = orjson.dumps({"action": "continue", "reason": "",
+                           "next_heartbeat_s": int(os.environ.get("BENCH_PACE_S", "15")),
                            "min_rate_per_hour": None})
 
     async def handler(request: web.Request) -> web.Response:
@@ -319,7 +336,8 @@ class ServerProcess:
              "--ready-file", str(self.ready)],
             env=env, stdout=self.log, stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 60
+        # A coordinator starting on a large fleet derives every agent's key first.
+        deadline = time.monotonic() + 300
         while not self.ready.exists() or not self.ready.read_text():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
@@ -330,35 +348,10 @@ class ServerProcess:
         # protection across restarts): the first request goes out in a later second.
         time.sleep(int(time.time()) + 1.05 - time.time())
 
-    def children(self) -> list[int]:
-        """The server's child processes."""
-        pid = self.proc.pid
-        try:
-            return [int(c) for c in
-                    Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-        except OSError:
-            return []
-
     def cpu_split(self) -> tuple[float, float]:
-        """(user, system) CPU seconds of the process, all threads, and of its children."""
-        user = system = 0.0
-        for pid in [self.proc.pid, *self.children()]:
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text()
-            except OSError:
-                continue  # a child that just exited
-            fields = stat.rsplit(")", 1)[1].split()
-            user += int(fields[11]) / CLK_TCK
-            system += int(fields[12]) / CLK_TCK
-        return user, system
-
-    def cpu_s(self) -> float:
-        return sum(self.cpu_split())
-
-    def own_cpu_s(self) -> float:
-        """CPU seconds of the server's own process."""
+        """(user, system) CPU seconds of the process, all threads."""
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+        return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
     def main_thread_cpu_s(self) -> float:
         """CPU seconds of the event loop's thread alone (the rest: the store writer)."""
@@ -503,17 +496,21 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     seqs = {a: s for a, _, _, s, _ in agents}
     totals = dict.fromkeys(seqs, 100)
     start_at, duration = spec["start_at"], spec["duration"]
-    latencies: list[float] = []  # from the scheduled (open) or send (closed) time, seconds
+    latencies: list[float] = []  # from the scheduled (paced) or send (closed) time, seconds
     send_latencies: list[float] = []
     counts = {"sent": 0, "accepted": 0, "refused": 0, "lost": 0, "unsigned": 0}
     statuses: dict[str, int] = {}
     errors: dict[str, int] = {}
+    paces: dict[int, int] = {}  # next_heartbeat_s answered in the window -> answers
+    heard: set[int] = set()  # agents answered 200 in the window
 
     warmup_s = spec.get("warmup_s", 0.0)
 
-    async def one(pool: _HttpPool, agent: tuple[Any, ...], scheduled: float,
-                  counted: bool = True) -> None:
-        agent_id, key, gpus = agent[0], agent[1], agent[2]
+    async def one(pool: _HttpPool, index: int, scheduled: float,
+                  counted: bool = True) -> int | None:
+        """Send one heartbeat of agent ``index``; the pace its answer sets (None: no
+        usable answer)."""
+        agent_id, key, gpus = agents[index][0], agents[index][1], agents[index][2]
         seqs[agent_id] += 1
         recent = [round(rng.uniform(250, 400), 2)] if seqs[agent_id] % 5 == 0 else []
         totals[agent_id] += len(recent)
@@ -522,31 +519,39 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         nonce = secrets.token_hex(16)
         headers = sign_headers(agent_id, key, body, nonce)
         sent = time.perf_counter()
-        if not counted:  # the warm-up pace: sent and answered, never counted
-            with contextlib.suppress(Exception):
-                await pool.post(HEARTBEAT_PATH, headers, body)
-            return
-        counts["sent"] += 1
+        if counted:
+            counts["sent"] += 1
         try:
             status, signature, raw = await pool.post(HEARTBEAT_PATH, headers, body)
         except Exception as err:  # a lost heartbeat: counted, never raised
-            counts["lost"] += 1
-            name = type(err).__name__
-            errors[name] = errors.get(name, 0) + 1
-            return
+            if counted:
+                counts["lost"] += 1
+                name = type(err).__name__
+                errors[name] = errors.get(name, 0) + 1
+            return None
         done = time.perf_counter()
         if status != 200:
-            counts["refused"] += 1
-            statuses[str(status)] = statuses.get(str(status), 0) + 1
-            return
-        counts["accepted"] += 1
+            if counted:
+                counts["refused"] += 1
+                statuses[str(status)] = statuses.get(str(status), 0) + 1
+            return None
+        signed = True
         if spec["check_signature"]:
             canonical = (f"vm1-resp\n{nonce}\n200\n{hashlib.sha256(raw).hexdigest()}").encode()
             expected = "v1=" + hmac.new(key, canonical, hashlib.sha256).hexdigest()
-            if signature != expected:
-                counts["unsigned"] += 1
-        send_latencies.append(done - sent)
-        latencies.append(done - scheduled)
+            signed = signature == expected
+        if counted:
+            counts["accepted"] += 1
+            counts["unsigned"] += not signed
+            send_latencies.append(done - sent)
+            latencies.append(done - scheduled)
+            heard.add(index)
+        if not signed:
+            return None  # as the agent: no directive acted on without its signature
+        pace_s = int(orjson.loads(raw)["next_heartbeat_s"])
+        if counted:
+            paces[pace_s] = paces.get(pace_s, 0) + 1
+        return pace_s
 
     session = _HttpPool(spec["url"], spec["connections"], spec["timeout_s"])
     try:
@@ -566,36 +571,55 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
 
             async def loop() -> None:
                 while time.perf_counter() - t0 < duration:
-                    agent = agents[cursor["i"] % len(agents)]
+                    index = cursor["i"] % len(agents)
                     cursor["i"] += 1
-                    await one(session, agent, time.perf_counter())
+                    await one(session, index, time.perf_counter())
 
             await asyncio.gather(*(loop() for _ in range(spec["concurrency"])))
         else:
-            period = spec["period_s"]
-            events: list[tuple[float, int]] = []
-            for i, agent in enumerate(agents):
-                t = agent[4]
-                while t < warmup_s + duration:
-                    events.append((t, i))
-                    t += period
-            events.sort()
+            # Paced: each agent's first heartbeat at its own slot, every next one when its
+            # latest answer's next_heartbeat_s says (after a failed one: its last pace).
+            end = warmup_s + duration
+            due: list[tuple[float, int]] = [(agent[4], i) for i, agent in enumerate(agents)]
+            heapq.heapify(due)
+            last_pace = [float(spec["first_pace_s"])] * len(agents)
+            woken = asyncio.Event()
             tasks: set[asyncio.Task[None]] = set()
-            k = 0
-            while k < len(events):
-                now = time.perf_counter() - t0
-                if events[k][0] > now:
-                    await asyncio.sleep(events[k][0] - now)
+
+            async def beat(index: int, at: float) -> None:
+                pace_s = await one(session, index, t0 + at, at >= warmup_s)
+                if pace_s is not None:
+                    last_pace[index] = pace_s
+                # The agent waits its pace from the answer (or the failure).
+                nxt = time.perf_counter() - t0 + last_pace[index]
+                if nxt < end:
+                    heapq.heappush(due, (nxt, index))
+                    woken.set()
+
+            while True:
+                if due:
+                    at, index = due[0]
+                    now = time.perf_counter() - t0
+                    if at >= end:
+                        heapq.heappop(due)  # a first slot beyond a short window
+                    elif at > now:
+                        woken.clear()
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(woken.wait(), at - now)
+                    else:
+                        heapq.heappop(due)
+                        task = asyncio.create_task(beat(index, at))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
                     continue
-                while k < len(events) and events[k][0] <= now:
-                    task = asyncio.create_task(one(session, agents[events[k][1]],
-                                                   t0 + events[k][0], events[k][0] >= warmup_s))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                    k += 1
-            if tasks:
-                await asyncio.wait(tasks, timeout=spec["timeout_s"] + 5)
-            counts["offered"] = sum(1 for t, _ in events if t >= warmup_s)
+                if not tasks:
+                    break
+                # Only answers still to come, each of which may schedule one more.
+                done, _ = await asyncio.wait(set(tasks), timeout=spec["timeout_s"] + 5,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    break
+            counts["offered"] = counts["sent"]
         if warmup_s:
             await marker
         wall = time.perf_counter() - t0 - warmup_s
@@ -606,6 +630,7 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         "counts": counts, "statuses": statuses, "errors": errors, "wall_s": wall,
         "cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
         "lat": latencies, "send_lat": send_latencies, "sent_in_window": wall <= duration + 1.0,
+        "paces": {str(k): v for k, v in paces.items()}, "heard": len(heard),
     }
 
 
@@ -625,8 +650,12 @@ def percentile(values: list[float], q: float) -> float:
 def drive(url: str, workdir: Path, agents: list[list[Any]], *, mode: str, workers: int,
           duration: float, concurrency: int = 0, connections: int = 64,
           check_signature: bool = True, server: ServerProcess | None = None,
-          warmup_s: float = 0.0) -> dict[str, Any]:
-    """Run ``workers`` generator processes against ``url``; aggregate what they saw."""
+          warmup_s: float = 0.0, first_pace_s: float = 15.0) -> dict[str, Any]:
+    """Run ``workers`` generator processes against ``url``; aggregate what they saw.
+
+    ``mode``: ``closed`` (``concurrency`` requests in flight per process, each agent in
+    turn) or ``paced`` (each agent at its slot, ``agents[i][4]`` seconds from the start,
+    then at the pace of its answers; ``first_pace_s`` until it has one)."""
     start_at = time.time() + 1.5 + 0.1 * workers
     slices = [agents[i::workers] for i in range(workers)]
     procs = []
@@ -639,7 +668,7 @@ def drive(url: str, workdir: Path, agents: list[list[Any]], *, mode: str, worker
         spec_file.write_text(json.dumps({
             "url": url, "agents": part, "mode": mode, "start_at": start_at,
             "duration": duration, "concurrency": concurrency, "connections": connections,
-            "period_s": PACE_S, "timeout_s": 30.0, "seed": w, "out": str(out),
+            "first_pace_s": first_pace_s, "timeout_s": 30.0, "seed": w, "out": str(out),
             "check_signature": check_signature, "warmup_s": warmup_s,
         }))
         procs.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()),
@@ -649,14 +678,12 @@ def drive(url: str, workdir: Path, agents: list[list[Any]], *, mode: str, worker
             time.sleep(0.01)
         u0, s0 = server.cpu_split() if server else (0.0, 0.0)
         m0 = server.main_thread_cpu_s() if server else 0.0
-        o0 = server.own_cpu_s() if server else 0.0
         t0 = time.perf_counter()
         for p in procs:
             p.wait(timeout=duration + 120)
         wall = time.perf_counter() - t0
         u1, s1 = server.cpu_split() if server else (0.0, 0.0)
         m1 = server.main_thread_cpu_s() if server else 0.0
-        o1 = server.own_cpu_s() if server else 0.0
         cpu0, cpu1 = u0 + s0, u1 + s1
     finally:
         for p in procs:
@@ -669,7 +696,10 @@ def drive(url: str, workdir: Path, agents: list[list[Any]], *, mode: str, worker
     errors: dict[str, int] = {}
     lat: list[float] = []
     send_lat: list[float] = []
+    paces: dict[int, int] = {}
     for r in results:
+        for k, v in r["paces"].items():
+            paces[int(k)] = paces.get(int(k), 0) + v
         for k, v in r["counts"].items():
             counts[k] = counts.get(k, 0) + v
         for k, v in r["statuses"].items():
@@ -687,10 +717,12 @@ def drive(url: str, workdir: Path, agents: list[list[Any]], *, mode: str, worker
         "server_cpu_s": cpu1 - cpu0,
         "server_sys_share": (s1 - s0) / (cpu1 - cpu0) if cpu1 > cpu0 else 0.0,
         "server_loop_share": (m1 - m0) / (cpu1 - cpu0) if cpu1 > cpu0 else 0.0,
-        "server_own_share": (o1 - o0) / (cpu1 - cpu0) if cpu1 > cpu0 else 0.0,
         "server_cpu_us_per_req": 1e6 * (cpu1 - cpu0) / accepted if accepted else float("nan"),
         "generator_cpu_s": sum(r["cpu_s"] for r in results),
         "wall_s": wall, "duration_s": duration,
+        # JSON keys are text: "15" -> answers with next_heartbeat_s 15.
+        "paces": {str(k): paces[k] for k in sorted(paces)},
+        "heard": sum(r["heard"] for r in results),
     }
 
 
@@ -708,46 +740,96 @@ def line(name: str, r: dict[str, Any]) -> str:
             f"lost {c.get('lost', 0)}, bad signature {c.get('unsigned', 0)})")
 
 
-def offered(coord: ServerProcess, bare: ServerProcess, workdir: Path, fleet: list[list[Any]],
-            rate: float, args: argparse.Namespace) -> dict[str, Any]:
-    n = max(1, min(len(fleet), round(rate * PACE_S)))
-    agents = [list(a) for a in fleet[:n]]
-    for i, a in enumerate(agents):
-        a[4] = PACE_S * i / n  # each agent's own slot within the pace
-    # The ceiling at the same offered rate: per-request cost depends on the load (how
-    # many requests share a loop turn, a wake-up, a commit), so compare like with like.
-    # One pace of warm-up, sent but not counted: every agent has been heard once, as in a
-    # fleet that has been running (its first heartbeat after a restart costs more).
-    base = drive(bare.url, workdir, agents, mode="open", workers=args.workers,
-                 duration=args.rate_seconds, connections=args.connections,
-                 check_signature=False, server=bare, warmup_s=args.warmup_s)
-    r = drive(coord.url, workdir, agents, mode="open", workers=args.workers,
-              duration=args.rate_seconds, connections=args.connections,
-              check_signature=False, server=coord, warmup_s=args.warmup_s)
+def ask_pace(url: str, agent: list[Any]) -> int:
+    """One heartbeat of ``agent`` (its seq moved on): the pace the coordinator's signed
+    answer sets, as the agent reads it."""
+    import urllib.request
+
+    agent_id, key = agent[0], bytes.fromhex(agent[1])
+    agent[3] += 1
+    body = orjson.dumps(heartbeat_body(agent[3], time.time() - 3600, 100,
+                                       telemetry(agent[2], random.Random(0)), []))
+    nonce = secrets.token_hex(16)
+    req = urllib.request.Request(url + HEARTBEAT_PATH, data=body, method="POST",
+                                 headers=sign_headers(agent_id, key, body, nonce))
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        raw, signature = resp.read(), resp.headers.get("X-VM-Signature")
+    canonical = f"vm1-resp\n{nonce}\n200\n{hashlib.sha256(raw).hexdigest()}".encode()
+    if signature != "v1=" + hmac.new(key, canonical, hashlib.sha256).hexdigest():
+        raise RuntimeError("the coordinator's answer is not signed with the agent's key")
+    return int(orjson.loads(raw)["next_heartbeat_s"])
+
+
+def instances_lost(db_path: str) -> int:
+    """Instances the coordinator marked lost (silent past their TTL), read beside it."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)
+    try:
+        return int(conn.execute("select count(*) from instances where state = 'lost'")
+                   .fetchone()[0])
+    finally:
+        conn.close()
+
+
+def paced_rung(coord: ServerProcess, workdir: Path, env: dict[str, str],
+               agents: list[list[Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """A fleet of ``agents`` at the pace the coordinator sets, then the bare app at the same
+    pace. The coordinator is stopped on return (its database then read at rest)."""
+    n = len(agents)
+    try:
+        pace_s = ask_pace(coord.url, agents[0])
+        for i, a in enumerate(agents):
+            a[4] = pace_s * i / n  # each agent's own slot within the pace
+        window = args.window_s if args.window_s is not None else pace_s + 2.0
+        r = drive(coord.url, workdir, agents, mode="paced", workers=args.workers,
+                  duration=window, connections=args.connections, check_signature=True,
+                  server=coord, warmup_s=args.warmup_s, first_pace_s=pace_s)
+    finally:
+        coord.stop()
+    # Every agent sent at most one heartbeat a second (the least pace is 1 s).
+    for a in agents:
+        a[3] += int(args.warmup_s + window) + 10
+    r["instances_lost"] = instances_lost(env["VM_DB_PATH"])
+    # The ceiling at the same pace: per-request cost depends on the load (how many
+    # requests share a loop turn, a wake-up, a commit), so compare like with like.
+    bare = ServerProcess("bare", workdir, {**env, "BENCH_PACE_S": str(pace_s)})
+    try:
+        base = drive(bare.url, workdir, agents, mode="paced", workers=args.workers,
+                     duration=min(window, args.bare_seconds), connections=args.connections,
+                     check_signature=False, server=bare, warmup_s=args.warmup_s,
+                     first_pace_s=pace_s)
+    finally:
+        bare.stop()
     r["bare_cpu_us_per_req"] = base["server_cpu_us_per_req"]
     r["bare_p99_ms"] = base["p99_ms"]
     r["cpu_ratio"] = r["server_cpu_us_per_req"] / base["server_cpu_us_per_req"]
     c = r["counts"]
     offered_n = c.get("offered", 0)
     r["fleet"] = n
-    r["offered_per_s"] = n / PACE_S
+    r["pace_s"] = pace_s
+    r["offered_per_s"] = offered_n / window
     r["met"] = (c.get("lost", 0) == 0 and c.get("refused", 0) == 0
+                and c.get("unsigned", 0) == 0 and r["instances_lost"] == 0
                 and r["p99_ms"] < BAR_P99_MS and offered_n > 0
                 and c.get("accepted", 0) >= BAR_SENT_FRACTION * offered_n)
     machine = CORES * r["wall_s"]
     r["coord_share"] = r["server_cpu_s"] / machine
     r["gen_share"] = r["generator_cpu_s"] / machine
-    print(f"  fleet {n:>6} ({n / PACE_S:6.0f} hb/s offered): accepted {c.get('accepted', 0)}"
-          f"/{offered_n}, refused {c.get('refused', 0)}, lost {c.get('lost', 0)}, "
+    answered = ", ".join(f"{p} s x {k}" for p, k in r["paces"].items())
+    print(f"  fleet {n:>7} at the coordinator's pace {pace_s} s "
+          f"({r['offered_per_s']:5.0f} hb/s over {window:g} s): "
+          f"accepted {c.get('accepted', 0)}/{offered_n}, refused {c.get('refused', 0)}, "
+          f"lost {c.get('lost', 0)}, bad signature {c.get('unsigned', 0)}, "
+          f"instances lost {r['instances_lost']}, agents heard {r['heard']} of {n}, "
           f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms (send->answer p99 "
           f"{r['send_p99_ms']:.1f} ms), coordinator CPU {r['server_cpu_us_per_req']:.0f} us/hb "
-          f"({100 * r['server_sys_share']:.0f}% system"
-          + (f"; writer's process {r['server_own_share'] * r['server_cpu_us_per_req']:.0f} us/hb"
-             if r["server_own_share"] < 0.999 else "") + "), "
+          f"({100 * r['server_sys_share']:.0f}% system), "
           f"coordinator {100 * r['coord_share']:.0f}% / generators "
           f"{100 * r['gen_share']:.0f}% of {CORES} cores: {'MET' if r['met'] else 'missed'}",
           flush=True)
-    print(f"    bare aiohttp at the same rate: {r['bare_cpu_us_per_req']:.0f} us/hb, p99 "
+    print(f"    paces answered in the window: {answered}", flush=True)
+    print(f"    bare aiohttp at the same pace: {r['bare_cpu_us_per_req']:.0f} us/hb, p99 "
           f"{r['bare_p99_ms']:.1f} ms; coordinator/bare CPU ratio {r['cpu_ratio']:.2f}x",
           flush=True)
     return r
@@ -759,32 +841,48 @@ def main_run(args: argparse.Namespace) -> dict[str, Any]:
     salt = secrets.token_hex(4)
     env = {**os.environ, "VM_FLEET_SECRET": secret.hex(), "VM_ADMIN_TOKEN": ADMIN_TOKEN,
            "VM_DB_PATH": str(workdir / "coord.db"), "VM_CONFIG_DIR": str(workdir / "config"),
-           "VM_HOST": "127.0.0.1", "VM_PORT": "0",
-           # Agents of a larger rung wait silently through the smaller ones: not `lost`.
-           "VM_SILENCE_GRACE_S": "3600", "PYTHONPATH": str(ROOT), "BENCH_GC": args.gc,
+           "VM_HOST": "127.0.0.1", "VM_PORT": "0", "PYTHONPATH": str(ROOT),
+           "BENCH_GC": args.gc,
            "BENCH_SWITCH_MS": "" if args.switch_interval_ms is None
            else str(args.switch_interval_ms)}
-    fleet_size = max(args.agents, round(max(args.rates or [0]) * PACE_S))
-    ids = [agent_id_for(i, salt) for i in range(fleet_size)]
-    took = provision(env["VM_DB_PATH"], env, ids)
-    print(f"provisioned {fleet_size} agents through the store's write path in {took:.1f} s",
-          flush=True)
-    fleet: list[list[Any]] = [[a, key_for(secret, a).hex(), gpus_of(i), 1, 0.0]
-                              for i, a in enumerate(ids)]
+    if args.budget is not None:
+        env["VM_MAX_HEARTBEATS_PER_SECOND"] = str(args.budget)
+    if args.base_pace is not None:
+        env["VM_NEXT_HEARTBEAT_S"] = str(args.base_pace)
+    fleets = sorted(set(args.fleets))
+    http_n = args.http_agents
+    if fleets[0] <= http_n:
+        raise SystemExit(f"every fleet needs more than the {http_n} agents issued over HTTP")
+    total = max(fleets[-1], args.agents + http_n)
+    ids = [agent_id_for(i, salt) for i in range(total)]
+    provisioned: list[list[Any]] = []
+    http_agents: list[list[Any]] = []
+
+    def grow(agents: int) -> None:
+        """Provision up to ``agents`` in all, the ``http_n`` issued over HTTP included."""
+        have, want = len(provisioned), agents - http_n
+        if want <= have:
+            return
+        part = ids[have:want]
+        took = provision(env["VM_DB_PATH"], env, part, first_index=have, fleet_agents=agents)
+        provisioned.extend([a, key_for(secret, a).hex(), gpus_of(have + i), 1, 0.0]
+                           for i, a in enumerate(part))
+        print(f"provisioned {len(part)} agents through the store's write path in {took:.1f} s "
+              f"({want} in all, and {http_n} over HTTP)", flush=True)
+
     servers: list[ServerProcess] = []
-    out: dict[str, Any] = {"agents": fleet_size, "workers": args.workers,
-                           "concurrency": args.concurrency}
+    out: dict[str, Any] = {"workers": args.workers, "concurrency": args.concurrency}
     try:
+        grow(max(fleets[0], args.agents + http_n))
         bare = ServerProcess("bare", workdir, env)
         servers.append(bare)
         coord = ServerProcess("coordinator", workdir, env)
         servers.append(coord)
-        http_agents = issue_over_http(coord.url, args.http_agents)
-        fleet = http_agents + fleet
+        http_agents.extend(issue_over_http(coord.url, http_n))
         out["http_agents"] = len(http_agents)
         print(f"issued {len(http_agents)} agents through POST /api/agents, hello over HTTP",
               flush=True)
-        sat = fleet[: args.agents]
+        sat = provisioned[:args.agents]
         print(f"saturation, closed loop: {args.workers} generator process(es) x "
               f"{args.concurrency} in flight, {args.seconds:g} s each, {len(sat)} agents",
               flush=True)
@@ -804,41 +902,50 @@ def main_run(args: argparse.Namespace) -> dict[str, Any]:
         out.update(bare=base, coordinator=real, cpu_ratio=ratio)
         # Later rungs reuse the agents: their seq goes on from where saturation left it.
         bump = int(real["counts"].get("sent", 0)) + 10
-        for a in fleet:
+        for a in provisioned:
             a[3] += bump
+        for s in servers:
+            s.stop()
+        servers.clear()
+        print(f"fleets at the coordinator's pace, open loop: each rung restarts the "
+              f"coordinator on a database of that many agents; warm-up {args.warmup_s:g} s, "
+              f"then one pace; {args.workers} generator process(es)", flush=True)
         rungs = []
-        if args.rates:
-            print(f"offered load, open loop: each agent every {PACE_S} s, "
-                  f"{args.rate_seconds:g} s per rung, {args.workers} generator process(es)",
-                  flush=True)
-            for rate in args.rates:
-                rungs.append(offered(coord, bare, workdir, fleet, rate, args))
-                for a in fleet:
-                    a[3] += 10 + 2 * (int(args.rate_seconds / PACE_S) + 1)
-            met = [r for r in rungs if r["met"]]
-            best = max(met, key=lambda r: r["fleet"]) if met else None
-            if best:
-                print(f"largest fleet that met the bar here: {best['fleet']} agents at "
-                      f"{PACE_S} s ({best['offered_per_s']:.0f} hb/s); coordinator "
-                      f"{100 * best['coord_share']:.0f}% of the {CORES} cores, generators "
-                      f"{100 * best['gen_share']:.0f}%", flush=True)
-            else:
-                print("no rung met the bar here", flush=True)
-            out["largest_fleet_met"] = best["fleet"] if best else 0
+        for n in fleets:
+            grow(n)
+            coord = ServerProcess("coordinator", workdir, env)
+            rungs.append(paced_rung(coord, workdir, env,
+                                    http_agents + provisioned[:n - http_n], args))
+        met = [r for r in rungs if r["met"]]
+        best = max(met, key=lambda r: r["fleet"]) if met else None
+        if best:
+            print(f"largest fleet that met the bar here: {best['fleet']} agents, nothing lost, "
+                  f"p99 {best['p99_ms']:.0f} ms, at the pace the coordinator set: "
+                  f"{best['pace_s']} s ({best['offered_per_s']:.0f} hb/s); coordinator "
+                  f"{100 * best['coord_share']:.0f}% of the {CORES} cores, generators "
+                  f"{100 * best['gen_share']:.0f}%; CPU {best['server_cpu_us_per_req']:.0f} "
+                  f"us/hb, {best['cpu_ratio']:.2f}x bare aiohttp at the same pace", flush=True)
+        else:
+            print("no rung met the bar here", flush=True)
+        out["largest_fleet_met"] = best["fleet"] if best else 0
+        out["pace_at_largest_fleet_met"] = best["pace_s"] if best else None
+        out["agents"] = len(http_agents) + len(provisioned)
         out["rungs"] = rungs
         lost = sum(r["counts"].get("lost", 0) for r in [base, real, *rungs])
         out["lost"] = lost
         out["refused"] = sum(r["counts"].get("refused", 0) for r in [real, *rungs])
-        out["bad_signatures"] = real["counts"].get("unsigned", 0)
+        out["bad_signatures"] = sum(r["counts"].get("unsigned", 0) for r in [real, *rungs])
+        out["instances_lost"] = sum(r["instances_lost"] for r in rungs)
         print(f"lost heartbeats in the whole run: {lost}; refused {out['refused']}; "
-              f"answers with a bad signature {out['bad_signatures']}", flush=True)
+              f"answers with a bad signature {out['bad_signatures']}; instances marked lost "
+              f"{out['instances_lost']}", flush=True)
     finally:
         for s in reversed(servers):
             s.stop()
     gc_file = workdir / "coordinator.url.gc.json"
     if gc_file.exists():
         out["gc"] = orjson.loads(gc_file.read_bytes())
-        print(f"coordinator garbage collection over the run (--gc {args.gc}): " + "; ".join(
+        print(f"coordinator garbage collection in the last rung (--gc {args.gc}): " + "; ".join(
             f"generation {g}: {v['collections']} collections, {v['total_ms']:.0f} ms, "
             f"longest {v['longest_ms']:.1f} ms" for g, v in out["gc"].items()), flush=True)
     out["db_bytes"] = sum(p.stat().st_size for p in workdir.glob("coord.db*"))
@@ -908,13 +1015,22 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=256,
                         help="connections per generator process (offered load)")
     parser.add_argument("--seconds", type=float, default=10.0, help="saturation window")
-    parser.add_argument("--rates", type=float, nargs="*", default=None,
-                        help="offered heartbeats/s, one rung each (default 3333)")
+    parser.add_argument("--fleets", type=int, nargs="*", default=None,
+                        help="agents of each rung, at the coordinator's pace (default 50000)")
     parser.add_argument("--ladder", action="store_true",
-                        help="rungs 500 1000 1500 2000 2500 3333 hb/s (fleets 7,500 to 50,000)")
-    parser.add_argument("--rate-seconds", type=float, default=20.0, help="window of each rung")
-    parser.add_argument("--warmup-s", type=float, default=float(PACE_S),
-                        help="uncounted warm-up before each rung (default: one pace)")
+                        help="rungs of " + ", ".join(f"{n:,}" for n in LADDER) + " agents")
+    parser.add_argument("--window-s", type=float, default=None,
+                        help="counted window of each rung (default: the pace the coordinator "
+                             "set, plus 2 s: every agent heard)")
+    parser.add_argument("--bare-seconds", type=float, default=30.0,
+                        help="longest counted window of the bare app at the same pace")
+    parser.add_argument("--warmup-s", type=float, default=15.0,
+                        help="uncounted warm-up before each rung's window (default 15)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="the coordinator's VM_MAX_HEARTBEATS_PER_SECOND (default: its "
+                             "default)")
+    parser.add_argument("--base-pace", type=int, default=None,
+                        help="the coordinator's VM_NEXT_HEARTBEAT_S (default: its default)")
     parser.add_argument("--gc", choices=("serve", "default", "off"), default="serve",
                         help="the coordinator's garbage collector: as `vast-manager serve` "
                              "tunes it (default), CPython's defaults, or off")
@@ -935,13 +1051,16 @@ def main() -> None:
         return
     if args.quick:
         args.agents, args.http_agents, args.workers = 20, 2, 1
-        args.concurrency, args.seconds, args.rate_seconds = 4, 2.0, 3.0
+        args.concurrency, args.seconds, args.window_s, args.bare_seconds = 4, 2.0, 3.0, 3.0
         args.warmup_s = 1.0
-        args.rates = args.rates or [20.0]
+        # 30 agents at a 1 s base pace under 10 heartbeats a second: the pace stretches to 3 s.
+        args.base_pace = 1 if args.base_pace is None else args.base_pace
+        args.budget = 10.0 if args.budget is None else args.budget
+        args.fleets = args.fleets or [30]
     if args.ladder:
-        args.rates = [500.0, 1000.0, 1500.0, 2000.0, 2500.0, 3333.0]
-    if args.rates is None:
-        args.rates = [3333.0]
+        args.fleets = list(LADDER)
+    if args.fleets is None:
+        args.fleets = [50_000]
     out = main_run(args)
     if args.json_out:
         Path(args.json_out).write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))

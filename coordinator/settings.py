@@ -84,7 +84,29 @@ SETTINGS: tuple[Setting, ...] = (
         "max_usd_per_proof", 0.008, "minimum rate = dph_total / this, unless set at deploy", above=0
     ),
     Setting(
-        "next_heartbeat_s", 15, "heartbeat pace the coordinator asks of agents, seconds", at_least=1
+        "next_heartbeat_s",
+        15,
+        "base heartbeat pace the coordinator asks of agents, seconds: the least, which "
+        "holds while the fleet stays under max_heartbeats_per_second (docs/operations.md, "
+        "Heartbeat pace)",
+        at_least=1,
+    ),
+    Setting(
+        "max_heartbeats_per_second",
+        1000.0,
+        "heartbeats a second the whole fleet is paced to stay under: beyond "
+        "next_heartbeat_s x this many agents, their pace stretches (warming and "
+        "benchmarking agents keep theirs first)",
+        above=0,
+    ),
+    Setting(
+        "max_next_heartbeat_s",
+        300,
+        "longest heartbeat pace, seconds (never below next_heartbeat_s): past "
+        "max_heartbeats_per_second x this many agents the budget is exceeded rather than "
+        "silence found later; at most a third of the agents' VM_ORPHAN_TIMEOUT default",
+        at_least=1,
+        at_most=600,
     ),
     Setting(
         "no_hello_timeout_s",
@@ -102,7 +124,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "silence_grace_s",
         30.0,
-        "silence TTL = 3 x next_heartbeat_s + this; then the instance is `lost`",
+        "silence TTL = 3 x the pace last given to the agent + this; then the instance "
+        "is `lost`",
         at_least=0,
     ),
     Setting(
@@ -420,6 +443,8 @@ class Settings:
     fleet_id: str
     max_usd_per_proof: float
     next_heartbeat_s: int
+    max_heartbeats_per_second: float
+    max_next_heartbeat_s: int
     no_hello_timeout_s: float
     params_timeout_s: float
     warmup_timeout_s: float
@@ -476,10 +501,6 @@ class Settings:
     @property
     def newest_secret(self) -> bytes:
         return self.fleet_secrets[0]
-
-    @property
-    def silence_ttl_s(self) -> float:
-        return 3 * self.next_heartbeat_s + self.silence_grace_s
 
     @property
     def coordinator_url(self) -> str:

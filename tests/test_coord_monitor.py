@@ -13,14 +13,40 @@ from vast_manager.coordinator.providers.base import ProviderError
 
 
 def test_tracker_touch_and_expire() -> None:
-    t = HeartbeatTracker(ttl_s=75)
+    t = HeartbeatTracker(grace_s=30, base_pace_s=15)  # TTL 3 x 15 + 30 = 75 s
     t.touch(1, 100.0)
     t.touch(2, 150.0)
     assert t.expire_stale(175.0) == []
-    assert t.expire_stale(176.0) == [1]
+    assert t.expire_stale(176.0) == [(1, 15)]
     assert t.expire_stale(176.0) == []  # expiry forgets it
     t.touch(2, 300.0)
     assert t.last_seen(2) == 300.0 and len(t) == 1
+
+
+def test_tracker_times_each_instance_on_its_own_pace() -> None:
+    t = HeartbeatTracker(grace_s=30, base_pace_s=15)
+    t.touch(1, 0.0, 15, "proving")
+    t.touch(2, 0.0, 100, "proving")  # TTL 3 x 100 + 30 = 330 s
+    assert t.expire_stale(76.0) == [(1, 15)]
+    assert t.expire_stale(330.0) == []
+    t.touch(2, 10.0)  # heard again, no new pace: it keeps the one it was given
+    assert t.pace_s(2) == 100
+    assert t.expire_stale(340.0) == []
+    assert t.expire_stale(340.5) == [(2, 100)]
+
+
+def test_tracker_counts_the_fleet_by_pace() -> None:
+    t = HeartbeatTracker(grace_s=30, base_pace_s=15)
+    t.touch(1, 0.0, 15, "benchmarking")
+    t.touch(2, 0.0, 15, "warming")
+    t.touch(3, 0.0, 15, "proving")
+    t.touch(4, 0.0, 15)  # no phase yet (a hello): paced steady
+    assert (t.load().quick, t.load().steady) == (2, 2)
+    t.touch(1, 5.0, 15, "proving")
+    t.touch(2, 5.0, 15)  # no phase: its class stays
+    assert (t.load().quick, t.load().steady) == (1, 3)
+    t.forget(2)
+    assert (t.load().quick, t.load().steady) == (0, 3)
 
 
 async def deployed(h: Harness, offer_id: int = 1) -> dict[str, Any]:
@@ -141,3 +167,14 @@ async def test_reconcile_destroys_leaked_instances_of_our_fleet_only(
     }
     await h.core.monitor.tick()
     assert provider.destroyed == [900]
+
+
+def test_only_the_states_that_can_time_out_are_read() -> None:
+    """The monitor's timeout scan reads the states with a limit and those on the way to
+    the first benchmark: never the proving fleet, which has neither."""
+    from vast_manager.coordinator.decisions import policy, states
+
+    assert {str(s) for s in policy.TIMED_STATES} == {
+        "deploying", "booting", "fetching_params", "warming", "benchmarking", "lost"}
+    assert states.FIRST_BENCHMARK <= policy.TIMED_STATES
+    assert "proving" not in policy.TIMED_STATES

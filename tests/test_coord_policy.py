@@ -189,7 +189,9 @@ def test_settings_defaults_and_env(tmp_path: Path) -> None:
     )
     assert (s.db_path, s.host, s.port) == ("./vast-manager.db", "127.0.0.1", 9000)
     assert s.max_usd_per_proof == 0.01
-    assert s.silence_ttl_s == 3 * 15 + 30
+    assert (s.next_heartbeat_s, s.max_next_heartbeat_s, s.max_heartbeats_per_second) == (
+        15, 300, 1000.0)
+    assert policy.silence_ttl_s(s.next_heartbeat_s, s.silence_grace_s) == 3 * 15 + 30
     assert s.coordinator_url == "http://127.0.0.1:9000"
     assert not s.admin_token_generated
     assert "0123456789abcdef" not in repr(s)

@@ -18,8 +18,8 @@ from vast_manager.coordinator.operations.monitor import known_agent_ids
 from vast_manager.coordinator.store.reads import Reads
 
 #: The scans a monitor round makes over every instance (50,000 in production).
-FLEET_SCANS = ("active_instances", "instances_of_kind", "instances_due_for_destroy",
-               "next_destroy_due_at")
+FLEET_SCANS = ("active_instances", "instance_values", "instances_of_kind",
+               "instances_due_for_destroy", "next_destroy_due_at")
 
 
 class HeldScans:

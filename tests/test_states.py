@@ -52,6 +52,8 @@ def test_the_named_sets() -> None:
                                            "benchmarking", "proving"}
     assert names(states.FIRST_BENCHMARK) == names(states.ACTIVE_PHASES) - {"proving"}
     assert names(states.UNHEARD) == {"deploying", "lost"}
+    assert names(states.QUICK_PACE) == {"warming", "benchmarking"}
+    assert states.QUICK_PACE <= states.ACTIVE_PHASES
     # A failed instance is still on its machine, billing, until the monitor destroys it.
     assert State.FAILED in states.BILLING and State.FAILED in states.ENDING
     # Every set of the module reaches the dashboard under its own name.

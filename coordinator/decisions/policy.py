@@ -128,6 +128,8 @@ class Watch:
     """Simulated seconds per real second of this instance (1 for real machines)."""
     terminated: str | None = None
     """The terminate verdict the instance already has, if any."""
+    pace_s: float | None = None
+    """The heartbeat pace the instance's agent was last given (None: the base pace)."""
     watching_since: float | None = None
     """When this coordinator process started watching: a window that began before it
     could not have been watched whole, so no benchmarking heartbeat is required then
@@ -266,7 +268,7 @@ def _window_slack_s(watch: Watch, limits: PolicyLimits) -> float:
     """Real seconds the true start of a run may precede ``watch.window_start``."""
     if watch.window_after_result:
         return CLOCK_SKEW_S
-    return limits.next_heartbeat_s + PHASE_ENTRY_SLACK_S
+    return max(limits.next_heartbeat_s, watch.pace_s or 0.0) + PHASE_ENTRY_SLACK_S
 
 
 def _check_window(result: Result, watch: Watch, gpus: int, limits: PolicyLimits,
@@ -456,6 +458,12 @@ _TIMEOUTS: dict[str, tuple[str, str]] = {
     State.BENCHMARKING: ("benchmark_timeout_s", "benchmark"),
     State.LOST: ("lost_timeout_s", "silence"),
 }
+
+
+#: The states ``timed_out`` can find overstayed: those with a limit of their own, and those
+#: on the way to the first benchmark. The monitor reads only these: a proving fleet, however
+#: large, has nothing to read.
+TIMED_STATES: frozenset[State] = frozenset(map(State, _TIMEOUTS)) | states.FIRST_BENCHMARK
 
 
 def phase_timeout_s(state: str | None, limits: PolicyLimits) -> float | None:

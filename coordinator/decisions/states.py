@@ -76,6 +76,11 @@ FIRST_BENCHMARK: frozenset[State] = ACTIVE_PHASES - {State.PROVING}
 #: and its next hello starts it ``booting``.
 UNHEARD: frozenset[State] = frozenset({State.DEPLOYING, State.LOST})
 
+#: Its agent keeps the base heartbeat pace while the budget allows (``pace``): a benchmark
+#: is judged early on its heartbeats, and the stretch of it a result may claim starts at
+#: the last heartbeat of warming, so these phases want to be heard often.
+QUICK_PACE: frozenset[State] = frozenset({State.WARMING, State.BENCHMARKING})
+
 #: Every named set, by the name the dashboard's ``STATE_SETS`` uses.
 NAMED_SETS: Mapping[str, frozenset[State]] = {
     "PHASES": PHASES,
@@ -86,6 +91,7 @@ NAMED_SETS: Mapping[str, frozenset[State]] = {
     "ACTIVE_PHASES": ACTIVE_PHASES,
     "FIRST_BENCHMARK": FIRST_BENCHMARK,
     "UNHEARD": UNHEARD,
+    "QUICK_PACE": QUICK_PACE,
 }
 
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")

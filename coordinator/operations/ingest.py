@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from vast_manager.coordinator.decisions import policy, states
+from vast_manager.coordinator.decisions import pace, policy, states
 from vast_manager.coordinator.decisions.early_verdict import (
     EarlyVerdict,
     VerdictSettings,
@@ -52,11 +52,24 @@ def directive_from_json(text: str) -> Directive:
     return from_obj(Directive, orjson.loads(text))
 
 
-def _take_directive(tx: Tx, inst: Row, settings: Settings, now: float) -> Directive:
+def pace_s(state: str | None, settings: Settings, fleet: pace.FleetLoad) -> int:
+    """The pace for an agent whose instance is in ``state`` (docs/operations.md,
+    "Heartbeat pace"). Every job stores the pace it answers in ``heartbeat_pace_s``: the
+    agent's silence is timed on it."""
+    return pace.next_heartbeat_s(state, fleet, settings)
+
+
+def agent_pace_s(inst: Row, settings: Settings) -> int:
+    """The pace the instance's agent was last given (the base pace before any)."""
+    return int(inst.get("heartbeat_pace_s") or settings.next_heartbeat_s)
+
+
+def _take_directive(tx: Tx, inst: Row, settings: Settings, now: float,
+                    next_heartbeat_s: int) -> Directive:
     """The directive for an instance now; a pending rebenchmark is delivered once."""
     directive = policy.directive_for(
         inst,
-        next_heartbeat_s=settings.next_heartbeat_s,
+        next_heartbeat_s=next_heartbeat_s,
         min_rate=inst.get("min_rate_per_hour"),
     )
     if directive.action == "benchmark":
@@ -95,9 +108,12 @@ def _require_instance(tx: Tx, agent_id: str) -> Row:
 
 
 def hello_job(
-    agent_id: str, hello: Hello, settings: Settings, now: float
+    agent_id: str, hello: Hello, settings: Settings, now: float,
+    fleet: pace.FleetLoad = pace.NO_AGENTS,
 ) -> Callable[[Tx], tuple[int, Directive]]:
-    """Record a hello; creates the instance of a bring-your-own agent (machine_id = label)."""
+    """Record a hello; creates the instance of a bring-your-own agent (machine_id = label).
+
+    ``fleet``: the agents heard from, which set the pace (none: the base pace)."""
 
     def job(tx: Tx) -> tuple[int, Directive]:
         agent = _require_agent(tx, agent_id)
@@ -143,6 +159,8 @@ def hello_job(
         if inst["state"] in states.UNHEARD:
             updates["state"] = State.BOOTING
             updates["state_since"] = now
+        pace_now = updates["heartbeat_pace_s"] = pace_s(
+            updates.get("state", inst["state"]), settings, fleet)
         tx.update_instance(inst["id"], **updates)
         if new_boot:
             tx.insert_event(
@@ -163,7 +181,7 @@ def hello_job(
             )
         fresh = tx.get_instance(inst["id"])
         assert fresh is not None
-        return fresh["id"], _take_directive(tx, fresh, settings, now)
+        return fresh["id"], _take_directive(tx, fresh, settings, now, pace_now)
 
     return job
 
@@ -208,20 +226,24 @@ def _steady(hot: Row, f: SteadyFields) -> bool:
 
 
 def heartbeat_job(
-    agent_id: str, hb: Heartbeat, settings: Settings, now: float
+    agent_id: str, hb: Heartbeat, settings: Settings, now: float,
+    fleet: pace.FleetLoad = pace.NO_AGENTS,
 ) -> Callable[[Tx], tuple[int, Directive]]:
+    """``fleet``: the agents heard from, which set the pace (none: the base pace)."""
     fields = steady_fields(hb)
 
     def job(tx: Tx) -> tuple[int, Directive]:
         hot = tx.hot_instance(agent_id) if tx.agent_revoked(agent_id) is False else None
         if hot is not None and _steady(hot, fields):
-            return _steady_heartbeat(tx, hot, agent_id, fields, settings, now)
+            return _steady_heartbeat(tx, hot, agent_id, fields, settings, now,
+                                     pace_s(hot["state"], settings, fleet))
         inst = _require_instance(tx, agent_id)
         last_seq = inst["last_seq"]
         if last_seq is not None and hb.seq <= last_seq:
             # Late or out of order within this boot: it must not move the phase back.
-            tx.update_instance(inst["id"], last_seen=now)
-            return inst["id"], _take_directive(tx, inst, settings, now)
+            pace_now = pace_s(inst["state"], settings, fleet)
+            tx.update_instance(inst["id"], last_seen=now, heartbeat_pace_s=pace_now)
+            return inst["id"], _take_directive(tx, inst, settings, now, pace_now)
         updates: dict[str, Any] = {
             "last_seq": hb.seq,
             "last_seen": now,
@@ -248,6 +270,8 @@ def heartbeat_job(
             if state == State.LOST:
                 tx.insert_event(now, "recovered", "the agent spoke again after silence", **ids)
             tx.insert_event(now, "phase", f"{state} -> {hb.phase}", **ids)
+        pace_now = updates["heartbeat_pace_s"] = pace_s(
+            updates.get("state", state), settings, fleet)
         tx.update_instance(inst["id"], **updates)
         if state not in states.ENDING and hb.phase in states.ENDING_PHASES:
             failed = hb.phase == State.FAILED
@@ -266,25 +290,27 @@ def heartbeat_job(
         _record_telemetry(tx, inst["id"], agent_id, fields, settings, now)
         fresh = tx.get_instance(inst["id"])
         assert fresh is not None
-        return inst["id"], _take_directive(tx, fresh, settings, now)
+        return inst["id"], _take_directive(tx, fresh, settings, now, pace_now)
 
     return job
 
 
 def _steady_heartbeat(
-    tx: Tx, hot: Row, agent_id: str, f: SteadyFields, settings: Settings, now: float
+    tx: Tx, hot: Row, agent_id: str, f: SteadyFields, settings: Settings, now: float,
+    pace_now: int,
 ) -> tuple[int, Directive]:
     """What a steady heartbeat writes: its instance's gauges (which are its latest
-    heartbeat too), held by the writer and written with the others of its transaction;
-    nothing is read (``hot`` is the writer's cached view of the instance)."""
+    heartbeat too) and the pace it is answered, held by the writer and written with the
+    others of its transaction; nothing is read (``hot`` is the writer's cached view of
+    the instance)."""
     instance_id = hot["id"]
     # In HEARTBEAT_COLUMNS order; a steady heartbeat is never a benchmarking one, hence
     # last_non_benchmark_at.
     tx.hold_heartbeat(instance_id, (
         f.seq, now, f.phase, f.phase_started_at, f.progress_json, f.proofs_completed_total,
-        now, now, now, f.proof_seconds_recent_json))
+        now, now, now, f.proof_seconds_recent_json, pace_now))
     _record_telemetry(tx, instance_id, agent_id, f, settings, now)
-    return instance_id, _take_directive(tx, hot, settings, now)
+    return instance_id, _take_directive(tx, hot, settings, now, pace_now)
 
 
 def _record_telemetry(
@@ -370,14 +396,15 @@ def _track_benchmark(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: 
     # so did the batch: the least such time is a start the host cannot dispute (a
     # late heartbeat only makes it later, in the host's favour). Before the first
     # completion only the first sight is known, and the agent announces the run a
-    # moment before the batch really starts: two heartbeat intervals are allowed.
+    # moment before the batch really starts: two heartbeat intervals (of the pace the
+    # agent was on) are allowed.
     scale = time_scale(inst, settings)
     for w in fresh:
         anchor = min(now - w / scale, anchor if anchor is not None else now)
     if anchor is not None:
         elapsed_s = max(0.0, now - float(anchor)) * scale
     else:
-        elapsed_s = max(0.0, now - seen_at - 2.0 * settings.next_heartbeat_s) * scale
+        elapsed_s = max(0.0, now - seen_at - 2.0 * agent_pace_s(inst, settings)) * scale
     failed = max(0, progress.done - len(proofs))
     state: dict[str, Any] = {
         "bench_key": key,
@@ -450,7 +477,8 @@ def _terminate_early(
     fresh = tx.get_instance(inst["id"])
     assert fresh is not None
     directive = policy.directive_for(
-        fresh, next_heartbeat_s=settings.next_heartbeat_s, min_rate=fresh["min_rate_per_hour"]
+        fresh, next_heartbeat_s=agent_pace_s(fresh, settings),
+        min_rate=fresh["min_rate_per_hour"],
     )
     failed = int(data["proofs_failed"])
     flag_reasons = [
@@ -598,6 +626,7 @@ def watch_of(inst: Row, settings: Settings, now: float,
         max_gpus=(inst["num_gpus"] or None) if inst["kind"] == "deployed" else None,
         time_scale=time_scale(inst, settings),
         terminated=terminated,
+        pace_s=agent_pace_s(inst, settings),
         watching_since=watching_since,
         measured_rates=measured or {},
     )
@@ -605,18 +634,21 @@ def watch_of(inst: Row, settings: Settings, now: float,
 
 def result_job(
     agent_id: str, result: Result, settings: Settings, now: float,
-    watching_since: float | None = None,
+    watching_since: float | None = None, fleet: pace.FleetLoad = pace.NO_AGENTS,
 ) -> Callable[[Tx], ResultOutcome]:
-    """``watching_since``: when this coordinator process started (``policy.Watch``)."""
+    """``watching_since``: when this coordinator process started (``policy.Watch``);
+    ``fleet``: the agents heard from, which set the pace (none: the base pace)."""
     limits = policy.PolicyLimits.from_settings(settings)
 
     def job(tx: Tx) -> ResultOutcome:
         inst = _require_instance(tx, agent_id)
         existing = tx.find_result(agent_id, result.result_id)
         if existing is not None:
-            return ResultOutcome(
-                inst["id"], True, directive_from_json(existing["directive_json"]), False
-            )
+            # The same directive again, its pace included: the agent's silence is timed
+            # on the pace it is given.
+            replayed = directive_from_json(existing["directive_json"])
+            tx.update_instance(inst["id"], heartbeat_pace_s=replayed.next_heartbeat_s)
+            return ResultOutcome(inst["id"], True, replayed, False)
         ids = {"instance_id": inst["id"], "agent_id": agent_id, "machine_id": inst["machine_id"]}
         machine_id = inst["machine_id"] or inst["label"]
         gpu_name = inst["gpu_name"] or "unknown"
@@ -675,7 +707,10 @@ def result_job(
             tx.update_instance(inst["id"], **inst_updates)
         fresh = tx.get_instance(inst["id"])
         assert fresh is not None
-        directive = _take_directive(tx, fresh, settings, now)
+        pace_now = pace_s(fresh["state"], settings, fleet)
+        if pace_now != fresh["heartbeat_pace_s"]:
+            tx.update_instance(inst["id"], heartbeat_pace_s=pace_now)
+        directive = _take_directive(tx, fresh, settings, now, pace_now)
         counts = (
             result.kind == "benchmark" and check.counts_for_host_perf and rate is not None
         )

@@ -1,7 +1,9 @@
 """The monitor: silence, phase timeouts, pending destroys and reconciliation with the provider.
 
 ``HeartbeatTracker`` is Nomad's heartbeat timer as one small object: the
-agent handlers ``touch`` an instance, the loop calls ``expire_stale``; the
+agent handlers ``touch`` an instance with the pace they answered, the loop
+calls ``expire_stale``; each instance's silence is timed on its own pace, and
+the tracker's count of the agents heard sets the next pace (``pace``). The
 clock is passed in, so tests never sleep. ``Monitor.tick`` does one round;
 ``Monitor.run`` repeats it every ``monitor_interval_s`` (sooner when a
 destroy falls due). Every decision lands in ``events`` with its reason.
@@ -15,7 +17,7 @@ import logging
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from vast_manager.coordinator.decisions import policy, states
+from vast_manager.coordinator.decisions import pace, policy, states
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.providers.base import Provider, ProviderError, ProviderInstance
 from vast_manager.coordinator.settings import Settings
@@ -55,30 +57,74 @@ def known_agent_ids(reads: Reads, agent_ids: Collection[str]) -> set[str]:
 
 
 class HeartbeatTracker:
-    """Last-seen times per instance; an instance silent for longer than the TTL expires."""
+    """Last-seen times and paces per instance; an instance silent for longer than its TTL
+    (``policy.silence_ttl_s`` of the pace its agent was last given) expires."""
 
-    def __init__(self, ttl_s: float) -> None:
-        self.ttl_s = ttl_s
-        self._last_seen: dict[int, float] = {}
+    def __init__(self, grace_s: float, base_pace_s: float) -> None:
+        self.grace_s = grace_s
+        self.base_pace_s = base_pace_s
+        self._heard: dict[int, tuple[float, float]] = {}  # id -> (last seen, pace)
+        # id -> when it expires: what the monitor's minute pass compares, at 200,000
+        # instances a scan of floats rather than a TTL computed for each.
+        self._expires: dict[int, float] = {}
+        self._quick: set[int] = set()  # heard last in a quick phase (``pace.is_quick``)
+        self._load: pace.FleetLoad | None = None  # the counts, until they change
 
-    def touch(self, instance_id: int, now: float) -> None:
-        self._last_seen[instance_id] = now
+    def touch(self, instance_id: int, now: float, pace_s: float | None = None,
+              phase: str | None = None) -> None:
+        """Heard from now, and told to report again within ``pace_s`` (None: the pace it
+        was last given); ``phase`` (None: unchanged) says how it is paced."""
+        known = self._heard.get(instance_id)
+        if known is None:
+            self._load = None
+        if pace_s is None:
+            pace_s = known[1] if known is not None else self.base_pace_s
+        self._heard[instance_id] = (now, pace_s)
+        self._expires[instance_id] = now + self.ttl_s(pace_s)
+        if phase is not None and pace.is_quick(phase) != (instance_id in self._quick):
+            self._load = None
+            if pace.is_quick(phase):
+                self._quick.add(instance_id)
+            else:
+                self._quick.discard(instance_id)
 
     def forget(self, instance_id: int) -> None:
-        self._last_seen.pop(instance_id, None)
+        if self._heard.pop(instance_id, None) is not None:
+            self._load = None
+        self._expires.pop(instance_id, None)
+        self._quick.discard(instance_id)
 
     def last_seen(self, instance_id: int) -> float | None:
-        return self._last_seen.get(instance_id)
+        heard = self._heard.get(instance_id)
+        return None if heard is None else heard[0]
 
-    def expire_stale(self, now: float) -> list[int]:
-        """Remove and return the instances silent for more than the TTL."""
-        stale = [i for i, seen in self._last_seen.items() if now - seen > self.ttl_s]
+    def pace_s(self, instance_id: int) -> float | None:
+        """The pace the instance's agent was last given, if it is tracked."""
+        heard = self._heard.get(instance_id)
+        return None if heard is None else heard[1]
+
+    def ttl_s(self, pace_s: float) -> float:
+        """How long an agent told ``pace_s`` may stay silent."""
+        return policy.silence_ttl_s(pace_s, self.grace_s)
+
+    def load(self) -> pace.FleetLoad:
+        """The agents heard from, by how they are paced."""
+        if self._load is None:
+            quick = len(self._quick)
+            self._load = pace.FleetLoad(quick, len(self._heard) - quick)
+        return self._load
+
+    def expire_stale(self, now: float) -> list[tuple[int, float]]:
+        """Remove and return the instances silent for longer than their TTL, each with the
+        pace it was last given."""
+        stale = [i for i, expires in self._expires.items() if now > expires]
+        out = [(i, self._heard[i][1]) for i in stale]
         for instance_id in stale:
-            del self._last_seen[instance_id]
-        return stale
+            self.forget(instance_id)
+        return out
 
     def __len__(self) -> int:
-        return len(self._last_seen)
+        return len(self._heard)
 
 
 class Monitor:
@@ -109,10 +155,11 @@ class Monitor:
 
     # --- the loop ------------------------------------------------------------------
 
-    _SEED_COLUMNS = ("id", "state")
+    _SEED_COLUMNS = ("id", "state", "heartbeat_pace_s")
 
     def seed(self, now: float) -> None:
-        """Start the silence timers of running instances from ``now``.
+        """Start the silence timers of running instances from ``now``, each on the pace its
+        agent was last given.
 
         After a coordinator restart nobody could have heard the agents while it
         was down, so their timers start afresh rather than from ``last_seen``.
@@ -132,7 +179,7 @@ class Monitor:
             # Checked after the scan: a heartbeat heard meanwhile keeps its own time.
             untracked = self.tracker.last_seen(instance_id) is None
             if inst["state"] in states.ACTIVE_PHASES and untracked:
-                self.tracker.touch(instance_id, now)
+                self.tracker.touch(instance_id, now, inst["heartbeat_pace_s"], inst["state"])
         self._seeded = True
 
     def wake(self) -> None:
@@ -176,26 +223,28 @@ class Monitor:
         expired = self.tracker.expire_stale(now)
         if not expired:
             return []
-        ttl = self.tracker.ttl_s
+        ttl_of = self.tracker.ttl_s
 
-        spoke: list[tuple[int, float]] = []
+        spoke: list[tuple[int, float, float, str]] = []
 
         def job(tx: Tx) -> list[int]:
             lost = []
-            for instance_id in expired:
+            for instance_id, pace_s in expired:
                 inst = tx.get_instance(instance_id)
                 if inst is None or inst["state"] not in states.ACTIVE_PHASES:
                     continue
                 seen = inst["last_seen"]
+                ttl = ttl_of(pace_s)
                 if seen is not None and now - float(seen) <= ttl:
                     # Spoke meanwhile (a log batch, a result): keep watching it, or
                     # it would never be found silent again.
-                    spoke.append((instance_id, float(seen)))
+                    spoke.append((instance_id, float(seen), pace_s, inst["state"]))
                     continue
                 silent = "never heard" if seen is None else f"silent for {now - float(seen):.0f} s"
                 tx.update_instance(instance_id, state=State.LOST, state_since=now, updated_at=now)
                 tx.insert_event(
-                    now, "lost", f"{silent} (TTL {ttl:.0f} s = 3 heartbeats + grace)",
+                    now, "lost", f"{silent} (TTL {ttl:.0f} s = 3 heartbeats at its "
+                    f"{pace_s:.0f} s pace + grace)",
                     instance_id=instance_id, agent_id=inst["agent_id"],
                     machine_id=inst["machine_id"],
                 )
@@ -203,24 +252,26 @@ class Monitor:
             return lost
 
         lost = await self.store.write(job)
-        for instance_id, seen in spoke:
-            self.tracker.touch(instance_id, seen)
+        for instance_id, seen, pace_s, state in spoke:
+            self.tracker.touch(instance_id, seen, pace_s, state)
         return lost
 
     async def enforce_timeouts(self, now: float) -> list[int]:
         """Terminate instances that overstayed a phase (DESIGN 5 timeouts)."""
         limits = self.limits
 
+        cols = ("id", "state", "state_since", "created_at", "rate_per_hour")
+
         def scan(reads: Reads) -> list[tuple[Row, str]]:
             # On the reader thread (50,000 instances held the loop for half a second),
-            # with only the columns timed_out and the job read.
+            # with only the columns timed_out and the job read, of only the states that
+            # can time out (on the state index: the proving fleet is not read).
+            timed = states.ordered(policy.TIMED_STATES - states.ENDING)
             return [
                 (inst, reason)
-                for inst in reads.active_instances(
-                    ("id", "state", "state_since", "created_at", "rate_per_hour")
-                )
-                if inst["state"] not in states.ENDING
-                and (reason := policy.timed_out(inst, now, limits)) is not None
+                for inst in (dict(zip(cols, values, strict=True))
+                             for values in reads.instance_values(cols, states=timed))
+                if (reason := policy.timed_out(inst, now, limits)) is not None
             ]
 
         # The scan's snapshot may be a little older than the writer's state: the job

@@ -425,6 +425,13 @@ def _m7_measurements(db: sqlite_utils.Database) -> None:
         )
 
 
+def _m8_heartbeat_pace(db: sqlite_utils.Database) -> None:
+    """The heartbeat pace last given to each instance's agent (``next_heartbeat_s`` of its
+    latest directive; docs/operations.md, "Heartbeat pace"), so its silence is timed on
+    its own pace, after a restart too. Null on older rows: the base pace."""
+    db.table("instances").add_column("heartbeat_pace_s", int)
+
+
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
     (1, "initial tables of DESIGN 4", _m1_initial),
     (2, "benchmark state for early verdicts", _m2_benchmark_verdict_state),
@@ -434,6 +441,7 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...]
     (6, "indexes for the fleet-sized reads and the monitor's scans", _m6_fleet_read_indexes),
     (7, "measurements with their hardware, offers as deployed, the autopilot's switch",
      _m7_measurements),
+    (8, "the heartbeat pace last given to each instance", _m8_heartbeat_pace),
 )
 
 

@@ -58,10 +58,10 @@ HOT_COLUMNS = ("id", "agent_id", "machine_id", "state", "last_seq", "terminate_r
                "rebenchmark_pending", "min_rate_per_hour")
 _HOT_SELECT = f"select {', '.join(HOT_COLUMNS)} from instances where agent_id = ?"
 #: What a steady heartbeat sets on its instance (``Tx.hold_heartbeat``), which is also the
-#: agent's latest heartbeat (the ``heartbeats`` view).
+#: agent's latest heartbeat (the ``heartbeats`` view), and the pace it was answered.
 HEARTBEAT_COLUMNS = ("last_seq", "last_seen", "phase", "phase_started_at", "progress_json",
                      "proofs_completed_total", "updated_at", "last_non_benchmark_at",
-                     "heartbeat_at", "proof_seconds_recent_json")
+                     "heartbeat_at", "proof_seconds_recent_json", "heartbeat_pace_s")
 _HEARTBEAT_UPDATE = (
     f"update instances set {', '.join(f'{c} = ?' for c in HEARTBEAT_COLUMNS)} where id = ?"
 )
@@ -82,7 +82,7 @@ def _keep_newest(table: str, owner: str) -> str:
 # Multi-row statements write held rows in a few steps, not one per row: each step lets go
 # of the GIL, and getting it back from a busy event loop can take a switch interval
 # (5 ms), so a step per row made the writer crawl exactly when the fleet was busiest.
-# 64 rows of up to 11 values stay under the 999 parameters older SQLite builds allow.
+# 64 rows of up to 12 values stay under the 999 parameters older SQLite builds allow.
 _ROWS_PER_STATEMENT = 64
 # UPDATE ... FROM arrived in SQLite 3.33; older builds update row by row.
 _UPDATE_FROM = sqlite3.sqlite_version_info >= (3, 33, 0)

@@ -134,9 +134,10 @@ async def _hello(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, An
     hello = decode(Hello, body)
     now = core.clock()
     instance_id, directive = await core.store.write(
-        ingest.hello_job(agent.agent_id, hello, core.settings, now)
+        ingest.hello_job(agent.agent_id, hello, core.settings, now, core.tracker.load())
     )
-    core.tracker.touch(instance_id, now)
+    # A hello changes no phase but an unheard instance's (to booting, paced steady).
+    core.tracker.touch(instance_id, now, directive.next_heartbeat_s)
     return 200, directive  # a dataclass: orjson encodes it without asdict()'s deep copy
 
 
@@ -144,9 +145,9 @@ async def _heartbeat(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int
     hb = decode(Heartbeat, body)
     now = core.clock()
     instance_id, directive = await core.store.write(
-        ingest.heartbeat_job(agent.agent_id, hb, core.settings, now)
+        ingest.heartbeat_job(agent.agent_id, hb, core.settings, now, core.tracker.load())
     )
-    core.tracker.touch(instance_id, now)
+    core.tracker.touch(instance_id, now, directive.next_heartbeat_s, hb.phase)
     if directive.action == "terminate":
         core.monitor.wake()
     return 200, directive  # a dataclass: orjson encodes it without asdict()'s deep copy
@@ -156,8 +157,8 @@ async def _result(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, A
     result = decode(Result, body)
     now = core.clock()
     outcome = await core.store.write(ingest.result_job(agent.agent_id, result, core.settings, now,
-                                                       core.started_at))
-    core.tracker.touch(outcome.instance_id, now)
+                                                       core.started_at, core.tracker.load()))
+    core.tracker.touch(outcome.instance_id, now, outcome.directive.next_heartbeat_s)
     if outcome.terminate:
         core.monitor.wake()
     if not outcome.duplicate:

@@ -85,7 +85,7 @@ def create_app(
     auth = AgentAuth(settings.fleet_secrets, agent_lookup(store), not_before=started_second,
                      nonces_per_agent=settings.nonces_per_agent)
     auth.preload(store.agent_states())
-    tracker = HeartbeatTracker(settings.silence_ttl_s)
+    tracker = HeartbeatTracker(settings.silence_grace_s, settings.next_heartbeat_s)
     monitor = Monitor(settings, store, provider, clock, tracker,
                       on_agent_revoked=auth.mark_revoked)
     monitor.seed(clock())

@@ -1,7 +1,8 @@
 """``GET /metrics``: the fleet and its GPUs in the Prometheus text exposition format.
 
 The exposition is ``prometheus_client``'s: collectors (``FleetCollector`` reads the
-store, ``GuardCollector`` the refused traffic, plus the library's own process and
+store, ``GuardCollector`` the refused traffic, ``PaceCollector`` the heartbeat pace,
+plus the library's own process and
 Python collectors) on a ``CollectorRegistry`` of one scrape, never the library's
 global one, written by ``generate_latest`` on the store's reader thread (``exposition``
 is what ``Store.read`` runs), so a fleet-sized scrape never holds the event loop.
@@ -26,7 +27,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from vast_manager.coordinator.decisions import policy, states
+from vast_manager.coordinator.decisions import pace, policy, states
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.store.reads import Reads
 from vast_manager.coordinator.store.schema import loads
@@ -299,20 +300,66 @@ class GuardCollector(Collector):
             value=self.counts.body_bytes_in_flight)
 
 
-def registry(reads: Reads, now: float, guard: GuardCounts | None = None) -> CollectorRegistry:
-    """One scrape's registry: the fleet, the guard's counts, and prometheus_client's own
-    process (CPU, memory, file descriptors) and Python (version, garbage collector)
-    collectors, on a registry of its own rather than the library's global one."""
+@dataclass(frozen=True, slots=True)
+class PaceFigures:
+    """What sets the heartbeat pace (docs/operations.md, "Heartbeat pace"), copied on the
+    event loop (whose requests change the tracker) for a scrape on another thread."""
+
+    fleet: pace.FleetLoad
+    limits: pace.PaceLimits
+
+
+class PaceCollector(Collector):
+    """The pace the coordinator answers now, the agents it is set for, and the budget."""
+
+    def __init__(self, figures: PaceFigures) -> None:
+        self.figures = figures
+
+    def collect(self) -> Iterator[Metric]:
+        fleet, limits = self.figures.fleet, self.figures.limits
+        paces = pace.paces(fleet, limits)
+        seconds = GaugeMetricFamily(
+            "vm_heartbeat_pace_seconds",
+            "The next_heartbeat_s the coordinator answers now: quick for warming and "
+            "benchmarking agents, steady for the others.", labels=("pace",))
+        heard = GaugeMetricFamily(
+            "vm_agents_heard", "Agents whose silence the coordinator times, by pace.",
+            labels=("pace",))
+        for name, pace_s, agents in (("quick", paces.quick_s, fleet.quick),
+                                     ("steady", paces.steady_s, fleet.steady)):
+            seconds.add_metric([name], pace_s)
+            heard.add_metric([name], agents)
+        yield seconds
+        yield heard
+        yield GaugeMetricFamily(
+            "vm_heartbeats_per_second_paced",
+            "Heartbeats a second the agents heard send at the paces answered now.",
+            value=pace.heartbeats_per_second(fleet, limits))
+        yield GaugeMetricFamily(
+            "vm_heartbeats_per_second_budget",
+            "The budget the pace keeps the fleet under (VM_MAX_HEARTBEATS_PER_SECOND).",
+            value=limits.max_heartbeats_per_second)
+
+
+def registry(reads: Reads, now: float, guard: GuardCounts | None = None,
+             paced: PaceFigures | None = None) -> CollectorRegistry:
+    """One scrape's registry: the fleet, the guard's counts, the pace, and
+    prometheus_client's own process (CPU, memory, file descriptors) and Python (version,
+    garbage collector) collectors, on a registry of its own rather than the library's
+    global one."""
     out = CollectorRegistry(auto_describe=False)
     out.register(FleetCollector(reads, now))
     if guard is not None:
         out.register(GuardCollector(guard))
+    if paced is not None:
+        out.register(PaceCollector(paced))
     ProcessCollector(registry=out)
     PlatformCollector(registry=out)
     GCCollector(registry=out)
     return out
 
 
-def exposition(reads: Reads, now: float, guard: GuardCounts | None = None) -> bytes:
+def exposition(reads: Reads, now: float, guard: GuardCounts | None = None,
+               paced: PaceFigures | None = None) -> bytes:
     """The whole exposition text of one scrape (run it with ``Store.read``)."""
-    return generate_latest(registry(reads, now, guard))
+    return generate_latest(registry(reads, now, guard, paced))

@@ -11,7 +11,7 @@ from typing import Any, overload
 import orjson
 from aiohttp import web
 
-from vast_manager.coordinator.decisions import states
+from vast_manager.coordinator.decisions import pace, states
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.errors import (
     CoordinatorError,
@@ -408,9 +408,11 @@ async def _recent_events(core: Core, request: web.Request) -> Any:
 
 async def _metrics(request: web.Request) -> web.Response:
     core = request.app[CORE]
-    # The guard's counters are copied here, on the loop whose requests change them.
+    # The guard's counters and the tracker's counts are copied here, on the loop whose
+    # requests change them.
     now, guard = core.clock(), metrics.GuardCounts.of(core.guard)
-    body = await core.store.read(lambda reads: metrics.exposition(reads, now, guard))
+    paced = metrics.PaceFigures(core.tracker.load(), pace.PaceLimits.from_settings(core.settings))
+    body = await core.store.read(lambda reads: metrics.exposition(reads, now, guard, paced))
     return web.Response(body=body, headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
