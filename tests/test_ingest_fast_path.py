@@ -248,7 +248,7 @@ async def test_a_late_heartbeat_behind_a_held_one_sees_it(tmp_path: Path) -> Non
 
 async def _four_rounds(store: Store, settings: Any,
                        at: Callable[[int, int], float]) -> list[str]:
-    """Issue 150 agents (more than one multi-row statement holds), then four rounds of
+    """Register 150 agents (more than one multi-row statement holds), then four rounds of
     one heartbeat each (booting, then proving), agent ``i``'s round ``seq`` at
     ``at(seq, i)``; each round must be one transaction. Returns the agent ids."""
     ids = [f"ag_{i:020x}" for i in range(150)]

@@ -1,4 +1,5 @@
-"""Lifecycle policy (DESIGN 5) and result plausibility (DESIGN 3.6) as pure functions.
+"""Lifecycle policy (docs/policy.md) and result plausibility (docs/reliability.md) as pure
+functions.
 
 Nothing here does I/O or reads a clock: callers pass ``now`` (from the
 injected clock) and the rows they read, so every decision is reproducible in
@@ -21,7 +22,7 @@ Clock = Callable[[], float]
 
 # Flags a stored result can carry. A finished benchmark with a failed proof is
 # "partial" and still feeds host_perf; an early verdict's measurement (the proofs
-# seen before the coordinator stopped the benchmark, issue 6) is "partial" and
+# seen before the coordinator stopped the benchmark) is "partial" and
 # "early_verdict", and is kept out of it like implausible and contended ones.
 IMPLAUSIBLE = "implausible"
 CONTENDED = "contended"
@@ -33,8 +34,6 @@ AFTER_TERMINATE = "after_terminate"
 HOST_PERF_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED, EARLY_VERDICT, AFTER_TERMINATE})
 #: Every flag a stored result can carry (docs/openapi.yaml's StoredResult lists them).
 RESULT_FLAGS = (IMPLAUSIBLE, CONTENDED, PARTIAL, EARLY_VERDICT, AFTER_TERMINATE)
-# What keeps a scaling diagnosis out of the fleet's efficiency (and so out of ranking).
-RANKING_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED, AFTER_TERMINATE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +272,7 @@ def _window_slack_s(watch: Watch, limits: PolicyLimits) -> float:
 
 def _check_window(result: Result, watch: Watch, gpus: int, limits: PolicyLimits,
                   out: Plausibility) -> None:
-    """The run against the stretch of benchmarking the coordinator saw (DESIGN 3.6)."""
+    """The run against the stretch of benchmarking the coordinator saw (docs/reliability.md)."""
     if watch.window_start is None:
         out.flag(IMPLAUSIBLE, "the coordinator never saw this instance before the result")
         return
@@ -335,7 +334,7 @@ def check_result(
     limits: PolicyLimits,
     contended_with: list[int] | None = None,
 ) -> Plausibility:
-    """The plausibility checks of DESIGN 3.6 on one result.
+    """The plausibility checks on one result (docs/reliability.md, Untrusted hosts).
 
     ``watch`` is what the coordinator saw of the instance (None: judge the host's
     numbers against one another only). ``contended_with`` lists our other instances

@@ -334,7 +334,7 @@ def _record_telemetry(
     )
 
 
-# --- early verdicts (issue 6) ----------------------------------------------------------
+# --- early verdicts (docs/policy.md) ------------------------------------------------
 
 BENCH_OPEN, BENCH_PASSED, BENCH_TERMINATED, BENCH_CLOSED = "open", "passed", "terminated", "closed"
 

@@ -257,7 +257,7 @@ class Monitor:
         return lost
 
     async def enforce_timeouts(self, now: float) -> list[int]:
-        """Terminate instances that overstayed a phase (DESIGN 5 timeouts)."""
+        """Terminate instances that overstayed a phase (docs/policy.md's timeouts)."""
         limits = self.limits
 
         cols = ("id", "state", "state_since", "created_at", "rate_per_hour")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import sqlite3
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from vast_manager.coordinator.store.schema import ACTIVE_SQL, TABLES, Row
@@ -263,22 +263,6 @@ class Reads:
 
     def scaling(self) -> list[Row]:
         return rows_of(self._conn, "select * from scaling order by id")
-
-    def trusted_scaling_efficiencies(self, excluding_flags: Iterable[str]) -> list[float]:
-        """The coordinator's own efficiency of every scaling diagnosis whose result carries
-        none of ``excluding_flags`` (what the fleet's efficiency, and ranking, may use).
-        A diagnosis without a result row (none is written so today) is the operator's."""
-        flags = sorted(excluding_flags)
-        clauses = " ".join("and (',' || coalesce(r.flags, '') || ',') not like ?" for _ in flags)
-        return [
-            float(r["efficiency"])
-            for r in rows_of(
-                self._conn,
-                "select s.efficiency from scaling s left join results r on r.id = s.result_row_id "
-                f"where s.efficiency > 0 {clauses} order by s.id",
-                [f"%,{f},%" for f in flags],
-            )
-        ]
 
     def content_digest(self) -> str:
         """SHA-256 over every row of every table (tests use it to prove a rejected

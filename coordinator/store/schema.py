@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Row = dict[str, Any]
 
-#: The tables (DESIGN 4's ``heartbeats``, the latest heartbeat per agent, is a view of
+#: The tables (docs/architecture.md's ``heartbeats``, the latest heartbeat per agent, is a view of
 #: ``instances`` since migration 3).
 TABLES = (
     "instances",
@@ -264,7 +264,7 @@ def _m1_initial(db: sqlite_utils.Database) -> None:
 
 
 def _m2_benchmark_verdict_state(db: sqlite_utils.Database) -> None:
-    """Per-instance state of the running benchmark, for early verdicts (issue 6).
+    """Per-instance state of the running benchmark, for early verdicts (docs/policy.md).
 
     Kept on the instance row so that a coordinator restart mid-benchmark
     remembers the proofs it has seen and when it first saw the benchmark.
@@ -290,7 +290,7 @@ def _m2_benchmark_verdict_state(db: sqlite_utils.Database) -> None:
 
 def _m3_latest_heartbeat_on_instances(db: sqlite_utils.Database) -> None:
     """The latest heartbeat per agent moves onto its instance's row; ``heartbeats`` stays,
-    as a view of it (DESIGN 4's name, the same columns).
+    as a view of it (docs/architecture.md's name, the same columns).
 
     Every column of the old table but two was already on the instance (the gauges a
     heartbeat sets), and nothing read it: writing it cost each heartbeat a second page
@@ -326,7 +326,7 @@ def _m4_instance_share(db: sqlite_utils.Database) -> None:
 
 def _m5_observed_benchmark_window(db: sqlite_utils.Database) -> None:
     """What the coordinator saw of an instance's benchmarking, to judge results against
-    (DESIGN 3.6): a result may claim only the time since the later of these and
+    (docs/reliability.md): a result may claim only the time since the later of these and
     ``last_non_benchmark_at``, and only if a benchmarking heartbeat was seen."""
     instances = db.table("instances")
     instances.add_column("benchmarking_seen_at", float)  # the latest benchmarking heartbeat
@@ -433,7 +433,7 @@ def _m8_heartbeat_pace(db: sqlite_utils.Database) -> None:
 
 
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
-    (1, "initial tables of DESIGN 4", _m1_initial),
+    (1, "initial tables", _m1_initial),
     (2, "benchmark state for early verdicts", _m2_benchmark_verdict_state),
     (3, "the latest heartbeat on its instance's row", _m3_latest_heartbeat_on_instances),
     (4, "the instance's share of its host", _m4_instance_share),

@@ -41,7 +41,7 @@ AgentHandler = Callable[[Core, VerifiedAgent, bytes], Awaitable[tuple[int, Any]]
 def agent_response(
     now: float, status: int, body: bytes, key: bytes | None, nonce: str
 ) -> web.Response:
-    """An answer to an agent (DESIGN 3.4): server time, and signed once its key verified."""
+    """An answer to an agent (docs/protocol.md): server time, and signed once its key verified."""
     response = web.Response(body=body, status=status, content_type="application/json")
     response.headers[signing.HEADER_SERVER_TIME] = str(int(now))
     if key is not None:
@@ -57,7 +57,7 @@ def _agent_answer(
 
 def agent_failure(err: BaseException, agent_id: str, path: str,
                   quiet: QuietLog | None = None) -> tuple[int, Any]:
-    """The status and body for an agent handler's exception (DESIGN 3.5)."""
+    """The status and body for an agent handler's exception (docs/protocol.md, Errors)."""
     if isinstance(err, ProtocolError):
         return 400, err.to_body()
     if isinstance(err, (CoordinatorError, ProviderError)):
@@ -85,7 +85,7 @@ def _refused(core: Core, request: web.Request, status: int, body: dict[str, str]
 
 
 def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """Wrap an agent handler in DESIGN 3.3's checks and 3.4's response signature.
+    """Wrap an agent handler in the request checks and the response signature of docs/protocol.md.
 
     The order: a declared body over 1 MiB (413), then, on the headers alone, an issued
     agent and well-formed signing headers (401), and only then is the body read, within

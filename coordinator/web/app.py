@@ -1,10 +1,10 @@
-"""The coordinator's HTTP face: agent endpoints (DESIGN 3.6) and operator API (3.7).
+"""The coordinator's HTTP face: agent endpoints and operator API (docs/protocol.md).
 
 ``create_app(settings, store, provider, clock)`` builds the aiohttp
 application; its state lives under one typed ``web.AppKey`` and the monitor
 loop in ``cleanup_ctx``. Handlers decode, check and call the core
-(``ingest``, ``deploy``, ``monitor``); every error answer is a DESIGN 3.5
-JSON body, every agent answer carries ``X-VM-Server-Time`` and, once the
+(``ingest``, ``deploy``, ``monitor``); every error answer is an error
+JSON body (docs/protocol.md), every agent answer carries ``X-VM-Server-Time`` and, once the
 request's signature verified, ``X-VM-Signature``.
 """
 

@@ -372,7 +372,7 @@ MAX_HISTORY_POINTS = 2000
 
 
 async def _telemetry_history(core: Core, request: web.Request) -> Any:
-    """The instance's downsampled heartbeat history (DESIGN 4), oldest first, with the
+    """The instance's downsampled heartbeat history (docs/architecture.md), oldest first, with the
     latest telemetry appended when it is newer: what the dashboard's charts draw."""
     inst = _instance_or_404(core, _path_int(request, "id"))
     max_points = _query_int(request, "points", default=500, minimum=2,
