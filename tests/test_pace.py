@@ -101,7 +101,7 @@ def test_a_small_budget_and_a_longest_pace_below_the_base() -> None:
 def test_the_limits_come_from_the_settings(tmp_path: Path) -> None:
     settings = make_settings(tmp_path, next_heartbeat_s=5, max_next_heartbeat_s=120,
                              max_heartbeats_per_second=40.0)
-    assert PaceLimits.from_settings(settings) == PaceLimits(5, 120, 40.0)
+    assert pace.paces(FleetLoad(0, 1_000), settings) == pace.Paces(5, 25)  # 1,000 / 40
     with pytest.raises(ValueError, match="VM_MAX_NEXT_HEARTBEAT_S must be between 1 and 600"):
         make_settings(tmp_path, max_next_heartbeat_s=601)
     with pytest.raises(ValueError, match="VM_MAX_HEARTBEATS_PER_SECOND must be greater than 0"):

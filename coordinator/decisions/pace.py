@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from vast_manager.coordinator.decisions import states
 
@@ -25,7 +25,7 @@ _ROUNDING_S = 1e-9
 
 
 class PaceSettings(Protocol):
-    """What the pace follows: ``Settings`` has it, ``PaceLimits`` holds just that."""
+    """What the pace follows: ``Settings`` has it; ``PaceLimits`` holds just that."""
 
     @property
     def next_heartbeat_s(self) -> int: ...
@@ -47,10 +47,6 @@ class PaceLimits:
     """The longest pace (never below ``next_heartbeat_s``)."""
     max_heartbeats_per_second: float = 1000.0
     """The fleet's heartbeats per second the pace keeps under, while it can."""
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> PaceLimits:
-        return cls(**{f: getattr(settings, f) for f in cls.__dataclass_fields__})
 
 
 class FleetLoad(NamedTuple):

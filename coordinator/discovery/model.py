@@ -154,7 +154,6 @@ REFERENCE_OFFER: dict[str, Any] = {
     "pci_gen": 4, "gpu_lanes": 16, "pcie_bw": 24.0,
     "disk_bw": 2000.0, "inet_down": 1000.0, "reliability": 0.99,
 }
-REFERENCE_LABEL = "1x RTX 4090, 32 vCPU EPYC 7xx3 at 2.8 GHz, 239 GiB RAM, PCIe 24 GB/s"
 
 # Explanation groups: which design columns each moves (see _Design).
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -308,13 +307,6 @@ def _design(
 def _rows(d: _Design, rows: NDArray[np.int64]) -> _Design:
     """The design of some rows."""
     return _Design(**{name: getattr(d, name)[rows] for name in d.__dataclass_fields__})
-
-
-def _softplus(z: Array, sharpness: float = 4.0) -> tuple[Array, Array]:
-    """(softplus(z), its derivative): a smooth max(z, 0)."""
-    kz = sharpness * z
-    value = np.where(kz > 30, z, np.log1p(np.exp(np.minimum(kz, 30.0))) / sharpness)
-    return value, 1.0 / (1.0 + np.exp(-np.clip(kz, -60.0, 60.0)))
 
 
 def _in_flight(ram_gib: Array, resident_gib: float, partition_gib: float,

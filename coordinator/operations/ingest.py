@@ -52,15 +52,10 @@ def directive_from_json(text: str) -> Directive:
     return from_obj(Directive, orjson.loads(text))
 
 
-def pace_s(state: str | None, settings: Settings, fleet: pace.FleetLoad) -> int:
-    """The pace for an agent whose instance is in ``state`` (docs/operations.md,
-    "Heartbeat pace"). Every job stores the pace it answers in ``heartbeat_pace_s``: the
-    agent's silence is timed on it."""
-    return pace.next_heartbeat_s(state, fleet, settings)
-
-
 def agent_pace_s(inst: Row, settings: Settings) -> int:
-    """The pace the instance's agent was last given (the base pace before any)."""
+    """The pace the instance's agent was last given (the base pace before any): every job
+    stores the pace it answers (``pace.next_heartbeat_s``) in ``heartbeat_pace_s``, and the
+    agent's silence is timed on it (docs/operations.md, "Heartbeat pace")."""
     return int(inst.get("heartbeat_pace_s") or settings.next_heartbeat_s)
 
 
@@ -159,8 +154,8 @@ def hello_job(
         if inst["state"] in states.UNHEARD:
             updates["state"] = State.BOOTING
             updates["state_since"] = now
-        pace_now = updates["heartbeat_pace_s"] = pace_s(
-            updates.get("state", inst["state"]), settings, fleet)
+        pace_now = updates["heartbeat_pace_s"] = pace.next_heartbeat_s(
+            updates.get("state", inst["state"]), fleet, settings)
         tx.update_instance(inst["id"], **updates)
         if new_boot:
             tx.insert_event(
@@ -236,12 +231,12 @@ def heartbeat_job(
         hot = tx.hot_instance(agent_id) if tx.agent_revoked(agent_id) is False else None
         if hot is not None and _steady(hot, fields):
             return _steady_heartbeat(tx, hot, agent_id, fields, settings, now,
-                                     pace_s(hot["state"], settings, fleet))
+                                     pace.next_heartbeat_s(hot["state"], fleet, settings))
         inst = _require_instance(tx, agent_id)
         last_seq = inst["last_seq"]
         if last_seq is not None and hb.seq <= last_seq:
             # Late or out of order within this boot: it must not move the phase back.
-            pace_now = pace_s(inst["state"], settings, fleet)
+            pace_now = pace.next_heartbeat_s(inst["state"], fleet, settings)
             tx.update_instance(inst["id"], last_seen=now, heartbeat_pace_s=pace_now)
             return inst["id"], _take_directive(tx, inst, settings, now, pace_now)
         updates: dict[str, Any] = {
@@ -270,8 +265,8 @@ def heartbeat_job(
             if state == State.LOST:
                 tx.insert_event(now, "recovered", "the agent spoke again after silence", **ids)
             tx.insert_event(now, "phase", f"{state} -> {hb.phase}", **ids)
-        pace_now = updates["heartbeat_pace_s"] = pace_s(
-            updates.get("state", state), settings, fleet)
+        pace_now = updates["heartbeat_pace_s"] = pace.next_heartbeat_s(
+            updates.get("state", state), fleet, settings)
         tx.update_instance(inst["id"], **updates)
         if state not in states.ENDING and hb.phase in states.ENDING_PHASES:
             failed = hb.phase == State.FAILED
@@ -707,7 +702,7 @@ def result_job(
             tx.update_instance(inst["id"], **inst_updates)
         fresh = tx.get_instance(inst["id"])
         assert fresh is not None
-        pace_now = pace_s(fresh["state"], settings, fleet)
+        pace_now = pace.next_heartbeat_s(fresh["state"], fleet, settings)
         if pace_now != fresh["heartbeat_pace_s"]:
             tx.update_instance(inst["id"], heartbeat_pace_s=pace_now)
         directive = _take_directive(tx, fresh, settings, now, pace_now)

@@ -302,11 +302,12 @@ class GuardCollector(Collector):
 
 @dataclass(frozen=True, slots=True)
 class PaceFigures:
-    """What sets the heartbeat pace (docs/operations.md, "Heartbeat pace"), copied on the
-    event loop (whose requests change the tracker) for a scrape on another thread."""
+    """What sets the heartbeat pace (docs/operations.md, "Heartbeat pace"): the tracker's
+    counts copied on the event loop (whose requests change them) for a scrape on another
+    thread, and the settings (frozen)."""
 
     fleet: pace.FleetLoad
-    limits: pace.PaceLimits
+    limits: pace.PaceSettings
 
 
 class PaceCollector(Collector):

@@ -11,7 +11,7 @@ from typing import Any, overload
 import orjson
 from aiohttp import web
 
-from vast_manager.coordinator.decisions import pace, states
+from vast_manager.coordinator.decisions import states
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.errors import (
     CoordinatorError,
@@ -411,7 +411,7 @@ async def _metrics(request: web.Request) -> web.Response:
     # The guard's counters and the tracker's counts are copied here, on the loop whose
     # requests change them.
     now, guard = core.clock(), metrics.GuardCounts.of(core.guard)
-    paced = metrics.PaceFigures(core.tracker.load(), pace.PaceLimits.from_settings(core.settings))
+    paced = metrics.PaceFigures(core.tracker.load(), core.settings)
     body = await core.store.read(lambda reads: metrics.exposition(reads, now, guard, paced))
     return web.Response(body=body, headers={"Content-Type": metrics.CONTENT_TYPE})
 
