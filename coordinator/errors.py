@@ -122,6 +122,13 @@ class InvalidMeasurement(CoordinatorError):
         return body
 
 
+class AccountPaused(CoordinatorError):
+    """Deploys wait: the vast.ai account's funds are below the pause floor, or its key is
+    refused (docs/operations.md, "The account")."""
+
+    code = "account_paused"
+
+
 class ProviderFailed(CoordinatorError):
     """The provider (vast.ai) failed; nothing of ours changed."""
 
@@ -142,6 +149,7 @@ _STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (TooSmall, 409),
     (AutopilotNotConfigured, 409),
     (InvalidMeasurement, 400),
+    (AccountPaused, 409),
     (ProviderFailed, 502),
     (ProviderOfferGone, 409),
     (ProviderRateLimited, 503),

@@ -365,6 +365,36 @@ SETTINGS: tuple[Setting, ...] = (
         "autopilot: offer filter of its searches, vast.ai CLI syntax; unset: VM_VAST_FILTER "
         "or the provider's default",
     ),
+    # The whole bill (docs/operations.md, "What an instance costs" and "The account").
+    Setting(
+        "setup_download_gb",
+        50.0,
+        "GB a fresh instance downloads before it proves (the image and the ~45 GiB of "
+        "parameters): priced at each offer's inet_down_cost and spread over "
+        "plan_horizon_hours in every $/hour figure",
+        at_least=0,
+    ),
+    Setting(
+        "balance_warn_usd",
+        20.0,
+        "vast.ai balance below this: a warning on the dashboard, in status and the log",
+    ),
+    Setting(
+        "balance_pause_usd",
+        2.0,
+        "vast.ai balance below this: deploys and the autopilot pause until it is back above",
+    ),
+    Setting(
+        "strike_limit",
+        3,
+        "failed trials (stuck loading, no hello, timeouts, crashes, implausible results) "
+        "within strike_window_s that block a machine",
+        at_least=1,
+    ),
+    Setting("strike_window_s", 7 * 86400.0, "strikes older than this no longer count",
+            above=0),
+    Setting("strike_block_s", 7 * 86400.0, "how long a struck-out machine stays blocked",
+            above=0),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -496,6 +526,12 @@ class Settings:
     autopilot_interval_s: float = 120.0
     autopilot_spend_window_h: float = 168.0
     autopilot_filter: str | None = None
+    setup_download_gb: float = 50.0
+    balance_warn_usd: float = 20.0
+    balance_pause_usd: float = 2.0
+    strike_limit: int = 3
+    strike_window_s: float = 7 * 86400.0
+    strike_block_s: float = 7 * 86400.0
     admin_token_generated: bool = False
 
     @property

@@ -57,6 +57,20 @@ class PolicyLimits:
         return cls(**{f: getattr(settings, f) for f in cls.__dataclass_fields__})
 
 
+@dataclass(frozen=True, slots=True)
+class StrikeRule:
+    """Failed trials that block a machine: ``limit`` within ``window_s`` block it for
+    ``block_s`` (docs/policy.md, "Strikes")."""
+
+    limit: int = 3
+    window_s: float = 7 * 86400.0
+    block_s: float = 7 * 86400.0
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> StrikeRule:
+        return cls(settings.strike_limit, settings.strike_window_s, settings.strike_block_s)
+
+
 # --- rates -------------------------------------------------------------------
 
 

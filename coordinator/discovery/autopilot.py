@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from vast_manager.coordinator.decisions import cost
+from vast_manager.coordinator.decisions.cost import Cost, Prices
 from vast_manager.coordinator.discovery.plan import Plan, Proposal
 
 
@@ -79,38 +81,65 @@ class FleetInstance:
 
 @dataclass(frozen=True, slots=True)
 class Ledger:
-    """What the fleet has spent so far (from the store), for the exploration cap."""
+    """What the fleet has spent so far (from the store), for the exploration cap, by what
+    vast.ai bills for (``cost.Cost``'s parts)."""
 
     total_usd: float = 0.0
-    trials_usd: float = 0.0  # rent paid before benchmark verdicts
+    trials_usd: float = 0.0  # spent before benchmark verdicts
     last_exploration_at: float | None = None
+    rent_usd: float = 0.0
+    storage_usd: float = 0.0
+    bandwidth_usd: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class Rental:
-    """One instance's rent, for the ledger: price, start, end (None: still billing) and
-    when its benchmark verdict came (None: not yet, or never)."""
+    """One instance's bill, for the ledger: price, start, end (None: still billing), when
+    its benchmark verdict came (None: not yet, or never), and optionally its prices
+    (``cost.Prices``), when it began running (its hello) and the bytes its agent moved.
+    Without prices it is rent at ``dph_total`` from start to end."""
 
     dph_total: float
     started_at: float
     ended_at: float | None
     verdict_at: float | None
+    prices: Prices | None = None
+    running_from: float | None = None
+    down_bytes: float = 0.0
+    up_bytes: float = 0.0
+
+    def bill(self, start: float, end: float) -> Cost:
+        """What it billed between ``start`` and ``end`` (within its life): rent while
+        running, storage while it existed, its bytes spread evenly over its life."""
+        if end <= start:
+            return Cost()
+        if self.prices is None:
+            return Cost(rent=self.dph_total * (end - start) / 3600.0)
+        run_from = max(start, self.running_from) if self.running_from is not None else end
+        life_end = end if self.ended_at is None else self.ended_at
+        life = max(life_end - self.started_at, 1e-9)
+        share = min(1.0, (end - start) / life)
+        return cost.accrued(self.prices, running_s=max(0.0, end - run_from),
+                            existing_s=end - start, down_bytes=self.down_bytes * share,
+                            up_bytes=self.up_bytes * share)
 
 
 def ledger_of(rentals: Sequence[Rental], *, now: float, since: float,
               last_exploration_at: float | None) -> Ledger:
-    """Spend since ``since`` (rent at ``dph_total`` from deploy to destroy), and of it the
-    trials' (from deploy to the benchmark verdict, or the end when none came)."""
-    total = trials = 0.0
+    """Spend since ``since`` (rent, storage, bandwidth from deploy to destroy), and of it
+    the trials' (from deploy to the benchmark verdict, or the end when none came)."""
+    spent = trials = Cost()
     for r in rentals:
         start = max(r.started_at, since)
         end = now if r.ended_at is None else min(r.ended_at, now)
         if end <= start:
             continue
-        total += r.dph_total * (end - start) / 3600.0
+        spent = spent + r.bill(start, end)
         trial_end = end if r.verdict_at is None else min(max(r.verdict_at, start), end)
-        trials += r.dph_total * (trial_end - start) / 3600.0
-    return Ledger(total_usd=total, trials_usd=trials, last_exploration_at=last_exploration_at)
+        trials = trials + r.bill(start, trial_end)
+    return Ledger(total_usd=spent.total, trials_usd=trials.total,
+                  last_exploration_at=last_exploration_at, rent_usd=spent.rent,
+                  storage_usd=spent.storage, bandwidth_usd=spent.bandwidth)
 
 
 @dataclass(frozen=True, slots=True)

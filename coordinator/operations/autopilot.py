@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vast_manager.coordinator.decisions import policy, states
+from vast_manager.coordinator.decisions import cost, policy, states
 from vast_manager.coordinator.decisions.share import instance_share, shortfall
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.autopilot import (
@@ -115,6 +115,20 @@ def fleet_instances(rows: Sequence[Row], model: RateModel) -> list[FleetInstance
             expected = pred.rate_per_hour if isinstance(pred, Prediction) else None
             out.append(FleetInstance(ident, machine, dph, None, expected))
     return out
+
+
+def rental_of(r: Row) -> Rental:
+    """A spend row as the ledger's ``Rental``: its prices from the offer as deployed at
+    its own disk, rent from its hello (running), its bytes as its agent reported them."""
+    offer = loads(r["offer_json"]) if r.get("offer_json") else None
+    prices = cost.prices_of(offer, r.get("disk_gb")) if isinstance(offer, dict) else None
+    hello = r.get("hello_at")
+    return Rental(float(r["dph_total"]), float(r["created_at"]),
+                  None if r["ended_at"] is None else float(r["ended_at"]),
+                  None if r["verdict_at"] is None else float(r["verdict_at"]),
+                  prices=prices, running_from=None if hello is None else float(hello),
+                  down_bytes=float(r.get("net_rx_bytes") or 0),
+                  up_bytes=float(r.get("net_tx_bytes") or 0))
 
 
 def deployable(offers: Sequence[Mapping[str, Any]], settings: Settings) -> list[Mapping[str, Any]]:
@@ -286,11 +300,17 @@ class Autopilot:
         assert caps is not None
         settings = self.settings
         now = self.clock()
+        paused = self.monitor.account.pause_reason()
+        if paused is not None:
+            # Nothing deployed or ended while the account cannot pay or is not ours to use.
+            tick = Tick(at=now, notes=[f"paused: {paused}"])
+            self.last = tick
+            return tick
         fitted = await self.models.current()
         rows = await self.store.read(lambda r: r.active_instances())
         fleet = await asyncio.to_thread(fleet_instances, rows, fitted.model)
         busy = frozenset(str(r["machine_id"]) for r in rows if r["machine_id"] is not None)
-        bad = frozenset(str(b["machine_id"]) for b in self.store.bad_hosts())
+        bad = frozenset(str(b["machine_id"]) for b in self.store.bad_hosts(now))
         notes: list[str] = []
         try:
             offers = deployable(await self.provider.search_offers(
@@ -311,6 +331,9 @@ class Autopilot:
             trials=sum(1 for i in fleet if i.on_trial),
             ledger={"total_usd": round(ledger.total_usd, 4),
                     "trials_usd": round(ledger.trials_usd, 4),
+                    "rent_usd": round(ledger.rent_usd, 4),
+                    "storage_usd": round(ledger.storage_usd, 4),
+                    "bandwidth_usd": round(ledger.bandwidth_usd, 4),
                     "trial_share": ledger.trials_usd / ledger.total_usd
                     if ledger.total_usd else 0.0,
                     "window_h": settings.autopilot_spend_window_h},
@@ -325,10 +348,7 @@ class Autopilot:
     async def _ledger(self, now: float, switch: Row | None) -> Ledger:
         since = now - self.settings.autopilot_spend_window_h * 3600.0
         rows = await self.store.read(lambda r: r.spend_rows(since))
-        rentals = [Rental(float(r["dph_total"]), float(r["created_at"]),
-                          None if r["ended_at"] is None else float(r["ended_at"]),
-                          None if r["verdict_at"] is None else float(r["verdict_at"]))
-                   for r in rows]
+        rentals = [rental_of(r) for r in rows]
         last = switch["last_exploration_at"] if switch else None
         return ledger_of(rentals, now=now, since=since, last_exploration_at=last)
 

@@ -20,11 +20,13 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from vast_manager.coordinator.decisions import policy
+from vast_manager.coordinator.decisions import cost, policy
+from vast_manager.coordinator.operations.account import Account
 from vast_manager.coordinator.decisions.share import instance_share, shortfall
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.measurements import NOT_OFFER_FIELDS
 from vast_manager.coordinator.errors import (
+    AccountPaused,
     BadHost,
     MachineBusy,
     OfferGone,
@@ -89,6 +91,7 @@ class Deployer:
         clock: policy.Clock,
         *,
         destroy: Destroy | None = None,
+        account: Account | None = None,
     ) -> None:
         """``destroy``: the monitor's (``Monitor.destroy``), for an instance a failed create
         left behind; without it the monitor's next round destroys it (it is due at once)."""
@@ -97,6 +100,7 @@ class Deployer:
         self.provider = provider
         self.clock = clock
         self._destroy = destroy
+        self.account = account
         self._lock = asyncio.Lock()
 
     async def deploy(
@@ -121,6 +125,9 @@ class Deployer:
         disk_gb: int | None,
         max_dph_total: float | None,
     ) -> Deployed:
+        paused = self.account.pause_reason() if self.account is not None else None
+        if paused is not None:
+            raise AccountPaused(f"Deploys are paused: {paused}.")
         try:
             offer = await self.provider.get_offer(offer_id)
         except ProviderError as err:
@@ -128,7 +135,7 @@ class Deployer:
         if offer is None:
             raise OfferGone(f"Offer {offer_id} is gone or no longer rentable.")
         machine_id = str(offer.get("machine_id"))
-        bad = self.store.bad_host(machine_id)
+        bad = self.store.bad_host(machine_id, self.clock())
         if bad is not None:
             raise BadHost(f"Machine {machine_id} is on bad_hosts: {bad['reason']}")
         busy = self.store.active_instances_on_machine(machine_id)
@@ -139,10 +146,14 @@ class Deployer:
         short = shortfall(share, self.settings.min_instance_ram_gb)
         if short is not None:
             raise TooSmall(f"Offer {offer_id} is refused: {short} (VM_MIN_INSTANCE_RAM_GB).")
-        dph_total = as_float(offer.get("dph_total"))
-        ceiling = self.settings.max_deploy_dph_total
-        if dph_total is None:
+        disk = disk_gb if disk_gb is not None else self.settings.deploy_disk_gb
+        # Priced with this deploy's own disk: the offer's dph_total holds the storage of
+        # the disk it was searched with (docs/operations.md, "What an instance costs").
+        prices = cost.prices_of(offer, disk)
+        if prices is None or as_float(offer.get("dph_total")) is None:
             raise PriceChanged(f"Offer {offer_id} has no price.")
+        dph_total = prices.hourly_total
+        ceiling = self.settings.max_deploy_dph_total
         if dph_total > ceiling * (1 + PRICE_EPSILON):
             raise PriceChanged(
                 f"Offer {offer_id} costs ${dph_total:.4f}/h, above the ceiling ${ceiling:.4f}/h."
@@ -157,12 +168,18 @@ class Deployer:
         agent_id = mint_agent_id()
         label = agent_label(self.settings.fleet_id, agent_id)
         key = signing.derive_agent_key(self.settings.newest_secret, agent_id)
-        min_rate = policy.min_rate_per_hour(
-            dph_total, self.settings.max_usd_per_proof, explicit_min_rate
+        # The minimum rate divides the full figure: rent, storage and the setup's download
+        # spread over a kept instance's life.
+        figure = cost.kept_per_hour(
+            prices, setup_down_bytes=self.settings.setup_download_gb * cost.BYTES_PER_GB,
+            kept_hours=self.settings.plan_horizon_hours,
         )
-        disk = disk_gb if disk_gb is not None else self.settings.deploy_disk_gb
+        min_rate = policy.min_rate_per_hour(
+            figure.total, self.settings.max_usd_per_proof, explicit_min_rate
+        )
         meta = {name: offer.get(name) for name in OFFER_FIELDS}
         meta["machine_id"] = machine_id
+        meta["dph_total"] = dph_total
         meta["instance_ram_gb"] = share.ram_gb
         # The whole offer as deployed: the hardware its results ran on, for the rate model.
         meta["offer_json"] = dumps({k: v for k, v in offer.items() if k not in NOT_OFFER_FIELDS})
@@ -191,7 +208,10 @@ class Deployer:
             rate_text = "none" if min_rate is None else f"{min_rate:.2f} proofs/h"
             tx.insert_event(
                 now, "deploy",
-                f"deploying offer {offer_id} at ${dph_total:.4f}/h, minimum rate {rate_text}",
+                f"deploying offer {offer_id} at ${dph_total:.4f}/h with a {disk} GB disk "
+                f"(rent ${prices.rent_per_hour:.4f}, storage ${prices.storage_per_hour:.4f}, "
+                f"setup download ${figure.bandwidth:.4f}/h over a kept life), "
+                f"minimum rate {rate_text}",
                 instance_id=instance_id, agent_id=agent_id, machine_id=machine_id,
             )
             return instance_id

@@ -19,7 +19,13 @@ from typing import Any
 
 from vast_manager.coordinator.decisions import pace, policy, states
 from vast_manager.coordinator.decisions.states import State
-from vast_manager.coordinator.providers.base import Provider, ProviderError, ProviderInstance
+from vast_manager.coordinator.operations.account import Account
+from vast_manager.coordinator.providers.base import (
+    AuthError,
+    Provider,
+    ProviderError,
+    ProviderInstance,
+)
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.reads import Reads
 from vast_manager.coordinator.store.schema import Row
@@ -34,6 +40,10 @@ VANISHED_AFTER_ROUNDS = 2
 #: (``reconcile.never_runs``) before it is destroyed: one odd answer ends nothing,
 #: and a dead instance bills for at most two rounds.
 DEAD_AFTER_ROUNDS = 2
+#: vast.ai statuses that a host's own trouble shows for a while (its link to vast.ai, a
+#: reboot): while the instance's agent still heartbeats to us, it is proving and kept
+#: (docs/operations.md, "Statuses judged with the agent").
+HOST_TROUBLE_STATUSES = frozenset({"offline", "unknown", "rebooting"})
 #: Agent ids per ``in (...)`` query: below SQLite's oldest bound on query parameters.
 _IDS_PER_QUERY = 500
 
@@ -149,6 +159,13 @@ class Monitor:
         self.tracker = tracker
         self.limits = policy.PolicyLimits.from_settings(settings)
         self.on_agent_revoked = on_agent_revoked or (lambda agent_id: None)
+        self.strike_rule = policy.StrikeRule.from_settings(settings)
+        self.account = Account(
+            getattr(provider, "account", None), warn_usd=settings.balance_warn_usd,
+            pause_usd=settings.balance_pause_usd, interval_s=settings.monitor_interval_s,
+        )
+        # Instances kept although vast.ai showed a status that never runs: told once.
+        self._kept_told: dict[int, str] = {}
         self._tick_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._seeded = False
@@ -211,8 +228,18 @@ class Monitor:
             now = self.clock()
             if not self._seeded:
                 await self.seed_async(now)
+            was_zero = self.account.at_or_below_zero
+            await self.account.refresh(now)
+            if was_zero and not self.account.at_or_below_zero:
+                await self._funds_back(now)
             await self.expire_silent(now)
-            await self.enforce_timeouts(now)
+            if self.account.at_or_below_zero:
+                # vast.ai stops every instance at zero funds: silence then is the account's,
+                # not the hosts'; nothing is timed out until billing resumes.
+                log.warning("vast.ai funds at or below zero: instances are stopped by "
+                            "vast.ai, none timed out or destroyed for it")
+            else:
+                await self.enforce_timeouts(now)
             await self.finish_destroys(now)
             await self.reconcile_with_provider()
 
@@ -292,6 +319,7 @@ class Monitor:
                 tx.begin_terminating(
                     inst["id"], reason, kind="timeout", now=now,
                     destroy_due_at=now + (grace if listening else 0.0),
+                    strike=self.strike_rule,
                 )
                 done.append(int(inst["id"]))
             return done
@@ -334,6 +362,8 @@ class Monitor:
             try:
                 await self.provider.destroy_instance(int(pid))
             except ProviderError as err:
+                if isinstance(err, AuthError):
+                    self.account.refused(err)
                 retry_at = now + self.settings.monitor_interval_s
                 msg = f"destroy through {self.provider.name} failed ({err}); retrying"
 
@@ -375,6 +405,10 @@ class Monitor:
     async def reconcile_with_provider(self) -> None:
         try:
             provider_instances = await self.provider.list_instances()
+        except AuthError as err:
+            # An alert, not a reason to act: nothing is destroyed on a list we cannot read.
+            self.account.refused(err)
+            return
         except ProviderError as err:
             log.warning("could not list provider instances: %s", err)
             return
@@ -428,6 +462,8 @@ class Monitor:
         self._missing_rounds = {
             pid: self._missing_rounds.get(pid, 0) + 1 for pid in missing
         }
+        # A dead status the agent or the account explains is no reason to destroy.
+        actions = await self._keep_explained(actions, provider_instances, by_pid, now)
         # Likewise a status that never runs must be seen twice before a destroy.
         dead = {int(a.instance_id) for a in actions if a.kind == "destroy_dead"}
         self._dead_rounds = {pid: self._dead_rounds.get(pid, 0) + 1 for pid in dead}
@@ -444,6 +480,78 @@ class Monitor:
             except ProviderError as err:
                 log.warning("reconcile %s of %s failed: %s", action.kind, action.instance_id, err)
         return list(actions)
+
+    async def _funds_back(self, now: float) -> None:
+        """Funds are back above zero: start the instances vast.ai stopped for them and give
+        each a fresh silence clock (docs/operations.md, "The account")."""
+        held = [rid for rid, why in self._kept_told.items() if why.startswith("stopped")]
+        start = getattr(self.provider, "start_instance", None)
+        rows = [r for r in (self.store.get_instance(rid) for rid in held) if r is not None]
+        for row in rows:
+            if start is not None and row["provider_instance_id"] is not None:
+                try:
+                    await start(int(row["provider_instance_id"]))
+                except ProviderError as err:
+                    log.warning("could not start instance %s again: %s", row["id"], err)
+
+        def resume(tx: Tx) -> None:
+            for row in rows:
+                updates: dict[str, Any] = {"updated_at": now}
+                if row["state"] == State.LOST:
+                    updates["state_since"] = now  # the lost timeout starts afresh
+                tx.update_instance(row["id"], **updates)
+                tx.insert_event(now, "resumed", "the account's funds are back above zero: "
+                                "started again", instance_id=row["id"],
+                                agent_id=row["agent_id"], machine_id=row["machine_id"])
+
+        if rows:
+            await self.store.write(resume)
+        for row in rows:
+            self._kept_told.pop(int(row["id"]), None)
+
+    async def _keep_explained(self, actions: list[Any], provider_instances: list[ProviderInstance],
+                              by_pid: dict[int, Row], now: float) -> list[Any]:
+        """Drop the ``destroy_dead`` actions that are not the host's end: ``offline``,
+        ``unknown`` or ``rebooting`` while the instance's agent still heartbeats (its
+        silence timer has not run out), and ``stopped`` while the account's funds are at
+        or below zero (vast.ai stops every instance then, docs/vast.md). Each is told once
+        as an event; the silence rules still act if the agent goes quiet."""
+        status_of = {}
+        for inst in provider_instances:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                status_of[int(inst["id"])] = inst.get("actual_status")
+        kept: list[tuple[Row, str]] = []
+        explained: set[int] = set()
+        out = []
+        for action in actions:
+            row = by_pid.get(int(action.instance_id))
+            status = status_of.get(int(action.instance_id))
+            why = None
+            if action.kind == "destroy_dead" and row is not None:
+                if status in HOST_TROUBLE_STATUSES and \
+                        self.tracker.last_seen(int(row["id"])) is not None:
+                    why = (f"vast.ai shows {status} while its agent heartbeats: kept, "
+                           "proving (the silence rules act if the agent goes quiet)")
+                elif status == "stopped" and self.account.at_or_below_zero:
+                    why = ("stopped by vast.ai at zero funds: an account event, kept until "
+                           "billing resumes; add credit")
+            if why is None or row is None:
+                out.append(action)
+                continue
+            self._dead_rounds.pop(int(action.instance_id), None)
+            explained.add(int(row["id"]))
+            if self._kept_told.get(int(row["id"])) != why:
+                kept.append((row, why))
+        self._kept_told = {k: v for k, v in self._kept_told.items() if k in explained}
+        if kept:
+            def note(tx: Tx) -> None:
+                for row, why in kept:
+                    tx.insert_event(now, "kept", why, instance_id=row["id"],
+                                    agent_id=row["agent_id"], machine_id=row["machine_id"])
+            await self.store.write(note)
+            for row, why in kept:
+                self._kept_told[int(row["id"])] = why
+        return out
 
     #: What reconciliation reads of each record (not the hello's wide ``host_json``).
     _RECONCILE_COLUMNS = ("id", "agent_id", "machine_id", "provider", "provider_instance_id",
@@ -538,6 +646,16 @@ class Monitor:
         if kind == "destroy_dead":
             reason = f"{reason}, seen in {self._dead_rounds.get(pid, 0)} rounds in a row"
         if row is not None and row["state"] not in states.GONE:
+            if kind == "destroy_dead":
+                # A trial that never ran (exited, a container that could not start): a
+                # strike against its machine.
+                rule = self.strike_rule
+
+                def strike(tx: Tx) -> None:
+                    tx.begin_terminating(int(row["id"]), reason, kind="dead", now=now,
+                                         destroy_due_at=now, strike=rule)
+
+                await self.store.write(strike)
             await self.destroy(int(row["id"]), reason, source=kind)
             return
         await self.provider.destroy_instance(pid)

@@ -243,7 +243,8 @@ class Reads:
         (null while on a machine) and when their first benchmark verdict came."""
         return rows_of(
             self._conn,
-            "select id, dph_total, created_at, state, "
+            "select id, dph_total, created_at, state, hello_at, offer_json, disk_gb, "
+            "net_rx_bytes, net_tx_bytes, "
             f"case when {ACTIVE_SQL} then null else coalesce(destroyed_at, state_since) "
             "end as ended_at, (select min(r.received_at) from results r "
             "where r.instance_id = instances.id and r.verdict is not null) as verdict_at "
@@ -252,14 +253,29 @@ class Reads:
             (since,),
         )
 
-    def bad_hosts(self) -> list[Row]:
-        return rows_of(self._conn, "select * from bad_hosts order by added_at, machine_id")
+    def bad_hosts(self, now: float | None = None) -> list[Row]:
+        """Blocked machines; with ``now``, only blocks that have not expired."""
+        if now is None:
+            return rows_of(self._conn, "select * from bad_hosts order by added_at, machine_id")
+        return rows_of(self._conn, "select * from bad_hosts where expires_at is null or "
+                       "expires_at > ? order by added_at, machine_id", (now,))
+
+    def strikes(self, machine_id: str | None = None) -> list[Row]:
+        """Failed trials counted against machines (one, or all), oldest first."""
+        where, params = ("where machine_id = ?", (machine_id,)) if machine_id else ("", ())
+        return rows_of(self._conn, f"select * from machine_strikes {where} order by at, id",
+                       params)
 
     def bad_host_count(self) -> int:
         return int(self._conn.execute("select count(*) from bad_hosts").fetchone()[0])
 
-    def bad_host(self, machine_id: str) -> Row | None:
-        return one_row(self._conn, "select * from bad_hosts where machine_id = ?", (machine_id,))
+    def bad_host(self, machine_id: str, now: float | None = None) -> Row | None:
+        """The machine's block; with ``now``, None once it has expired."""
+        row = one_row(self._conn, "select * from bad_hosts where machine_id = ?", (machine_id,))
+        if row is not None and now is not None and row.get("expires_at") is not None \
+                and float(row["expires_at"]) <= now:
+            return None
+        return row
 
     def scaling(self) -> list[Row]:
         return rows_of(self._conn, "select * from scaling order by id")

@@ -34,6 +34,7 @@ TABLES = (
     "scaling",
     "measurements",
     "autopilot",
+    "machine_strikes",
 )
 
 #: Instances still on their machine (``states.BILLING``), as SQL. Written as "not gone"
@@ -432,6 +433,22 @@ def _m8_heartbeat_pace(db: sqlite_utils.Database) -> None:
     db.table("instances").add_column("heartbeat_pace_s", int)
 
 
+def _m9_whole_bill(db: sqlite_utils.Database) -> None:
+    """The whole bill and strikes (docs/operations.md): the bytes each instance's agent
+    reports its NIC moved (cumulative, the largest seen), each machine's failed trials
+    with their reasons, and an expiry on a block (null: until removed by hand)."""
+    instances = db.table("instances")
+    instances.add_column("net_rx_bytes", int)
+    instances.add_column("net_tx_bytes", int)
+    db.table("bad_hosts").add_column("expires_at", float)
+    db.table("machine_strikes").create(
+        {"id": int, "machine_id": str, "instance_id": int, "reason": str, "at": float},
+        pk="id",
+        not_null={"machine_id", "reason", "at"},
+    )
+    db.table("machine_strikes").create_index(["machine_id", "instance_id"], unique=True)
+
+
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
     (1, "initial tables", _m1_initial),
     (2, "benchmark state for early verdicts", _m2_benchmark_verdict_state),
@@ -442,6 +459,7 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...]
     (7, "measurements with their hardware, offers as deployed, the autopilot's switch",
      _m7_measurements),
     (8, "the heartbeat pace last given to each instance", _m8_heartbeat_pace),
+    (9, "bytes moved, machine strikes, block expiries", _m9_whole_bill),
 )
 
 

@@ -379,7 +379,7 @@ class Tx(Reads):
     def begin_terminating(
         self, instance_id: int, reason: str, *, kind: str, now: float, destroy_due_at: float,
         note: str | None = None, data: Any = None, bad_host_source: str | None = None,
-        **cols: Any,
+        strike: Any = None, **cols: Any,
     ) -> bool:
         """Send an instance to ``terminating``: the one way anything ends an instance.
 
@@ -413,6 +413,11 @@ class Tx(Reads):
             self.add_bad_host(machine_id, reason=reason, source=bad_host_source, now=now,
                               instance_id=instance_id)
             self.insert_event(now, "bad_host", f"{machine_id}: {reason}", **ids)
+        elif strike is not None and inst["machine_id"] and inst["kind"] == "deployed":
+            # A failed trial (``policy.StrikeRule``): counted against its machine.
+            self.add_strike(str(inst["machine_id"]), reason, now=now, instance_id=instance_id,
+                            limit=strike.limit, window_s=strike.window_s,
+                            block_s=strike.block_s)
         return True
 
     def hold_heartbeat(self, instance_id: int, gauges: tuple[Any, ...]) -> None:
@@ -546,14 +551,42 @@ class Tx(Reads):
         source: str,
         now: float,
         instance_id: int | None = None,
+        expires_at: float | None = None,
     ) -> None:
         self._exec(
-            "insert into bad_hosts (machine_id, reason, added_at, source, instance_id) "
-            "values (?, ?, ?, ?, ?) on conflict (machine_id) do update set "
+            "insert into bad_hosts (machine_id, reason, added_at, source, instance_id, "
+            "expires_at) values (?, ?, ?, ?, ?, ?) on conflict (machine_id) do update set "
             "reason = excluded.reason, source = excluded.source, "
-            "instance_id = coalesce(excluded.instance_id, instance_id)",
-            (machine_id, reason, now, source, instance_id),
+            "instance_id = coalesce(excluded.instance_id, instance_id), "
+            "added_at = excluded.added_at, expires_at = excluded.expires_at",
+            (machine_id, reason, now, source, instance_id, expires_at),
         )
+
+    def add_strike(self, machine_id: str, reason: str, *, now: float, instance_id: int | None,
+                   limit: int, window_s: float, block_s: float) -> str | None:
+        """Count a failed trial against its machine (once per instance); with ``limit``
+        strikes within ``window_s`` the machine is blocked for ``block_s`` with their
+        reasons. Returns the block's reason when this strike made one."""
+        cur = self._exec(
+            "insert or ignore into machine_strikes (machine_id, instance_id, reason, at) "
+            "values (?, ?, ?, ?)", (machine_id, instance_id, reason, now))
+        if cur.rowcount == 0:
+            return None
+        recent = [str(r[0]) for r in self._exec(
+            "select reason from machine_strikes where machine_id = ? and at > ? "
+            "order by at, id", (machine_id, now - window_s)).fetchall()]
+        self.insert_event(now, "strike", f"{machine_id}: {reason} ({len(recent)} of {limit} "
+                          f"within {window_s / 3600:.0f} h)", instance_id=instance_id,
+                          machine_id=machine_id)
+        if len(recent) < limit:
+            return None
+        why = f"{len(recent)} failed trials: " + "; ".join(recent)
+        self.add_bad_host(machine_id, reason=why[:1000], source="strikes", now=now,
+                          instance_id=instance_id, expires_at=now + block_s)
+        self.insert_event(now, "bad_host", f"{machine_id}: {why[:1000]} (blocked for "
+                          f"{block_s / 3600:.0f} h)", instance_id=instance_id,
+                          machine_id=machine_id)
+        return why
 
     def remove_bad_host(self, machine_id: str) -> bool:
         return self._exec("delete from bad_hosts where machine_id = ?", (machine_id,)).rowcount > 0

@@ -90,7 +90,8 @@ def create_app(
                       on_agent_revoked=auth.mark_revoked)
     monitor.seed(clock())
     guard = Guard(clock, settings.admin_failures_per_minute)
-    deployer = Deployer(settings, store, provider, clock, destroy=monitor.destroy)
+    deployer = Deployer(settings, store, provider, clock, destroy=monitor.destroy,
+                        account=monitor.account)
     models = ModelKeeper(store, clock, settings.model_refit_interval_s)
     core = Core(settings, store, provider, clock, auth, tracker, monitor, deployer, guard,
                 float(started_second), models,

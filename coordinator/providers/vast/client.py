@@ -270,6 +270,26 @@ class VastClient:
             f"vast.ai {what}: accepted, but the instance is still listed (status {status})"
         )
 
+    async def current_user(self) -> dict[str, Any]:
+        """GET /api/v0/users/current (``vastai show user``): the account's ``balance`` and
+        ``credit`` among its fields (docs/vast.md "The account"); the key itself is dropped."""
+        body = await self._request("GET", "/api/v0/users/current")
+        if not isinstance(body, dict):
+            raise ProviderError("vast.ai users/current answered something that is not an object")
+        self._check_success(body, "account read")
+        body.pop("api_key", None)
+        return body
+
+    async def set_state(self, instance_id: int, state: str) -> None:
+        """PUT /api/v0/instances/{id}/ {"state": ...} (``vastai start instance``)."""
+        try:
+            body = await self._request(
+                "PUT", f"/api/v0/instances/{int(instance_id)}/", json_body={"state": state}
+            )
+        except _NotFound:
+            raise ProviderError(f"vast.ai instance {instance_id} not found") from None
+        self._check_success(body, f"state of instance {instance_id}")
+
     async def set_label(self, instance_id: int, label: str) -> None:
         """PUT /api/v0/instances/{id}/ {"label": ...}."""
         try:

@@ -108,7 +108,7 @@ class VastProvider:
             storage_gb=self.disk_gb,
         )
         offers = apply_local_filters(await self.client.search_offers(query), query)
-        return [_normalize_offer(o) for o in offers]
+        return [_normalize_offer(o, self.disk_gb) for o in offers]
 
     async def get_offer(self, offer_id: int) -> Offer | None:
         """Re-read one offer now: a search for this id that is rentable and not rented.
@@ -126,7 +126,7 @@ class VastProvider:
                 continue
             if offer.get("rentable") is False or offer.get("rented") is True:
                 return None
-            return _normalize_offer(offer)
+            return _normalize_offer(offer, self.disk_gb)
         return None
 
     def create_body(self, *, label: str, env: Mapping[str, str], disk_gb: int) -> dict[str, Any]:
@@ -215,6 +215,14 @@ class VastProvider:
         # Two would be a double sale; return the first, reconciliation
         # destroys the other as a duplicate.
         return ids[0] if ids else None
+
+    async def account(self) -> dict[str, Any]:
+        """The account's fields, ``balance`` and ``credit`` among them (docs/vast.md)."""
+        return await self.client.current_user()
+
+    async def start_instance(self, instance_id: int) -> None:
+        """Start a stopped instance again (``vastai start instance``: PUT state running)."""
+        await self.client.set_state(instance_id, "running")
 
     async def destroy_instance(self, instance_id: int) -> None:
         """Destroy and confirm; idempotent. ``DestroyUnconfirmed`` when vast.ai still
@@ -348,8 +356,11 @@ def public_instance(row: Mapping[str, Any]) -> ProviderInstance:
     return out
 
 
-def _normalize_offer(offer: Mapping[str, Any]) -> Offer:
+def _normalize_offer(offer: Mapping[str, Any], storage_gb: float) -> Offer:
     out = dict(offer)
+    # The disk its dph_total was priced with (the search's allocated_storage), so the cost
+    # model can take that storage out and price another disk (docs/operations.md).
+    out.setdefault("allocated_storage", float(storage_gb))
     if "reliability" not in out and "reliability2" in out:
         out["reliability"] = out["reliability2"]
     return out
