@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import psutil
+
 
 @dataclass(slots=True)
 class HostFacts:
@@ -299,3 +301,20 @@ class HostProbe:
         except OSError:
             return None
         return DiskUsage(path, int(du.total), int(du.used), int(du.free))
+
+
+def net_bytes_total() -> tuple[int, int] | None:
+    """(received, sent) bytes of every network interface but loopback since it came up:
+    inside a container, the container's own counters, which is what vast.ai bills per
+    byte (docs/protocol.md, heartbeat ``net_bytes_total``). None when unreadable."""
+    try:
+        counters = psutil.net_io_counters(pernic=True)
+    except (OSError, RuntimeError):
+        return None
+    rx = tx = 0
+    for name, c in counters.items():
+        if name == "lo" or name.startswith("lo:"):
+            continue
+        rx += int(c.bytes_recv)
+        tx += int(c.bytes_sent)
+    return rx, tx

@@ -52,7 +52,7 @@ from vast_manager.agent.cuzk import (
     srs_reservation_bytes,
     synthesis_workers,
 )
-from vast_manager.agent.host import MemoryLimit, read_memory_limit
+from vast_manager.agent.host import MemoryLimit, net_bytes_total, read_memory_limit
 from vast_manager.agent.params import Downloader, ParamsError, load_manifest, run_params_cmd
 from vast_manager.agent.procs import ManagedProcess
 from vast_manager.agent.selfdestroy import SelfDestroyError, self_destroy
@@ -69,7 +69,7 @@ from vast_manager.protocol import (
     ScalingRun,
     Telemetry,
 )
-from vast_manager.protocol.messages import MAX_LOG_LINES, MAX_LOG_TEXT_CHARS
+from vast_manager.protocol.messages import MAX_LOG_LINES, MAX_LOG_TEXT_CHARS, NetBytesTotal
 
 log = logging.getLogger(__name__)
 child_log = logging.getLogger("vast_agent_child")  # outside "vast_manager.agent": not shipped twice
@@ -913,6 +913,7 @@ class Agent:
             proof_seconds_recent=list(self._proof_seconds_recent),
             telemetry=telemetry,
             failure=self._failure if self.phase == "failed" else None,
+            net_bytes_total=_net_bytes(),
         )
 
     async def _send_heartbeat(self, give_up_after_s: float) -> None:
@@ -1068,3 +1069,8 @@ def state_dir_writable(path: Path) -> None:
     probe = path / ".write-test"
     probe.write_bytes(b"")
     probe.unlink()
+
+
+def _net_bytes() -> NetBytesTotal | None:
+    counts = net_bytes_total()
+    return None if counts is None else NetBytesTotal(rx=counts[0], tx=counts[1])

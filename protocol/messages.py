@@ -197,6 +197,15 @@ class Telemetry:
 
 
 @dataclass
+class NetBytesTotal:
+    """Extension: bytes the instance's network interfaces received and sent since they came
+    up (its container's counters, loopback excluded), which vast.ai bills per byte."""
+
+    rx: Count
+    tx: Count
+
+
+@dataclass
 class Progress:
     done: Count
     total: Count
@@ -218,6 +227,8 @@ class Heartbeat:
     # extension: with phase `failed`, why, in one sentence (e.g. the C1 file that cuzk
     # cannot read), so the instance's events say it; null otherwise.
     failure: Text1024 | None = field(default_factory=absent)
+    # extension: the interfaces' cumulative byte counts (docs/protocol.md), for the bill.
+    net_bytes_total: NetBytesTotal | None = field(default_factory=absent)
 
 
 # --- results -----------------------------------------------------------------

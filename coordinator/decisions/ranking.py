@@ -16,6 +16,7 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
+from vast_manager.coordinator.decisions import cost
 from vast_manager.coordinator.decisions.share import instance_share, shortfall
 from vast_manager.coordinator.discovery.model import Prediction, Unpredictable
 from vast_manager.coordinator.providers.coerce import positive
@@ -63,6 +64,8 @@ def rank_offers(
     known_machines: Collection[str],
     *,
     min_instance_ram_gb: float = 0.0,
+    setup_download_gb: float = 0.0,
+    kept_hours: float = 168.0,
 ) -> list[dict[str, Any]]:
     """Copies of ``offers`` with the instance's share, ``too_small``, ``bad_host``,
     ``known``, the prediction (``predicted_rate_per_hour``, ``predicted_rate_low`` and
@@ -77,6 +80,11 @@ def rank_offers(
     (``known_machines``). Machine ids compare as text. Order: predicted $/proof
     ascending; offers without a prediction after those with one (cheapest first);
     offers too small for cuzk, then bad hosts, last.
+
+    Prices are the full figure (``cost.offer_figure``: rent, storage, and the
+    ``setup_download_gb`` download at the offer's ``inet_down_cost`` spread over
+    ``kept_hours``): ``usd_per_hour`` and, at the predicted rate, ``usd_per_proof``,
+    each as its parts; ``full_dph`` is their total per hour.
     """
     bad = {str(b) for b in bad_host_ids}
     known = {str(k) for k in known_machines}
@@ -91,7 +99,14 @@ def rank_offers(
         share = instance_share(offer)
         machine = offer.get("machine_id")
         pred = next(predicted) if problem is None else None
-        dph = positive(offer.get("dph_total"))
+        figure = cost.offer_figure(offer, setup_down_bytes=setup_download_gb * cost.BYTES_PER_GB,
+                                   kept_hours=kept_hours)
+        dph = figure.total if figure is not None else None
+        out["full_dph"] = round(dph, 6) if dph is not None else None
+        out["usd_per_hour"] = figure.as_dict() if figure is not None else None
+        rate = pred.rate_per_hour if isinstance(pred, Prediction) else None
+        proof = cost.per_proof(figure, rate) if figure is not None else None
+        out["usd_per_proof"] = proof.as_dict(8) if proof is not None else None
         out["instance_ram_gb"] = share.ram_gb
         out["instance_cpu_cores"] = share.cpu_cores
         out["instance_share"] = share.formula
@@ -104,7 +119,7 @@ def rank_offers(
 
     def sort_key(o: dict[str, Any]) -> tuple[bool, bool, bool, float, float]:
         usd = o["predicted_usd_per_proof"]
-        dph = positive(o.get("dph_total"))
+        dph = positive(o.get("full_dph"))
         return (
             bool(o["bad_host"]),
             bool(o["too_small"]),

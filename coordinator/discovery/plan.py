@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from vast_manager.coordinator.decisions import cost
 from vast_manager.coordinator.discovery.features import GIB, OfferFeatures, offer_features
 from vast_manager.coordinator.discovery.model import Prediction, Unpredictable, normal_sf
 from vast_manager.coordinator.providers.coerce import as_int, positive
@@ -52,6 +53,15 @@ class TrialCost:
     bench_proofs: int = 12
     bench_timeout_s: float = 2700.0
     default_inet_down_mbps: float = 500.0
+    #: GB the fresh host downloads (parameters and image), billed at the offer's
+    #: ``inet_down_cost`` (None: the parameters alone).
+    download_gb: float | None = None
+
+    @property
+    def download_bytes(self) -> float:
+        if self.download_gb is not None:
+            return self.download_gb * cost.BYTES_PER_GB
+        return self.params_gib * GIB
 
     def hours(self, offer: Mapping[str, Any], rate_per_hour: float) -> float:
         """Hours of rent from deploy to verdict, for a host proving at ``rate_per_hour``."""
@@ -89,10 +99,10 @@ class Proposal:
     machine_id: str | None
     offer: Mapping[str, Any]
     prediction: Prediction
-    dph_total: float
-    break_even_rate_per_hour: float  # dph_total / max_usd_per_proof: the verdict's minimum
-    break_even_vs_reference: float  # dph_total / reference $/proof: worth keeping above it
-    break_even_vs_best: float | None  # dph_total / the fleet's best $/proof
+    dph_total: float  # vast.ai's figure: rent and storage, no bandwidth
+    break_even_rate_per_hour: float  # hourly figure / max_usd_per_proof: the verdict's minimum
+    break_even_vs_reference: float  # hourly figure / reference $/proof: worth keeping above it
+    break_even_vs_best: float | None  # hourly figure / the fleet's best $/proof
     probability_passes: float  # P(rate >= the verdict's minimum)
     probability_beats_best: float | None  # P($/proof below the fleet's best)
     probability_worth_keeping: float  # P(rate > break_even_vs_reference)
@@ -101,10 +111,14 @@ class Proposal:
     expected_saving_per_hour_usd: float
     expected_value_usd: float  # over the horizon, net of the trial's cost
     hypothesis: str
+    #: The full hourly figure once kept (rent, storage, setup download over the horizon).
+    hourly: cost.Cost = cost.Cost()
+    #: The trial's cost by part (``trial_cost_usd`` is its total).
+    trial: cost.Cost = cost.Cost()
 
     @property
     def predicted_usd_per_proof(self) -> float:
-        return self.dph_total / self.prediction.rate_per_hour
+        return (self.hourly.total or self.dph_total) / self.prediction.rate_per_hour
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,23 +161,25 @@ def evaluate_offer(
     features: OfferFeatures | None = None,
 ) -> Proposal | None:
     """The proposal for one offer, or None when it has no price."""
-    dph = positive(offer.get("dph_total"))
-    if dph is None:
+    listed = positive(offer.get("dph_total"))
+    if listed is None:
         return None
+    hourly = _hourly(offer, settings)
+    dph = hourly.total
     ref = reference_usd_per_proof(fleet, settings)
     best = fleet.best_usd_per_proof if fleet.best_usd_per_proof else None
     minimum = dph / settings.max_usd_per_proof
     be_ref = dph / ref
     be_best = dph / best if best else None
     value = _value(offer, prediction, ref, settings)
-    hours = value.trial_cost_usd / dph
+    hours = settings.trial_cost.hours(offer, prediction.rate_per_hour)
     feats = features or offer_features(offer)
     return Proposal(
         offer_id=as_int(offer.get("id")),
         machine_id=feats.machine_id,
         offer=offer,
         prediction=prediction,
-        dph_total=dph,
+        dph_total=listed,
         break_even_rate_per_hour=minimum,
         break_even_vs_reference=be_ref,
         break_even_vs_best=be_best,
@@ -175,6 +191,8 @@ def evaluate_offer(
         expected_saving_per_hour_usd=expected_saving_per_hour(prediction, dph, ref),
         expected_value_usd=value.expected_value_usd,
         hypothesis=hypothesis(feats, prediction, minimum),
+        hourly=hourly,
+        trial=trial_cost(offer, hours, settings),
     )
 
 
@@ -214,19 +232,37 @@ class _Value:
     expected_value_usd: float
 
 
+def _hourly(offer: Mapping[str, Any], settings: PlanSettings) -> cost.Cost:
+    """The offer's full hourly figure once kept: rent, storage, and the setup download
+    spread over the horizon (``cost.kept_per_hour``; docs/operations.md)."""
+    prices = cost.prices_of(offer)
+    assert prices is not None  # callers checked dph_total
+    return cost.kept_per_hour(prices, setup_down_bytes=settings.trial_cost.download_bytes,
+                              kept_hours=settings.horizon_hours)
+
+
+def trial_cost(offer: Mapping[str, Any], hours: float, settings: PlanSettings) -> cost.Cost:
+    """What a trial of ``hours`` bills by part: rent and storage for its hours and the whole
+    setup download (the trial pays it whether or not the host is kept)."""
+    prices = cost.prices_of(offer)
+    assert prices is not None
+    return prices.per_hour().scaled(hours) + cost.Cost(
+        bandwidth=prices.bandwidth_usd(settings.trial_cost.download_bytes, 0.0))
+
+
 def _value(offer: Mapping[str, Any], pred: Prediction, ref: float,
            settings: PlanSettings) -> _Value:
     """A trial's cost and expected value (``evaluate_offer``'s arithmetic, nothing else)."""
-    dph = float(offer["dph_total"])
+    dph = _hourly(offer, settings).total
     hours = settings.trial_cost.hours(offer, pred.rate_per_hour)
     run_h = settings.horizon_hours
     duration_s = positive(offer.get("duration"))
     if duration_s is not None:
         run_h = min(run_h, duration_s / 3600.0)
     run_h = max(0.0, run_h - hours)
-    cost = hours * dph
+    spent = trial_cost(offer, hours, settings).total
     saving = expected_saving_per_hour(pred, dph, ref)
-    return _Value(offer, pred, dph, cost, saving * run_h - cost)
+    return _Value(offer, pred, dph, spent, saving * run_h - spent)
 
 
 def plan_trials(

@@ -36,7 +36,13 @@ from vast_manager.coordinator.discovery.autopilot import (
     plan_reference_usd_per_proof,
 )
 from vast_manager.coordinator.discovery.model import Prediction, RateModel, Unpredictable
-from vast_manager.coordinator.discovery.plan import FleetView, Plan, PlanSettings, plan_trials
+from vast_manager.coordinator.discovery.plan import (
+    FleetView,
+    Plan,
+    PlanSettings,
+    TrialCost,
+    plan_trials,
+)
 from vast_manager.coordinator.errors import AutopilotNotConfigured, CoordinatorError
 from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.monitor import Monitor
@@ -172,7 +178,8 @@ def plan_for(
     view = FleetView(best_usd_per_proof=best, reference_usd_per_proof=reference,
                      busy_machines=busy, bad_machines=bad)
     plan_settings = PlanSettings(max_usd_per_proof=settings.max_usd_per_proof, trials=trials,
-                                 budget_usd=budget_usd, horizon_hours=settings.plan_horizon_hours)
+                                 budget_usd=budget_usd, horizon_hours=settings.plan_horizon_hours,
+                                 trial_cost=TrialCost(download_gb=settings.setup_download_gb))
     return plan_trials(offers, memo, view, plan_settings)
 
 

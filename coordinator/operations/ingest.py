@@ -195,6 +195,8 @@ class SteadyFields(NamedTuple):
     proofs_completed_total: int
     proof_seconds_recent_json: str
     telemetry_json: str | None
+    net_rx_bytes: int | None = None  # the agent's NIC counters, when it reports them
+    net_tx_bytes: int | None = None
 
 
 def steady_fields(hb: Heartbeat) -> SteadyFields:
@@ -205,6 +207,8 @@ def steady_fields(hb: Heartbeat) -> SteadyFields:
         hb.proofs_completed_total,
         orjson.dumps(hb.proof_seconds_recent).decode(),
         dumps(hb.telemetry) if hb.telemetry is not None else None,
+        hb.net_bytes_total.rx if hb.net_bytes_total is not None else None,
+        hb.net_bytes_total.tx if hb.net_bytes_total is not None else None,
     )
 
 
@@ -249,6 +253,8 @@ def heartbeat_job(
             "updated_at": now,
             "heartbeat_at": now,
             "proof_seconds_recent_json": fields.proof_seconds_recent_json,
+            "net_rx_bytes": fields.net_rx_bytes,
+            "net_tx_bytes": fields.net_tx_bytes,
         }
         if hb.phase != State.BENCHMARKING:
             updates["last_non_benchmark_at"] = now
@@ -303,7 +309,7 @@ def _steady_heartbeat(
     # last_non_benchmark_at.
     tx.hold_heartbeat(instance_id, (
         f.seq, now, f.phase, f.phase_started_at, f.progress_json, f.proofs_completed_total,
-        now, now, now, f.proof_seconds_recent_json, pace_now))
+        now, now, now, f.proof_seconds_recent_json, pace_now, f.net_rx_bytes, f.net_tx_bytes))
     _record_telemetry(tx, instance_id, agent_id, f, settings, now)
     return instance_id, _take_directive(tx, hot, settings, now, pace_now)
 

@@ -61,7 +61,8 @@ _HOT_SELECT = f"select {', '.join(HOT_COLUMNS)} from instances where agent_id = 
 #: agent's latest heartbeat (the ``heartbeats`` view), and the pace it was answered.
 HEARTBEAT_COLUMNS = ("last_seq", "last_seen", "phase", "phase_started_at", "progress_json",
                      "proofs_completed_total", "updated_at", "last_non_benchmark_at",
-                     "heartbeat_at", "proof_seconds_recent_json", "heartbeat_pace_s")
+                     "heartbeat_at", "proof_seconds_recent_json", "heartbeat_pace_s",
+                     "net_rx_bytes", "net_tx_bytes")
 _HEARTBEAT_UPDATE = (
     f"update instances set {', '.join(f'{c} = ?' for c in HEARTBEAT_COLUMNS)} where id = ?"
 )

@@ -69,10 +69,12 @@ async def _search(core: Core, filter_text: str | None) -> list[Offer]:
 async def offers(core: Core, request: web.Request) -> Any:
     found = await _search(core, request.query.get("filter") or None)
     fitted = await core.models.current()
-    bad = [str(b["machine_id"]) for b in core.store.bad_hosts()]
+    bad = [str(b["machine_id"]) for b in core.store.bad_hosts(core.clock())]
     known = {str(r["machine_id"]) for r in core.store.host_perf()}
     return await asyncio.to_thread(rank_offers, found, fitted.model, bad, known,
-                                   min_instance_ram_gb=core.settings.min_instance_ram_gb)
+                                   min_instance_ram_gb=core.settings.min_instance_ram_gb,
+                                   setup_download_gb=core.settings.setup_download_gb,
+                                   kept_hours=core.settings.plan_horizon_hours)
 
 
 def proposal_view(p: Proposal) -> dict[str, Any]:
@@ -84,7 +86,9 @@ def proposal_view(p: Proposal) -> dict[str, Any]:
         "num_gpus": o.get("num_gpus"),
         "geolocation": o.get("geolocation"),
         "dph_total": p.dph_total,
-        **prediction_fields(p.prediction, p.dph_total),
+        **prediction_fields(p.prediction, p.hourly.total or p.dph_total),
+        "usd_per_hour": p.hourly.as_dict(),
+        "trial_cost": p.trial.as_dict(4),
         "break_even_rate_per_hour": round(p.break_even_rate_per_hour, 3),
         "break_even_vs_reference": round(p.break_even_vs_reference, 3),
         "break_even_vs_best": None if p.break_even_vs_best is None
@@ -121,7 +125,7 @@ async def plan(core: Core, request: web.Request) -> Any:
     fitted = await core.models.current()
     rows = await core.store.read(lambda r: r.active_instances())
     busy = frozenset(str(r["machine_id"]) for r in rows if r["machine_id"] is not None)
-    bad = frozenset(str(b["machine_id"]) for b in core.store.bad_hosts())
+    bad = frozenset(str(b["machine_id"]) for b in core.store.bad_hosts(core.clock()))
     target = core.autopilot.caps.target_rate_per_hour if core.autopilot.caps else None
 
     def work() -> dict[str, Any]:
