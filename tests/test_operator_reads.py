@@ -129,6 +129,10 @@ async def test_fleet_summary(h: Harness) -> None:
     assert status == 200
     billing = [(s, d, r) for s, d, r in FLEET if s not in ("destroyed", "vanished")]
     proving = [r for s, _, r in FLEET if s == "proving"]
+    # The account: nothing read (the fake provider has no account), nothing paused.
+    assert fleet.pop("account") == {
+        "balance_usd": None, "credit_usd": None, "funds_usd": None, "checked_at": None,
+        "auth_ok": True, "auth_error": None, "warning": None, "paused": None}
     assert fleet == {
         "instances": len(FLEET),
         "by_state": {"benchmarking": 1, "deploying": 1, "destroyed": 1, "lost": 2,

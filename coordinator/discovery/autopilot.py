@@ -23,9 +23,11 @@ The rules, in order (docs/discovery.md):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+import orjson
 
 from vast_manager.coordinator.decisions import cost
 from vast_manager.coordinator.decisions.cost import Cost, Prices
@@ -140,6 +142,20 @@ def ledger_of(rentals: Sequence[Rental], *, now: float, since: float,
     return Ledger(total_usd=spent.total, trials_usd=trials.total,
                   last_exploration_at=last_exploration_at, rent_usd=spent.rent,
                   storage_usd=spent.storage, bandwidth_usd=spent.bandwidth)
+
+
+def rental_of(r: Mapping[str, Any]) -> Rental:
+    """A spend row as the ledger's ``Rental``: its prices from the offer as deployed at
+    its own disk, rent from its hello (running), its bytes as its agent reported them."""
+    offer = orjson.loads(r["offer_json"]) if r.get("offer_json") else None
+    prices = cost.prices_of(offer, r.get("disk_gb")) if isinstance(offer, dict) else None
+    hello = r.get("hello_at")
+    return Rental(float(r["dph_total"]), float(r["created_at"]),
+                  None if r["ended_at"] is None else float(r["ended_at"]),
+                  None if r["verdict_at"] is None else float(r["verdict_at"]),
+                  prices=prices, running_from=None if hello is None else float(hello),
+                  down_bytes=float(r.get("net_rx_bytes") or 0),
+                  up_bytes=float(r.get("net_tx_bytes") or 0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vast_manager.coordinator.decisions import cost, policy, states
+from vast_manager.coordinator.decisions import policy, states
 from vast_manager.coordinator.decisions.share import instance_share, shortfall
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.autopilot import (
@@ -34,6 +34,7 @@ from vast_manager.coordinator.discovery.autopilot import (
     decide,
     ledger_of,
     plan_reference_usd_per_proof,
+    rental_of,
 )
 from vast_manager.coordinator.discovery.model import Prediction, RateModel, Unpredictable
 from vast_manager.coordinator.discovery.plan import (
@@ -121,20 +122,6 @@ def fleet_instances(rows: Sequence[Row], model: RateModel) -> list[FleetInstance
             expected = pred.rate_per_hour if isinstance(pred, Prediction) else None
             out.append(FleetInstance(ident, machine, dph, None, expected))
     return out
-
-
-def rental_of(r: Row) -> Rental:
-    """A spend row as the ledger's ``Rental``: its prices from the offer as deployed at
-    its own disk, rent from its hello (running), its bytes as its agent reported them."""
-    offer = loads(r["offer_json"]) if r.get("offer_json") else None
-    prices = cost.prices_of(offer, r.get("disk_gb")) if isinstance(offer, dict) else None
-    hello = r.get("hello_at")
-    return Rental(float(r["dph_total"]), float(r["created_at"]),
-                  None if r["ended_at"] is None else float(r["ended_at"]),
-                  None if r["verdict_at"] is None else float(r["verdict_at"]),
-                  prices=prices, running_from=None if hello is None else float(hello),
-                  down_bytes=float(r.get("net_rx_bytes") or 0),
-                  up_bytes=float(r.get("net_tx_bytes") or 0))
 
 
 def deployable(offers: Sequence[Mapping[str, Any]], settings: Settings) -> list[Mapping[str, Any]]:

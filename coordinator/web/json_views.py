@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from vast_manager.coordinator.decisions import policy, states
+from vast_manager.coordinator.decisions import cost, policy, states
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.store.schema import Row, loads
 
@@ -18,19 +19,69 @@ INSTANCE_FIELDS = (
 
 
 # What an instance's view is made from (the wide host_json is left out).
-VIEW_COLUMNS = (*INSTANCE_FIELDS, "progress_json")
+VIEW_COLUMNS = (*INSTANCE_FIELDS, "progress_json", "offer_json", "hello_at", "net_rx_bytes",
+                "net_tx_bytes")
 
 
-def finish_view(out: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class CostBasis:
+    """What the cost figures of a view need beside the row (settings, the clock)."""
+
+    now: float | None = None
+    setup_download_gb: float = 50.0
+    kept_hours: float = 168.0
+
+
+def cost_view(row: Row, basis: CostBasis) -> dict[str, Any] | None:
+    """An instance's bill (``cost``, docs/operations.md "What an instance costs"): per hour
+    and per proof by part (rent, storage, bandwidth: the setup download, as its agent
+    reported it or else the setting, spread over a kept life), and ``billed`` so far."""
+    offer = loads(row.get("offer_json"))
+    if not isinstance(offer, dict):
+        offer = {"dph_total": row.get("dph_total")}
+    prices = cost.prices_of(offer, row.get("disk_gb"))
+    if prices is None:
+        return None
+    rx = float(row.get("net_rx_bytes") or 0)
+    tx = float(row.get("net_tx_bytes") or 0)
+    setup = rx if rx > 0 else basis.setup_download_gb * cost.BYTES_PER_GB
+    hourly = cost.kept_per_hour(prices, setup_down_bytes=setup, kept_hours=basis.kept_hours)
+    per_proof = cost.per_proof(hourly, row.get("rate_per_hour"))
+    out: dict[str, Any] = {
+        "per_hour": hourly.as_dict(),
+        "per_proof": per_proof.as_dict(8) if per_proof is not None else None,
+        "disk_gb": prices.disk_gb,
+        "net_rx_bytes": row.get("net_rx_bytes"),
+        "net_tx_bytes": row.get("net_tx_bytes"),
+        "billed": None,
+    }
+    created = row.get("created_at")
+    end = row.get("destroyed_at") or basis.now
+    if created is not None and end is not None:
+        hello = row.get("hello_at")
+        running_s = max(0.0, float(end) - float(hello)) if hello is not None else 0.0
+        out["billed"] = cost.accrued(prices, running_s=running_s,
+                                     existing_s=max(0.0, float(end) - float(created)),
+                                     down_bytes=rx, up_bytes=tx).as_dict()
+    return out
+
+
+def finish_view(out: dict[str, Any], basis: CostBasis | None = None) -> dict[str, Any]:
     """``out`` holds ``VIEW_COLUMNS``; turn it into the view in place."""
     out["progress"] = loads(out.pop("progress_json"))
-    out["usd_per_proof"] = policy.usd_per_proof(out["dph_total"], out["rate_per_hour"])
+    bill = cost_view(out, basis or CostBasis())
+    for col in ("offer_json", "hello_at", "net_rx_bytes", "net_tx_bytes"):
+        out.pop(col, None)
+    out["cost"] = bill
+    # The full figure's $/proof (rent, storage and bandwidth), not dph_total's alone.
+    out["usd_per_proof"] = (bill["per_proof"]["total"] if bill and bill["per_proof"]
+                            else policy.usd_per_proof(out["dph_total"], out["rate_per_hour"]))
     out["rebenchmark_pending"] = bool(out["rebenchmark_pending"])
     return out
 
 
-def instance_view(row: Row) -> dict[str, Any]:
-    return finish_view({name: row.get(name) for name in VIEW_COLUMNS})
+def instance_view(row: Row, basis: CostBasis | None = None) -> dict[str, Any]:
+    return finish_view({name: row.get(name) for name in VIEW_COLUMNS}, basis)
 
 
 def result_view(row: Row) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from vast_manager.coordinator.decisions import pace, policy, states
 from vast_manager.coordinator.decisions.states import State
+from vast_manager.coordinator.discovery.autopilot import ledger_of, rental_of
+from vast_manager.coordinator.operations.account import AccountView
 from vast_manager.coordinator.store.reads import Reads
 from vast_manager.coordinator.store.schema import loads
 from vast_manager.coordinator.textsafe import neutralise
@@ -342,8 +344,61 @@ class PaceCollector(Collector):
             value=limits.max_heartbeats_per_second)
 
 
+@dataclass(frozen=True, slots=True)
+class BillFigures:
+    """The account as last read and the spend window (docs/operations.md, "The account")."""
+
+    account: AccountView
+    spend_window_s: float
+
+
+class BillCollector(Collector):
+    """The whole bill: what the fleet spent over the spend window by part (the autopilot's
+    ledger, ``ledger_of``) and the vast.ai account (funds, a refused key, paused deploys)."""
+
+    def __init__(self, reads: Reads, now: float, figures: BillFigures) -> None:
+        self.reads = reads
+        self.now = now
+        self.figures = figures
+
+    def collect(self) -> Iterator[Metric]:
+        since = self.now - self.figures.spend_window_s
+        ledger = ledger_of([rental_of(r) for r in self.reads.spend_rows(since)],
+                           now=self.now, since=since, last_exploration_at=None)
+        spent = GaugeMetricFamily(
+            "vm_spend_dollars",
+            "Dollars the deployed instances billed over the spend window "
+            "(VM_AUTOPILOT_SPEND_WINDOW_H), by part: rent, storage, bandwidth.",
+            labels=("part",))
+        for part, value in (("rent", ledger.rent_usd), ("storage", ledger.storage_usd),
+                            ("bandwidth", ledger.bandwidth_usd)):
+            spent.add_metric([part], value)
+        yield spent
+        account = self.figures.account
+        for name, doc, value in (
+            ("vm_vast_balance_dollars", "vast.ai account balance (users/current).",
+             account.balance_usd),
+            ("vm_vast_credit_dollars", "vast.ai account credit (users/current).",
+             account.credit_usd),
+            ("vm_vast_funds_dollars", "vast.ai funds the pause and warning floors compare.",
+             account.funds_usd),
+        ):
+            if value is not None:
+                yield GaugeMetricFamily(name, doc, value=value)
+        yield GaugeMetricFamily("vm_vast_auth_ok",
+                                "1 while vast.ai accepts the API key, 0 once it refused it.",
+                                value=1.0 if account.auth_ok else 0.0)
+        yield GaugeMetricFamily("vm_vast_funds_low",
+                                "1 while the funds are below VM_BALANCE_WARN_USD.",
+                                value=1.0 if account.warning else 0.0)
+        yield GaugeMetricFamily("vm_deploys_paused",
+                                "1 while deploys and the autopilot are paused by the account.",
+                                value=1.0 if account.paused else 0.0)
+
+
 def registry(reads: Reads, now: float, guard: GuardCounts | None = None,
-             paced: PaceFigures | None = None) -> CollectorRegistry:
+             paced: PaceFigures | None = None,
+             bill: BillFigures | None = None) -> CollectorRegistry:
     """One scrape's registry: the fleet, the guard's counts, the pace, and
     prometheus_client's own process (CPU, memory, file descriptors) and Python (version,
     garbage collector) collectors, on a registry of its own rather than the library's
@@ -354,6 +409,8 @@ def registry(reads: Reads, now: float, guard: GuardCounts | None = None,
         out.register(GuardCollector(guard))
     if paced is not None:
         out.register(PaceCollector(paced))
+    if bill is not None:
+        out.register(BillCollector(reads, now, bill))
     ProcessCollector(registry=out)
     PlatformCollector(registry=out)
     GCCollector(registry=out)
@@ -361,6 +418,6 @@ def registry(reads: Reads, now: float, guard: GuardCounts | None = None,
 
 
 def exposition(reads: Reads, now: float, guard: GuardCounts | None = None,
-               paced: PaceFigures | None = None) -> bytes:
+               paced: PaceFigures | None = None, bill: BillFigures | None = None) -> bytes:
     """The whole exposition text of one scrape (run it with ``Store.read``)."""
-    return generate_latest(registry(reads, now, guard, paced))
+    return generate_latest(registry(reads, now, guard, paced, bill))

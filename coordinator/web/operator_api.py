@@ -33,6 +33,7 @@ from vast_manager.coordinator.web.core import CORE, Core
 from vast_manager.coordinator.web.http import error_response, json_response, read_body
 from vast_manager.coordinator.web.json_views import (
     VIEW_COLUMNS,
+    CostBasis,
     event_view,
     finish_view,
     fleet_view,
@@ -183,6 +184,12 @@ def _path_int(request: web.Request, name: str) -> int:
     return value
 
 
+def cost_basis(core: Core) -> CostBasis:
+    """The settings and the time the views' cost figures are computed with."""
+    return CostBasis(now=core.clock(), setup_download_gb=core.settings.setup_download_gb,
+                     kept_hours=core.settings.plan_horizon_hours)
+
+
 def _instance_or_404(core: Core, instance_id: int) -> Row:
     inst = core.store.get_instance(instance_id)
     if inst is None:
@@ -278,6 +285,7 @@ async def _list_instances(core: Core, request: web.Request) -> Any:
     limit = _query_int(request, "limit", default=None, minimum=1, maximum=MAX_INSTANCE_PAGE)
     after_id = _query_int(request, "after_id", default=None, minimum=0, maximum=2**63 - 1)
     id_at = VIEW_COLUMNS.index("id")
+    basis = cost_basis(core)
 
     def page(reads: Reads) -> tuple[bytes, int | None]:
         # One row past the page tells whether another follows. Only the view's columns,
@@ -287,7 +295,7 @@ async def _list_instances(core: Core, request: web.Request) -> Any:
         more = limit is not None and len(rows) > limit
         if more:
             del rows[limit:]
-        body = orjson.dumps([finish_view(dict(zip(VIEW_COLUMNS, values, strict=True)))
+        body = orjson.dumps([finish_view(dict(zip(VIEW_COLUMNS, values, strict=True)), basis)
                              for values in rows])
         return body, int(rows[-1][id_at]) if more else None
 
@@ -302,17 +310,21 @@ async def _list_instances(core: Core, request: web.Request) -> Any:
 
 
 async def _fleet(core: Core, request: web.Request) -> Any:
-    return await core.store.read(lambda reads: fleet_view(reads.instances_by_state()))
+    out = await core.store.read(lambda reads: fleet_view(reads.instances_by_state()))
+    out["account"] = core.monitor.account.view().as_dict()
+    return out
+
 
 
 async def _get_instance(core: Core, request: web.Request) -> Any:
     instance_id = _path_int(request, "id")
+    basis = cost_basis(core)
 
     def detail(reads: Reads) -> dict[str, Any] | None:
         inst = reads.get_instance(instance_id)
         if inst is None:
             return None
-        out = instance_view(inst)
+        out = instance_view(inst, basis)
         out["host"] = loads(inst.get("host_json"))
         out["results"] = [result_view(r) for r in reads.results_for_instance(instance_id)]
         out["events"] = [event_view(e) for e in reads.events(instance_id)]
@@ -412,7 +424,10 @@ async def _metrics(request: web.Request) -> web.Response:
     # requests change them.
     now, guard = core.clock(), metrics.GuardCounts.of(core.guard)
     paced = metrics.PaceFigures(core.tracker.load(), core.settings)
-    body = await core.store.read(lambda reads: metrics.exposition(reads, now, guard, paced))
+    bill = metrics.BillFigures(core.monitor.account.view(),
+                               core.settings.autopilot_spend_window_h * 3600.0)
+    body = await core.store.read(
+        lambda reads: metrics.exposition(reads, now, guard, paced, bill))
     return web.Response(body=body, headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
