@@ -93,7 +93,15 @@ RUNTYPE_WORDS = frozenset({
 #: ``actual_status`` values vast.ai shows (docs/vast.md); ``set_status`` takes no other.
 STATUSES = frozenset({
     None, "loading", "created", "running", "exited", "unknown", "offline", "stopped",
+    "rebooting", "frozen",
 })
+#: Storage in $/GB/month is billed per second over a month of 30 days (docs/vast.md).
+HOURS_PER_MONTH = 30 * 24.0
+#: The disk an offer's stored ``dph_total`` is priced at (``allocated_storage``): a search
+#: for another disk answers another ``dph_total`` (storage priced by size, docs/vast.md).
+PRICED_STORAGE_GB = 250.0
+#: Seconds vast.ai shows ``null`` before ``loading`` (the fake's figure).
+SCHEDULING_S = 10.0
 #: The text docker leaves in ``status_msg`` when a container cannot start (dstack's check).
 OCI_START_FAILURE = (
     "Error response from daemon: failed to create task for container: failed to create "
@@ -200,6 +208,22 @@ class FakeVast:
     billing: dict[int, Billing] = field(default_factory=dict)
     #: Runs each created instance (None: instances are rows only).
     launcher: Launcher | None = None
+    #: New instances go null -> loading (the image pull: ``image_gb`` at the offer's
+    #: ``inet_down``) -> running, on the fake's clock; False: ``initial_status`` at once.
+    loading: bool = False
+    #: GB of the image an instance pulls while ``loading``.
+    image_gb: float = 5.0
+    #: Machines whose instances never finish loading (a stalled pull).
+    never_loads: set[int] = field(default_factory=set)
+    #: The account's funds (``credit`` of users/current) and ``balance``; billing in
+    #: dollars draws the credit down, and at zero every instance is stopped.
+    credit: float = 1000.0
+    balance: float = 0.0
+    #: Dollars billed per instance by part: rent, storage, bandwidth.
+    dollars: dict[int, dict[str, float]] = field(default_factory=dict)
+    #: Minimum seconds between two requests to one endpoint (``"METHOD /path/"``, ids
+    #: replaced by ``{id}``), answered 429 inside it, as vast.ai enforces (docs/vast.md).
+    min_interval_s: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._ids = itertools.count(30_000_001)
@@ -207,6 +231,11 @@ class FakeVast:
         self._stopping: set[asyncio.Task[None]] = set()
         self._dead_keys: dict[int, str] = {}
         self.url = ""
+        self._billed_to: dict[int, float] = {}  # when each instance was last billed
+        self._loaded_at: dict[int, float] = {}  # when a loading instance starts running
+        self._back_at: dict[int, tuple[float, str | None]] = {}  # host trouble ending
+        self._stopped_for_funds: set[int] = set()
+        self._last_call: dict[str, float] = {}
 
     # ---- state helpers for tests -----------------------------------------
 
@@ -232,6 +261,11 @@ class FakeVast:
             "inet_up": 500.0,
             "cuda_max_good": 13.0,
             "dph_total": 0.45,
+            # $/GB/month and $/GB (OpenAPI ``storage_cost``, ``inet_down_cost``,
+            # ``inet_up_cost``); not in dph_total but the storage of allocated_storage.
+            "storage_cost": 0.15,
+            "inet_down_cost": 0.005,
+            "inet_up_cost": 0.005,
             "score": 100.0,
             "reliability2": 0.995,
             "geolocation": "Quebec, CA",
@@ -242,6 +276,10 @@ class FakeVast:
             "rented": False,
         }
         offer.update(fields)
+        storage_h = float(offer["storage_cost"] or 0) * PRICED_STORAGE_GB / HOURS_PER_MONTH
+        # What the host asks per hour without the disk (``dph_base``), so that a search
+        # with another allocated_storage is priced with that disk.
+        offer["dph_base"] = max(0.0, float(offer["dph_total"]) - storage_h)
         self.offers[offer_id] = offer
         return offer
 
@@ -268,6 +306,9 @@ class FakeVast:
         """What vast.ai shows of the instance now (``actual_status``, ``status_msg``)."""
         if status not in STATUSES:
             raise ValueError(f"vast.ai shows no status {status!r}")
+        self.accrue()
+        self._loaded_at.pop(instance_id, None)
+        self._back_at.pop(instance_id, None)
         row = self.instances[instance_id]
         row["actual_status"] = status
         row["status_msg"] = status_msg
@@ -314,6 +355,109 @@ class FakeVast:
         """Seconds the instance billed after ``since`` (until its destroy, or now)."""
         return self.billing[instance_id].seconds(since, self.clock())
 
+    # ---- vast.ai as it bills (docs/vast.md "Billing") ---------------------------
+
+    def host_trouble(self, instance_id: int, status: str, for_s: float,
+                     status_msg: str | None = None) -> None:
+        """The host shows ``status`` (offline, unknown, rebooting, frozen) for ``for_s``
+        seconds of the fake's clock, then ``running`` again."""
+        self.set_status(instance_id, status, status_msg)
+        self._back_at[instance_id] = (self.clock() + for_s, "running")
+
+    def add_traffic(self, instance_id: int, down_bytes: float, up_bytes: float = 0.0) -> None:
+        """Bytes the instance moved: billed at its offer's ``inet_down_cost`` and
+        ``inet_up_cost`` per GB, in any state."""
+        self.accrue()
+        offer = self._offer_of(instance_id)
+        usd = (down_bytes * float(offer.get("inet_down_cost") or 0)
+               + up_bytes * float(offer.get("inet_up_cost") or 0)) / 1e9
+        self._charge(instance_id, "bandwidth", usd)
+
+    def billed_dollars(self, instance_id: int | None = None) -> dict[str, float]:
+        """Dollars billed by part (one instance, or all), up to now."""
+        self.accrue()
+        ids = [instance_id] if instance_id is not None else list(self.dollars)
+        out = {"rent": 0.0, "storage": 0.0, "bandwidth": 0.0}
+        for iid in ids:
+            for part, usd in self.dollars.get(iid, {}).items():
+                out[part] += usd
+        return out
+
+    def add_credit(self, usd: float) -> None:
+        """Funds added; instances stopped at zero stay stopped until started (as on
+        vast.ai, docs/vast.md)."""
+        self.accrue()
+        self.credit += usd
+
+    def revoke_account_key(self) -> None:
+        """The account's key is deleted: every call with it is refused from now on."""
+        self.api_key = "revoked-" + secrets.token_hex(8)
+
+    def _offer_of(self, instance_id: int) -> dict[str, Any]:
+        row = self.instances.get(instance_id) or {}
+        return self.offers.get(row.get("ask_id", -1)) or row
+
+    def _charge(self, instance_id: int, part: str, usd: float) -> None:
+        if usd <= 0:
+            return
+        parts = self.dollars.setdefault(instance_id,
+                                        {"rent": 0.0, "storage": 0.0, "bandwidth": 0.0})
+        parts[part] += usd
+        self.credit -= usd
+
+    def accrue(self) -> None:
+        """Bill every instance up to now, status by status, moving loads and host trouble
+        along the way: rent while ``running``, storage in every status but ``offline``
+        (its ``disk_space``: the allocated disk). At zero credit every instance stops."""
+        now = self.clock()
+        while True:
+            # The next scheduled change (a load finishing, a host coming back) before now.
+            events = [(t, iid, "running") for iid, t in self._loaded_at.items() if t <= now]
+            events += [(t, iid, st) for iid, (t, st) in self._back_at.items() if t <= now]
+            until = min((e[0] for e in events), default=now)
+            self._bill_until(until)
+            if self.credit <= 0 and not self._stopped_for_funds >= set(self.instances):
+                self._stop_all_for_funds()
+            if not events:
+                break
+            t, iid, st = min(events)
+            self._loaded_at.pop(iid, None)
+            self._back_at.pop(iid, None)
+            row = self.instances.get(iid)
+            if row is not None and row.get("actual_status") != "stopped":
+                row["actual_status"] = st
+                row["status_msg"] = None
+                row["cur_state"] = "running"
+        self._bill_until(now)
+
+    def _bill_until(self, until: float) -> None:
+        for iid, row in self.instances.items():
+            since = self._billed_to.get(iid, float(row.get("start_date") or until))
+            if until <= since:
+                continue
+            self._billed_to[iid] = until
+            hours = (until - since) / 3600.0
+            offer = self._offer_of(iid)
+            status = row.get("actual_status")
+            base = float(offer.get("dph_base", offer.get("dph_total")) or 0)
+            if status == "running":
+                self._charge(iid, "rent", base * hours)
+            if status != "offline":
+                disk = float(row.get("disk_space") or PRICED_STORAGE_GB)
+                per_h = float(offer.get("storage_cost") or 0) * disk / HOURS_PER_MONTH
+                self._charge(iid, "storage", per_h * hours)
+
+    def _stop_all_for_funds(self) -> None:
+        """vast.ai at zero funds: every instance stopped, its disk kept and billed."""
+        for iid, row in self.instances.items():
+            if iid in self._stopped_for_funds:
+                continue
+            self._stopped_for_funds.add(iid)
+            self._loaded_at.pop(iid, None)
+            self._back_at.pop(iid, None)
+            row.update(actual_status="stopped", cur_state="stopped", intended_status="stopped",
+                       status_msg="stopped: account balance at or below zero (fake vast.ai)")
+
     async def settle(self) -> None:
         """Wait until every destroyed instance's processes have stopped."""
         while self._stopping:
@@ -330,6 +474,7 @@ class FakeVast:
         app.router.add_get("/api/v0/instances/{id}/", self._show)
         app.router.add_put("/api/v0/instances/{id}/", self._update)
         app.router.add_delete("/api/v0/instances/{id}/", self._destroy)
+        app.router.add_get("/api/v0/users/current", self._user)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -372,6 +517,15 @@ class FakeVast:
         if self.fail_next > 0:
             self.fail_next -= 1
             return self._failure(request)
+        endpoint = f"{request.method} {re.sub(r'/[0-9]+/', '/{id}/', request.path)}"
+        interval = self.min_interval_s.get(endpoint)
+        if interval is not None:
+            last = self._last_call.get(endpoint)
+            now = self.clock()
+            if last is not None and now - last < interval:
+                return self._failure(request, forced=429)
+            self._last_call[endpoint] = now
+        self.accrue()
         request[_BODY] = body
         response: web.StreamResponse = await handler(request)
         return response
@@ -398,8 +552,8 @@ class FakeVast:
                                      status=404)
         return _error(404 if v1_list else 401, "auth_error", "Invalid user key")
 
-    def _failure(self, request: web.Request) -> web.Response:
-        status = self.fail_status
+    def _failure(self, request: web.Request, forced: int | None = None) -> web.Response:
+        status = forced or self.fail_status
         if status != 429:
             return web.Response(status=status, text=f"{status} error from the gateway",
                                 content_type="text/plain")
@@ -418,7 +572,16 @@ class FakeVast:
             return web.json_response(
                 {"error": "invalid_request", "msg": "Invalid json body"}, status=400
             )
-        rows = [o for o in self.offers.values() if _matches(o, query)]
+        alloc = query.get("allocated_storage")
+        gb = float(alloc) if isinstance(alloc, (int, float)) and alloc > 0 else 5.0
+        priced = []
+        for o in self.offers.values():
+            # dph_total and storage_total_cost priced with the search's allocated_storage.
+            storage_h = float(o.get("storage_cost") or 0) * gb / HOURS_PER_MONTH
+            priced.append({**o, "dph_total": round(float(o["dph_base"]) + storage_h, 6),
+                           "storage_total_cost": round(storage_h, 6),
+                           "allocated_storage": gb})
+        rows = [o for o in priced if _matches(o, query)]
         for fld, direction in reversed(query.get("order") or []):
             rows.sort(key=_order_key(fld), reverse=direction == "desc")
         limit = query.get("limit")
@@ -479,6 +642,15 @@ class FakeVast:
             "onstart": body.get("onstart"),
         }
         self.billing[iid] = Billing(iid, now)
+        self._billed_to[iid] = now
+        if self.loading and not fails:
+            # null while scheduled, loading while the image is pulled, then running.
+            row = self.instances[iid]
+            row.update(actual_status=None, cur_state="running")
+            pull_s = self.image_gb * 8e3 / max(float(offer.get("inet_down") or 100.0), 1.0)
+            self._back_at[iid] = (now + SCHEDULING_S, "loading")
+            if int(offer["machine_id"]) not in self.never_loads:
+                self._loaded_at[iid] = now + SCHEDULING_S + pull_s
         key = f"instkey-{iid}-{secrets.token_hex(8)}"
         self.instance_keys[iid] = key
         if fails:
@@ -508,6 +680,14 @@ class FakeVast:
             self.lose_create_answers -= 1
             return web.Response(status=504, text="504 Gateway Time-out", content_type="text/plain")
         return web.json_response({"success": True, "new_contract": iid, "instance_api_key": key})
+
+    async def _user(self, request: web.Request) -> web.Response:
+        """``vastai show user``: the account's fields, ``balance`` and ``credit`` among them."""
+        return web.json_response({
+            "id": 4242, "email": "fleet@example.com", "balance": round(self.balance, 6),
+            "credit": round(self.credit, 6), "balance_threshold": 0.0,
+            "balance_threshold_enabled": False, "can_pay": self.credit > 0,
+        })
 
     async def _show(self, request: web.Request) -> web.Response:
         row = self.instances.get(int(request.match_info["id"]))
@@ -572,7 +752,12 @@ class FakeVast:
             return _error(400, "invalid_args", f"label must be text of at most {MAX_LABEL_CHARS}")
         if "label" in body:
             row["label"] = label
+        if state == "running" and self.credit <= 0:
+            # The fake's wording: vast.ai does not publish this refusal's text.
+            return _error(400, "insufficient_credit", "add credit to start the instance "
+                          "(fake vast.ai)")
         if state is not None:
+            self._stopped_for_funds.discard(row["id"])
             # A stopped instance stays stopped (billing its disk) until started again.
             row.update(actual_status=state, intended_status=state, cur_state=state,
                        next_state=state)
@@ -591,6 +776,9 @@ class FakeVast:
             self.keep_after_destroy -= 1
             return web.json_response({"success": True})
         row = self.instances.pop(iid)
+        self._billed_to.pop(iid, None)
+        self._loaded_at.pop(iid, None)
+        self._back_at.pop(iid, None)
         self.billing[iid].destroyed_at = self.clock()
         key = self.instance_keys.pop(iid, None)
         if key is not None:

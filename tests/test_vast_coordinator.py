@@ -364,7 +364,10 @@ async def test_offers_ranked_by_the_rate_model_from_the_fleets_results(env: Env)
         low, mid, high = (r["predicted_rate_low"], r["predicted_rate_per_hour"],
                           r["predicted_rate_high"])
         assert low < mid < high
-        assert r["predicted_usd_per_proof"] == pytest.approx(r["dph_total"] / mid, abs=1e-6)
+        # The full figure: dph_total (rent and storage) and the setup download's bandwidth.
+        assert r["full_dph"] > r["dph_total"]
+        assert r["usd_per_hour"]["bandwidth"] > 0
+        assert r["predicted_usd_per_proof"] == pytest.approx(r["full_dph"] / mid, abs=1e-6)
         # The factors multiply the reference host's rate into the prediction.
         product = math.prod(f["factor"] for f in r["prediction_factors"])
         assert product * _reference_rate(r["prediction_basis"]) == pytest.approx(mid, rel=0.02)

@@ -44,6 +44,7 @@ TABLE: list[tuple[str, dict[str, Any]]] = [
             "cpu_cores_effective": {"gt": "25"},
             "inet_down": {"gt": "100"},
             "cuda_max_good": {"gte": "13.0"},
+            "inet_down_cost": {"lte": "0.02"},
             "order": [["score", "desc"]],
             "type": "on-demand",
             "allocated_storage": 5.0,

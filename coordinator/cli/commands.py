@@ -243,6 +243,23 @@ def _progress(p: Any) -> str:
 STATUS_PAGE = 5000
 
 
+def _account_line(client: OperatorClient) -> None:
+    """The vast.ai account in one line, and why deploys wait if they do (docs/operations.md,
+    "The account"); nothing with a provider that has no account."""
+    account = client.get("/api/fleet").get("account") or {}
+    funds = account.get("funds_usd")
+    if funds is None and account.get("auth_ok", True):
+        return
+    parts = [f"vast.ai funds {render.usd(funds, 2)}" if funds is not None else "vast.ai"]
+    if not account.get("auth_ok", True):
+        parts.append(f"API key refused: {account.get('auth_error')}")
+    elif account.get("warning"):
+        parts.append(str(account["warning"]))
+    if account.get("paused"):
+        parts.append("deploys and the autopilot paused")
+    click.echo(textsafe.neutralise("; ".join(parts)))
+
+
 @cli.command()
 @click.option("--state", "states", multiple=True, metavar="STATE[,STATE...]",
               help="Only instances in these states (repeat it, or separate with commas).")
@@ -268,6 +285,7 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
             click.echo(textsafe.json_safe(raw.decode()))
         return
     rows = client.get_list("/api/instances", STATUS_PAGE, **query)
+    _account_line(client)
     if not rows:
         click.echo(f"No instances in {', '.join(states)}." if states else "No instances.")
         return

@@ -49,10 +49,12 @@ from typing import Any
 #: filters ``cpu_cores_effective`` (the instance's cores) itself; the RAM share
 #: has no field to filter on, so the query keeps only what it implies (a host of
 #: at least 128 GB) and ``vast_manager.coordinator.decisions.share`` judges the share of every offer
-#: against VM_MIN_INSTANCE_RAM_GB.
+#: against VM_MIN_INSTANCE_RAM_GB. ``inet_down_cost<=0.02`` caps the download price
+#: ($/GB, not in ``dph_total``): a fresh instance downloads ~50 GB, so at most $1.00 of
+#: setup bandwidth (docs/operations.md, "What an instance costs").
 DEFAULT_FILTER = (
     "disk_space>=250 dph<=0.9 gpu_ram>12.5 cpu_ram>=128 cpu_cores_effective>25 inet_down>100 "
-    "cuda_vers>=13.0"
+    "cuda_vers>=13.0 inet_down_cost<=0.02"
 )
 
 #: The CLI's default order (``-o score-``).

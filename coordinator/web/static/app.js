@@ -363,7 +363,9 @@ async function renderFleet() {
     tile("proofs / hour", num(summary.proofs_per_hour, 1)),
     tile("$ / hour", usd(summary.dollars_per_hour, 3)),
     tile("$ / proof", summary.dollars_per_proof === null ? "-" : usd(summary.dollars_per_proof)),
+    ...accountTiles(summary.account),
   );
+  accountBanner(summary.account);
   const rows = page.rows;
   fill(
     $("fleet-table").tBodies[0],
@@ -392,6 +394,32 @@ async function renderFleet() {
     ? `No instances in state ${fleet.filter}.` : "No instances yet: deploy one from Offers.";
   $("fleet-empty").hidden = rows.length > 0;
   renderEvents($("events"), events.slice().reverse());
+}
+
+// The vast.ai account (docs/operations.md, "The account"): funds as tiles, and a banner
+// when the key is refused, deploys are paused, or the funds are low.
+function accountTiles(account) {
+  if (!account || account.funds_usd === null || account.funds_usd === undefined) return [];
+  return [tile("vast.ai funds", usd(account.funds_usd, 2))];
+}
+
+function accountBanner(account) {
+  const banner = $("account-banner");
+  const alert = account && (account.auth_ok === false ? account.auth_error
+    : account.paused || account.warning);
+  banner.hidden = !alert;
+  banner.className = "account-banner" + (account && account.auth_ok !== false &&
+    !account.paused ? " warn" : "");
+  banner.textContent = alert
+    ? safeText((account.auth_ok === false ? "vast.ai refused the API key: " : "") + alert +
+      (account.paused ? " — deploys and the autopilot are paused." : ""))
+    : "";
+}
+
+function costText(parts) {
+  if (!parts) return "-";
+  return `${usd(parts.total)} (rent ${usd(parts.rent)}, storage ${usd(parts.storage)}, ` +
+    `bandwidth ${usd(parts.bandwidth)})`;
 }
 
 function renderEvents(list, events) {
@@ -671,6 +699,9 @@ async function renderInstance(id) {
     ["rate", num(inst.rate_per_hour) + " / h (min " + num(inst.min_rate_per_hour) + ")" +
       (inst.provider === "local" ? " — simulated" : "")],
     ["$ / proof", usd(inst.usd_per_proof)],
+    ["cost / hour", costText(inst.cost && inst.cost.per_hour)],
+    ["cost / proof", costText(inst.cost && inst.cost.per_proof)],
+    ["billed so far", costText(inst.cost && inst.cost.billed)],
     ["proofs", String(inst.proofs_completed_total ?? 0)],
     ["last seen", ago(inst.last_seen)],
     ["agent", `${inst.agent_id || "-"} (${inst.agent_version || "?"})`],
