@@ -44,6 +44,7 @@ from coord_support import Harness, make_settings  # noqa: E402
 from fakes_provider import FakeClock  # noqa: E402
 from fakevast import FAKE_API_KEY, OCI_START_FAILURE, FakeVast  # noqa: E402
 
+from vast_manager.coordinator.decisions import policy  # noqa: E402
 from vast_manager.coordinator.decisions import reconcile as reconcile_module  # noqa: E402
 from vast_manager.coordinator.operations import deploy as deploy_module  # noqa: E402
 from vast_manager.coordinator.operations import monitor as monitor_module  # noqa: E402
@@ -171,10 +172,15 @@ async def _run(h: Harness, fake: FakeVast, clock: FakeClock, per_status: int,
             clock.advance(HEARTBEAT_S)
             if not faulted and clock.now - start >= DEAD_AFTER_S:
                 faulted = True
+                # offline and unknown are a host's trouble while its agent still speaks
+                # (kept, docs/operations.md): such an instance is dead once its silence
+                # timer runs out, not before.
+                ttl = policy.silence_ttl_s(HEARTBEAT_S, h.core.settings.silence_grace_s)
                 for (status, msg), vids in _by_status(groups):
                     for vid in vids:
                         fake.set_status(vid, status, msg)
-                        dead_at[vid] = clock.now
+                        trouble = status in monitor_module.HOST_TROUBLE_STATUSES
+                        dead_at[vid] = clock.now + (ttl if trouble else 0.0)
                         agents.pop(vid, None)  # it runs nothing now: silent
             for vid, agent in agents.items():
                 if vid in fake.instances:

@@ -412,17 +412,18 @@ class FakeVast:
         now = self.clock()
         while True:
             # The next scheduled change (a load finishing, a host coming back) before now.
-            events = [(t, iid, "running") for iid, t in self._loaded_at.items() if t <= now]
-            events += [(t, iid, st) for iid, (t, st) in self._back_at.items() if t <= now]
+            events = [(t, iid, "running", True) for iid, t in self._loaded_at.items()
+                      if t <= now]
+            events += [(t, iid, st, False) for iid, (t, st) in self._back_at.items()
+                       if t <= now]
             until = min((e[0] for e in events), default=now)
             self._bill_until(until)
             if self.credit <= 0 and not self._stopped_for_funds >= set(self.instances):
                 self._stop_all_for_funds()
             if not events:
                 break
-            t, iid, st = min(events)
-            self._loaded_at.pop(iid, None)
-            self._back_at.pop(iid, None)
+            t, iid, st, loaded = min(events)
+            (self._loaded_at if loaded else self._back_at).pop(iid, None)
             row = self.instances.get(iid)
             if row is not None and row.get("actual_status") != "stopped":
                 row["actual_status"] = st

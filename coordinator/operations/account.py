@@ -93,8 +93,8 @@ class Account:
     def refused(self, err: AuthError) -> None:
         """Any vast.ai call answered 401/403: the key is refused from now on."""
         if self.auth_error is None:
-            log.error("vast.ai refused the API key: %s; deploys stop, nothing is destroyed, "
-                      "retrying with backoff", err)
+            log.error("%s: deploys stop, nothing is destroyed, the account is read again "
+                      "with backoff", err)
         self.auth_error = str(err)
 
     async def refresh(self, now: float) -> None:

@@ -284,6 +284,9 @@ def heartbeat_job(
             tx.begin_terminating(
                 inst["id"], reason, kind="failed" if failed else "terminate", now=now,
                 destroy_due_at=now + settings.terminate_grace_s,
+                # A trial that failed (a crash, a download or container failure) counts
+                # against its machine (docs/policy.md, "Strikes").
+                strike=policy.StrikeRule.from_settings(settings) if failed else None,
             )
         if (settings.verdict_early and hb.phase == State.BENCHMARKING
                 and state not in states.ENDING and not inst["terminate_reason"]):

@@ -236,8 +236,9 @@ class Monitor:
             if self.account.at_or_below_zero:
                 # vast.ai stops every instance at zero funds: silence then is the account's,
                 # not the hosts'; nothing is timed out until billing resumes.
-                log.warning("vast.ai funds at or below zero: instances are stopped by "
-                            "vast.ai, none timed out or destroyed for it")
+                if not was_zero:
+                    log.warning("vast.ai funds at or below zero: instances are stopped by "
+                                "vast.ai, none timed out or destroyed for it")
             else:
                 await self.enforce_timeouts(now)
             await self.finish_destroys(now)
