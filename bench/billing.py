@@ -1,6 +1,8 @@
 """What instances that will never run bill, on a fake vast.ai with an injected clock.
 
-Run: ``python bench/billing.py [--per-status 4] [--failed-creates 4] [--quick]``.
+Run: ``python bench/billing.py [--per-status 4] [--failed-creates 4] [--quick]``, or
+``python bench/billing.py --week [--days 7]`` for a simulated week in dollars by part
+(``bench/billing_week.py``).
 
 A real coordinator (``create_app``, the real ``VastProvider`` and ``VastClient``)
 against the fake vast.ai of ``tests/fakevast.py`` (statuses and error bodies as
@@ -38,7 +40,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
+import billing_week  # noqa: E402
 from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
 from coord_support import Harness, make_settings  # noqa: E402
 from fakes_provider import FakeClock  # noqa: E402
@@ -245,6 +249,11 @@ def report(current: Outcome, previous: Outcome) -> str:
 
 
 async def main_async(args: argparse.Namespace) -> int:
+    if args.week:
+        with tempfile.TemporaryDirectory(prefix="vm-billing-week-") as tmp:
+            week = await billing_week.simulate_week(Path(tmp), args.days)
+        print(billing_week.week_report(week))
+        return 0 if billing_week.week_ok(week) else 1
     with tempfile.TemporaryDirectory(prefix="vm-billing-") as tmp:
         current = await simulate("current", args.per_status, args.failed_creates, Path(tmp))
         previous = await simulate("previous", args.per_status, args.failed_creates, Path(tmp))
@@ -260,6 +269,10 @@ def main() -> int:
     parser.add_argument("--failed-creates", type=int, default=4,
                         help="creates answered success: false with an instance")
     parser.add_argument("--quick", action="store_true", help="one of each (smoke test)")
+    parser.add_argument("--week", action="store_true",
+                        help="a simulated week of a small fleet, in dollars by part "
+                             "(bench/billing_week.py)")
+    parser.add_argument("--days", type=float, default=7.0, help="the week's length in days")
     args = parser.parse_args()
     # The coordinator logs every destroy it makes; the figures are what this prints.
     logging.basicConfig(level=logging.ERROR)

@@ -422,7 +422,7 @@ class FakeVast:
                 self._stop_all_for_funds()
             if not events:
                 break
-            t, iid, st, loaded = min(events)
+            _t, iid, st, loaded = min(events)
             (self._loaded_at if loaded else self._back_at).pop(iid, None)
             row = self.instances.get(iid)
             if row is not None and row.get("actual_status") != "stopped":

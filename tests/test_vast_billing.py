@@ -31,3 +31,23 @@ async def test_nothing_bills_past_the_second_round_after_a_dead_status(tmp_path:
     assert previous.past_second_round_min > 10.0
     for group in ("unknown", "stopped", "created (OCI failure)", "failed create"):
         assert previous.by_group[group] > 0, group
+
+
+async def test_a_simulated_day_bills_nothing_unwatched_and_keeps_what_lives(
+        tmp_path: Path) -> None:
+    """bench/billing.py --week, one day of it: dollars by part as the fake billed them, the
+    ledger within 5%, $0 on instances unwatched past the grace or destroyed alive."""
+    import billing_week
+
+    week = await billing_week.simulate_week(tmp_path, days=1.0)
+    print()
+    print(billing_week.week_report(week))
+    assert week.unwatched_usd == 0.0
+    assert week.destroyed_alive_usd == 0.0 and week.destroyed_alive == []
+    assert week.kept_offline
+    assert week.kept_at_zero >= 4 and week.resumed == week.kept_at_zero
+    assert week.strikes == 3  # never loads, dies, exits
+    for part in billing_week.PARTS:
+        assert week.billed[part] > 0
+        assert abs(week.ledger[part] - week.billed[part]) <= 0.05 * week.billed[part], part
+    assert billing_week.week_ok(week)

@@ -109,6 +109,8 @@ class Rental:
     running_from: float | None = None
     down_bytes: float = 0.0
     up_bytes: float = 0.0
+    rent_paused_s: float = 0.0  # seconds vast.ai showed it not running after its hello
+    storage_paused_s: float = 0.0  # seconds it showed it offline
 
     def bill(self, start: float, end: float) -> Cost:
         """What it billed between ``start`` and ``end`` (within its life): rent while
@@ -121,9 +123,10 @@ class Rental:
         life_end = end if self.ended_at is None else self.ended_at
         life = max(life_end - self.started_at, 1e-9)
         share = min(1.0, (end - start) / life)
-        return cost.accrued(self.prices, running_s=max(0.0, end - run_from),
-                            existing_s=end - start, down_bytes=self.down_bytes * share,
-                            up_bytes=self.up_bytes * share)
+        return cost.accrued(
+            self.prices, running_s=max(0.0, end - run_from - self.rent_paused_s * share),
+            existing_s=end - start, offline_s=self.storage_paused_s * share,
+            down_bytes=self.down_bytes * share, up_bytes=self.up_bytes * share)
 
 
 def ledger_of(rentals: Sequence[Rental], *, now: float, since: float,
@@ -155,7 +158,9 @@ def rental_of(r: Mapping[str, Any]) -> Rental:
                   None if r["verdict_at"] is None else float(r["verdict_at"]),
                   prices=prices, running_from=None if hello is None else float(hello),
                   down_bytes=float(r.get("net_rx_bytes") or 0),
-                  up_bytes=float(r.get("net_tx_bytes") or 0))
+                  up_bytes=float(r.get("net_tx_bytes") or 0),
+                  rent_paused_s=float(r.get("rent_paused_s") or 0),
+                  storage_paused_s=float(r.get("storage_paused_s") or 0))
 
 
 @dataclass(frozen=True, slots=True)

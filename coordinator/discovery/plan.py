@@ -112,9 +112,9 @@ class Proposal:
     expected_value_usd: float  # over the horizon, net of the trial's cost
     hypothesis: str
     #: The full hourly figure once kept (rent, storage, setup download over the horizon).
-    hourly: cost.Cost = cost.Cost()
+    hourly: cost.Cost = field(default_factory=cost.Cost)
     #: The trial's cost by part (``trial_cost_usd`` is its total).
-    trial: cost.Cost = cost.Cost()
+    trial: cost.Cost = field(default_factory=cost.Cost)
 
     @property
     def predicted_usd_per_proof(self) -> float:

@@ -30,7 +30,6 @@ from vast_manager.coordinator.discovery.autopilot import (
     Decision,
     FleetInstance,
     Ledger,
-    Rental,
     decide,
     ledger_of,
     plan_reference_usd_per_proof,

@@ -21,7 +21,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from vast_manager.coordinator.decisions import cost, policy
-from vast_manager.coordinator.operations.account import Account
 from vast_manager.coordinator.decisions.share import instance_share, shortfall
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.measurements import NOT_OFFER_FIELDS
@@ -34,6 +33,7 @@ from vast_manager.coordinator.errors import (
     ProviderFailed,
     TooSmall,
 )
+from vast_manager.coordinator.operations.account import Account
 from vast_manager.coordinator.providers.base import CreateFailed, Provider, ProviderError
 from vast_manager.coordinator.providers.base import OfferGone as ProviderOfferGone
 from vast_manager.coordinator.providers.coerce import as_float

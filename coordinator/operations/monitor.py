@@ -166,6 +166,8 @@ class Monitor:
         )
         # Instances kept although vast.ai showed a status that never runs: told once.
         self._kept_told: dict[int, str] = {}
+        # When each of our vast.ai instances was last listed, for the paused seconds.
+        self._listed_at: dict[int, float] = {}
         self._tick_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._seeded = False
@@ -463,6 +465,7 @@ class Monitor:
         self._missing_rounds = {
             pid: self._missing_rounds.get(pid, 0) + 1 for pid in missing
         }
+        await self._note_paused(provider_instances, by_pid, now)
         # A dead status the agent or the account explains is no reason to destroy.
         actions = await self._keep_explained(actions, provider_instances, by_pid, now)
         # Likewise a status that never runs must be seen twice before a destroy.
@@ -481,6 +484,42 @@ class Monitor:
             except ProviderError as err:
                 log.warning("reconcile %s of %s failed: %s", action.kind, action.instance_id, err)
         return list(actions)
+
+    async def _note_paused(self, provider_instances: list[ProviderInstance],
+                           by_pid: dict[int, Row], now: float) -> None:
+        """Count the seconds vast.ai showed each of our instances not running after its
+        hello (no rent) and offline (no storage either), round by round: the bill's
+        figures take them out (docs/operations.md, "What an instance costs")."""
+        listed: dict[int, float] = {}
+        paused: list[tuple[int, float, float]] = []
+        for inst in provider_instances:
+            try:
+                pid = int(inst["id"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            row = by_pid.get(pid)
+            if row is None or row["state"] in states.GONE:
+                continue
+            listed[pid] = now
+            last = self._listed_at.get(pid)
+            if last is None or now <= last:
+                continue
+            status = inst.get("actual_status")
+            hello = row.get("hello_at")
+            rent = now - last if (status != "running" and hello is not None
+                                  and float(hello) <= last) else 0.0
+            storage = now - last if status == "offline" else 0.0
+            if rent or storage:
+                paused.append((int(row["id"]), rent, storage))
+        self._listed_at = listed
+        if not paused:
+            return
+
+        def add(tx: Tx) -> None:
+            for instance_id, rent, storage in paused:
+                tx.add_paused(instance_id, rent_s=rent, storage_s=storage)
+
+        await self.store.write(add)
 
     async def _funds_back(self, now: float) -> None:
         """Funds are back above zero: start the instances vast.ai stopped for them and give
@@ -556,7 +595,7 @@ class Monitor:
 
     #: What reconciliation reads of each record (not the hello's wide ``host_json``).
     _RECONCILE_COLUMNS = ("id", "agent_id", "machine_id", "provider", "provider_instance_id",
-                          "state", "created_at", "terminate_reason")
+                          "state", "created_at", "terminate_reason", "hello_at")
 
     def _deployed_rows(self, reads: Reads) -> list[Row]:
         """Our records of instances this provider rented (not bring-your-own machines,

@@ -440,6 +440,10 @@ def _m9_whole_bill(db: sqlite_utils.Database) -> None:
     instances = db.table("instances")
     instances.add_column("net_rx_bytes", int)
     instances.add_column("net_tx_bytes", int)
+    # Seconds vast.ai showed it not running (no rent) and offline (no storage either), as
+    # the monitor saw it round by round.
+    instances.add_column("rent_paused_s", float)
+    instances.add_column("storage_paused_s", float)
     db.table("bad_hosts").add_column("expires_at", float)
     db.table("machine_strikes").create(
         {"id": int, "machine_id": str, "instance_id": int, "reason": str, "at": float},

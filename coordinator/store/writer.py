@@ -563,6 +563,12 @@ class Tx(Reads):
             (machine_id, reason, now, source, instance_id, expires_at),
         )
 
+    def add_paused(self, instance_id: int, *, rent_s: float, storage_s: float) -> None:
+        """Seconds vast.ai billed no rent (not running) and no storage (offline)."""
+        self._exec("update instances set rent_paused_s = coalesce(rent_paused_s, 0) + ?, "
+                   "storage_paused_s = coalesce(storage_paused_s, 0) + ? where id = ?",
+                   (rent_s, storage_s, instance_id))
+
     def add_strike(self, machine_id: str, reason: str, *, now: float, instance_id: int | None,
                    limit: int, window_s: float, block_s: float) -> str | None:
         """Count a failed trial against its machine (once per instance); with ``limit``

@@ -19,8 +19,9 @@ INSTANCE_FIELDS = (
 
 
 # What an instance's view is made from (the wide host_json is left out).
-VIEW_COLUMNS = (*INSTANCE_FIELDS, "progress_json", "offer_json", "hello_at", "net_rx_bytes",
-                "net_tx_bytes")
+_COST_COLUMNS = ("offer_json", "hello_at", "net_rx_bytes", "net_tx_bytes", "rent_paused_s",
+                 "storage_paused_s")
+VIEW_COLUMNS = (*INSTANCE_FIELDS, "progress_json", *_COST_COLUMNS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +61,10 @@ def cost_view(row: Row, basis: CostBasis) -> dict[str, Any] | None:
     if created is not None and end is not None:
         hello = row.get("hello_at")
         running_s = max(0.0, float(end) - float(hello)) if hello is not None else 0.0
+        running_s = max(0.0, running_s - float(row.get("rent_paused_s") or 0))
         out["billed"] = cost.accrued(prices, running_s=running_s,
                                      existing_s=max(0.0, float(end) - float(created)),
+                                     offline_s=float(row.get("storage_paused_s") or 0),
                                      down_bytes=rx, up_bytes=tx).as_dict()
     return out
 
@@ -70,7 +73,7 @@ def finish_view(out: dict[str, Any], basis: CostBasis | None = None) -> dict[str
     """``out`` holds ``VIEW_COLUMNS``; turn it into the view in place."""
     out["progress"] = loads(out.pop("progress_json"))
     bill = cost_view(out, basis or CostBasis())
-    for col in ("offer_json", "hello_at", "net_rx_bytes", "net_tx_bytes"):
+    for col in _COST_COLUMNS:
         out.pop(col, None)
     out["cost"] = bill
     # The full figure's $/proof (rent, storage and bandwidth), not dph_total's alone.

@@ -375,16 +375,17 @@ class BillCollector(Collector):
             spent.add_metric([part], value)
         yield spent
         account = self.figures.account
-        for name, doc, value in (
+        figures: tuple[tuple[str, str, float | None], ...] = (
             ("vm_vast_balance_dollars", "vast.ai account balance (users/current).",
              account.balance_usd),
             ("vm_vast_credit_dollars", "vast.ai account credit (users/current).",
              account.credit_usd),
             ("vm_vast_funds_dollars", "vast.ai funds the pause and warning floors compare.",
              account.funds_usd),
-        ):
-            if value is not None:
-                yield GaugeMetricFamily(name, doc, value=value)
+        )
+        for name, doc, amount in figures:
+            if amount is not None:
+                yield GaugeMetricFamily(name, doc, value=amount)
         yield GaugeMetricFamily("vm_vast_auth_ok",
                                 "1 while vast.ai accepts the API key, 0 once it refused it.",
                                 value=1.0 if account.auth_ok else 0.0)
