@@ -330,3 +330,29 @@ async def test_three_failed_trials_block_the_machine_with_their_reasons(
         assert all(p["machine_id"] != "82001" for p in plan["proposals"])
         # The block expires.
         assert env.h.store.bad_host("82001", env.clock.now + 8 * 86400) is None
+
+
+def test_status_says_why_deploys_wait(capsys: pytest.CaptureFixture[str]) -> None:
+    from vast_manager.coordinator.cli import commands
+
+    class Client:
+        def __init__(self, account: dict[str, Any]) -> None:
+            self.account = account
+
+        def get(self, path: str) -> dict[str, Any]:
+            assert path == "/api/fleet"
+            return {"account": self.account}
+
+    base = {"balance_usd": 0.0, "credit_usd": -0.4, "funds_usd": -0.4, "checked_at": 1.0,
+            "auth_ok": True, "auth_error": None, "warning": "vast.ai funds $-0.40 are below "
+            "VM_BALANCE_WARN_USD $20.00", "paused": "vast.ai funds $-0.40 are below "
+            "VM_BALANCE_PAUSE_USD $2.00; add credit"}
+    commands._account_line(Client(base))  # type: ignore[arg-type]
+    line = capsys.readouterr().out
+    assert "vast.ai funds $-0.40" in line and "deploys and the autopilot paused" in line
+    commands._account_line(Client({**base, "auth_ok": False, "auth_error": "HTTP 401",  # type: ignore[arg-type]
+                                   "paused": "vast.ai refuses the API key (HTTP 401)"}))
+    assert "API key refused: HTTP 401" in capsys.readouterr().out
+    # Nothing to say with a provider that has no account.
+    commands._account_line(Client({"funds_usd": None, "auth_ok": True}))  # type: ignore[arg-type]
+    assert capsys.readouterr().out == ""

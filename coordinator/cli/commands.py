@@ -268,6 +268,10 @@ def _account_line(client: OperatorClient) -> None:
 def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> None:
     """The fleet: every instance with state, phase, rate and cost per proof.
 
+    Above the table, one line on the vast.ai account when it matters: its funds, a
+    refused key, and whether deploys are paused. With --json each instance carries
+    "cost": rent, storage and bandwidth per hour, per proof and billed so far.
+
     Read a page at a time (5,000 instances), so a large fleet never makes one huge
     answer. With --json: the API's list, indented on a terminal and compact when piped.
 

@@ -40,6 +40,8 @@ VANISHED_AFTER_ROUNDS = 2
 #: (``reconcile.never_runs``) before it is destroyed: one odd answer ends nothing,
 #: and a dead instance bills for at most two rounds.
 DEAD_AFTER_ROUNDS = 2
+#: Rounds a `stopped` instance is given to start again once the account's funds are back.
+RESUME_ROUNDS = 5
 #: vast.ai statuses that a host's own trouble shows for a while (its link to vast.ai, a
 #: reboot): while the instance's agent still heartbeats to us, it is proving and kept
 #: (docs/operations.md, "Statuses judged with the agent").
@@ -166,6 +168,9 @@ class Monitor:
         )
         # Instances kept although vast.ai showed a status that never runs: told once.
         self._kept_told: dict[int, str] = {}
+        # Instances started again after the funds came back: until when a `stopped` still
+        # means "starting", not dead.
+        self._resuming: dict[int, float] = {}
         # When each of our vast.ai instances was last listed, for the paused seconds.
         self._listed_at: dict[int, float] = {}
         self._tick_lock = asyncio.Lock()
@@ -548,6 +553,7 @@ class Monitor:
             await self.store.write(resume)
         for row in rows:
             self._kept_told.pop(int(row["id"]), None)
+            self._resuming[int(row["id"])] = now + RESUME_ROUNDS * self.settings.monitor_interval_s
 
     async def _keep_explained(self, actions: list[Any], provider_instances: list[ProviderInstance],
                               by_pid: dict[int, Row], now: float) -> list[Any]:
@@ -575,6 +581,8 @@ class Monitor:
                 elif status == "stopped" and self.account.at_or_below_zero:
                     why = ("stopped by vast.ai at zero funds: an account event, kept until "
                            "billing resumes; add credit")
+                elif status == "stopped" and self._resuming.get(int(row["id"]), 0.0) > now:
+                    why = "being started again now that the account's funds are back"
             if why is None or row is None:
                 out.append(action)
                 continue
@@ -583,6 +591,7 @@ class Monitor:
             if self._kept_told.get(int(row["id"])) != why:
                 kept.append((row, why))
         self._kept_told = {k: v for k, v in self._kept_told.items() if k in explained}
+        self._resuming = {k: t for k, t in self._resuming.items() if t > now}
         if kept:
             def note(tx: Tx) -> None:
                 for row, why in kept:

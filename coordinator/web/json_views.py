@@ -33,10 +33,18 @@ class CostBasis:
     kept_hours: float = 168.0
 
 
+def _parts(rent: float, storage: float, bandwidth: float) -> dict[str, float]:
+    return {"rent": round(rent, 8), "storage": round(storage, 8),
+            "bandwidth": round(bandwidth, 8), "total": round(rent + storage + bandwidth, 8)}
+
+
 def cost_view(row: Row, basis: CostBasis) -> dict[str, Any] | None:
     """An instance's bill (``cost``, docs/operations.md "What an instance costs"): per hour
     and per proof by part (rent, storage, bandwidth: the setup download, as its agent
-    reported it or else the setting, spread over a kept life), and ``billed`` so far."""
+    reported it or else the setting, spread over a kept life), and ``billed`` so far.
+
+    The arithmetic of ``cost.kept_per_hour``, ``cost.per_proof`` and ``cost.accrued``
+    written out once: a fleet-sized list computes it for every row."""
     offer = loads(row.get("offer_json"))
     if not isinstance(offer, dict):
         offer = {"dph_total": row.get("dph_total")}
@@ -46,27 +54,30 @@ def cost_view(row: Row, basis: CostBasis) -> dict[str, Any] | None:
     rx = float(row.get("net_rx_bytes") or 0)
     tx = float(row.get("net_tx_bytes") or 0)
     setup = rx if rx > 0 else basis.setup_download_gb * cost.BYTES_PER_GB
-    hourly = cost.kept_per_hour(prices, setup_down_bytes=setup, kept_hours=basis.kept_hours)
-    per_proof = cost.per_proof(hourly, row.get("rate_per_hour"))
-    out: dict[str, Any] = {
-        "per_hour": hourly.as_dict(),
-        "per_proof": per_proof.as_dict(8) if per_proof is not None else None,
-        "disk_gb": prices.disk_gb,
-        "net_rx_bytes": row.get("net_rx_bytes"),
-        "net_tx_bytes": row.get("net_tx_bytes"),
-        "billed": None,
-    }
+    rent_h, storage_h = prices.rent_per_hour, prices.storage_per_hour
+    band_h = prices.bandwidth_usd(setup, 0.0) / max(basis.kept_hours, 1.0)
+    rate = row.get("rate_per_hour")
+    per_proof = (_parts(rent_h / rate, storage_h / rate, band_h / rate)
+                 if isinstance(rate, int | float) and rate > 0 else None)
+    billed = None
     created = row.get("created_at")
     end = row.get("destroyed_at") or basis.now
     if created is not None and end is not None:
         hello = row.get("hello_at")
         running_s = max(0.0, float(end) - float(hello)) if hello is not None else 0.0
         running_s = max(0.0, running_s - float(row.get("rent_paused_s") or 0))
-        out["billed"] = cost.accrued(prices, running_s=running_s,
-                                     existing_s=max(0.0, float(end) - float(created)),
-                                     offline_s=float(row.get("storage_paused_s") or 0),
-                                     down_bytes=rx, up_bytes=tx).as_dict()
-    return out
+        storage_s = max(0.0, float(end) - float(created)
+                        - float(row.get("storage_paused_s") or 0))
+        billed = _parts(rent_h * running_s / 3600.0, storage_h * storage_s / 3600.0,
+                        prices.bandwidth_usd(rx, tx))
+    return {
+        "per_hour": _parts(rent_h, storage_h, band_h),
+        "per_proof": per_proof,
+        "billed": billed,
+        "disk_gb": prices.disk_gb,
+        "net_rx_bytes": row.get("net_rx_bytes"),
+        "net_tx_bytes": row.get("net_tx_bytes"),
+    }
 
 
 def finish_view(out: dict[str, Any], basis: CostBasis | None = None) -> dict[str, Any]:

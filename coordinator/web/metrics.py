@@ -182,8 +182,11 @@ class FleetCollector(Collector):
                            "Measured proofs per hour of an instance.", INSTANCE_LABELS),
             "dph": _Gauge("vm_instance_dollars_per_hour", "Price per hour of an instance.",
                           INSTANCE_LABELS),
-            "usd": _Gauge("vm_instance_dollars_per_proof", "Price per proof of an instance.",
-                          INSTANCE_LABELS),
+            # dph_total over the rate: read from columns, so a fleet-sized scrape parses no
+            # offers; the whole bill by part is vm_spend_dollars, per instance the API's cost.
+            "usd": _Gauge("vm_instance_dollars_per_proof",
+                          "dph_total per proof of an instance (rent and storage; bandwidth "
+                          "is in vm_spend_dollars).", INSTANCE_LABELS),
             "proofs": _Gauge("vm_instance_proofs_completed",
                              "Proofs the instance's cuzk daemon completed (resets on reboot).",
                              INSTANCE_LABELS),
