@@ -1,7 +1,8 @@
 """What instances that will never run bill, on a fake vast.ai with an injected clock.
 
 Run: ``python bench/billing.py [--per-status 4] [--failed-creates 4] [--quick]``, or
-``python bench/billing.py --week [--days 7]`` for a simulated week in dollars by part
+``python bench/billing.py --week [--days 7]`` for a simulated week in dollars by part,
+``python bench/billing.py --interruptible`` for trials at a bid against on demand
 (``bench/billing_week.py``).
 
 A real coordinator (``create_app``, the real ``VastProvider`` and ``VastClient``)
@@ -249,6 +250,12 @@ def report(current: Outcome, previous: Outcome) -> str:
 
 
 async def main_async(args: argparse.Namespace) -> int:
+    if args.interruptible:
+        with tempfile.TemporaryDirectory(prefix="vm-billing-bid-") as tmp:
+            on_demand = await billing_week.simulate_trials(Path(tmp) / "a", interruptible=False)
+            bid = await billing_week.simulate_trials(Path(tmp) / "b", interruptible=True)
+        print(billing_week.trials_report(on_demand, bid))
+        return 0 if sum(bid.billed.values()) < sum(on_demand.billed.values()) else 1
     if args.week:
         with tempfile.TemporaryDirectory(prefix="vm-billing-week-") as tmp:
             week = await billing_week.simulate_week(Path(tmp), args.days)
@@ -273,6 +280,8 @@ def main() -> int:
                         help="a simulated week of a small fleet, in dollars by part "
                              "(bench/billing_week.py)")
     parser.add_argument("--days", type=float, default=7.0, help="the week's length in days")
+    parser.add_argument("--interruptible", action="store_true",
+                        help="trials on demand against interruptible trials at a bid")
     args = parser.parse_args()
     # The coordinator logs every destroy it makes; the figures are what this prints.
     logging.basicConfig(level=logging.ERROR)

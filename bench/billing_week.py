@@ -32,6 +32,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -220,3 +221,78 @@ def week_ok(w: Week) -> bool:
     return (w.unwatched_usd == 0.0 and w.destroyed_alive_usd == 0.0 and w.kept_offline
             and w.kept_at_zero > 0 and w.resumed == w.kept_at_zero
             and all(abs(w.ledger[p] - w.billed[p]) <= 0.05 * w.billed[p] for p in PARTS))
+
+
+@dataclass
+class Trials:
+    interruptible: bool
+    billed: dict[str, float] = field(default_factory=dict)
+    outbid_kept: int = 0
+    destroyed_early: int = 0
+
+
+async def simulate_trials(workdir: Path, *, interruptible: bool, trials: int = 4,
+                          trial_h: float = 0.6) -> Trials:
+    """``trials`` trials of ``trial_h`` hours of running each, on demand or interruptible
+    (``VM_INTERRUPTIBLE_TRIALS``); every other interruptible one is outbid for 20 minutes
+    half-way. Dollars by part as the fake billed them (simulated)."""
+    out = Trials(interruptible)
+    async with bill_env(workdir, loading=False, interruptible_trials=interruptible) as env:
+        fake, clock = env.fake, env.clock
+        running: list[tuple[Any, Any, float]] = []  # (deployed, agent, seconds run)
+        for i in range(trials):
+            fake.add_offer(9700 + i, 62_000 + i, dph_total=0.40, min_bid=0.12,
+                           inet_down_cost=0.01, storage_cost=0.15)
+            deployed = await env.h.core.deployer.deploy(9700 + i, interruptible=interruptible)
+            agent = env.h.agent(deployed.agent_id)
+            await agent.hello()
+            running.append((deployed, agent, 0.0))
+        outbid = {d.provider_instance_id for n, (d, _, _) in enumerate(running)
+                  if interruptible and n % 2 == 0}
+        done: set[int] = set()
+        rx: dict[int, int] = {}
+        while len(done) < trials:
+            clock.advance(HEARTBEAT_S)
+            fake.accrue()
+            for n, (d, agent, ran) in enumerate(running):
+                vid = d.provider_instance_id
+                if vid in done or vid not in fake.instances:
+                    done.add(vid)
+                    continue
+                if fake.instances[vid]["actual_status"] != "running":
+                    continue
+                if vid in outbid and ran >= trial_h * 1800:
+                    outbid.discard(vid)
+                    fake.outbid(vid, for_s=1200)
+                    continue
+                ran += HEARTBEAT_S
+                running[n] = (d, agent, ran)
+                want = int(min(SETUP_BYTES, SETUP_BYTES * ran / 600))
+                fake.add_traffic(vid, want - rx.get(vid, 0))
+                rx[vid] = want
+                phase = "fetching_params" if want < SETUP_BYTES else "benchmarking"
+                await env.heartbeat(agent, phase, rx=want, tx=0)
+                if ran >= trial_h * 3600:  # the verdict: ended
+                    await env.h.admin("POST", f"/api/instances/{d.instance_id}/destroy")
+                    done.add(vid)
+            if int(clock.now) % int(MONITOR_S) < HEARTBEAT_S:
+                before = set(fake.instances)
+                await env.tick()
+                out.destroyed_early += sum(1 for v in before - set(fake.instances)
+                                           if v not in done)
+        out.billed = fake.billed_dollars()
+        out.outbid_kept = sum(1 for e in env.h.store.events(None, 10_000)
+                              if e["kind"] == "kept" and e["reason"].startswith("outbid"))
+    return out
+
+
+def trials_report(on_demand: Trials, bid: Trials) -> str:
+    a, b = sum(on_demand.billed.values()), sum(bid.billed.values())
+    lines = ["interruptible trials (simulated, fake vast.ai): 4 trials of 36 min running, "
+             "every other interruptible one outbid for 20 min half-way", ""]
+    for name, t in (("on-demand", on_demand), ("interruptible", bid)):
+        parts = ", ".join(f"{p} ${t.billed.get(p, 0.0):.3f}" for p in PARTS)
+        lines.append(f"{name:<14} ${sum(t.billed.values()):.3f} ({parts}); outbid and kept: "
+                     f"{t.outbid_kept}; ended early: {t.destroyed_early}")
+    lines.append(f"saving: ${a - b:.3f} ({(a - b) / a * 100 if a else 0:.0f}%)")
+    return "\n".join(lines)

@@ -395,6 +395,20 @@ SETTINGS: tuple[Setting, ...] = (
             above=0),
     Setting("strike_block_s", 7 * 86400.0, "how long a struck-out machine stays blocked",
             above=0),
+    Setting(
+        "interruptible_trials",
+        False,
+        "the autopilot's trials rent interruptible instances at a bid (vast.ai only; "
+        "docs/operations.md, Interruptible trials)",
+    ),
+    Setting(
+        "interruptible_bid_share",
+        0.6,
+        "an interruptible trial bids this share of the offer's on-demand rent (at least "
+        "the offer's min_bid)",
+        above=0,
+        at_most=1,
+    ),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -532,6 +546,8 @@ class Settings:
     strike_limit: int = 3
     strike_window_s: float = 7 * 86400.0
     strike_block_s: float = 7 * 86400.0
+    interruptible_trials: bool = False
+    interruptible_bid_share: float = 0.6
     admin_token_generated: bool = False
 
     @property

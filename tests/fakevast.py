@@ -364,6 +364,15 @@ class FakeVast:
         self.set_status(instance_id, status, status_msg)
         self._back_at[instance_id] = (self.clock() + for_s, "running")
 
+    def outbid(self, instance_id: int, for_s: float | None = None) -> None:
+        """A higher bid takes the host: the interruptible instance is ``stopped`` (its disk
+        kept and billed), and with ``for_s`` runs again after that long."""
+        self.set_status(instance_id, "stopped",
+                        "outbid: a higher bid took the host (fake vast.ai's text)")
+        self.instances[instance_id]["intended_status"] = "running"
+        if for_s is not None:
+            self._back_at[instance_id] = (self.clock() + for_s, "running")
+
     def add_traffic(self, instance_id: int, down_bytes: float, up_bytes: float = 0.0) -> None:
         """Bytes the instance moved: billed at its offer's ``inet_down_cost`` and
         ``inet_up_cost`` per GB, in any state."""
@@ -425,7 +434,7 @@ class FakeVast:
             _t, iid, st, loaded = min(events)
             (self._loaded_at if loaded else self._back_at).pop(iid, None)
             row = self.instances.get(iid)
-            if row is not None and row.get("actual_status") != "stopped":
+            if row is not None and iid not in self._stopped_for_funds:
                 row["actual_status"] = st
                 row["status_msg"] = None
                 row["cur_state"] = "running"
@@ -440,7 +449,8 @@ class FakeVast:
             hours = (until - since) / 3600.0
             offer = self._offer_of(iid)
             status = row.get("actual_status")
-            base = float(offer.get("dph_base", offer.get("dph_total")) or 0)
+            base = float(row.get("bid_price") or offer.get("dph_base", offer.get("dph_total"))
+                         or 0)
             if status == "running":
                 self._charge(iid, "rent", base * hours)
             if status != "offline":
@@ -641,6 +651,10 @@ class FakeVast:
             "disk_space": body.get("disk"),
             "extra_env": [[k, v] for k, v in env.items()],
             "onstart": body.get("onstart"),
+            # A create with a ``price`` is an interruptible instance at that bid (vast-cli
+            # ``create instance --bid_price``): its rent is the bid.
+            "is_bid": body.get("price") is not None,
+            "bid_price": body.get("price"),
         }
         self.billing[iid] = Billing(iid, now)
         self._billed_to[iid] = now

@@ -51,3 +51,18 @@ async def test_a_simulated_day_bills_nothing_unwatched_and_keeps_what_lives(
         assert week.billed[part] > 0
         assert abs(week.ledger[part] - week.billed[part]) <= 0.05 * week.billed[part], part
     assert billing_week.week_ok(week)
+
+
+async def test_interruptible_trials_cost_less_and_an_outbid_one_is_kept(tmp_path: Path) -> None:
+    """bench/billing.py --interruptible: the same trials on demand and at a bid."""
+    import billing_week
+
+    on_demand = await billing_week.simulate_trials(tmp_path / "a", interruptible=False)
+    bid = await billing_week.simulate_trials(tmp_path / "b", interruptible=True)
+    print()
+    print(billing_week.trials_report(on_demand, bid))
+    assert on_demand.destroyed_early == bid.destroyed_early == 0
+    assert bid.outbid_kept == 2 and on_demand.outbid_kept == 0
+    assert bid.billed["rent"] < 0.7 * on_demand.billed["rent"]
+    assert bid.billed["storage"] > on_demand.billed["storage"]  # the wait bills storage
+    assert sum(bid.billed.values()) < sum(on_demand.billed.values())

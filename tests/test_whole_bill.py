@@ -356,3 +356,47 @@ def test_status_says_why_deploys_wait(capsys: pytest.CaptureFixture[str]) -> Non
     # Nothing to say with a provider that has no account.
     commands._account_line(Client({"funds_usd": None, "auth_ok": True}))  # type: ignore[arg-type]
     assert capsys.readouterr().out == ""
+
+
+# --- interruptible trials (opt-in) ---------------------------------------------------------
+
+
+async def test_an_outbid_trial_waits_while_cheaper_than_a_fresh_one(tmp_path: Path) -> None:
+    async with bill_env(tmp_path, loading=False, interruptible_trials=True) as env:
+        env.fake.add_offer(9951, 83001, dph_total=0.40, min_bid=0.10, inet_down_cost=0.01)
+        data = await env.h.core.deployer.deploy(9951, interruptible=True)
+        vid = data.provider_instance_id
+        row = env.h.store.get_instance(data.instance_id)
+        assert row["bid_per_hour"] == pytest.approx(0.6 * (0.40 - 0.15 * 250 / 720), rel=1e-3)
+        assert env.fake.instances[vid]["is_bid"] is True
+        agent = env.h.agent(data.agent_id)
+        await agent.hello()
+        await env.heartbeat(agent, "benchmarking")
+        # Outbid for 40 minutes: the agent is silent, vast.ai bills storage only.
+        env.fake.outbid(vid, for_s=2400)
+        for _ in range(int(2400 / MONITOR_INTERVAL_S) + 3):
+            env.clock.advance(MONITOR_INTERVAL_S)
+            env.fake.accrue()
+            if env.fake.instances[vid]["actual_status"] == "running":
+                assert (await env.heartbeat(agent, "benchmarking"))[0] == 200
+            await env.tick()
+        assert vid in env.fake.instances  # kept: waiting cost less than a fresh setup
+        kept = [e for e in env.h.store.events(data.instance_id) if e["kind"] == "kept"]
+        assert kept and kept[0]["reason"].startswith("outbid")
+        assert env.fake.instances[vid]["actual_status"] == "running"
+        assert env.h.store.get_instance(data.instance_id)["state"] == "benchmarking"
+        assert any(e["kind"] == "resumed" for e in env.h.store.events(data.instance_id))
+        billed = env.fake.billed_dollars(vid)
+        assert billed["rent"] < 0.30 * 0.6  # rent at the bid, none while outbid
+        # Outbid for good: destroyed once waiting would cost more than a fresh trial,
+        # and no strike against the machine (being outbid is not its fault).
+        env.fake.outbid(vid)
+        for _ in range(int(30 * 3600 / MONITOR_INTERVAL_S)):
+            env.clock.advance(MONITOR_INTERVAL_S)
+            await env.tick()
+            if vid not in env.fake.instances:
+                break
+        assert vid not in env.fake.instances
+        assert env.h.store.strikes("83001") == []
+        budget = kept[0]["reason"].split("kept up to ")[1].split(" h")[0]
+        assert float(budget) > 1.0

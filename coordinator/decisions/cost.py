@@ -105,9 +105,11 @@ class Prices:
         return self.rent_per_hour + self.storage_per_hour
 
 
-def prices_of(offer: Mapping[str, Any], disk_gb: float | None = None) -> Prices | None:
+def prices_of(offer: Mapping[str, Any], disk_gb: float | None = None,
+              bid_per_hour: float | None = None) -> Prices | None:
     """The prices of renting ``offer`` with a ``disk_gb`` disk (None: the disk the offer
-    was priced with); None when the offer has no price.
+    was priced with), interruptibly at ``bid_per_hour`` when given (the bid is the rent);
+    None when the offer has no price.
 
     ``dph_total`` holds the storage of the offer's ``allocated_storage``
     (``storage_total_cost`` $/h when vast.ai gives it), so that part comes out
@@ -122,6 +124,8 @@ def prices_of(offer: Mapping[str, Any], disk_gb: float | None = None) -> Prices 
     if in_dph is None or not math.isfinite(in_dph) or in_dph < 0:
         in_dph = per_gb_month * priced_gb / HOURS_PER_MONTH
     rent = max(0.0, dph - in_dph)
+    if bid_per_hour is not None and math.isfinite(bid_per_hour) and bid_per_hour > 0:
+        rent = float(bid_per_hour)
     disk = priced_gb if disk_gb is None or disk_gb <= 0 else float(disk_gb)
     return Prices(
         rent_per_hour=rent,
@@ -156,6 +160,17 @@ def kept_per_hour(prices: Prices, *, setup_down_bytes: float, kept_hours: float,
     hours = max(kept_hours, 1.0)
     running = prices.per_hour(down_bytes_per_hour, up_bytes_per_hour)
     return running + Cost(bandwidth=prices.bandwidth_usd(setup_down_bytes, 0.0) / hours)
+
+
+def resume_budget_s(prices: Prices, *, setup_down_bytes: float, setup_s: float,
+                    cap_s: float) -> float:
+    """How long a stopped (outbid) trial may wait, billing storage only, before waiting
+    has cost what a fresh trial's setup would (its download, and rent for ``setup_s`` of
+    boot, fetch and warm-up); at most ``cap_s``."""
+    fresh = prices.bandwidth_usd(setup_down_bytes, 0.0) + prices.rent_per_hour * setup_s / 3600
+    if prices.storage_per_hour <= 0:
+        return cap_s
+    return min(cap_s, fresh / prices.storage_per_hour * 3600.0)
 
 
 def per_proof(hourly: Cost, rate_per_hour: float | None) -> Cost | None:

@@ -151,7 +151,8 @@ def rental_of(r: Mapping[str, Any]) -> Rental:
     """A spend row as the ledger's ``Rental``: its prices from the offer as deployed at
     its own disk, rent from its hello (running), its bytes as its agent reported them."""
     offer = orjson.loads(r["offer_json"]) if r.get("offer_json") else None
-    prices = cost.prices_of(offer, r.get("disk_gb")) if isinstance(offer, dict) else None
+    prices = (cost.prices_of(offer, r.get("disk_gb"), r.get("bid_per_hour"))
+              if isinstance(offer, dict) else None)
     hello = r.get("hello_at")
     return Rental(float(r["dph_total"]), float(r["created_at"]),
                   None if r["ended_at"] is None else float(r["ended_at"]),

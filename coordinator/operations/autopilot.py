@@ -386,8 +386,9 @@ class Autopilot:
         what = "explore" if action.exploration else "deploy"
         try:
             # The price the decision saw is the ceiling: it must not have risen since.
-            deployed = await self.deployer.deploy(action.offer_id,
-                                                  max_dph_total=action.dph_total)
+            deployed = await self.deployer.deploy(
+                action.offer_id, max_dph_total=action.dph_total,
+                interruptible=self.settings.interruptible_trials)
         except (CoordinatorError, ProviderError) as err:
             now = self.clock()
             message = getattr(err, "message", None) or str(err)

@@ -27,6 +27,7 @@ from vast_manager.coordinator.discovery.measurements import NOT_OFFER_FIELDS
 from vast_manager.coordinator.errors import (
     AccountPaused,
     BadHost,
+    InvalidInput,
     MachineBusy,
     OfferGone,
     PriceChanged,
@@ -110,13 +111,15 @@ class Deployer:
         min_rate_per_hour: float | None = None,
         disk_gb: int | None = None,
         max_dph_total: float | None = None,
+        interruptible: bool = False,
     ) -> Deployed:
-        """Check, then rent.
+        """Check, then rent (``interruptible``: at a bid, docs/operations.md).
 
         Raises OfferGone, BadHost, MachineBusy, TooSmall, PriceChanged or ProviderFailed.
         """
         async with self._lock:
-            return await self._deploy(offer_id, min_rate_per_hour, disk_gb, max_dph_total)
+            return await self._deploy(offer_id, min_rate_per_hour, disk_gb, max_dph_total,
+                                      interruptible)
 
     async def _deploy(
         self,
@@ -124,7 +127,11 @@ class Deployer:
         explicit_min_rate: float | None,
         disk_gb: int | None,
         max_dph_total: float | None,
+        interruptible: bool = False,
     ) -> Deployed:
+        if interruptible and not getattr(self.provider, "supports_bids", False):
+            raise InvalidInput(f"{self.provider.name} rents no interruptible instances.",
+                               field="interruptible")
         paused = self.account.pause_reason() if self.account is not None else None
         if paused is not None:
             raise AccountPaused(f"Deploys are paused: {paused}.")
@@ -177,6 +184,12 @@ class Deployer:
         min_rate = policy.min_rate_per_hour(
             figure.total, self.settings.max_usd_per_proof, explicit_min_rate
         )
+        # An interruptible trial bids a share of the on-demand rent, at least vast.ai's
+        # minimum bid; it is judged against the on-demand figure all the same.
+        bid = None
+        if interruptible:
+            bid = max(prices.rent_per_hour * self.settings.interruptible_bid_share,
+                      as_float(offer.get("min_bid")) or 0.0)
         meta = {name: offer.get(name) for name in OFFER_FIELDS}
         meta["machine_id"] = machine_id
         meta["dph_total"] = dph_total
@@ -200,6 +213,7 @@ class Deployer:
                     "state": State.DEPLOYING,
                     "state_since": now,
                     "disk_gb": disk,
+                    "bid_per_hour": bid,
                     "min_rate_per_hour": min_rate,
                     "created_at": now,
                     "updated_at": now,
@@ -211,7 +225,8 @@ class Deployer:
                 f"deploying offer {offer_id} at ${dph_total:.4f}/h with a {disk} GB disk "
                 f"(rent ${prices.rent_per_hour:.4f}, storage ${prices.storage_per_hour:.4f}, "
                 f"setup download ${figure.bandwidth:.4f}/h over a kept life), "
-                f"minimum rate {rate_text}",
+                f"minimum rate {rate_text}"
+                + ("" if bid is None else f"; interruptible at a bid of ${bid:.4f}/h"),
                 instance_id=instance_id, agent_id=agent_id, machine_id=machine_id,
             )
             return instance_id
@@ -222,7 +237,7 @@ class Deployer:
         try:
             created = await self.provider.create_instance(
                 offer, label=label, env=agent_env(self.settings.coordinator_url, agent_id, key),
-                disk_gb=disk,
+                disk_gb=disk, **({} if bid is None else {"bid_per_hour": bid}),
             )
         except CreateFailed as err:
             await self._created_anyway(instance_id, err)

@@ -17,8 +17,9 @@ import logging
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from vast_manager.coordinator.decisions import pace, policy, states
+from vast_manager.coordinator.decisions import cost, pace, policy, states
 from vast_manager.coordinator.decisions.states import State
+from vast_manager.coordinator.discovery.plan import TrialCost
 from vast_manager.coordinator.operations.account import Account
 from vast_manager.coordinator.providers.base import (
     AuthError,
@@ -28,7 +29,7 @@ from vast_manager.coordinator.providers.base import (
 )
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.reads import Reads
-from vast_manager.coordinator.store.schema import Row
+from vast_manager.coordinator.store.schema import Row, loads
 from vast_manager.coordinator.store.writer import Store, Tx
 
 log = logging.getLogger(__name__)
@@ -171,6 +172,8 @@ class Monitor:
         # Instances started again after the funds came back: until when a `stopped` still
         # means "starting", not dead.
         self._resuming: dict[int, float] = {}
+        # Interruptible instances seen outbid (stopped, funds fine): since when, by row id.
+        self._outbid_since: dict[int, float] = {}
         # When each of our vast.ai instances was last listed, for the paused seconds.
         self._listed_at: dict[int, float] = {}
         self._tick_lock = asyncio.Lock()
@@ -312,6 +315,9 @@ class Monitor:
         # The scan's snapshot may be a little older than the writer's state: the job
         # re-reads each instance in its transaction and skips any that moved on.
         overdue = await self.store.read(scan)
+        # An outbid interruptible trial waiting for its host is silent by design.
+        overdue = [(inst, why) for inst, why in overdue
+                   if int(inst["id"]) not in self._outbid_since]
         if not overdue:
             return []
         grace = self.settings.terminate_grace_s
@@ -526,6 +532,28 @@ class Monitor:
 
         await self.store.write(add)
 
+    def _outbid_wait(self, row: Row, now: float) -> str | None:
+        """Why an outbid interruptible trial is kept, or None once waiting for its host
+        has cost what a fresh trial's setup would (``cost.resume_budget_s``)."""
+        since = self._outbid_since.setdefault(int(row["id"]), now)
+        full = self.store.get_instance(int(row["id"]))
+        offer = loads(full["offer_json"]) if full is not None else None
+        if full is None or not isinstance(offer, dict):
+            return None
+        prices = cost.prices_of(offer, full["disk_gb"], full["bid_per_hour"])
+        if prices is None:
+            return None
+        trial = TrialCost()
+        mbps = float(offer.get("inet_down") or trial.default_inet_down_mbps)
+        setup_bytes = self.settings.setup_download_gb * cost.BYTES_PER_GB
+        setup_s = trial.boot_s + trial.warmup_s + setup_bytes * 8 / (mbps * 1e6)
+        budget = cost.resume_budget_s(prices, setup_down_bytes=setup_bytes, setup_s=setup_s,
+                                      cap_s=self.settings.lost_timeout_s * 24)
+        if now - since >= budget:
+            return None  # destroyed by the dead-status rule; a fresh trial is cheaper
+        return (f"outbid (interruptible, stopped, storage billed): kept up to "
+                f"{budget / 3600:.1f} h, while waiting costs less than a fresh trial's setup")
+
     async def _funds_back(self, now: float) -> None:
         """Funds are back above zero: start the instances vast.ai stopped for them and give
         each a fresh silence clock (docs/operations.md, "The account")."""
@@ -583,6 +611,8 @@ class Monitor:
                            "billing resumes; add credit")
                 elif status == "stopped" and self._resuming.get(int(row["id"]), 0.0) > now:
                     why = "being started again now that the account's funds are back"
+                elif status == "stopped" and row.get("bid_per_hour") is not None:
+                    why = self._outbid_wait(row, now)
             if why is None or row is None:
                 out.append(action)
                 continue
@@ -592,6 +622,26 @@ class Monitor:
                 kept.append((row, why))
         self._kept_told = {k: v for k, v in self._kept_told.items() if k in explained}
         self._resuming = {k: t for k, t in self._resuming.items() if t > now}
+        outbid_now = {int(r["id"]) for r in by_pid.values()
+                      if r.get("bid_per_hour") is not None
+                      and status_of.get(int(r["provider_instance_id"] or 0)) == "stopped"}
+        back = [k for k in self._outbid_since if k not in outbid_now]
+        self._outbid_since = {k: t for k, t in self._outbid_since.items() if k in outbid_now}
+        if back:
+            # Its host again: the agent restarts with the container; its silence timeout
+            # starts afresh rather than from before the wait.
+            def resumed(tx: Tx) -> None:
+                for instance_id in back:
+                    inst = tx.get_instance(instance_id)
+                    if inst is None or inst["state"] in states.ENDING:
+                        continue
+                    if inst["state"] == State.LOST:
+                        tx.update_instance(instance_id, state_since=now, updated_at=now)
+                    tx.insert_event(now, "resumed", "no longer outbid: running again",
+                                    instance_id=instance_id, agent_id=inst["agent_id"],
+                                    machine_id=inst["machine_id"])
+
+            await self.store.write(resumed)
         if kept:
             def note(tx: Tx) -> None:
                 for row, why in kept:
@@ -604,7 +654,8 @@ class Monitor:
 
     #: What reconciliation reads of each record (not the hello's wide ``host_json``).
     _RECONCILE_COLUMNS = ("id", "agent_id", "machine_id", "provider", "provider_instance_id",
-                          "state", "created_at", "terminate_reason", "hello_at")
+                          "state", "created_at", "terminate_reason", "hello_at",
+                          "bid_per_hour")
 
     def _deployed_rows(self, reads: Reads) -> list[Row]:
         """Our records of instances this provider rented (not bring-your-own machines,
@@ -695,7 +746,10 @@ class Monitor:
         if kind == "destroy_dead":
             reason = f"{reason}, seen in {self._dead_rounds.get(pid, 0)} rounds in a row"
         if row is not None and row["state"] not in states.GONE:
-            if kind == "destroy_dead":
+            if kind == "destroy_dead" and row.get("bid_per_hour") is not None \
+                    and "status stopped" in reason:
+                pass  # an outbid interruptible instance: no fault of its machine
+            elif kind == "destroy_dead":
                 # A trial that never ran (exited, a container that could not start): a
                 # strike against its machine.
                 rule = self.strike_rule

@@ -244,7 +244,7 @@ class Reads:
         return rows_of(
             self._conn,
             "select id, dph_total, created_at, state, hello_at, offer_json, disk_gb, "
-            "net_rx_bytes, net_tx_bytes, rent_paused_s, storage_paused_s, "
+            "net_rx_bytes, net_tx_bytes, rent_paused_s, storage_paused_s, bid_per_hour, "
             f"case when {ACTIVE_SQL} then null else coalesce(destroyed_at, state_since) "
             "end as ended_at, (select min(r.received_at) from results r "
             "where r.instance_id = instances.id and r.verdict is not null) as verdict_at "

@@ -444,6 +444,7 @@ def _m9_whole_bill(db: sqlite_utils.Database) -> None:
     # the monitor saw it round by round.
     instances.add_column("rent_paused_s", float)
     instances.add_column("storage_paused_s", float)
+    instances.add_column("bid_per_hour", float)  # an interruptible instance's bid (rent)
     db.table("bad_hosts").add_column("expires_at", float)
     db.table("machine_strikes").create(
         {"id": int, "machine_id": str, "instance_id": int, "reason": str, "at": float},

@@ -20,7 +20,7 @@ INSTANCE_FIELDS = (
 
 # What an instance's view is made from (the wide host_json is left out).
 _COST_COLUMNS = ("offer_json", "hello_at", "net_rx_bytes", "net_tx_bytes", "rent_paused_s",
-                 "storage_paused_s")
+                 "storage_paused_s", "bid_per_hour")
 VIEW_COLUMNS = (*INSTANCE_FIELDS, "progress_json", *_COST_COLUMNS)
 
 
@@ -48,7 +48,7 @@ def cost_view(row: Row, basis: CostBasis) -> dict[str, Any] | None:
     offer = loads(row.get("offer_json"))
     if not isinstance(offer, dict):
         offer = {"dph_total": row.get("dph_total")}
-    prices = cost.prices_of(offer, row.get("disk_gb"))
+    prices = cost.prices_of(offer, row.get("disk_gb"), row.get("bid_per_hour"))
     if prices is None:
         return None
     rx = float(row.get("net_rx_bytes") or 0)
@@ -75,6 +75,7 @@ def cost_view(row: Row, basis: CostBasis) -> dict[str, Any] | None:
         "per_proof": per_proof,
         "billed": billed,
         "disk_gb": prices.disk_gb,
+        "bid_per_hour": row.get("bid_per_hour"),
         "net_rx_bytes": row.get("net_rx_bytes"),
         "net_tx_bytes": row.get("net_tx_bytes"),
     }

@@ -129,7 +129,11 @@ class VastProvider:
             return _normalize_offer(offer, self.disk_gb)
         return None
 
-    def create_body(self, *, label: str, env: Mapping[str, str], disk_gb: int) -> dict[str, Any]:
+    #: vast.ai rents interruptible instances at a bid (``price``); the deployer asks.
+    supports_bids = True
+
+    def create_body(self, *, label: str, env: Mapping[str, str], disk_gb: int,
+                    bid_per_hour: float | None = None) -> dict[str, Any]:
         """The JSON ``vastai create instance`` PUTs to /api/v0/asks/{id}/ (vast-cli
         ``vast.py`` 01163020 ``create__instance``; ``vastai/api/instances.py``).
         """
@@ -141,7 +145,9 @@ class VastProvider:
             "client_id": "me",
             "image": self.image,
             "env": merged_env,
-            "price": None,  # on-demand, not a bid
+            # None: on-demand; a number: an interruptible instance at this bid, $/hour per
+            # machine (vast-cli ``create instance --bid_price``).
+            "price": None if bid_per_hour is None else round(float(bid_per_hour), 6),
             "disk": float(disk_gb),
             "label": label,
             "extra": None,
@@ -163,7 +169,8 @@ class VastProvider:
         }
 
     async def create_instance(
-        self, offer: Offer, *, label: str, env: dict[str, str], disk_gb: int
+        self, offer: Offer, *, label: str, env: dict[str, str], disk_gb: int,
+        bid_per_hour: float | None = None,
     ) -> CreatedInstance:
         """Rent ``offer``. OfferGone when it was sold meanwhile; CreateFailed (with the
         instance's id) when vast.ai refused but made an instance; other ProviderErrors
@@ -171,7 +178,7 @@ class VastProvider:
         offer_id = _as_int(offer.get("id"))
         if offer_id is None:
             raise ProviderError("offer without an id")
-        body = self.create_body(label=label, env=env, disk_gb=disk_gb)
+        body = self.create_body(label=label, env=env, disk_gb=disk_gb, bid_per_hour=bid_per_hour)
         log.info(
             "vast.ai create on offer %s (machine %s) label %s disk %s GB",
             offer_id,
