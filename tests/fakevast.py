@@ -44,6 +44,24 @@ does is undocumented: ``instance_key_outlives_instance`` switches to the other
 reading). ``billing`` keeps when each instance began and stopped billing (the
 fake's clock), so tests and benches can count instance-minutes.
 
+As vast.ai bills (docs/vast.md, "Billing and the account"; billing.mdx and the
+OpenAPI description at c6246226): offers carry ``storage_cost`` ($/GB/month),
+``inet_down_cost`` and ``inet_up_cost`` ($/GB), and a search's
+``allocated_storage`` prices ``dph_total`` (an offer's stored ``dph_total`` is
+at ``PRICED_STORAGE_GB``); ``accrue`` bills dollars by part (``dollars``) into
+``credit``: rent while running (at the bid for a create with a ``price``),
+storage for ``disk_space`` in every status but offline, bandwidth as
+``add_traffic`` says; at zero credit every instance is stopped and stays so
+until started (``add_credit``, PUT state running). ``GET /api/v0/users/current``
+answers ``balance`` and ``credit``. With ``loading`` an instance is null, then
+``loading`` for its image pull (``image_gb`` at the offer's ``inet_down``), then
+``running`` (hello-world.mdx's progression); ``never_loads`` machines never
+finish. ``host_trouble`` shows offline, unknown, rebooting or frozen for a while
+(``frozen`` is SkyPilot's, not in vast.ai's docs), ``outbid`` stops an
+interruptible instance. ``min_interval_s`` answers 429 inside a minimum interval
+per endpoint (rate-limits-and-errors.mdx); ``revoke_account_key`` refuses the
+account's key from then on.
+
 With a ``launcher`` (``SimAgents``), create really starts the instance: a
 ``vast-agent run`` process on the simulated cuzk, with the create's ``env``
 plus what vast.ai sets inside a container (``CONTAINER_ID``,

@@ -400,3 +400,48 @@ async def test_an_outbid_trial_waits_while_cheaper_than_a_fresh_one(tmp_path: Pa
         assert env.h.store.strikes("83001") == []
         budget = kept[0]["reason"].split("kept up to ")[1].split(" h")[0]
         assert float(budget) > 1.0
+
+
+async def test_the_fake_answers_429_inside_an_endpoints_minimum_interval(
+        tmp_path: Path) -> None:
+    async with bill_env(tmp_path, loading=False) as env:
+        env.fake.min_interval_s["GET /api/v0/users/current"] = 2.0
+        client = env.provider.client
+        await client.current_user()
+        status = 0
+        async with env.h.client.session.get(
+                env.fake.url + "/api/v0/users/current",
+                headers={"Authorization": f"Bearer {env.fake.api_key}"}) as resp:
+            status = resp.status
+        assert status == 429  # within two seconds of the last call to that endpoint
+        env.clock.advance(2.5)
+        assert (await client.current_user())["credit"] > 0
+        # Another endpoint has its own interval.
+        assert await client.list_instances() == []
+
+
+async def test_the_fake_loads_for_the_image_pull_and_a_stalled_host_never_runs(
+        tmp_path: Path) -> None:
+    async with bill_env(tmp_path) as env:
+        env.fake.image_gb = 9.0
+        env.fake.add_offer(9961, 84001, inet_down=100.0)  # 9 GB at 100 Mb/s: 720 s
+        env.fake.add_offer(9962, 84002)
+        env.fake.never_loads.add(84002)
+        a = int((await env.deploy(9961))["provider_instance_id"])
+        b = int((await env.deploy(9962))["provider_instance_id"])
+        seen = []
+        for _ in range(20):
+            env.clock.advance(60)
+            env.fake.accrue()
+            seen.append(env.fake.instances[a]["actual_status"])
+        assert seen[0] == "loading" and seen[11] == "loading" and seen[-1] == "running"
+        assert env.fake.instances[b]["actual_status"] == "loading"
+        # No rent while loading, storage from the create.
+        assert env.fake.billed_dollars(b)["rent"] == 0 < env.fake.billed_dollars(b)["storage"]
+        env.fake.host_trouble(a, "rebooting", 120)
+        env.clock.advance(60)
+        env.fake.accrue()
+        assert env.fake.instances[a]["actual_status"] == "rebooting"
+        env.clock.advance(120)
+        env.fake.accrue()
+        assert env.fake.instances[a]["actual_status"] == "running"
