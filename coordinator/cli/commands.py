@@ -7,15 +7,20 @@ line on stderr and an exit code:
 \b
   0  success
   1  the coordinator refused the request (the message says why)
-  2  bad usage (click's own)
-  3  the coordinator could not be reached
+  2  bad usage: a flag, a setting or a path that cannot work (the message names it
+     and what to do)
+  3  the coordinator could not be reached (or the address answers, but is not a
+     vast-manager coordinator)
   4  the demo ended without its expected outcome
+
+Every error is one line on stderr, never a traceback (``OneLineErrors``).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -32,7 +37,60 @@ from vast_manager.coordinator.textsafe import clean
 F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_REFUSED = 1
+EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
+
+#: The serve flags of the settings they set: an error names the flag the operator typed
+#: (and the variable, which sets the same).
+SERVE_FLAGS = {
+    "VM_DB_PATH": "--db", "VM_HOST": "--host", "VM_PORT": "--port",
+    "VM_TLS_CERT": "--tls-cert", "VM_TLS_KEY": "--tls-key",
+    "VM_ADMIN_LISTEN": "--admin-listen", "VM_AUTOPILOT_TARGET_RATE_PER_HOUR": "--target-rate",
+    "VM_AUTOPILOT_MAX_DPH_TOTAL": "--max-dph", "VM_AUTOPILOT_MAX_INSTANCES": "--max-instances",
+    "VM_AUTOPILOT_MAX_EXPLORE_SHARE": "--explore-share", "VM_AUTOPILOT": "--autopilot",
+}
+
+
+class UserError(click.ClickException):
+    """A mistake of the operator's (a flag, a setting, a path): one line, exit 2."""
+
+    exit_code = EXIT_USAGE
+
+
+def flag_named(message: str) -> str:
+    """``message`` with each serve setting's variable named as its flag first."""
+    for env, flag in SERVE_FLAGS.items():
+        message = re.sub(rf"\b{env}\b", f"{flag} ({env})", message)
+    return message
+
+
+class OneLineErrors(click.Group):
+    """Every error one line on stderr with its exit code: click's usage errors too
+    (normally three lines with the usage), and anything unexpected, which says where
+    to look instead of showing a traceback."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as err:
+            click.echo(err.ctx.get_help() if err.ctx else str(err))
+            sys.exit(0)
+        except click.UsageError as err:
+            where = err.ctx.command_path if err.ctx else "vast-manager"
+            click.echo(f"Error: {clean(err.format_message())} (see {where} --help)", err=True)
+            sys.exit(EXIT_USAGE)
+        except click.ClickException as err:
+            click.echo(f"Error: {clean(err.format_message())}", err=True)
+            sys.exit(err.exit_code)
+        except click.Abort:
+            click.echo("Aborted.", err=True)
+            sys.exit(EXIT_REFUSED)
+        except (KeyboardInterrupt, EOFError):
+            click.echo("Interrupted.", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 def operator_options(fn: F) -> F:
@@ -75,7 +133,7 @@ def echo_json(value: Any) -> None:
     click.echo(textsafe.json_safe(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="vast-manager")
 def cli() -> None:
     """Run a fleet of rented vast.ai GPU machines proving with CuZK, and keep only
@@ -89,8 +147,10 @@ def cli() -> None:
 
     \b
     Exit codes: 0 success; 1 the coordinator refused the request (the
-    message says why); 2 bad usage; 3 the coordinator could not be reached
-    (or no VM_ADMIN_TOKEN); 4 the demo ended without its expected outcome.
+    message says why); 2 bad usage: a flag, setting or path that cannot work
+    (the message names it and the fix); 3 the coordinator could not be
+    reached, is not a vast-manager coordinator, or no VM_ADMIN_TOKEN; 4 the
+    demo ended without its expected outcome. Errors are one line on stderr.
     """
 
 
@@ -189,24 +249,30 @@ def serve(
     try:
         settings = Settings.from_env(os.environ, **overrides)
     except ValueError as err:
-        raise click.ClickException(str(err)) from None
+        raise UserError(flag_named(str(err))) from None
     from vast_manager.coordinator.providers.vast.provider import ProviderConfigError
+    from vast_manager.coordinator.store.dbfile import DatabaseFileError
 
     try:
         run_server(settings, provider)
-    except (ProviderConfigError, ServeConfigError) as err:  # no API key; unreadable cert
-        raise click.ClickException(str(err)) from None
+    except (ProviderConfigError, ServeConfigError, DatabaseFileError) as err:
+        # No API key, an unreadable certificate, a port in use, a database path that
+        # cannot work or another coordinator on it: refused before anything is written.
+        raise UserError(flag_named(str(err))) from None
 
 
 @cli.command()
 @click.option(
     "--time-scale",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=None,
     help="Simulated seconds per real second [default: chosen to finish in about a minute].",
 )
-@click.option("--keep", "keep_dir", default=None, help="Keep the demo's files in this folder.")
-@click.option("--timeout", "timeout_s", type=float, default=150.0, show_default=True,
+@click.option("--keep", "keep_dir", default=None,
+              help="Keep the demo's files in this folder (new or empty: an earlier demo's "
+              "database there is refused, not reused).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
+              default=150.0, show_default=True,
               help="Give up after this many seconds.")
 def demo(time_scale: float | None, keep_dir: str | None, timeout_s: float) -> None:
     """Run the whole lifecycle on a local simulated fleet, in about a minute.
@@ -221,9 +287,12 @@ def demo(time_scale: float | None, keep_dir: str | None, timeout_s: float) -> No
     Example:
       vast-manager demo
     """
-    from vast_manager.coordinator.cli.demo import run_demo
+    from vast_manager.coordinator.cli.demo import DemoSetupError, run_demo
 
-    code = run_demo(time_scale=time_scale, keep_dir=keep_dir, timeout_s=timeout_s)
+    try:
+        code = run_demo(time_scale=time_scale, keep_dir=keep_dir, timeout_s=timeout_s)
+    except DemoSetupError as err:
+        raise UserError(str(err)) from None
     sys.exit(code)
 
 
@@ -411,14 +480,26 @@ def hosts_export(client: OperatorClient, source: str | None, output: str | None)
     Example:
       vast-manager hosts export --source fleet > fleet.jsonl
     """
+    if output is not None:
+        folder = os.path.dirname(os.path.abspath(output))
+        if not os.path.isdir(folder):
+            raise UserError(f"-o {output}: the folder {folder} does not exist; create it or "
+                            "pick another file")
+        if not os.access(folder, os.W_OK):
+            raise UserError(f"-o {output}: the folder {folder} is not writable; pick another "
+                            "file")
     query = f"?source={source}" if source else ""
     data = client.request_raw("GET", "/api/hosts/export" + query)
     if output is None:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         return
-    with open(output, "wb") as f:
-        f.write(data)
+    try:
+        with open(output, "wb") as f:
+            f.write(data)
+    except OSError as err:
+        raise UserError(f"-o {output} cannot be written ({err.strerror}); pick another "
+                        "file") from None
     lines = data.count(b"\n")
     click.echo(f"{lines} measurement(s) written to {clean(output)}.", err=True)
 

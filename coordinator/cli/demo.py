@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import os
 import secrets
 import shutil
 import signal
@@ -318,6 +319,29 @@ async def _report(api: _Api, rows: list[dict[str, Any]]) -> int:
     return EXIT_OK if ok else EXIT_UNEXPECTED
 
 
+class DemoSetupError(ValueError):
+    """A --keep folder the demo cannot use; nothing was written."""
+
+
+def prepare_keep_dir(workdir: Path) -> None:
+    """A folder for the demo's files: created when missing, refused when it cannot be
+    written or already holds a demo's database (the demo starts on a fresh one)."""
+    db = workdir / "demo.db"
+    if db.exists() or (workdir / "instances").exists():
+        raise DemoSetupError(
+            f"--keep {workdir} holds an earlier demo ({db}); the demo starts on a fresh "
+            "database: remove that folder or pick a new one")
+    if workdir.exists() and not workdir.is_dir():
+        raise DemoSetupError(f"--keep {workdir} is a file; pick a folder")
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DemoSetupError(f"--keep {workdir} cannot be created ({err.strerror}); pick a "
+                             "folder you can write") from None
+    if not os.access(workdir, os.W_OK):
+        raise DemoSetupError(f"--keep {workdir} is not writable; pick a folder you can write")
+
+
 def run_demo(
     *,
     time_scale: float | None = None,
@@ -327,7 +351,8 @@ def run_demo(
     fleet_secret: str | None = None,
 ) -> int:
     workdir = Path(keep_dir) if keep_dir else Path(tempfile.mkdtemp(prefix="vast-manager-demo-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    if keep_dir:
+        prepare_keep_dir(workdir)
     try:
         # Secrets are generated unless given (tests pass known ones to grep for them).
         return asyncio.run(_demo(time_scale or DEFAULT_TIME_SCALE, workdir, timeout_s,

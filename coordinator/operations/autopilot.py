@@ -229,7 +229,13 @@ class Autopilot:
         return line
 
     async def stop(self, *, by: str, reason: str) -> bool:
-        """Stop now and across restarts; False when it was stopped already."""
+        """Stop now and across restarts; False when it was stopped already. Refused where
+        no autopilot is configured: saying "stopped" there would claim a stop that did
+        nothing."""
+        if self.caps is None:
+            raise AutopilotNotConfigured(
+                "This coordinator runs no autopilot (it was served without --autopilot): "
+                "nothing to stop.")
         now = self.clock()
         row = self.switch()
         if row is not None and row["state"] == STOPPED:

@@ -57,7 +57,11 @@ def _query_number(request: web.Request, name: str, *, integer: bool,
 
 
 async def _search(core: Core, filter_text: str | None) -> list[Offer]:
+    from vast_manager.coordinator.providers.vast.filters import parse_filter
+
     try:
+        if filter_text:
+            parse_filter(filter_text)  # refused alike whichever provider answers
         return await core.provider.search_offers(filter_text)
     except ValueError as err:  # the filter parser's FilterError
         raise InvalidInput(f"Bad filter: {err}", field="filter") from None
