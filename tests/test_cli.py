@@ -185,3 +185,16 @@ def test_a_redirect_is_named_not_followed() -> None:
                                     env={"VM_ADMIN_TOKEN": ADMIN_TOKEN})
     assert result.exit_code != 0
     assert f"{url} redirects to https://fleet.example/api/instances" in result.output
+
+
+def test_offers_and_plan_fit_a_100_column_terminal(server: ServerThread) -> None:
+    env = {"VM_URL": server.server.url, "VM_ADMIN_TOKEN": ADMIN_TOKEN, "COLUMNS": "100"}
+    for args in (["offers"], ["plan", "--trials", "3"]):
+        result = CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        lines = result.output.splitlines()
+        assert len(lines) >= 3 and max(map(len, lines)) <= 100, (args, result.output)
+    narrow = CliRunner().invoke(cli, ["offers"], env=env, catch_exceptions=False).output
+    assert "BASIS" not in narrow and "--wide" in narrow
+    wide = CliRunner().invoke(cli, ["offers", "--wide"], env=env, catch_exceptions=False)
+    assert "BASIS" in wide.output and max(map(len, wide.output.splitlines())) > 100

@@ -346,23 +346,32 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
             (
                 (
                     r.get("id"),
-                    r.get("state"),
+                    "IDLE" if r.get("idle") else r.get("state"),
                     r.get("phase"),
                     _progress(r.get("progress")),
                     f"{r.get('num_gpus') or '?'}x {r.get('gpu_name') or '?'}",
                     render.usd(r.get("dph_total"), 3),
                     render.num(r.get("rate_per_hour"))
                     + (" (sim)" if r.get("provider") == "local" else ""),
+                    render.num(r.get("completed_rate_per_hour")),
                     render.usd(r.get("usd_per_proof")),
                     render.ago(r.get("last_seen"), now),
                     r.get("label"),
                 )
                 for r in rows
             ),
-            ["ID", "STATE", "PHASE", "PROGRESS", "GPUS", "$/H", "RATE/H", "$/PROOF",
+            ["ID", "STATE", "PHASE", "PROGRESS", "GPUS", "$/H", "RATE/H", "DONE/H", "$/PROOF",
              "LAST SEEN", "LABEL"],
+            width=render.terminal_width(),
         )
     )
+    click.echo("RATE/H: the benchmark's proofs/hour; DONE/H: what cuzk completed over the "
+               "last hour of proving.")
+    for r in rows:
+        if r.get("idle"):
+            click.echo(f"Warning: instance {r.get('id')} is IDLE, billing "
+                       f"{render.usd(r.get('dph_total'), 3)}/h for nothing: "
+                       f"{clean(r.get('idle_reason'))}.", err=True)
     if any(r.get("provider") == "local" for r in rows):
         click.echo("(sim): a local-provider instance on the simulated cuzk; its rate is simulated.")
 
@@ -714,9 +723,11 @@ def agents_revoke(client: OperatorClient, agent_id: str) -> None:
 @cli.command()
 @click.option("--filter", "filter_text", default=None,
               help='Offer filter in vast.ai CLI syntax, e.g. "num_gpus>=2 dph<=0.9".')
+@click.option("--wide", is_flag=True,
+              help="Add each prediction's basis, however wide the lines get.")
 @json_option
 @operator_options
-def offers(client: OperatorClient, filter_text: str | None, as_json: bool) -> None:
+def offers(client: OperatorClient, filter_text: str | None, wide: bool, as_json: bool) -> None:
     """Offers ranked by predicted cost per proof, with the basis of each prediction.
 
     The rate model (docs/discovery.md) predicts each offer's proofs/hour from its
@@ -725,12 +736,13 @@ def offers(client: OperatorClient, filter_text: str | None, as_json: bool) -> No
     interval of the host's true rate; the basis names the
     factors that moved it. CPU and RAM are what the instance gets, its share of
     the host (vast.ai lists the whole host's): an offer whose share is below
-    VM_MIN_INSTANCE_RAM_GB is flagged TOO-SMALL, with the reason as its basis,
-    and deploys refuse it.
+    VM_MIN_INSTANCE_RAM_GB is flagged TOO-SMALL, and deploys refuse it. The
+    table fits the terminal; --wide adds the basis column (--json has it all).
 
     \b
     Example:
       vast-manager offers --filter "gpu_name=RTX_4090 cpu_ram>=240"
+      vast-manager offers --wide
     """
     from vast_manager.coordinator.cli.text_views import predicted_interval
 
@@ -751,18 +763,23 @@ def offers(client: OperatorClient, filter_text: str | None, as_json: bool) -> No
                     predicted_interval(r),
                     render.usd(r.get("predicted_usd_per_proof")),
                     render.num(r.get("instance_cpu_cores"), 0),
-                    render.num(r.get("instance_ram_gb"), 0, "G"),
+                    render.num(r.get("instance_ram_gb"), 0),
                     render.num(r.get("pcie_bw"), 1),
                     r.get("geolocation"),
                     _flags(r),
-                    r.get("prediction_basis"),
+                    *((r.get("prediction_basis"),) if wide else ()),
                 )
                 for r in rows
             ),
-            ["OFFER", "GPUS", "$/H", "PRED/H (80%)", "$/PROOF", "CPU", "RAM", "PCIE GB/S",
-             "PLACE", "FLAGS", "BASIS"],
+            ["OFFER", "GPUS", "$/H", "PRED/H (80%)", "$/PROOF", "CPU", "RAM GB", "PCIE GB/S",
+             "PLACE", "FLAGS", *(("BASIS",) if wide else ())],
+            width=None if wide else render.terminal_width(),
         )
     )
+    width = None if wide else render.terminal_width()
+    click.echo(render.wrap(
+        "CPU and RAM GB: the instance's share of the host (vast.ai lists the whole host's). "
+        + ("" if wide else "Each prediction's basis: --wide, or --json."), width))
 
 
 def _flags(offer: dict[str, Any]) -> str:
@@ -841,7 +858,7 @@ def plan(client: OperatorClient, trials: int, budget_usd: float | None,
     if as_json:
         echo_json(data)
         return
-    click.echo(render_plan(data))
+    click.echo(render_plan(data, render.terminal_width()))
 
 
 @cli.command()

@@ -92,10 +92,12 @@ class _Memo:
                 for o in offers]
 
 
-def fleet_instances(rows: Sequence[Row], model: RateModel) -> list[FleetInstance]:
+def fleet_instances(rows: Sequence[Row], model: RateModel,
+                    idle: frozenset[int] = frozenset()) -> list[FleetInstance]:
     """Our deployed instances still on a machine, as the decision core sees them: proving
     at their measured rate, on trial at the model's predicted rate for their offer, or leaving
-    (terminating, silent, failed: billing, not proving)."""
+    (terminating, silent, failed, or idle (``idle``: proving, completing nothing): billing,
+    not proving)."""
     out = []
     for r in rows:
         if r["kind"] != "deployed" or r["state"] in states.GONE:
@@ -104,7 +106,7 @@ def fleet_instances(rows: Sequence[Row], model: RateModel) -> list[FleetInstance
         rate = r["rate_per_hour"]
         ident, machine = str(r["id"]), str(r["machine_id"])
         ending = r["terminate_reason"] or r["state"] in states.ENDING
-        if ending or r["state"] == State.LOST:
+        if ending or r["state"] == State.LOST or int(r["id"]) in idle:
             out.append(FleetInstance(ident, machine, dph, None, leaving=True))
         elif r["state"] == State.PROVING and rate:
             out.append(FleetInstance(ident, machine, dph, float(rate)))
@@ -294,7 +296,8 @@ class Autopilot:
         now = self.clock()
         fitted = await self.models.current()
         rows = await self.store.read(lambda r: r.active_instances())
-        fleet = await asyncio.to_thread(fleet_instances, rows, fitted.model)
+        idle = frozenset(self.monitor.production.idle_ids())
+        fleet = await asyncio.to_thread(fleet_instances, rows, fitted.model, idle)
         busy = frozenset(str(r["machine_id"]) for r in rows if r["machine_id"] is not None)
         bad = frozenset(str(b["machine_id"]) for b in self.store.bad_hosts())
         notes: list[str] = []

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from vast_manager.coordinator.decisions import policy, states
 from vast_manager.coordinator.decisions.states import State
+from vast_manager.coordinator.operations.production import NOT_PROVING
 from vast_manager.coordinator.store.schema import Row, loads
 
 INSTANCE_FIELDS = (
@@ -21,16 +23,21 @@ INSTANCE_FIELDS = (
 VIEW_COLUMNS = (*INSTANCE_FIELDS, "progress_json")
 
 
-def finish_view(out: dict[str, Any]) -> dict[str, Any]:
-    """``out`` holds ``VIEW_COLUMNS``; turn it into the view in place."""
+def finish_view(out: dict[str, Any], produced: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``out`` holds ``VIEW_COLUMNS``; turn it into the view in place. ``produced``: what
+    the instance completed (``ProductionTracker.view``): ``completed_rate_per_hour`` beside
+    the benchmark's ``rate_per_hour``, and ``idle`` with its reason; an idle instance has
+    no cost per proof (it bills and proves nothing)."""
     out["progress"] = loads(out.pop("progress_json"))
-    out["usd_per_proof"] = policy.usd_per_proof(out["dph_total"], out["rate_per_hour"])
+    out.update(produced if produced is not None else NOT_PROVING)
+    out["usd_per_proof"] = (None if out["idle"]
+                            else policy.usd_per_proof(out["dph_total"], out["rate_per_hour"]))
     out["rebenchmark_pending"] = bool(out["rebenchmark_pending"])
     return out
 
 
-def instance_view(row: Row) -> dict[str, Any]:
-    return finish_view({name: row.get(name) for name in VIEW_COLUMNS})
+def instance_view(row: Row, produced: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    return finish_view({name: row.get(name) for name in VIEW_COLUMNS}, produced)
 
 
 def result_view(row: Row) -> dict[str, Any]:
@@ -63,21 +70,32 @@ def host_perf_view(row: Row) -> dict[str, Any]:
     return out
 
 
-def fleet_view(by_state: dict[str, tuple[int, float, float]]) -> dict[str, Any]:
+def fleet_view(
+    by_state: dict[str, tuple[int, float, float]],
+    idle: tuple[int, float, float] = (0, 0.0, 0.0),
+    completed_per_hour: float | None = None,
+) -> dict[str, Any]:
     """The fleet at a glance, from ``Reads.instances_by_state`` (``GET /api/fleet``, the
     dashboard's tiles and the fleet gauges of ``/metrics``): instances per state present,
     how many bill (every state but the gone ones) and prove, the fleet's price per hour
-    (of those that bill), its proofs per hour (the proving instances' measured rates)
-    and their ratio (None while nothing proves)."""
+    (of those that bill), its proofs per hour (the proving instances' measured rates,
+    idle ones left out: ``idle`` is ``ProductionTracker.idle_totals``), what cuzk
+    completed fleet-wide (``completed_proofs_per_hour``, None until measured) and the
+    ratio of price to output (None while nothing proves)."""
     billing = [v for state, v in by_state.items() if state not in states.GONE]
     proving = by_state.get(State.PROVING, (0, 0.0, 0.0))
     dollars_per_hour = sum(dph for _, dph, _ in billing)
+    # Idle instances bill but produce nothing: out of the fleet's output.
+    idle_n, idle_rate, _ = idle
+    output = max(0.0, proving[2] - idle_rate)
     return {
         "instances": sum(n for n, _, _ in by_state.values()),
         "by_state": {state: n for state, (n, _, _) in sorted(by_state.items())},
         "billing": sum(n for n, _, _ in billing),
-        "proving": proving[0],
-        "proofs_per_hour": proving[2],
+        "proving": proving[0] - idle_n,
+        "idle": idle_n,
+        "proofs_per_hour": output,
+        "completed_proofs_per_hour": completed_per_hour,
         "dollars_per_hour": dollars_per_hour,
-        "dollars_per_proof": policy.usd_per_proof(dollars_per_hour, proving[2]),
+        "dollars_per_proof": policy.usd_per_proof(dollars_per_hour, output),
     }

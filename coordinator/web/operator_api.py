@@ -287,7 +287,9 @@ async def _list_instances(core: Core, request: web.Request) -> Any:
         more = limit is not None and len(rows) > limit
         if more:
             del rows[limit:]
-        body = orjson.dumps([finish_view(dict(zip(VIEW_COLUMNS, values, strict=True)))
+        produced = core.monitor.production.view
+        body = orjson.dumps([finish_view(dict(zip(VIEW_COLUMNS, values, strict=True)),
+                                         produced(values[id_at]))
                              for values in rows])
         return body, int(rows[-1][id_at]) if more else None
 
@@ -302,7 +304,10 @@ async def _list_instances(core: Core, request: web.Request) -> Any:
 
 
 async def _fleet(core: Core, request: web.Request) -> Any:
-    return await core.store.read(lambda reads: fleet_view(reads.instances_by_state()))
+    production = core.monitor.production
+    return await core.store.read(lambda reads: fleet_view(
+        reads.instances_by_state(), production.idle_totals(),
+        production.completed_total_per_hour()))
 
 
 async def _get_instance(core: Core, request: web.Request) -> Any:
@@ -312,7 +317,7 @@ async def _get_instance(core: Core, request: web.Request) -> Any:
         inst = reads.get_instance(instance_id)
         if inst is None:
             return None
-        out = instance_view(inst)
+        out = instance_view(inst, core.monitor.production.view(instance_id))
         out["host"] = loads(inst.get("host_json"))
         out["results"] = [result_view(r) for r in reads.results_for_instance(instance_id)]
         out["events"] = [event_view(e) for e in reads.events(instance_id)]
@@ -412,7 +417,8 @@ async def _metrics(request: web.Request) -> web.Response:
     # requests change them.
     now, guard = core.clock(), metrics.GuardCounts.of(core.guard)
     paced = metrics.PaceFigures(core.tracker.load(), core.settings)
-    body = await core.store.read(lambda reads: metrics.exposition(reads, now, guard, paced))
+    body = await core.store.read(lambda reads: metrics.exposition(reads, now, guard, paced,
+                                                                core.monitor.production))
     return web.Response(body=body, headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
