@@ -339,6 +339,36 @@ async def until(page: Any, expression: str, timeout_s: float = 15.0) -> None:
         await asyncio.sleep(0.1)
 
 
+async def _fits(page: Any, name: str) -> None:
+    """No sideways scrolling at 1,400 px nor on a 390 px phone: not the page, not a table
+    inside it. Screenshots of both widths are left in test-artifacts/dashboard/."""
+    for width in (1400, 390):
+        await page.set_viewport_size({"width": width, "height": 900})
+        await asyncio.sleep(0.3)
+        over = await page.evaluate(
+            "() => ({page: document.documentElement.scrollWidth - window.innerWidth,"
+            " tables: [...document.querySelectorAll('.table-wrap')]"
+            ".filter((w) => w.offsetParent !== null && w.scrollWidth > w.clientWidth + 1)"
+            ".map((w) => w.firstElementChild.id)})")
+        await page.screenshot(path=str(ARTIFACTS / f"fit-{name}-{width}px.png"), full_page=True)
+        assert over == {"page": 0, "tables": []}, (name, width, over)
+    await page.set_viewport_size({"width": 1400, "height": 1000})
+
+
+async def _idle_shown(page: Any, instance_id: str) -> None:
+    """The local fleet runs no work command: once proving, its instance completes nothing
+    and the fleet page says idle (state, warning, tile) instead of counting its rate."""
+    await page.click("#nav a[data-route=fleet]")
+    await until(page, f"(() => {{ const r = document.querySelector(\"tr[data-instance-id="
+                      f"'{instance_id}']\"); return r && r.textContent.includes('idle'); }})()",
+                timeout_s=120)
+    await until(page, "!document.getElementById('fleet-idle').hidden")
+    warning = await page.text_content("#fleet-idle") or ""
+    assert f"#{instance_id} is idle" in warning and "VM_WORK_CMD" in warning
+    await page.screenshot(path=str(ARTIFACTS / "09-fleet-idle.png"), full_page=True)
+    await _fits(page, "fleet-idle")
+
+
 async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) -> None:
     await page.goto(url + "/")
     await page.wait_for_selector("#login-view:not([hidden])")
@@ -356,6 +386,10 @@ async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) 
     deploy = page.locator(f"tr[data-offer-id='{offer['id']}'] button.deploy")
     await deploy.wait_for()
     await page.screenshot(path=str(ARTIFACTS / "03-offers.png"), full_page=True)
+    await _fits(page, "offers")
+    # Deploy sits beside the offer's id, inside a 1,400 px window.
+    box = await deploy.bounding_box()
+    assert box is not None and box["x"] + box["width"] <= 1400, box
     # The hostile offer's fields are text: every payload shown as written, no element
     # made from any, bidi and control characters as escapes.
     hostile_row = page.locator(f"tr[data-offer-id='{offer['id'] + 1000}']")
@@ -383,6 +417,7 @@ async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) 
         f"(() => {{ const r = document.querySelector(\"tr[data-instance-id='{instance_id}']\");"
         " return r && r.dataset.state !== 'deploying'; })()", timeout_s=60)
     await page.screenshot(path=str(ARTIFACTS / "04-fleet.png"), full_page=True)
+    await _fits(page, "fleet")
 
     # The instance page with its charts: wait until both GPUs have several points.
     await row.locator("a.instance-link").click()
@@ -401,6 +436,7 @@ async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) 
                                  timeout_s=30)
     await page.screenshot(path=str(ARTIFACTS / "05-instance.png"), full_page=True)
     await _metrics_carry_the_fleet(url, instance_id, offer)
+    await _idle_shown(page, instance_id)
 
     # Host-sent markup stays text everywhere it is shown.
     await _hostile_byo_agent(url, start_second)

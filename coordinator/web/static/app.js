@@ -98,10 +98,30 @@ function flash(message, isError) {
 
 function fill(tbody, rows) {
   tbody.replaceChildren(...rows);
+  labelCells(tbody);
+}
+
+// Each cell carries its column's heading (data-label): on a phone the stylesheet shows
+// every row as a card of "heading value" lines instead of a table wider than the screen.
+function labelCells(tbody) {
+  const table = tbody.closest("table");
+  const heads = table && table.tHead ? [...table.tHead.rows[0].cells] : [];
+  const names = heads.map((th) => th.textContent.trim());
+  for (const row of tbody.rows) {
+    [...row.cells].forEach((cell, i) => {
+      if (names[i]) cell.dataset.label = names[i];
+    });
+  }
 }
 
 function td(...children) {
   return el("td", {}, ...children);
+}
+
+// A cell of free text (a label, a place, host-sent words): it wraps instead of widening
+// the table past the screen.
+function tdText(...children) {
+  return el("td", { class: "text" }, ...children);
 }
 
 // Two clicks to act: the first arms the button, the second (within 5 s) runs.
@@ -360,7 +380,9 @@ async function renderFleet() {
   $("fleet-tiles").replaceChildren(
     tile("instances billing", String(summary.billing)),
     tile("proving", String(summary.proving)),
-    tile("proofs / hour", num(summary.proofs_per_hour, 1)),
+    tile("idle (billing, proving nothing)", String(summary.idle ?? 0)),
+    tile("proofs / hour (benchmark rates, idle left out)", num(summary.proofs_per_hour, 1)),
+    tile("completed / hour (cuzk)", num(summary.completed_proofs_per_hour, 1)),
     tile("$ / hour", usd(summary.dollars_per_hour, 3)),
     tile("$ / proof", summary.dollars_per_proof === null ? "-" : usd(summary.dollars_per_proof)),
   );
@@ -370,12 +392,15 @@ async function renderFleet() {
     rows.map((r) =>
       el("tr", { "data-instance-id": r.id, "data-state": r.state },
         td(el("a", { href: `#/instance/${r.id}`, class: "instance-link" }, String(r.id))),
-        td(r.label || "-"),
-        td(el("span", { class: `state state-${stateTone(r.state)}` }, r.state || "-")),
+        tdText(r.label || "-"),
+        td(r.idle
+          ? el("span", { class: "state state-bad", title: r.idle_reason || "" }, "idle")
+          : el("span", { class: `state state-${stateTone(r.state)}` }, r.state || "-")),
         phaseCell(r),
-        td(`${r.num_gpus || "?"} x ${r.gpu_name || "?"}`),
+        tdText(`${r.num_gpus || "?"} x ${r.gpu_name || "?"}`),
         td(usd(r.dph_total, 3)),
         td(num(r.rate_per_hour), simulatedTag(r)),
+        td(num(r.completed_rate_per_hour)),
         td(usd(r.usd_per_proof)),
         td(ago(r.last_seen)),
       ),
@@ -391,6 +416,11 @@ async function renderFleet() {
   $("fleet-empty").textContent = fleet.filter
     ? `No instances in state ${fleet.filter}.` : "No instances yet: deploy one from Offers.";
   $("fleet-empty").hidden = rows.length > 0;
+  const idle = rows.filter((r) => r.idle);
+  $("fleet-idle").hidden = idle.length === 0;
+  $("fleet-idle").replaceChildren(...idle.map((r) => el("div", {},
+    el("a", { href: `#/instance/${r.id}` }, `#${r.id}`),
+    ` is idle, billing ${usd(r.dph_total, 3)}/h: ${r.idle_reason || ""}`)));
   renderEvents($("events"), events.slice().reverse());
 }
 
@@ -434,25 +464,34 @@ async function renderOffers() {
     rows.map((o) => {
       const button = el("button", { type: "button", class: "deploy", "data-offer-id": o.id },
         "Deploy");
-      if (o.bad_host) button.disabled = true;
+      // Disabled where the coordinator would refuse the deploy, with the reason.
+      const refusal = o.bad_host ? "this machine is on the bad-hosts list"
+        : o.too_small ? (o.prediction_basis || "the instance's share of the host is too small")
+          : null;
+      if (refusal) {
+        button.disabled = true;
+        button.title = refusal;
+      }
       confirmClick(button, "Confirm deploy", async () => {
         const answer = await act("POST", "/api/deploy", { offer_id: Number(o.id) });
         if (answer && answer.instance_id) location.hash = `#/instance/${answer.instance_id}`;
       });
+      const basis = el("td", { class: "basis" }, o.prediction_basis || "-");
       return el("tr", { "data-offer-id": o.id },
         td(String(o.id)),
+        td(button),
         td(String(o.machine_id ?? "-")),
-        td(`${o.num_gpus} x ${o.gpu_name}`),
+        tdText(`${o.num_gpus} x ${o.gpu_name}`),
         td(usd(o.dph_total, 3)),
         td(predictedInterval(o)),
         td(usd(o.predicted_usd_per_proof)),
-        td(String(o.cpu_cores_effective ?? o.cpu_cores ?? "-")),
-        td(o.cpu_ram ? num(o.cpu_ram / 1000, 0, " GB") : "-"),
+        // CPU and RAM: the instance's share of the host, as the CLI shows them.
+        td(num(o.instance_cpu_cores ?? o.cpu_cores_effective, 0)),
+        td(num(o.instance_ram_gb, 0)),
         td(num(o.pcie_bw, 1)),
-        td(o.geolocation || "-"),
+        tdText(o.geolocation || "-"),
         td(offerFlags(o)),
-        td(o.prediction_basis || "-"),
-        td(button));
+        basis);
     }),
   );
   $("offers-empty").hidden = rows.length > 0;
@@ -668,8 +707,12 @@ async function renderInstance(id) {
     ["GPUs", `${inst.num_gpus || "?"} x ${inst.gpu_name || "?"}`],
     ["place", inst.geolocation || "-"],
     ["price", usd(inst.dph_total, 3) + " / h"],
-    ["rate", num(inst.rate_per_hour) + " / h (min " + num(inst.min_rate_per_hour) + ")" +
+    ["benchmark rate", num(inst.rate_per_hour) + " / h (min " + num(inst.min_rate_per_hour) + ")" +
       (inst.provider === "local" ? " — simulated" : "")],
+    ["completed", inst.idle ? `IDLE: ${inst.idle_reason || ""}`
+      : inst.state === "proving" ? (inst.completed_rate_per_hour === null
+        ? "measuring (cuzk's finished proofs)" : num(inst.completed_rate_per_hour) +
+          " / h (cuzk's finished proofs, last hour)") : "-"],
     ["$ / proof", usd(inst.usd_per_proof)],
     ["proofs", String(inst.proofs_completed_total ?? 0)],
     ["last seen", ago(inst.last_seen)],
