@@ -23,7 +23,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import click
@@ -69,11 +69,14 @@ class OneLineErrors(click.Group):
     (normally three lines with the usage), and anything unexpected, which says where
     to look instead of showing a traceback."""
 
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+    def main(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, prog_name: str | None = None,
+        complete_var: str | None = None, standalone_mode: bool = True, **extra: Any,
+    ) -> Any:
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(args, prog_name, complete_var, False, **extra)
         try:
-            code = super().main(*args, standalone_mode=False, **kwargs)
+            code = super().main(args, prog_name, complete_var, False, **extra)
         except click.exceptions.NoArgsIsHelpError as err:
             click.echo(err.ctx.get_help() if err.ctx else str(err))
             sys.exit(0)
@@ -382,10 +385,12 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
 @operator_options
 def instance(client: OperatorClient, instance_id: int, as_json: bool) -> None:
     """One instance: its state, per-GPU telemetry, results and decisions.
+    INSTANCE_ID is the coordinator's id (the ID column of `vast-manager status`), not
+    the provider's.
 
     \b
     Example:
-      vast-manager instance 700001
+      vast-manager instance 3
     """
     from vast_manager.coordinator.cli.text_views import render_instance
 
@@ -580,7 +585,7 @@ def destroy(client: OperatorClient, instance_id: int) -> None:
 
     \b
     Example:
-      vast-manager destroy 700001
+      vast-manager destroy 3
     """
     answer = client.post(f"/api/instances/{instance_id}/destroy")
     click.echo(clean((answer or {}).get("message") or f"Instance {instance_id} destroyed."))
@@ -594,7 +599,7 @@ def rebenchmark(client: OperatorClient, instance_id: int) -> None:
 
     \b
     Example:
-      vast-manager rebenchmark 700001
+      vast-manager rebenchmark 3
     """
     answer = client.post(f"/api/instances/{instance_id}/rebenchmark")
     click.echo(
@@ -643,7 +648,7 @@ def logs(
 
     \b
     Example:
-      vast-manager logs 700001 --tail 50 --source cuzk --follow
+      vast-manager logs 3 --tail 50 --source cuzk --follow
     """
     path = f"/api/instances/{instance_id}/logs"
     try:
