@@ -368,8 +368,9 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
             width=render.terminal_width(),
         )
     )
-    click.echo("RATE/H: the benchmark's proofs/hour; DONE/H: what cuzk completed over the "
-               "last hour of proving.")
+    if any(r.get("state") == "proving" for r in rows):
+        click.echo("RATE/H: the benchmark's proofs/hour; DONE/H: what cuzk completed over "
+                   "the last hour of proving.")
     for r in rows:
         if r.get("idle"):
             click.echo(f"Warning: instance {r.get('id')} is IDLE, billing "
