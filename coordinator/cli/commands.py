@@ -443,6 +443,7 @@ def hosts(ctx: click.Context, client: OperatorClient, as_json: bool) -> None:
             ),
             ["MACHINE", "GPU", "N", "MEDIAN/H", "BEST/H", "LAST/H", "SAMPLES", "IMPORTED",
              "$/PROOF"],
+            width=render.terminal_width(),
         )
     )
 
@@ -545,6 +546,7 @@ def bad_hosts_list(client: OperatorClient, as_json: bool) -> None:
         render.table(
             ((r.get("machine_id"), render.ago(r.get("added_at")), r.get("reason")) for r in rows),
             ["MACHINE", "ADDED", "REASON"],
+            width=render.terminal_width(),
         )
     )
 
@@ -972,7 +974,7 @@ def scaling(client: OperatorClient, as_json: bool) -> None:
     if as_json:
         echo_json(rows)
         return
-    click.echo(render_scaling(rows))
+    click.echo(render_scaling(rows, render.terminal_width()))
 
 
 def main() -> None:

@@ -154,8 +154,9 @@ def event_lines(events: list[dict[str, Any]], title: str, last: int, clock: str,
     return out
 
 
-def render_scaling(rows: list[dict[str, Any]]) -> str:
-    """Per host: all-GPU vs one-GPU rate, and the coordinator's verdict beside the agent's."""
+def render_scaling(rows: list[dict[str, Any]], width: int | None = None) -> str:
+    """Per host: all-GPU vs one-GPU rate, and the coordinator's verdict beside the agent's
+    (folded to ``width`` when given)."""
     if not rows:
         return "No multi-GPU scaling result yet."
     out = []
@@ -179,7 +180,8 @@ def render_scaling(rows: list[dict[str, Any]]) -> str:
         )
         for ev in r.get("evidence") or []:
             out.append(f"    - {clean(ev)}")
-    return "\n".join(out)
+    return "\n".join(render.wrap(line, width, "      " if line.startswith("    - ") else "  ")
+                     for line in out)
 
 
 def predicted_interval(row: dict[str, Any]) -> str:

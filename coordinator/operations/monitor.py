@@ -244,7 +244,7 @@ class Monitor:
 
             await self.store.write(report)
             for instance_id in turned:
-                log.warning("instance %s is idle: %s", instance_id,
+                log.info("instance %s is idle: %s", instance_id,
                             current[instance_id].idle_reason)
         limit = self.settings.idle_destroy_after_s
         if limit <= 0:
