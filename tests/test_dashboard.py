@@ -369,6 +369,20 @@ async def _idle_shown(page: Any, instance_id: str) -> None:
     await _fits(page, "fleet-idle")
 
 
+async def _hosts_page(page: Any, offer: dict[str, Any]) -> None:
+    """The measured host, its scaling verdict and the rate model, on a page that fits."""
+    await page.click("#nav a[data-route=hosts]")
+    await page.wait_for_selector("#hosts-view:not([hidden])")
+    row = page.locator(f"#hosts-table tr[data-machine-id='{offer['machine_id']}']")
+    await row.wait_for(timeout=30_000)
+    await until(page, "document.querySelectorAll('#scaling-table tbody tr').length >= 1",
+                timeout_s=30)
+    facts = await page.text_content("#model-facts") or ""
+    assert "measurements" in facts and "GPU models" in facts
+    await page.screenshot(path=str(ARTIFACTS / "10-hosts.png"), full_page=True)
+    await _fits(page, "hosts")
+
+
 async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) -> None:
     await page.goto(url + "/")
     await page.wait_for_selector("#login-view:not([hidden])")
@@ -437,6 +451,7 @@ async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) 
     await page.screenshot(path=str(ARTIFACTS / "05-instance.png"), full_page=True)
     await _metrics_carry_the_fleet(url, instance_id, offer)
     await _idle_shown(page, instance_id)
+    await _hosts_page(page, offer)
 
     # Host-sent markup stays text everywhere it is shown.
     await _hostile_byo_agent(url, start_second)

@@ -350,7 +350,8 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
                 (
                     r.get("id"),
                     "IDLE" if r.get("idle") else r.get("state"),
-                    r.get("phase"),
+                    # A gone instance's last heartbeat phase (terminating) is history.
+                    "-" if r.get("state") in ("destroyed", "vanished") else r.get("phase"),
                     _progress(r.get("progress")),
                     f"{r.get('num_gpus') or '?'}x {r.get('gpu_name') or '?'}",
                     render.usd(r.get("dph_total"), 3),

@@ -132,8 +132,8 @@ class _Screen:
                 self.last_phases[r["id"]] = key
                 print(
                     f"[{elapsed_s:5.1f}s] instance {r['id']} ({r.get('num_gpus')}x "
-                    f"{render.clean(r.get('gpu_name'))}): {render.clean(r.get('state'))} / "
-                    f"{render.clean(r.get('phase'))}",
+                    f"{render.clean(r.get('gpu_name'))}): state {render.clean(r.get('state'))}, "
+                    f"phase {render.clean(r.get('phase') or 'none yet')}",
                     flush=True,
                 )
 

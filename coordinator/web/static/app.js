@@ -10,8 +10,8 @@ const OFFERS_REFRESH_MS = 60000;
 // Instances a page of the fleet table shows (the API pages by id: limit and after_id).
 const FLEET_PAGE = 100;
 const SVG_NS = "http://www.w3.org/2000/svg";
-const VIEWS = ["login-view", "fleet-view", "offers-view", "bad-hosts-view", "autopilot-view",
-  "instance-view"];
+const VIEWS = ["login-view", "fleet-view", "offers-view", "hosts-view", "bad-hosts-view",
+  "autopilot-view", "instance-view"];
 
 const state = {
   csrf: null,
@@ -276,6 +276,7 @@ function route() {
   const match = /^instance\/(\d+)$/.exec(hash);
   if (match) return { name: "instance", id: match[1] };
   if (hash === "offers") return { name: "offers" };
+  if (hash === "hosts") return { name: "hosts" };
   if (hash === "bad-hosts") return { name: "bad-hosts" };
   if (hash === "autopilot") return { name: "autopilot" };
   return { name: "fleet" };
@@ -295,6 +296,7 @@ async function refresh() {
     try {
       if (r.name === "fleet") await renderFleet();
       else if (r.name === "offers") await renderOffers();
+      else if (r.name === "hosts") await renderHosts();
       else if (r.name === "bad-hosts") await renderBadHosts();
       else if (r.name === "autopilot") await renderAutopilot();
       else await renderInstance(r.id);
@@ -320,7 +322,10 @@ function tile(label, value) {
 }
 
 function phaseCell(inst) {
-  const cell = td(inst.phase || "-");
+  // A gone instance's last heartbeat phase (terminating) is history, not its phase.
+  const gone = inst.state === "destroyed" || inst.state === "vanished";
+  const cell = td(gone ? "-" : inst.phase || "-");
+  if (gone) return cell;
   const p = inst.progress;
   if (p && p.total) {
     cell.append(" ", el("progress", { max: p.total, value: p.done }), " ",
@@ -435,6 +440,49 @@ function renderEvents(list, events) {
         e.reason || ""),
     ),
   );
+}
+
+// --- measured hosts, scaling verdicts, the rate model -------------------------------------
+
+async function renderHosts() {
+  const [hosts, scaling, model] = await Promise.all([
+    api("GET", "/api/host-perf"),
+    api("GET", "/api/scaling"),
+    api("GET", "/api/model"),
+  ]);
+  show("hosts-view");
+  fill($("hosts-table").tBodies[0], hosts.map((h) =>
+    el("tr", { "data-machine-id": h.machine_id },
+      td(String(h.machine_id)), tdText(h.gpu_name || "-"), td(String(h.num_gpus ?? "-")),
+      td(num(h.median_rate_per_hour)), td(num(h.best_rate_per_hour)),
+      td(num(h.last_rate_per_hour)), td(String(h.samples ?? 0)),
+      td(String(h.imported_samples ?? 0)), td(usd(h.usd_per_proof)))));
+  $("hosts-empty").hidden = hosts.length > 0;
+  fill($("scaling-table").tBodies[0], scaling.map((r) =>
+    el("tr", {},
+      td(String(r.machine_id)), tdText(`${r.num_gpus} x ${r.gpu_name}`),
+      td(num(r.rate_all_per_hour)),
+      td(r.rate_one_per_hour === null || r.rate_one_per_hour === undefined ? "no one-GPU run"
+        : num(r.rate_one_per_hour)),
+      td(num(r.efficiency, 2)),
+      td(String(r.bottleneck || "-") +
+        (r.agent_bottleneck ? ` (agent: ${r.agent_bottleneck})` : "")),
+      tdText((r.evidence || []).join("; ") || "-"))));
+  $("scaling-empty").hidden = scaling.length > 0;
+  const factors = (group) => Object.entries(model[group] || {})
+    .sort(([a], [b]) => a.localeCompare(b))
+    .map(([k, v]) => `${k} x${Number(v).toFixed(2)}`).join(", ") || "-";
+  facts($("model-facts"), [
+    ["measurements", `${model.measurements ?? 0} of ${model.machines ?? 0} machine(s)` +
+      ` (${model.imported ?? 0} imported, ${model.skipped ?? 0} unreadable)`],
+    ["fitted", ago(model.fitted_at)],
+    ["host spread (log rate)", num(model.sigma_host, 3)],
+    ["benchmark noise (log rate)", num(model.sigma_noise, 3)],
+    ["new hosts' intervals", "x" + num(model.interval_scale, 2) +
+      " (calibrated on measured machines: how unsure the model is of a host it has not seen)"],
+    ["GPU models", factors("gpu_models")],
+    ["CPU families", factors("cpu_families")],
+  ]);
 }
 
 // --- offers ----------------------------------------------------------------------------
