@@ -401,6 +401,10 @@ async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) 
     await deploy.wait_for()
     await page.screenshot(path=str(ARTIFACTS / "03-offers.png"), full_page=True)
     await _fits(page, "offers")
+    # The chart: every predicted offer a dot with its interval, the break-even line drawn.
+    await until(page, "Number(document.getElementById('chart-offers').dataset.points || 0) >= 2")
+    assert await page.locator("#chart-offers line.break-even").count() == 1
+    assert await page.locator("#chart-offers circle.offer-dot").count() >= 2
     # Deploy sits beside the offer's id, inside a 1,400 px window.
     box = await deploy.bounding_box()
     assert box is not None and box["x"] + box["width"] <= 1400, box

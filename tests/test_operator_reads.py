@@ -135,6 +135,7 @@ async def test_fleet_summary(h: Harness) -> None:
                      "proving": 4, "vanished": 1},
         "billing": len(billing), "proving": len(proving),
         "idle": 0, "completed_proofs_per_hour": None,  # no monitor round measured them
+        "max_usd_per_proof": h.core.settings.max_usd_per_proof,
         "proofs_per_hour": pytest.approx(sum(proving)),
         "dollars_per_hour": pytest.approx(sum(d or 0.0 for _, d, _ in billing)),
         "dollars_per_proof": pytest.approx(sum(d or 0.0 for _, d, _ in billing) / sum(proving)),

@@ -305,9 +305,11 @@ async def _list_instances(core: Core, request: web.Request) -> Any:
 
 async def _fleet(core: Core, request: web.Request) -> Any:
     production = core.monitor.production
-    return await core.store.read(lambda reads: fleet_view(
+    view = await core.store.read(lambda reads: fleet_view(
         reads.instances_by_state(), production.idle_totals(),
         production.completed_total_per_hour()))
+    # The break-even $/proof the minimum rates come from (the offers chart draws it).
+    return {**view, "max_usd_per_proof": core.settings.max_usd_per_proof}
 
 
 async def _get_instance(core: Core, request: web.Request) -> Any:

@@ -543,6 +543,73 @@ async function renderOffers() {
     }),
   );
   $("offers-empty").hidden = rows.length > 0;
+  const fleet = await api("GET", "/api/fleet");
+  offersChart($("chart-offers"), rows, fleet.max_usd_per_proof);
+}
+
+// Price against predicted rate: each offer a dot with its 80% interval as a bar, measured
+// hosts ringed, and lines of equal $/proof through the origin (price = $/proof x rate), the
+// break-even one (VM_MAX_USD_PER_PROOF) drawn bold: offers right of it pay for themselves.
+function offersChart(node, rows, breakEven) {
+  const W = 640, H = 260, L = 52, R = 96, T = 10, B = 30;
+  const shown = rows.filter((o) => o.predicted_rate_per_hour !== null &&
+    o.predicted_rate_per_hour !== undefined && o.dph_total);
+  node.replaceChildren();
+  node.dataset.points = String(shown.length);
+  if (shown.length === 0) {
+    const text = svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "chart-empty" });
+    text.textContent = "no predicted offer";
+    node.append(text);
+    return;
+  }
+  const high = (o) => Number(o.predicted_rate_high ?? o.predicted_rate_per_hour);
+  const xmax = Math.max(...shown.map(high)) * 1.05 || 1;
+  const ymax = Math.max(...shown.map((o) => Number(o.dph_total))) * 1.15 || 1;
+  const x = (v) => L + (Math.min(v, xmax) / xmax) * (W - L - R);
+  const y = (v) => T + (1 - Math.min(v, ymax) / ymax) * (H - T - B);
+  for (let i = 0; i <= 4; i += 1) {
+    const v = (ymax * i) / 4;
+    node.append(svg("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), class: "grid" }));
+    const label = svg("text", { x: L - 6, y: y(v) + 4, "text-anchor": "end", class: "axis" });
+    label.textContent = "$" + v.toFixed(2);
+    node.append(label);
+    const xv = (xmax * i) / 4;
+    const xl = svg("text", { x: x(xv), y: H - 12, "text-anchor": "middle", class: "axis" });
+    xl.textContent = axisNumber(xv);
+    node.append(xl);
+  }
+  const caption = svg("text", { x: W - R, y: H - 1, "text-anchor": "end", class: "axis" });
+  caption.textContent = "predicted proofs/h (80% interval)";
+  node.append(caption);
+  // Lines of equal $/proof: the break-even one and its halves and doubles.
+  const levels = breakEven ? [breakEven / 4, breakEven / 2, breakEven, breakEven * 2] : [];
+  for (const c of levels) {
+    const rateAtTop = ymax / c;
+    const x2 = Math.min(xmax, rateAtTop);
+    const line = svg("line", { x1: x(0), y1: y(0), x2: x(x2), y2: y(c * x2),
+      class: c === breakEven ? "iso break-even" : "iso" });
+    node.append(line);
+    const label = svg("text", { x: Math.min(x(x2) + 4, W - R + 4), y: y(c * x2) + 4,
+      class: c === breakEven ? "legend break-even-label" : "axis" });
+    label.textContent = `$${c.toPrecision(2)}/proof` + (c === breakEven ? " (break-even)" : "");
+    node.append(label);
+  }
+  for (const o of shown) {
+    const mid = Number(o.predicted_rate_per_hour);
+    const lo = Number(o.predicted_rate_low ?? mid);
+    const price = Number(o.dph_total);
+    const cls = o.bad_host ? "offer-dot bad" : o.too_small ? "offer-dot small" : "offer-dot";
+    node.append(svg("line", { x1: x(lo), x2: x(high(o)), y1: y(price), y2: y(price),
+      class: "interval" }));
+    const dot = svg("circle", { cx: x(mid), cy: y(price), r: o.known ? 5 : 3.5, class: cls,
+      "data-offer-id": o.id });
+    if (o.known) dot.classList.add("measured");
+    const title = svg("title", {});
+    title.textContent = safeText(`offer ${o.id}: ${o.num_gpus} x ${o.gpu_name}, ` +
+      `$${price.toFixed(3)}/h, ${predictedInterval(o)}/h` + (o.known ? " (measured host)" : ""));
+    dot.append(title);
+    node.append(dot);
+  }
 }
 
 // The median and, in brackets, the 80% interval of a predicted rate.
