@@ -581,18 +581,31 @@ function offersChart(node, rows, breakEven) {
   const caption = svg("text", { x: W - R, y: H - 1, "text-anchor": "end", class: "axis" });
   caption.textContent = "predicted proofs/h (80% interval)";
   node.append(caption);
-  // Lines of equal $/proof: the break-even one and its halves and doubles.
-  const levels = breakEven ? [breakEven / 4, breakEven / 2, breakEven, breakEven * 2] : [];
-  for (const c of levels) {
-    const rateAtTop = ymax / c;
-    const x2 = Math.min(xmax, rateAtTop);
-    const line = svg("line", { x1: x(0), y1: y(0), x2: x(x2), y2: y(c * x2),
-      class: c === breakEven ? "iso break-even" : "iso" });
-    node.append(line);
-    const label = svg("text", { x: Math.min(x(x2) + 4, W - R + 4), y: y(c * x2) + 4,
-      class: c === breakEven ? "legend break-even-label" : "axis" });
-    label.textContent = `$${c.toPrecision(2)}/proof` + (c === breakEven ? " (break-even)" : "");
+  // Lines of equal $/proof: the break-even one, twice it, and its half and quarter, each
+  // marked at its end with its multiple (the legend on the right says of what).
+  const levels = breakEven ? [[0.25, "¼"], [0.5, "½"], [1, "1"], [2, "2"]] : [];
+  for (const [k, mark] of levels) {
+    const c = breakEven * k;
+    const x2 = Math.min(xmax, ymax / c);
+    const even = k === 1;
+    node.append(svg("line", { x1: x(0), y1: y(0), x2: x(x2), y2: y(c * x2),
+      class: even ? "iso break-even" : "iso" }));
+    const atTop = x2 < xmax;
+    const label = svg("text", { x: x(x2) + (atTop ? 0 : 4), y: atTop ? T + 10 : y(c * x2) + 4,
+      "text-anchor": atTop ? "middle" : "start",
+      class: even ? "legend break-even-label" : "axis" });
+    label.textContent = `${mark}×`;
     node.append(label);
+  }
+  if (breakEven) {
+    const lines = [["break-even", "legend break-even-label"],
+      [`1× = $${breakEven.toFixed(4)}`, "legend break-even-label"], ["per proof", "axis"],
+      ["dashed: ¼, ½, 2×", "axis"]];
+    lines.forEach(([text, cls], i) => {
+      const key = svg("text", { x: W - R + 8, y: T + 24 + i * 14, class: cls });
+      key.textContent = text;
+      node.append(key);
+    });
   }
   for (const o of shown) {
     const mid = Number(o.predicted_rate_per_hour);
