@@ -410,6 +410,8 @@ def instance(client: OperatorClient, instance_id: int, as_json: bool) -> None:
 def hosts(ctx: click.Context, client: OperatorClient, as_json: bool) -> None:
     """Measured hosts (host_perf): best and median rate, samples (of them imported), cost
     per proof; `hosts import` and `hosts export` carry measurements in and out.
+    Benchmarks an early verdict cut short, kept out of host_perf and the rate model,
+    are listed below it, flagged EARLY.
 
     \b
     Examples:
@@ -423,9 +425,32 @@ def hosts(ctx: click.Context, client: OperatorClient, as_json: bool) -> None:
     if as_json:
         echo_json(rows)
         return
+    width = render.terminal_width()
+    early = _early_verdicts(client.get("/api/events", limit=1000))
     if not rows:
         click.echo("No host measured yet.")
-        return
+    else:
+        _host_table(rows, width)
+    if early:
+        click.echo(render.wrap(
+            "\nCut short by an early verdict (flagged EARLY; not in host_perf, and the rate "
+            "model does not learn from them: a bound from the first proofs, not a measured "
+            "rate):", width))
+        click.echo(render.table(
+            ((e.get("machine_id"), e.get("instance_id"), render.ago(e.get("ts")), "EARLY",
+              e.get("reason")) for e in early),
+            ["MACHINE", "INSTANCE", "WHEN", "FLAG", "VERDICT"], width=width))
+
+
+def _early_verdicts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The verdict events of benchmarks an early verdict terminated, newest first (an
+    early pass lets the benchmark finish, and its result counts)."""
+    return [e for e in events if e.get("kind") == "verdict"
+            and "early verdict" in str(e.get("reason"))
+            and not str(e.get("reason")).startswith("early pass")]
+
+
+def _host_table(rows: list[dict[str, Any]], width: int | None) -> None:
     click.echo(
         render.table(
             (
@@ -444,7 +469,7 @@ def hosts(ctx: click.Context, client: OperatorClient, as_json: bool) -> None:
             ),
             ["MACHINE", "GPU", "N", "MEDIAN/H", "BEST/H", "LAST/H", "SAMPLES", "IMPORTED",
              "$/PROOF"],
-            width=render.terminal_width(),
+            width=width,
         )
     )
 
