@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from coord_support import ADMIN_TOKEN, SECRET_HEX, ServerThread
@@ -129,3 +130,62 @@ def test_a_generated_admin_token_is_kept_beside_the_database(tmp_path: Path) -> 
     path.write_text("short\n")
     with pytest.raises(ValueError, match="delete it"):
         stored_token(again)
+
+
+def _serve(db: Path, tmp_path: Path) -> tuple[subprocess.Popen[bytes], Any, list[str]]:
+    from test_server_logging import lines_of
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VM_")}
+    env.update({"VM_FLEET_SECRET": SECRET_HEX, "VM_CONFIG_DIR": str(tmp_path / "config"),
+                "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen([*CLI, "serve", "--db", str(db), "--port", "0"], env=env,
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    assert proc.stderr is not None
+    return proc, lines_of(proc.stderr), []
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    import signal
+
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_serve_says_what_keeps_billing_and_keeps_its_token(tmp_path: Path) -> None:
+    """Start-up names the instances still rented; shutdown says they keep billing; a
+    generated admin token is written once and read back at the next start."""
+    from test_server_logging import wait_for_line
+
+    from vast_manager.coordinator.store.writer import Store
+
+    db = tmp_path / "fleet.db"
+    store = Store(db)
+    store.write_blocking(lambda tx: tx.insert_instance(
+        {"label": "rig", "kind": "byo", "state": "proving", "created_at": 1.0}))
+    store.close()
+
+    proc, lines, seen = _serve(db, tmp_path)
+    try:
+        token_line = wait_for_line(lines, "VM_ADMIN_TOKEN=", seen)
+        wait_for_line(lines, "1 instance(s) from before are still rented (1)", seen)
+    finally:
+        _stop(proc)
+    wait_for_line(lines, "stopping: 1 instance(s) stay rented and keep billing (1)", seen)
+    token_file = tmp_path / "fleet.db.admin-token"
+    token = token_file.read_text().strip()
+    assert token_line.startswith(f"VM_ADMIN_TOKEN={token} ")
+    assert token_file.stat().st_mode & 0o777 == 0o600
+
+    proc, lines, seen = _serve(db, tmp_path)
+    try:
+        wait_for_line(lines, f"admin token read from {token_file}", seen)
+        wait_for_line(lines, "coordinator on", seen)
+    finally:
+        _stop(proc)
+    assert not any("VM_ADMIN_TOKEN=" in line for line in seen)  # not printed again
+    assert token_file.read_text().strip() == token
