@@ -18,7 +18,7 @@ import orjson
 import pytest
 from coord_support import ADMIN, ADMIN_TOKEN, SECRET_HEX, Harness, hello_msg, start
 
-from vast_manager.coordinator.providers.local.catalog import local_offers
+from vast_manager.coordinator.providers.local.catalog import local_offers, slice_offers
 from vast_manager.coordinator.providers.local.provider import LocalProvider
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.web.dashboard import COOKIE_NAME, STATIC_DIR
@@ -272,8 +272,10 @@ async def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
     hostile = {**offer, "id": offer["id"] + 1000, "machine_id": 990_001,
                "gpu_name": HOSTILE + SPOOF, "geolocation": " ".join(PAYLOADS) + SPOOF,
                "cpu_name": " ".join(PAYLOADS)}
+    # A slice of a big host whose instance would get too little RAM: deploys refuse it.
+    small = next(o for o in slice_offers() if o["id"] == 9010)
     provider = LocalProvider(tmp_path / "instances", time_scale=600.0,
-                             offers=[offer, hostile])
+                             offers=[offer, hostile, small])
     server = await start_server(settings, provider)
     start_second = int(time.time())
     problems: list[str] = []
@@ -401,6 +403,10 @@ async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) 
     await deploy.wait_for()
     await page.screenshot(path=str(ARTIFACTS / "03-offers.png"), full_page=True)
     await _fits(page, "offers")
+    # Deploy is disabled where the coordinator would refuse, saying why.
+    refused = page.locator("tr[data-offer-id='9010'] button.deploy")
+    assert await refused.is_disabled()
+    assert "RAM" in (await refused.get_attribute("title") or "")
     # The chart: every predicted offer a dot with its interval, the break-even line drawn.
     await until(page, "Number(document.getElementById('chart-offers').dataset.points || 0) >= 2")
     assert await page.locator("#chart-offers line.break-even").count() == 1

@@ -309,7 +309,8 @@ async def _fleet(core: Core, request: web.Request) -> Any:
         reads.instances_by_state(), production.idle_totals(),
         production.completed_total_per_hour()))
     # The break-even $/proof the minimum rates come from (the offers chart draws it).
-    return {**view, "max_usd_per_proof": core.settings.max_usd_per_proof}
+    return {**view, "max_usd_per_proof": core.settings.max_usd_per_proof,
+            "max_deploy_dph_total": core.settings.max_deploy_dph_total}
 
 
 async def _get_instance(core: Core, request: web.Request) -> Any:

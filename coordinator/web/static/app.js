@@ -504,7 +504,8 @@ async function renderOffers() {
   const fresh = state.offersKey === query && Date.now() - state.offersAt < OFFERS_REFRESH_MS;
   show("offers-view");
   if (fresh) return;
-  const rows = await api("GET", "/api/offers" + query);
+  const [rows, fleet] = await Promise.all([api("GET", "/api/offers" + query),
+    api("GET", "/api/fleet")]);
   state.offersKey = query;
   state.offersAt = Date.now();
   fill(
@@ -513,9 +514,11 @@ async function renderOffers() {
       const button = el("button", { type: "button", class: "deploy", "data-offer-id": o.id },
         "Deploy");
       // Disabled where the coordinator would refuse the deploy, with the reason.
+      const pricey = fleet.max_deploy_dph_total !== undefined &&
+        Number(o.dph_total) > Number(fleet.max_deploy_dph_total);
       const refusal = o.bad_host ? "this machine is on the bad-hosts list"
         : o.too_small ? (o.prediction_basis || "the instance's share of the host is too small")
-          : null;
+          : pricey ? `above VM_MAX_DEPLOY_DPH_TOTAL ($${fleet.max_deploy_dph_total}/h)` : null;
       if (refusal) {
         button.disabled = true;
         button.title = refusal;
@@ -543,7 +546,6 @@ async function renderOffers() {
     }),
   );
   $("offers-empty").hidden = rows.length > 0;
-  const fleet = await api("GET", "/api/fleet");
   offersChart($("chart-offers"), rows, fleet.max_usd_per_proof);
 }
 
@@ -600,7 +602,7 @@ function offersChart(node, rows, breakEven) {
   if (breakEven) {
     const lines = [["break-even", "legend break-even-label"],
       [`1× = $${breakEven.toFixed(4)}`, "legend break-even-label"], ["per proof", "axis"],
-      ["dashed: ¼, ½, 2×", "axis"]];
+      ["dashed: ¼ ½ 2×", "axis"]];
     lines.forEach(([text, cls], i) => {
       const key = svg("text", { x: W - R + 8, y: T + 24 + i * 14, class: cls });
       key.textContent = text;
