@@ -129,3 +129,24 @@ async def test_an_idle_deployed_instance_is_destroyed_when_told(
     inst = h.store.get_instance(ident)
     assert inst is not None and inst["state"] in ("terminating", "destroyed")
     assert "idle for 5 min" in inst["terminate_reason"]
+
+
+async def test_status_says_which_agents_have_not_spoken_since_a_restart(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    h = await start(aiohttp_client, tmp_path)
+    await h.store.write(lambda tx: tx.insert_instance(
+        {"label": "before", "kind": "byo", "state": "proving", "created_at": 1.0,
+         "last_seen": h.core.started_at - 180}))
+    await _proving(h, "spoke")
+    status, rows = await h.admin("GET", "/api/instances")
+    assert status == 200
+    heard = {r["label"]: r["heard_since_start"] for r in rows}
+    assert heard == {"before": False, "spoke": True}
+    url = str(h.client.make_url("")).rstrip("/")
+    env = {"VM_URL": url, "VM_ADMIN_TOKEN": ADMIN_TOKEN, "COLUMNS": "200"}
+    table = await asyncio.to_thread(CliRunner().invoke, cli, ["status"], env=env)
+    (line,) = [x for x in table.output.splitlines() if x.rstrip().endswith("before")]
+    assert "(before restart)" in line
+    (line,) = [x for x in table.output.splitlines() if x.rstrip().endswith("spoke")]
+    assert "(before restart)" not in line

@@ -359,7 +359,8 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
                     + (" (sim)" if r.get("provider") == "local" else ""),
                     render.num(r.get("completed_rate_per_hour")),
                     render.usd(r.get("usd_per_proof")),
-                    render.ago(r.get("last_seen"), now),
+                    render.ago(r.get("last_seen"), now)
+                    + (" (before restart)" if r.get("heard_since_start") is False else ""),
                     r.get("label"),
                 )
                 for r in rows

@@ -407,7 +407,7 @@ async function renderFleet() {
         td(num(r.rate_per_hour), simulatedTag(r)),
         td(num(r.completed_rate_per_hour)),
         td(usd(r.usd_per_proof)),
-        td(ago(r.last_seen)),
+        td(ago(r.last_seen) + (r.heard_since_start === false ? " (before restart)" : "")),
       ),
     ),
   );
