@@ -93,6 +93,12 @@ class OneLineErrors(click.Group):
         except (KeyboardInterrupt, EOFError):
             click.echo("Interrupted.", err=True)
             sys.exit(130)
+        except Exception as err:  # a bug: still one line, the traceback on request
+            if os.environ.get("VM_CLI_TRACEBACK"):
+                raise
+            click.echo(f"Error: unexpected {err.__class__.__name__}: {clean(str(err))} (a bug; "
+                       "VM_CLI_TRACEBACK=1 shows where)", err=True)
+            sys.exit(EXIT_REFUSED)
         sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -499,9 +505,9 @@ def hosts_import(client: OperatorClient, file: str) -> None:
             with open(file, "rb") as f:
                 data = f.read(MAX_IMPORT_BYTES + 1)
     except OSError as err:
-        raise click.ClickException(f"cannot read {file}: {err.strerror}") from None
+        raise UserError(f"cannot read {file} ({err.strerror}); check the path") from None
     if len(data) > MAX_IMPORT_BYTES:
-        raise click.ClickException(
+        raise UserError(
             f"{file} is larger than the {MAX_IMPORT_BYTES // (1024 * 1024)} MiB one import "
             "takes; split it into parts (each part is imported whole or not at all)")
     answer = orjson.loads(client.request_raw("POST", "/api/hosts/import", data=data,
