@@ -23,28 +23,32 @@ INSTANCE_FIELDS = (
 VIEW_COLUMNS = (*INSTANCE_FIELDS, "progress_json")
 
 
-def finish_view(out: dict[str, Any], produced: Mapping[str, Any] | None = None,
-                started_at: float | None = None) -> dict[str, Any]:
-    """``out`` holds ``VIEW_COLUMNS``; turn it into the view in place. ``produced``: what
-    the instance completed (``ProductionTracker.view``): ``completed_rate_per_hour`` beside
-    the benchmark's ``rate_per_hour``, and ``idle`` with its reason; an idle instance has
-    no cost per proof (it bills and proves nothing)."""
+def finish_view(out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` holds ``VIEW_COLUMNS``; turn it into the view in place."""
     out["progress"] = loads(out.pop("progress_json"))
-    out.update(produced if produced is not None else NOT_PROVING)
-    out["usd_per_proof"] = (None if out["idle"]
-                            else policy.usd_per_proof(out["dph_total"], out["rate_per_hour"]))
+    out["usd_per_proof"] = policy.usd_per_proof(out["dph_total"], out["rate_per_hour"])
     out["rebenchmark_pending"] = bool(out["rebenchmark_pending"])
-    # After a restart an agent may not have spoken yet: its state is what it last said,
-    # which the operator should read as such (docs/operations.md, "Signals").
+    return out
+
+
+def instance_view(row: Row) -> dict[str, Any]:
+    return finish_view({name: row.get(name) for name in VIEW_COLUMNS})
+
+
+def production_view(out: dict[str, Any], produced: Mapping[str, Any] | None = None,
+                    started_at: float | None = None) -> dict[str, Any]:
+    """Add to an instance's view, in place, what it completed (``ProductionTracker.view``):
+    ``completed_rate_per_hour`` beside the benchmark's ``rate_per_hour``, and ``idle``
+    with its reason (an idle instance has no cost per proof: it bills and proves
+    nothing); and ``heard_since_start``, false while its agent has not spoken since this
+    coordinator started (its state is what it said before; docs/operations.md)."""
+    out.update(produced if produced is not None else NOT_PROVING)
+    if out["idle"]:
+        out["usd_per_proof"] = None
     seen = out.get("last_seen")
     out["heard_since_start"] = (None if started_at is None or out["state"] in states.GONE
                                 else seen is not None and float(seen) >= started_at)
     return out
-
-
-def instance_view(row: Row, produced: Mapping[str, Any] | None = None,
-                  started_at: float | None = None) -> dict[str, Any]:
-    return finish_view({name: row.get(name) for name in VIEW_COLUMNS}, produced, started_at)
 
 
 def result_view(row: Row) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from vast_manager.coordinator.web.json_views import (
     fleet_view,
     host_perf_view,
     instance_view,
+    production_view,
     result_view,
     scaling_view,
 )
@@ -288,9 +289,9 @@ async def _list_instances(core: Core, request: web.Request) -> Any:
         if more:
             del rows[limit:]
         produced = core.monitor.production.view
-        body = orjson.dumps([finish_view(dict(zip(VIEW_COLUMNS, values, strict=True)),
-                                         produced(values[id_at]), core.started_at)
-                             for values in rows])
+        body = orjson.dumps([production_view(
+            finish_view(dict(zip(VIEW_COLUMNS, values, strict=True))),
+            produced(values[id_at]), core.started_at) for values in rows])
         return body, int(rows[-1][id_at]) if more else None
 
     body, last_id = await core.store.read(page)
@@ -320,7 +321,8 @@ async def _get_instance(core: Core, request: web.Request) -> Any:
         inst = reads.get_instance(instance_id)
         if inst is None:
             return None
-        out = instance_view(inst, core.monitor.production.view(instance_id), core.started_at)
+        out = production_view(instance_view(inst), core.monitor.production.view(instance_id),
+                              core.started_at)
         out["host"] = loads(inst.get("host_json"))
         out["results"] = [result_view(r) for r in reads.results_for_instance(instance_id)]
         out["events"] = [event_view(e) for e in reads.events(instance_id)]
