@@ -150,3 +150,30 @@ async def test_status_says_which_agents_have_not_spoken_since_a_restart(
     assert "(before restart)" in line
     (line,) = [x for x in table.output.splitlines() if x.rstrip().endswith("spoke")]
     assert "(before restart)" not in line
+
+
+def test_the_completed_rate_follows_the_last_hour_in_constant_memory(tmp_path: Path) -> None:
+    from coord_support import make_settings
+
+    from vast_manager.coordinator.operations.production import ProductionTracker
+
+    tracker = ProductionTracker(make_settings(tmp_path, idle_after_s=900.0,
+                                              monitor_interval_s=60.0))
+    row = {"id": 1, "kind": "byo", "state": "proving", "rate_per_hour": 100.0,
+           "dph_total": 0.5}
+    total, now = 0, 0.0
+    for _ in range(180):  # three hours, a reading a minute: 2 proofs a minute, then none
+        now += 60
+        total += 2 if now <= 7200 else 0
+        tracker.observe([{**row, "proofs_completed_total": total}], now)
+        if now == 7200:
+            assert tracker.view(1)["completed_rate_per_hour"] == pytest.approx(120.0)
+        if now == 7200 + 900:
+            assert tracker.view(1)["idle"]  # 15 minutes without a proof
+    made = tracker.view(1)
+    assert made["idle"] and made["completed_rate_per_hour"] == 0.0
+    assert "15 min" not in str(made["idle_reason"]) and "60 min" in str(made["idle_reason"])
+    # An agent that restarts its counter starts afresh, not idle, not negative.
+    tracker.observe([{**row, "proofs_completed_total": 0}], now + 60)
+    assert tracker.view(1) == {"completed_rate_per_hour": None, "idle": False,
+                               "idle_since": None, "idle_reason": None}

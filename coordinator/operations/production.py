@@ -3,7 +3,7 @@
 A proving instance reports cuzk's completed proofs (``proofs_completed_total``, read
 from the daemon's ``/status`` by the agent) with every heartbeat. The benchmark says
 what the host *can* do; this says what it *does*: the completed rate over the last
-``WINDOW_S`` (simulated seconds on the local fleet), and ``idle`` when no proof has
+half to whole ``WINDOW_S`` (simulated seconds on the local fleet), and ``idle`` when no proof has
 completed for ``idle_after_s`` of proving: no work command (``VM_WORK_CMD``) feeds the
 daemon, or the work dried up. An idle instance bills without producing, so it is not
 counted as fleet output (``/api/fleet``, ``/metrics``, the autopilot) and is reported,
@@ -16,9 +16,8 @@ this coordinator first saw an instance proving, it is not called idle.
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from vast_manager.coordinator.decisions.states import State
@@ -34,11 +33,14 @@ COLUMNS = ("id", "kind", "state", "proofs_completed_total", "rate_per_hour", "dp
 
 @dataclass(slots=True)
 class _Track:
+    """Two readings of the counter, so the rate spans between half the window and the
+    whole of it: O(1) memory an instance, however long it proves (a fleet is 50,000)."""
+
     since: float  # when this coordinator first saw it proving (its clock)
     total: int  # proofs_completed_total at the last observation
     changed_at: float | None = None  # when that total last grew
-    samples: collections.deque[tuple[float, int]] = field(
-        default_factory=lambda: collections.deque(maxlen=512))
+    anchor: tuple[float, int] = (0.0, 0)  # the older reading the rate is taken from
+    middle: tuple[float, int] = (0.0, 0)  # the next anchor, half a window on
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,13 +98,13 @@ class ProductionTracker:
             total = int(row.get("proofs_completed_total") or 0)
             track = self._tracks.get(ident)
             if track is None or total < track.total:  # first seen, or the agent restarted
-                track = _Track(since=now, total=total)
+                track = _Track(since=now, total=total, anchor=(now, total),
+                               middle=(now, total))
             elif total > track.total:
                 track.total, track.changed_at = total, now
             scale = self.scale(row)
-            track.samples.append((now, total))
-            while track.samples and (now - track.samples[0][0]) * scale > WINDOW_S:
-                track.samples.popleft()
+            if (now - track.middle[0]) * scale >= WINDOW_S / 2:
+                track.anchor, track.middle = track.middle, (now, total)
             tracks[ident] = track
             quiet_s = (now - (track.changed_at or track.since)) * scale
             idle = idle_after > 0 and quiet_s >= idle_after
@@ -111,7 +113,7 @@ class ProductionTracker:
                 turned.append(ident)
             since = (before.idle_since if before and before.idle else now) if idle else None
             current[ident] = Production(
-                completed_rate_per_hour=self._rate(track, scale),
+                completed_rate_per_hour=self._rate(track, now, scale),
                 idle=idle,
                 idle_since=since,
                 idle_reason=(f"no proof completed in {duration(quiet_s)} of proving: no work "
@@ -124,15 +126,14 @@ class ProductionTracker:
         self.current = current
         return turned
 
-    def _rate(self, track: _Track, scale: float) -> float | None:
-        """Proofs per (simulated) hour over the window; None until it spans a round."""
-        if len(track.samples) < 2:
+    def _rate(self, track: _Track, now: float, scale: float) -> float | None:
+        """Proofs per (simulated) hour since the anchor (half a window to a window ago);
+        None until the readings span a monitor round."""
+        t0, n0 = track.anchor
+        span_s = (now - t0) * scale
+        if now - t0 < self.settings.monitor_interval_s or span_s <= 0:
             return None
-        (t0, n0), (t1, n1) = track.samples[0], track.samples[-1]
-        span_s = (t1 - t0) * scale
-        if t1 - t0 < self.settings.monitor_interval_s or span_s <= 0:
-            return None
-        return (n1 - n0) * 3600.0 / span_s
+        return (track.total - n0) * 3600.0 / span_s
 
     def view(self, instance_id: int) -> dict[str, Any]:
         found = self.current.get(int(instance_id))
