@@ -679,7 +679,10 @@ async function renderAutopilot() {
   const plan = await api("GET", "/api/plan?trials=10");
   $("plan-summary").textContent = safeText(
     `A newcomer is worth keeping below ${usd(plan.reference_usd_per_proof)}/proof; ` +
-    `${plan.proposals.length} proposed of ${plan.considered} offers: ${plan.stop_reason}`);
+    `${plan.proposals.length} proposed of ${plan.considered} offers: ${plan.stop_reason}. ` +
+    "Expected $: the saving if kept, over " +
+    (plan.horizon_hours ? `${num(plan.horizon_hours, 0)} h` : "the plan's horizon") +
+    " (VM_PLAN_HORIZON_HOURS), less the trial's cost.");
   fill(
     $("plan-table").tBodies[0],
     plan.proposals.map((p) =>
