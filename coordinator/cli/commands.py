@@ -373,7 +373,7 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
             ),
             ["ID", "STATE", "PHASE", "PROGRESS", "GPUS", "$/H", "RATE/H", "DONE/H", "$/PROOF",
              "LAST SEEN", "LABEL"],
-            width=render.terminal_width(),
+            width=render.terminal_width(), shrink=("LABEL", "GPUS"),
         )
     )
     if any(r.get("state") == "proving" for r in rows):
@@ -814,7 +814,7 @@ def offers(client: OperatorClient, filter_text: str | None, wide: bool, as_json:
             ),
             ["OFFER", "GPUS", "$/H", "PRED/H (80%)", "$/PROOF", "CPU", "RAM GB", "PCIE GB/S",
              "PLACE", "FLAGS", *(("BASIS",) if wide else ())],
-            width=None if wide else render.terminal_width(),
+            width=None if wide else render.terminal_width(), shrink=("PLACE", "GPUS"),
         )
     )
     width = None if wide else render.terminal_width()

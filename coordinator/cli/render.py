@@ -56,12 +56,21 @@ def terminal_width() -> int | None:
 MIN_CELL = 6
 
 
-def _fit(widths: list[int], headers: Sequence[str], width: int) -> list[int]:
-    """Narrow the widest columns, one character at a time, until the line fits ``width``
-    (or nothing can narrow further)."""
+def _fit(widths: list[int], headers: Sequence[str], width: int,
+         shrink: Sequence[str] = ()) -> list[int]:
+    """Narrow the columns named in ``shrink`` first, in that order, then the widest, one
+    character at a time, until the line fits ``width`` (or nothing can narrow further)."""
     widths = list(widths)
     floor = [max(MIN_CELL, len(h)) for h in headers]
-    while sum(widths) + 2 * (len(widths) - 1) > width:
+
+    def over() -> int:
+        return sum(widths) + 2 * (len(widths) - 1) - width
+
+    for name in shrink:
+        if name in headers and over() > 0:
+            i = list(headers).index(name)
+            widths[i] = max(floor[i], widths[i] - over())
+    while over() > 0:
         shrinkable = [i for i, w in enumerate(widths) if w > floor[i]]
         if not shrinkable:
             break
@@ -74,16 +83,18 @@ def _cut(cell: str, w: int) -> str:
     return cell if len(cell) <= w else cell[: max(0, w - 1)] + "~"
 
 
-def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], width: int | None = None) -> str:
+def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], width: int | None = None,
+          shrink: Sequence[str] = ()) -> str:
     """Left-aligned text table; every cell passes through ``clean``. With ``width``, the
-    widest columns are narrowed to fit it, a cut cell ending in ``~``."""
+    columns named in ``shrink`` and then the widest are narrowed to fit it, a cut cell
+    ending in ``~``."""
     body = [[clean(c) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in body:
         for i, cell in enumerate(row):
             widths[i] = max(widths[i], len(cell))
     if width is not None:
-        widths = _fit(widths, headers, width)
+        widths = _fit(widths, headers, width, shrink)
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
     for row in body:

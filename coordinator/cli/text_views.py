@@ -231,7 +231,7 @@ def render_plan(data: dict[str, Any], width: int | None = None) -> str:
             ),
             ["OFFER", "MACHINE", "GPUS", "$/H", "PRED/H (80%)", "EVEN/H", "P(PASS)",
              "P(BEST)", "TRIAL $", "EXPECTED $"],
-            width=width,
+            width=width, shrink=("MACHINE", "GPUS"),
         ))
         lines.append(render.wrap(
             "EVEN/H: the break-even rate at the offer's price (its $/h over the reference "
