@@ -317,6 +317,21 @@ SETTINGS: tuple[Setting, ...] = (
         "saving over this pays for its trial)",
         above=0,
     ),
+    Setting(
+        "idle_after_s",
+        900.0,
+        "a proving instance that completes no proof for this long (cuzk's counter, from its "
+        "heartbeats; simulated seconds on the local fleet) shows as idle: not counted as "
+        "fleet output, reported in status, the dashboard and /metrics (0: never)",
+        at_least=0,
+    ),
+    Setting(
+        "idle_destroy_after_s",
+        0.0,
+        "destroy a deployed instance idle this long (0: only report it; a bring-your-own "
+        "agent is never destroyed)",
+        at_least=0,
+    ),
     Setting("autopilot", False, "run the autopilot (`serve --autopilot`; docs/discovery.md)"),
     Setting(
         "autopilot_target_rate_per_hour",
@@ -530,6 +545,8 @@ class Settings:
     min_instance_ram_gb: float = 128.0
     model_refit_interval_s: float = 30.0
     plan_horizon_hours: float = 168.0
+    idle_after_s: float = 900.0
+    idle_destroy_after_s: float = 0.0
     autopilot: bool = False
     autopilot_target_rate_per_hour: float | None = None
     autopilot_max_dph_total: float | None = None

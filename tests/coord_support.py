@@ -32,6 +32,9 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
         "db_path": str(tmp_path / "coord.db"),
         "config_dir": str(tmp_path / "config"),
         "terminate_grace_s": 10.0,
+        # The fake agents here report no cuzk counter (proofs_completed_total stays 0), so
+        # idle detection is off unless a test turns it on (tests/test_idle.py does).
+        "idle_after_s": 0.0,
     }
     values.update(overrides)
     return Settings.from_env(env, **values)

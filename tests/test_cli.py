@@ -185,3 +185,37 @@ def test_a_redirect_is_named_not_followed() -> None:
                                     env={"VM_ADMIN_TOKEN": ADMIN_TOKEN})
     assert result.exit_code != 0
     assert f"{url} redirects to https://fleet.example/api/instances" in result.output
+
+
+def test_offers_and_plan_fit_a_100_column_terminal(server: ServerThread) -> None:
+    env = {"VM_URL": server.server.url, "VM_ADMIN_TOKEN": ADMIN_TOKEN, "COLUMNS": "100"}
+    for args in (["offers"], ["plan", "--trials", "3"]):
+        result = CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        lines = result.output.splitlines()
+        assert len(lines) >= 3 and max(map(len, lines)) <= 100, (args, result.output)
+    narrow = CliRunner().invoke(cli, ["offers"], env=env, catch_exceptions=False).output
+    assert "BASIS" not in narrow and "--wide" in narrow
+    wide = CliRunner().invoke(cli, ["offers", "--wide"], env=env, catch_exceptions=False)
+    assert "BASIS" in wide.output and max(map(len, wide.output.splitlines())) > 100
+
+
+def test_hosts_shows_early_verdicts_flagged(server: ServerThread) -> None:
+    """A benchmark an early verdict cut short is kept out of host_perf: `hosts` lists it
+    apart, flagged, instead of leaving it unseen."""
+    import asyncio
+
+    reason = ("terminate: early verdict: no proof completed in 303 s with 2 running: the rate "
+              "is at most 39.6/h with 95% confidence, below the minimum 86.2/h")
+
+    def job(tx: Any) -> None:
+        tx.insert_event(1_800_000_000.0, "verdict", reason, instance_id=7, machine_id="41006")
+        tx.insert_event(1_800_000_001.0, "verdict", "keep: measured 70.0 proofs/h",
+                        instance_id=8, machine_id="41004")
+
+    asyncio.run_coroutine_threadsafe(server.server.store.write(job), server.loop).result(10)
+    shown = run(server, "hosts").output
+    assert "No host measured yet." in shown and "Cut short by an early verdict" in shown
+    (line,) = [x for x in shown.splitlines() if x.startswith("41006 ")]
+    assert "EARLY" in line and "at most 39.6/h" in line
+    assert "41004" not in shown  # a full benchmark's verdict is not listed there

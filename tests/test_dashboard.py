@@ -18,7 +18,7 @@ import orjson
 import pytest
 from coord_support import ADMIN, ADMIN_TOKEN, SECRET_HEX, Harness, hello_msg, start
 
-from vast_manager.coordinator.providers.local.catalog import local_offers
+from vast_manager.coordinator.providers.local.catalog import local_offers, slice_offers
 from vast_manager.coordinator.providers.local.provider import LocalProvider
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.web.dashboard import COOKIE_NAME, STATIC_DIR
@@ -272,8 +272,10 @@ async def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
     hostile = {**offer, "id": offer["id"] + 1000, "machine_id": 990_001,
                "gpu_name": HOSTILE + SPOOF, "geolocation": " ".join(PAYLOADS) + SPOOF,
                "cpu_name": " ".join(PAYLOADS)}
+    # A slice of a big host whose instance would get too little RAM: deploys refuse it.
+    small = next(o for o in slice_offers() if o["id"] == 9010)
     provider = LocalProvider(tmp_path / "instances", time_scale=600.0,
-                             offers=[offer, hostile])
+                             offers=[offer, hostile, small])
     server = await start_server(settings, provider)
     start_second = int(time.time())
     problems: list[str] = []
@@ -339,6 +341,50 @@ async def until(page: Any, expression: str, timeout_s: float = 15.0) -> None:
         await asyncio.sleep(0.1)
 
 
+async def _fits(page: Any, name: str) -> None:
+    """No sideways scrolling at 1,400 px nor on a 390 px phone: not the page, not a table
+    inside it. Screenshots of both widths are left in test-artifacts/dashboard/."""
+    for width in (1400, 390):
+        await page.set_viewport_size({"width": width, "height": 900})
+        await asyncio.sleep(0.3)
+        over = await page.evaluate(
+            "() => ({page: document.documentElement.scrollWidth - window.innerWidth,"
+            " tables: [...document.querySelectorAll('.table-wrap')]"
+            ".filter((w) => w.offsetParent !== null && w.scrollWidth > w.clientWidth + 1)"
+            ".map((w) => w.firstElementChild.id)})")
+        await page.screenshot(path=str(ARTIFACTS / f"fit-{name}-{width}px.png"), full_page=True)
+        assert over == {"page": 0, "tables": []}, (name, width, over)
+    await page.set_viewport_size({"width": 1400, "height": 1000})
+
+
+async def _idle_shown(page: Any, instance_id: str) -> None:
+    """The local fleet runs no work command: once proving, its instance completes nothing
+    and the fleet page says idle (state, warning, tile) instead of counting its rate."""
+    await page.click("#nav a[data-route=fleet]")
+    await until(page, f"(() => {{ const r = document.querySelector(\"tr[data-instance-id="
+                      f"'{instance_id}']\"); return r && r.textContent.includes('idle'); }})()",
+                timeout_s=120)
+    await until(page, "!document.getElementById('fleet-idle').hidden")
+    warning = await page.text_content("#fleet-idle") or ""
+    assert f"#{instance_id} is idle" in warning and "VM_WORK_CMD" in warning
+    await page.screenshot(path=str(ARTIFACTS / "09-fleet-idle.png"), full_page=True)
+    await _fits(page, "fleet-idle")
+
+
+async def _hosts_page(page: Any, offer: dict[str, Any]) -> None:
+    """The measured host, its scaling verdict and the rate model, on a page that fits."""
+    await page.click("#nav a[data-route=hosts]")
+    await page.wait_for_selector("#hosts-view:not([hidden])")
+    row = page.locator(f"#hosts-table tr[data-machine-id='{offer['machine_id']}']")
+    await row.wait_for(timeout=30_000)
+    await until(page, "document.querySelectorAll('#scaling-table tbody tr').length >= 1",
+                timeout_s=30)
+    facts = await page.text_content("#model-facts") or ""
+    assert "measurements" in facts and "GPU models" in facts
+    await page.screenshot(path=str(ARTIFACTS / "10-hosts.png"), full_page=True)
+    await _fits(page, "hosts")
+
+
 async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) -> None:
     await page.goto(url + "/")
     await page.wait_for_selector("#login-view:not([hidden])")
@@ -356,6 +402,18 @@ async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) 
     deploy = page.locator(f"tr[data-offer-id='{offer['id']}'] button.deploy")
     await deploy.wait_for()
     await page.screenshot(path=str(ARTIFACTS / "03-offers.png"), full_page=True)
+    await _fits(page, "offers")
+    # Deploy is disabled where the coordinator would refuse, saying why.
+    refused = page.locator("tr[data-offer-id='9010'] button.deploy")
+    assert await refused.is_disabled()
+    assert "RAM" in (await refused.get_attribute("title") or "")
+    # The chart: every predicted offer a dot with its interval, the break-even line drawn.
+    await until(page, "Number(document.getElementById('chart-offers').dataset.points || 0) >= 2")
+    assert await page.locator("#chart-offers line.break-even").count() == 1
+    assert await page.locator("#chart-offers circle.offer-dot").count() >= 2
+    # Deploy sits beside the offer's id, inside a 1,400 px window.
+    box = await deploy.bounding_box()
+    assert box is not None and box["x"] + box["width"] <= 1400, box
     # The hostile offer's fields are text: every payload shown as written, no element
     # made from any, bidi and control characters as escapes.
     hostile_row = page.locator(f"tr[data-offer-id='{offer['id'] + 1000}']")
@@ -383,6 +441,7 @@ async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) 
         f"(() => {{ const r = document.querySelector(\"tr[data-instance-id='{instance_id}']\");"
         " return r && r.dataset.state !== 'deploying'; })()", timeout_s=60)
     await page.screenshot(path=str(ARTIFACTS / "04-fleet.png"), full_page=True)
+    await _fits(page, "fleet")
 
     # The instance page with its charts: wait until both GPUs have several points.
     await row.locator("a.instance-link").click()
@@ -401,6 +460,8 @@ async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) 
                                  timeout_s=30)
     await page.screenshot(path=str(ARTIFACTS / "05-instance.png"), full_page=True)
     await _metrics_carry_the_fleet(url, instance_id, offer)
+    await _idle_shown(page, instance_id)
+    await _hosts_page(page, offer)
 
     # Host-sent markup stays text everywhere it is shown.
     await _hostile_byo_agent(url, start_second)

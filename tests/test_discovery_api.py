@@ -223,7 +223,8 @@ def test_cli_hosts_import_export_plan(server: ServerThread, tmp_path: Path) -> N
     started = run_cli(server, "autopilot", "start")
     assert started.exit_code == 1 and "not configured" in started.output
     stopped = run_cli(server, "autopilot", "stop", "--reason", "not today")
-    assert stopped.exit_code == 0 and "stays stopped" in stopped.output
+    # No autopilot runs here: a stop that claimed success would claim what did not happen.
+    assert stopped.exit_code == 1 and "runs no autopilot" in stopped.output
 
 
 # --- the fleet's own measurements --------------------------------------------------------

@@ -155,7 +155,7 @@ def test_serve_refuses_an_unreadable_certificate(tmp_path: Path) -> None:
          "--tls-cert", str(tmp_path / "missing.pem"), "--tls-key", str(tmp_path / "k.pem")],
         env=env,
     )
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output  # a setting that cannot work
     assert "cannot load the TLS certificate" in result.output
     result = CliRunner().invoke(cli, ["serve", "--admin-listen", "nowhere"], env=env)
-    assert result.exit_code == 1 and "VM_ADMIN_LISTEN" in result.output
+    assert result.exit_code == 2 and "--admin-listen (VM_ADMIN_LISTEN)" in result.output

@@ -138,6 +138,9 @@ async def test_fleet_summary(h: Harness) -> None:
         "by_state": {"benchmarking": 1, "deploying": 1, "destroyed": 1, "lost": 2,
                      "proving": 4, "vanished": 1},
         "billing": len(billing), "proving": len(proving),
+        "idle": 0, "completed_proofs_per_hour": None,  # no monitor round measured them
+        "max_usd_per_proof": h.core.settings.max_usd_per_proof,
+        "max_deploy_dph_total": h.core.settings.max_deploy_dph_total,
         "proofs_per_hour": pytest.approx(sum(proving)),
         "dollars_per_hour": pytest.approx(sum(d or 0.0 for _, d, _ in billing)),
         "dollars_per_proof": pytest.approx(sum(d or 0.0 for _, d, _ in billing) / sum(proving)),
@@ -283,7 +286,8 @@ def test_status_pages_through_the_fleet(tmp_path: Path, monkeypatch: pytest.Monk
         client = commands.OperatorClient(server.server.url, ADMIN_TOKEN)
         assert orjson.loads(joined) == client.get("/api/instances")
         table = run("status").output.splitlines()
-        assert [line.split()[0] for line in table[2:]] == [str(i) for i in ids_in()]
+        rows = [line for line in table[2:] if line[:1].isdigit()]  # not the legend below
+        assert [line.split()[0] for line in rows] == [str(i) for i in ids_in()]
         lost = orjson.loads(run("status", "--json", "--state", "lost,proving").output)
         assert [r["id"] for r in lost] == ids_in({"lost", "proving"})
         again = orjson.loads(run("status", "--json", "--state", "lost", "--state",

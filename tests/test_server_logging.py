@@ -125,7 +125,7 @@ def test_serve_log_json_writes_json_lines_and_keeps_a_generated_token_out(
             proc.kill()
             proc.wait(timeout=10)
     records = [json.loads(line) for line in seen]  # every line is JSON
-    token_file = tmp_path / "config" / "admin-token"
+    token_file = tmp_path / "fleet.db.admin-token"  # beside the database, for restarts
     assert any(str(token_file) in r["message"] for r in records)
     token = token_file.read_text().strip()
     assert len(token) >= 16

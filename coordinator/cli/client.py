@@ -61,7 +61,8 @@ class OperatorClient:
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:
-            raise OperatorError(f"The coordinator at {self.url} sent a non-JSON answer.") from None
+            raise OperatorError(f"The coordinator at {self.url} sent a non-JSON answer; is "
+                               "--url (VM_URL) a vast-manager coordinator?") from None
 
     def request_raw(
         self,
@@ -130,10 +131,17 @@ class OperatorClient:
         if not 200 <= status < 300:
             try:
                 payload = orjson.loads(raw)
-                message = str(payload.get("message") or payload.get("error"))
                 code = payload.get("error")
+                message = str(payload.get("message") or code)
             except (orjson.JSONDecodeError, AttributeError):
-                message, code = f"HTTP {status}", None
+                code = None
+            if not isinstance(code, str) or not code:
+                # Every refusal of the coordinator is {"error", "message"} (docs/protocol.md):
+                # anything else is another server (or a proxy's page) at that address.
+                raise OperatorError(
+                    f"{self.url} answered HTTP {status} but is not a vast-manager coordinator "
+                    "(no coordinator error in its answer); set --url (or VM_URL) to the "
+                    "coordinator's address")
             raise OperatorError(message, status=status, code=code)
         return raw, link
 

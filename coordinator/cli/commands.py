@@ -7,18 +7,23 @@ line on stderr and an exit code:
 \b
   0  success
   1  the coordinator refused the request (the message says why)
-  2  bad usage (click's own)
-  3  the coordinator could not be reached
+  2  bad usage: a flag, a setting or a path that cannot work (the message names it
+     and what to do)
+  3  the coordinator could not be reached (or the address answers, but is not a
+     vast-manager coordinator)
   4  the demo ended without its expected outcome
+
+Every error is one line on stderr, never a traceback (``OneLineErrors``).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import click
@@ -32,7 +37,69 @@ from vast_manager.coordinator.textsafe import clean
 F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_REFUSED = 1
+EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
+
+#: The serve flags of the settings they set: an error names the flag the operator typed
+#: (and the variable, which sets the same).
+SERVE_FLAGS = {
+    "VM_DB_PATH": "--db", "VM_HOST": "--host", "VM_PORT": "--port",
+    "VM_TLS_CERT": "--tls-cert", "VM_TLS_KEY": "--tls-key",
+    "VM_ADMIN_LISTEN": "--admin-listen", "VM_AUTOPILOT_TARGET_RATE_PER_HOUR": "--target-rate",
+    "VM_AUTOPILOT_MAX_DPH_TOTAL": "--max-dph", "VM_AUTOPILOT_MAX_INSTANCES": "--max-instances",
+    "VM_AUTOPILOT_MAX_EXPLORE_SHARE": "--explore-share", "VM_AUTOPILOT": "--autopilot",
+}
+
+
+class UserError(click.ClickException):
+    """A mistake of the operator's (a flag, a setting, a path): one line, exit 2."""
+
+    exit_code = EXIT_USAGE
+
+
+def flag_named(message: str) -> str:
+    """``message`` with each serve setting's variable named as its flag first."""
+    for env, flag in SERVE_FLAGS.items():
+        message = re.sub(rf"\b{env}\b", f"{flag} ({env})", message)
+    return message
+
+
+class OneLineErrors(click.Group):
+    """Every error one line on stderr with its exit code: click's usage errors too
+    (normally three lines with the usage), and anything unexpected, which says where
+    to look instead of showing a traceback."""
+
+    def main(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, prog_name: str | None = None,
+        complete_var: str | None = None, standalone_mode: bool = True, **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.exceptions.NoArgsIsHelpError as err:
+            click.echo(err.ctx.get_help() if err.ctx else str(err))
+            sys.exit(0)
+        except click.UsageError as err:
+            where = err.ctx.command_path if err.ctx else "vast-manager"
+            click.echo(f"Error: {clean(err.format_message())} (see {where} --help)", err=True)
+            sys.exit(EXIT_USAGE)
+        except click.ClickException as err:
+            click.echo(f"Error: {clean(err.format_message())}", err=True)
+            sys.exit(err.exit_code)
+        except click.Abort:
+            click.echo("Aborted.", err=True)
+            sys.exit(EXIT_REFUSED)
+        except (KeyboardInterrupt, EOFError):
+            click.echo("Interrupted.", err=True)
+            sys.exit(130)
+        except Exception as err:  # a bug: still one line, the traceback on request
+            if os.environ.get("VM_CLI_TRACEBACK"):
+                raise
+            click.echo(f"Error: unexpected {err.__class__.__name__}: {clean(str(err))} (a bug; "
+                       "VM_CLI_TRACEBACK=1 shows where)", err=True)
+            sys.exit(EXIT_REFUSED)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 def operator_options(fn: F) -> F:
@@ -75,7 +142,7 @@ def echo_json(value: Any) -> None:
     click.echo(textsafe.json_safe(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="vast-manager")
 def cli() -> None:
     """Run a fleet of rented vast.ai GPU machines proving with CuZK, and keep only
@@ -89,8 +156,10 @@ def cli() -> None:
 
     \b
     Exit codes: 0 success; 1 the coordinator refused the request (the
-    message says why); 2 bad usage; 3 the coordinator could not be reached
-    (or no VM_ADMIN_TOKEN); 4 the demo ended without its expected outcome.
+    message says why); 2 bad usage: a flag, setting or path that cannot work
+    (the message names it and the fix); 3 the coordinator could not be
+    reached, is not a vast-manager coordinator, or no VM_ADMIN_TOKEN; 4 the
+    demo ended without its expected outcome. Errors are one line on stderr.
     """
 
 
@@ -189,24 +258,30 @@ def serve(
     try:
         settings = Settings.from_env(os.environ, **overrides)
     except ValueError as err:
-        raise click.ClickException(str(err)) from None
+        raise UserError(flag_named(str(err))) from None
     from vast_manager.coordinator.providers.vast.provider import ProviderConfigError
+    from vast_manager.coordinator.store.dbfile import DatabaseFileError
 
     try:
         run_server(settings, provider)
-    except (ProviderConfigError, ServeConfigError) as err:  # no API key; unreadable cert
-        raise click.ClickException(str(err)) from None
+    except (ProviderConfigError, ServeConfigError, DatabaseFileError) as err:
+        # No API key, an unreadable certificate, a port in use, a database path that
+        # cannot work or another coordinator on it: refused before anything is written.
+        raise UserError(flag_named(str(err))) from None
 
 
 @cli.command()
 @click.option(
     "--time-scale",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=None,
     help="Simulated seconds per real second [default: chosen to finish in about a minute].",
 )
-@click.option("--keep", "keep_dir", default=None, help="Keep the demo's files in this folder.")
-@click.option("--timeout", "timeout_s", type=float, default=150.0, show_default=True,
+@click.option("--keep", "keep_dir", default=None,
+              help="Keep the demo's files in this folder (new or empty: an earlier demo's "
+              "database there is refused, not reused).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
+              default=150.0, show_default=True,
               help="Give up after this many seconds.")
 def demo(time_scale: float | None, keep_dir: str | None, timeout_s: float) -> None:
     """Run the whole lifecycle on a local simulated fleet, in about a minute.
@@ -221,9 +296,12 @@ def demo(time_scale: float | None, keep_dir: str | None, timeout_s: float) -> No
     Example:
       vast-manager demo
     """
-    from vast_manager.coordinator.cli.demo import run_demo
+    from vast_manager.coordinator.cli.demo import DemoSetupError, run_demo
 
-    code = run_demo(time_scale=time_scale, keep_dir=keep_dir, timeout_s=timeout_s)
+    try:
+        code = run_demo(time_scale=time_scale, keep_dir=keep_dir, timeout_s=timeout_s)
+    except DemoSetupError as err:
+        raise UserError(str(err)) from None
     sys.exit(code)
 
 
@@ -299,23 +377,35 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
             (
                 (
                     r.get("id"),
-                    r.get("state"),
-                    r.get("phase"),
+                    "IDLE" if r.get("idle") else r.get("state"),
+                    # A gone instance's last heartbeat phase (terminating) is history.
+                    "-" if r.get("state") in ("destroyed", "vanished") else r.get("phase"),
                     _progress(r.get("progress")),
                     f"{r.get('num_gpus') or '?'}x {r.get('gpu_name') or '?'}",
                     render.usd(r.get("dph_total"), 3),
                     render.num(r.get("rate_per_hour"))
                     + (" (sim)" if r.get("provider") == "local" else ""),
+                    render.num(r.get("completed_rate_per_hour")),
                     render.usd(r.get("usd_per_proof")),
-                    render.ago(r.get("last_seen"), now),
+                    render.ago(r.get("last_seen"), now)
+                    + (" (before restart)" if r.get("heard_since_start") is False else ""),
                     r.get("label"),
                 )
                 for r in rows
             ),
-            ["ID", "STATE", "PHASE", "PROGRESS", "GPUS", "$/H", "RATE/H", "$/PROOF",
+            ["ID", "STATE", "PHASE", "PROGRESS", "GPUS", "$/H", "RATE/H", "DONE/H", "$/PROOF",
              "LAST SEEN", "LABEL"],
+            width=render.terminal_width(), shrink=("LABEL", "GPUS"),
         )
     )
+    if any(r.get("state") == "proving" for r in rows):
+        click.echo("RATE/H: the benchmark's proofs/hour; DONE/H: what cuzk completed over "
+                   "the last hour of proving.")
+    for r in rows:
+        if r.get("idle"):
+            click.echo(f"Warning: instance {r.get('id')} is IDLE, billing "
+                       f"{render.usd(r.get('dph_total'), 3)}/h for nothing: "
+                       f"{clean(r.get('idle_reason'))}.", err=True)
     if any(r.get("provider") == "local" for r in rows):
         click.echo("(sim): a local-provider instance on the simulated cuzk; its rate is simulated.")
 
@@ -326,10 +416,12 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
 @operator_options
 def instance(client: OperatorClient, instance_id: int, as_json: bool) -> None:
     """One instance: its state, per-GPU telemetry, results and decisions.
+    INSTANCE_ID is the coordinator's id (the ID column of `vast-manager status`), not
+    the provider's.
 
     \b
     Example:
-      vast-manager instance 700001
+      vast-manager instance 3
     """
     from vast_manager.coordinator.cli.text_views import render_instance
 
@@ -347,6 +439,8 @@ def instance(client: OperatorClient, instance_id: int, as_json: bool) -> None:
 def hosts(ctx: click.Context, client: OperatorClient, as_json: bool) -> None:
     """Measured hosts (host_perf): best and median rate, samples (of them imported), cost
     per proof; `hosts import` and `hosts export` carry measurements in and out.
+    Benchmarks an early verdict cut short, kept out of host_perf and the rate model,
+    are listed below it, flagged EARLY.
 
     \b
     Examples:
@@ -360,9 +454,32 @@ def hosts(ctx: click.Context, client: OperatorClient, as_json: bool) -> None:
     if as_json:
         echo_json(rows)
         return
+    width = render.terminal_width()
+    early = _early_verdicts(client.get("/api/events", limit=1000))
     if not rows:
         click.echo("No host measured yet.")
-        return
+    else:
+        _host_table(rows, width)
+    if early:
+        click.echo(render.wrap(
+            "\nCut short by an early verdict (flagged EARLY; not in host_perf, and the rate "
+            "model does not learn from them: a bound from the first proofs, not a measured "
+            "rate):", width))
+        click.echo(render.table(
+            ((e.get("machine_id"), e.get("instance_id"), render.ago(e.get("ts")), "EARLY",
+              e.get("reason")) for e in early),
+            ["MACHINE", "INSTANCE", "WHEN", "FLAG", "VERDICT"], width=width))
+
+
+def _early_verdicts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The verdict events of benchmarks an early verdict terminated, newest first (an
+    early pass lets the benchmark finish, and its result counts)."""
+    return [e for e in events if e.get("kind") == "verdict"
+            and "early verdict" in str(e.get("reason"))
+            and not str(e.get("reason")).startswith("early pass")]
+
+
+def _host_table(rows: list[dict[str, Any]], width: int | None) -> None:
     click.echo(
         render.table(
             (
@@ -381,6 +498,7 @@ def hosts(ctx: click.Context, client: OperatorClient, as_json: bool) -> None:
             ),
             ["MACHINE", "GPU", "N", "MEDIAN/H", "BEST/H", "LAST/H", "SAMPLES", "IMPORTED",
              "$/PROOF"],
+            width=width,
         )
     )
 
@@ -409,9 +527,9 @@ def hosts_import(client: OperatorClient, file: str) -> None:
             with open(file, "rb") as f:
                 data = f.read(MAX_IMPORT_BYTES + 1)
     except OSError as err:
-        raise click.ClickException(f"cannot read {file}: {err.strerror}") from None
+        raise UserError(f"cannot read {file} ({err.strerror}); check the path") from None
     if len(data) > MAX_IMPORT_BYTES:
-        raise click.ClickException(
+        raise UserError(
             f"{file} is larger than the {MAX_IMPORT_BYTES // (1024 * 1024)} MiB one import "
             "takes; split it into parts (each part is imported whole or not at all)")
     answer = orjson.loads(client.request_raw("POST", "/api/hosts/import", data=data,
@@ -433,14 +551,26 @@ def hosts_export(client: OperatorClient, source: str | None, output: str | None)
     Example:
       vast-manager hosts export --source fleet > fleet.jsonl
     """
+    if output is not None:
+        folder = os.path.dirname(os.path.abspath(output))
+        if not os.path.isdir(folder):
+            raise UserError(f"-o {output}: the folder {folder} does not exist; create it or "
+                            "pick another file")
+        if not os.access(folder, os.W_OK):
+            raise UserError(f"-o {output}: the folder {folder} is not writable; pick another "
+                            "file")
     query = f"?source={source}" if source else ""
     data = client.request_raw("GET", "/api/hosts/export" + query)
     if output is None:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         return
-    with open(output, "wb") as f:
-        f.write(data)
+    try:
+        with open(output, "wb") as f:
+            f.write(data)
+    except OSError as err:
+        raise UserError(f"-o {output} cannot be written ({err.strerror}); pick another "
+                        "file") from None
     lines = data.count(b"\n")
     click.echo(f"{lines} measurement(s) written to {clean(output)}.", err=True)
 
@@ -471,6 +601,7 @@ def bad_hosts_list(client: OperatorClient, as_json: bool) -> None:
         render.table(
             ((r.get("machine_id"), render.ago(r.get("added_at")), r.get("reason")) for r in rows),
             ["MACHINE", "ADDED", "REASON"],
+            width=render.terminal_width(),
         )
     )
 
@@ -512,7 +643,7 @@ def destroy(client: OperatorClient, instance_id: int) -> None:
 
     \b
     Example:
-      vast-manager destroy 700001
+      vast-manager destroy 3
     """
     answer = client.post(f"/api/instances/{instance_id}/destroy")
     click.echo(clean((answer or {}).get("message") or f"Instance {instance_id} destroyed."))
@@ -526,7 +657,7 @@ def rebenchmark(client: OperatorClient, instance_id: int) -> None:
 
     \b
     Example:
-      vast-manager rebenchmark 700001
+      vast-manager rebenchmark 3
     """
     answer = client.post(f"/api/instances/{instance_id}/rebenchmark")
     click.echo(
@@ -575,7 +706,7 @@ def logs(
 
     \b
     Example:
-      vast-manager logs 700001 --tail 50 --source cuzk --follow
+      vast-manager logs 3 --tail 50 --source cuzk --follow
     """
     path = f"/api/instances/{instance_id}/logs"
     try:
@@ -655,9 +786,11 @@ def agents_revoke(client: OperatorClient, agent_id: str) -> None:
 @cli.command()
 @click.option("--filter", "filter_text", default=None,
               help='Offer filter in vast.ai CLI syntax, e.g. "num_gpus>=2 dph<=0.9".')
+@click.option("--wide", is_flag=True,
+              help="Add each prediction's basis, however wide the lines get.")
 @json_option
 @operator_options
-def offers(client: OperatorClient, filter_text: str | None, as_json: bool) -> None:
+def offers(client: OperatorClient, filter_text: str | None, wide: bool, as_json: bool) -> None:
     """Offers ranked by predicted cost per proof, with the basis of each prediction.
 
     The rate model (docs/discovery.md) predicts each offer's proofs/hour from its
@@ -666,12 +799,13 @@ def offers(client: OperatorClient, filter_text: str | None, as_json: bool) -> No
     interval of the host's true rate; the basis names the
     factors that moved it. CPU and RAM are what the instance gets, its share of
     the host (vast.ai lists the whole host's): an offer whose share is below
-    VM_MIN_INSTANCE_RAM_GB is flagged TOO-SMALL, with the reason as its basis,
-    and deploys refuse it.
+    VM_MIN_INSTANCE_RAM_GB is flagged TOO-SMALL, and deploys refuse it. The
+    table fits the terminal; --wide adds the basis column (--json has it all).
 
     \b
     Example:
       vast-manager offers --filter "gpu_name=RTX_4090 cpu_ram>=240"
+      vast-manager offers --wide
     """
     from vast_manager.coordinator.cli.text_views import predicted_interval
 
@@ -692,18 +826,23 @@ def offers(client: OperatorClient, filter_text: str | None, as_json: bool) -> No
                     predicted_interval(r),
                     render.usd(r.get("predicted_usd_per_proof")),
                     render.num(r.get("instance_cpu_cores"), 0),
-                    render.num(r.get("instance_ram_gb"), 0, "G"),
+                    render.num(r.get("instance_ram_gb"), 0),
                     render.num(r.get("pcie_bw"), 1),
                     r.get("geolocation"),
                     _flags(r),
-                    r.get("prediction_basis"),
+                    *((r.get("prediction_basis"),) if wide else ()),
                 )
                 for r in rows
             ),
-            ["OFFER", "GPUS", "$/H", "PRED/H (80%)", "$/PROOF", "CPU", "RAM", "PCIE GB/S",
-             "PLACE", "FLAGS", "BASIS"],
+            ["OFFER", "GPUS", "$/H", "PRED/H (80%)", "$/PROOF", "CPU", "RAM GB", "PCIE GB/S",
+             "PLACE", "FLAGS", *(("BASIS",) if wide else ())],
+            width=None if wide else render.terminal_width(), shrink=("PLACE", "GPUS"),
         )
     )
+    width = None if wide else render.terminal_width()
+    click.echo(render.wrap(
+        "CPU and RAM GB: the instance's share of the host (vast.ai lists the whole host's). "
+        + ("" if wide else "Each prediction's basis: --wide, or --json."), width))
 
 
 def _flags(offer: dict[str, Any]) -> str:
@@ -782,7 +921,7 @@ def plan(client: OperatorClient, trials: int, budget_usd: float | None,
     if as_json:
         echo_json(data)
         return
-    click.echo(render_plan(data))
+    click.echo(render_plan(data, render.terminal_width()))
 
 
 @cli.command()
@@ -890,7 +1029,7 @@ def scaling(client: OperatorClient, as_json: bool) -> None:
     if as_json:
         echo_json(rows)
         return
-    click.echo(render_scaling(rows))
+    click.echo(render_scaling(rows, render.terminal_width()))
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import os
 import secrets
 import shutil
 import signal
@@ -91,6 +92,7 @@ def _live_table(rows: list[dict[str, Any]], details: dict[int, Any], elapsed_s: 
                 for r in rows
             ),
             ["ID", "GPUS", "STATE", "PHASE", "PROGRESS", "RATE/H", "MIN/H", "GPU UTIL"],
+            width=render.terminal_width(),
         ),
     ]
     return "\n".join(lines)
@@ -130,8 +132,8 @@ class _Screen:
                 self.last_phases[r["id"]] = key
                 print(
                     f"[{elapsed_s:5.1f}s] instance {r['id']} ({r.get('num_gpus')}x "
-                    f"{render.clean(r.get('gpu_name'))}): {render.clean(r.get('state'))} / "
-                    f"{render.clean(r.get('phase'))}",
+                    f"{render.clean(r.get('gpu_name'))}): state {render.clean(r.get('state'))}, "
+                    f"phase {render.clean(r.get('phase') or 'none yet')}",
                     flush=True,
                 )
 
@@ -191,8 +193,9 @@ async def _demo(
             loop.add_signal_handler(signum, main_task.cancel)
     server = await start_server(settings, provider)
     started = time.monotonic()
-    print(f"Coordinator on {server.url} (database {workdir / 'demo.db'}); "
-          f"simulated time runs {time_scale:g}x faster.", flush=True)
+    print(render.wrap(f"Coordinator on {server.url} (database {workdir / 'demo.db'}); "
+                      f"simulated time runs {time_scale:g}x faster.", render.terminal_width(),
+                      "  "), flush=True)
     try:
         async with aiohttp.ClientSession() as session:
             api = _Api(session, server.url, token)
@@ -212,8 +215,10 @@ async def _demo(
                     try:
                         await api.call("POST", "/api/deploy", {"offer_id": o["id"]})
                     except RuntimeError as err:
-                        print(f"refused offer {o['id']} ({o['num_gpus']}x "
-                              f"{render.clean(o['gpu_name'])}): {render.clean(err)}", flush=True)
+                        print(render.wrap(
+                            f"refused offer {o['id']} ({o['num_gpus']}x "
+                            f"{render.clean(o['gpu_name'])}): {render.clean(err)}",
+                            render.terminal_width(), "  "), flush=True)
             screen = _Screen()
             deadline = started + timeout_s
             while True:
@@ -258,8 +263,13 @@ async def _report(api: _Api, rows: list[dict[str, Any]]) -> int:
                 reason,
             )
         )
+    width = render.terminal_width()
     print(render.table(outcome_rows, ["ID", "GPUS", "$/H", "RATE/H", "MIN/H", "$/PROOF",
-                                      "OUTCOME", "REASON"]))
+                                      "OUTCOME", "REASON"], width=width))
+    print(render.wrap("RATE/H: the benchmark's steady-state rate, the one each verdict "
+                      "judged; MIN/H: the least worth keeping, the instance's $/h over "
+                      "VM_MAX_USD_PER_PROOF. No work command runs in the demo, so kept "
+                      "instances turn idle once proving (docs/operations.md).", width))
 
     print("\n== host_perf (simulated)")
     perf = await api.call("GET", "/api/host-perf")
@@ -267,18 +277,18 @@ async def _report(api: _Api, rows: list[dict[str, Any]]) -> int:
         ((p["machine_id"], p["gpu_name"], p["num_gpus"], render.num(p["median_rate_per_hour"]),
           render.num(p["best_rate_per_hour"]), p["samples"], render.usd(p.get("usd_per_proof")))
          for p in perf),
-        ["MACHINE", "GPU", "N", "MEDIAN/H", "BEST/H", "SAMPLES", "$/PROOF"],
+        ["MACHINE", "GPU", "N", "MEDIAN/H", "BEST/H", "SAMPLES", "$/PROOF"], width=width,
     ))
 
     print("\n== Bad hosts")
     bad = await api.call("GET", "/api/bad-hosts")
-    print(render.table(((b["machine_id"], b.get("reason")) for b in bad), ["MACHINE", "REASON"])
-          if bad else "none")
+    print(render.table(((b["machine_id"], b.get("reason")) for b in bad), ["MACHINE", "REASON"],
+                       width=width) if bad else "none")
 
     from vast_manager.coordinator.cli.text_views import render_scaling
 
     print("\n== Multi-GPU scaling (simulated)")
-    print(render_scaling(await api.call("GET", "/api/scaling")))
+    print(render_scaling(await api.call("GET", "/api/scaling"), width))
 
     from vast_manager.coordinator.cli.text_views import predicted_interval, render_plan
 
@@ -292,9 +302,14 @@ async def _report(api: _Api, rows: list[dict[str, Any]]) -> int:
         await asyncio.sleep(0.25)
     print(f"\n== The rate model: fitted on {model.get('measurements')} simulated "
           f"measurement(s) of {model.get('machines')} machine(s)")
+    gpus = model.get("gpu_models") or {}
+    print(render.wrap(
+        "  GPU models' factors: " + (", ".join(f"{render.clean(k)} x{float(v):.2f}"
+                                               for k, v in sorted(gpus.items())) or "none yet")
+        + "; `vast-manager model` shows the rest", width, "    "))
 
     print("\n== Plan: which offers to benchmark next while the kept hosts prove (simulated)")
-    print(render_plan(await api.call("GET", "/api/plan?trials=3")))
+    print(render_plan(await api.call("GET", "/api/plan?trials=3"), width))
 
     # The demo is over: destroy what is still running, as an operator would,
     # so every catalog offer is rentable again for the ranking below.
@@ -302,20 +317,43 @@ async def _report(api: _Api, rows: list[dict[str, Any]]) -> int:
         if r.get("state") not in FINAL_STATES:
             await api.call("POST", f"/api/instances/{r['id']}/destroy")
 
-    print("\n== Offers ranked by predicted cost per proof: the rate model's rate and 80% "
-          "interval (from the simulated measurements)")
+    print("\n== Offers ranked by predicted $/proof (the rate model's rate and 80% interval,")
+    print("   from the simulated measurements)")
     offers = await api.call("GET", "/api/offers")
     print(render.table(
         ((o["id"], f"{o['num_gpus']}x {o['gpu_name']}", render.usd(o["dph_total"], 2),
           predicted_interval(o), render.usd(o.get("predicted_usd_per_proof")),
-          "BAD-HOST" if o.get("bad_host") else "TOO-SMALL" if o.get("too_small") else "-",
-          o.get("prediction_basis"))
+          "BAD-HOST" if o.get("bad_host") else "TOO-SMALL" if o.get("too_small") else "-")
          for o in offers),
-        ["OFFER", "GPUS", "$/H", "PRED/H (80%)", "$/PROOF", "FLAGS", "BASIS"],
+        ["OFFER", "GPUS", "$/H", "PRED/H (80%)", "$/PROOF", "FLAGS"], width=width,
     ))
+    print("(each prediction's basis: `vast-manager offers --wide` on a running coordinator)")
     ok = kept >= 1 and terminated_for_rate >= 1
     print(f"\n{kept} kept, {terminated_for_rate} terminated below their minimum rate.")
     return EXIT_OK if ok else EXIT_UNEXPECTED
+
+
+class DemoSetupError(ValueError):
+    """A --keep folder the demo cannot use; nothing was written."""
+
+
+def prepare_keep_dir(workdir: Path) -> None:
+    """A folder for the demo's files: created when missing, refused when it cannot be
+    written or already holds a demo's database (the demo starts on a fresh one)."""
+    db = workdir / "demo.db"
+    if db.exists() or (workdir / "instances").exists():
+        raise DemoSetupError(
+            f"--keep {workdir} holds an earlier demo ({db}); the demo starts on a fresh "
+            "database: remove that folder or pick a new one")
+    if workdir.exists() and not workdir.is_dir():
+        raise DemoSetupError(f"--keep {workdir} is a file; pick a folder")
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DemoSetupError(f"--keep {workdir} cannot be created ({err.strerror}); pick a "
+                             "folder you can write") from None
+    if not os.access(workdir, os.W_OK):
+        raise DemoSetupError(f"--keep {workdir} is not writable; pick a folder you can write")
 
 
 def run_demo(
@@ -327,7 +365,8 @@ def run_demo(
     fleet_secret: str | None = None,
 ) -> int:
     workdir = Path(keep_dir) if keep_dir else Path(tempfile.mkdtemp(prefix="vast-manager-demo-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    if keep_dir:
+        prepare_keep_dir(workdir)
     try:
         # Secrets are generated unless given (tests pass known ones to grep for them).
         return asyncio.run(_demo(time_scale or DEFAULT_TIME_SCALE, workdir, timeout_s,

@@ -55,6 +55,20 @@ def gpu_table(telemetry: dict[str, Any] | None, host_gpus: list[dict[str, Any]])
     )
 
 
+def production_lines(data: dict[str, Any]) -> list[str]:
+    """What a proving instance completed (cuzk's counter between heartbeats), or IDLE
+    with the reason: the benchmark says what it can do, this what it does."""
+    if data.get("idle"):
+        return [f"  IDLE: {clean(data.get('idle_reason'))}; it bills and proves nothing "
+                "(not counted in the fleet's rate)"]
+    if data.get("state") != "proving":
+        return []
+    done = data.get("completed_rate_per_hour")
+    return [f"  completed {render.num(done)}/h (cuzk's finished proofs over the last hour)"
+            if done is not None else "  completed: measuring (cuzk's finished proofs, from "
+            "the next heartbeats)"]
+
+
 def render_instance(data: dict[str, Any]) -> str:
     now = time.time()
     lines = [
@@ -65,10 +79,11 @@ def render_instance(data: dict[str, Any]) -> str:
         f"  machine {clean(data.get('machine_id'))}: {data.get('num_gpus') or '?'}x "
         f"{clean(data.get('gpu_name'))}, {clean(data.get('geolocation'))}, "
         f"{render.usd(data.get('dph_total'), 3)}/h",
-        f"  rate {render.num(data.get('rate_per_hour'))}/h (minimum "
+        f"  benchmark rate {render.num(data.get('rate_per_hour'))}/h (minimum "
         f"{render.num(data.get('min_rate_per_hour'))}/h), "
         f"{render.usd(data.get('usd_per_proof'))} per proof"
         + (" (SIMULATED: local provider)" if data.get("provider") == "local" else ""),
+        *production_lines(data),
         "",
     ]
     tele = data.get("telemetry")
@@ -139,8 +154,9 @@ def event_lines(events: list[dict[str, Any]], title: str, last: int, clock: str,
     return out
 
 
-def render_scaling(rows: list[dict[str, Any]]) -> str:
-    """Per host: all-GPU vs one-GPU rate, and the coordinator's verdict beside the agent's."""
+def render_scaling(rows: list[dict[str, Any]], width: int | None = None) -> str:
+    """Per host: all-GPU vs one-GPU rate, and the coordinator's verdict beside the agent's
+    (folded to ``width`` when given)."""
     if not rows:
         return "No multi-GPU scaling result yet."
     out = []
@@ -164,7 +180,8 @@ def render_scaling(rows: list[dict[str, Any]]) -> str:
         )
         for ev in r.get("evidence") or []:
             out.append(f"    - {clean(ev)}")
-    return "\n".join(out)
+    return "\n".join(render.wrap(line, width, "      " if line.startswith("    - ") else "  ")
+                     for line in out)
 
 
 def predicted_interval(row: dict[str, Any]) -> str:
@@ -182,15 +199,17 @@ def _pct(value: Any) -> str:
     return "-" if value is None else f"{100.0 * float(value):.0f}%"
 
 
-def render_plan(data: dict[str, Any]) -> str:
-    """The plan: each proposed trial with its numbers, then its hypothesis and basis."""
+def render_plan(data: dict[str, Any], width: int | None = None) -> str:
+    """The plan: each proposed trial with its numbers, then its hypothesis and basis;
+    with ``width``, every line fits it (the table narrowed, the text folded)."""
     best = data.get("best_usd_per_proof")
     target = data.get("target_rate_per_hour")
     reference = render.usd(data.get("reference_usd_per_proof"))
-    lines = [
-        f"Reference: a newcomer is worth keeping below {reference}/proof (fleet's best "
-        f"{render.usd(best) if best else 'none yet'}"
-        + (f", autopilot target {render.num(target)}/h" if target else "") + ")",
+    horizon = data.get("horizon_hours")
+    lines = [render.wrap(
+        f"Reference: a newcomer is worth keeping below {reference}/proof (the best $/proof "
+        f"among kept, proving instances: {render.usd(best) if best else 'none proving yet'}"
+        + (f"; autopilot target {render.num(target)}/h" if target else "") + ")", width, "  "),
     ]
     proposals = data.get("proposals") or []
     if proposals:
@@ -210,16 +229,26 @@ def render_plan(data: dict[str, Any]) -> str:
                 )
                 for p in proposals
             ),
-            ["OFFER", "MACHINE", "GPUS", "$/H", "PRED/H (80%)", "BREAK-EVEN/H", "P(PASS)",
-             "P(BEATS BEST)", "TRIAL $", "EXPECTED $"],
+            ["OFFER", "MACHINE", "GPUS", "$/H", "PRED/H (80%)", "EVEN/H", "P(PASS)",
+             "P(BEST)", "TRIAL $", "EXPECTED $"],
+            width=width, shrink=("MACHINE", "GPUS"),
         ))
+        lines.append(render.wrap(
+            "EVEN/H: the break-even rate at the offer's price (its $/h over the reference "
+            "$/proof); P(BEST): the chance it beats the fleet's best $/proof; EXPECTED $: "
+            "the saving if kept, over "
+            + (f"{render.num(horizon, 0)} h" if horizon else "the plan's horizon")
+            + " (VM_PLAN_HORIZON_HOURS), less the trial's cost.", width))
         lines.append("")
         for p in proposals:
-            lines.append(f"offer {p.get('offer_id')}: {clean(p.get('hypothesis'))}")
-            lines.append(f"    basis: {clean(p.get('prediction_basis'))}")
-    lines.append(f"{len(proposals)} proposed of {data.get('considered')} offers considered "
-                 f"({data.get('worth_trying')} worth their trial): "
-                 f"{clean(data.get('stop_reason'))}")
+            lines.append(render.wrap(f"offer {p.get('offer_id')}: {clean(p.get('hypothesis'))}",
+                                     width, "    "))
+            lines.append(render.wrap(f"    basis: {clean(p.get('prediction_basis'))}", width,
+                                     "    "))
+    lines.append(render.wrap(
+        f"{len(proposals)} proposed of {data.get('considered')} offers considered "
+        f"({data.get('worth_trying')} worth their trial): {clean(data.get('stop_reason'))}",
+        width, "  "))
     return "\n".join(lines)
 
 

@@ -98,10 +98,12 @@ class _Memo:
                 for o in offers]
 
 
-def fleet_instances(rows: Sequence[Row], model: RateModel) -> list[FleetInstance]:
+def fleet_instances(rows: Sequence[Row], model: RateModel,
+                    idle: frozenset[int] = frozenset()) -> list[FleetInstance]:
     """Our deployed instances still on a machine, as the decision core sees them: proving
     at their measured rate, on trial at the model's predicted rate for their offer, or leaving
-    (terminating, silent, failed: billing, not proving)."""
+    (terminating, silent, failed, or idle (``idle``: proving, completing nothing): billing,
+    not proving)."""
     out = []
     for r in rows:
         if r["kind"] != "deployed" or r["state"] in states.GONE:
@@ -110,7 +112,7 @@ def fleet_instances(rows: Sequence[Row], model: RateModel) -> list[FleetInstance
         rate = r["rate_per_hour"]
         ident, machine = str(r["id"]), str(r["machine_id"])
         ending = r["terminate_reason"] or r["state"] in states.ENDING
-        if ending or r["state"] == State.LOST:
+        if ending or r["state"] == State.LOST or int(r["id"]) in idle:
             out.append(FleetInstance(ident, machine, dph, None, leaving=True))
         elif r["state"] == State.PROVING and rate:
             out.append(FleetInstance(ident, machine, dph, float(rate)))
@@ -236,7 +238,13 @@ class Autopilot:
         return line
 
     async def stop(self, *, by: str, reason: str) -> bool:
-        """Stop now and across restarts; False when it was stopped already."""
+        """Stop now and across restarts; False when it was stopped already. Refused where
+        no autopilot is configured: saying "stopped" there would claim a stop that did
+        nothing."""
+        if self.caps is None:
+            raise AutopilotNotConfigured(
+                "This coordinator runs no autopilot (it was served without --autopilot): "
+                "nothing to stop.")
         now = self.clock()
         row = self.switch()
         if row is not None and row["state"] == STOPPED:
@@ -301,7 +309,8 @@ class Autopilot:
             return tick
         fitted = await self.models.current()
         rows = await self.store.read(lambda r: r.active_instances())
-        fleet = await asyncio.to_thread(fleet_instances, rows, fitted.model)
+        idle = frozenset(self.monitor.production.idle_ids())
+        fleet = await asyncio.to_thread(fleet_instances, rows, fitted.model, idle)
         busy = frozenset(str(r["machine_id"]) for r in rows if r["machine_id"] is not None)
         bad = frozenset(str(b["machine_id"]) for b in self.store.bad_hosts(now))
         notes: list[str] = []

@@ -21,6 +21,13 @@ from vast_manager.coordinator.decisions import cost, pace, policy, states
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.plan import TrialCost
 from vast_manager.coordinator.operations.account import Account
+from vast_manager.coordinator.operations.production import (
+    COLUMNS as PRODUCTION_COLUMNS,
+)
+from vast_manager.coordinator.operations.production import (
+    ProductionTracker,
+    duration,
+)
 from vast_manager.coordinator.providers.base import (
     AuthError,
     Provider,
@@ -179,6 +186,7 @@ class Monitor:
         self._tick_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._seeded = False
+        self.production = ProductionTracker(settings)
 
     # --- the loop ------------------------------------------------------------------
 
@@ -252,7 +260,53 @@ class Monitor:
             else:
                 await self.enforce_timeouts(now)
             await self.finish_destroys(now)
+            await self.watch_production(now)
             await self.reconcile_with_provider()
+
+    # --- production: what kept instances complete (docs/operations.md) ----------------
+
+    async def watch_production(self, now: float) -> None:
+        """Measure each proving instance's completed rate; report an instance that turned
+        idle (an event), and destroy one idle past ``idle_destroy_after_s``."""
+        rows = await self.store.read(lambda r: r.active_instances(PRODUCTION_COLUMNS))
+        turned = self.production.observe(rows, now)
+        current = self.production.current
+        if turned:
+            def report(tx: Tx) -> None:
+                for instance_id in turned:
+                    inst = tx.get_instance(instance_id)
+                    if inst is not None:
+                        tx.insert_event(now, "idle", str(current[instance_id].idle_reason),
+                                        instance_id=instance_id, agent_id=inst["agent_id"],
+                                        machine_id=inst["machine_id"])
+
+            await self.store.write(report)
+            for instance_id in turned:
+                log.info("instance %s is idle: %s", instance_id,
+                            current[instance_id].idle_reason)
+        limit = self.settings.idle_destroy_after_s
+        # At zero funds vast.ai stops every instance: no proof moves, and that is no host's fault.
+        if limit <= 0 or self.account.at_or_below_zero:
+            return
+        kinds = {int(r["id"]): r["kind"] for r in rows}
+        due = [i for i, p in current.items()
+               if p.idle and p.idle_since is not None and kinds.get(i) == "deployed"
+               and (now - p.idle_since) * self.production.settings.sim_time_scale >= limit]
+        if not due:
+            return
+
+        def terminate(tx: Tx) -> None:
+            for instance_id in due:
+                inst = tx.get_instance(instance_id)
+                if inst is None or inst["state"] != State.PROVING or inst["terminate_reason"]:
+                    continue
+                tx.begin_terminating(
+                    instance_id, f"idle for {duration(limit)} (VM_IDLE_DESTROY_AFTER_S): "
+                    f"{current[instance_id].idle_reason}", kind="idle", now=now,
+                    destroy_due_at=now + self.settings.terminate_grace_s)
+
+        await self.store.write(terminate)
+        self.wake()
 
     # --- silence and timeouts -----------------------------------------------------------
 

@@ -57,7 +57,11 @@ def _query_number(request: web.Request, name: str, *, integer: bool,
 
 
 async def _search(core: Core, filter_text: str | None) -> list[Offer]:
+    from vast_manager.coordinator.providers.vast.filters import parse_filter
+
     try:
+        if filter_text:
+            parse_filter(filter_text)  # refused alike whichever provider answers
         return await core.provider.search_offers(filter_text)
     except ValueError as err:  # the filter parser's FilterError
         raise InvalidInput(f"Bad filter: {err}", field="filter") from None
@@ -127,15 +131,17 @@ async def plan(core: Core, request: web.Request) -> Any:
     busy = frozenset(str(r["machine_id"]) for r in rows if r["machine_id"] is not None)
     bad = frozenset(str(b["machine_id"]) for b in core.store.bad_hosts(core.clock()))
     target = core.autopilot.caps.target_rate_per_hour if core.autopilot.caps else None
+    idle = frozenset(core.monitor.production.idle_ids())
 
     def work() -> dict[str, Any]:
-        fleet = fleet_instances(rows, fitted.model)
+        fleet = fleet_instances(rows, fitted.model, idle)
         made = plan_for(found, fitted.model, fleet, target_rate_per_hour=target, busy=busy,
                         bad=bad, settings=core.settings, trials=int(trials or 5),
                         budget_usd=budget)
         best = min((i.usd_per_proof for i in fleet if i.rate_per_hour and not i.leaving),
                    default=None)
-        return {**plan_view(made, best, target), "model": fitted.summary()}
+        return {**plan_view(made, best, target), "model": fitted.summary(),
+                "horizon_hours": core.settings.plan_horizon_hours}
 
     return await asyncio.to_thread(work)
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from vast_manager.coordinator.decisions import cost, policy, states
 from vast_manager.coordinator.decisions.states import State
+from vast_manager.coordinator.operations.production import NOT_PROVING
 from vast_manager.coordinator.store.schema import Row, loads
 
 INSTANCE_FIELDS = (
@@ -99,6 +101,22 @@ def instance_view(row: Row, basis: CostBasis | None = None) -> dict[str, Any]:
     return finish_view({name: row.get(name) for name in VIEW_COLUMNS}, basis)
 
 
+def production_view(out: dict[str, Any], produced: Mapping[str, Any] | None = None,
+                    started_at: float | None = None) -> dict[str, Any]:
+    """Add to an instance's view, in place, what it completed (``ProductionTracker.view``):
+    ``completed_rate_per_hour`` beside the benchmark's ``rate_per_hour``, and ``idle``
+    with its reason (an idle instance has no cost per proof: it bills and proves
+    nothing); and ``heard_since_start``, false while its agent has not spoken since this
+    coordinator started (its state is what it said before; docs/operations.md)."""
+    out.update(produced if produced is not None else NOT_PROVING)
+    if out["idle"]:
+        out["usd_per_proof"] = None
+    seen = out.get("last_seen")
+    out["heard_since_start"] = (None if started_at is None or out["state"] in states.GONE
+                                else seen is not None and float(seen) >= started_at)
+    return out
+
+
 def result_view(row: Row) -> dict[str, Any]:
     out = dict(row)
     for col in ("gpus_used", "proof_seconds", "telemetry", "runs", "evidence", "flag_reasons",
@@ -129,21 +147,32 @@ def host_perf_view(row: Row) -> dict[str, Any]:
     return out
 
 
-def fleet_view(by_state: dict[str, tuple[int, float, float]]) -> dict[str, Any]:
+def fleet_view(
+    by_state: dict[str, tuple[int, float, float]],
+    idle: tuple[int, float, float] = (0, 0.0, 0.0),
+    completed_per_hour: float | None = None,
+) -> dict[str, Any]:
     """The fleet at a glance, from ``Reads.instances_by_state`` (``GET /api/fleet``, the
     dashboard's tiles and the fleet gauges of ``/metrics``): instances per state present,
     how many bill (every state but the gone ones) and prove, the fleet's price per hour
-    (of those that bill), its proofs per hour (the proving instances' measured rates)
-    and their ratio (None while nothing proves)."""
+    (of those that bill), its proofs per hour (the proving instances' measured rates,
+    idle ones left out: ``idle`` is ``ProductionTracker.idle_totals``), what cuzk
+    completed fleet-wide (``completed_proofs_per_hour``, None until measured) and the
+    ratio of price to output (None while nothing proves)."""
     billing = [v for state, v in by_state.items() if state not in states.GONE]
     proving = by_state.get(State.PROVING, (0, 0.0, 0.0))
     dollars_per_hour = sum(dph for _, dph, _ in billing)
+    # Idle instances bill but produce nothing: out of the fleet's output.
+    idle_n, idle_rate, _ = idle
+    output = max(0.0, proving[2] - idle_rate)
     return {
         "instances": sum(n for n, _, _ in by_state.values()),
         "by_state": {state: n for state, (n, _, _) in sorted(by_state.items())},
         "billing": sum(n for n, _, _ in billing),
-        "proving": proving[0],
-        "proofs_per_hour": proving[2],
+        "proving": proving[0] - idle_n,
+        "idle": idle_n,
+        "proofs_per_hour": output,
+        "completed_proofs_per_hour": completed_per_hour,
         "dollars_per_hour": dollars_per_hour,
-        "dollars_per_proof": policy.usd_per_proof(dollars_per_hour, proving[2]),
+        "dollars_per_proof": policy.usd_per_proof(dollars_per_hour, output),
     }

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import orjson
 
-from vast_manager.coordinator.settings import Settings
+from vast_manager.coordinator.settings import Settings, check_admin_token
 from vast_manager.coordinator.textsafe import json_safe, neutralise
 
 _BEARER = re.compile(r"(?i)(bearer\s+)[^\s\"',;]+")
@@ -82,14 +82,33 @@ def configure_logging(settings: Settings, stream: object = None) -> logging.Hand
     return handler
 
 
-def write_generated_token(settings: Settings) -> Path:
-    """Put a generated admin token in a 0600 file of the config directory (JSON mode:
-    the log stream is shipped somewhere, so the token must not be in it)."""
-    directory = Path(settings.config_dir)
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = directory / "admin-token"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def token_path(settings: Settings) -> Path:
+    """Where a generated admin token is kept: beside the database, as ``<db>.admin-token``,
+    so each database keeps its own and a restart finds it (docs/operations.md)."""
+    return Path(settings.db_path + ".admin-token")
+
+
+def stored_token(settings: Settings) -> Settings | None:
+    """With no VM_ADMIN_TOKEN: the settings holding the token stored beside the database
+    by an earlier start (None when there is none yet). ValueError when the file holds no
+    usable token."""
+    path = token_path(settings)
+    if not path.exists():
+        return None
+    try:
+        token = path.read_text().strip()
+        check_admin_token(token)
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{path} holds no usable admin token ({err}); delete it to "
+                         "generate a new one, or set VM_ADMIN_TOKEN") from None
+    return settings.with_values(admin_token=token, admin_token_generated=False)
+
+
+def store_token(settings: Settings) -> Path:
+    """Keep a generated admin token beside the database (0600, created exclusively), for
+    the next start; written once the coordinator is up, so a start refused writes nothing."""
+    path = token_path(settings)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(settings.admin_token + "\n")
-    os.chmod(path, 0o600)
     return path

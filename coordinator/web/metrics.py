@@ -31,6 +31,7 @@ from vast_manager.coordinator.decisions import pace, policy, states
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.autopilot import ledger_of, rental_of
 from vast_manager.coordinator.operations.account import AccountView
+from vast_manager.coordinator.operations.production import ProductionTracker
 from vast_manager.coordinator.store.reads import Reads
 from vast_manager.coordinator.store.schema import loads
 from vast_manager.coordinator.textsafe import neutralise
@@ -142,9 +143,11 @@ class FleetCollector(Collector):
     and rate, each instance's, and each live instance's latest telemetry (hosts, GPUs,
     cuzk). Give it the reader thread's ``Reads``: a scrape reads every instance."""
 
-    def __init__(self, reads: Reads, now: float) -> None:
+    def __init__(self, reads: Reads, now: float,
+                 production: ProductionTracker | None = None) -> None:
         self.reads = reads
         self.now = now
+        self.production = production
 
     def collect(self) -> Iterator[Metric]:
         yield from self._fleet()
@@ -155,15 +158,26 @@ class FleetCollector(Collector):
         yield scrape
 
     def _fleet(self) -> Iterator[Metric]:
-        fleet = fleet_view(self.reads.instances_by_state())
+        made = self.production
+        fleet = fleet_view(self.reads.instances_by_state(),
+                           made.idle_totals() if made else (0, 0.0, 0.0),
+                           made.completed_total_per_hour() if made else None)
         by_state = _Gauge("vm_instances", "Instances by state.", ("state",))
         for state, n in {**dict.fromkeys(INSTANCE_STATES, 0), **fleet["by_state"]}.items():
             by_state.sample(n, _labels(state))
         yield by_state
         families = (
             ("vm_fleet_proofs_per_hour",
-             "Proofs per hour of the proving instances (their measured rates).",
+             "Proofs per hour of the proving instances (their measured rates), idle ones "
+             "left out.",
              fleet["proofs_per_hour"]),
+            ("vm_fleet_completed_proofs_per_hour",
+             "Proofs per hour cuzk completed on the proving instances, from their heartbeats "
+             "(absent until measured).",
+             fleet["completed_proofs_per_hour"]),
+            ("vm_fleet_idle_instances",
+             "Proving instances that completed no proof for VM_IDLE_AFTER_S: billing, idle.",
+             fleet["idle"]),
             ("vm_fleet_dollars_per_hour", "Price per hour of every instance that bills.",
              fleet["dollars_per_hour"]),
             ("vm_fleet_dollars_per_proof",
@@ -193,7 +207,15 @@ class FleetCollector(Collector):
             "seen": _Gauge("vm_instance_last_seen_timestamp_seconds",
                            "Unix time of the instance's last heartbeat.", INSTANCE_LABELS),
             "gpus": _Gauge("vm_instance_gpus", "GPUs of an instance.", INSTANCE_LABELS),
+            "completed": _Gauge("vm_instance_completed_proofs_per_hour",
+                                "Proofs per hour cuzk completed on a proving instance, from "
+                                "its heartbeats (absent until measured).", INSTANCE_LABELS),
+            "idle": _Gauge("vm_instance_idle",
+                           "1 when a proving instance completed no proof for "
+                           "VM_IDLE_AFTER_S (billing, producing nothing), else 0.",
+                           INSTANCE_LABELS),
         }
+        produced = self.production.view if self.production else None
         for inst in self.reads.active_instances(_INSTANCE_COLUMNS):
             labels = _labels(inst["id"], inst["machine_id"], inst["gpu_name"], inst["state"])
             fams["rate"].sample(inst["rate_per_hour"], labels)
@@ -203,6 +225,10 @@ class FleetCollector(Collector):
             fams["proofs"].sample(inst["proofs_completed_total"], labels)
             fams["seen"].sample(inst["last_seen"], labels)
             fams["gpus"].sample(inst["num_gpus"], labels)
+            if produced is not None:
+                made = produced(inst["id"])
+                fams["completed"].sample(made["completed_rate_per_hour"], labels)
+                fams["idle"].sample(1 if made["idle"] else 0, labels)
         yield from fams.values()
 
     def _telemetry(self) -> Iterator[Metric]:
@@ -402,13 +428,14 @@ class BillCollector(Collector):
 
 def registry(reads: Reads, now: float, guard: GuardCounts | None = None,
              paced: PaceFigures | None = None,
-             bill: BillFigures | None = None) -> CollectorRegistry:
+             bill: BillFigures | None = None,
+             production: ProductionTracker | None = None) -> CollectorRegistry:
     """One scrape's registry: the fleet, the guard's counts, the pace, and
     prometheus_client's own process (CPU, memory, file descriptors) and Python (version,
     garbage collector) collectors, on a registry of its own rather than the library's
     global one."""
     out = CollectorRegistry(auto_describe=False)
-    out.register(FleetCollector(reads, now))
+    out.register(FleetCollector(reads, now, production))
     if guard is not None:
         out.register(GuardCollector(guard))
     if paced is not None:
@@ -422,6 +449,7 @@ def registry(reads: Reads, now: float, guard: GuardCounts | None = None,
 
 
 def exposition(reads: Reads, now: float, guard: GuardCounts | None = None,
-               paced: PaceFigures | None = None, bill: BillFigures | None = None) -> bytes:
+               paced: PaceFigures | None = None, bill: BillFigures | None = None,
+               production: ProductionTracker | None = None) -> bytes:
     """The whole exposition text of one scrape (run it with ``Store.read``)."""
-    return generate_latest(registry(reads, now, guard, paced, bill))
+    return generate_latest(registry(reads, now, guard, paced, bill, production))

@@ -39,6 +39,7 @@ from vast_manager.coordinator.web.json_views import (
     fleet_view,
     host_perf_view,
     instance_view,
+    production_view,
     result_view,
     scaling_view,
 )
@@ -295,8 +296,10 @@ async def _list_instances(core: Core, request: web.Request) -> Any:
         more = limit is not None and len(rows) > limit
         if more:
             del rows[limit:]
-        body = orjson.dumps([finish_view(dict(zip(VIEW_COLUMNS, values, strict=True)), basis)
-                             for values in rows])
+        produced = core.monitor.production.view
+        body = orjson.dumps([production_view(
+            finish_view(dict(zip(VIEW_COLUMNS, values, strict=True)), basis),
+            produced(values[id_at]), core.started_at) for values in rows])
         return body, int(rows[-1][id_at]) if more else None
 
     body, last_id = await core.store.read(page)
@@ -310,9 +313,14 @@ async def _list_instances(core: Core, request: web.Request) -> Any:
 
 
 async def _fleet(core: Core, request: web.Request) -> Any:
-    out = await core.store.read(lambda reads: fleet_view(reads.instances_by_state()))
-    out["account"] = core.monitor.account.view().as_dict()
-    return out
+    production = core.monitor.production
+    view = await core.store.read(lambda reads: fleet_view(
+        reads.instances_by_state(), production.idle_totals(),
+        production.completed_total_per_hour()))
+    # The break-even $/proof the minimum rates come from (the offers chart draws it).
+    return {**view, "account": core.monitor.account.view().as_dict(),
+            "max_usd_per_proof": core.settings.max_usd_per_proof,
+            "max_deploy_dph_total": core.settings.max_deploy_dph_total}
 
 
 
@@ -324,7 +332,8 @@ async def _get_instance(core: Core, request: web.Request) -> Any:
         inst = reads.get_instance(instance_id)
         if inst is None:
             return None
-        out = instance_view(inst, basis)
+        out = production_view(instance_view(inst, basis),
+                              core.monitor.production.view(instance_id), core.started_at)
         out["host"] = loads(inst.get("host_json"))
         out["results"] = [result_view(r) for r in reads.results_for_instance(instance_id)]
         out["events"] = [event_view(e) for e in reads.events(instance_id)]
@@ -426,8 +435,8 @@ async def _metrics(request: web.Request) -> web.Response:
     paced = metrics.PaceFigures(core.tracker.load(), core.settings)
     bill = metrics.BillFigures(core.monitor.account.view(),
                                core.settings.autopilot_spend_window_h * 3600.0)
-    body = await core.store.read(
-        lambda reads: metrics.exposition(reads, now, guard, paced, bill))
+    body = await core.store.read(lambda reads: metrics.exposition(
+        reads, now, guard, paced, bill, core.monitor.production))
     return web.Response(body=body, headers={"Content-Type": metrics.CONTENT_TYPE})
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import logging
 import signal
@@ -23,6 +24,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -32,11 +34,17 @@ from vast_manager.coordinator.decisions import policy
 from vast_manager.coordinator.providers.base import Provider
 from vast_manager.coordinator.providers.factory import make_provider
 from vast_manager.coordinator.settings import Settings, parse_listen
+from vast_manager.coordinator.store.dbfile import DbLock, check_db_path
 from vast_manager.coordinator.store.writer import Store
 from vast_manager.coordinator.web.app import create_app
 from vast_manager.coordinator.web.core import CORE
 from vast_manager.coordinator.web.http import error_response
-from vast_manager.coordinator.web.logs import configure_logging, write_generated_token
+from vast_manager.coordinator.web.logs import (
+    configure_logging,
+    store_token,
+    stored_token,
+    token_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +147,7 @@ class RunningServer:
     provider: Provider
     admin_url: str | None = None
     heads: asyncio.Task[None] | None = None
+    db_lock: DbLock | None = None
 
     async def stop(self) -> None:
         """Stop serving, let the monitor loop end, then close the store.
@@ -151,6 +160,8 @@ class RunningServer:
                 await self.heads
         await self.runner.cleanup()
         await asyncio.to_thread(self.store.close)
+        if self.db_lock is not None:
+            self.db_lock.release()
 
 
 def _url(scheme: str, host: str, port: int) -> str:
@@ -200,15 +211,28 @@ def listener_split(admin_host: str, admin_port: int) -> Middleware:
     return split
 
 
+def _bind_problem(host: str, port: int, err: OSError) -> str:
+    """What a failed bind means to the operator, and what to do about it."""
+    if err.errno == errno.EADDRINUSE:
+        return (f"port {port} on {host} is in use (another coordinator?); stop what holds it "
+                "or pick another port with --port")
+    if err.errno == errno.EADDRNOTAVAIL:
+        return (f"{host} is not an address of this machine; listen on one of its own "
+                "addresses with --host (127.0.0.1, or 0.0.0.0 for all of them)")
+    if err.errno == errno.EACCES:
+        return f"port {port} needs privileges on this machine; pick one above 1023 with --port"
+    return f"cannot listen on {host}:{port}: {err.strerror}; check --host and --port"
+
+
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-    except OSError:
+    except OSError as err:
         sock.close()
-        raise
+        raise ServeConfigError(_bind_problem(host, port, err)) from None
     sock.listen(1024)
     sock.setblocking(False)
     return sock
@@ -227,7 +251,14 @@ async def start_server(
         if settings.tls_cert and settings.tls_key else None
     )
     scheme = "https" if ssl_context is not None else "http"
-    sock = _bind(settings.host, settings.port)
+    # One coordinator per database: refused before anything listens or is opened.
+    await asyncio.to_thread(Path(settings.db_path).parent.mkdir, parents=True, exist_ok=True)
+    db_lock = DbLock(settings.db_path)
+    try:
+        sock = _bind(settings.host, settings.port)
+    except BaseException:
+        db_lock.release(remove=True)
+        raise
     port = sock.getsockname()[1]
     url = _url(scheme, settings.host, port)
     if port != settings.port:
@@ -248,6 +279,7 @@ async def start_server(
     except BaseException:
         for s in socks:
             s.close()
+        db_lock.release(remove=True)
         raise
     app = create_app(settings, store, provider, clock)
     if admin_addr is not None:
@@ -274,8 +306,9 @@ async def start_server(
         for s in socks:
             s.close()
         await asyncio.to_thread(store.close)
+        db_lock.release()
         raise
-    return RunningServer(url, settings, store, app, runner, provider, admin_url, heads)
+    return RunningServer(url, settings, store, app, runner, provider, admin_url, heads, db_lock)
 
 
 #: Container allocations between young-generation collections (CPython's default: 700).
@@ -320,23 +353,53 @@ def tune_switch_interval(seconds: float = SWITCH_INTERVAL_S) -> None:
     sys.setswitchinterval(seconds)
 
 
+def _say(settings: Settings, line: str) -> None:
+    if settings.log_format == "json":
+        log.info(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
+async def _billing_instances(server: RunningServer) -> list[int]:
+    """The ids of instances still rented (not destroyed): what keeps billing."""
+    rows = await server.store.read(lambda r: r.active_instances(["id"]))
+    return [int(r["id"]) for r in rows]
+
+
+def _ids(ids: list[int]) -> str:
+    shown = ", ".join(str(i) for i in ids[:10])
+    return shown + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+
+
 async def _serve_until_signalled(settings: Settings, provider: Provider) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     server = await start_server(settings, provider)
+    if settings.admin_token_generated:
+        _announce_new_token(settings)
     tune_gc()
     tune_switch_interval()
     admin = f", operator API and dashboard on {server.admin_url}" if server.admin_url else ""
-    line = (f"vast-manager coordinator on {server.url}{admin} (fleet {settings.fleet_id}, "
-            f"db {settings.db_path})")
-    if settings.log_format == "json":
-        log.info(line)
-    else:
-        print(line, file=sys.stderr, flush=True)
+    _say(settings, f"vast-manager coordinator on {server.url}{admin} (fleet "
+                   f"{settings.fleet_id}, db {settings.db_path})")
+    rented = await _billing_instances(server)
+    if rented:
+        _say(settings, f"{len(rented)} instance(s) from before are still rented ({_ids(rented)}): "
+                       f"their state is checked against {provider.name} in the first monitor "
+                       f"round (every {settings.monitor_interval_s:g} s); until an agent "
+                       "speaks again, status shows its last heartbeat's age")
     try:
         await stop.wait()
+        rented = await _billing_instances(server)
+        if rented:
+            _say(settings, f"stopping: {len(rented)} instance(s) stay rented and keep billing "
+                           f"({_ids(rented)}); their agents keep working. Serve this database "
+                           "again to manage them, or destroy them (vast-manager destroy ID) "
+                           "before you stop for good")
+        else:
+            _say(settings, "stopping: no instance is rented, nothing keeps billing")
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
@@ -346,18 +409,40 @@ async def _serve_until_signalled(settings: Settings, provider: Provider) -> None
 
 
 def run_server(settings: Settings, provider_name: str) -> None:
-    """Serve until SIGTERM/SIGINT (blocking; ``vast-manager serve``)."""
+    """Serve until SIGTERM/SIGINT (blocking; ``vast-manager serve``). A setting that
+    cannot work raises ``ServeConfigError`` (or ``DatabaseFileError``) before anything is
+    written."""
     if settings.tls_cert and settings.tls_key:
         tls_context(settings.tls_cert, settings.tls_key)  # fail before anything starts
-    configure_logging(settings)
+    check_db_path(settings.db_path)
+    reused = False
     if settings.admin_token_generated:
-        if settings.log_format == "json":
-            path = write_generated_token(settings)
-            log.warning("admin token generated into %s (mode 0600); set VM_ADMIN_TOKEN to "
-                        "choose your own", path)
-        else:
-            # Printed once, to stderr only, so it never lands in a log file of stdout.
-            print(f"VM_ADMIN_TOKEN={settings.admin_token}  (generated; set VM_ADMIN_TOKEN to "
-                  "choose your own)", file=sys.stderr, flush=True)
+        try:
+            stored = stored_token(settings)
+        except ValueError as err:
+            raise ServeConfigError(str(err)) from None
+        if stored is not None:
+            settings, reused = stored, True
+    configure_logging(settings)
+    if reused:
+        log.warning("admin token read from %s (set VM_ADMIN_TOKEN to choose your own)",
+                    token_path(settings))
     provider = make_provider(settings, provider_name)
     asyncio.run(_serve_until_signalled(settings, provider))
+
+
+def _announce_new_token(settings: Settings) -> None:
+    """A generated token, kept beside the database for restarts and said once: in the
+    log as its file's name with JSON logs (shipped elsewhere), else itself on stderr."""
+    try:
+        path = store_token(settings)
+    except FileExistsError:
+        path = token_path(settings)
+        log.warning("%s appeared meanwhile; this run uses its own generated token", path)
+    if settings.log_format == "json":
+        log.warning("admin token generated into %s (mode 0600); set VM_ADMIN_TOKEN to "
+                    "choose your own", path)
+    else:
+        # Printed once, to stderr only, so it never lands in a log file of stdout.
+        print(f"VM_ADMIN_TOKEN={settings.admin_token}  (generated, kept in {path} for "
+              "restarts; set VM_ADMIN_TOKEN to choose your own)", file=sys.stderr, flush=True)

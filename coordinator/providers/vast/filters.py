@@ -189,6 +189,17 @@ def _numeric_version(text: str) -> int | None:
     return int("".join(p.zfill(3) for p in parts))
 
 
+_ORDERING_OPS = frozenset({"gt", "gte", "lt", "lte"})
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _scalar(value: str) -> Any:
     if value in ("true", "True"):
         return True
@@ -268,6 +279,10 @@ def parse_filter(text: str, base: dict[str, Any] | None = None) -> dict[str, Any
             except ValueError:
                 raise FilterError(f"{field} needs a number in {token!r}") from None
         elif isinstance(value, str):
+            if op in _ORDERING_OPS and not _is_number(value):
+                # "num_gpus>=abc" would otherwise match nothing and read as "no offers".
+                raise FilterError(f"{field} needs a number after {op_raw.strip()!r} in "
+                                  f"{token!r}, e.g. {field}>=2")
             cond[op] = _scalar(value)
         else:
             cond[op] = value

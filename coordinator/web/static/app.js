@@ -10,8 +10,8 @@ const OFFERS_REFRESH_MS = 60000;
 // Instances a page of the fleet table shows (the API pages by id: limit and after_id).
 const FLEET_PAGE = 100;
 const SVG_NS = "http://www.w3.org/2000/svg";
-const VIEWS = ["login-view", "fleet-view", "offers-view", "bad-hosts-view", "autopilot-view",
-  "instance-view"];
+const VIEWS = ["login-view", "fleet-view", "offers-view", "hosts-view", "bad-hosts-view",
+  "autopilot-view", "instance-view"];
 
 const state = {
   csrf: null,
@@ -98,10 +98,30 @@ function flash(message, isError) {
 
 function fill(tbody, rows) {
   tbody.replaceChildren(...rows);
+  labelCells(tbody);
+}
+
+// Each cell carries its column's heading (data-label): on a phone the stylesheet shows
+// every row as a card of "heading value" lines instead of a table wider than the screen.
+function labelCells(tbody) {
+  const table = tbody.closest("table");
+  const heads = table && table.tHead ? [...table.tHead.rows[0].cells] : [];
+  const names = heads.map((th) => th.textContent.trim());
+  for (const row of tbody.rows) {
+    [...row.cells].forEach((cell, i) => {
+      if (names[i]) cell.dataset.label = names[i];
+    });
+  }
 }
 
 function td(...children) {
   return el("td", {}, ...children);
+}
+
+// A cell of free text (a label, a place, host-sent words): it wraps instead of widening
+// the table past the screen.
+function tdText(...children) {
+  return el("td", { class: "text" }, ...children);
 }
 
 // Two clicks to act: the first arms the button, the second (within 5 s) runs.
@@ -256,6 +276,7 @@ function route() {
   const match = /^instance\/(\d+)$/.exec(hash);
   if (match) return { name: "instance", id: match[1] };
   if (hash === "offers") return { name: "offers" };
+  if (hash === "hosts") return { name: "hosts" };
   if (hash === "bad-hosts") return { name: "bad-hosts" };
   if (hash === "autopilot") return { name: "autopilot" };
   return { name: "fleet" };
@@ -275,6 +296,7 @@ async function refresh() {
     try {
       if (r.name === "fleet") await renderFleet();
       else if (r.name === "offers") await renderOffers();
+      else if (r.name === "hosts") await renderHosts();
       else if (r.name === "bad-hosts") await renderBadHosts();
       else if (r.name === "autopilot") await renderAutopilot();
       else await renderInstance(r.id);
@@ -300,7 +322,10 @@ function tile(label, value) {
 }
 
 function phaseCell(inst) {
-  const cell = td(inst.phase || "-");
+  // A gone instance's last heartbeat phase (terminating) is history, not its phase.
+  const gone = inst.state === "destroyed" || inst.state === "vanished";
+  const cell = td(gone ? "-" : inst.phase || "-");
+  if (gone) return cell;
   const p = inst.progress;
   if (p && p.total) {
     cell.append(" ", el("progress", { max: p.total, value: p.done }), " ",
@@ -360,7 +385,9 @@ async function renderFleet() {
   $("fleet-tiles").replaceChildren(
     tile("instances billing", String(summary.billing)),
     tile("proving", String(summary.proving)),
-    tile("proofs / hour", num(summary.proofs_per_hour, 1)),
+    tile("idle (billing, proving nothing)", String(summary.idle ?? 0)),
+    tile("proofs / hour (benchmark rates, idle left out)", num(summary.proofs_per_hour, 1)),
+    tile("completed / hour (cuzk)", num(summary.completed_proofs_per_hour, 1)),
     tile("$ / hour", usd(summary.dollars_per_hour, 3)),
     tile("$ / proof", summary.dollars_per_proof === null ? "-" : usd(summary.dollars_per_proof)),
     ...accountTiles(summary.account),
@@ -372,14 +399,17 @@ async function renderFleet() {
     rows.map((r) =>
       el("tr", { "data-instance-id": r.id, "data-state": r.state },
         td(el("a", { href: `#/instance/${r.id}`, class: "instance-link" }, String(r.id))),
-        td(r.label || "-"),
-        td(el("span", { class: `state state-${stateTone(r.state)}` }, r.state || "-")),
+        tdText(r.label || "-"),
+        td(r.idle
+          ? el("span", { class: "state state-bad", title: r.idle_reason || "" }, "idle")
+          : el("span", { class: `state state-${stateTone(r.state)}` }, r.state || "-")),
         phaseCell(r),
-        td(`${r.num_gpus || "?"} x ${r.gpu_name || "?"}`),
+        tdText(`${r.num_gpus || "?"} x ${r.gpu_name || "?"}`),
         td(usd(r.dph_total, 3)),
         td(num(r.rate_per_hour), simulatedTag(r)),
+        td(num(r.completed_rate_per_hour)),
         td(usd(r.usd_per_proof)),
-        td(ago(r.last_seen)),
+        td(ago(r.last_seen) + (r.heard_since_start === false ? " (before restart)" : "")),
       ),
     ),
   );
@@ -393,6 +423,11 @@ async function renderFleet() {
   $("fleet-empty").textContent = fleet.filter
     ? `No instances in state ${fleet.filter}.` : "No instances yet: deploy one from Offers.";
   $("fleet-empty").hidden = rows.length > 0;
+  const idle = rows.filter((r) => r.idle);
+  $("fleet-idle").hidden = idle.length === 0;
+  $("fleet-idle").replaceChildren(...idle.map((r) => el("div", {},
+    el("a", { href: `#/instance/${r.id}` }, `#${r.id}`),
+    ` is idle, billing ${usd(r.dph_total, 3)}/h: ${r.idle_reason || ""}`)));
   renderEvents($("events"), events.slice().reverse());
 }
 
@@ -435,6 +470,49 @@ function renderEvents(list, events) {
   );
 }
 
+// --- measured hosts, scaling verdicts, the rate model -------------------------------------
+
+async function renderHosts() {
+  const [hosts, scaling, model] = await Promise.all([
+    api("GET", "/api/host-perf"),
+    api("GET", "/api/scaling"),
+    api("GET", "/api/model"),
+  ]);
+  show("hosts-view");
+  fill($("hosts-table").tBodies[0], hosts.map((h) =>
+    el("tr", { "data-machine-id": h.machine_id },
+      td(String(h.machine_id)), tdText(h.gpu_name || "-"), td(String(h.num_gpus ?? "-")),
+      td(num(h.median_rate_per_hour)), td(num(h.best_rate_per_hour)),
+      td(num(h.last_rate_per_hour)), td(String(h.samples ?? 0)),
+      td(String(h.imported_samples ?? 0)), td(usd(h.usd_per_proof)))));
+  $("hosts-empty").hidden = hosts.length > 0;
+  fill($("scaling-table").tBodies[0], scaling.map((r) =>
+    el("tr", {},
+      td(String(r.machine_id)), tdText(`${r.num_gpus} x ${r.gpu_name}`),
+      td(num(r.rate_all_per_hour)),
+      td(r.rate_one_per_hour === null || r.rate_one_per_hour === undefined ? "no one-GPU run"
+        : num(r.rate_one_per_hour)),
+      td(num(r.efficiency, 2)),
+      td(String(r.bottleneck || "-") +
+        (r.agent_bottleneck ? ` (agent: ${r.agent_bottleneck})` : "")),
+      tdText((r.evidence || []).join("; ") || "-"))));
+  $("scaling-empty").hidden = scaling.length > 0;
+  const factors = (group) => Object.entries(model[group] || {})
+    .sort(([a], [b]) => a.localeCompare(b))
+    .map(([k, v]) => `${k} x${Number(v).toFixed(2)}`).join(", ") || "-";
+  facts($("model-facts"), [
+    ["measurements", `${model.measurements ?? 0} of ${model.machines ?? 0} machine(s)` +
+      ` (${model.imported ?? 0} imported, ${model.skipped ?? 0} unreadable)`],
+    ["fitted", ago(model.fitted_at)],
+    ["host spread (log rate)", num(model.sigma_host, 3)],
+    ["benchmark noise (log rate)", num(model.sigma_noise, 3)],
+    ["new hosts' intervals", "x" + num(model.interval_scale, 2) +
+      " (calibrated on measured machines: how unsure the model is of a host it has not seen)"],
+    ["GPU models", factors("gpu_models")],
+    ["CPU families", factors("cpu_families")],
+  ]);
+}
+
 // --- offers ----------------------------------------------------------------------------
 
 function offerFlags(o) {
@@ -454,7 +532,8 @@ async function renderOffers() {
   const fresh = state.offersKey === query && Date.now() - state.offersAt < OFFERS_REFRESH_MS;
   show("offers-view");
   if (fresh) return;
-  const rows = await api("GET", "/api/offers" + query);
+  const [rows, fleet] = await Promise.all([api("GET", "/api/offers" + query),
+    api("GET", "/api/fleet")]);
   state.offersKey = query;
   state.offersAt = Date.now();
   fill(
@@ -462,28 +541,118 @@ async function renderOffers() {
     rows.map((o) => {
       const button = el("button", { type: "button", class: "deploy", "data-offer-id": o.id },
         "Deploy");
-      if (o.bad_host) button.disabled = true;
+      // Disabled where the coordinator would refuse the deploy, with the reason.
+      const pricey = fleet.max_deploy_dph_total !== undefined &&
+        Number(o.dph_total) > Number(fleet.max_deploy_dph_total);
+      const refusal = o.bad_host ? "this machine is on the bad-hosts list"
+        : o.too_small ? (o.prediction_basis || "the instance's share of the host is too small")
+          : pricey ? `above VM_MAX_DEPLOY_DPH_TOTAL ($${fleet.max_deploy_dph_total}/h)` : null;
+      if (refusal) {
+        button.disabled = true;
+        button.title = refusal;
+      }
       confirmClick(button, "Confirm deploy", async () => {
         const answer = await act("POST", "/api/deploy", { offer_id: Number(o.id) });
         if (answer && answer.instance_id) location.hash = `#/instance/${answer.instance_id}`;
       });
+      const basis = el("td", { class: "basis" }, o.prediction_basis || "-");
       return el("tr", { "data-offer-id": o.id },
         td(String(o.id)),
+        td(button),
         td(String(o.machine_id ?? "-")),
-        td(`${o.num_gpus} x ${o.gpu_name}`),
+        tdText(`${o.num_gpus} x ${o.gpu_name}`),
         td(usd(o.dph_total, 3)),
         td(predictedInterval(o)),
         td(usd(o.predicted_usd_per_proof)),
-        td(String(o.cpu_cores_effective ?? o.cpu_cores ?? "-")),
-        td(o.cpu_ram ? num(o.cpu_ram / 1000, 0, " GB") : "-"),
+        // CPU and RAM: the instance's share of the host, as the CLI shows them.
+        td(num(o.instance_cpu_cores ?? o.cpu_cores_effective, 0)),
+        td(num(o.instance_ram_gb, 0)),
         td(num(o.pcie_bw, 1)),
-        td(o.geolocation || "-"),
+        tdText(o.geolocation || "-"),
         td(offerFlags(o)),
-        td(o.prediction_basis || "-"),
-        td(button));
+        basis);
     }),
   );
   $("offers-empty").hidden = rows.length > 0;
+  offersChart($("chart-offers"), rows, fleet.max_usd_per_proof);
+}
+
+// Price against predicted rate: each offer a dot with its 80% interval as a bar, measured
+// hosts ringed, and lines of equal $/proof through the origin (price = $/proof x rate), the
+// break-even one (VM_MAX_USD_PER_PROOF) drawn bold: offers right of it pay for themselves.
+function offersChart(node, rows, breakEven) {
+  const W = 640, H = 260, L = 52, R = 96, T = 10, B = 30;
+  const shown = rows.filter((o) => o.predicted_rate_per_hour !== null &&
+    o.predicted_rate_per_hour !== undefined && o.dph_total);
+  node.replaceChildren();
+  node.dataset.points = String(shown.length);
+  if (shown.length === 0) {
+    const text = svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "chart-empty" });
+    text.textContent = "no predicted offer";
+    node.append(text);
+    return;
+  }
+  const high = (o) => Number(o.predicted_rate_high ?? o.predicted_rate_per_hour);
+  const xmax = Math.max(...shown.map(high)) * 1.05 || 1;
+  const ymax = Math.max(...shown.map((o) => Number(o.dph_total))) * 1.15 || 1;
+  const x = (v) => L + (Math.min(v, xmax) / xmax) * (W - L - R);
+  const y = (v) => T + (1 - Math.min(v, ymax) / ymax) * (H - T - B);
+  for (let i = 0; i <= 4; i += 1) {
+    const v = (ymax * i) / 4;
+    node.append(svg("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), class: "grid" }));
+    const label = svg("text", { x: L - 6, y: y(v) + 4, "text-anchor": "end", class: "axis" });
+    label.textContent = "$" + v.toFixed(2);
+    node.append(label);
+    const xv = (xmax * i) / 4;
+    const xl = svg("text", { x: x(xv), y: H - 12, "text-anchor": "middle", class: "axis" });
+    xl.textContent = axisNumber(xv);
+    node.append(xl);
+  }
+  const caption = svg("text", { x: W - R, y: H - 1, "text-anchor": "end", class: "axis" });
+  caption.textContent = "predicted proofs/h (80% interval)";
+  node.append(caption);
+  // Lines of equal $/proof: the break-even one, twice it, and its half and quarter, each
+  // marked at its end with its multiple (the legend on the right says of what).
+  const levels = breakEven ? [[0.25, "¼"], [0.5, "½"], [1, "1"], [2, "2"]] : [];
+  for (const [k, mark] of levels) {
+    const c = breakEven * k;
+    const x2 = Math.min(xmax, ymax / c);
+    const even = k === 1;
+    node.append(svg("line", { x1: x(0), y1: y(0), x2: x(x2), y2: y(c * x2),
+      class: even ? "iso break-even" : "iso" }));
+    const atTop = x2 < xmax;
+    const label = svg("text", { x: x(x2) + (atTop ? 0 : 4), y: atTop ? T + 10 : y(c * x2) + 4,
+      "text-anchor": atTop ? "middle" : "start",
+      class: even ? "legend break-even-label" : "axis" });
+    label.textContent = `${mark}×`;
+    node.append(label);
+  }
+  if (breakEven) {
+    const lines = [["break-even", "legend break-even-label"],
+      [`1× = $${breakEven.toFixed(4)}`, "legend break-even-label"], ["per proof", "axis"],
+      ["dashed: ¼ ½ 2×", "axis"]];
+    lines.forEach(([text, cls], i) => {
+      const key = svg("text", { x: W - R + 8, y: T + 24 + i * 14, class: cls });
+      key.textContent = text;
+      node.append(key);
+    });
+  }
+  for (const o of shown) {
+    const mid = Number(o.predicted_rate_per_hour);
+    const lo = Number(o.predicted_rate_low ?? mid);
+    const price = Number(o.dph_total);
+    const cls = o.bad_host ? "offer-dot bad" : o.too_small ? "offer-dot small" : "offer-dot";
+    node.append(svg("line", { x1: x(lo), x2: x(high(o)), y1: y(price), y2: y(price),
+      class: "interval" }));
+    const dot = svg("circle", { cx: x(mid), cy: y(price), r: o.known ? 5 : 3.5, class: cls,
+      "data-offer-id": o.id });
+    if (o.known) dot.classList.add("measured");
+    const title = svg("title", {});
+    title.textContent = safeText(`offer ${o.id}: ${o.num_gpus} x ${o.gpu_name}, ` +
+      `$${price.toFixed(3)}/h, ${predictedInterval(o)}/h` + (o.known ? " (measured host)" : ""));
+    dot.append(title);
+    node.append(dot);
+  }
 }
 
 // The median and, in brackets, the 80% interval of a predicted rate.
@@ -538,7 +707,10 @@ async function renderAutopilot() {
   const plan = await api("GET", "/api/plan?trials=10");
   $("plan-summary").textContent = safeText(
     `A newcomer is worth keeping below ${usd(plan.reference_usd_per_proof)}/proof; ` +
-    `${plan.proposals.length} proposed of ${plan.considered} offers: ${plan.stop_reason}`);
+    `${plan.proposals.length} proposed of ${plan.considered} offers: ${plan.stop_reason}. ` +
+    "Expected $: the saving if kept, over " +
+    (plan.horizon_hours ? `${num(plan.horizon_hours, 0)} h` : "the plan's horizon") +
+    " (VM_PLAN_HORIZON_HOURS), less the trial's cost.");
   fill(
     $("plan-table").tBodies[0],
     plan.proposals.map((p) =>
@@ -696,8 +868,12 @@ async function renderInstance(id) {
     ["GPUs", `${inst.num_gpus || "?"} x ${inst.gpu_name || "?"}`],
     ["place", inst.geolocation || "-"],
     ["price", usd(inst.dph_total, 3) + " / h"],
-    ["rate", num(inst.rate_per_hour) + " / h (min " + num(inst.min_rate_per_hour) + ")" +
+    ["benchmark rate", num(inst.rate_per_hour) + " / h (min " + num(inst.min_rate_per_hour) + ")" +
       (inst.provider === "local" ? " — simulated" : "")],
+    ["completed", inst.idle ? `IDLE: ${inst.idle_reason || ""}`
+      : inst.state === "proving" ? (inst.completed_rate_per_hour === null
+        ? "measuring (cuzk's finished proofs)" : num(inst.completed_rate_per_hour) +
+          " / h (cuzk's finished proofs, last hour)") : "-"],
     ["$ / proof", usd(inst.usd_per_proof)],
     ["cost / hour", costText(inst.cost && inst.cost.per_hour)],
     ["cost / proof", costText(inst.cost && inst.cost.per_proof)],
