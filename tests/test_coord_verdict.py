@@ -296,20 +296,14 @@ async def test_a_stalled_benchmark_is_caught_in_simulated_seconds(
     assert (result["proofs_completed"], result["rate_per_hour"]) == (0, None)
 
 
-@pytest.mark.parametrize("case", ["verdicts off", "agent without concurrency"])
-async def test_no_early_verdict_when_off_or_concurrency_unknown(
-    aiohttp_client: Any, tmp_path: Path, case: str
-) -> None:
-    concurrency = None if case == "agent without concurrency" else 2
-    h = await start(aiohttp_client, tmp_path, provider=provider(),
-                    verdict_early=case != "verdicts off")
+async def test_no_early_verdict_when_off(aiohttp_client: Any, tmp_path: Path) -> None:
+    h = await start(aiohttp_client, tmp_path, provider=provider(), verdict_early=False)
     agent, iid, _ = await deployed(h)
-    await send(agent, bench_hb(agent, done=0, total_completed=0, recent=[],
-                               concurrency=concurrency))
+    await send(agent, bench_hb(agent, done=0, total_completed=0, recent=[]))
     for n in range(1, 7):
         h.clock.advance(360)
         directive = await send(agent, bench_hb(agent, done=2 * n, total_completed=2 * n,
-                                               recent=[360.0, 360.0], concurrency=concurrency))
+                                               recent=[360.0, 360.0]))
         assert directive["action"] == "continue"
     assert verdict_events(h, iid) == []
     # The full benchmark is judged on its batch rate, as before early verdicts.
@@ -319,3 +313,56 @@ async def test_no_early_verdict_when_off_or_concurrency_unknown(
     assert data["directive"]["reason"] == (
         "measured 20.00 proofs/h, below the minimum 50.00 proofs/h"
     )
+
+
+@pytest.mark.parametrize("what", ["concurrency", "progress"])
+async def test_missing_progress_counts_as_no_progress(
+    aiohttp_client: Any, tmp_path: Path, what: str
+) -> None:
+    """A benchmark that leaves its concurrency (or its whole progress) out of its
+    heartbeats is read as making no progress, on as many slots as its 12 planned proofs
+    (more than the 8 one GPU may hold; without progress, 8): the stall test still stops a
+    host at 20/h against a minimum of 50/h, once nothing is counted for
+    slots x 3600 x e^(z sigma) / 50 s."""
+    h = await start(aiohttp_client, tmp_path, provider=provider())
+    agent, iid, _ = await deployed(h)
+
+    def hb(n: int) -> dict[str, Any]:
+        msg = bench_hb(agent, done=2 * n, total_completed=2 * n,
+                       recent=[360.0, 360.0] if n else [], concurrency=None)
+        if what == "progress":
+            msg["progress"] = None
+        return msg
+
+    await send(agent, hb(0))
+    slots = 12 if what == "concurrency" else 8
+    limit = slots * 3600 * math.exp(Z_STALL * SIGMA) / 50.0  # ~1434 s on 12 slots
+    n = 0
+    while True:
+        n += 1
+        h.clock.advance(360)
+        directive = await send(agent, hb(n))
+        if directive["action"] == "terminate":
+            break
+        assert n * 360 - 30 <= limit
+    assert n * 360 - 30 > limit
+    assert directive["reason"].startswith("early verdict: no proof completed in ")
+    assert f"with {slots} running" in directive["reason"]
+
+
+async def test_missing_concurrency_spares_an_honest_run_at_the_minimum(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """An older agent (no concurrency) whose 12 proofs come at exactly the minimum rate
+    (50/h: one every 72 s) finishes before the no-progress reading's stall line."""
+    h = await start(aiohttp_client, tmp_path, provider=provider())
+    agent, iid, _ = await deployed(h)
+    await send(agent, bench_hb(agent, done=0, total_completed=0, recent=[], concurrency=None))
+    for n in range(1, 13):
+        h.clock.advance(72)
+        directive = await send(agent, bench_hb(agent, done=n, total_completed=n,
+                                               recent=[144.0], concurrency=None))
+        assert directive["action"] == "continue", directive
+    assert verdict_events(h, iid) == []
+
+

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from vast_manager.coordinator.discovery.features import FeatureError, offer_features
 from vast_manager.coordinator.errors import (
     CoordinatorError,
     Refusal,
@@ -130,6 +131,24 @@ def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Re
     return handler
 
 
+def expectation(core: Core) -> ingest.Expectation | None:
+    """The fitted rate model's 90th percentile for an offer (None without a model), what a
+    benchmark result is held against (docs/reliability.md, "Beyond belief")."""
+    fitted = core.models.latest
+    if fitted is None:
+        return None
+    model = fitted.model
+
+    def high(offer: dict[str, Any]) -> float | None:
+        try:
+            return float(model.predict_features([offer_features(offer)], explain=False)[0]
+                         .rate_high)
+        except FeatureError:
+            return None
+
+    return high
+
+
 async def _hello(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, Any]:
     hello = decode(Hello, body)
     now = core.clock()
@@ -157,7 +176,8 @@ async def _result(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, A
     result = decode(Result, body)
     now = core.clock()
     outcome = await core.store.write(ingest.result_job(agent.agent_id, result, core.settings, now,
-                                                       core.started_at, core.tracker.load()))
+                                                       core.started_at, core.tracker.load(),
+                                                       expectation(core)))
     core.tracker.touch(outcome.instance_id, now, outcome.directive.next_heartbeat_s)
     if outcome.terminate:
         core.monitor.wake()
