@@ -325,7 +325,7 @@ async def test_missing_progress_counts_as_no_progress(
     host at 20/h against a minimum of 50/h, once nothing is counted for
     slots x 3600 x e^(z sigma) / 50 s."""
     h = await start(aiohttp_client, tmp_path, provider=provider())
-    agent, iid, _ = await deployed(h)
+    agent, _iid, _ = await deployed(h)
 
     def hb(n: int) -> dict[str, Any]:
         msg = bench_hb(agent, done=2 * n, total_completed=2 * n,

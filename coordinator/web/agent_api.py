@@ -27,7 +27,7 @@ from vast_manager.coordinator.web.auth import (
     sign_response,
 )
 from vast_manager.coordinator.web.core import CORE, Core
-from vast_manager.coordinator.web.guard import QuietLog
+from vast_manager.coordinator.web.guard import ADDRESS_KEY_PREFIX, QuietLog, address_key
 from vast_manager.coordinator.web.http import read_body, too_large, too_large_declared
 from vast_manager.protocol import signing
 from vast_manager.protocol.codec import decode
@@ -102,9 +102,12 @@ def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Re
         except AuthFailure as failure:
             return _refused(core, request, failure.status, failure.to_body(), None, nonce)
         claimed = 0
+        # Until its signature verifies, a body is held against its sender's address: an
+        # agent id alone (in every vast.ai label) must not spend that agent's allowance.
+        holder = ADDRESS_KEY_PREFIX + address_key(request.remote)
         try:
             try:
-                body, claimed = await read_body(request, budget=core.guard.budget, key=agent_id)
+                body, claimed = await read_body(request, budget=core.guard.budget, key=holder)
             except Refusal as err:
                 return _refused(core, request, err.status, err.to_body(), None, nonce,
                                 err.retry_after_s)
@@ -117,6 +120,11 @@ def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Re
             except AuthFailure as failure:
                 return _refused(core, request, failure.status, failure.to_body(),
                                 failure.verified_key, nonce)
+            refused = core.guard.budget.transfer(holder, agent_id, claimed)
+            if refused is not None:
+                return _refused(core, request, 503, {"error": "busy", "message": refused},
+                                agent.key, nonce, 1)
+            holder = agent_id
             try:
                 status, payload = await fn(core, agent, body)
             except asyncio.CancelledError:
@@ -126,7 +134,7 @@ def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Re
                                                 core.guard.quiet)
             return _agent_answer(core, status, payload, agent.key, agent.nonce)
         finally:
-            core.guard.budget.release(agent_id, claimed)
+            core.guard.budget.release(holder, claimed)
 
     return handler
 
