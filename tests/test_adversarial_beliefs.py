@@ -90,7 +90,7 @@ async def send_result(h: Harness, agent: Agent, result_id: str, *, rate: float,
                       wall: float, benchmark_id: str | None = None,
                       **kw: Any) -> dict[str, Any]:
     proofs = round(rate * wall / 3600.0)
-    extra = {"benchmark_id": benchmark_id} if benchmark_id is not None else {}
+    extra: dict[str, Any] = {"benchmark_id": benchmark_id} if benchmark_id is not None else {}
     kw.setdefault("proof_seconds", [2 * wall / proofs] * proofs)
     status, data = await agent.post("/v1/result", result_msg(
         result_id, proofs=proofs, wall_seconds=wall, finished_at=h.clock(), **extra, **kw))
