@@ -225,7 +225,8 @@ async def _dry_run(core: Core, found: list[Measurement], now: float) -> dict[str
         ranked_after = rank_offers(offers_now, after.model, bad,
                                    known | {m.machine_id for m in found},
                                    min_instance_ram_gb=min_ram)
-        return {"ok": True, "dry_run": True, "measurements": len(found),
+        return {"ok": True, "dry_run": True, "imported": 0, "duplicates": 0,
+                "measurements": len(found),
                 "moves": ranking_moves(ranked_before, ranked_after),
                 "message": f"Dry run: {len(found)} measurement(s) read; nothing was written."}
 
