@@ -1,5 +1,5 @@
-"""What a GPU model can do, and what is beyond belief for it (docs/reliability.md,
-"Beyond belief").
+"""What a GPU model can do, and what is beyond belief for it (docs/reliability.md, "No
+rate on a host's word alone").
 
 Pure: the figures are constants cited in docs/reliability.md; the caller passes the
 references it read (the model's interval, the best confirmed rate of the same GPU

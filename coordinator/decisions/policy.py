@@ -31,11 +31,11 @@ EARLY_VERDICT = "early_verdict"
 # A result that arrives after the instance was told to terminate (its host may be honest:
 # the benchmark finished before it heard) changes nothing: no host_perf, no ranking.
 AFTER_TERMINATE = "after_terminate"
-# A benchmark no directive asked for (docs/reliability.md, "Samples only when asked"):
+# A benchmark no directive asked for (docs/reliability.md, "No rate on a host's word alone"):
 # stored as evidence, not counted, no verdict.
 UNDIRECTED = "undirected"
-# A rate beyond belief for its hardware (docs/reliability.md, "Beyond belief"): held,
-# not counted and no verdict, until a directed re-benchmark agrees.
+# A rate beyond belief for its hardware (docs/reliability.md, "No rate on a host's word
+# alone"): held, not counted and no verdict, until a directed re-benchmark agrees.
 UNCONFIRMED = "unconfirmed"
 HOST_PERF_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED, EARLY_VERDICT, AFTER_TERMINATE,
                                        UNDIRECTED, UNCONFIRMED})

@@ -80,7 +80,7 @@ def _take_directive(tx: Tx, inst: Row, settings: Settings, now: float,
     return directive
 
 
-# --- directed benchmarks (docs/reliability.md, "Samples only when asked") -----------
+# --- directed benchmarks (docs/reliability.md, "No rate on a host's word alone") -----------
 
 #: Why the coordinator directed a benchmark: the instance's first, the operator's
 #: ``rebenchmark``, or the re-benchmark that must confirm a held claim.
@@ -88,7 +88,8 @@ FIRST, OPERATOR, CONFIRM = "first", "operator", "confirm"
 #: Re-benchmarks asked for one held claim before the instance is terminated for it.
 MAX_CONFIRM_TRIES = 2
 #: GPUs a bring-your-own agent issued before GPUs were declared may list: vast.ai buckets
-#: machines at 1, 2, 4 and 8 GPUs (docs/reliability.md, "Declared GPUs"), twice that.
+#: machines at 1, 2, 4 and 8 GPUs (docs/reliability.md, "No rate on a host's word
+#: alone"), twice that.
 LEGACY_MAX_GPUS = 16
 
 
@@ -759,16 +760,14 @@ Expectation = Callable[[dict[str, Any]], float | None]
 
 
 def _twin_best_per_gpu(tx: Tx, inst: Row, offer: dict[str, Any], gpus: int) -> float | None:
-    """The best rate per GPU the fleet measured on the same hardware elsewhere: the same
-    GPU model and count, the same CPU and within a quarter of the RAM
-    (docs/reliability.md, "Beyond belief")."""
+    """The best rate per GPU the fleet measured on the same hardware (this machine's own
+    confirmed rates included): the same GPU model and count, the same CPU and within a
+    quarter of the RAM (docs/reliability.md, "No rate on a host's word alone")."""
     model = canonical_gpu_name(str(offer.get("gpu_name") or inst.get("gpu_name") or ""))
     cpu = offer.get("cpu_name")
     ram = offer.get("cpu_ram")
     best: float | None = None
     for row in tx.fleet_measurements_of(gpus):
-        if row["machine_id"] == (inst["machine_id"] or inst["label"]):
-            continue
         other = loads(row["offer_json"]) or {}
         if canonical_gpu_name(str(other.get("gpu_name") or "")) != model:
             continue

@@ -433,10 +433,10 @@ def _m8_heartbeat_pace(db: sqlite_utils.Database) -> None:
 
 
 def _m9_directed_benchmarks(db: sqlite_utils.Database) -> None:
-    """Directed benchmarks and held results (docs/reliability.md, "Beyond belief"): the
-    benchmark an instance was asked for (its id, when and why), the claim awaiting a
-    re-benchmark, how closely the re-benchmark was watched; the GPUs a bring-your-own
-    agent was issued for; the benchmark id a result carried."""
+    """Directed benchmarks and held results (docs/reliability.md, "No rate on a host's
+    word alone"): the benchmark an instance was asked for (its id, when and why), the
+    claim awaiting a re-benchmark, how closely the re-benchmark was watched; the GPUs a
+    bring-your-own agent was issued for; the benchmark id a result carried."""
     for name, kind in (
         ("directed_benchmark_id", str),  # the open directed benchmark's id (null: none)
         ("directed_benchmark_at", float),  # when it was opened (a confirmation: delivered)

@@ -338,7 +338,7 @@ class Tx(Reads):
         gpu_model: str | None = None,
     ) -> None:
         """``max_gpus``/``gpu_model``: what a bring-your-own agent's hello may list
-        (docs/reliability.md, "Declared GPUs")."""
+        (docs/reliability.md, "No rate on a host's word alone")."""
         self._insert(
             "agents",
             {

@@ -141,7 +141,7 @@ def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Re
 
 def expectation(core: Core) -> ingest.Expectation | None:
     """The fitted rate model's 90th percentile for an offer (None without a model), what a
-    benchmark result is held against (docs/reliability.md, "Beyond belief")."""
+    benchmark result is held against (docs/reliability.md, "No rate on a host's word alone")."""
     fitted = core.models.latest
     if fitted is None:
         return None

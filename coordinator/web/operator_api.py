@@ -218,7 +218,8 @@ async def _issue_agent(core: Core, request: web.Request) -> Any:
     label = _text(body, "label", required=True, max_chars=MAX_LABEL_CHARS)
     assert label is not None
     min_rate = _number(body, "min_rate_per_hour")
-    # The GPUs its hello may list, declared once (docs/reliability.md, "Declared GPUs").
+    # The GPUs its hello may list, declared once (docs/reliability.md, "No rate on a
+    # host's word alone").
     gpus = _integer(body, "gpus", maximum=ingest.LEGACY_MAX_GPUS) or 1
     gpu_model_text = _text(body, "gpu_model", required=False, max_chars=64)
     gpu_model = canonical_gpu_name(gpu_model_text) if gpu_model_text else None
