@@ -447,3 +447,36 @@ def test_beyond_belief_reasons_quote_their_numbers() -> None:
     assert belief.beyond_belief(79.0, 1, expected_high=40.0, best_per_gpu=40.0) is None
     assert belief.beyond_belief(240.0, 1, expected_high=None, best_per_gpu=60.0) is not None
     assert math.isclose(belief.REFERENCE_RATE_PER_GPU, 120.0)
+
+
+def test_migration_9_asks_for_the_benchmark_an_instance_still_owes(tmp_path: Path) -> None:
+    """An instance upgraded while waiting for its first rate gets its benchmark directed
+    (else its first result would count for nothing); one with a rate gets none."""
+    import sqlite_utils
+
+    from vast_manager.coordinator.store import schema as store_module
+    from vast_manager.coordinator.store.writer import Store
+
+    path = tmp_path / "old.sqlite"
+    db = sqlite_utils.Database(path)
+    old = store_module.MIGRATIONS
+    store_module.MIGRATIONS = old[:8]
+    try:
+        store_module.migrate(db)
+    finally:
+        store_module.MIGRATIONS = old
+    for instance_id, rate in ((1, None), (2, 40.0)):
+        db["instances"].insert({"id": instance_id, "agent_id": f"ag_{instance_id:020d}",
+                                "kind": "deployed", "state": "benchmarking",
+                                "rate_per_hour": rate, "created_at": 1.0, "updated_at": 1.0})
+    db.conn.close()
+    store = Store(path)
+    try:
+        owed, measured = store.get_instance(1), store.get_instance(2)
+        assert owed is not None and measured is not None
+        assert str(owed["directed_benchmark_id"]).startswith("bm_")
+        assert len(owed["directed_benchmark_id"]) == 35
+        assert owed["directed_benchmark_kind"] == "first"
+        assert measured["directed_benchmark_id"] is None
+    finally:
+        store.close()

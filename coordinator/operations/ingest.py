@@ -93,11 +93,16 @@ MAX_CONFIRM_TRIES = 2
 LEGACY_MAX_GPUS = 16
 
 
+def new_benchmark_id() -> str:
+    """A directed benchmark's id: a nonce no host can guess before it is sent."""
+    return "bm_" + secrets.token_hex(16)
+
+
 def open_directed_benchmark(tx: Tx, inst: Row, kind: str, now: float) -> str:
     """Open a benchmark the coordinator directs: a fresh id (a nonce the host cannot
     guess) that the result must carry; a confirmation is also delivered as a
     ``benchmark`` directive, and its heartbeats are watched from now on."""
-    benchmark_id = "bm_" + secrets.token_hex(16)
+    benchmark_id = new_benchmark_id()
     updates: dict[str, Any] = {
         "directed_benchmark_id": benchmark_id, "directed_benchmark_at": now,
         "directed_benchmark_kind": kind, "confirm_watch_at": now, "confirm_watch_gap_s": 0.0,
@@ -843,7 +848,7 @@ def _judge_belief(
                               f"belief ({held})")
     updates.update(unconfirmed_rate_per_hour=float(claimed) if confirming and claimed
                    else rate, confirm_tries=tries)
-    confirm_id = "bm_" + secrets.token_hex(16)
+    confirm_id = new_benchmark_id()
     updates.update(directed_benchmark_id=confirm_id, directed_benchmark_at=now,
                    directed_benchmark_kind=CONFIRM, confirm_watch_at=now,
                    confirm_watch_gap_s=0.0, rebenchmark_pending=1)

@@ -146,6 +146,13 @@ class CredentialThrottle:
             self.failed(remote)
         return wait
 
+    def refund(self, remote: str | None) -> None:
+        """Take back one attempt counted by ``attempt``: its body held no token to compare
+        (not JSON, no ``token``), so it guessed nothing."""
+        times = self._failures.get(address_key(remote))
+        if times:
+            times.pop()
+
     def failed(self, remote: str | None) -> None:
         key = address_key(remote)
         now = self.clock()
