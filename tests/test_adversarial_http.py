@@ -718,3 +718,20 @@ def test_a_good_key_is_all_that_gets_a_body_read(served: ServerThread) -> None:
     assert status == 200, raw
     assert "X-VM-Signature" in headers
     assert agent_key(agent_id) == key
+
+
+def test_a_verified_body_moves_from_its_address_to_its_agent() -> None:
+    """The budget's bookkeeping: unverified bytes are the address's, verified ones the
+    agent's; a move the agent's share cannot take leaves everything where it was."""
+    from vast_manager.coordinator.web.guard import BodyBudget
+
+    budget = BodyBudget(total_bytes=10 * MIB, per_key_bytes=2 * MIB,
+                        per_address_bytes=4 * MIB)
+    assert budget.claim("addr:10.0.0.1", 3 * MIB) is None
+    assert budget.claim("addr:10.0.0.1", 2 * MIB) is not None  # over the address's 4 MiB
+    assert budget.transfer("addr:10.0.0.1", "ag_1", MIB) is None
+    assert budget.transfer("addr:10.0.0.1", "ag_1", 2 * MIB) is not None  # over 2 MiB
+    assert budget.in_flight_bytes == 3 * MIB
+    budget.release("ag_1", MIB)
+    budget.release("addr:10.0.0.1", 2 * MIB)
+    assert budget.in_flight_bytes == 0
