@@ -440,6 +440,41 @@ def test_local_agents_get_only_what_an_agent_needs() -> None:
                    "VM_BENCH_PROOFS": "4", "VM_SIM_TIME_SCALE": "60"}
 
 
+async def test_a_spawned_local_agent_holds_none_of_the_coordinators_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The local provider's real spawn: the environment the agent process starts with."""
+    import subprocess
+    import sys
+
+    from vast_manager.coordinator.providers.local import provider as local
+
+    for name, value in (("VM_ADMIN_TOKEN", "t" * 32), ("VM_FLEET_SECRET", "s" * 64),
+                        ("VAST_API_KEY", "k" * 64), ("VM_BENCH_PROOFS", "4")):
+        monkeypatch.setenv(name, value)
+    seen: list[dict[str, str]] = []
+    real_popen = subprocess.Popen
+
+    def popen(args: Any, *rest: Any, **kw: Any) -> Any:
+        if "vast_manager.agent.cli" not in list(args):
+            return real_popen(args, *rest, **kw)  # the simulator's helpers run as they are
+        seen.append(dict(kw["env"]))  # the agent itself is not needed: a sleeper stands in
+        return real_popen([sys.executable, "-c", "import time; time.sleep(30)"], **kw)
+
+    monkeypatch.setattr(local.subprocess, "Popen", popen)
+    provider = local.LocalProvider(tmp_path / "instances")
+    try:
+        offer_row = provider.offers[min(provider.offers)]
+        await provider.create_instance(offer_row, label="vm:x:ag_1", disk_gb=10, env={
+            "VM_AGENT_ID": "ag_" + "1" * 20, "VM_AGENT_KEY": "a" * 64})
+    finally:
+        await provider.close()
+    (env,) = seen
+    assert not {"VM_ADMIN_TOKEN", "VM_FLEET_SECRET", "VAST_API_KEY"} & set(env)
+    assert env["VM_BENCH_PROOFS"] == "4" and env["VM_AGENT_ID"] == "ag_" + "1" * 20
+    assert "PATH" in env
+
+
 def test_beyond_belief_reasons_quote_their_numbers() -> None:
     assert belief.beyond_belief(100.0, 1, expected_high=40.0, best_per_gpu=None) == (
         "100.0 proofs/h is more than 2x the rate model's 90th percentile for this "
