@@ -501,7 +501,7 @@ def test_migration_9_asks_for_the_benchmark_an_instance_still_owes(tmp_path: Pat
     finally:
         store_module.MIGRATIONS = old
     for instance_id, rate in ((1, None), (2, 40.0)):
-        db["instances"].insert({"id": instance_id, "agent_id": f"ag_{instance_id:020d}",
+        db.table("instances").insert({"id": instance_id, "agent_id": f"ag_{instance_id:020d}",
                                 "kind": "deployed", "state": "benchmarking",
                                 "rate_per_hour": rate, "created_at": 1.0, "updated_at": 1.0})
     db.conn.close()
