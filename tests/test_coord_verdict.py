@@ -350,6 +350,33 @@ async def test_missing_progress_counts_as_no_progress(
     assert f"with {slots} running" in directive["reason"]
 
 
+async def test_a_later_run_without_progress_inherits_nothing_of_the_earlier_one(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """A run that reported its 12 proofs, then a new run (a re-benchmark: another
+    phase_started_at) that reports no progress: the earlier run's proofs done must not
+    read as this run's failed proofs (a failed proof turns the stall test off)."""
+    h = await start(aiohttp_client, tmp_path, provider=provider())
+    agent, _iid, _ = await deployed(h)
+    for n in range(0, 13, 2):
+        await send(agent, bench_hb(agent, done=n, total_completed=n,
+                                   recent=[36.0, 36.0] if n else []))
+        h.clock.advance(36)
+    later = PHASE_STARTED + 5000.0
+    action = "continue"
+    for _ in range(60):
+        msg = bench_hb(agent, done=0, total_completed=12, recent=[],
+                       phase_started_at=later)
+        msg["progress"] = None
+        directive = await send(agent, msg)
+        action = directive["action"]
+        if action == "terminate":
+            break
+        h.clock.advance(60)
+    assert action == "terminate"
+    assert directive["reason"].startswith("early verdict: no proof completed in ")
+
+
 async def test_missing_concurrency_spares_an_honest_run_at_the_minimum(
     aiohttp_client: Any, tmp_path: Path
 ) -> None:

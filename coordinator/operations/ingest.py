@@ -473,15 +473,19 @@ def _without_progress(hb: Heartbeat, inst: Row, settings: Settings) -> Heartbeat
     could hold (the most generous reading: an honest run at the minimum rate finishes
     its N proofs in N/J of the time the stall test allows J slots)."""
     gpus = max(1, int(inst["num_gpus"] or 1))
+    # The run the coordinator already tracks, or a new one (nothing of an earlier run's
+    # counts carries over: its proofs done would read as failed ones here).
+    same = inst["bench_key"] == f"{inst['boot_id']}|{hb.phase_started_at!r}"
     total = max(hb.progress.total if hb.progress is not None else 0,
-                int(inst["bench_total"] or 0), settings.verdict_min_proofs)
-    concurrency = int(inst["bench_concurrency"] or 0) or max(
+                int(inst["bench_total"] or 0) if same else 0, settings.verdict_min_proofs)
+    concurrency = (int(inst["bench_concurrency"] or 0) if same else 0) or max(
         settings.max_concurrency_per_gpu * gpus, total)
     total = max(total, concurrency)  # the stall test needs every slot busy: N >= J
-    progress = Progress(done=int(inst["bench_done"] or 0), total=total, unit="proofs",
-                        concurrency=concurrency)
+    progress = Progress(done=int(inst["bench_done"] or 0) if same else 0, total=total,
+                        unit="proofs", concurrency=concurrency)
     return Heartbeat(hb.seq, hb.phase, hb.phase_started_at, progress,
-                     int(inst["bench_completed_total"] or 0), [], None)
+                     int(inst["bench_completed_total"] or 0) if same else hb.proofs_completed_total,
+                     [], None)
 
 
 def _track_benchmark(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: float) -> None:
