@@ -321,9 +321,9 @@ async def test_missing_progress_counts_as_no_progress(
 ) -> None:
     """A benchmark that leaves its concurrency (or its whole progress) out of its
     heartbeats is read as making no progress, on as many slots as its 12 planned proofs
-    (more than the 8 one GPU may hold; without progress, 8): the stall test still stops a
-    host at 20/h against a minimum of 50/h, once nothing is counted for
-    slots x 3600 x e^(z sigma) / 50 s."""
+    (more than the 8 one GPU may hold; without progress, 8), timed from its first
+    benchmarking heartbeat less the warm-up's 1200 s and two paces: the stall test still
+    stops a host at 20/h against a minimum of 50/h."""
     h = await start(aiohttp_client, tmp_path, provider=provider())
     agent, _iid, _ = await deployed(h)
 
@@ -335,19 +335,43 @@ async def test_missing_progress_counts_as_no_progress(
         return msg
 
     await send(agent, hb(0))
+    # Slots = planned proofs; the Bonferroni share is spread over N - 2 + 2 = N looks.
     slots = 12 if what == "concurrency" else 8
-    limit = slots * 3600 * math.exp(Z_STALL * SIGMA) / 50.0  # ~1434 s on 12 slots
+    z_stall = NormalDist().inv_cdf(1 - 0.05 / slots / slots)
+    limit = slots * 3600 * math.exp(z_stall * SIGMA) / 50.0  # ~1434 s on 12 slots
     n = 0
-    while True:
+    while n < 40:
         n += 1
         h.clock.advance(360)
         directive = await send(agent, hb(n))
         if directive["action"] == "terminate":
             break
-        assert n * 360 - 30 <= limit
-    assert n * 360 - 30 > limit
+        assert n * 360 - 1230 <= limit
+    assert n * 360 - 1230 > limit
     assert directive["reason"].startswith("early verdict: no proof completed in ")
     assert f"with {slots} running" in directive["reason"]
+    assert directive["reason"].endswith(
+        "(its heartbeats report no progress: read as none, after 1200 s for the warm-up)")
+
+
+async def test_a_run_that_stops_reporting_progress_is_judged_on_what_it_reported(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """Concurrency announced, then progress dropped: nothing more is counted, and the
+    stall test runs on the announced 2 slots, without the warm-up's allowance."""
+    h = await start(aiohttp_client, tmp_path, provider=provider())
+    agent, _iid, _ = await deployed(h)
+    await send(agent, bench_hb(agent, done=0, total_completed=0, recent=[]))
+    action = "continue"
+    elapsed = 0
+    while action == "continue" and elapsed < 3000:
+        h.clock.advance(60)
+        elapsed += 60
+        msg = bench_hb(agent, done=0, total_completed=0, recent=[])
+        msg["progress"] = None
+        action = (await send(agent, msg))["action"]
+    assert action == "terminate"
+    assert elapsed < 1200  # 2 slots at 50/h: a proof's median is 144 s
 
 
 async def test_a_later_run_without_progress_inherits_nothing_of_the_earlier_one(

@@ -13,7 +13,7 @@ import hmac
 import logging
 import secrets
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
 import orjson
@@ -466,37 +466,67 @@ def _judge_early(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: floa
         log.exception("early verdict failed for instance %s", inst["id"])
 
 
-def _without_progress(hb: Heartbeat, inst: Row, settings: Settings) -> Heartbeat:
-    """A benchmarking heartbeat without proof progress (or its concurrency) read as no
-    progress at all: nothing more done, no new proof. The run's concurrency is the one
-    it announced, else as many slots as its planned proofs and never fewer than its GPUs
-    could hold (the most generous reading: an honest run at the minimum rate finishes
-    its N proofs in N/J of the time the stall test allows J slots)."""
-    gpus = max(1, int(inst["num_gpus"] or 1))
-    # The run the coordinator already tracks, or a new one (nothing of an earlier run's
-    # counts carries over: its proofs done would read as failed ones here).
-    same = inst["bench_key"] == f"{inst['boot_id']}|{hb.phase_started_at!r}"
-    total = max(hb.progress.total if hb.progress is not None else 0,
-                int(inst["bench_total"] or 0) if same else 0, settings.verdict_min_proofs)
-    concurrency = (int(inst["bench_concurrency"] or 0) if same else 0) or max(
-        settings.max_concurrency_per_gpu * gpus, total)
-    total = max(total, concurrency)  # the stall test needs every slot busy: N >= J
-    progress = Progress(done=int(inst["bench_done"] or 0) if same else 0, total=total,
-                        unit="proofs", concurrency=concurrency)
+def _without_progress(hb: Heartbeat, inst: Row) -> Heartbeat:
+    """A heartbeat of a run that announced its concurrency, then stopped reporting
+    progress: read as no progress at all (nothing more done, no new proof)."""
+    progress = Progress(done=int(inst["bench_done"] or 0), total=int(inst["bench_total"] or 0),
+                        unit="proofs", concurrency=int(inst["bench_concurrency"]))
     return Heartbeat(hb.seq, hb.phase, hb.phase_started_at, progress,
-                     int(inst["bench_completed_total"] or 0) if same else hb.proofs_completed_total,
-                     [], None)
+                     int(inst["bench_completed_total"] or 0), [], None)
+
+
+def _judge_unannounced(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings,
+                       now: float) -> None:
+    """A benchmarking heartbeat of a run that never announced its concurrency: no proof
+    counted, on as many slots as its planned proofs and never fewer than its GPUs could
+    hold (the most generous reading), timed from when the coordinator saw benchmarking
+    begin less the warm-up's limit (``warmup_timeout_s``: the agent benchmarks only
+    after a warm-up proof and the PCE, reporting no concurrency meanwhile). So the
+    stall test of docs/policy.md still stops a host that never reports progress."""
+    min_rate = inst["min_rate_per_hour"]
+    if min_rate is None or not min_rate > 0:
+        return
+    since = (float(inst["state_since"]) if inst["state"] == State.BENCHMARKING
+             and inst["state_since"] is not None else now)
+    real_s = now - since - settings.warmup_timeout_s - 2.0 * agent_pace_s(inst, settings)
+    if real_s <= 0:
+        return
+    elapsed_s = real_s * time_scale(inst, settings)
+    gpus = max(1, int(inst["num_gpus"] or 1))
+    total = max(hb.progress.total if hb.progress is not None else 0,
+                settings.verdict_min_proofs)
+    concurrency = max(settings.max_concurrency_per_gpu * gpus, total)
+    total = max(total, concurrency)  # the stall test needs every slot busy: N >= J
+    vs = verdict_settings(settings, total)
+    v = assess([], concurrency, elapsed_s, float(min_rate), vs)
+    if v.decision != "terminate":
+        return
+    v = replace(v, reason=f"{v.reason} (its heartbeats report no progress: read as none, "
+                          f"after {settings.warmup_timeout_s:.0f} s for the warm-up)")
+    state: dict[str, Any] = {
+        "bench_key": f"{inst['boot_id']}|{hb.phase_started_at!r}", "bench_seen_at": since,
+        "bench_anchor_at": None, "bench_last_seq": hb.seq,
+        "bench_completed_total": hb.proofs_completed_total, "bench_proof_seconds_json": "[]",
+        "bench_failed": 0, "bench_done": 0, "bench_total": total,
+        "bench_concurrency": concurrency, "bench_status": BENCH_OPEN,
+    }
+    data = _verdict_numbers(v, vs, concurrency, elapsed_s, 0, float(min_rate))
+    _terminate_early(tx, inst, v, data, state, [], settings, now)
 
 
 def _track_benchmark(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: float) -> None:
     progress = hb.progress
+    key = f"{inst['boot_id']}|{hb.phase_started_at!r}"
     if progress is None or progress.unit != "proofs" or progress.concurrency is None:
-        # Missing progress counts as no progress: no proof done, every slot the GPUs
-        # could hold busy (the most generous reading), so the stall test still runs.
-        hb = _without_progress(hb, inst, settings)
+        # Missing progress counts as no progress (docs/reliability.md, "No rate on a
+        # host's word alone"): a run that announced its concurrency keeps being judged
+        # on what it reported; one that never did, from when its benchmarking began.
+        if inst["bench_key"] != key or not inst["bench_concurrency"]:
+            _judge_unannounced(tx, inst, hb, settings, now)
+            return
+        hb = _without_progress(hb, inst)
         progress = hb.progress
     assert progress is not None and progress.concurrency is not None
-    key = f"{inst['boot_id']}|{hb.phase_started_at!r}"
     same = inst["bench_key"] == key
     last_seq = inst["bench_last_seq"]
     if same and last_seq is not None and hb.seq <= last_seq:
@@ -549,8 +579,7 @@ def _track_benchmark(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: 
         "bench_status": BENCH_OPEN,
     }
     min_rate = inst["min_rate_per_hour"]
-    max_concurrency = max(settings.max_concurrency_per_gpu * max(1, inst["num_gpus"] or 1),
-                          progress.total)
+    max_concurrency = settings.max_concurrency_per_gpu * max(1, inst["num_gpus"] or 1)
     if min_rate is None or not min_rate > 0 or concurrency > max_concurrency:
         tx.update_instance(inst["id"], **state)  # nothing to judge against, or not believable
         return
