@@ -473,6 +473,7 @@ async def test_a_spawned_local_agent_holds_none_of_the_coordinators_secrets(
     assert not {"VM_ADMIN_TOKEN", "VM_FLEET_SECRET", "VAST_API_KEY"} & set(env)
     assert env["VM_BENCH_PROOFS"] == "4" and env["VM_AGENT_ID"] == "ag_" + "1" * 20
     assert "PATH" in env
+    assert env["PYTHONUNBUFFERED"] == "1"  # the simulated tools stream their lines
 
 
 def test_beyond_belief_reasons_quote_their_numbers() -> None:

@@ -82,7 +82,8 @@ def _simulated_c1() -> bytes:
 #: What a process needs of the coordinator's environment to run at all; nothing else of
 #: it reaches an agent (docs/reliability.md, "Local agents").
 PROCESS_VARIABLES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ",
-                               "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "RUST_LOG"})
+                               "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "RUST_LOG",
+                               "PYTHONDONTWRITEBYTECODE", "SSL_CERT_FILE", "SSL_CERT_DIR"})
 
 
 def agent_environment(environ: Mapping[str, str]) -> dict[str, str]:
@@ -321,7 +322,10 @@ class LocalProvider:
                 simulated_machine_env(workdir, current, self.time_scale, self.sample_interval_s)
             )
             manifest = self._manifest(files_url, current, workdir / "params-manifest.json")
-            child_env.update({"VM_PARAMS_MANIFEST": str(manifest), "VM_PROVIDER": "local"})
+            child_env.update({"VM_PARAMS_MANIFEST": str(manifest), "VM_PROVIDER": "local",
+                              # The simulated cuzk-bench is Python: unbuffered, it streams
+                              # its lines as the real one does, whatever the shell set.
+                              "PYTHONUNBUFFERED": "1"})
             # A local instance has no vast.ai identity; never pass one on.
             child_env.pop("CONTAINER_API_KEY", None)
             # Every process under this agent inherits the marker, so destroy finds
