@@ -306,6 +306,9 @@ class Agent:
         self._wake = asyncio.Event()
         self._terminate_requested = False
         self._rebench_requested = False
+        # The benchmark the coordinator directs now (its id in the latest directive): a
+        # benchmark result carries it back, or counts for nothing (docs/protocol.md).
+        self._benchmark_id: str | None = None
         self._orphaned = False
         self._signal: int | None = None
         self._started_mono = monotonic()
@@ -340,6 +343,7 @@ class Agent:
 
     def _on_directive(self, directive: Directive) -> None:
         self.last_directive = directive
+        self._benchmark_id = directive.benchmark_id
         self._heartbeat_interval_s = heartbeat_interval_s(directive.next_heartbeat_s,
                                                           self.config.orphan_timeout_s)
         if directive.action == "terminate":
@@ -728,7 +732,7 @@ class Agent:
         if steady is not None and not steady:
             steady.append(self._sampler.open_window())
 
-    def _result_of(self, kind: str, m: _Measured) -> Result:
+    def _result_of(self, kind: str, m: _Measured, benchmark_id: str | None = None) -> Result:
         return Result(
             result_id=f"res_{uuid.uuid4().hex}",
             kind="scaling" if kind == "scaling" else "benchmark",
@@ -742,6 +746,7 @@ class Agent:
             rate_per_hour=m.run.rate_per_hour,
             proof_seconds=m.run.proof_seconds,
             telemetry=m.telemetry,
+            benchmark_id=benchmark_id,
         )
 
     async def _benchmark(self) -> str:
@@ -751,8 +756,10 @@ class Agent:
         if not self.daemon.running or self.daemon.devices is not None:
             await self._start_daemon(None)
         all_gpus = self._all_gpus()
+        # The id the coordinator gave before this run began: its answer to that request.
+        benchmark_id = self._benchmark_id
         measured_all = await self._measure(None)  # warms a new daemon up first
-        result = self._result_of("benchmark", measured_all)
+        result = self._result_of("benchmark", measured_all, benchmark_id)
         directive = await self._deliver(result)
         if directive.action != "continue":
             return "benchmark" if directive.action == "benchmark" else "prove"

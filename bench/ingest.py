@@ -967,8 +967,10 @@ def issue_over_http(url: str, n: int) -> list[list[Any]]:
 
     out: list[list[Any]] = []
     for i in range(n):
+        # Each declares its GPUs (a hello may list no more than were issued).
         req = urllib.request.Request(
-            url + "/api/agents", data=orjson.dumps({"label": f"bench-http-{i}"}), method="POST",
+            url + "/api/agents", data=orjson.dumps({"label": f"bench-http-{i}",
+                                                    "gpus": gpus_of(i)}), method="POST",
             headers={"Authorization": f"Bearer {ADMIN_TOKEN}",
                      "Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as resp:

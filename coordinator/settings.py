@@ -225,8 +225,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_rate_per_gpu_per_hour",
         300.0,
-        "plausibility: most proofs/hour one GPU the host reported can make (about three "
-        "times the best the operator has seen, 90-110/h); a faster claim is implausible",
+        "plausibility: most proofs/hour one GPU the host reported can make, over every GPU "
+        "model's own ceiling (docs/reliability.md) and alone for a model it does not know "
+        "(about three times the best the operator has seen, 90-110/h); a faster claim is "
+        "implausible",
         above=0,
     ),
     Setting(

@@ -260,6 +260,9 @@ class Result:
     efficiency: Float | None = field(default_factory=absent)
     bottleneck: Bottleneck | None = field(default_factory=absent)
     evidence: Annotated[list[Text1024], Meta(max_length=64)] | None = field(default_factory=absent)
+    # extension: the ``benchmark_id`` of the directive that asked for this benchmark
+    # (docs/protocol.md, "Directed benchmarks"); an older agent leaves it out.
+    benchmark_id: Text64 | None = field(default_factory=absent)
 
     def _check(self, prefix: str) -> None:
         if not self.result_id:
@@ -301,6 +304,9 @@ class Directive:
     reason: Text4096
     next_heartbeat_s: Positive
     min_rate_per_hour: Float | None
+    # extension: a benchmark the coordinator directs (a fresh id, docs/protocol.md,
+    # "Directed benchmarks"): the agent's next benchmark result carries it back.
+    benchmark_id: Text64 | None = field(default_factory=absent)
 
 
 @dataclass

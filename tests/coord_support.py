@@ -238,10 +238,20 @@ class Harness:
         resp = await self.client.request(method, path, **kwargs)
         return resp.status, orjson.loads(await resp.read())
 
-    async def issue(self, label: str = "my-rig", min_rate: float | None = None) -> Agent:
+    async def rebenchmark(self, agent: Agent) -> None:
+        """The operator asks the agent's instance for a new benchmark (a directed one)."""
+        inst = self.store.instance_by_agent(agent.agent_id)
+        assert inst is not None
+        status, data = await self.admin("POST", f"/api/instances/{inst['id']}/rebenchmark")
+        assert status == 200, data
+
+    async def issue(self, label: str = "my-rig", min_rate: float | None = None,
+                    gpus: int | None = None) -> Agent:
         body: dict[str, Any] = {"label": label}
         if min_rate is not None:
             body["min_rate_per_hour"] = min_rate
+        if gpus is not None:
+            body["gpus"] = gpus
         status, data = await self.admin("POST", "/api/agents", body)
         assert status == 200, data
         return self.agent(data["agent_id"])

@@ -211,8 +211,12 @@ class ThreadedCoordinator:
         assert self.store is not None
         return self.store.count_rows()
 
-    def issue_agent(self, label: str = "fuzz-rig") -> tuple[str, bytes]:
-        issued = admin_call(self.url, "POST", "/api/agents", {"label": label})
+    def issue_agent(self, label: str = "fuzz-rig", gpus: int | None = None
+                    ) -> tuple[str, bytes]:
+        body: dict[str, Any] = {"label": label}
+        if gpus is not None:
+            body["gpus"] = gpus  # what its hello may list (default 1)
+        issued = admin_call(self.url, "POST", "/api/agents", body)
         return issued["agent_id"], bytes.fromhex(issued["agent_key"])
 
     def post_signed(self, agent_id: str, key: bytes, path: str, body: bytes,

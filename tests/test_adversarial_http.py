@@ -12,6 +12,7 @@ CSRF, sessions and authorisation, no 5xx under schemathesis, no secret anywhere)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -70,13 +71,14 @@ def port_of(url: str) -> int:
     return int(url.rsplit(":", 1)[1])
 
 
-def raw_exchange(port: int, data: bytes, *, timeout_s: float = 30.0) -> tuple[int | None, bytes,
-                                                                              float]:
+def raw_exchange(port: int, data: bytes, *, timeout_s: float = 30.0,
+                 source: str = "127.0.0.1") -> tuple[int | None, bytes, float]:
     """Send ``data`` (a request head, maybe part of a body) and read the answer: (status or
     None when none came within ``timeout_s``, the bytes read, seconds until the first
     byte). The default wait is half the coordinator's 60 s body deadline, so an answer to
-    a request whose body never comes was given before that deadline, not by it."""
-    sock = socket.create_connection(("127.0.0.1", port))
+    a request whose body never comes was given before that deadline, not by it.
+    ``source``: the address it comes from (any of 127/8 on Linux's loopback)."""
+    sock = socket.create_connection(("127.0.0.1", port), source_address=(source, 0))
     try:
         sock.sendall(data)
         sock.settimeout(timeout_s)
@@ -184,16 +186,19 @@ def test_a_body_declared_over_1_mib_is_413_first(served: ServerThread) -> None:
     assert status == 413 and body_of(raw)["error"] == "body_too_large"
 
 
-def test_bodies_in_flight_are_bounded_per_agent_and_in_total(served: ServerThread) -> None:
-    """A key holder (a hostile host has its own key) sending slowly: its third 1 MiB body
+def test_bodies_in_flight_are_bounded_per_address_and_in_total(served: ServerThread) -> None:
+    """A key holder (a hostile host has its own key) sending slowly: until a body's
+    signature verifies it is held against the sender's address, so its third 1 MiB body
     is refused at once, and with the total spent, others' large bodies too; a good
     agent's heartbeat (already whole when its head is read) is still answered."""
     url = served.server.url
     port = port_of(url)
     core = served.server.app[CORE]
-    from vast_manager.coordinator.web.guard import BodyBudget
+    from vast_manager.coordinator.web.guard import AGENT_IN_FLIGHT_MAX_BYTES, BodyBudget
 
-    core.guard.budget = BodyBudget(total_bytes=3 * MIB)  # small, so three agents fill it
+    # Small, so three senders fill it; an address's share as one agent's.
+    core.guard.budget = BodyBudget(total_bytes=3 * MIB,
+                                   per_address_bytes=AGENT_IN_FLIGHT_MAX_BYTES)
     hostile = [issue(served, f"hostile-{i}") for i in range(2)]
     good_id, good_key = issue(served, "good")
     body = orjson.dumps(hello_msg("boot-good"))
@@ -202,31 +207,32 @@ def test_bodies_in_flight_are_bounded_per_agent_and_in_total(served: ServerThrea
 
     held: list[socket.socket] = []
 
-    def hold(agent_id: str, key: bytes) -> None:
-        sock = socket.create_connection(("127.0.0.1", port))
+    def hold(agent_id: str, key: bytes, source: str) -> None:
+        sock = socket.create_connection(("127.0.0.1", port), source_address=(source, 0))
         headers = signed_headers(agent_id, key, "POST", "/v1/logs", b"")
         sock.sendall(head("/v1/logs", headers, MIB) + b'{"lines": [')  # and then nothing
         held.append(sock)
 
     try:
-        hold(*hostile[0])
-        hold(*hostile[0])
+        hold(*hostile[0], "127.0.0.2")
+        hold(*hostile[0], "127.0.0.2")
         deadline = time.monotonic() + 30
         while core.guard.budget.in_flight_bytes < 2 * MIB and time.monotonic() < deadline:
             time.sleep(0.02)
         assert core.guard.budget.in_flight_bytes == 2 * MIB
-        # The same agent's third: over its own share.
+        # The same address's third: over its own share.
         headers = signed_headers(*hostile[0], "POST", "/v1/logs", b"")
-        status, raw, _ = raw_exchange(port, head("/v1/logs", headers, MIB))
+        status, raw, _ = raw_exchange(port, head("/v1/logs", headers, MIB), source="127.0.0.2")
         assert status == 503 and body_of(raw)["error"] == "busy", raw[:300]
         assert b"Retry-After: 1" in raw
-        assert body_of(raw)["message"].startswith("This agent already has")
-        # Another agent's: within its share, the total now spent by the first two.
-        hold(*hostile[1])
+        assert body_of(raw)["message"].startswith("This address already has")
+        # Another address's: within its share, the total now spent by the first two.
+        hold(*hostile[1], "127.0.0.3")
         while core.guard.budget.in_flight_bytes < 3 * MIB and time.monotonic() < deadline:
             time.sleep(0.02)
         headers = signed_headers(*hostile[1], "POST", "/v1/logs", b"")
-        status, raw, _ = raw_exchange(port, head("/v1/logs", headers, 512 * 1024))
+        status, raw, _ = raw_exchange(port, head("/v1/logs", headers, 512 * 1024),
+                                      source="127.0.0.4")
         assert status == 503 and "too many request bodies" in body_of(raw)["message"]
         # A good heartbeat is answered throughout.
         hb = orjson.dumps(heartbeat_msg(1, "proving"))
@@ -241,6 +247,43 @@ def test_bodies_in_flight_are_bounded_per_agent_and_in_total(served: ServerThrea
     while core.guard.budget.in_flight_bytes and time.monotonic() < deadline:
         time.sleep(0.02)
     assert core.guard.budget.in_flight_bytes == 0
+
+
+def test_an_agent_id_alone_cannot_hold_that_agents_upload_allowance(
+    served: ServerThread,
+) -> None:
+    """Replays the probe: a stranger who read an agent's id in a vast.ai label opens
+    slow bodies under it (unsigned: it has no key). They are held against the stranger's
+    address, so the agent's own 160 KB log batch from its address is answered 200, and
+    the agent's allowance is charged only once its signature verified."""
+    url = served.server.url
+    port = port_of(url)
+    core = served.server.app[CORE]
+    agent_id, key = issue(served, "victim")
+    body = orjson.dumps(hello_msg("boot-victim"))
+    assert http(url + "/v1/hello", "POST", body,
+                signed_headers(agent_id, key, "POST", "/v1/hello", body))[0] == 200
+    held: list[socket.socket] = []
+    try:
+        forged = signed_headers(agent_id, b"x" * 32, "POST", "/v1/logs", b"")
+        for _ in range(2):
+            sock = socket.create_connection(("127.0.0.1", port),
+                                            source_address=("127.0.0.9", 0))
+            sock.sendall(head("/v1/logs", forged, MIB) + b'{"lines": [')
+            held.append(sock)
+        deadline = time.monotonic() + 30
+        while core.guard.budget.in_flight_bytes < 2 * MIB and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert core.guard.budget.in_flight_bytes == 2 * MIB  # the stranger's, held
+        lines = [{"ts": 1.0, "source": "agent", "text": "x" * 1000} for _ in range(160)]
+        batch = orjson.dumps({"lines": lines})
+        assert len(batch) > 160_000
+        status, raw, _ = http(url + "/v1/logs", "POST", batch,
+                              signed_headers(agent_id, key, "POST", "/v1/logs", batch))
+        assert status == 200, raw
+    finally:
+        for sock in held:
+            sock.close()
 
 
 def test_a_slow_body_is_cut_off_and_releases_its_claim(
@@ -290,6 +333,41 @@ def test_a_login_body_is_read_whole_within_the_body_deadline(
     finally:
         sock.close()
     assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+
+
+def test_parallel_logins_cannot_pass_the_limit_together(served: ServerThread) -> None:
+    """Replays the probe: many logins from one address, each head sent before any body,
+    so every one is past the limit check before the first token is compared. Each is
+    counted when its head arrives: only the limit's 10 are compared at all (401), the
+    rest refused (429) without their bodies read, and the right token, sent last, is
+    refused too."""
+    port = port_of(served.server.url)
+    login = ("POST /auth/login HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+             "Content-Type: application/json\r\nContent-Length: {n}\r\n\r\n")
+    wrong = orjson.dumps({"token": "w" * len(ADMIN_TOKEN)})
+    right = orjson.dumps({"token": ADMIN_TOKEN})
+    socks = []
+    try:
+        for body in [wrong] * 40 + [right]:
+            sock = socket.create_connection(("127.0.0.1", port),
+                                            source_address=("127.0.0.5", 0))
+            sock.sendall(login.format(n=len(body)).encode())
+            socks.append((sock, body))
+        time.sleep(0.5)  # every head is in: a check-then-count would admit all of them
+        statuses = []
+        for sock, body in socks:
+            with contextlib.suppress(OSError):  # a refused one may be closed already
+                sock.sendall(body)
+        for sock, _ in socks:
+            sock.settimeout(30)
+            answer = sock.recv(65536)
+            statuses.append(int(answer.split(b" ", 2)[1]))
+    finally:
+        for sock, _ in socks:
+            sock.close()
+    assert statuses.count(401) == 10, statuses
+    assert statuses.count(429) == 31, statuses
+    assert statuses[-1] == 429  # the right token, after the limit, is never compared
 
 
 def test_a_request_head_that_never_ends_is_cut_off(
@@ -640,3 +718,20 @@ def test_a_good_key_is_all_that_gets_a_body_read(served: ServerThread) -> None:
     assert status == 200, raw
     assert "X-VM-Signature" in headers
     assert agent_key(agent_id) == key
+
+
+def test_a_verified_body_moves_from_its_address_to_its_agent() -> None:
+    """The budget's bookkeeping: unverified bytes are the address's, verified ones the
+    agent's; a move the agent's share cannot take leaves everything where it was."""
+    from vast_manager.coordinator.web.guard import BodyBudget
+
+    budget = BodyBudget(total_bytes=10 * MIB, per_key_bytes=2 * MIB,
+                        per_address_bytes=4 * MIB)
+    assert budget.claim("addr:10.0.0.1", 3 * MIB) is None
+    assert budget.claim("addr:10.0.0.1", 2 * MIB) is not None  # over the address's 4 MiB
+    assert budget.transfer("addr:10.0.0.1", "ag_1", MIB) is None
+    assert budget.transfer("addr:10.0.0.1", "ag_1", 2 * MIB) is not None  # over 2 MiB
+    assert budget.in_flight_bytes == 3 * MIB
+    budget.release("ag_1", MIB)
+    budget.release("addr:10.0.0.1", 2 * MIB)
+    assert budget.in_flight_bytes == 0

@@ -135,8 +135,8 @@ async def test_the_honest_fleet_is_measured_and_ranked(h: Harness) -> None:
 @pytest.mark.parametrize("proofs", [500, 400])
 async def test_one_gpu_named_64_times(h: Harness, proofs: int) -> None:
     """The probe's forgery (500 proofs in 85 s), and one within what 64 real GPUs could
-    make (400 in 85 s: 16,941/h, under 64 x 300/h), so that only counting the GPUs the
-    host reported, never the list's length, keeps it out."""
+    make (400 in 85 s: 16,941/h, under 64 x 270/h, the RTX 4090 ceiling), so that only
+    counting the GPUs the host reported, never the list's length, keeps it out."""
     agent = await deploy(h, 9001)
     before = await standing(h)
     await benchmark(h, agent, 85)
@@ -144,7 +144,7 @@ async def test_one_gpu_named_64_times(h: Harness, proofs: int) -> None:
                       gpus_used=[0] * 64, proof_seconds=[10.0] * proofs)
     before.assert_unmoved_by(await standing(h), 9001)
     await assert_flagged(h, agent, "forged", "implausible", "names a GPU more than once")
-    await assert_flagged(h, agent, "forged", "implausible", "beyond the ceiling of 300/h")
+    await assert_flagged(h, agent, "forged", "implausible", "beyond the ceiling of 270/h")
 
 
 async def test_gpus_the_host_never_reported(h: Harness) -> None:

@@ -133,9 +133,9 @@ def test_coordinator_killed_mid_benchmark_result_arrives_once(
             "VM_CUZK_BENCH_BIN": write_script(tmp_path / "fake-cuzk-bench", FAKE_BENCH),
             "VM_BENCH_PROOFS": "4", "VM_NVML": "off", "VM_PROVIDER": "local",
             "VM_CUZK_MEMORY_BUDGET": "64GiB",
-            "FAKE_BENCH_MARKER": str(marker), "FAKE_PROOF_DELAY": "0.3",
-            # A bring-your-own agent is watched in real seconds: report the real ones.
-            "FAKE_PROOF_SECONDS": "0.3",
+            "FAKE_BENCH_MARKER": str(marker), "FAKE_PROOF_DELAY": "1.0",
+            # Real seconds above the proof-time floor of a GPU the coordinator cannot name.
+            "FAKE_PROOF_SECONDS": "2.5",
         })
         agent_log_path = tmp_path / "agent.log"
         with open(agent_log_path, "wb") as agent_log:

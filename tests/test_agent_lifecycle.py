@@ -574,6 +574,11 @@ async def test_rebenchmark_directive_while_proving(fleet: FleetFactory, tmp_path
     assert code == EXIT_SIGTERM
     results = await f.results("benchmark")
     assert len(results) == 2 and {r["verdict"] for r in results} == {"keep"}, results
+    # Each benchmark echoes the id the coordinator directed it with: the first (given at
+    # hello), then the operator's (a fresh one).
+    ids = [orjson.loads(b).get("benchmark_id") for b in f.sent("/v1/result")]
+    assert all(isinstance(i, str) and i.startswith("bm_") for i in ids), ids
+    assert len(set(ids)) == 2, ids
     phases = f.phases()
     assert phases.count("benchmarking") == 2 and phases.count("proving") == 2, phases
     assert_no_children()

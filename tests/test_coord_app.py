@@ -33,8 +33,9 @@ async def h(aiohttp_client: Any, tmp_path: Path) -> Harness:
     return await start(aiohttp_client, tmp_path)
 
 
-async def hello_agent(h: Harness, label: str = "my-rig", min_rate: float | None = None):
-    agent = await h.issue(label, min_rate)
+async def hello_agent(h: Harness, label: str = "my-rig", min_rate: float | None = None,
+                      gpus: int | None = None):
+    agent = await h.issue(label, min_rate, gpus)
     status, directive = await agent.hello()
     assert status == 200, directive
     return agent
@@ -286,6 +287,7 @@ async def test_lower_second_measurement_never_lowers_best(h: Harness) -> None:
     h.clock.advance(1300)
     await agent.post("/v1/result", result_msg("a", proofs=20, wall_seconds=1200))  # 60/h
     await agent.heartbeat("proving")
+    await h.rebenchmark(agent)  # each benchmark the coordinator asks for counts once
     await agent.heartbeat("benchmarking")
     h.clock.advance(1300)
     await agent.post("/v1/result", result_msg("b", proofs=10, wall_seconds=1200,
@@ -376,7 +378,7 @@ async def test_below_minimum_byo_agent_is_revoked_not_destroyed(h: Harness) -> N
 
 
 async def test_scaling_result_is_stored(h: Harness) -> None:
-    agent = await h.issue("quad")
+    agent = await h.issue("quad", gpus=2)
     await agent.hello(gpus=2)
     await agent.heartbeat("benchmarking")
     h.clock.advance(3700)
@@ -416,7 +418,7 @@ async def test_scaling_result_is_stored(h: Harness) -> None:
 async def test_terminated_multi_gpu_host_is_still_diagnosed(h: Harness) -> None:
     """A 4-GPU host terminated on its all-GPU benchmark sends no scaling run; the
     coordinator names its bottleneck from that run's telemetry anyway."""
-    agent = await hello_agent(h, label="quad-5060", min_rate=57.5)
+    agent = await hello_agent(h, label="quad-5060", min_rate=57.5, gpus=4)
     await agent.hello(gpus=4)
     await agent.heartbeat("benchmarking")
     h.clock.advance(1300)

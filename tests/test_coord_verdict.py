@@ -296,20 +296,14 @@ async def test_a_stalled_benchmark_is_caught_in_simulated_seconds(
     assert (result["proofs_completed"], result["rate_per_hour"]) == (0, None)
 
 
-@pytest.mark.parametrize("case", ["verdicts off", "agent without concurrency"])
-async def test_no_early_verdict_when_off_or_concurrency_unknown(
-    aiohttp_client: Any, tmp_path: Path, case: str
-) -> None:
-    concurrency = None if case == "agent without concurrency" else 2
-    h = await start(aiohttp_client, tmp_path, provider=provider(),
-                    verdict_early=case != "verdicts off")
+async def test_no_early_verdict_when_off(aiohttp_client: Any, tmp_path: Path) -> None:
+    h = await start(aiohttp_client, tmp_path, provider=provider(), verdict_early=False)
     agent, iid, _ = await deployed(h)
-    await send(agent, bench_hb(agent, done=0, total_completed=0, recent=[],
-                               concurrency=concurrency))
+    await send(agent, bench_hb(agent, done=0, total_completed=0, recent=[]))
     for n in range(1, 7):
         h.clock.advance(360)
         directive = await send(agent, bench_hb(agent, done=2 * n, total_completed=2 * n,
-                                               recent=[360.0, 360.0], concurrency=concurrency))
+                                               recent=[360.0, 360.0]))
         assert directive["action"] == "continue"
     assert verdict_events(h, iid) == []
     # The full benchmark is judged on its batch rate, as before early verdicts.
@@ -319,3 +313,107 @@ async def test_no_early_verdict_when_off_or_concurrency_unknown(
     assert data["directive"]["reason"] == (
         "measured 20.00 proofs/h, below the minimum 50.00 proofs/h"
     )
+
+
+@pytest.mark.parametrize("what", ["concurrency", "progress"])
+async def test_missing_progress_counts_as_no_progress(
+    aiohttp_client: Any, tmp_path: Path, what: str
+) -> None:
+    """A benchmark that leaves its concurrency (or its whole progress) out of its
+    heartbeats is read as making no progress, on as many slots as its 12 planned proofs
+    (more than the 8 one GPU may hold; without progress, 8), timed from its first
+    benchmarking heartbeat less the warm-up's 1200 s and two paces: the stall test still
+    stops a host at 20/h against a minimum of 50/h."""
+    h = await start(aiohttp_client, tmp_path, provider=provider())
+    agent, _iid, _ = await deployed(h)
+
+    def hb(n: int) -> dict[str, Any]:
+        msg = bench_hb(agent, done=2 * n, total_completed=2 * n,
+                       recent=[360.0, 360.0] if n else [], concurrency=None)
+        if what == "progress":
+            msg["progress"] = None
+        return msg
+
+    await send(agent, hb(0))
+    # Slots = planned proofs; the Bonferroni share is spread over N - 2 + 2 = N looks.
+    slots = 12 if what == "concurrency" else 8
+    z_stall = NormalDist().inv_cdf(1 - 0.05 / slots / slots)
+    limit = slots * 3600 * math.exp(z_stall * SIGMA) / 50.0  # ~1434 s on 12 slots
+    n = 0
+    while n < 40:
+        n += 1
+        h.clock.advance(360)
+        directive = await send(agent, hb(n))
+        if directive["action"] == "terminate":
+            break
+        assert n * 360 - 1230 <= limit
+    assert n * 360 - 1230 > limit
+    assert directive["reason"].startswith("early verdict: no proof completed in ")
+    assert f"with {slots} running" in directive["reason"]
+    assert directive["reason"].endswith(
+        "(its heartbeats report no progress: read as none, after 1200 s for the warm-up)")
+
+
+async def test_a_run_that_stops_reporting_progress_is_judged_on_what_it_reported(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """Concurrency announced, then progress dropped: nothing more is counted, and the
+    stall test runs on the announced 2 slots, without the warm-up's allowance."""
+    h = await start(aiohttp_client, tmp_path, provider=provider())
+    agent, _iid, _ = await deployed(h)
+    await send(agent, bench_hb(agent, done=0, total_completed=0, recent=[]))
+    action = "continue"
+    elapsed = 0
+    while action == "continue" and elapsed < 3000:
+        h.clock.advance(60)
+        elapsed += 60
+        msg = bench_hb(agent, done=0, total_completed=0, recent=[])
+        msg["progress"] = None
+        action = (await send(agent, msg))["action"]
+    assert action == "terminate"
+    assert elapsed < 1200  # 2 slots at 50/h: a proof's median is 144 s
+
+
+async def test_a_later_run_without_progress_inherits_nothing_of_the_earlier_one(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """A run that reported its 12 proofs, then a new run (a re-benchmark: another
+    phase_started_at) that reports no progress: the earlier run's proofs done must not
+    read as this run's failed proofs (a failed proof turns the stall test off)."""
+    h = await start(aiohttp_client, tmp_path, provider=provider())
+    agent, _iid, _ = await deployed(h)
+    for n in range(0, 13, 2):
+        await send(agent, bench_hb(agent, done=n, total_completed=n,
+                                   recent=[36.0, 36.0] if n else []))
+        h.clock.advance(36)
+    later = PHASE_STARTED + 5000.0
+    action = "continue"
+    for _ in range(60):
+        msg = bench_hb(agent, done=0, total_completed=12, recent=[],
+                       phase_started_at=later)
+        msg["progress"] = None
+        directive = await send(agent, msg)
+        action = directive["action"]
+        if action == "terminate":
+            break
+        h.clock.advance(60)
+    assert action == "terminate"
+    assert directive["reason"].startswith("early verdict: no proof completed in ")
+
+
+async def test_missing_concurrency_spares_an_honest_run_at_the_minimum(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """An older agent (no concurrency) whose 12 proofs come at exactly the minimum rate
+    (50/h: one every 72 s) finishes before the no-progress reading's stall line."""
+    h = await start(aiohttp_client, tmp_path, provider=provider())
+    agent, iid, _ = await deployed(h)
+    await send(agent, bench_hb(agent, done=0, total_completed=0, recent=[], concurrency=None))
+    for n in range(1, 13):
+        h.clock.advance(72)
+        directive = await send(agent, bench_hb(agent, done=n, total_completed=n,
+                                               recent=[144.0], concurrency=None))
+        assert directive["action"] == "continue", directive
+    assert verdict_events(h, iid) == []
+
+

@@ -227,6 +227,25 @@ def test_cli_hosts_import_export_plan(server: ServerThread, tmp_path: Path) -> N
     assert stopped.exit_code == 1 and "runs no autopilot" in stopped.output
 
 
+def test_cli_hosts_import_dry_run_shows_the_moves_and_writes_nothing(
+    server: ServerThread, tmp_path: Path,
+) -> None:
+    rows = lines_of(12, since=time.time() - 86400)
+    source = tmp_path / "earlier.jsonl"
+    source.write_bytes(jsonl(rows))
+    done = run_cli(server, "hosts", "import", "--dry-run", str(source))
+    assert done.exit_code == 0, done.output
+    assert done.output.startswith("Dry run: 12 measurement(s) read; nothing was written.")
+    assert "RANK AFTER" in done.output and "RATE/H AFTER" in done.output
+    data = orjson.loads(run_cli(server, "hosts", "import", "--dry-run", "--json",
+                                str(source)).output)
+    assert data["dry_run"] is True and data["imported"] == 0 and data["moves"]
+    assert all(set(m) >= {"offer_id", "rank_before", "rank_after", "rate_before",
+                          "rate_after"} for m in data["moves"])
+    listing = run_cli(server, "hosts")
+    assert listing.exit_code == 0 and "No host measured yet." in listing.output
+
+
 # --- the fleet's own measurements --------------------------------------------------------
 
 

@@ -54,7 +54,7 @@ def dumps(value: Any) -> bytes:
 def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Any:
     tmp = tmp_path_factory.mktemp("fuzz-messages")
     with ThreadedCoordinator(Path(tmp), nonces_per_agent=100_000) as coord:
-        agent_id, key = coord.issue_agent("fuzz-rig")
+        agent_id, key = coord.issue_agent("fuzz-rig", gpus=16)
         status, raw, _ = coord.post_signed(agent_id, key, "/v1/hello",
                                            orjson.dumps(hello_msg("boot-0")))
         assert status == 200, raw

@@ -202,7 +202,7 @@ def run_schemathesis(tmp_path: Path, budget: int) -> Counter[str]:
     # would turn every later operator case into a 429.
     with ThreadedCoordinator(tmp_path, provider=provider, nonces_per_agent=1_000_000,
                              admin_failures_per_minute=1_000_000) as coord:
-        agent_id, key = coord.issue_agent("schemathesis-rig")
+        agent_id, key = coord.issue_agent("schemathesis-rig", gpus=16)
         status, raw, _ = coord.post_signed(agent_id, key, "/v1/hello",
                                            orjson.dumps(hello_msg("boot-st")))
         assert status == 200, raw

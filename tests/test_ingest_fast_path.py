@@ -94,6 +94,8 @@ async def test_fast_path_leaves_the_rows_the_full_path_leaves(
         return calls[-1]
 
     monkeypatch.setattr(ingest, "_steady", counting)
+    # The first benchmark's id is random: the same one in both runs.
+    monkeypatch.setattr(ingest, "new_benchmark_id", lambda: "bm_" + "0" * 32)
     (tmp_path / "fast").mkdir()
     (tmp_path / "full").mkdir()
     fast = await _drive(tmp_path / "fast" / "c.db", fast=True, monkeypatch=monkeypatch)

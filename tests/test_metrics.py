@@ -49,7 +49,7 @@ def two_gpu_telemetry() -> dict[str, Any]:
 async def running_fleet(h: Harness) -> dict[str, Any]:
     """A signed agent, through the real app: hello with two GPUs (one with a hostile
     name), then a proving heartbeat with telemetry; the instance gets a price and rate."""
-    agent = await h.issue("rig-metrics")
+    agent = await h.issue("rig-metrics", gpus=2)
     hello = hello_msg(gpus=2)
     hello["host"]["gpus"][1]["name"] = HOSTILE_GPU
     assert (await agent.post("/v1/hello", hello))[0] == 200

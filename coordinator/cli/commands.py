@@ -505,17 +505,24 @@ def _host_table(rows: list[dict[str, Any]], width: int | None) -> None:
 
 @hosts.command("import")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--dry-run", is_flag=True,
+              help="Show how the offers' ranking would move; write nothing.")
+@json_option
 @operator_options
-def hosts_import(client: OperatorClient, file: str) -> None:
+def hosts_import(client: OperatorClient, file: str, dry_run: bool, as_json: bool) -> None:
     """Import measurements from a JSON Lines file (`-`: stdin), one a line:
     {"machine_id", "offer": {vast.ai offer fields}, "rate_per_hour", "measured_at"}.
 
-    They count in host_perf and the rate model like the fleet's own, marked
-    imported. A malformed line is reported with its number and field, and
-    nothing of the file is written; a measurement already known is skipped.
+    They count in host_perf and the rate model marked imported; where one disagrees
+    with the fleet's own measurement of the same machine, the model leaves it out. A
+    malformed line (or one over the bounds: 16 GPUs, 64 KiB a line, 1,024 characters
+    a string, 4 levels of nesting, measured within the last two years) is reported
+    with its number and field, and nothing of the file is written; a measurement
+    already known is skipped.
 
     \b
     Example:
+      vast-manager hosts import --dry-run earlier-manager.jsonl
       vast-manager hosts import earlier-manager.jsonl
     """
     from vast_manager.coordinator.discovery.measurements import MAX_IMPORT_BYTES, NDJSON
@@ -532,9 +539,24 @@ def hosts_import(client: OperatorClient, file: str) -> None:
         raise UserError(
             f"{file} is larger than the {MAX_IMPORT_BYTES // (1024 * 1024)} MiB one import "
             "takes; split it into parts (each part is imported whole or not at all)")
-    answer = orjson.loads(client.request_raw("POST", "/api/hosts/import", data=data,
-                                             content_type=NDJSON) or b"{}")
+    answer = orjson.loads(client.request_raw(
+        "POST", "/api/hosts/import", data=data, content_type=NDJSON,
+        query={"dry_run": "1"} if dry_run else None) or b"{}")
+    if as_json:
+        echo_json(answer)
+        return
     click.echo(clean(answer.get("message") or "Imported."))
+    if dry_run:
+        moves = answer.get("moves") or []
+        if not moves:
+            click.echo("No offer's rank or predicted rate would move.")
+            return
+        click.echo(render.table(
+            ((m.get("offer_id"), m.get("machine_id"),
+              f"{m.get('num_gpus') or '?'}x {m.get('gpu_name') or '?'}",
+              m.get("rank_before"), m.get("rank_after"), render.num(m.get("rate_before")),
+              render.num(m.get("rate_after"))) for m in moves),
+            ["OFFER", "MACHINE", "GPUS", "RANK", "RANK AFTER", "RATE/H", "RATE/H AFTER"]))
 
 
 @hosts.command("export")
@@ -738,21 +760,30 @@ def agents() -> None:
 @click.option("--label", default="byo", show_default=True,
               help="Name of the machine (its machine_id in host_perf).")
 @click.option("--min-rate", type=float, default=None, help="Minimum proofs/hour to keep it.")
+@click.option("--gpus", type=click.IntRange(1, 16), default=1, show_default=True,
+              help="GPUs the machine has: its agent's hello may list no more.")
+@click.option("--gpu-model", default=None,
+              help='GPU model every listed GPU must be, e.g. "RTX 4090" [default: any].')
 @json_option
 @operator_options
 def agents_issue(
-    client: OperatorClient, label: str, min_rate: float | None, as_json: bool
+    client: OperatorClient, label: str, min_rate: float | None, gpus: int,
+    gpu_model: str | None, as_json: bool
 ) -> None:
     """Register an agent and print its environment (VM_COORDINATOR_URL, VM_AGENT_ID,
-    VM_AGENT_KEY) in env-file format. The key is shown only here, once.
+    VM_AGENT_KEY) in env-file format. The key is shown only here, once. The GPUs
+    (count and model) are declared here, once: a hello listing more is refused.
 
     \b
     Example:
-      vast-manager agents issue --label rig-01 --min-rate 40 > rig-01.env
+      vast-manager agents issue --label rig-01 --gpus 4 --gpu-model "RTX 4090" \\
+          --min-rate 40 > rig-01.env
     """
-    body: dict[str, Any] = {"label": label}
+    body: dict[str, Any] = {"label": label, "gpus": gpus}
     if min_rate is not None:
         body["min_rate_per_hour"] = min_rate
+    if gpu_model is not None:
+        body["gpu_model"] = gpu_model
     answer = client.post("/api/agents", body)
     env = {
         "VM_COORDINATOR_URL": answer["coordinator_url"],

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vast_manager.coordinator.decisions import states
+from vast_manager.coordinator.decisions import belief, states
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.protocol.messages import Directive, Result
 
@@ -31,9 +31,17 @@ EARLY_VERDICT = "early_verdict"
 # A result that arrives after the instance was told to terminate (its host may be honest:
 # the benchmark finished before it heard) changes nothing: no host_perf, no ranking.
 AFTER_TERMINATE = "after_terminate"
-HOST_PERF_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED, EARLY_VERDICT, AFTER_TERMINATE})
+# A benchmark no directive asked for (docs/reliability.md, "No rate on a host's word alone"):
+# stored as evidence, not counted, no verdict.
+UNDIRECTED = "undirected"
+# A rate beyond belief for its hardware (docs/reliability.md, "No rate on a host's word
+# alone"): held, not counted and no verdict, until a directed re-benchmark agrees.
+UNCONFIRMED = "unconfirmed"
+HOST_PERF_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED, EARLY_VERDICT, AFTER_TERMINATE,
+                                       UNDIRECTED, UNCONFIRMED})
 #: Every flag a stored result can carry (docs/openapi.yaml's StoredResult lists them).
-RESULT_FLAGS = (IMPLAUSIBLE, CONTENDED, PARTIAL, EARLY_VERDICT, AFTER_TERMINATE)
+RESULT_FLAGS = (IMPLAUSIBLE, CONTENDED, PARTIAL, EARLY_VERDICT, AFTER_TERMINATE, UNDIRECTED,
+                UNCONFIRMED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +159,8 @@ class Watch:
     measured_rates: Mapping[int, float] = field(default_factory=dict)
     """GPU count -> the recomputed rate of the instance's latest counted benchmark on that
     many GPUs: what a scaling result's runs must agree with."""
+    gpu_name: str | None = None
+    """The instance's GPU model: its ceiling and its proof-time floor (``belief``)."""
 
 
 @dataclass(slots=True)
@@ -201,8 +211,14 @@ def check_gpus(gpus_used: list[int], watch: Watch | None, out: Plausibility,
     return count
 
 
+def ceiling_per_gpu(watch: Watch | None, limits: PolicyLimits) -> float:
+    """The rate ceiling of one GPU of the watched instance's model (``belief``)."""
+    return belief.ceiling_per_gpu(watch.gpu_name if watch is not None else None,
+                                  limits.max_rate_per_gpu_per_hour)
+
+
 def _check_arithmetic(result: Result, rate: float, gpus: int, limits: PolicyLimits,
-                      out: Plausibility) -> None:
+                      out: Plausibility, watch: Watch | None = None) -> None:
     """The host's numbers against one another and against what its GPUs can do."""
     tol = limits.rate_tolerance
     wall = result.wall_seconds
@@ -214,14 +230,24 @@ def _check_arithmetic(result: Result, rate: float, gpus: int, limits: PolicyLimi
             f"reported rate {reported:.2f}/h does not match {n} proofs in {wall:.1f} s "
             f"({rate:.2f}/h)",
         )
-    ceiling = gpus * limits.max_rate_per_gpu_per_hour
+    per_gpu = ceiling_per_gpu(watch, limits)
+    ceiling = gpus * per_gpu
     if rate > ceiling * (1 + tol):
+        model = f" of {watch.gpu_name}" if watch is not None and watch.gpu_name else ""
         out.flag(
             IMPLAUSIBLE,
             f"{rate:.1f} proofs/h on {gpus} GPU(s) is beyond the ceiling of {ceiling:.0f}/h "
-            f"({limits.max_rate_per_gpu_per_hour:g}/h a GPU)",
+            f"({per_gpu:.0f}/h a GPU{model})",
         )
     proof_seconds = result.proof_seconds
+    floor = belief.min_proof_seconds(watch.gpu_name if watch is not None else None)
+    # proof_seconds count in the run's own (a simulation's simulated) seconds, as wall_seconds.
+    if proof_seconds and min(proof_seconds) < floor:
+        out.flag(
+            IMPLAUSIBLE,
+            f"a proof took {min(proof_seconds):.2f} s, below the {floor:.1f} s a proof needs "
+            "on this GPU at the least",
+        )
     if len(proof_seconds) != n:
         out.flag(
             IMPLAUSIBLE, f"proof_seconds lists {len(proof_seconds)} durations for {n} proofs"
@@ -329,7 +355,7 @@ def _check_runs(result: Result, rate: float | None, watch: Watch | None,
     own = set(result.gpus_used)
     for run in result.runs or []:
         gpus = check_gpus(list(run.gpus_used), watch, out, what="a scaling run's gpus_used")
-        ceiling = gpus * limits.max_rate_per_gpu_per_hour
+        ceiling = gpus * ceiling_per_gpu(watch, limits)
         if run.rate_per_hour > ceiling * (1 + tol):
             out.flag(IMPLAUSIBLE, f"a scaling run claims {run.rate_per_hour:.1f} proofs/h on "
                      f"{gpus} GPU(s), beyond the ceiling of {ceiling:.0f}/h")
@@ -369,7 +395,7 @@ def check_result(
         else:
             out.flag(IMPLAUSIBLE, "wall_seconds is 0")
         return out
-    _check_arithmetic(result, rate, out.gpus, limits, out)
+    _check_arithmetic(result, rate, out.gpus, limits, out, watch)
     if watch is not None:
         _check_timestamps(result, watch, limits, out)
         _check_window(result, watch, out.gpus, limits, out)
@@ -450,10 +476,11 @@ def directive_for(
     if state in states.ENDING or instance.get("terminate_reason"):
         reason = instance.get("terminate_reason") or f"instance is {state}"
         return Directive("terminate", reason, next_heartbeat_s, min_rate)
+    benchmark_id = instance.get("directed_benchmark_id")
     if instance.get("rebenchmark_pending"):
-        return Directive("benchmark", "the operator asked for a new benchmark",
-                         next_heartbeat_s, min_rate)
-    return Directive("continue", "", next_heartbeat_s, min_rate)
+        return Directive("benchmark", "the coordinator asked for a new benchmark",
+                         next_heartbeat_s, min_rate, benchmark_id)
+    return Directive("continue", "", next_heartbeat_s, min_rate, benchmark_id)
 
 
 # --- timeouts ------------------------------------------------------------------

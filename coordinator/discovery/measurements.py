@@ -116,6 +116,67 @@ NDJSON = "application/x-ndjson"
 #: Clock slack allowed to a measurement's time (it may come from another machine).
 FUTURE_SLACK_S = 300.0
 MAX_MACHINE_ID_CHARS = 200
+#: The oldest measurement an import takes: two years (hardware, drivers and cuzk move on;
+#: a rate older than that says little of a host today).
+MAX_AGE_S = 2 * 365 * 86400.0
+#: The most GPUs a measured machine may have: vast.ai buckets machines at 1, 2, 4 and 8
+#: GPUs (vast-cli ``vastai/api/metrics.py``, docs/reliability.md), twice the largest.
+MAX_GPUS = 16
+#: A line of a measurements file: an offer of vast.ai's is about 3 KB.
+MAX_LINE_BYTES = 64 * 1024
+#: Any string in a line (an offer field, the machine id).
+MAX_FIELD_CHARS = 1024
+#: Nesting of a line's objects and lists (the line's object, its offer, a list in it).
+MAX_DEPTH = 4
+#: An imported rate this far from the fleet's own median rate of the same machine and GPU
+#: count (either way) disagrees with it: the model then leaves it out (``weigh_sources``).
+DISAGREEMENT_FACTOR = 1.5
+
+
+def _shape_error(obj: Any) -> tuple[str, str] | None:
+    """(field, message) for the first string over ``MAX_FIELD_CHARS`` or nesting deeper
+    than ``MAX_DEPTH`` in a decoded line, else None (iterative: no recursion to exhaust)."""
+    stack: list[tuple[Any, str, int]] = [(obj, "", 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, str):
+            if len(value) > MAX_FIELD_CHARS:
+                return path, f"a string longer than {MAX_FIELD_CHARS} characters"
+            continue
+        if isinstance(value, dict | list):
+            if depth > MAX_DEPTH:
+                return path, f"nesting deeper than {MAX_DEPTH} levels"
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if isinstance(key, str) and len(key) > MAX_FIELD_CHARS:
+                    return path, f"a key longer than {MAX_FIELD_CHARS} characters"
+                stack.append((item, f"{path}.{key}" if path else str(key), depth + 1))
+    return None
+
+
+def weigh_sources(measurements: list[Measurement]) -> list[Measurement]:
+    """The fleet's own measurements weigh more than imported ones: an imported rate of a
+    machine (and GPU count) the fleet measured itself is left out where it disagrees with
+    the fleet's median by more than ``DISAGREEMENT_FACTOR``; where they agree, or the
+    fleet never measured the machine, it counts (docs/reliability.md, "Imports")."""
+    fleet: dict[tuple[str, int], list[float]] = {}
+    for m in measurements:
+        if m.source == "fleet":
+            fleet.setdefault((m.machine_id, _gpus_of(m)), []).append(m.rate_per_hour)
+    out = []
+    for m in measurements:
+        own = fleet.get((m.machine_id, _gpus_of(m))) if m.source == "imported" else None
+        if own:
+            median = sorted(own)[len(own) // 2]
+            if not median / DISAGREEMENT_FACTOR <= m.rate_per_hour <= median * DISAGREEMENT_FACTOR:
+                continue
+        out.append(m)
+    return out
+
+
+def _gpus_of(m: Measurement) -> int:
+    n = m.offer.get("num_gpus")
+    return int(n) if isinstance(n, int | float) and not isinstance(n, bool) else 1
 
 
 def parse_lines(
@@ -124,23 +185,32 @@ def parse_lines(
     now: float,
     max_rate_per_gpu_per_hour: float,
     is_unsafe_text: Callable[[str], bool],
+    ceiling_per_gpu: Callable[[str | None, float], float] | None = None,
 ) -> list[Measurement]:
     """Every measurement of a JSON Lines file (``hosts import``), marked imported.
 
     Blank lines are skipped. The first line that is not a measurement raises
     ``LineError`` naming its number (from 1) and its field: a file is taken whole or
-    not at all. A rate above what the fleet's own plausibility check allows
-    (``max_rate_per_gpu_per_hour`` x GPUs), a time in the future, or a machine id that
-    is not plain text is refused like a malformed field.
+    not at all. A rate above what the fleet's own plausibility check allows (the GPU
+    model's ``ceiling_per_gpu``, else ``max_rate_per_gpu_per_hour``, x GPUs), more GPUs
+    than ``MAX_GPUS``, a time outside the last ``MAX_AGE_S`` (or in the future), a line
+    over ``MAX_LINE_BYTES``, a string over ``MAX_FIELD_CHARS``, nesting over
+    ``MAX_DEPTH``, or a machine id that is not plain text is refused like a malformed
+    field.
     """
     out: list[Measurement] = []
     for number, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
             continue
+        if len(line) > MAX_LINE_BYTES:
+            raise LineError(number, "", f"the line is longer than {MAX_LINE_BYTES} bytes")
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
             raise LineError(number, "", f"not valid JSON ({exc})") from None
+        shape = _shape_error(obj)
+        if shape is not None:
+            raise LineError(number, shape[0], f"{shape[1]} is more than a measurement holds")
         try:
             m = parse_measurement(obj, default_source="imported")
         except MeasurementError as exc:
@@ -148,14 +218,23 @@ def parse_lines(
         if len(m.machine_id) > MAX_MACHINE_ID_CHARS or is_unsafe_text(m.machine_id):
             raise LineError(number, "machine_id", f"machine_id must be plain text of at most "
                             f"{MAX_MACHINE_ID_CHARS} characters.")
-        gpus = int(offer_features(m.offer).num_gpus)
-        ceiling = max_rate_per_gpu_per_hour * gpus
+        features = offer_features(m.offer)
+        gpus = int(features.num_gpus)
+        if gpus > MAX_GPUS:
+            raise LineError(number, "offer.num_gpus", f"num_gpus {gpus} is more than the "
+                            f"{MAX_GPUS} GPUs of any machine vast.ai lists.")
+        per_gpu = (ceiling_per_gpu(features.gpu_name, max_rate_per_gpu_per_hour)
+                   if ceiling_per_gpu is not None else max_rate_per_gpu_per_hour)
+        ceiling = per_gpu * gpus
         if m.rate_per_hour > ceiling:
             raise LineError(number, "rate_per_hour", f"{m.rate_per_hour:g}/h is more than "
                             f"{gpus} GPU(s) can make ({ceiling:g}/h, the fleet's own "
                             "plausibility limit)")
         if m.measured_at > now + FUTURE_SLACK_S:
             raise LineError(number, "measured_at", "measured_at is in the future.")
+        if m.measured_at < now - MAX_AGE_S:
+            raise LineError(number, "measured_at", f"measured_at is more than "
+                            f"{MAX_AGE_S / 86400:.0f} days ago.")
         out.append(Measurement(m.machine_id, m.offer, m.rate_per_hour, m.measured_at,
                                "imported"))
     return out

@@ -9,14 +9,16 @@ decodes, calls these, and encodes the answer.
 
 from __future__ import annotations
 
+import hmac
 import logging
+import secrets
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
 import orjson
 
-from vast_manager.coordinator.decisions import pace, policy, states
+from vast_manager.coordinator.decisions import belief, pace, policy, states
 from vast_manager.coordinator.decisions.early_verdict import (
     EarlyVerdict,
     VerdictSettings,
@@ -24,8 +26,9 @@ from vast_manager.coordinator.decisions.early_verdict import (
     steady_state_rate_per_hour,
 )
 from vast_manager.coordinator.decisions.states import State
+from vast_manager.coordinator.discovery.features import canonical_gpu_name
 from vast_manager.coordinator.discovery.measurements import instance_offer
-from vast_manager.coordinator.errors import HelloRequired, UnknownAgent
+from vast_manager.coordinator.errors import HelloRequired, InvalidInput, UnknownAgent
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.schema import Row, dumps, loads
 from vast_manager.coordinator.store.writer import Tx
@@ -37,6 +40,7 @@ from vast_manager.protocol.messages import (
     Hello,
     HostInfo,
     LogBatch,
+    Progress,
     Result,
     ScalingRun,
 )
@@ -76,6 +80,76 @@ def _take_directive(tx: Tx, inst: Row, settings: Settings, now: float,
     return directive
 
 
+# --- directed benchmarks (docs/reliability.md, "No rate on a host's word alone") -----------
+
+#: Why the coordinator directed a benchmark: the instance's first, the operator's
+#: ``rebenchmark``, or the re-benchmark that must confirm a held claim.
+FIRST, OPERATOR, CONFIRM = "first", "operator", "confirm"
+#: Re-benchmarks asked for one held claim before the instance is terminated for it.
+MAX_CONFIRM_TRIES = 2
+#: GPUs a bring-your-own agent issued before GPUs were declared may list: vast.ai buckets
+#: machines at 1, 2, 4 and 8 GPUs (docs/reliability.md, "No rate on a host's word
+#: alone"), twice that.
+LEGACY_MAX_GPUS = 16
+
+
+def new_benchmark_id() -> str:
+    """A directed benchmark's id: a nonce no host can guess before it is sent."""
+    return "bm_" + secrets.token_hex(16)
+
+
+def open_directed_benchmark(tx: Tx, inst: Row, kind: str, now: float) -> str:
+    """Open a benchmark the coordinator directs: a fresh id (a nonce the host cannot
+    guess) that the result must carry; a confirmation is also delivered as a
+    ``benchmark`` directive, and its heartbeats are watched from now on."""
+    benchmark_id = new_benchmark_id()
+    updates: dict[str, Any] = {
+        "directed_benchmark_id": benchmark_id, "directed_benchmark_at": now,
+        "directed_benchmark_kind": kind, "confirm_watch_at": now, "confirm_watch_gap_s": 0.0,
+        "updated_at": now,
+    }
+    if kind != FIRST:
+        updates["rebenchmark_pending"] = 1
+    tx.update_instance(inst["id"], **updates)
+    return benchmark_id
+
+
+def _directed(result: Result, inst: Row) -> tuple[bool, str]:
+    """Whether ``result`` answers the instance's open directed benchmark, and if not, why.
+
+    A result that carries an id must carry the open one. One without (an agent older than
+    directed benchmarks) answers the open first or operator benchmark, never a
+    confirmation: that needs the nonce."""
+    open_id = inst.get("directed_benchmark_id")
+    if open_id is None:
+        return False, "no benchmark was asked for (each directed benchmark counts once)"
+    given = result.benchmark_id
+    if given is None:
+        if inst.get("directed_benchmark_kind") == CONFIRM:
+            return False, "a confirming re-benchmark must carry the benchmark_id it was given"
+        return True, ""
+    if not hmac.compare_digest(given.encode(), str(open_id).encode()):
+        return False, "its benchmark_id is not the benchmark the coordinator asked for"
+    return True, ""
+
+
+def _watched_whole(result: Result, inst: Row, settings: Settings, now: float) -> str | None:
+    """Why a confirming re-benchmark was not watched for its whole length, or None."""
+    asked = inst.get("directed_benchmark_at")
+    if asked is None:
+        return "the coordinator has no record of asking for it"
+    if result.started_at < float(asked) - policy.CLOCK_SKEW_S:
+        return (f"it started {float(asked) - result.started_at:.0f} s before the coordinator "
+                "asked for it")
+    last = float(inst.get("confirm_watch_at") or asked)
+    gap = max(float(inst.get("confirm_watch_gap_s") or 0.0), now - last)
+    allowed = policy.silence_ttl_s(agent_pace_s(inst, settings), settings.silence_grace_s)
+    if gap > allowed:
+        return (f"the coordinator heard nothing from it for {gap:.0f} s while it ran "
+                f"(at most {allowed:.0f} s)")
+    return None
+
+
 def time_scale(inst: Row, settings: Settings) -> float:
     """Simulated seconds per real second of this instance: the simulated fleet's scale
     for an instance we deployed (``VM_SIM_TIME_SCALE``, 1 outside a simulation), 1 for a
@@ -113,6 +187,8 @@ def hello_job(
     def job(tx: Tx) -> tuple[int, Directive]:
         agent = _require_agent(tx, agent_id)
         host = hello.host
+        if agent["kind"] == "byo":
+            _check_declared_gpus(agent, host)
         gpu_name = next((g.name for g in host.gpus if g.name), None)
         inst = tx.instance_by_agent(agent_id)
         if inst is None:
@@ -151,6 +227,11 @@ def hello_job(
         }
         if new_boot:
             updates["last_seq"] = -1  # a new agent process counts seq from scratch
+        if inst["hello_at"] is None and inst["directed_benchmark_id"] is None \
+                and inst["state"] not in states.ENDING:
+            # The first hello: the benchmark the agent runs after warming up is one the
+            # coordinator asked for (its id travels on every directive until answered).
+            open_directed_benchmark(tx, inst, FIRST, now)
         if inst["state"] in states.UNHEARD:
             updates["state"] = State.BOOTING
             updates["state_since"] = now
@@ -179,6 +260,27 @@ def hello_job(
         return fresh["id"], _take_directive(tx, fresh, settings, now, pace_now)
 
     return job
+
+
+def _check_declared_gpus(agent: Row, host: HostInfo) -> None:
+    """A bring-your-own hello lists at most the GPUs its agent was issued for, of the
+    declared model (``agents issue --gpus N --gpu-model M``); InvalidInput otherwise."""
+    declared = agent.get("max_gpus")
+    limit = int(declared) if declared is not None else LEGACY_MAX_GPUS
+    listed = len(host.gpus)
+    if listed > limit:
+        how = (f"was issued for {limit} GPU(s)" if declared is not None
+               else f"was issued before GPUs were declared (at most {limit})")
+        raise InvalidInput(
+            f"This agent {how}; its hello lists {listed}. Issue a new agent with "
+            f"'vast-manager agents issue --gpus {listed}'.", field="host.gpus")
+    model = agent.get("gpu_model")
+    if model:
+        for g in host.gpus:
+            if not g.name or canonical_gpu_name(g.name) != model:
+                raise InvalidInput(
+                    f"This agent was issued for {model} GPUs; its hello lists GPU {g.index} "
+                    f"as {g.name!r}.", field="host.gpus")
 
 
 # --- heartbeat -------------------------------------------------------------------
@@ -260,6 +362,12 @@ def heartbeat_job(
             updates["last_non_benchmark_at"] = now
         else:
             updates["benchmarking_seen_at"] = now
+        if inst["directed_benchmark_kind"] == CONFIRM and inst["directed_benchmark_id"]:
+            # A confirmation is watched for its whole length: the longest silence counts.
+            last = float(inst["confirm_watch_at"] or inst["directed_benchmark_at"] or now)
+            updates["confirm_watch_gap_s"] = max(float(inst["confirm_watch_gap_s"] or 0.0),
+                                                 now - last)
+            updates["confirm_watch_at"] = now
         state = inst["state"]
         ids = {"instance_id": inst["id"], "agent_id": agent_id, "machine_id": inst["machine_id"]}
         if state in states.ENDING:
@@ -367,11 +475,67 @@ def _judge_early(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: floa
         log.exception("early verdict failed for instance %s", inst["id"])
 
 
+def _without_progress(hb: Heartbeat, inst: Row) -> Heartbeat:
+    """A heartbeat of a run that announced its concurrency, then stopped reporting
+    progress: read as no progress at all (nothing more done, no new proof)."""
+    progress = Progress(done=int(inst["bench_done"] or 0), total=int(inst["bench_total"] or 0),
+                        unit="proofs", concurrency=int(inst["bench_concurrency"]))
+    return Heartbeat(hb.seq, hb.phase, hb.phase_started_at, progress,
+                     int(inst["bench_completed_total"] or 0), [], None)
+
+
+def _judge_unannounced(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings,
+                       now: float) -> None:
+    """A benchmarking heartbeat of a run that never announced its concurrency: no proof
+    counted, on as many slots as its planned proofs and never fewer than its GPUs could
+    hold (the most generous reading), timed from when the coordinator saw benchmarking
+    begin less the warm-up's limit (``warmup_timeout_s``: the agent benchmarks only
+    after a warm-up proof and the PCE, reporting no concurrency meanwhile). So the
+    stall test of docs/policy.md still stops a host that never reports progress."""
+    min_rate = inst["min_rate_per_hour"]
+    if min_rate is None or not min_rate > 0:
+        return
+    since = (float(inst["state_since"]) if inst["state"] == State.BENCHMARKING
+             and inst["state_since"] is not None else now)
+    real_s = now - since - settings.warmup_timeout_s - 2.0 * agent_pace_s(inst, settings)
+    if real_s <= 0:
+        return
+    elapsed_s = real_s * time_scale(inst, settings)
+    gpus = max(1, int(inst["num_gpus"] or 1))
+    total = max(hb.progress.total if hb.progress is not None else 0,
+                settings.verdict_min_proofs)
+    concurrency = max(settings.max_concurrency_per_gpu * gpus, total)
+    total = max(total, concurrency)  # the stall test needs every slot busy: N >= J
+    vs = verdict_settings(settings, total)
+    v = assess([], concurrency, elapsed_s, float(min_rate), vs)
+    if v.decision != "terminate":
+        return
+    v = replace(v, reason=f"{v.reason} (its heartbeats report no progress: read as none, "
+                          f"after {settings.warmup_timeout_s:.0f} s for the warm-up)")
+    state: dict[str, Any] = {
+        "bench_key": f"{inst['boot_id']}|{hb.phase_started_at!r}", "bench_seen_at": since,
+        "bench_anchor_at": None, "bench_last_seq": hb.seq,
+        "bench_completed_total": hb.proofs_completed_total, "bench_proof_seconds_json": "[]",
+        "bench_failed": 0, "bench_done": 0, "bench_total": total,
+        "bench_concurrency": concurrency, "bench_status": BENCH_OPEN,
+    }
+    data = _verdict_numbers(v, vs, concurrency, elapsed_s, 0, float(min_rate))
+    _terminate_early(tx, inst, v, data, state, [], settings, now)
+
+
 def _track_benchmark(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: float) -> None:
     progress = hb.progress
-    if progress is None or progress.unit != "proofs" or progress.concurrency is None:
-        return  # an agent that does not say its concurrency is judged on its result only
     key = f"{inst['boot_id']}|{hb.phase_started_at!r}"
+    if progress is None or progress.unit != "proofs" or progress.concurrency is None:
+        # Missing progress counts as no progress (docs/reliability.md, "No rate on a
+        # host's word alone"): a run that announced its concurrency keeps being judged
+        # on what it reported; one that never did, from when its benchmarking began.
+        if inst["bench_key"] != key or not inst["bench_concurrency"]:
+            _judge_unannounced(tx, inst, hb, settings, now)
+            return
+        hb = _without_progress(hb, inst)
+        progress = hb.progress
+    assert progress is not None and progress.concurrency is not None
     same = inst["bench_key"] == key
     last_seq = inst["bench_last_seq"]
     if same and last_seq is not None and hb.seq <= last_seq:
@@ -633,15 +797,116 @@ def watch_of(inst: Row, settings: Settings, now: float,
         pace_s=agent_pace_s(inst, settings),
         watching_since=watching_since,
         measured_rates=measured or {},
+        gpu_name=inst.get("gpu_name"),
     )
+
+
+#: The model's 90th percentile for an offer (None: no model, or it cannot read the
+#: offer); passed in by the HTTP layer, which holds the fitted model.
+Expectation = Callable[[dict[str, Any]], float | None]
+
+
+def _twin_best_per_gpu(tx: Tx, inst: Row, offer: dict[str, Any], gpus: int) -> float | None:
+    """The best rate per GPU the fleet measured on the same hardware (this machine's own
+    confirmed rates included): the same GPU model and count, the same CPU and within a
+    quarter of the RAM (docs/reliability.md, "No rate on a host's word alone")."""
+    model = canonical_gpu_name(str(offer.get("gpu_name") or inst.get("gpu_name") or ""))
+    cpu = offer.get("cpu_name")
+    ram = offer.get("cpu_ram")
+    best: float | None = None
+    for row in tx.fleet_measurements_of(gpus):
+        other = loads(row["offer_json"]) or {}
+        if canonical_gpu_name(str(other.get("gpu_name") or "")) != model:
+            continue
+        if cpu and other.get("cpu_name") and other.get("cpu_name") != cpu:
+            continue
+        their_ram = other.get("cpu_ram")
+        if isinstance(ram, int | float) and isinstance(their_ram, int | float) and ram > 0 \
+                and not 0.8 <= their_ram / ram <= 1.25:
+            continue
+        per_gpu = float(row["rate_per_hour"]) / gpus
+        best = per_gpu if best is None else max(best, per_gpu)
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class _Belief:
+    counts: bool  # the result may enter host_perf, the model, the ranking and a verdict
+    terminate: str | None = None  # a held claim that could not be confirmed
+
+
+def _judge_belief(
+    tx: Tx, inst: Row, result: Result, check: policy.Plausibility, rate: float,
+    settings: Settings, now: float, expect: Expectation | None, updates: dict[str, Any],
+) -> _Belief:
+    """Samples only when asked, beyond belief held (docs/reliability.md): flags
+    ``check`` and fills ``updates`` (the directed benchmark consumed, a confirmation
+    opened)."""
+    ids = {"instance_id": inst["id"], "agent_id": inst["agent_id"],
+           "machine_id": inst["machine_id"]}
+    confirming = inst["directed_benchmark_kind"] == CONFIRM and inst["directed_benchmark_id"]
+    claimed = inst["unconfirmed_rate_per_hour"]
+    directed, why = _directed(result, inst)
+    failed: str | None = None
+    if directed:
+        updates.update(directed_benchmark_id=None, directed_benchmark_kind=None)
+        if confirming:
+            failed = _watched_whole(result, inst, settings, now)
+    elif not confirming:
+        check.flag(policy.UNDIRECTED, why)
+        return _Belief(False)
+    else:
+        failed = why
+    offer = instance_offer(loads(inst.get("offer_json")),
+                           loads(inst.get("host_json")) if inst["kind"] == "byo" else None,
+                           {**inst, "machine_id": inst["machine_id"] or inst["label"]})
+    held: str | None = None
+    if failed is None:
+        if confirming and claimed is not None and belief.agrees(rate, float(claimed)):
+            updates.update(unconfirmed_rate_per_hour=None, confirm_tries=0)
+            tx.insert_event(now, "confirmed", f"a directed re-benchmark measured {rate:.2f} "
+                            f"proofs/h, agreeing with the held {float(claimed):.2f}/h", **ids)
+            return _Belief(True)
+        expected: float | None = None
+        if expect is not None:
+            try:
+                expected = expect(offer)
+            except Exception:  # a model bug must not lose the agent's result
+                log.exception("rate expectation failed for instance %s", inst["id"])
+        held = belief.beyond_belief(
+            rate, check.gpus, expected_high=expected,
+            best_per_gpu=_twin_best_per_gpu(tx, inst, offer, check.gpus))
+        if held is None:
+            if confirming:  # an ordinary rate after all: counted, the claim dropped
+                updates.update(unconfirmed_rate_per_hour=None, confirm_tries=0)
+            return _Belief(True)
+    else:
+        held = f"the re-benchmark does not confirm the held claim: {failed}"
+    tries = int(inst["confirm_tries"] or 0) + (1 if confirming else 0)
+    check.flag(policy.UNCONFIRMED, held)
+    if tries >= MAX_CONFIRM_TRIES:
+        updates.update(directed_benchmark_id=None, directed_benchmark_kind=None)
+        return _Belief(False, f"{tries} directed re-benchmarks did not confirm a rate beyond "
+                              f"belief ({held})")
+    updates.update(unconfirmed_rate_per_hour=float(claimed) if confirming and claimed
+                   else rate, confirm_tries=tries)
+    confirm_id = new_benchmark_id()
+    updates.update(directed_benchmark_id=confirm_id, directed_benchmark_at=now,
+                   directed_benchmark_kind=CONFIRM, confirm_watch_at=now,
+                   confirm_watch_gap_s=0.0, rebenchmark_pending=1)
+    tx.insert_event(now, "held", f"unconfirmed: {held}; a directed re-benchmark was asked "
+                    "for", **ids)
+    return _Belief(False)
 
 
 def result_job(
     agent_id: str, result: Result, settings: Settings, now: float,
     watching_since: float | None = None, fleet: pace.FleetLoad = pace.NO_AGENTS,
+    expect: Expectation | None = None,
 ) -> Callable[[Tx], ResultOutcome]:
     """``watching_since``: when this coordinator process started (``policy.Watch``);
-    ``fleet``: the agents heard from, which set the pace (none: the base pace)."""
+    ``fleet``: the agents heard from, which set the pace (none: the base pace);
+    ``expect``: the rate model's 90th percentile for the instance's hardware."""
     limits = policy.PolicyLimits.from_settings(settings)
 
     def job(tx: Tx) -> ResultOutcome:
@@ -681,22 +946,29 @@ def result_job(
         verdict: policy.Verdict | None = None
         terminate = False
         already_ending = watch.terminated is not None
+        judged = _Belief(True)
+        if result.kind == "benchmark" and not check.implausible and not already_ending \
+                and rate is not None:
+            judged = _judge_belief(tx, inst, result, check, rate, settings, now, expect,
+                                   inst_updates)
         if check.reasons:
             tx.insert_event(now, "flagged", "; ".join(check.reasons), **ids)
         if result.kind == "benchmark" or check.implausible:
             steady, concurrency = _steady_rate(result, inst, settings, check.gpus)
             if inst["bench_status"] in (BENCH_OPEN, BENCH_PASSED):
                 inst_updates["bench_status"] = BENCH_CLOSED  # the run is over: judge no more
-            if not already_ending:
+            if judged.terminate is not None:
+                verdict = policy.Verdict("terminate", judged.terminate, True)
+            elif not already_ending and judged.counts:
                 verdict = policy.benchmark_verdict(
                     check, inst["min_rate_per_hour"], steady_rate=steady,
                     concurrency=concurrency,
                 )
             if result.kind == "benchmark" and not check.implausible and not already_ending \
-                    and rate is not None:
+                    and rate is not None and judged.counts:
                 inst_updates["rate_per_hour"] = rate
             if verdict is None:
-                pass  # already on its way out; the result is kept as evidence only
+                pass  # on its way out, or held: the result is kept as evidence only
             elif verdict.action == "terminate":
                 terminate = True
             else:
@@ -749,6 +1021,7 @@ def result_job(
                 "gpu_name": gpu_name,
                 "num_gpus": num_gpus,
                 "received_at": now,
+                "benchmark_id": result.benchmark_id,
             }
         )
         if counts and rate is not None:

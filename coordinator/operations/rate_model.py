@@ -22,6 +22,7 @@ from vast_manager.coordinator.discovery.measurements import (
     Measurement,
     MeasurementError,
     parse_measurement,
+    weigh_sources,
 )
 from vast_manager.coordinator.discovery.model import RateModel, fit_rate_model
 from vast_manager.coordinator.store.reads import Reads
@@ -69,7 +70,8 @@ def fit_rows(rows: list[Row], version: tuple[int, int], now: float) -> FittedMod
             usable.append(measurement_of(row))
         except MeasurementError:
             skipped += 1
-    model = fit_rate_model(usable, now=now)
+    # Imported rates that disagree with the fleet's own of the same machine weigh nothing.
+    model = fit_rate_model(weigh_sources(usable), now=now)
     return FittedModel(model, version, now, time.perf_counter() - started,
                        sum(1 for m in usable if m.source == "imported"), skipped)
 

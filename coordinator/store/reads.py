@@ -229,6 +229,12 @@ class Reads:
         return rows_of(self._conn, f"select * from measurements {where} "
                        "order by measured_at, id", params)
 
+    def fleet_measurements_of(self, num_gpus: int) -> list[Row]:
+        """The fleet's own measurements on ``num_gpus`` GPUs (rate and offer): where a
+        result's twins on the same hardware are looked for (docs/reliability.md)."""
+        return rows_of(self._conn, "select machine_id, rate_per_hour, offer_json from "
+                       "measurements where source = 'fleet' and num_gpus = ?", (num_gpus,))
+
     def measurements_version(self) -> tuple[int, int]:
         """(count, highest id) of the measurements: changes whenever one is added."""
         row = self._conn.execute("select count(*), coalesce(max(id), 0) from measurements"

@@ -454,6 +454,31 @@ def _m9_whole_bill(db: sqlite_utils.Database) -> None:
     db.table("machine_strikes").create_index(["machine_id", "instance_id"], unique=True)
 
 
+def _m10_directed_benchmarks(db: sqlite_utils.Database) -> None:
+    """Directed benchmarks and held results (docs/reliability.md, "No rate on a host's
+    word alone"): the benchmark an instance was asked for (its id, when and why), the
+    claim awaiting a re-benchmark, how closely the re-benchmark was watched; the GPUs a
+    bring-your-own agent was issued for; the benchmark id a result carried."""
+    for name, kind in (
+        ("directed_benchmark_id", str),  # the open directed benchmark's id (null: none)
+        ("directed_benchmark_at", float),  # when it was opened (a confirmation: delivered)
+        ("directed_benchmark_kind", str),  # first, operator or confirm
+        ("unconfirmed_rate_per_hour", float),  # the held claim a re-benchmark must match
+        ("confirm_tries", int),  # re-benchmarks asked for the held claim
+        ("confirm_watch_at", float),  # the last benchmarking heartbeat since then
+        ("confirm_watch_gap_s", float),  # the longest silence since then
+    ):
+        db.table("instances").add_column(name, kind)
+    db.table("agents").add_column("max_gpus", int)  # what its hello may list (null: legacy)
+    db.table("agents").add_column("gpu_model", str)  # vast.ai's spelling (null: any)
+    db.table("results").add_column("benchmark_id", str)
+    # An instance still waiting for its first rate was told to benchmark before
+    # directed benchmarks existed: its benchmark is the one asked for.
+    db.execute("update instances set directed_benchmark_id = 'bm_' || lower(hex(randomblob(16))), "
+               "directed_benchmark_kind = 'first', directed_benchmark_at = ? "
+               "where rate_per_hour is null and destroyed_at is null", (time.time(),))
+
+
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
     (1, "initial tables", _m1_initial),
     (2, "benchmark state for early verdicts", _m2_benchmark_verdict_state),
@@ -465,6 +490,7 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...]
      _m7_measurements),
     (8, "the heartbeat pace last given to each instance", _m8_heartbeat_pace),
     (9, "bytes moved, machine strikes, block expiries", _m9_whole_bill),
+    (10, "directed benchmarks, held results, declared GPUs", _m10_directed_benchmarks),
 )
 
 

@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 #: The instance columns a heartbeat's job decides on (``Tx.hot_instance``).
 HOT_COLUMNS = ("id", "agent_id", "machine_id", "state", "last_seq", "terminate_reason",
-               "rebenchmark_pending", "min_rate_per_hour")
+               "rebenchmark_pending", "min_rate_per_hour", "directed_benchmark_id")
 _HOT_SELECT = f"select {', '.join(HOT_COLUMNS)} from instances where agent_id = ?"
 #: What a steady heartbeat sets on its instance (``Tx.hold_heartbeat``), which is also the
 #: agent's latest heartbeat (the ``heartbeats`` view), and the pace it was answered.
@@ -335,7 +335,11 @@ class Tx(Reads):
         kind: str,
         min_rate_per_hour: float | None,
         issued_at: float,
+        max_gpus: int | None = None,
+        gpu_model: str | None = None,
     ) -> None:
+        """``max_gpus``/``gpu_model``: what a bring-your-own agent's hello may list
+        (docs/reliability.md, "No rate on a host's word alone")."""
         self._insert(
             "agents",
             {
@@ -345,6 +349,8 @@ class Tx(Reads):
                 "min_rate_per_hour": min_rate_per_hour,
                 "revoked": 0,
                 "issued_at": issued_at,
+                "max_gpus": max_gpus,
+                "gpu_model": gpu_model,
             },
         )
 

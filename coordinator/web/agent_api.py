@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from vast_manager.coordinator.discovery.features import FeatureError, offer_features
 from vast_manager.coordinator.errors import (
     CoordinatorError,
     Refusal,
@@ -26,7 +27,7 @@ from vast_manager.coordinator.web.auth import (
     sign_response,
 )
 from vast_manager.coordinator.web.core import CORE, Core
-from vast_manager.coordinator.web.guard import QuietLog
+from vast_manager.coordinator.web.guard import ADDRESS_KEY_PREFIX, QuietLog, address_key
 from vast_manager.coordinator.web.http import read_body, too_large, too_large_declared
 from vast_manager.protocol import signing
 from vast_manager.protocol.codec import decode
@@ -101,9 +102,12 @@ def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Re
         except AuthFailure as failure:
             return _refused(core, request, failure.status, failure.to_body(), None, nonce)
         claimed = 0
+        # Until its signature verifies, a body is held against its sender's address: an
+        # agent id alone (in every vast.ai label) must not spend that agent's allowance.
+        holder = ADDRESS_KEY_PREFIX + address_key(request.remote)
         try:
             try:
-                body, claimed = await read_body(request, budget=core.guard.budget, key=agent_id)
+                body, claimed = await read_body(request, budget=core.guard.budget, key=holder)
             except Refusal as err:
                 return _refused(core, request, err.status, err.to_body(), None, nonce,
                                 err.retry_after_s)
@@ -116,6 +120,11 @@ def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Re
             except AuthFailure as failure:
                 return _refused(core, request, failure.status, failure.to_body(),
                                 failure.verified_key, nonce)
+            refused = core.guard.budget.transfer(holder, agent_id, claimed)
+            if refused is not None:
+                return _refused(core, request, 503, {"error": "busy", "message": refused},
+                                agent.key, nonce, 1)
+            holder = agent_id
             try:
                 status, payload = await fn(core, agent, body)
             except asyncio.CancelledError:
@@ -125,9 +134,27 @@ def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Re
                                                 core.guard.quiet)
             return _agent_answer(core, status, payload, agent.key, agent.nonce)
         finally:
-            core.guard.budget.release(agent_id, claimed)
+            core.guard.budget.release(holder, claimed)
 
     return handler
+
+
+def expectation(core: Core) -> ingest.Expectation | None:
+    """The fitted rate model's 90th percentile for an offer (None without a model), what a
+    benchmark result is held against (docs/reliability.md, "No rate on a host's word alone")."""
+    fitted = core.models.latest
+    if fitted is None:
+        return None
+    model = fitted.model
+
+    def high(offer: dict[str, Any]) -> float | None:
+        try:
+            return float(model.predict_features([offer_features(offer)], explain=False)[0]
+                         .rate_high)
+        except FeatureError:
+            return None
+
+    return high
 
 
 async def _hello(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, Any]:
@@ -157,7 +184,8 @@ async def _result(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, A
     result = decode(Result, body)
     now = core.clock()
     outcome = await core.store.write(ingest.result_job(agent.agent_id, result, core.settings, now,
-                                                       core.started_at, core.tracker.load()))
+                                                       core.started_at, core.tracker.load(),
+                                                       expectation(core)))
     core.tracker.touch(outcome.instance_id, now, outcome.directive.next_heartbeat_s)
     if outcome.terminate:
         core.monitor.wake()

@@ -187,14 +187,18 @@ def _refuse(request: web.Request, status: int, code: str, message: str,
 
 
 async def _login(request: web.Request) -> web.Response:
-    refusal = throttled(request, "logins")
-    if refusal is not None:
-        # Before the body is read: a guesser past the limit costs nothing more.
-        return _refuse(request, refusal.status, refusal.code, refusal.message,
-                       refusal.retry_after_s)
     if request.content_type != "application/json":
         # A cross-site form cannot send JSON without a CORS preflight we never answer.
         return _error(415, "unsupported_media_type", "Send the token as a JSON object.")
+    # Counted before the body is read, in the same step as the check: a guesser past the
+    # limit costs nothing more, and parallel logins cannot all pass a check made before
+    # any of them failed. At most the limit's bodies (4 KiB each) per address are read.
+    throttle = request.app[THROTTLE]
+    wait = throttle.attempt(request.remote)
+    if wait is not None:
+        return _refuse(request, 429, "too_many_attempts",
+                       f"Too many failed logins from this address; try again in {wait} s.",
+                       wait)
     # The whole body (not what the first packet brought) within the body deadline: a
     # stranger's login that never finishes is cut off like any slow body
     # (docs/reliability.md, "Bounds"). Imported here: the HTTP layer imports this module.
@@ -209,13 +213,14 @@ async def _login(request: web.Request) -> web.Response:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
+        throttle.refund(request.remote)  # no token in it: nothing was guessed
         return _error(400, "bad_request", "The body is not valid JSON.")
     token = body.get("token") if isinstance(body, dict) else None
     admin_token = request.app[ADMIN_TOKEN]
-    if not isinstance(token, str) or not hmac.compare_digest(
-        token.encode(), admin_token.encode()
-    ):
-        request.app[THROTTLE].failed(request.remote)
+    if not isinstance(token, str):
+        throttle.refund(request.remote)
+        return _refuse(request, 401, "unauthorized", "That is not the admin token.")
+    if not hmac.compare_digest(token.encode(), admin_token.encode()):
         return _refuse(request, 401, "unauthorized", "That is not the admin token.")
     request.app[THROTTLE].succeeded(request.remote)
     sessions = request.app[SESSIONS]

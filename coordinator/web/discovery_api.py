@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from vast_manager.coordinator.decisions import belief
 from vast_manager.coordinator.decisions.ranking import prediction_fields, rank_offers
 from vast_manager.coordinator.discovery.measurements import (
     MAX_IMPORT_BYTES,
@@ -26,6 +27,7 @@ from vast_manager.coordinator.discovery.measurements import (
 from vast_manager.coordinator.discovery.plan import Plan, Proposal
 from vast_manager.coordinator.errors import InvalidInput, InvalidMeasurement
 from vast_manager.coordinator.operations.autopilot import deployable, fleet_instances, plan_for
+from vast_manager.coordinator.operations.rate_model import fit_rows
 from vast_manager.coordinator.providers.base import Offer
 from vast_manager.coordinator.store.schema import Row, dumps, loads
 from vast_manager.coordinator.store.writer import Tx
@@ -190,8 +192,60 @@ def import_job(measurements: Sequence[Measurement], now: float,
     return job
 
 
+#: Offers a dry run lists (those whose rank moves most).
+DRY_RUN_MOVES = 20
+
+
+def ranking_moves(before: list[dict[str, Any]], after: list[dict[str, Any]],
+                  limit: int = DRY_RUN_MOVES) -> list[dict[str, Any]]:
+    """The offers whose rank or predicted rate an import would change, most moved first."""
+    rank_after = {o["id"]: (i, o) for i, o in enumerate(after)}
+    moves = []
+    for i, o in enumerate(before):
+        j, new = rank_after.get(o["id"], (None, None))
+        if new is None:
+            continue
+        rate_before, rate_after = o.get("predicted_rate_per_hour"), new.get(
+            "predicted_rate_per_hour")
+        if j == i and rate_before == rate_after:
+            continue
+        moves.append({"offer_id": o["id"], "machine_id": o.get("machine_id"),
+                      "gpu_name": o.get("gpu_name"), "num_gpus": o.get("num_gpus"),
+                      "rank_before": i + 1, "rank_after": j + 1 if j is not None else None,
+                      "rate_before": rate_before, "rate_after": rate_after})
+    moves.sort(key=lambda m: (-abs(m["rank_before"] - (m["rank_after"] or 0)),
+                              m["rank_before"]))
+    return moves[:limit]
+
+
+async def _dry_run(core: Core, found: list[Measurement], now: float) -> dict[str, Any]:
+    """How the ranking would move with ``found`` imported, nothing written."""
+    offers_now = await _search(core, None)
+    fitted = await core.models.current()
+    rows = await core.store.read(lambda r: r.measurements())
+    bad = [str(b["machine_id"]) for b in core.store.bad_hosts()]
+    known = {str(r["machine_id"]) for r in core.store.host_perf()}
+    extra = [{**_measurement_row(m, now), "id": None} for m in found]
+
+    def work() -> dict[str, Any]:
+        after = fit_rows([*rows, *extra], fitted.version, now)
+        min_ram = core.settings.min_instance_ram_gb
+        ranked_before = rank_offers(offers_now, fitted.model, bad, known,
+                                    min_instance_ram_gb=min_ram)
+        ranked_after = rank_offers(offers_now, after.model, bad,
+                                   known | {m.machine_id for m in found},
+                                   min_instance_ram_gb=min_ram)
+        return {"ok": True, "dry_run": True, "imported": 0, "duplicates": 0,
+                "measurements": len(found),
+                "moves": ranking_moves(ranked_before, ranked_after),
+                "message": f"Dry run: {len(found)} measurement(s) read; nothing was written."}
+
+    return await asyncio.to_thread(work)
+
+
 async def hosts_import(core: Core, request: web.Request) -> Any:
     app = request.app
+    dry_run = request.query.get("dry_run", "") in ("1", "true")
     async with app[_IMPORT_LOCK]:  # one at a time: one body of the limit in memory
         raw, _ = await read_body(request, limit=MAX_IMPORT_BYTES)
         now = core.clock()
@@ -199,13 +253,15 @@ async def hosts_import(core: Core, request: web.Request) -> Any:
             found = await asyncio.to_thread(
                 parse_lines, raw, now=now,
                 max_rate_per_gpu_per_hour=core.settings.max_rate_per_gpu_per_hour,
-                is_unsafe_text=has_unsafe)
+                is_unsafe_text=has_unsafe, ceiling_per_gpu=belief.ceiling_per_gpu)
         except LineError as err:
             raise InvalidMeasurement(err.message[0].upper() + err.message[1:],
                                      field=err.field or None, line=err.line) from None
         if not found:
             raise InvalidInput("The body holds no measurement (JSON Lines, one a line).",
                                field="body")
+        if dry_run:
+            return await _dry_run(core, found, now)
         lines = raw.count(b"\n") + (0 if raw.endswith(b"\n") else 1)
         answer = await core.store.write(import_job(found, now, lines))
     core.models.wake()

@@ -36,6 +36,11 @@ BODIES_IN_FLIGHT_MAX_BYTES = 32 * 1024 * 1024
 #: ... and by the requests of one agent (a result and a log batch of 1 MiB each, and a
 #: heartbeat): one hostile host holding its own key cannot take the whole budget.
 AGENT_IN_FLIGHT_MAX_BYTES = 2 * 1024 * 1024 + 64 * 1024
+#: ... and by the unverified bodies from one address (an agent id is no credential: it is
+#: in every vast.ai label), a few agents' worth, for agents behind one NAT.
+ADDRESS_IN_FLIGHT_MAX_BYTES = 4 * AGENT_IN_FLIGHT_MAX_BYTES
+#: The prefix of an address's key in ``BodyBudget`` (agent ids start ``ag_``).
+ADDRESS_KEY_PREFIX = "addr:"
 #: Failed admin-token attempts per address within ``CREDENTIAL_WINDOW_S``.
 CREDENTIAL_FAILURES = 10
 CREDENTIAL_WINDOW_S = 60.0
@@ -49,23 +54,40 @@ class BodyBudget:
     """Bytes of request bodies held in memory, in total and per key (an agent id)."""
 
     def __init__(self, total_bytes: int = BODIES_IN_FLIGHT_MAX_BYTES,
-                 per_key_bytes: int = AGENT_IN_FLIGHT_MAX_BYTES) -> None:
+                 per_key_bytes: int = AGENT_IN_FLIGHT_MAX_BYTES,
+                 per_address_bytes: int = ADDRESS_IN_FLIGHT_MAX_BYTES) -> None:
         self.total_bytes = total_bytes
         self.per_key_bytes = per_key_bytes
+        self.per_address_bytes = per_address_bytes
         self.in_flight_bytes = 0
         self._by_key: dict[str, int] = {}
 
     def claim(self, key: str, n: int) -> str | None:
         """Take ``n`` bytes for ``key``; None when granted, else why not (one sentence)."""
         held = self._by_key.get(key, 0)
-        if held + n > self.per_key_bytes:
-            return (f"This agent already has {held} body bytes in flight (at most "
-                    f"{self.per_key_bytes}); retry when they are answered.")
+        address = key.startswith(ADDRESS_KEY_PREFIX)
+        limit = self.per_address_bytes if address else self.per_key_bytes
+        if held + n > limit:
+            who = "This address" if address else "This agent"
+            return (f"{who} already has {held} body bytes in flight (at most "
+                    f"{limit}); retry when they are answered.")
         if self.in_flight_bytes + n > self.total_bytes:
             return "The coordinator is reading too many request bodies at once; retry shortly."
         self._by_key[key] = held + n
         self.in_flight_bytes += n
         return None
+
+    def transfer(self, from_key: str, to_key: str, n: int) -> str | None:
+        """Move ``n`` claimed bytes from one key to another (an address's unverified body
+        to the agent it verified as); None when done, else why not (nothing moved)."""
+        if n <= 0:
+            return None
+        self.release(from_key, n)
+        refused = self.claim(to_key, n)
+        if refused is not None:
+            self._by_key[from_key] = self._by_key.get(from_key, 0) + n
+            self.in_flight_bytes += n
+        return refused
 
     def release(self, key: str, n: int) -> None:
         if n <= 0:
@@ -113,6 +135,23 @@ class CredentialThrottle:
             return None
         wait = times[0] + self.window_s - self.clock()
         return max(1, math.ceil(wait)) if wait > 0 else None
+
+    def attempt(self, remote: str | None) -> int | None:
+        """Count an attempt as failed now, before anything is awaited (a dashboard login,
+        whose body is read later): None when admitted, else the seconds to wait. Checked
+        and counted in one step on the event loop, so parallel attempts from one address
+        can never pass the limit together; ``succeeded`` forgets them again."""
+        wait = self.retry_after_s(remote)
+        if wait is None:
+            self.failed(remote)
+        return wait
+
+    def refund(self, remote: str | None) -> None:
+        """Take back one attempt counted by ``attempt``: its body held no token to compare
+        (not JSON, no ``token``), so it guessed nothing."""
+        times = self._failures.get(address_key(remote))
+        if times:
+            times.pop()
 
     def failed(self, remote: str | None) -> None:
         key = address_key(remote)

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from vast_manager.coordinator.decisions import states
 from vast_manager.coordinator.decisions.states import State
+from vast_manager.coordinator.discovery.features import GPU_SPECS, canonical_gpu_name
 from vast_manager.coordinator.errors import (
     CoordinatorError,
     InstanceGone,
@@ -22,6 +23,7 @@ from vast_manager.coordinator.errors import (
     error_body,
     http_status,
 )
+from vast_manager.coordinator.operations import ingest
 from vast_manager.coordinator.operations.deploy import mint_agent_id
 from vast_manager.coordinator.providers.base import ProviderError
 from vast_manager.coordinator.store.reads import Reads
@@ -224,13 +226,22 @@ async def _issue_agent(core: Core, request: web.Request) -> Any:
     label = _text(body, "label", required=True, max_chars=MAX_LABEL_CHARS)
     assert label is not None
     min_rate = _number(body, "min_rate_per_hour")
+    # The GPUs its hello may list, declared once (docs/reliability.md, "No rate on a
+    # host's word alone").
+    gpus = _integer(body, "gpus", maximum=ingest.LEGACY_MAX_GPUS) or 1
+    gpu_model_text = _text(body, "gpu_model", required=False, max_chars=64)
+    gpu_model = canonical_gpu_name(gpu_model_text) if gpu_model_text else None
+    if gpu_model is not None and gpu_model not in GPU_SPECS:
+        raise InvalidInput(f"Field 'gpu_model' names no GPU model this coordinator knows "
+                           f"({gpu_model_text!r}); known: {', '.join(sorted(GPU_SPECS))}.",
+                           field="gpu_model")
     agent_id = mint_agent_id()
     key = signing.derive_agent_key(core.settings.newest_secret, agent_id)
     now = core.clock()
 
     def job(tx: Tx) -> None:
         tx.insert_agent(agent_id, label=label, kind="byo", min_rate_per_hour=min_rate,
-                        issued_at=now)
+                        issued_at=now, max_gpus=gpus, gpu_model=gpu_model)
         tx.insert_event(now, "agent_issued", f"bring-your-own agent for {label!r} issued",
                         agent_id=agent_id, machine_id=label)
 
@@ -369,6 +380,9 @@ async def _rebenchmark(core: Core, request: web.Request) -> Any:
     now = core.clock()
 
     def job(tx: Tx) -> None:
+        fresh = tx.get_instance(instance_id)
+        if fresh is not None and fresh["directed_benchmark_kind"] != ingest.CONFIRM:
+            ingest.open_directed_benchmark(tx, fresh, ingest.OPERATOR, now)
         tx.update_instance(instance_id, rebenchmark_pending=1, updated_at=now)
         tx.insert_event(now, "rebenchmark", "the operator asked for a new benchmark",
                         instance_id=instance_id, agent_id=inst["agent_id"],

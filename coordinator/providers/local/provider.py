@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ import orjson
 import psutil
 from aiohttp import web
 
+from vast_manager.agent.config import SETTINGS_BY_NAME as AGENT_SETTINGS
 from vast_manager.coordinator.decisions.share import instance_share
 from vast_manager.coordinator.providers.base import (
     CreatedInstance,
@@ -75,6 +77,22 @@ def _simulated_c1() -> bytes:
         path = Path(tmp) / "c1.json"
         subprocess.run([console_script("vm-sim-c1"), str(path)], check=True, timeout=60)
         return path.read_bytes()
+
+
+#: What a process needs of the coordinator's environment to run at all; nothing else of
+#: it reaches an agent (docs/reliability.md, "Local agents").
+PROCESS_VARIABLES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ",
+                               "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "RUST_LOG",
+                               "PYTHONDONTWRITEBYTECODE", "SSL_CERT_FILE", "SSL_CERT_DIR"})
+
+
+def agent_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables a spawned agent gets from ``environ``: a process's basics (and its
+    locale) and the agent's own settings (the ``VM_*`` table of docs/architecture.md), never the
+    coordinator's admin token, fleet secret or provider key."""
+    return {k: v for k, v in environ.items()
+            if k in PROCESS_VARIABLES or k.startswith("LC_") or k in AGENT_SETTINGS
+            or k.startswith("VM_SIM_")}
 
 
 def simulated_machine_env(
@@ -297,14 +315,17 @@ class LocalProvider:
             instance_id = self._next_id
             self._next_id += 1
             workdir = self.workdir / f"instance-{instance_id}"
-            child_env = dict(os.environ)
+            child_env = agent_environment(os.environ)
             child_env.update(self.agent_env)
             child_env.update(env)
             child_env.update(
                 simulated_machine_env(workdir, current, self.time_scale, self.sample_interval_s)
             )
             manifest = self._manifest(files_url, current, workdir / "params-manifest.json")
-            child_env.update({"VM_PARAMS_MANIFEST": str(manifest), "VM_PROVIDER": "local"})
+            child_env.update({"VM_PARAMS_MANIFEST": str(manifest), "VM_PROVIDER": "local",
+                              # The simulated cuzk-bench is Python: unbuffered, it streams
+                              # its lines as the real one does, whatever the shell set.
+                              "PYTHONUNBUFFERED": "1"})
             # A local instance has no vast.ai identity; never pass one on.
             child_env.pop("CONTAINER_API_KEY", None)
             # Every process under this agent inherits the marker, so destroy finds
