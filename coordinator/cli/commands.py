@@ -786,6 +786,20 @@ def model(client: OperatorClient, as_json: bool) -> None:
     click.echo(f"  host spread {render.num(data.get('sigma_host'), 3)}, benchmark noise "
                f"{render.num(data.get('sigma_noise'), 3)} (log rate); new hosts' intervals x"
                f"{render.num(data.get('interval_scale'), 2)} (calibrated on measured machines)")
+    if data.get("model_stale"):
+        click.echo(f"  stale: {clean(data.get('model_stale_reason'))}")
+    candidates = data.get("candidates") or []
+    if candidates:
+        click.echo(f"  serving: {clean(data.get('served_by'))}, cross-validated median abs "
+                   f"error {render.num(100 * float(data.get('served_cv_mdape') or 0), 1)}% "
+                   "(grouped by machine)")
+        click.echo(render.table(
+            [[clean(c.get("name")), f"{100 * float(c.get('cv_mdape') or 0):.1f}%",
+              f"{100 * float(c.get('weight') or 0):.0f}%"] for c in candidates],
+            ["CANDIDATE", "CV ERROR", "WEIGHT"]))
+    else:
+        click.echo("  serving: the structural model alone (cross-validation needs more "
+                   "measured machines)")
     scales = data.get("interval_scales") or {}
     if scales:
         click.echo("  by what binds them: " + ", ".join(

@@ -220,6 +220,28 @@ def render_plan(data: dict[str, Any]) -> str:
     lines.append(f"{len(proposals)} proposed of {data.get('considered')} offers considered "
                  f"({data.get('worth_trying')} worth their trial): "
                  f"{clean(data.get('stop_reason'))}")
+    measured = data.get("measured") or []
+    if measured:
+        lines.append("")
+        lines.append(f"Already measured (not trials: deploy them, or not, on their "
+                     f"measurement), {len(measured)}:")
+        lines.append(render.table(
+            (
+                (
+                    m.get("offer_id"),
+                    clean(m.get("machine_id")),
+                    f"{m.get('num_gpus')}x {clean(m.get('gpu_name'))}",
+                    render.usd(m.get("dph_total"), 3),
+                    predicted_interval(m),
+                    render.usd(m.get("predicted_usd_per_proof"), 5),
+                    "deploy" if m.get("worth_deploying") else "no",
+                )
+                for m in measured
+            ),
+            ["OFFER", "MACHINE", "GPUS", "$/H", "PRED/H (80%)", "$/PROOF", "WORTH IT"],
+        ))
+    if data.get("model_stale"):
+        lines.append(f"model stale: {clean(data.get('model_stale_reason'))}")
     return "\n".join(lines)
 
 

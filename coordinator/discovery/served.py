@@ -148,13 +148,22 @@ class ServedModel:
     conformal: dict[str, tuple[float, float]] = field(default_factory=dict)
     gpu_codes: dict[str, int] = field(default_factory=dict)
     measurements_used: int = 0
-    machines: int = 0
+    readable_machines: int = 0
     fit_seconds: float = 0.0
     cv_seconds: float = 0.0
 
     @property
     def n_machines(self) -> int:
         return self.structural.n_machines
+
+    @property
+    def machines(self) -> Mapping[str, Any]:
+        """The structural model's measured machines (their effects)."""
+        return self.structural.machines
+
+    @property
+    def n_measurements(self) -> int:
+        return self.structural.n_measurements
 
     @property
     def answered_by(self) -> str:
@@ -235,7 +244,7 @@ class ServedModel:
                                                f", CV error {self.served_cv_mdape:.1%}"))
             if self.residual is None and self.plain is None and not p.machine_runs:
                 head = (f"structural model alone (cross-validation needs "
-                        f"{MIN_CV_MACHINES} measured machines, {self.machines} so far)")
+                        f"{MIN_CV_MACHINES} measured machines, {self.readable_machines} so far)")
         else:
             share = ", ".join(f"{s.name} {s.weight:.0%}" for s in self.scores if s.weight > 0)
             head = (f"{by} ({share}), CV error {self.served_cv_mdape:.1%}, "
@@ -287,6 +296,13 @@ def _conformal(resid: Array, groups: Sequence[str]) -> dict[str, tuple[float, fl
     return out
 
 
+def _no_empty_columns(x: Array) -> Array:
+    """A field no training offer reports is a constant for the learner (it cannot bin a
+    column of only missing values)."""
+    x[:, np.all(np.isnan(x), axis=0)] = 0.0
+    return x
+
+
 def _fit_learners(offers: list[dict[str, Any]], log_rate: Array,
                   structural: RateModel, gpu_codes: dict[str, int]
                   ) -> tuple[Any, Any, list[Prediction]]:
@@ -294,9 +310,9 @@ def _fit_learners(offers: list[dict[str, Any]], log_rate: Array,
     sp = [p for p in preds if isinstance(p, Prediction)]
     assert len(sp) == len(offers)
     residual = _residual_learner().fit(
-        residual_matrix(offers, sp, gpu_codes),
+        _no_empty_columns(residual_matrix(offers, sp, gpu_codes)),
         log_rate - np.log([p.rate_per_hour for p in sp]))
-    plain = _plain_learner().fit(plain_matrix(offers, gpu_codes), log_rate)
+    plain = _plain_learner().fit(_no_empty_columns(plain_matrix(offers, gpu_codes)), log_rate)
     return residual, plain, sp
 
 
@@ -317,7 +333,8 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
     structural = fit_rate_model(measurements, now=now)
     usable = [m for m in measurements if _readable(m)]
     machines = len({m.machine_id for m in usable})
-    served = ServedModel(structural, measurements_used=len(measurements), machines=machines)
+    served = ServedModel(structural, measurements_used=len(measurements),
+                         readable_machines=machines)
     if machines < MIN_CV_MACHINES:
         served.fit_seconds = time.perf_counter() - started
         return served

@@ -23,7 +23,7 @@ from vast_manager.coordinator.discovery.measurements import (
     MeasurementError,
     parse_measurement,
 )
-from vast_manager.coordinator.discovery.model import RateModel, fit_rate_model
+from vast_manager.coordinator.discovery.served import ServedModel, fit_served_model
 from vast_manager.coordinator.store.reads import Reads
 from vast_manager.coordinator.store.schema import Row, loads
 from vast_manager.coordinator.store.writer import Store
@@ -35,17 +35,22 @@ log = logging.getLogger(__name__)
 class FittedModel:
     """One fit: the model, what it was fitted on, and when."""
 
-    model: RateModel
+    model: ServedModel
     version: tuple[int, int]  # (count, highest id) of the measurements it saw
     fitted_at: float
     fit_seconds: float
     imported: int  # of its measurements, how many were imported
     skipped: int  # measurements whose hardware the model cannot read
 
+    @property
+    def measurements_used(self) -> int:
+        return self.version[0] - self.skipped
+
     def summary(self) -> dict[str, Any]:
-        """For the operator: what the fit saw and learned (``RateModel.summary``)."""
+        """For the operator: what the fit saw and learned (``ServedModel.summary``)."""
         return {**self.model.summary(), "imported": self.imported, "skipped": self.skipped,
-                "fitted_at": self.fitted_at, "fit_seconds": round(self.fit_seconds, 3)}
+                "fitted_at": self.fitted_at, "fit_seconds": round(self.fit_seconds, 3),
+                "measurements_used": self.measurements_used}
 
 
 def measurement_of(row: Row) -> Measurement:
@@ -69,38 +74,82 @@ def fit_rows(rows: list[Row], version: tuple[int, int], now: float) -> FittedMod
             usable.append(measurement_of(row))
         except MeasurementError:
             skipped += 1
-    model = fit_rate_model(usable, now=now)
+    model = fit_served_model(usable, now=now)
     return FittedModel(model, version, now, time.perf_counter() - started,
                        sum(1 for m in usable if m.source == "imported"), skipped)
 
 
-class ModelKeeper:
-    """Holds the latest fit; refits when the measurements change, never per request."""
+#: How long a request waits for a refit of new measurements before it answers from the
+#: previous fit, flagged stale (the refit goes on; the next request gets it).
+ANSWER_WAIT_S = 5.0
 
-    def __init__(self, store: Store, clock: policy.Clock, refit_interval_s: float) -> None:
+
+class ModelKeeper:
+    """Holds the latest fit; refits when the measurements change. A request whose
+    measurements changed since the fit waits for the refit (up to ``ANSWER_WAIT_S``), so
+    an answer after an import or a stored result uses it; past that it answers from the
+    previous fit and says so (``freshness``)."""
+
+    def __init__(self, store: Store, clock: policy.Clock, refit_interval_s: float,
+                 answer_wait_s: float = ANSWER_WAIT_S) -> None:
         self.store = store
         self.clock = clock
         self.refit_interval_s = refit_interval_s
+        self.answer_wait_s = answer_wait_s
         self._fitted: FittedModel | None = None
         self._lock = asyncio.Lock()  # one fit at a time
         self._wake = asyncio.Event()
+        self._seen: tuple[int, int] | None = None  # the measurements' latest version seen
+        self._task: asyncio.Task[FittedModel] | None = None
         self.fits = 0  # fits made (tests read it)
 
     @property
     def latest(self) -> FittedModel | None:
         return self._fitted
 
+    @property
+    def refitting(self) -> bool:
+        return self._lock.locked()
+
     async def current(self) -> FittedModel:
-        """The latest fit; only before the first one does this wait (for that fit)."""
-        if self._fitted is not None:
+        """The fit of the current measurements: refits first when they changed (waiting
+        at most ``answer_wait_s`` once a fit exists; then the previous fit, stale)."""
+        version = await self.store.read(lambda r: r.measurements_version())
+        self._seen = version
+        if self._fitted is not None and self._fitted.version == version:
             return self._fitted
-        return await self.refresh()
+        task = self._refresh_task()
+        if self._fitted is None:
+            return await asyncio.shield(task)
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(asyncio.shield(task), self.answer_wait_s)
+        return self._fitted
+
+    def _refresh_task(self) -> asyncio.Task[FittedModel]:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self.refresh())
+        return self._task
+
+    def freshness(self, fitted: FittedModel) -> dict[str, Any]:
+        """What every prediction carries: the fit it came from, and whether newer
+        measurements are still being fitted."""
+        stale = self._seen is not None and self._seen != fitted.version
+        reason = None
+        if stale and self._seen is not None:
+            new = self._seen[0] - fitted.version[0]
+            reason = (f"a refit for {new} new measurement(s) is running; this answer is from "
+                      f"the fit of {fitted.measurements_used}" if self.refitting else
+                      f"{new} new measurement(s) wait for the next refit")
+        return {"model_fitted_at": fitted.fitted_at,
+                "measurements_used": fitted.measurements_used,
+                "model_stale": stale, "model_stale_reason": reason}
 
     async def refresh(self) -> FittedModel:
         """Fit now if the measurements changed since the last fit (waits for a fit under
         way); the fit runs on a worker thread, the reads on the store's reader."""
         async with self._lock:
             version = await self.store.read(lambda r: r.measurements_version())
+            self._seen = version
             if self._fitted is not None and self._fitted.version == version:
                 return self._fitted
             rows = await self.store.read(Reads.measurements)

@@ -23,7 +23,7 @@ from vast_manager.coordinator.discovery.measurements import (
     Measurement,
     parse_lines,
 )
-from vast_manager.coordinator.discovery.plan import Plan, Proposal
+from vast_manager.coordinator.discovery.plan import MeasuredOffer, Plan, Proposal
 from vast_manager.coordinator.errors import InvalidInput, InvalidMeasurement
 from vast_manager.coordinator.operations.autopilot import deployable, fleet_instances, plan_for
 from vast_manager.coordinator.providers.base import Offer
@@ -71,8 +71,10 @@ async def offers(core: Core, request: web.Request) -> Any:
     fitted = await core.models.current()
     bad = [str(b["machine_id"]) for b in core.store.bad_hosts()]
     known = {str(r["machine_id"]) for r in core.store.host_perf()}
-    return await asyncio.to_thread(rank_offers, found, fitted.model, bad, known,
-                                   min_instance_ram_gb=core.settings.min_instance_ram_gb)
+    ranked = await asyncio.to_thread(rank_offers, found, fitted.model, bad, known,
+                                     min_instance_ram_gb=core.settings.min_instance_ram_gb)
+    fresh = core.models.freshness(fitted)
+    return [{**row, **fresh} for row in ranked]
 
 
 def proposal_view(p: Proposal) -> dict[str, Any]:
@@ -101,9 +103,23 @@ def proposal_view(p: Proposal) -> dict[str, Any]:
     }
 
 
+def measured_view(m: MeasuredOffer) -> dict[str, Any]:
+    o = m.offer
+    return {
+        "offer_id": m.offer_id,
+        "machine_id": m.machine_id,
+        "gpu_name": o.get("gpu_name"),
+        "num_gpus": o.get("num_gpus"),
+        "dph_total": m.dph_total,
+        **prediction_fields(m.prediction, m.dph_total),
+        "worth_deploying": m.worth_deploying,
+    }
+
+
 def plan_view(plan: Plan, best: float | None, target: float | None) -> dict[str, Any]:
     return {
         "proposals": [proposal_view(p) for p in plan.proposals],
+        "measured": [measured_view(m) for m in plan.measured],
         "considered": plan.considered,
         "worth_trying": plan.worth_trying,
         "reference_usd_per_proof": plan.reference_usd_per_proof,
@@ -131,13 +147,15 @@ async def plan(core: Core, request: web.Request) -> Any:
                         budget_usd=budget)
         best = min((i.usd_per_proof for i in fleet if i.rate_per_hour and not i.leaving),
                    default=None)
-        return {**plan_view(made, best, target), "model": fitted.summary()}
+        return {**plan_view(made, best, target), "model": fitted.summary(),
+                **core.models.freshness(fitted)}
 
     return await asyncio.to_thread(work)
 
 
 async def model(core: Core, request: web.Request) -> Any:
-    return (await core.models.current()).summary()
+    fitted = await core.models.current()
+    return {**fitted.summary(), **core.models.freshness(fitted)}
 
 
 # --- measurements in and out ---------------------------------------------------------------
@@ -198,7 +216,13 @@ async def hosts_import(core: Core, request: web.Request) -> Any:
                                field="body")
         lines = raw.count(b"\n") + (0 if raw.endswith(b"\n") else 1)
         answer = await core.store.write(import_job(found, now, lines))
-    core.models.wake()
+        # Every later answer uses what was imported: the import returns once the model
+        # is refitted on it (on a worker thread; the event loop keeps serving).
+        fitted = await core.models.refresh()
+    answer["model"] = {"fitted_at": fitted.fitted_at, "fit_seconds": round(fitted.fit_seconds, 3),
+                       "measurements_used": fitted.measurements_used}
+    answer["message"] += (f" The rate model was refitted on {fitted.measurements_used} "
+                          f"measurement(s) in {fitted.fit_seconds:.1f} s.")
     return answer
 
 
