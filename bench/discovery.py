@@ -1214,14 +1214,14 @@ def markets_main(args: argparse.Namespace) -> int:
     print("Discovery on market files: every rate is simulated (the files' generators say how)")
     print(f"accuracy seeds {seeds} (which measured hosts); median abs % error on held-out hosts")
     try:
-        out = run_markets(paths, seeds, sizes, planning_seeds=seeds[:2] if args.quick
-                          else seeds[:3])
+        out = run_markets(paths, seeds, sizes)
     except (MarketError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"\nran in {time.perf_counter() - started:.0f} s")
     if args.json_out:
-        args.json_out.write_bytes(orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS))
+        args.json_out.write_bytes(orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS
+                                               | orjson.OPT_SERIALIZE_NUMPY, default=float))
     return 0
 
 

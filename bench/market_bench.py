@@ -191,17 +191,15 @@ def _top_fleet(rows: list[dict[str, Any]], rates: list[float]) -> list[dict[str,
     return [rows[i] for i in order[:FLEET]]
 
 
-def planning(rows: list[dict[str, Any]], checkpoints: Sequence[int] = (10, 20),
-             seed: int = 0) -> PlanningRow:
+def planning(rows: list[dict[str, Any]], checkpoints: Sequence[int] = (10, 20)
+             ) -> PlanningRow:
     """From nothing measured: the planner proposes one trial at a time (``plan_trials``
     on the served model), each measurement is handed back and the model refitted; at each
     checkpoint a fleet of 10 is taken from the top of the predictions ($/proof, a measured
     machine at its measurement) and scored at true rates. Cheapest-first tries the
     cheapest offers and keeps the 10 best measured. The oracle ranks by the physics
-    oracle's rate (no host's own effect). ``seed`` shuffles the file's order (the model's
-    ties and the sample of offers are the only things it moves)."""
-    rows = list(rows)
-    random.Random(seed).shuffle(rows)
+    oracle's rate (no host's own effect). Deterministic: the plan depends on the offers,
+    not on their order, and each host's benchmark is the file's."""
     offers = [offer_of(r) for r in rows]
     by_machine = {str(r["machine_id"]): r for r in rows}
     settings = PlanSettings(trials=1)
@@ -287,12 +285,13 @@ def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int
                              for c in CANDIDATES)
                   + (f" {mean(floor):>6.1%} {mean(r.served for r in rs) / mean(floor):>6.2f}"
                      if floor else f" {'-':>6} {'-':>6}")
-                  + f" {mean(r.gpu_median for r in rs):>7.1%} {mean(r.gbm_baseline for r in rs):>6.1%}"
+                  + f" {mean(r.gpu_median for r in rs):>7.1%}"
+                  f" {mean(r.gbm_baseline for r in rs):>6.1%}"
                   f" {mean(r.served / r.gbm_baseline for r in rs):>5.2f}"
                   f" {mean(r.coverage for r in rs):>6.1%} {mean(r.fit_s for r in rs):>6.2f}")
-        plans = [planning(rows, seed=s) for s in planning_seeds]
-        print(f"  planning a fleet of {FLEET} from nothing measured ({len(planning_seeds)} "
-              f"orders of the file); $/proof at true rates:")
+        plans = [planning(rows)]
+        print(f"  planning a fleet of {FLEET} from nothing measured, one trial at a time "
+              f"(deterministic); $/proof at true rates:")
         oracle = plans[0].oracle
         print("    oracle (physics, no host effects): "
               + (f"{oracle:.5f}" if oracle is not None else "- (the file has no oracle rate)"))

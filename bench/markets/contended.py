@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import MIN_RAM_SHARE_GB, ram_share_gb, write_market  # noqa: E402
+from market_file import MIN_RAM_SHARE_GB, ram_share_gb, write_market
 
 HOSTS = 1700
 SEED = 55_021

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import KEEP, MIN_RAM_SHARE_GB, ram_share_gb, write_market  # noqa: E402
-from discovery import FLOOR_DRAWS, Hidden, ape_point, machines  # noqa: E402
+from discovery import FLOOR_DRAWS, Hidden, ape_point, machines
+from market_file import KEEP, MIN_RAM_SHARE_GB, ram_share_gb, write_market
 
 HOSTS = 1700
 SEED = 20261203

@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from sklearn.ensemble import HistGradientBoostingRegressor
+from sklearn.model_selection import GroupKFold
 from threadpoolctl import threadpool_limits
 
 from vast_manager.coordinator.discovery.features import FeatureError, offer_features
@@ -99,8 +101,6 @@ def residual_matrix(offers: Sequence[Mapping[str, Any]], preds: Sequence[Predict
 
 
 def _learner(columns: int, categorical: Sequence[int]) -> Any:
-    from sklearn.ensemble import HistGradientBoostingRegressor
-
     mask = np.zeros(columns, dtype=bool)
     for c in categorical:
         mask[c] = True
@@ -321,14 +321,13 @@ def fit_served_model(measurements: Sequence[Measurement], *, now: float | None =
     """Fit the structural model on every measurement; with enough machines, score the
     candidates by grouped cross-validation, choose the blend and calibrate the interval."""
     # One thread: on a shared host the learner's OpenMP threads only contend (a 240-row
-    # fit took 4 s with them, 0.3 s without).
+    # fit took 4 s with them, 0.3 s without). The limit reaches only libraries loaded
+    # before it, hence scikit-learn's imports at the top of this module.
     with threadpool_limits(1):
         return _fit_served(measurements, now)
 
 
 def _fit_served(measurements: Sequence[Measurement], now: float | None) -> ServedModel:
-    from sklearn.model_selection import GroupKFold
-
     started = time.perf_counter()
     structural = fit_rate_model(measurements, now=now)
     usable = [m for m in measurements if _readable(m)]

@@ -36,8 +36,8 @@ from vast_manager.coordinator.discovery.autopilot import (
     plan_reference_usd_per_proof,
 )
 from vast_manager.coordinator.discovery.model import Prediction, Unpredictable
-from vast_manager.coordinator.discovery.served import ServedModel as RateModel
 from vast_manager.coordinator.discovery.plan import FleetView, Plan, PlanSettings, plan_trials
+from vast_manager.coordinator.discovery.served import ServedModel as RateModel
 from vast_manager.coordinator.errors import AutopilotNotConfigured, CoordinatorError
 from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.monitor import Monitor

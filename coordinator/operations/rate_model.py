@@ -11,8 +11,12 @@ docs/discovery.md explains the model itself.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import concurrent.futures.process
 import contextlib
 import logging
+import multiprocessing
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -79,9 +83,23 @@ def fit_rows(rows: list[Row], version: tuple[int, int], now: float) -> FittedMod
                        sum(1 for m in usable if m.source == "imported"), skipped)
 
 
+#: A fit on this many measurements or more runs in a worker process: its Python-level
+#: work (the cross-validation's folds, the learners' binning) would otherwise hold the
+#: interpreter's lock for seconds at a time and delay heartbeats (bench/refit.py measures
+#: it). Smaller fits take well under a second and stay on a thread (no process to start).
+PROCESS_FIT_MIN_MEASUREMENTS = 500
+
 #: How long a request waits for a refit of new measurements before it answers from the
 #: previous fit, flagged stale (the refit goes on; the next request gets it).
 ANSWER_WAIT_S = 5.0
+
+
+def _fit_worker_start() -> None:
+    """The fit's worker process yields the CPU to the coordinator's own (heartbeats come
+    first; a refit may take longer), and uses one thread per library."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    with contextlib.suppress(OSError):
+        os.nice(10)
 
 
 class ModelKeeper:
@@ -101,7 +119,30 @@ class ModelKeeper:
         self._wake = asyncio.Event()
         self._seen: tuple[int, int] | None = None  # the measurements' latest version seen
         self._task: asyncio.Task[FittedModel] | None = None
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self.fits = 0  # fits made (tests read it)
+
+    def close(self) -> None:
+        """Stop the worker process, if one was started."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    async def _fit(self, rows: list[Row], version: tuple[int, int], now: float) -> FittedModel:
+        if len(rows) < PROCESS_FIT_MIN_MEASUREMENTS:
+            return await asyncio.to_thread(fit_rows, rows, version, now)
+        if self._pool is None:
+            # spawn, not fork: the coordinator has threads (the store's), and a forked
+            # child would inherit their locks mid-use.
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_fit_worker_start)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._pool, fit_rows, rows, version, now)
+        except concurrent.futures.process.BrokenProcessPool:
+            self._pool = None  # the next fit starts a new worker
+            raise
 
     @property
     def latest(self) -> FittedModel | None:
@@ -153,7 +194,7 @@ class ModelKeeper:
             if self._fitted is not None and self._fitted.version == version:
                 return self._fitted
             rows = await self.store.read(Reads.measurements)
-            self._fitted = await asyncio.to_thread(fit_rows, rows, version, self.clock())
+            self._fitted = await self._fit(rows, version, self.clock())
             self.fits += 1
             log.info("rate model refitted on %d measurements in %.2f s", version[0],
                      self._fitted.fit_seconds)
