@@ -373,6 +373,8 @@ def hosts_import(client: OperatorClient, file: str) -> None:
     They count in host_perf and the rate model like the fleet's own, marked
     imported. A malformed line is reported with its number and field, and
     nothing of the file is written; a measurement already known is skipped.
+    The import returns once the rate model is refitted on them, and says how
+    long the fit took and how many measurements it used.
 
     \b
     Example:
@@ -767,7 +769,8 @@ def plan(client: OperatorClient, trials: int, budget_usd: float | None,
 @json_option
 @operator_options
 def model(client: OperatorClient, as_json: bool) -> None:
-    """What the rate model learned from the measurements: its spreads, the capacities'
+    """What the rate model learned from the measurements: which candidate serves and
+    each candidate's cross-validated error side by side, its spreads, the capacities'
     scales, each GPU model's and CPU family's factor.
 
     \b
