@@ -37,7 +37,7 @@ from vast_manager.coordinator.discovery.autopilot import (
 )
 from vast_manager.coordinator.discovery.model import Prediction, Unpredictable
 from vast_manager.coordinator.discovery.plan import FleetView, Plan, PlanSettings, plan_trials
-from vast_manager.coordinator.discovery.served import ServedModel as RateModel
+from vast_manager.coordinator.discovery.served import ServedModel
 from vast_manager.coordinator.errors import AutopilotNotConfigured, CoordinatorError
 from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.monitor import Monitor
@@ -80,7 +80,7 @@ class _Memo:
     """A model's predictions of a list of offers, made once (``explain=False``) and handed
     back for the same offer objects; explanations are asked of the model."""
 
-    def __init__(self, model: RateModel, offers: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(self, model: ServedModel, offers: Sequence[Mapping[str, Any]]) -> None:
         self.model = model
         preds = model.predict_offers(offers, explain=False)
         self.by_id = {id(o): p for o, p in zip(offers, preds, strict=True)}
@@ -93,7 +93,7 @@ class _Memo:
                 for o in offers]
 
 
-def fleet_instances(rows: Sequence[Row], model: RateModel) -> list[FleetInstance]:
+def fleet_instances(rows: Sequence[Row], model: ServedModel) -> list[FleetInstance]:
     """Our deployed instances still on a machine, as the decision core sees them: proving
     at their measured rate, on trial at the model's predicted rate for their offer, or leaving
     (terminating, silent, failed: billing, not proving)."""
@@ -130,7 +130,7 @@ def deployable(offers: Sequence[Mapping[str, Any]], settings: Settings) -> list[
 
 def plan_for(
     offers: Sequence[Mapping[str, Any]],
-    model: RateModel,
+    model: ServedModel,
     fleet: Sequence[FleetInstance],
     *,
     target_rate_per_hour: float | None,
