@@ -259,8 +259,8 @@ def market_files() -> list[Path]:
     return sorted(MARKETS_DIR.glob("*.jsonl.gz"))
 
 
-def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int],
-                planning_seeds: Sequence[int]) -> dict[str, Any]:
+def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int]
+                ) -> dict[str, Any]:
     """Print, per market, the accuracy table and the planning table; return the figures."""
     out: dict[str, Any] = {"simulated": True, "markets": {}}
     mean = statistics.mean
