@@ -363,6 +363,10 @@ def hosts(ctx: click.Context, client: OperatorClient, as_json: bool) -> None:
     )
 
 
+#: Seconds `hosts import` waits for its answer (the import, then the refit on it).
+IMPORT_TIMEOUT_S = 900.0
+
+
 @hosts.command("import")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @operator_options
@@ -394,6 +398,9 @@ def hosts_import(client: OperatorClient, file: str) -> None:
         raise click.ClickException(
             f"{file} is larger than the {MAX_IMPORT_BYTES // (1024 * 1024)} MiB one import "
             "takes; split it into parts (each part is imported whole or not at all)")
+    # The import returns after the rate model's refit on it: on many measurements that
+    # takes longer than an ordinary request may (docs/discovery.md, in the coordinator).
+    client.timeout_s = max(client.timeout_s, IMPORT_TIMEOUT_S)
     answer = orjson.loads(client.request_raw("POST", "/api/hosts/import", data=data,
                                              content_type=NDJSON) or b"{}")
     click.echo(clean(answer.get("message") or "Imported."))
