@@ -121,3 +121,46 @@ async def test_answers_say_stale_while_a_slow_refit_runs(aiohttp_client: Any,
         rate_model.fit_rows = real  # type: ignore[assignment]
     status, later = await h.admin("GET", "/api/offers")
     assert all(o["model_stale"] is False and o["measurements_used"] == 3 for o in later)
+
+
+async def test_a_large_fit_runs_in_a_worker_process(aiohttp_client: Any, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """From PROCESS_FIT_MIN_MEASUREMENTS up the fit leaves the coordinator's process (its
+    Python work would hold the interpreter); the fit that comes back serves like any."""
+    import vast_manager.coordinator.operations.rate_model as rate_model
+
+    monkeypatch.setattr(rate_model, "PROCESS_FIT_MIN_MEASUREMENTS", 10)
+    h: Harness = await start(aiohttp_client, tmp_path, provider=FakeProvider(catalog_offers()))
+    body = b"".join(orjson.dumps(r) + b"\n" for r in catalog_lines(rate=7.0))
+    resp = await h.client.post("/api/hosts/import", data=body, headers={
+        "Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/x-ndjson"})
+    answer = orjson.loads(await resp.read())
+    assert resp.status == 200, answer
+    keeper = h.core.models
+    assert keeper._pool is not None  # the worker process made this fit
+    assert answer["model"]["measurements_used"] == answer["imported"]
+    status, offers = await h.admin("GET", "/api/offers")
+    assert status == 200
+    assert all(o["measurements_used"] == answer["imported"] for o in offers)
+    status, model = await h.admin("GET", "/api/model")
+    assert status == 200 and [c["name"] for c in model["candidates"]] == [
+        "structural", "residual", "plain"]
+    assert model["served_cv_mdape"] is not None and model["measurements_used"] == len(
+        catalog_lines(rate=7.0))
+    keeper.close()
+    assert keeper._pool is None
+
+
+@pytest.mark.slow
+def test_refit_bench_runs(tmp_path: Path) -> None:
+    """bench/refit.py, small: heartbeats while the worker process refits."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(root / "bench" / "refit.py"), "--measurements",
+                           "800", "--import-measurements", "50", "--alone-s", "1",
+                           "--agents", "40"], cwd=root, capture_output=True, text=True,
+                          timeout=900)
+    assert "refit at start on 800 stored measurements" in done.stdout, done.stderr
+    assert "heartbeats at 30/s" in done.stdout and "failed or refused: 0" in done.stdout
