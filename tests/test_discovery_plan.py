@@ -134,3 +134,19 @@ def test_predictions_carry_the_probability_of_any_rate(model, which) -> None:  #
         return sum(abs(x - t) / t for t in draws) / len(draws)
 
     assert ape(p.rate_per_hour) <= min(ape(p.rate_per_hour * 1.03), ape(p.rate_per_hour / 1.03))
+
+
+def test_a_measured_machine_is_listed_apart_never_a_trial(model) -> None:  # type: ignore[no-untyped-def]
+    """Every measured machine's offer, priced to be the best trial there is: the plan still
+    proposes none of them, and lists each apart with its $/proof from its own runs."""
+    ms = measurements(120)
+    measured_offers = [{**dict(m.offer), "dph_total": 0.01} for m in ms[:10]]
+    plan = plan_trials(_offers() + measured_offers, model, FleetView(),
+                       PlanSettings(trials=50))
+    ids = {str(m.machine_id) for m in ms[:10]}
+    assert plan.proposals and not ids & {p.machine_id for p in plan.proposals}
+    assert {m.machine_id for m in plan.measured} == ids
+    for m in plan.measured:
+        assert m.prediction.machine_runs >= 1
+        assert m.predicted_usd_per_proof == pytest.approx(m.dph_total / m.prediction.rate_per_hour)
+        assert m.worth_deploying == (m.predicted_usd_per_proof <= plan.reference_usd_per_proof)

@@ -503,6 +503,10 @@ def _host_table(rows: list[dict[str, Any]], width: int | None) -> None:
     )
 
 
+#: Seconds `hosts import` waits for its answer (the import, then the refit on it).
+IMPORT_TIMEOUT_S = 900.0
+
+
 @hosts.command("import")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--dry-run", is_flag=True,
@@ -518,7 +522,8 @@ def hosts_import(client: OperatorClient, file: str, dry_run: bool, as_json: bool
     malformed line (or one over the bounds: 16 GPUs, 64 KiB a line, 1,024 characters
     a string, 4 levels of nesting, measured within the last two years) is reported
     with its number and field, and nothing of the file is written; a measurement
-    already known is skipped.
+    already known is skipped. The import returns once the rate model is refitted on
+    them, and says how long the fit took and how many measurements it used.
 
     \b
     Example:
@@ -539,6 +544,9 @@ def hosts_import(client: OperatorClient, file: str, dry_run: bool, as_json: bool
         raise UserError(
             f"{file} is larger than the {MAX_IMPORT_BYTES // (1024 * 1024)} MiB one import "
             "takes; split it into parts (each part is imported whole or not at all)")
+    # The import returns after the rate model's refit on it: on many measurements that
+    # takes longer than an ordinary request may (docs/discovery.md, in the coordinator).
+    client.timeout_s = max(client.timeout_s, IMPORT_TIMEOUT_S)
     answer = orjson.loads(client.request_raw(
         "POST", "/api/hosts/import", data=data, content_type=NDJSON,
         query={"dry_run": "1"} if dry_run else None) or b"{}")
@@ -959,7 +967,8 @@ def plan(client: OperatorClient, trials: int, budget_usd: float | None,
 @json_option
 @operator_options
 def model(client: OperatorClient, as_json: bool) -> None:
-    """What the rate model learned from the measurements: its spreads, the capacities'
+    """What the rate model learned from the measurements: which candidate serves and
+    each candidate's cross-validated error side by side, its spreads, the capacities'
     scales, each GPU model's and CPU family's factor.
 
     \b
@@ -978,6 +987,20 @@ def model(client: OperatorClient, as_json: bool) -> None:
     click.echo(f"  host spread {render.num(data.get('sigma_host'), 3)}, benchmark noise "
                f"{render.num(data.get('sigma_noise'), 3)} (log rate); new hosts' intervals x"
                f"{render.num(data.get('interval_scale'), 2)} (calibrated on measured machines)")
+    if data.get("model_stale"):
+        click.echo(f"  stale: {clean(data.get('model_stale_reason'))}")
+    candidates = data.get("candidates") or []
+    if candidates:
+        click.echo(f"  serving: {clean(data.get('served_by'))}, cross-validated median abs "
+                   f"error {render.num(100 * float(data.get('served_cv_mdape') or 0), 1)}% "
+                   "(grouped by machine)")
+        click.echo(render.table(
+            [[clean(c.get("name")), f"{100 * float(c.get('cv_mdape') or 0):.1f}%",
+              f"{100 * float(c.get('weight') or 0):.0f}%"] for c in candidates],
+            ["CANDIDATE", "CV ERROR", "WEIGHT"]))
+    else:
+        click.echo("  serving: the structural model alone (cross-validation needs more "
+                   "measured machines)")
     scales = data.get("interval_scales") or {}
     if scales:
         click.echo("  by what binds them: " + ", ".join(

@@ -249,6 +249,30 @@ def render_plan(data: dict[str, Any], width: int | None = None) -> str:
         f"{len(proposals)} proposed of {data.get('considered')} offers considered "
         f"({data.get('worth_trying')} worth their trial): {clean(data.get('stop_reason'))}",
         width, "  "))
+    measured = data.get("measured") or []
+    if measured:
+        lines.append("")
+        lines.append(render.wrap(
+            f"Already measured (not trials: deploy them, or not, on their measurement), "
+            f"{len(measured)}:", width))
+        lines.append(render.table(
+            (
+                (
+                    m.get("offer_id"),
+                    clean(m.get("machine_id")),
+                    f"{m.get('num_gpus')}x {clean(m.get('gpu_name'))}",
+                    render.usd(m.get("dph_total"), 3),
+                    predicted_interval(m),
+                    render.usd(m.get("predicted_usd_per_proof"), 5),
+                    "deploy" if m.get("worth_deploying") else "no",
+                )
+                for m in measured
+            ),
+            ["OFFER", "MACHINE", "GPUS", "$/H", "PRED/H (80%)", "$/PROOF", "WORTH IT"],
+            width=width, shrink=("MACHINE", "GPUS"),
+        ))
+    if data.get("model_stale"):
+        lines.append(render.wrap(f"model stale: {clean(data.get('model_stale_reason'))}", width))
     return "\n".join(lines)
 
 

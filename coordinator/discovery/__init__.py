@@ -7,6 +7,9 @@ Pure functions and dataclasses, no I/O and no clock (time is passed in):
 - ``measurements``: a measured rate with the offer it ran on (``hosts import`` lines);
 - ``model``: ``fit_rate_model(measurements) -> RateModel``; ``RateModel.predict(offer)``
   gives a rate, an 80% interval and the features that moved it;
+- ``served``: ``fit_served_model(measurements) -> ServedModel``: the rate model and two
+  gradient-boosted learners, picked or blended by cross-validation grouped by machine,
+  with conformal intervals (what the coordinator serves);
 - ``plan``: ``plan_trials(offers, model, fleet, settings) -> Plan``: which offers to
   benchmark next, each with its expected value against its trial's cost and the
   hypothesis it tests;
@@ -42,22 +45,30 @@ from vast_manager.coordinator.discovery.model import (
 )
 from vast_manager.coordinator.discovery.plan import (
     FleetView,
+    MeasuredOffer,
     Plan,
     PlanSettings,
     Proposal,
     TrialCost,
     plan_trials,
 )
+from vast_manager.coordinator.discovery.served import (
+    CandidateScore,
+    ServedModel,
+    fit_served_model,
+)
 
 __all__ = [
     "Action",
     "AutopilotCaps",
+    "CandidateScore",
     "Contribution",
     "Decision",
     "FeatureError",
     "FleetInstance",
     "FleetView",
     "Ledger",
+    "MeasuredOffer",
     "Measurement",
     "MeasurementError",
     "OfferFeatures",
@@ -67,11 +78,13 @@ __all__ = [
     "Priors",
     "Proposal",
     "RateModel",
+    "ServedModel",
     "TrialCost",
     "Unpredictable",
     "clearing_usd_per_proof",
     "decide",
     "fit_rate_model",
+    "fit_served_model",
     "offer_features",
     "parse_measurement",
     "plan_reference_usd_per_proof",

@@ -122,12 +122,29 @@ class Proposal:
 
 
 @dataclass(frozen=True, slots=True)
+class MeasuredOffer:
+    """An offer on a machine already measured: not a trial, a deploy-or-not decision on
+    its measurement (the prediction reads the machine's own runs)."""
+
+    offer_id: int | None
+    machine_id: str
+    offer: Mapping[str, Any]
+    prediction: Prediction
+    dph_total: float
+    predicted_usd_per_proof: float
+    worth_deploying: bool  # its $/proof beats the reference a newcomer must beat
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     proposals: tuple[Proposal, ...]
     considered: int  # offers the model could predict and the fleet could deploy
     worth_trying: int  # of those, how many had an expected value above the minimum
     reference_usd_per_proof: float
     stop_reason: str  # why the list ends where it does
+    # Offers on machines already measured, cheapest per proof first: never proposed as
+    # trials (a trial would only repeat what the measurement says).
+    measured: tuple[MeasuredOffer, ...] = ()
 
 
 def reference_usd_per_proof(fleet: FleetView, settings: PlanSettings) -> float:
@@ -286,11 +303,20 @@ def plan_trials(
     predictions = model.predict_offers(candidates, explain=False)
     best_per_machine: dict[str, _Value] = {}
     loose: list[_Value] = []
+    measured: dict[str, MeasuredOffer] = {}
     for offer, pred in zip(candidates, predictions, strict=True):
         if isinstance(pred, Unpredictable):
             continue
-        value = _value(offer, pred, ref, settings)
         machine = offer.get("machine_id")
+        if pred.machine_runs > 0 and machine is not None and machine != "":
+            dph = float(offer["dph_total"])
+            usd = dph / pred.rate_per_hour
+            held_m = measured.get(str(machine))
+            if held_m is None or usd < held_m.predicted_usd_per_proof:
+                measured[str(machine)] = MeasuredOffer(
+                    as_int(offer.get("id")), str(machine), offer, pred, dph, usd, usd <= ref)
+            continue
+        value = _value(offer, pred, ref, settings)
         if machine is None or machine == "":
             loose.append(value)
             continue
@@ -333,4 +359,5 @@ def plan_trials(
                   f"would not fit")
     else:
         reason = f"every offer worth its cost is listed ({len(chosen)})"
-    return Plan(tuple(chosen), considered, len(worth), ref, reason)
+    return Plan(tuple(chosen), considered, len(worth), ref, reason,
+                tuple(sorted(measured.values(), key=lambda m: m.predicted_usd_per_proof)))

@@ -35,7 +35,7 @@ from vast_manager.coordinator.discovery.autopilot import (
     plan_reference_usd_per_proof,
     rental_of,
 )
-from vast_manager.coordinator.discovery.model import Prediction, RateModel, Unpredictable
+from vast_manager.coordinator.discovery.model import Prediction, Unpredictable
 from vast_manager.coordinator.discovery.plan import (
     FleetView,
     Plan,
@@ -43,6 +43,7 @@ from vast_manager.coordinator.discovery.plan import (
     TrialCost,
     plan_trials,
 )
+from vast_manager.coordinator.discovery.served import ServedModel
 from vast_manager.coordinator.errors import AutopilotNotConfigured, CoordinatorError
 from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.monitor import Monitor
@@ -85,7 +86,7 @@ class _Memo:
     """A model's predictions of a list of offers, made once (``explain=False``) and handed
     back for the same offer objects; explanations are asked of the model."""
 
-    def __init__(self, model: RateModel, offers: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(self, model: ServedModel, offers: Sequence[Mapping[str, Any]]) -> None:
         self.model = model
         preds = model.predict_offers(offers, explain=False)
         self.by_id = {id(o): p for o, p in zip(offers, preds, strict=True)}
@@ -98,7 +99,7 @@ class _Memo:
                 for o in offers]
 
 
-def fleet_instances(rows: Sequence[Row], model: RateModel,
+def fleet_instances(rows: Sequence[Row], model: ServedModel,
                     idle: frozenset[int] = frozenset()) -> list[FleetInstance]:
     """Our deployed instances still on a machine, as the decision core sees them: proving
     at their measured rate, on trial at the model's predicted rate for their offer, or leaving
@@ -137,7 +138,7 @@ def deployable(offers: Sequence[Mapping[str, Any]], settings: Settings) -> list[
 
 def plan_for(
     offers: Sequence[Mapping[str, Any]],
-    model: RateModel,
+    model: ServedModel,
     fleet: Sequence[FleetInstance],
     *,
     target_rate_per_hour: float | None,

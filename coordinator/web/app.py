@@ -108,9 +108,14 @@ def create_app(
                     clock=clock, throttle=guard.credentials, on_refused=guard.refused)
 
     app.on_startup.append(_autopilot_start_up)
+    app.on_cleanup.append(_close_models)
     if run_monitor:
         app.cleanup_ctx.append(_monitor_ctx)
     return app
+
+
+async def _close_models(app: web.Application) -> None:
+    app[CORE].models.close()  # the rate model's worker process, if one was started
 
 
 async def _autopilot_start_up(app: web.Application) -> None:

@@ -24,7 +24,7 @@ from vast_manager.coordinator.discovery.measurements import (
     Measurement,
     parse_lines,
 )
-from vast_manager.coordinator.discovery.plan import Plan, Proposal
+from vast_manager.coordinator.discovery.plan import MeasuredOffer, Plan, Proposal
 from vast_manager.coordinator.errors import InvalidInput, InvalidMeasurement
 from vast_manager.coordinator.operations.autopilot import deployable, fleet_instances, plan_for
 from vast_manager.coordinator.operations.rate_model import fit_rows
@@ -77,10 +77,12 @@ async def offers(core: Core, request: web.Request) -> Any:
     fitted = await core.models.current()
     bad = [str(b["machine_id"]) for b in core.store.bad_hosts(core.clock())]
     known = {str(r["machine_id"]) for r in core.store.host_perf()}
-    return await asyncio.to_thread(rank_offers, found, fitted.model, bad, known,
-                                   min_instance_ram_gb=core.settings.min_instance_ram_gb,
-                                   setup_download_gb=core.settings.setup_download_gb,
-                                   kept_hours=core.settings.plan_horizon_hours)
+    ranked = await asyncio.to_thread(rank_offers, found, fitted.model, bad, known,
+                                     min_instance_ram_gb=core.settings.min_instance_ram_gb,
+                                     setup_download_gb=core.settings.setup_download_gb,
+                                     kept_hours=core.settings.plan_horizon_hours)
+    fresh = core.models.freshness(fitted)
+    return [{**row, **fresh} for row in ranked]
 
 
 def proposal_view(p: Proposal) -> dict[str, Any]:
@@ -111,9 +113,23 @@ def proposal_view(p: Proposal) -> dict[str, Any]:
     }
 
 
+def measured_view(m: MeasuredOffer) -> dict[str, Any]:
+    o = m.offer
+    return {
+        "offer_id": m.offer_id,
+        "machine_id": m.machine_id,
+        "gpu_name": o.get("gpu_name"),
+        "num_gpus": o.get("num_gpus"),
+        "dph_total": m.dph_total,
+        **prediction_fields(m.prediction, m.dph_total),
+        "worth_deploying": m.worth_deploying,
+    }
+
+
 def plan_view(plan: Plan, best: float | None, target: float | None) -> dict[str, Any]:
     return {
         "proposals": [proposal_view(p) for p in plan.proposals],
+        "measured": [measured_view(m) for m in plan.measured],
         "considered": plan.considered,
         "worth_trying": plan.worth_trying,
         "reference_usd_per_proof": plan.reference_usd_per_proof,
@@ -143,13 +159,15 @@ async def plan(core: Core, request: web.Request) -> Any:
         best = min((i.usd_per_proof for i in fleet if i.rate_per_hour and not i.leaving),
                    default=None)
         return {**plan_view(made, best, target), "model": fitted.summary(),
-                "horizon_hours": core.settings.plan_horizon_hours}
+                "horizon_hours": core.settings.plan_horizon_hours,
+                **core.models.freshness(fitted)}
 
     return await asyncio.to_thread(work)
 
 
 async def model(core: Core, request: web.Request) -> Any:
-    return (await core.models.current()).summary()
+    fitted = await core.models.current()
+    return {**fitted.summary(), **core.models.freshness(fitted)}
 
 
 # --- measurements in and out ---------------------------------------------------------------
@@ -264,7 +282,13 @@ async def hosts_import(core: Core, request: web.Request) -> Any:
             return await _dry_run(core, found, now)
         lines = raw.count(b"\n") + (0 if raw.endswith(b"\n") else 1)
         answer = await core.store.write(import_job(found, now, lines))
-    core.models.wake()
+        # Every later answer uses what was imported: the import returns once the model
+        # is refitted on it (on a worker thread; the event loop keeps serving).
+        fitted = await core.models.refresh()
+    answer["model"] = {"fitted_at": fitted.fitted_at, "fit_seconds": round(fitted.fit_seconds, 3),
+                       "measurements_used": fitted.measurements_used}
+    answer["message"] += (f" The rate model was refitted on {fitted.measurements_used} "
+                          f"measurement(s) in {fitted.fit_seconds:.1f} s.")
     return answer
 
 

@@ -1,0 +1,348 @@
+"""Discovery on markets from files: ``python bench/discovery.py --market FILE`` (or
+``--markets`` for every file in ``bench/markets/``).
+
+A market file is JSON Lines (gzip when its name ends in ``.gz``), one host a line: the
+offer's fields as ``vastai search offers --raw`` returns them, plus
+``true_rate_per_hour`` and ``measured_rate_per_hour`` (one benchmark of that host) and,
+optionally, ``oracle_rate_per_hour`` (a physics oracle's guess: knows the hardware, not
+the host's own effects). docs/discovery.md ("Markets") describes it.
+
+The first 60% of lines are the pool measurements come from (a seed picks which); the
+rest are held out and predicted. The planners run on the whole file. Every figure is
+simulated: the markets' rates are.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from vast_manager.coordinator.discovery.measurements import Measurement
+from vast_manager.coordinator.discovery.model import Prediction
+from vast_manager.coordinator.discovery.plan import FleetView, PlanSettings, plan_trials
+from vast_manager.coordinator.discovery.served import (
+    CANDIDATES,
+    PLAIN_FIELDS,
+    fit_served_model,
+    plain_matrix,
+)
+
+RATE_FIELDS = ("true_rate_per_hour", "measured_rate_per_hour", "oracle_rate_per_hour",
+               "oracle_median_rate_per_hour")
+REQUIRED = ("machine_id", "gpu_name", "num_gpus", "dph_total", "true_rate_per_hour",
+            "measured_rate_per_hour")
+MARKETS_DIR = Path(__file__).resolve().parent / "markets"
+FLEET = 10
+
+
+class MarketError(ValueError):
+    pass
+
+
+def load_market(path: Path) -> list[dict[str, Any]]:
+    """The market's lines; MarketError names the first bad line and field."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    rows: list[dict[str, Any]] = []
+    with opener(path, "rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            try:
+                row = orjson.loads(raw)
+            except orjson.JSONDecodeError as e:
+                raise MarketError(f"{path}: line {n} is not JSON ({e})") from None
+            if not isinstance(row, dict):
+                raise MarketError(f"{path}: line {n} is not a JSON object")
+            for name in REQUIRED:
+                if name not in row:
+                    raise MarketError(f"{path}: line {n} has no {name}")
+            for name in ("true_rate_per_hour", "measured_rate_per_hour", "dph_total"):
+                v = row[name]
+                if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                    raise MarketError(f"{path}: line {n}: {name} must be a positive number")
+            rows.append(row)
+    if len(rows) < 50:
+        raise MarketError(f"{path}: {len(rows)} hosts; a market needs at least 50")
+    return rows
+
+
+def offer_of(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in RATE_FIELDS}
+
+
+def measurement_of(row: dict[str, Any]) -> Measurement:
+    return Measurement(str(row["machine_id"]), offer_of(row),
+                       float(row["measured_rate_per_hour"]), 0.0, "imported")
+
+
+def mdape(pred: Sequence[float], true: Sequence[float]) -> float:
+    return statistics.median(abs(p - t) / t for p, t in zip(pred, true, strict=True))
+
+
+@dataclass(slots=True)
+class AccuracyRow:
+    measured: int
+    held_out: int
+    served: float
+    candidates: dict[str, float]  # each candidate's MdAPE on the held-out hosts
+    cv: dict[str, float]  # each candidate's cross-validated MdAPE on the measured
+    answered_by: str
+    floor: float | None
+    gpu_median: float
+    gbm_baseline: float
+    coverage: float
+    fit_s: float
+
+
+def untuned_gbm(train: list[dict[str, Any]], test: list[dict[str, Any]]) -> list[float]:
+    """scikit-learn's HistGradientBoostingRegressor with its defaults, on the offer's plain
+    fields and the GPU model (categorical), predicting the log measured rate."""
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    codes = {g: i for i, g in enumerate(sorted({str(r["gpu_name"]) for r in train}))}
+    mask = np.zeros(len(PLAIN_FIELDS) + 1, dtype=bool)
+    mask[-1] = True
+    gbm = HistGradientBoostingRegressor(categorical_features=mask, random_state=0)
+    gbm.fit(plain_matrix(train, codes), np.log([r["measured_rate_per_hour"] for r in train]))
+    return list(np.exp(gbm.predict(plain_matrix(test, codes))))
+
+
+def gpu_median(train: list[dict[str, Any]], test: list[dict[str, Any]]) -> list[float]:
+    """The same GPU model and count's median measured rate (else the GPU model's median per
+    GPU times the count; else the market's): the rule ranking used before the model."""
+    by_key: dict[tuple[str, int], list[float]] = {}
+    per_gpu: dict[str, list[float]] = {}
+    for r in train:
+        by_key.setdefault((r["gpu_name"], r["num_gpus"]), []).append(r["measured_rate_per_hour"])
+        per_gpu.setdefault(r["gpu_name"], []).append(r["measured_rate_per_hour"] / r["num_gpus"])
+    overall = statistics.median(r["measured_rate_per_hour"] / r["num_gpus"] for r in train)
+    out = []
+    for r in test:
+        same = by_key.get((r["gpu_name"], r["num_gpus"]))
+        if same:
+            out.append(statistics.median(same))
+        else:
+            out.append(statistics.median(per_gpu.get(r["gpu_name"], [overall])) * r["num_gpus"])
+    return out
+
+
+def accuracy(rows: list[dict[str, Any]], n_measured: int, seed: int) -> AccuracyRow:
+    cut = int(len(rows) * 0.6)
+    pool, held = rows[:cut], rows[cut:]
+    train = random.Random(seed).sample(pool, min(n_measured, len(pool)))
+    t0 = time.perf_counter()
+    served = fit_served_model([measurement_of(r) for r in train], now=0.0)
+    fit_s = time.perf_counter() - t0
+    offers = [offer_of(r) for r in held]
+    true = [float(r["true_rate_per_hour"]) for r in held]
+    preds = served.predict_offers(offers, explain=False)
+    ok = [p for p in preds if isinstance(p, Prediction)]
+    if len(ok) != len(held):
+        raise MarketError(f"the model could not read {len(held) - len(ok)} held-out offers")
+    _, logs = served.candidate_points(offers)
+    candidates = {name: mdape(list(np.exp(logs[:, j])), true)
+                  for j, name in enumerate(CANDIDATES) if np.all(np.isfinite(logs[:, j]))}
+    floor = (mdape([float(r["oracle_rate_per_hour"]) for r in held], true)
+             if all("oracle_rate_per_hour" in r for r in held) else None)
+    return AccuracyRow(
+        measured=len(train), held_out=len(held),
+        served=mdape([p.rate_per_hour for p in ok], true),
+        candidates=candidates, cv={s.name: s.cv_mdape for s in served.scores},
+        answered_by=served.answered_by if served.scores else "structural",
+        floor=floor,
+        gpu_median=mdape(gpu_median(train, held), true),
+        gbm_baseline=mdape(untuned_gbm(train, held), true),
+        coverage=sum(p.rate_low <= t <= p.rate_high for p, t in zip(ok, true, strict=True))
+        / len(true),
+        fit_s=fit_s,
+    )
+
+
+# --- planning ----------------------------------------------------------------------
+
+
+def fleet_usd_per_proof(rows: Sequence[dict[str, Any]]) -> float:
+    """A fleet's $/proof at its hosts' true rates."""
+    return sum(r["dph_total"] for r in rows) / sum(r["true_rate_per_hour"] for r in rows)
+
+
+@dataclass(slots=True)
+class PlanningRow:
+    oracle: float | None
+    planner: dict[int, float]  # trials -> the planned fleet's $/proof
+    cheapest: dict[int, float]
+    trial_usd: dict[int, float]  # the planner's trial spend after that many trials
+    cheapest_trial_usd: dict[int, float]
+    trials_used: dict[int, int]
+
+
+def _top_fleet(rows: list[dict[str, Any]], rates: list[float]) -> list[dict[str, Any]]:
+    order = sorted(range(len(rows)), key=lambda i: rows[i]["dph_total"] / rates[i])
+    return [rows[i] for i in order[:FLEET]]
+
+
+def planning(rows: list[dict[str, Any]], checkpoints: Sequence[int] = (10, 20)
+             ) -> PlanningRow:
+    """From nothing measured: the planner proposes one trial at a time (``plan_trials``
+    on the served model), each measurement is handed back and the model refitted; at each
+    checkpoint a fleet of 10 is taken from the top of the predictions ($/proof, a measured
+    machine at its measurement) and scored at true rates. Cheapest-first tries the
+    cheapest offers and keeps the 10 best measured. The oracle ranks by the physics
+    oracle's rate (no host's own effect). Deterministic: the plan depends on the offers,
+    not on their order, and each host's benchmark is the file's."""
+    offers = [offer_of(r) for r in rows]
+    by_machine = {str(r["machine_id"]): r for r in rows}
+    settings = PlanSettings(trials=1)
+    measured: list[dict[str, Any]] = []
+    planner: dict[int, float] = {}
+    spend: dict[int, float] = {}
+    used: dict[int, int] = {}
+    spent = 0.0
+    last = max(checkpoints)
+    for t in range(last + 1):
+        model = fit_served_model([measurement_of(r) for r in measured], now=0.0)
+        preds = model.predict_offers(offers, explain=False)
+        rates = [p.rate_per_hour if isinstance(p, Prediction) else 1e-9 for p in preds]
+        if t in checkpoints:
+            planner[t] = fleet_usd_per_proof(_top_fleet(rows, rates))
+            spend[t] = spent
+            used[t] = len(measured)
+        if t == last:
+            break
+        # The reference a newcomer must beat: the predicted margin of a fleet of 10.
+        margin = sorted(r["dph_total"] / x for r, x in zip(rows, rates, strict=True))[FLEET - 1]
+        best = min((r["dph_total"] / r["measured_rate_per_hour"] for r in measured),
+                   default=None)
+        plan = plan_trials(offers, model, FleetView(best_usd_per_proof=best,
+                                                    reference_usd_per_proof=margin), settings)
+        if any(p.machine_id in {str(r["machine_id"]) for r in measured}
+               for p in plan.proposals):
+            raise AssertionError("the plan proposed a machine already measured")
+        if not plan.proposals:
+            for c in checkpoints:
+                if c > t:
+                    planner[c] = fleet_usd_per_proof(_top_fleet(rows, rates))
+                    spend[c], used[c] = spent, len(measured)
+            break
+        chosen = by_machine[str(plan.proposals[0].machine_id)]
+        spent += plan.proposals[0].trial_cost_usd
+        measured.append(chosen)
+    cheapest: dict[int, float] = {}
+    cheap_spend: dict[int, float] = {}
+    by_price = sorted(rows, key=lambda r: r["dph_total"])
+    for c in checkpoints:
+        tried = by_price[:c]
+        kept = sorted(tried, key=lambda r: r["dph_total"] / r["measured_rate_per_hour"])[:FLEET]
+        cheapest[c] = fleet_usd_per_proof(kept)
+        cheap_spend[c] = sum(settings.trial_cost.hours(offer_of(r), r["true_rate_per_hour"])
+                             * r["dph_total"] for r in tried)
+    oracle = None
+    if all("oracle_rate_per_hour" in r for r in rows):
+        oracle = fleet_usd_per_proof(_top_fleet(rows, [r["oracle_rate_per_hour"] for r in rows]))
+    return PlanningRow(oracle, planner, cheapest, spend, cheap_spend, used)
+
+
+# --- the report --------------------------------------------------------------------
+
+
+def market_files() -> list[Path]:
+    return sorted(MARKETS_DIR.glob("*.jsonl.gz"))
+
+
+def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int]
+                ) -> dict[str, Any]:
+    """Print, per market, the accuracy table and the planning table; return the figures."""
+    out: dict[str, Any] = {"simulated": True, "markets": {}}
+    mean = statistics.mean
+    for path in paths:
+        rows = load_market(path)
+        name = path.name.split(".")[0]
+        print(f"\nMarket {name} ({path.name}, {len(rows)} hosts; simulated rates): "
+              f"measured from the first {int(len(rows) * 0.6)}, "
+              f"predicting the last {len(rows) - int(len(rows) * 0.6)}")
+        print(f"  {'measured':>8} {'served':>7} {'by':>10} "
+              + " ".join(f"{c:>10}" for c in CANDIDATES)
+              + f" {'floor':>6} {'/floor':>6} {'GPU-med':>7} {'GBM':>6} {'/GBM':>5} "
+              f"{'in 80%':>6} {'fit s':>6}")
+        acc: dict[int, list[AccuracyRow]] = {}
+        for n in sizes:
+            acc[n] = [accuracy(rows, n, seed) for seed in seeds]
+            rs = acc[n]
+            floor = [r.floor for r in rs if r.floor is not None]
+            print(f"  {n:>8} {mean(r.served for r in rs):>7.1%} "
+                  f"{'/'.join(sorted({r.answered_by for r in rs})):>10} "
+                  + " ".join(f"{mean(r.candidates.get(c, math.nan) for r in rs):>10.1%}"
+                             for c in CANDIDATES)
+                  + (f" {mean(floor):>6.1%} {mean(r.served for r in rs) / mean(floor):>6.2f}"
+                     if floor else f" {'-':>6} {'-':>6}")
+                  + f" {mean(r.gpu_median for r in rs):>7.1%}"
+                  f" {mean(r.gbm_baseline for r in rs):>6.1%}"
+                  f" {mean(r.served / r.gbm_baseline for r in rs):>5.2f}"
+                  f" {mean(r.coverage for r in rs):>6.1%} {mean(r.fit_s for r in rs):>6.2f}")
+        plans = [planning(rows)]
+        print(f"  planning a fleet of {FLEET} from nothing measured, one trial at a time "
+              f"(deterministic); $/proof at true rates:")
+        oracle = plans[0].oracle
+        print("    oracle (physics, no host effects): "
+              + (f"{oracle:.5f}" if oracle is not None else "- (the file has no oracle rate)"))
+        for c in (10, 20):
+            pl = [p.planner[c] for p in plans]
+            ch = [p.cheapest[c] for p in plans]
+            vs_or = [x / oracle - 1 for x in pl] if oracle else []
+            print(f"    after <= {c} trials: planner {mean(pl):.5f}"
+                  + (f" ({', '.join(f'{v:+.1%}' for v in vs_or)} vs oracle)" if vs_or else "")
+                  + f", trials {', '.join(str(p.trials_used[c]) for p in plans)}, spend "
+                  f"${mean(p.trial_usd[c] for p in plans):.2f}; cheapest-first {mean(ch):.5f} "
+                  f"(spend ${mean(p.cheapest_trial_usd[c] for p in plans):.2f}); planner "
+                  f"{1 - mean(pl) / mean(ch):.1%} cheaper")
+        out["markets"][name] = {
+            "hosts": len(rows),
+            "accuracy": {str(n): [_row(r) for r in rs]
+                         for n, rs in acc.items()},
+            "planning": [_row(p) for p in plans],
+        }
+        _acceptance(name, acc, plans)
+    return out
+
+
+def _row(obj: Any) -> dict[str, Any]:
+    return {k: getattr(obj, k) for k in obj.__slots__}
+
+
+def _acceptance(name: str, acc: dict[int, list[AccuracyRow]], plans: list[PlanningRow]
+                ) -> None:
+    if 240 in acc:
+        rs = acc[240]
+        gbm_ok = all(r.served <= 0.9 * r.gbm_baseline for r in rs)
+        med_ok = all(r.served <= 0.5 * r.gpu_median for r in rs)
+        cov_ok = all(0.75 <= r.coverage <= 0.85 for r in rs)
+        line = (f"  acceptance at 240 measured, every seed: served <= 0.9x untuned GBM "
+                f"({', '.join(f'{r.served / r.gbm_baseline:.2f}' for r in rs)}) "
+                f"{'PASS' if gbm_ok else 'FAIL'}; <= 0.5x GPU median "
+                f"({', '.join(f'{r.served / r.gpu_median:.2f}' for r in rs)}) "
+                f"{'PASS' if med_ok else 'FAIL'}; coverage 75-85% "
+                f"({', '.join(f'{r.coverage:.1%}' for r in rs)}) {'PASS' if cov_ok else 'FAIL'}")
+        if name == "simulator" and all(r.floor for r in rs):
+            floor_ok = all(r.served <= 1.5 * (r.floor or 0) for r in rs)
+            line += (f"; within 1.5x the noise floor "
+                     f"({', '.join(f'{r.served / (r.floor or 1):.2f}' for r in rs)}) "
+                     f"{'PASS' if floor_ok else 'FAIL'}")
+        print(line)
+    if plans and plans[0].oracle:
+        o = plans[0].oracle
+        w20 = all(p.planner[20] <= 1.05 * o for p in plans)
+        w10 = all(p.planner[10] <= 1.10 * o for p in plans)
+        cheap = all(p.planner[20] <= 0.75 * p.cheapest[20] for p in plans)
+        print(f"  acceptance, planning: within 5% of the oracle after <= 20 trials "
+              f"{'PASS' if w20 else 'FAIL'}; within 10% after <= 10 {'PASS' if w10 else 'FAIL'}; "
+              f">= 25% cheaper than cheapest-first (20 trials) {'PASS' if cheap else 'FAIL'}")
