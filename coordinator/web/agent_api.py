@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from vast_manager.coordinator.discovery.features import FeatureError, offer_features
+from vast_manager.coordinator.discovery.model import Prediction
 from vast_manager.coordinator.errors import (
     CoordinatorError,
     Refusal,
@@ -148,11 +148,8 @@ def expectation(core: Core) -> ingest.Expectation | None:
     model = fitted.model
 
     def high(offer: dict[str, Any]) -> float | None:
-        try:
-            return float(model.predict_features([offer_features(offer)], explain=False)[0]
-                         .rate_high)
-        except FeatureError:
-            return None
+        (p,) = model.predict_offers([offer], explain=False)
+        return float(p.rate_high) if isinstance(p, Prediction) else None
 
     return high
 
