@@ -139,8 +139,14 @@ async def test_offers_deploy_destroy_through_the_cli(served: Served) -> None:
     assert code == 0, out
     assert "9102" in out and "9103" in out and "9101" not in out
 
+    # The $0.19/h seen was priced at the search's 250 GB; a 300 GB disk bills more storage,
+    # which the price check counts (nothing is created).
     code, out = await run_cli(env, "deploy", "9101", "--min-rate", "40", "--disk", "300",
                               "--max-price", "0.19")
+    assert code != 0 and "with a 300 GB disk" in out, out
+    assert fake.calls("PUT", "/api/v0/asks/") == []
+    code, out = await run_cli(env, "deploy", "9101", "--min-rate", "40", "--disk", "300",
+                              "--max-price", "0.21")
     assert code == 0, out
     assert out.startswith("Instance 1 (agent ag_"), out
     (create,) = fake.calls("PUT", "/api/v0/asks/")

@@ -9,6 +9,7 @@ the monitor is driven round by round (``tick``), so nothing sleeps.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -371,7 +372,9 @@ async def test_offers_ranked_by_the_rate_model_from_the_fleets_results(env: Env)
         # The factors multiply the reference host's rate into the prediction.
         product = math.prod(f["factor"] for f in r["prediction_factors"])
         assert product * _reference_rate(r["prediction_basis"]) == pytest.approx(mid, rel=0.02)
-        assert r["prediction_basis"].startswith(f"{low:.0f}-{high:.0f}/h (80%)")
+        # After the served model's label (which model answered), the interval.
+        basis = re.sub(r"^\[[^\]]*\] ", "", r["prediction_basis"])
+        assert basis.startswith(f"{low:.0f}-{high:.0f}/h (80%)")
 
     own, twin, unseen = by_id[9203], by_id[9202], by_id[9204]
     assert own["known"] is True and twin["known"] is False and unseen["known"] is False

@@ -32,6 +32,7 @@ import orjson
 from vast_manager.coordinator import textsafe
 from vast_manager.coordinator.cli import render
 from vast_manager.coordinator.cli.client import DEFAULT_URL, OperatorClient, OperatorError
+from vast_manager.coordinator.decisions import states
 from vast_manager.coordinator.textsafe import clean
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -379,7 +380,7 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
                     r.get("id"),
                     "IDLE" if r.get("idle") else r.get("state"),
                     # A gone instance's last heartbeat phase (terminating) is history.
-                    "-" if r.get("state") in ("destroyed", "vanished") else r.get("phase"),
+                    "-" if r.get("state") in states.GONE else r.get("phase"),
                     _progress(r.get("progress")),
                     f"{r.get('num_gpus') or '?'}x {r.get('gpu_name') or '?'}",
                     render.usd(r.get("dph_total"), 3),
@@ -904,7 +905,8 @@ def _flags(offer: dict[str, Any]) -> str:
 @click.option("--disk", "disk_gb", type=int, default=None,
               help="Disk in GB [default: VM_DEPLOY_DISK_GB].")
 @click.option("--max-price", "max_dph_total", type=float, default=None,
-              help="Refuse if the offer now costs more than this, $/h (the price you saw).")
+              help="Refuse if the offer now costs more than this, $/h (the price you saw), "
+                   "with this deploy's own disk's storage.")
 @operator_options
 def deploy(
     client: OperatorClient,

@@ -167,8 +167,8 @@ class Deployer:
             )
         if max_dph_total is not None and dph_total > max_dph_total * (1 + PRICE_EPSILON):
             raise PriceChanged(
-                f"Offer {offer_id} now costs ${dph_total:.4f}/h, above the "
-                f"${max_dph_total:.4f}/h you saw."
+                f"Offer {offer_id} now costs ${dph_total:.4f}/h with a {disk:g} GB disk, above "
+                f"the ${max_dph_total:.4f}/h you saw (--max-price)."
             )
 
         now = self.clock()

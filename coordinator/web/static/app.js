@@ -323,7 +323,7 @@ function tile(label, value) {
 
 function phaseCell(inst) {
   // A gone instance's last heartbeat phase (terminating) is history, not its phase.
-  const gone = inst.state === "destroyed" || inst.state === "vanished";
+  const gone = STATE_SETS.GONE.has(inst.state);
   const cell = td(gone ? "-" : inst.phase || "-");
   if (gone) return cell;
   const p = inst.progress;
