@@ -32,7 +32,7 @@ import orjson
 from vast_manager.coordinator import textsafe
 from vast_manager.coordinator.cli import render
 from vast_manager.coordinator.cli.client import DEFAULT_URL, OperatorClient, OperatorError
-from vast_manager.coordinator.decisions import states
+from vast_manager.coordinator.decisions.states import GONE as GONE_STATES
 from vast_manager.coordinator.textsafe import clean
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -380,7 +380,7 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
                     r.get("id"),
                     "IDLE" if r.get("idle") else r.get("state"),
                     # A gone instance's last heartbeat phase (terminating) is history.
-                    "-" if r.get("state") in states.GONE else r.get("phase"),
+                    "-" if r.get("state") in GONE_STATES else r.get("phase"),
                     _progress(r.get("progress")),
                     f"{r.get('num_gpus') or '?'}x {r.get('gpu_name') or '?'}",
                     render.usd(r.get("dph_total"), 3),
