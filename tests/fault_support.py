@@ -44,7 +44,9 @@ from vast_manager.coordinator.web.app import create_app
 from vast_manager.coordinator.web.core import CORE, Core
 
 ROOT = Path(__file__).resolve().parent.parent
-TEST_MARKER_ENV = "VM_FAULT_TEST_MARKER"
+# VM_SIM_*: the local provider passes the simulation's variables on to its agents (and
+# no other coordinator variable), so the agents and their simulated cuzk carry it too.
+TEST_MARKER_ENV = "VM_SIM_FAULT_TEST_MARKER"
 
 
 def wait_until(cond: Callable[[], bool], what: str, timeout_s: float = 60.0,

@@ -93,3 +93,5 @@ def test_sigkill_under_load_every_result_stored_exactly_once(tmp_path: Path) -> 
         coord.kill(signal.SIGKILL)
         left = kill_marked(env[TEST_MARKER_ENV])
         print(f"cleaned up {len(left)} agent processes")
+    # The marker reached the agents (else they would outlive the test, unfound).
+    assert left, "no marked agent process was found to clean up"
