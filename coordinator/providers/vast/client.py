@@ -282,23 +282,20 @@ class VastClient:
 
     async def set_state(self, instance_id: int, state: str) -> None:
         """PUT /api/v0/instances/{id}/ {"state": ...} (``vastai start instance``)."""
-        try:
-            body = await self._request(
-                "PUT", f"/api/v0/instances/{int(instance_id)}/", json_body={"state": state}
-            )
-        except _NotFound:
-            raise ProviderError(f"vast.ai instance {instance_id} not found") from None
-        self._check_success(body, f"state of instance {instance_id}")
+        await self._put_instance(instance_id, "state", state)
 
     async def set_label(self, instance_id: int, label: str) -> None:
         """PUT /api/v0/instances/{id}/ {"label": ...}."""
+        await self._put_instance(instance_id, "label", label)
+
+    async def _put_instance(self, instance_id: int, field: str, value: str) -> None:
         try:
             body = await self._request(
-                "PUT", f"/api/v0/instances/{int(instance_id)}/", json_body={"label": label}
+                "PUT", f"/api/v0/instances/{int(instance_id)}/", json_body={field: value}
             )
         except _NotFound:
             raise ProviderError(f"vast.ai instance {instance_id} not found") from None
-        self._check_success(body, f"label of instance {instance_id}")
+        self._check_success(body, f"{field} of instance {instance_id}")
 
     # ---- transport -------------------------------------------------------
 
