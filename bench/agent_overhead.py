@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from vast_manager.agent.gpu import Nvml, open_devices
 from vast_manager.agent.sampler import GPUS_PER_THREAD, Sampler, Sources
-from vast_manager.agent.sim.fake_host import FakeHostProbe
-from vast_manager.agent.sim.fake_nvml import FakeNvml
-from vast_manager.agent.sim.hardware import Profile
 from vast_manager.protocol.codec import encode
 from vast_manager.protocol.messages import Heartbeat
+from vast_manager.sim.fake_host import FakeHostProbe
+from vast_manager.sim.fake_nvml import FakeNvml
+from vast_manager.sim.hardware import Profile
 
 TARGET_CPU_S_PER_HOUR = 3.6  # 0.1% of one core
 

@@ -42,7 +42,7 @@ from coord_support import Agent  # noqa: E402
 from fakevast import FAKE_API_KEY  # noqa: E402
 
 from vast_manager.coordinator.decisions import policy  # noqa: E402
-from vast_manager.coordinator.discovery.autopilot import ledger_of, rental_of  # noqa: E402
+from vast_manager.coordinator.discovery.autopilot_rules import ledger_of, rental_of  # noqa: E402
 
 MONITOR_S = 300.0
 HEARTBEAT_S = 60.0

@@ -11,7 +11,7 @@ a CPU, RAM, PCIe link and network drawn from what vast.ai lists, offering slices
 vCPUs and RAM. Machines are rented by others and come back, retire and are
 replaced; prices drift day by day and jump when a machine is relisted. A host's
 **true rate** (proofs/hour, steady state) is the project's simulated-cuzk hardware
-model (``agent/sim/model.py``: ``capacities``, the closed-form bound its event
+model (``sim/physics.py``: ``capacities``, the closed-form bound its event
 simulation runs into; the bench prints how close the two are) for the instance's
 share, times hidden per-host effects the offer does not show: GPU clocks and power
 limits, CPU speed (memory channels, turbo, background load), RAM the host keeps
@@ -32,7 +32,7 @@ percentage error; the median of the draws is printed beside it).
 minimum-rate verdict (``dph_total / 0.008``), caps and offers: the oracle (knows
 every true rate), the operator's manual variety, cheapest-first, today's ranking
 and the planner (``vast_manager.coordinator.discovery.plan`` driven by
-``vast_manager.coordinator.discovery.autopilot``). Every deploy is a trial: parameter fetch,
+``vast_manager.coordinator.discovery.autopilot_rules``). Every deploy is a trial: parameter fetch,
 warm-up and a 12-proof benchmark, paid at the offer's price.
 
 Every number printed is simulated and computed by this run.
@@ -55,11 +55,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from vast_manager.agent.sim.hardware import Profile, cpu_core_speed
-from vast_manager.agent.sim.model import capacities, run_batch
 from vast_manager.coordinator.decisions.early_verdict import steady_state_rate_per_hour
 from vast_manager.coordinator.decisions.share import instance_share, ram_class
-from vast_manager.coordinator.discovery.autopilot import (
+from vast_manager.coordinator.discovery.autopilot_rules import (
     AutopilotCaps,
     FleetInstance,
     Ledger,
@@ -68,13 +66,6 @@ from vast_manager.coordinator.discovery.autopilot import (
 )
 from vast_manager.coordinator.discovery.features import GPU_SPECS
 from vast_manager.coordinator.discovery.measurements import Measurement
-from vast_manager.coordinator.discovery.model import (
-    Z80,
-    Prediction,
-    RateModel,
-    Unpredictable,
-    fit_rate_model,
-)
 from vast_manager.coordinator.discovery.plan import (
     FleetView,
     Plan,
@@ -83,6 +74,15 @@ from vast_manager.coordinator.discovery.plan import (
     plan_trials,
     reference_usd_per_proof,
 )
+from vast_manager.coordinator.discovery.structural_model import (
+    Z80,
+    Prediction,
+    RateModel,
+    Unpredictable,
+    fit_rate_model,
+)
+from vast_manager.sim.hardware import Profile, cpu_core_speed
+from vast_manager.sim.physics import capacities, run_batch
 
 MAX_USD_PER_PROOF = 0.008
 FLOOR_DRAWS = 63

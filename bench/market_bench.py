@@ -28,7 +28,6 @@ import numpy as np
 import orjson
 
 from vast_manager.coordinator.discovery.measurements import Measurement
-from vast_manager.coordinator.discovery.model import Prediction
 from vast_manager.coordinator.discovery.plan import FleetView, PlanSettings, plan_trials
 from vast_manager.coordinator.discovery.served import (
     CANDIDATES,
@@ -36,6 +35,7 @@ from vast_manager.coordinator.discovery.served import (
     fit_served_model,
     plain_matrix,
 )
+from vast_manager.coordinator.discovery.structural_model import Prediction
 
 RATE_FIELDS = ("true_rate_per_hour", "measured_rate_per_hour", "oracle_rate_per_hour",
                "oracle_median_rate_per_hour")

@@ -366,8 +366,8 @@ def main() -> None:
         record("GET /api/host-perf", m, w,
                f"{count} rows, {len(body) / 1e6:.1f} MB, {m / base_m:.0f}x the baseline")
 
-        from vast_manager.coordinator.decisions.ranking import rank_offers
-        from vast_manager.coordinator.operations.rate_model import fit_rows
+        from vast_manager.coordinator.discovery.ranking import rank_offers
+        from vast_manager.coordinator.operations.model_keeper import fit_rows
         from vast_manager.coordinator.store.writer import Store
 
         store = Store(str(db))

@@ -1,7 +1,7 @@
 """Fake `cuzk` / `cuzk-bench` / work-command executables for the agent's tests.
 
 They parse their command lines with the real programs' clap definitions
-(`vast_manager.agent.sim.cuzk_cli`, refused as clap refuses), read cuzk.toml, serve the
+(`vast_manager.sim.cuzk_cli`, refused as clap refuses), read cuzk.toml, serve the
 GET /status JSON and print the batch output format (docs/cuzk.md); the daemon
 holds its PCE in memory only (the first proof makes it) and, like cuzk,
 handles only SIGINT (its engine stops, the process stays), so SIGTERM ends
@@ -25,8 +25,8 @@ from pathlib import Path
 FAKE_DAEMON = r"""
 import json, os, signal, sys, threading, time, tomllib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from vast_manager.agent.sim import clap
-from vast_manager.agent.sim.cuzk_cli import CUZK_DAEMON
+from vast_manager.sim import clap
+from vast_manager.sim.cuzk_cli import CUZK_DAEMON
 
 args = clap.parse_or_exit(CUZK_DAEMON, sys.argv).values
 with open(args["config"], "rb") as fh:
@@ -100,8 +100,8 @@ while True:
 
 FAKE_BENCH = r"""
 import json, os, sys, time, urllib.request
-from vast_manager.agent.sim import clap
-from vast_manager.agent.sim.cuzk_cli import CUZK_BENCH
+from vast_manager.sim import clap
+from vast_manager.sim.cuzk_cli import CUZK_BENCH
 
 m = clap.parse_or_exit(CUZK_BENCH, sys.argv)
 addr = m.values["addr"]

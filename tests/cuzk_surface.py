@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vast_manager.agent.sim import clap
+from vast_manager.sim import clap
 
 FIXTURE = Path(__file__).parent / "fixtures" / "cuzk_e0294b0f.json"
 SURFACE: dict[str, Any] = json.loads(FIXTURE.read_text())

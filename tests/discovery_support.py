@@ -2,7 +2,7 @@
 
 Offers are the local catalog's hosts (coordinator/providers/local/catalog.py) re-drawn with other
 GPU counts, CPU shares and RAM; their true rates come from the simulated cuzk's
-hardware model (agent/sim/model.py ``capacities``), never from the rate model
+hardware model (sim/physics.py ``capacities``), never from the rate model
 under test, times a hidden per-machine factor.
 """
 
@@ -12,11 +12,11 @@ import math
 import random
 from typing import Any
 
-from vast_manager.agent.sim.hardware import Profile
-from vast_manager.agent.sim.model import capacities
 from vast_manager.coordinator.discovery.features import offer_features
 from vast_manager.coordinator.discovery.measurements import Measurement
 from vast_manager.coordinator.providers.local.catalog import local_offers
+from vast_manager.sim.hardware import Profile
+from vast_manager.sim.physics import capacities
 
 
 def synthetic_offer(rng: random.Random, machine_id: int) -> dict[str, Any]:

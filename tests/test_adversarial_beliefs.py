@@ -490,7 +490,7 @@ def test_migration_9_asks_for_the_benchmark_an_instance_still_owes(tmp_path: Pat
     (else its first result would count for nothing); one with a rate gets none."""
     import sqlite_utils
 
-    from vast_manager.coordinator.store import schema as store_module
+    from vast_manager.coordinator.store import migrations as store_module
     from vast_manager.coordinator.store.writer import Store
 
     path = tmp_path / "old.sqlite"

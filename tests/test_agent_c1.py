@@ -11,7 +11,7 @@ import pytest
 from cuzk_surface import SURFACE
 
 from vast_manager.agent.c1 import SECTOR_SIZE_32GIB, C1Error, check_c1, parse_c1
-from vast_manager.agent.sim.c1 import check_request, make_c1
+from vast_manager.sim.fake_c1 import check_request, make_c1
 
 
 def wrapper(**over: Any) -> dict[str, Any]:

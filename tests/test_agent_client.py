@@ -12,7 +12,12 @@ import orjson
 import pytest
 from aiohttp import web
 
-from vast_manager.agent.client import Backoff, CoordinatorClient, PermanentFailure, TransientFailure
+from vast_manager.agent.coordinator_client import (
+    Backoff,
+    CoordinatorClient,
+    PermanentFailure,
+    TransientFailure,
+)
 from vast_manager.coordinator.web.auth import AgentAuth, AgentRecord, AuthFailure
 from vast_manager.protocol import Heartbeat
 from vast_manager.protocol.signing import (

@@ -27,7 +27,7 @@ import psutil
 import pytest
 from agent_fakes import FAKE_BENCH, FAKE_DAEMON, write_script
 
-from vast_manager.agent.sim.c1 import write_c1
+from vast_manager.sim.fake_c1 import write_c1
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "e2e-admin-token-" + "x" * 16

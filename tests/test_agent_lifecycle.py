@@ -54,7 +54,6 @@ from vast_manager.agent.lifecycle import (
     default_memory_probe,
     default_sampler_factory,
 )
-from vast_manager.agent.sim.c1 import write_c1
 from vast_manager.coordinator.providers.base import CreatedInstance, Offer, ProviderError
 from vast_manager.coordinator.web.server import RunningServer, start_server
 from vast_manager.protocol import (
@@ -70,6 +69,7 @@ from vast_manager.protocol import (
     Telemetry,
     decode,
 )
+from vast_manager.sim.fake_c1 import write_c1
 
 AGENT_ID = "ag_" + "a" * 20
 KEY = bytes(range(100, 132))
@@ -738,9 +738,9 @@ async def test_a_c1_for_another_miner_fails_the_warm_up_proof_on_the_simulator(
     monkeypatch.setenv("VM_SIM_TIME_SCALE", "3000")
     h = await Harness.deploy(
         tmp_path, f, n_gpus=2, VM_C1_MINER_ID="1001",  # the Harness's C1 is miner 1000's
-        VM_CUZK_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk", "vast_manager.agent.sim.daemon"),
+        VM_CUZK_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk", "vast_manager.sim.daemon"),
         VM_CUZK_BENCH_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk-bench",
-                                          "vast_manager.agent.sim.bench"),
+                                          "vast_manager.sim.bench"),
     )
     reason = await failed_reason(f, asyncio.create_task(h.make_agent().run()))
     assert reason.startswith("the warm-up proof FAILED: cuzk cannot prove C1 file")
@@ -857,9 +857,9 @@ async def test_lifecycle_on_the_simulated_cuzk_with_the_real_sampler(
     monkeypatch.setattr(agent_cuzk, "ManagedProcess", Recorded)
     h = await Harness.deploy(
         tmp_path, f, n_gpus=2, min_rate=1.0,
-        VM_CUZK_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk", "vast_manager.agent.sim.daemon"),
+        VM_CUZK_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk", "vast_manager.sim.daemon"),
         VM_CUZK_BENCH_BIN=sim_entry_point(tmp_path / "vm-sim-cuzk-bench",
-                                          "vast_manager.agent.sim.bench"),
+                                          "vast_manager.sim.bench"),
         VM_NVML="sim", VM_SAMPLE_INTERVAL="0.1", VM_BENCH_PROOFS="6",
     )
     # The real sampler factory and memory probe.

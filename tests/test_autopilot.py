@@ -17,14 +17,14 @@ import pytest
 from coord_support import Agent, Harness, make_settings, result_msg, start
 from fakes_provider import FakeClock, FakeProvider
 
-from vast_manager.agent.sim.hardware import Profile
-from vast_manager.agent.sim.model import capacities
-from vast_manager.coordinator.discovery.autopilot import Rental, ledger_of
+from vast_manager.coordinator.discovery.autopilot_rules import Rental, ledger_of
 from vast_manager.coordinator.providers.local.catalog import catalog_offers
 from vast_manager.coordinator.providers.local.provider import instance_profile
 from vast_manager.coordinator.store.writer import Store
 from vast_manager.coordinator.web.app import create_app
 from vast_manager.coordinator.web.json_views import event_view
+from vast_manager.sim.hardware import Profile
+from vast_manager.sim.physics import capacities
 
 STEP_S = 300.0
 CAPS: dict[str, Any] = {

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vast_manager.coordinator.store.schema import MIGRATIONS, TABLES
+from vast_manager.coordinator.store.migrations import MIGRATIONS, TABLES
 from vast_manager.coordinator.store.writer import Store, Tx
 
 
@@ -162,7 +162,7 @@ def test_migration_3_moves_the_latest_heartbeats_onto_their_instances(tmp_path: 
     through the ``heartbeats`` view."""
     import sqlite_utils
 
-    from vast_manager.coordinator.store import schema as store_module
+    from vast_manager.coordinator.store import migrations as store_module
 
     path = tmp_path / "old.sqlite"
     db = sqlite_utils.Database(path)

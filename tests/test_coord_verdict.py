@@ -18,7 +18,7 @@ import pytest
 from coord_support import Agent, Harness, start
 from fakes_provider import FakeClock, FakeProvider, offer
 
-from vast_manager.coordinator.store.schema import loads
+from vast_manager.coordinator.store.migrations import loads
 
 ALPHA_TEST = 0.05 / 12
 Z = NormalDist().inv_cdf(1 - ALPHA_TEST)  # 2.638

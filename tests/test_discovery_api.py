@@ -257,7 +257,7 @@ def test_migration_6_keeps_earlier_results_as_measurements_with_their_hardware(
     bring-your-own agent's hello)."""
     import sqlite_utils
 
-    from vast_manager.coordinator.store import schema as store_module
+    from vast_manager.coordinator.store import migrations as store_module
     from vast_manager.coordinator.store.writer import Store
 
     path = tmp_path / "old.sqlite"

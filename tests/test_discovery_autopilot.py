@@ -10,7 +10,7 @@ from discovery_support import synthetic_offer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vast_manager.coordinator.discovery.autopilot import (
+from vast_manager.coordinator.discovery.autopilot_rules import (
     AutopilotCaps,
     FleetInstance,
     Ledger,
@@ -18,7 +18,6 @@ from vast_manager.coordinator.discovery.autopilot import (
     decide,
     plan_reference_usd_per_proof,
 )
-from vast_manager.coordinator.discovery.model import fit_rate_model
 from vast_manager.coordinator.discovery.plan import (
     FleetView,
     Plan,
@@ -26,6 +25,7 @@ from vast_manager.coordinator.discovery.plan import (
     Proposal,
     evaluate_offer,
 )
+from vast_manager.coordinator.discovery.structural_model import fit_rate_model
 
 MODEL = fit_rate_model([])
 CAPS = AutopilotCaps(target_rate_per_hour=300.0, max_dph_total=3.0, max_instances=6,

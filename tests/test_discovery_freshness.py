@@ -89,7 +89,7 @@ async def test_answers_say_stale_while_a_slow_refit_runs(aiohttp_client: Any,
     keeper = h.core.models
     keeper.answer_wait_s = 0.05
     release = asyncio.Event()
-    import vast_manager.coordinator.operations.rate_model as rate_model
+    import vast_manager.coordinator.operations.model_keeper as rate_model
 
     real = rate_model.fit_rows
 
@@ -127,7 +127,7 @@ async def test_a_large_fit_runs_in_a_worker_process(aiohttp_client: Any, tmp_pat
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """From PROCESS_FIT_MIN_MEASUREMENTS up the fit leaves the coordinator's process (its
     Python work would hold the interpreter); the fit that comes back serves like any."""
-    import vast_manager.coordinator.operations.rate_model as rate_model
+    import vast_manager.coordinator.operations.model_keeper as rate_model
 
     monkeypatch.setattr(rate_model, "PROCESS_FIT_MIN_MEASUREMENTS", 10)
     h: Harness = await start(aiohttp_client, tmp_path, provider=FakeProvider(catalog_offers()))

@@ -10,7 +10,11 @@ import pytest
 from discovery_support import measurements, synthetic_offer, true_rate
 
 from vast_manager.coordinator.discovery.measurements import Measurement
-from vast_manager.coordinator.discovery.model import Prediction, Unpredictable, fit_rate_model
+from vast_manager.coordinator.discovery.structural_model import (
+    Prediction,
+    Unpredictable,
+    fit_rate_model,
+)
 from vast_manager.coordinator.providers.local.catalog import local_offers
 
 

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from discovery_support import measurements, synthetic_offer
 
-from vast_manager.coordinator.discovery.model import Prediction, fit_rate_model
 from vast_manager.coordinator.discovery.plan import (
     FleetView,
     PlanSettings,
@@ -17,6 +16,7 @@ from vast_manager.coordinator.discovery.plan import (
     expected_saving_per_hour,
     plan_trials,
 )
+from vast_manager.coordinator.discovery.structural_model import Prediction, fit_rate_model
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,12 @@ import orjson
 import pytest
 
 from vast_manager.coordinator.discovery.measurements import Measurement
-from vast_manager.coordinator.discovery.model import Prediction
 from vast_manager.coordinator.discovery.served import (
     CANDIDATES,
     MIN_CV_MACHINES,
     fit_served_model,
 )
+from vast_manager.coordinator.discovery.structural_model import Prediction
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKETS = ROOT / "bench" / "markets"

@@ -33,11 +33,11 @@ from vast_manager.protocol import messages
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS_YAML = ROOT / "docs" / "openapi.yaml"
-PACKAGED = ROOT / "coordinator" / "web" / "data" / "openapi.json"
+PACKAGED = ROOT / "src" / "vast_manager" / "coordinator" / "web" / "data" / "openapi.json"
 REGENERATE = (
     "regenerate the packaged copy: python -c \"import json, yaml; "
     "json.dump(yaml.safe_load(open('docs/openapi.yaml')), "
-    "open('coordinator/web/data/openapi.json', 'w'), indent=1)\""
+    "open('src/vast_manager/coordinator/web/data/openapi.json', 'w'), indent=1)\""
 )
 HTTP_METHODS = ("get", "put", "post", "delete", "patch", "options", "head", "trace")
 

@@ -14,7 +14,7 @@ from coord_support import ADMIN, ADMIN_TOKEN, Agent, Harness, heartbeat_msg, sta
 from prometheus_client.parser import text_string_to_metric_families
 
 from vast_manager.coordinator.cli.commands import cli
-from vast_manager.coordinator.operations.autopilot import fleet_instances
+from vast_manager.coordinator.operations.autopilot_loop import fleet_instances
 
 IDLE_AFTER_S = 600.0
 BENCH_RATE = 100.0

@@ -40,12 +40,12 @@ import aiohttp
 import pytest
 from fakevast import FAKE_API_KEY, FakeVast
 
-from vast_manager.agent.sim.c1 import write_c1
 from vast_manager.coordinator.providers.local.catalog import local_offers
 from vast_manager.coordinator.providers.local.provider import instance_profile
 from vast_manager.coordinator.providers.vast.provider import from_settings
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.web.server import start_server
+from vast_manager.sim.fake_c1 import write_c1
 
 pytestmark = pytest.mark.slow
 

@@ -29,7 +29,7 @@ from coord_support import (
 )
 from fakes_provider import FakeProvider
 
-from vast_manager.agent.client import Backoff, CoordinatorClient
+from vast_manager.agent.coordinator_client import Backoff, CoordinatorClient
 from vast_manager.coordinator.store.writer import Store
 from vast_manager.coordinator.web.app import create_app
 from vast_manager.protocol import Heartbeat, Hello

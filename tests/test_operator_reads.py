@@ -19,7 +19,7 @@ from coord_support import ADMIN, ADMIN_TOKEN, Harness, ServerThread, start
 from prometheus_client.parser import text_string_to_metric_families
 
 from vast_manager.coordinator.cli import commands
-from vast_manager.coordinator.cli.client import next_after_id
+from vast_manager.coordinator.cli.api_client import next_after_id
 from vast_manager.coordinator.store.reads import Reads
 from vast_manager.coordinator.store.writer import Store, Tx
 from vast_manager.coordinator.web import operator_api

@@ -258,7 +258,7 @@ def test_migration_8_gives_older_instances_the_base_pace(tmp_path: Path) -> None
     timed on the base pace until their agents are answered."""
     import sqlite_utils
 
-    from vast_manager.coordinator.store import schema as store_module
+    from vast_manager.coordinator.store import migrations as store_module
 
     path = tmp_path / "coord.db"
     db = sqlite_utils.Database(path)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from discovery_support import measurements
 
-from vast_manager.coordinator.decisions.ranking import rank_offers
-from vast_manager.coordinator.discovery.model import RateModel, fit_rate_model
+from vast_manager.coordinator.discovery.ranking import rank_offers
+from vast_manager.coordinator.discovery.structural_model import RateModel, fit_rate_model
 
 MODEL: RateModel = fit_rate_model(measurements(120, seed=3))
 

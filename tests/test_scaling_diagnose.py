@@ -1,4 +1,4 @@
-"""vast_manager.protocol.scaling: efficiency, bottleneck rules, evidence with numbers.
+"""vast_manager.common.scaling: efficiency, bottleneck rules, evidence with numbers.
 
 The last tests drive the same verdicts through the fake NVML and the
 sampler, from state files shaped like the simulated cuzk daemon's.
@@ -14,9 +14,13 @@ import pytest
 
 from vast_manager.agent.gpu import Nvml, open_devices
 from vast_manager.agent.sampler import Sampler, Sources
-from vast_manager.agent.sim.fake_host import FakeHostProbe
-from vast_manager.agent.sim.fake_nvml import FakeNvml
-from vast_manager.agent.sim.hardware import Profile
+from vast_manager.common.scaling import (
+    describe_throttle,
+    diagnose,
+    efficiency,
+    gpu_label,
+    link_capacity_gbps,
+)
 from vast_manager.protocol.messages import (
     CpuTelemetry,
     CuzkTelemetry,
@@ -28,13 +32,9 @@ from vast_manager.protocol.messages import (
     Result,
     Telemetry,
 )
-from vast_manager.protocol.scaling import (
-    describe_throttle,
-    diagnose,
-    efficiency,
-    gpu_label,
-    link_capacity_gbps,
-)
+from vast_manager.sim.fake_host import FakeHostProbe
+from vast_manager.sim.fake_nvml import FakeNvml
+from vast_manager.sim.hardware import Profile
 
 GB = 1_000_000_000
 
@@ -364,6 +364,7 @@ def test_profiles_through_fake_nvml(
 def test_near_ideal_scaling_with_mostly_busy_gpus_is_gpu_bound() -> None:
     """Efficiency 0.96 with GPUs 87% busy (a short run's fill and drain) is GPU-bound,
     even when cuzk's memory budget is full: memory did not hold the GPUs back."""
+    from vast_manager.common.scaling import diagnose
     from vast_manager.protocol import (
         CpuTelemetry,
         CuzkTelemetry,
@@ -372,7 +373,6 @@ def test_near_ideal_scaling_with_mostly_busy_gpus_is_gpu_bound() -> None:
         RamTelemetry,
         Telemetry,
     )
-    from vast_manager.protocol.scaling import diagnose
 
     gpus = [
         GpuTelemetry(i, 87.0, 100.0, 15 * 10**9, 4e5, 8.9e6, 300.0, 70.0, 2500.0, 0, 4, 16)

@@ -19,9 +19,9 @@ import pytest
 from cuzk_surface import COMMIT, SURFACE, bench_command, check, daemon_command
 
 from vast_manager.agent.cuzk import batch_argv, daemon_argv, preload_argv, render_config
-from vast_manager.agent.sim import clap
-from vast_manager.agent.sim.cuzk_cli import CUZK_BENCH, CUZK_DAEMON, FEATURE_GATED, SOURCE_COMMIT
-from vast_manager.agent.sim.daemon import (
+from vast_manager.sim import clap
+from vast_manager.sim.cuzk_cli import CUZK_BENCH, CUZK_DAEMON, FEATURE_GATED, SOURCE_COMMIT
+from vast_manager.sim.daemon import (
     DEFAULT_LISTEN,
     ConfigError,
     SimDaemon,
@@ -29,7 +29,7 @@ from vast_manager.agent.sim.daemon import (
     load_settings,
     parse_size,
 )
-from vast_manager.agent.sim.hardware import load_profile
+from vast_manager.sim.hardware import load_profile
 
 BENCH = "/usr/local/bin/cuzk-bench"
 CUZK = "/usr/local/bin/cuzk"
@@ -119,13 +119,13 @@ def test_clap_errors_and_defaults() -> None:
 @pytest.mark.parametrize(
     ("module", "argv", "needle"),
     [
-        ("vast_manager.agent.sim.bench", ["batch", "-t", "porep", "--c1", "x", "-n", "3"],
+        ("vast_manager.sim.bench", ["batch", "-t", "porep", "--c1", "x", "-n", "3"],
          "error: unexpected argument '-n' found"),
-        ("vast_manager.agent.sim.bench", ["batch", "--addr", "http://127.0.0.1:1", "-t", "porep"],
+        ("vast_manager.sim.bench", ["batch", "--addr", "http://127.0.0.1:1", "-t", "porep"],
          "error: unexpected argument '--addr' found"),
-        ("vast_manager.agent.sim.daemon", ["--config"],
+        ("vast_manager.sim.daemon", ["--config"],
          "error: a value is required for '--config <CONFIG>'"),
-        ("vast_manager.agent.sim.daemon", ["-n", "1"], "error: unexpected argument '-n' found"),
+        ("vast_manager.sim.daemon", ["-n", "1"], "error: unexpected argument '-n' found"),
     ],
 )
 def test_the_simulated_programs_refuse_like_clap(module: str, argv: list[str],
@@ -139,7 +139,7 @@ def test_the_simulated_programs_refuse_like_clap(module: str, argv: list[str],
 
 
 def test_feature_gated_subcommands_fail_as_the_release_build_does() -> None:
-    res = subprocess.run([sys.executable, "-m", "vast_manager.agent.sim.bench",
+    res = subprocess.run([sys.executable, "-m", "vast_manager.sim.bench",
                           "pce-bench", "--c1", "x"],
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 1
@@ -148,7 +148,7 @@ def test_feature_gated_subcommands_fail_as_the_release_build_does() -> None:
 
 def test_batch_lines_follow_the_format_strings() -> None:
     from vast_manager.agent.benchparse import STATUS_LABELS, parse_proof_line
-    from vast_manager.agent.sim.bench import _proof_line, format_summary, status_label
+    from vast_manager.sim.bench import _proof_line, format_summary, status_label
 
     out = SURFACE["batch_output"]
     fmt = out["proof_line"]

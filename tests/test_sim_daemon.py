@@ -1,6 +1,6 @@
 """The simulated cuzk daemon and bench as real processes on loopback.
 
-Each test starts ``python -m vast_manager.agent.sim.daemon`` on free ports with a large
+Each test starts ``python -m vast_manager.sim.daemon`` on free ports with a large
 time scale (simulated seconds per real second), waits for readiness with a
 deadline, and reaps every process it started. What the real programs do
 comes from docs/cuzk.md (Curio e0294b0f).
@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from vast_manager.agent.sim.c1 import write_c1
+from vast_manager.sim.fake_c1 import write_c1
 
 SCALE = "3000"  # a ~60 s simulated proof takes ~20 ms
 DEADLINE_S = 20.0
@@ -107,7 +107,7 @@ class Daemon:
         return get_json(self.status_url)  # type: ignore[no-any-return]
 
     def bench(self, *args: str, addr: str | None = None) -> subprocess.CompletedProcess[str]:
-        cmd = [sys.executable, "-m", "vast_manager.agent.sim.bench",
+        cmd = [sys.executable, "-m", "vast_manager.sim.bench",
                "--addr", addr or self.addr, *args]
         return subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=60)
 
@@ -173,7 +173,7 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         log_path = base / "daemon.log"
         with log_path.open("wb") as log_file:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "vast_manager.agent.sim.daemon",
+                [sys.executable, "-m", "vast_manager.sim.daemon",
                  "-c", str(toml), "--log-level", "info"],
                 env=env,
                 stdout=subprocess.DEVNULL,
@@ -271,7 +271,7 @@ def test_status_shows_pipelines_and_partitions_while_proving(
     # A slow clock, so a proof is still in flight when we look.
     d = start_daemon(scale="40")
     bench = subprocess.Popen(
-        [sys.executable, "-m", "vast_manager.agent.sim.bench",
+        [sys.executable, "-m", "vast_manager.sim.bench",
          "--addr", d.addr, "batch", "-t", "porep",
          "--c1", str(d.c1), "-c", "2", "-j", "2"],
         env=d.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -338,7 +338,7 @@ def test_with_concurrency_lines_wait_for_every_submission(
     d = start_daemon(scale="600")
     warm_up(d)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vast_manager.agent.sim.bench",
+        [sys.executable, "-m", "vast_manager.sim.bench",
          "--addr", d.addr, "batch", "-t", "porep",
          "--c1", str(d.c1), "-c", "6", "-j", "2"],
         env=d.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -503,7 +503,7 @@ def test_state_file_format(start_daemon: Callable[..., Daemon]) -> None:
     assert later["ram"]["total_bytes"] == 515000 * 1_000_000
     # Busy while proving: GPUs work and the host->GPU link carries data.
     d2 = subprocess.Popen(
-        [sys.executable, "-m", "vast_manager.agent.sim.bench",
+        [sys.executable, "-m", "vast_manager.sim.bench",
          "--addr", d.addr, "batch", "-t", "porep",
          "--c1", str(d.c1), "-c", "200", "-j", "4"],
         env=dict(d.env),
@@ -549,7 +549,7 @@ def test_sigint_stops_the_engine_not_the_process_and_sigterm_ends_it(
 def test_daemon_start_errors(start_daemon: Callable[..., Daemon], tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('[gpus]\ndevices = "all"\n')
-    res = subprocess.run([sys.executable, "-m", "vast_manager.agent.sim.daemon",
+    res = subprocess.run([sys.executable, "-m", "vast_manager.sim.daemon",
                           "--config", str(bad)],
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 1
@@ -561,7 +561,7 @@ def test_daemon_start_errors(start_daemon: Callable[..., Daemon], tmp_path: Path
         d = start_daemon(name="taken", wait_ready=False)
         toml = d.state_file.parent / "cuzk.toml"
         toml.write_text(f'[daemon]\nlisten = "127.0.0.1:{port}"\n')
-        res = subprocess.run([sys.executable, "-m", "vast_manager.agent.sim.daemon",
+        res = subprocess.run([sys.executable, "-m", "vast_manager.sim.daemon",
                               "-c", str(toml)],
                              capture_output=True, text=True, timeout=30, env=d.env)
     assert res.returncode == 1 and "Error: gRPC server error" in res.stderr

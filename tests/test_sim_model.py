@@ -2,7 +2,7 @@
 
 Every rate here is simulated. The offers are the ones the local catalog uses
 (vast.ai field names); the targets are the operator's observed rates (the
-calibration notes of agent/sim/model.py).
+calibration notes of sim/physics.py).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from vast_manager.agent.sim.hardware import Profile, cpu_core_speed, pcie_link_gbps
-from vast_manager.agent.sim.model import (
+from vast_manager.sim.hardware import Profile, cpu_core_speed, pcie_link_gbps
+from vast_manager.sim.physics import (
     GIB,
     PCE_EXTRACTION_TRANSIENT_BYTES,
     SRS_BYTES,

@@ -12,9 +12,9 @@ import pytest
 
 from vast_manager.agent.gpu import Device, Nvml, inventory, open_devices
 from vast_manager.agent.sampler import NvmlUnavailable, describe_host, open_sources
-from vast_manager.agent.sim import fake_nvml
-from vast_manager.agent.sim.fake_nvml import FUNCTIONS, NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml
-from vast_manager.agent.sim.hardware import Profile
+from vast_manager.sim import fake_nvml
+from vast_manager.sim.fake_nvml import FUNCTIONS, NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml
+from vast_manager.sim.hardware import Profile
 
 GB = 1_000_000_000
 T0 = 1_764_460_000.0
@@ -159,7 +159,7 @@ def test_pcie_throughput_never_reads_above_the_link(tmp_path: Path, rx_fraction:
     if rx_fraction < 0.9:
         assert len(set(rx)) > 100  # still a noisy reading
     # The scaling diagnosis of such telemetry never finds a link over 100% full.
-    from vast_manager.protocol.scaling import link_capacity_gbps
+    from vast_manager.common.scaling import link_capacity_gbps
 
     cap = link_capacity_gbps(3, 4)
     assert cap is not None and max(r for r in rx if r is not None) / 1e6 <= cap * 1.0000003

@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from vast_manager.agent.host import HostProbe, read_cgroup_quota_cores, read_cpu_model
-from vast_manager.agent.sim.fake_host import FakeHostProbe
-from vast_manager.agent.sim.hardware import Profile
+from vast_manager.sim.fake_host import FakeHostProbe
+from vast_manager.sim.hardware import Profile
 
 CpuTimes = namedtuple("CpuTimes", "user nice system idle iowait irq softirq steal guest guest_nice")
 GB = 1_000_000_000

@@ -17,11 +17,11 @@ from aiohttp import web
 from vast_manager.agent.gpu import GpuSnapshot, Nvml, open_devices
 from vast_manager.agent.host import HostSample
 from vast_manager.agent.sampler import MAX_OPEN_WINDOWS, Sampler, Sources, sample_interval_from_env
-from vast_manager.agent.sim.fake_host import FakeHostProbe
-from vast_manager.agent.sim.fake_nvml import FakeNvml
-from vast_manager.agent.sim.hardware import Profile
 from vast_manager.protocol.codec import decode, encode
 from vast_manager.protocol.messages import Telemetry
+from vast_manager.sim.fake_host import FakeHostProbe
+from vast_manager.sim.fake_nvml import FakeNvml
+from vast_manager.sim.hardware import Profile
 
 GB = 1_000_000_000
 PROFILE = Profile.from_offer({"gpu_name": "RTX 4090", "num_gpus": 2, "cpu_cores_effective": 4})

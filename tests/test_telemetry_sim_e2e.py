@@ -20,8 +20,8 @@ import aiohttp
 import pytest
 
 from vast_manager.agent.sampler import Sampler, open_sources
-from vast_manager.agent.sim.c1 import write_c1
-from vast_manager.protocol.scaling import diagnose
+from vast_manager.common.scaling import diagnose
+from vast_manager.sim.fake_c1 import write_c1
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +68,7 @@ async def test_sim_daemon_verdicts(
     monkeypatch.setenv("VM_SIM_PROFILE", json.dumps(offer))
     monkeypatch.setenv("VM_SIM_STATE_FILE", str(tmp_path / "state.json"))
     monkeypatch.setenv("VM_SIM_TIME_SCALE", str(scale))
-    proc = subprocess.Popen([sys.executable, "-m", "vast_manager.agent.sim.daemon",
+    proc = subprocess.Popen([sys.executable, "-m", "vast_manager.sim.daemon",
                              "-c", str(config)],
                             env=dict(os.environ), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
@@ -79,7 +79,7 @@ async def test_sim_daemon_verdicts(
 
     def bench(count: int, concurrency: int) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, "-m", "vast_manager.agent.sim.bench", "--addr", f"http://127.0.0.1:{engine}",
+            [sys.executable, "-m", "vast_manager.sim.bench", "--addr", f"http://127.0.0.1:{engine}",
              "batch", "-t", "porep", "--c1", str(c1), "-c", str(count), "-j", str(concurrency)],
             env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )

@@ -240,7 +240,7 @@ def test_steady_state_rate_corrects_the_idle_tail() -> None:
 
 
 def test_steady_state_rate_leaves_out_the_pipeline_fill() -> None:
-    # What the simulated 4x RTX 5060 Ti reports at -j 8 (agent/sim): the daemon
+    # What the simulated 4x RTX 5060 Ti reports at -j 8 (sim): the daemon
     # serialises the first round, so its proofs finish at 130, 223, ... 759 s; the
     # later ones wait behind a full pipeline. Over all 12 the rate would read
     # 8 * 3600 * 12 / 6409 = 53.9/h; after the first round 8 * 3600 * 4 / 2859 = 40.3/h,

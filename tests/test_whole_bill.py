@@ -13,7 +13,7 @@ import pytest
 from bill_support import HEARTBEAT_S, MONITOR_INTERVAL_S, BillEnv, bill_env
 
 from vast_manager.coordinator.decisions import cost
-from vast_manager.coordinator.discovery.autopilot import ledger_of, rental_of
+from vast_manager.coordinator.discovery.autopilot_rules import ledger_of, rental_of
 from vast_manager.coordinator.discovery.plan import PlanSettings, TrialCost, trial_cost
 
 GB = 1e9

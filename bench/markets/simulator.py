@@ -1,6 +1,6 @@
 """The simulator's market: ``bench/discovery.py``'s hosts, one offer a machine.
 
-Its true rates come from the project's simulated cuzk (``agent/sim/model.py``), the same
+Its true rates come from the project's simulated cuzk (``sim/physics.py``), the same
 physics the structural rate model encodes, times the bench's hidden host effects; the
 oracle's rate is the point with the least expected percentage error over draws of those
 effects for each host's hardware (the bench's noise floor). Run from the repository root:

@@ -1,0 +1,363 @@
+"""Which offers to benchmark next, and why: each trial's expected value against its cost.
+
+Every deployment is an experiment that costs its rent until the benchmark's
+verdict. For an offer at ``dph_total`` with a predicted true rate ``r``
+(log-normal, from the rate model) the plan asks what keeping it would be worth
+against the fleet's reference cost per proof ``lambda`` (what the proofs it makes
+would cost elsewhere: the fleet's marginal host, or the best it has, or at most
+the policy's ``max_usd_per_proof``):
+
+    saving per hour = E[ max(0, lambda * r - dph_total) ]      (kept only if it beats lambda)
+    expected value  = saving per hour * hours it would run - the trial's cost
+
+The expectation has a closed form for a log-normal rate (the expected improvement
+of Bayesian optimisation, here in dollars). The plan lists the offers with the
+highest expected value, at most ``trials`` of them and within ``budget_usd``, and
+stops when nothing is worth its cost. Each proposal says its predicted interval,
+its break-even rates, the chance it beats the fleet's best $/proof, and the
+hypothesis it tests in one sentence. docs/discovery.md has the derivation.
+
+Pure: offers, a fitted model and the fleet's figures in; a ``Plan`` out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from vast_manager.coordinator.decisions import cost
+from vast_manager.coordinator.discovery.features import GIB, OfferFeatures, offer_features
+from vast_manager.coordinator.discovery.structural_model import Prediction, Unpredictable, normal_sf
+from vast_manager.coordinator.providers.coerce import as_int, positive
+
+
+class Predictor(Protocol):
+    """What the plan needs of a model (``RateModel`` is one)."""
+
+    def predict_offers(
+        self, offers: Sequence[Mapping[str, Any]], *, explain: bool = True
+    ) -> list[Prediction | Unpredictable]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TrialCost:
+    """How long a trial rents its host before the verdict: boot, parameter fetch,
+    warm-up and the benchmark (docs/policy.md; the original manager's 12 proofs after a
+    5-7 minute warm-up)."""
+
+    params_gib: float = 45.0  # the PoRep 32G parameters a fresh host downloads
+    boot_s: float = 300.0
+    warmup_s: float = 420.0
+    bench_proofs: int = 12
+    bench_timeout_s: float = 2700.0
+    default_inet_down_mbps: float = 500.0
+    #: GB the fresh host downloads (parameters and image), billed at the offer's
+    #: ``inet_down_cost`` (None: the parameters alone).
+    download_gb: float | None = None
+
+    @property
+    def download_bytes(self) -> float:
+        if self.download_gb is not None:
+            return self.download_gb * cost.BYTES_PER_GB
+        return self.params_gib * GIB
+
+    def hours(self, offer: Mapping[str, Any], rate_per_hour: float) -> float:
+        """Hours of rent from deploy to verdict, for a host proving at ``rate_per_hour``."""
+        mbps = positive(offer.get("inet_down")) or self.default_inet_down_mbps
+        fetch_s = self.params_gib * GIB * 8 / (mbps * 1e6)
+        bench_s = min(self.bench_proofs * 3600.0 / max(rate_per_hour, 1e-3), self.bench_timeout_s)
+        return (self.boot_s + fetch_s + self.warmup_s + bench_s) / 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class PlanSettings:
+    max_usd_per_proof: float = 0.008
+    trials: int = 5
+    budget_usd: float | None = None
+    horizon_hours: float = 168.0  # how long a kept host is expected to run
+    min_expected_value_usd: float = 0.0
+    trial_cost: TrialCost = field(default_factory=TrialCost)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """The fleet's figures the plan compares against (all optional)."""
+
+    best_usd_per_proof: float | None = None  # the fleet's best measured $/proof
+    reference_usd_per_proof: float | None = None  # what a kept newcomer must beat
+    busy_machines: frozenset[str] = frozenset()  # ours already: deploy refuses them
+    bad_machines: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """One offer worth benchmarking, with the numbers behind it."""
+
+    offer_id: int | None
+    machine_id: str | None
+    offer: Mapping[str, Any]
+    prediction: Prediction
+    dph_total: float  # vast.ai's figure: rent and storage, no bandwidth
+    break_even_rate_per_hour: float  # hourly figure / max_usd_per_proof: the verdict's minimum
+    break_even_vs_reference: float  # hourly figure / reference $/proof: worth keeping above it
+    break_even_vs_best: float | None  # hourly figure / the fleet's best $/proof
+    probability_passes: float  # P(rate >= the verdict's minimum)
+    probability_beats_best: float | None  # P($/proof below the fleet's best)
+    probability_worth_keeping: float  # P(rate > break_even_vs_reference)
+    trial_hours: float
+    trial_cost_usd: float
+    expected_saving_per_hour_usd: float
+    expected_value_usd: float  # over the horizon, net of the trial's cost
+    hypothesis: str
+    #: The full hourly figure once kept (rent, storage, setup download over the horizon).
+    hourly: cost.Cost = field(default_factory=cost.Cost)
+    #: The trial's cost by part (``trial_cost_usd`` is its total).
+    trial: cost.Cost = field(default_factory=cost.Cost)
+
+    @property
+    def predicted_usd_per_proof(self) -> float:
+        return (self.hourly.total or self.dph_total) / self.prediction.rate_per_hour
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredOffer:
+    """An offer on a machine already measured: not a trial, a deploy-or-not decision on
+    its measurement (the prediction reads the machine's own runs)."""
+
+    offer_id: int | None
+    machine_id: str
+    offer: Mapping[str, Any]
+    prediction: Prediction
+    dph_total: float
+    predicted_usd_per_proof: float
+    worth_deploying: bool  # its $/proof beats the reference a newcomer must beat
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    proposals: tuple[Proposal, ...]
+    considered: int  # offers the model could predict and the fleet could deploy
+    worth_trying: int  # of those, how many had an expected value above the minimum
+    reference_usd_per_proof: float
+    stop_reason: str  # why the list ends where it does
+    # Offers on machines already measured, cheapest per proof first: never proposed as
+    # trials (a trial would only repeat what the measurement says).
+    measured: tuple[MeasuredOffer, ...] = ()
+
+
+def reference_usd_per_proof(fleet: FleetView, settings: PlanSettings) -> float:
+    """The $/proof a newcomer must beat: as given, else the fleet's best, else the cap."""
+    cap = settings.max_usd_per_proof
+    for value in (fleet.reference_usd_per_proof, fleet.best_usd_per_proof):
+        if value is not None and value > 0:
+            return min(value, cap)
+    return cap
+
+
+def expected_saving_per_hour(prediction: Prediction, dph_total: float, ref: float) -> float:
+    """E[max(0, ref * r - dph_total)] for a log-normal r (or a mixture of log-normals,
+    one per mode: the expectation is their weighted sum): the closed-form expected
+    improvement, in dollars per hour."""
+    log_b = math.log(dph_total / ref)
+    total = 0.0
+    for weight, mu, sd in prediction.components():
+        s = max(sd, 1e-9)
+        total += weight * (ref * math.exp(mu + s * s / 2) * normal_sf((log_b - mu - s * s) / s)
+                           - dph_total * normal_sf((log_b - mu) / s))
+    return total
+
+
+def evaluate_offer(
+    offer: Mapping[str, Any],
+    prediction: Prediction,
+    fleet: FleetView,
+    settings: PlanSettings,
+    *,
+    features: OfferFeatures | None = None,
+) -> Proposal | None:
+    """The proposal for one offer, or None when it has no price."""
+    listed = positive(offer.get("dph_total"))
+    if listed is None:
+        return None
+    hourly = _hourly(offer, settings)
+    dph = hourly.total
+    ref = reference_usd_per_proof(fleet, settings)
+    best = fleet.best_usd_per_proof if fleet.best_usd_per_proof else None
+    minimum = dph / settings.max_usd_per_proof
+    be_ref = dph / ref
+    be_best = dph / best if best else None
+    value = _value(offer, prediction, ref, settings)
+    hours = settings.trial_cost.hours(offer, prediction.rate_per_hour)
+    feats = features or offer_features(offer)
+    return Proposal(
+        offer_id=as_int(offer.get("id")),
+        machine_id=feats.machine_id,
+        offer=offer,
+        prediction=prediction,
+        dph_total=listed,
+        break_even_rate_per_hour=minimum,
+        break_even_vs_reference=be_ref,
+        break_even_vs_best=be_best,
+        probability_passes=prediction.probability_above(minimum),
+        probability_beats_best=prediction.probability_above(be_best) if be_best else None,
+        probability_worth_keeping=prediction.probability_above(be_ref),
+        trial_hours=hours,
+        trial_cost_usd=value.trial_cost_usd,
+        expected_saving_per_hour_usd=expected_saving_per_hour(prediction, dph, ref),
+        expected_value_usd=value.expected_value_usd,
+        hypothesis=hypothesis(feats, prediction, minimum),
+        hourly=hourly,
+        trial=trial_cost(offer, hours, settings),
+    )
+
+
+def hypothesis(f: OfferFeatures, p: Prediction, break_even: float) -> str:
+    """What a trial of this offer would show, in one sentence."""
+    head = (f"{f.num_gpus}x {f.gpu_name} on {f.cpu_cores_effective:g} vCPU {f.cpu_family} "
+            f"({f.ram_share_gib:.0f} GiB RAM share)")
+    gpus = "one GPU" if f.num_gpus == 1 else f"{f.num_gpus} GPUs"
+    if p.machine_runs:
+        question = f"re-measures machine {f.machine_id} ({p.machine_runs} run(s) so far)"
+    elif any(n.startswith(f"no {f.gpu_name} ") for n in p.novelty):
+        question = (f"tests whether the {f.gpu_name} proves as fast as its "
+                    f"{f.mem_bw_gbps:.0f} GB/s memory bandwidth suggests")
+    elif p.novelty:
+        question = f"tests how fast {f.cpu_family} cores synthesise"
+    elif p.bottleneck == "cpu":
+        question = f"tests whether {f.cpu_cores_effective:g} vCPUs keep {gpus} fed"
+    elif p.bottleneck == "memory":
+        question = (f"tests whether a {f.ram_share_gib:.0f} GiB RAM share holds enough "
+                    f"partitions in flight for {gpus}")
+    elif p.bottleneck == "pcie":
+        question = f"tests whether {f.pcie_gbps:.1f} GB/s of PCIe per GPU keeps up"
+    elif f.num_gpus > 1:
+        question = f"tests whether {f.num_gpus} GPUs scale on one host"
+    else:
+        question = "tests whether this host reaches its GPU class's rate at this price"
+    return (f"{head}: {question}; break-even {break_even:.0f}/h, "
+            f"predicted {p.rate_low:.0f}-{p.rate_high:.0f}/h")
+
+
+@dataclass(frozen=True, slots=True)
+class _Value:
+    offer: Mapping[str, Any]
+    prediction: Prediction
+    dph_total: float
+    trial_cost_usd: float
+    expected_value_usd: float
+
+
+def _hourly(offer: Mapping[str, Any], settings: PlanSettings) -> cost.Cost:
+    """The offer's full hourly figure once kept: rent, storage, and the setup download
+    spread over the horizon (``cost.kept_per_hour``; docs/operations.md)."""
+    prices = cost.prices_of(offer)
+    assert prices is not None  # callers checked dph_total
+    return cost.kept_per_hour(prices, setup_down_bytes=settings.trial_cost.download_bytes,
+                              kept_hours=settings.horizon_hours)
+
+
+def trial_cost(offer: Mapping[str, Any], hours: float, settings: PlanSettings) -> cost.Cost:
+    """What a trial of ``hours`` bills by part: rent and storage for its hours and the whole
+    setup download (the trial pays it whether or not the host is kept)."""
+    prices = cost.prices_of(offer)
+    assert prices is not None
+    return prices.per_hour().scaled(hours) + cost.Cost(
+        bandwidth=prices.bandwidth_usd(settings.trial_cost.download_bytes, 0.0))
+
+
+def _value(offer: Mapping[str, Any], pred: Prediction, ref: float,
+           settings: PlanSettings) -> _Value:
+    """A trial's cost and expected value (``evaluate_offer``'s arithmetic, nothing else)."""
+    dph = _hourly(offer, settings).total
+    hours = settings.trial_cost.hours(offer, pred.rate_per_hour)
+    run_h = settings.horizon_hours
+    duration_s = positive(offer.get("duration"))
+    if duration_s is not None:
+        run_h = min(run_h, duration_s / 3600.0)
+    run_h = max(0.0, run_h - hours)
+    spent = trial_cost(offer, hours, settings).total
+    saving = expected_saving_per_hour(pred, dph, ref)
+    return _Value(offer, pred, dph, spent, saving * run_h - spent)
+
+
+def plan_trials(
+    offers: Sequence[Mapping[str, Any]],
+    model: Predictor,
+    fleet: FleetView,
+    settings: PlanSettings,
+) -> Plan:
+    """The offers to benchmark next, best expected value first, and why the list ends."""
+    ref = reference_usd_per_proof(fleet, settings)
+    blocked = fleet.busy_machines | fleet.bad_machines
+    candidates: list[Mapping[str, Any]] = []
+    for offer in offers:
+        machine = offer.get("machine_id")
+        if machine is not None and str(machine) in blocked:
+            continue
+        if positive(offer.get("dph_total")) is None:
+            continue
+        candidates.append(offer)
+    # Explanations cost a few dozen model evaluations an offer: only for those listed.
+    predictions = model.predict_offers(candidates, explain=False)
+    best_per_machine: dict[str, _Value] = {}
+    loose: list[_Value] = []
+    measured: dict[str, MeasuredOffer] = {}
+    for offer, pred in zip(candidates, predictions, strict=True):
+        if isinstance(pred, Unpredictable):
+            continue
+        machine = offer.get("machine_id")
+        if pred.machine_runs > 0 and machine is not None and machine != "":
+            dph = float(offer["dph_total"])
+            usd = dph / pred.rate_per_hour
+            held_m = measured.get(str(machine))
+            if held_m is None or usd < held_m.predicted_usd_per_proof:
+                measured[str(machine)] = MeasuredOffer(
+                    as_int(offer.get("id")), str(machine), offer, pred, dph, usd, usd <= ref)
+            continue
+        value = _value(offer, pred, ref, settings)
+        if machine is None or machine == "":
+            loose.append(value)
+            continue
+        # One trial per machine: deploy refuses a second instance on it anyway.
+        held = best_per_machine.get(str(machine))
+        if held is None or value.expected_value_usd > held.expected_value_usd:
+            best_per_machine[str(machine)] = value
+    considered = len(best_per_machine) + len(loose)
+    ranked = sorted([*best_per_machine.values(), *loose],
+                    key=lambda v: (-v.expected_value_usd, v.dph_total))
+    worth = [v for v in ranked if v.expected_value_usd > settings.min_expected_value_usd]
+    picked: list[_Value] = []
+    spent = 0.0
+    over_budget = 0
+    for v in worth:
+        if len(picked) >= settings.trials:
+            break
+        if settings.budget_usd is not None and spent + v.trial_cost_usd > settings.budget_usd:
+            over_budget += 1
+            continue
+        picked.append(v)
+        spent += v.trial_cost_usd
+    explained = model.predict_offers([v.offer for v in picked], explain=True)
+    chosen = [
+        p for v, e in zip(picked, explained, strict=True)
+        if (p := evaluate_offer(v.offer, e if isinstance(e, Prediction) else v.prediction,
+                                fleet, settings)) is not None
+    ]
+    if not ranked:
+        reason = "no offer could be predicted and deployed"
+    elif not worth:
+        top = ranked[0]
+        reason = (f"nothing is worth its cost: the best expected value is "
+                  f"${top.expected_value_usd:.2f} (offer {top.offer.get('id')}) against "
+                  f"${ref:.4f}/proof")
+    elif len(chosen) >= settings.trials and len(worth) > len(chosen):
+        reason = f"{settings.trials} trials asked for; {len(worth) - len(chosen)} more worth trying"
+    elif over_budget:
+        reason = (f"budget ${settings.budget_usd:.2f} reached; {over_budget} more worth trying "
+                  f"would not fit")
+    else:
+        reason = f"every offer worth its cost is listed ({len(chosen)})"
+    return Plan(tuple(chosen), considered, len(worth), ref, reason,
+                tuple(sorted(measured.values(), key=lambda m: m.predicted_usd_per_proof)))

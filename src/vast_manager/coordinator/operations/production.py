@@ -1,0 +1,155 @@
+"""What a kept instance actually proves, measured from its heartbeats.
+
+A proving instance reports cuzk's completed proofs (``proofs_completed_total``, read
+from the daemon's ``/status`` by the agent) with every heartbeat. The benchmark says
+what the host *can* do; this says what it *does*: the completed rate over the last
+half to whole ``WINDOW_S`` (simulated seconds on the local fleet), and ``idle`` when no proof has
+completed for ``idle_after_s`` of proving: no work command (``VM_WORK_CMD``) feeds the
+daemon, or the work dried up. An idle instance bills without producing, so it is not
+counted as fleet output (``/api/fleet``, ``/metrics``, the autopilot) and is reported,
+or destroyed after ``idle_destroy_after_s`` (docs/operations.md, "Idle instances").
+
+Derived on the coordinator from the heartbeats it already receives: no wire change.
+Kept in memory and rebuilt after a restart: until ``idle_after_s`` has passed since
+this coordinator first saw an instance proving, it is not called idle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from vast_manager.coordinator.decisions.states import State
+from vast_manager.coordinator.settings import Settings
+from vast_manager.coordinator.store.migrations import Row
+
+#: The completed rate is taken over this much of the latest proving (simulated seconds).
+WINDOW_S = 3600.0
+
+#: The columns ``observe`` reads of each active instance.
+COLUMNS = ("id", "kind", "state", "proofs_completed_total", "rate_per_hour", "dph_total")
+
+
+@dataclass(slots=True)
+class _Track:
+    """Two readings of the counter, so the rate spans between half the window and the
+    whole of it: O(1) memory an instance, however long it proves (a fleet is 50,000)."""
+
+    since: float  # when this coordinator first saw it proving (its clock)
+    total: int  # proofs_completed_total at the last observation
+    changed_at: float | None = None  # when that total last grew
+    anchor: tuple[float, int] = (0.0, 0)  # the older reading the rate is taken from
+    middle: tuple[float, int] = (0.0, 0)  # the next anchor, half a window on
+
+
+@dataclass(frozen=True, slots=True)
+class Production:
+    """One proving instance's measured output (``view`` gives it to the JSON views)."""
+
+    completed_rate_per_hour: float | None
+    idle: bool
+    idle_since: float | None
+    idle_reason: str | None
+    rate_per_hour: float | None  # the benchmark's, to take out of the fleet's sum when idle
+    dph_total: float | None
+
+    def view(self) -> dict[str, Any]:
+        return {"completed_rate_per_hour": self.completed_rate_per_hour, "idle": self.idle,
+                "idle_since": self.idle_since, "idle_reason": self.idle_reason}
+
+
+#: What an instance that is not proving shows (nothing measured, not idle).
+NOT_PROVING: dict[str, Any] = {"completed_rate_per_hour": None, "idle": False,
+                               "idle_since": None, "idle_reason": None}
+
+
+def duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class ProductionTracker:
+    """Fed by the monitor each round; read by the views from any thread (``current`` is
+    replaced whole each round, never changed in place)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._tracks: dict[int, _Track] = {}
+        self.current: dict[int, Production] = {}
+
+    def scale(self, row: Row) -> float:
+        # The local fleet's heartbeats are in simulated time (ingest.time_scale's rule).
+        return self.settings.sim_time_scale if row.get("kind") == "deployed" else 1.0
+
+    def observe(self, rows: Iterable[Row], now: float) -> list[int]:
+        """Take one round of active instances; return the ids that turned idle now."""
+        tracks: dict[int, _Track] = {}
+        current: dict[int, Production] = {}
+        turned: list[int] = []
+        idle_after = self.settings.idle_after_s
+        for row in rows:
+            if row.get("state") != State.PROVING:
+                continue
+            ident = int(row["id"])
+            total = int(row.get("proofs_completed_total") or 0)
+            track = self._tracks.get(ident)
+            if track is None or total < track.total:  # first seen, or the agent restarted
+                track = _Track(since=now, total=total, anchor=(now, total),
+                               middle=(now, total))
+            elif total > track.total:
+                track.total, track.changed_at = total, now
+            scale = self.scale(row)
+            if (now - track.middle[0]) * scale >= WINDOW_S / 2:
+                track.anchor, track.middle = track.middle, (now, total)
+            tracks[ident] = track
+            quiet_s = (now - (track.changed_at or track.since)) * scale
+            idle = idle_after > 0 and quiet_s >= idle_after
+            before = self.current.get(ident)
+            if idle and not (before and before.idle):
+                turned.append(ident)
+            since = (before.idle_since if before and before.idle else now) if idle else None
+            current[ident] = Production(
+                completed_rate_per_hour=self._rate(track, now, scale),
+                idle=idle,
+                idle_since=since,
+                idle_reason=(f"no proof completed in {duration(quiet_s)} of proving: no work "
+                             "command (VM_WORK_CMD) feeds cuzk, or its work ran out")
+                if idle else None,
+                rate_per_hour=row.get("rate_per_hour"),
+                dph_total=row.get("dph_total"),
+            )
+        self._tracks = tracks
+        self.current = current
+        return turned
+
+    def _rate(self, track: _Track, now: float, scale: float) -> float | None:
+        """Proofs per (simulated) hour since the anchor (half a window to a window ago);
+        None until the readings span a monitor round."""
+        t0, n0 = track.anchor
+        span_s = (now - t0) * scale
+        if now - t0 < self.settings.monitor_interval_s or span_s <= 0:
+            return None
+        return (track.total - n0) * 3600.0 / span_s
+
+    def view(self, instance_id: int) -> dict[str, Any]:
+        found = self.current.get(int(instance_id))
+        return found.view() if found is not None else dict(NOT_PROVING)
+
+    def idle_ids(self) -> set[int]:
+        return {i for i, p in self.current.items() if p.idle}
+
+    def idle_totals(self) -> tuple[int, float, float]:
+        """(idle instances, their benchmark rates' sum, their $/h's sum)."""
+        idle = [p for p in self.current.values() if p.idle]
+        return (len(idle), sum(float(p.rate_per_hour or 0.0) for p in idle),
+                sum(float(p.dph_total or 0.0) for p in idle))
+
+    def completed_total_per_hour(self) -> float | None:
+        """The fleet's completed rate: the sum over proving instances measured so far."""
+        rates = [p.completed_rate_per_hour for p in self.current.values()
+                 if p.completed_rate_per_hour is not None]
+        return sum(rates) if rates else None

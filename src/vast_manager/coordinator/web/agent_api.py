@@ -1,0 +1,206 @@
+"""The agent endpoints (docs/protocol.md): signed requests screened before their bodies are
+read, decoded, written through ``operations.ingest``, answered signed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from vast_manager.coordinator.discovery.structural_model import Prediction
+from vast_manager.coordinator.exceptions import (
+    CoordinatorError,
+    Refusal,
+    error_body,
+    http_status,
+)
+from vast_manager.coordinator.operations import ingest
+from vast_manager.coordinator.providers.base import ProviderError
+from vast_manager.coordinator.web.auth import (
+    AuthFailure,
+    VerifiedAgent,
+    sign_response,
+)
+from vast_manager.coordinator.web.core import CORE, Core
+from vast_manager.coordinator.web.guard import ADDRESS_KEY_PREFIX, QuietLog, address_key
+from vast_manager.coordinator.web.http import read_body, too_large, too_large_declared
+from vast_manager.protocol import signing
+from vast_manager.protocol.codec import decode
+from vast_manager.protocol.errors import ProtocolError
+from vast_manager.protocol.messages import Heartbeat, Hello, LogBatch, Result
+
+log = logging.getLogger(__name__)
+
+AgentHandler = Callable[[Core, VerifiedAgent, bytes], Awaitable[tuple[int, Any]]]
+
+
+def agent_response(
+    now: float, status: int, body: bytes, key: bytes | None, nonce: str
+) -> web.Response:
+    """An answer to an agent (docs/protocol.md): server time, and signed once its key verified."""
+    response = web.Response(body=body, status=status, content_type="application/json")
+    response.headers[signing.HEADER_SERVER_TIME] = str(int(now))
+    if key is not None:
+        response.headers[signing.HEADER_SIGNATURE] = sign_response(key, nonce, status, body)
+    return response
+
+
+def _agent_answer(
+    core: Core, status: int, payload: Any, key: bytes | None, nonce: str
+) -> web.Response:
+    return agent_response(core.clock(), status, orjson.dumps(payload), key, nonce)
+
+
+def agent_failure(err: BaseException, agent_id: str, path: str,
+                  quiet: QuietLog | None = None) -> tuple[int, Any]:
+    """The status and body for an agent handler's exception (docs/protocol.md, Errors)."""
+    if isinstance(err, ProtocolError):
+        return 400, err.to_body()
+    if isinstance(err, (CoordinatorError, ProviderError)):
+        return http_status(err), error_body(err)
+    if quiet is None:
+        log.error("agent %s: %s failed", agent_id, path, exc_info=err)
+    else:
+        quiet.report("internal-error", f"agent {agent_id}: {path} failed", level=logging.ERROR,
+                     exc_info=(type(err), err, err.__traceback__))
+    return 500, error_body(err)
+
+
+def _refused(core: Core, request: web.Request, status: int, body: dict[str, str],
+             key: bytes | None, nonce: str, retry_after_s: int | None = None) -> web.Response:
+    """An agent request refused before its handler: counted, answered, and when part of
+    its body is still on the way, the connection closed (aiohttp drains what is left of
+    it for a few seconds, discarding it, then drops it)."""
+    core.guard.refused(body["error"])
+    response = _agent_answer(core, status, body, key, nonce)
+    if retry_after_s is not None:
+        response.headers["Retry-After"] = str(retry_after_s)
+    if not request.content.is_eof():
+        response.force_close()
+    return response
+
+
+def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """Wrap an agent handler in the request checks and the response signature of docs/protocol.md.
+
+    The order: a declared body over 1 MiB (413), then, on the headers alone, an issued
+    agent and well-formed signing headers (401), and only then is the body read, within
+    the shared budget and a deadline, its signature verified, its nonce admitted."""
+
+    async def handler(request: web.Request) -> web.Response:
+        core = request.app[CORE]
+        nonce = request.headers.get(signing.HEADER_NONCE, "")
+        if too_large_declared(request):
+            return _refused(core, request, 413, too_large().to_body(), None, nonce)
+        try:
+            agent_id = core.auth.screen(request.headers)
+        except AuthFailure as failure:
+            return _refused(core, request, failure.status, failure.to_body(), None, nonce)
+        claimed = 0
+        # Until its signature verifies, a body is held against its sender's address: an
+        # agent id alone (in every vast.ai label) must not spend that agent's allowance.
+        holder = ADDRESS_KEY_PREFIX + address_key(request.remote)
+        try:
+            try:
+                body, claimed = await read_body(request, budget=core.guard.budget, key=holder)
+            except Refusal as err:
+                return _refused(core, request, err.status, err.to_body(), None, nonce,
+                                err.retry_after_s)
+            try:
+                agent = core.auth.verify(
+                    # raw_path: the path and query exactly as the agent sent and signed them.
+                    method=request.method, path_qs=request.raw_path, headers=request.headers,
+                    body=body, now=core.clock(), screened_id=agent_id,
+                )
+            except AuthFailure as failure:
+                return _refused(core, request, failure.status, failure.to_body(),
+                                failure.verified_key, nonce)
+            refused = core.guard.budget.transfer(holder, agent_id, claimed)
+            if refused is not None:
+                return _refused(core, request, 503, {"error": "busy", "message": refused},
+                                agent.key, nonce, 1)
+            holder = agent_id
+            try:
+                status, payload = await fn(core, agent, body)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                status, payload = agent_failure(err, agent.agent_id, request.path,
+                                                core.guard.quiet)
+            return _agent_answer(core, status, payload, agent.key, agent.nonce)
+        finally:
+            core.guard.budget.release(holder, claimed)
+
+    return handler
+
+
+def expectation(core: Core) -> ingest.Expectation | None:
+    """The fitted rate model's 90th percentile for an offer (None without a model), what a
+    benchmark result is held against (docs/reliability.md, "No rate on a host's word alone")."""
+    fitted = core.models.latest
+    if fitted is None:
+        return None
+    model = fitted.model
+
+    def high(offer: dict[str, Any]) -> float | None:
+        (p,) = model.predict_offers([offer], explain=False)
+        return float(p.rate_high) if isinstance(p, Prediction) else None
+
+    return high
+
+
+async def _hello(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, Any]:
+    hello = decode(Hello, body)
+    now = core.clock()
+    instance_id, directive = await core.store.write(
+        ingest.hello_job(agent.agent_id, hello, core.settings, now, core.tracker.load())
+    )
+    # A hello changes no phase but an unheard instance's (to booting, paced steady).
+    core.tracker.touch(instance_id, now, directive.next_heartbeat_s)
+    return 200, directive  # a dataclass: orjson encodes it without asdict()'s deep copy
+
+
+async def _heartbeat(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, Any]:
+    hb = decode(Heartbeat, body)
+    now = core.clock()
+    instance_id, directive = await core.store.write(
+        ingest.heartbeat_job(agent.agent_id, hb, core.settings, now, core.tracker.load())
+    )
+    core.tracker.touch(instance_id, now, directive.next_heartbeat_s, hb.phase)
+    if directive.action == "terminate":
+        core.monitor.wake()
+    return 200, directive  # a dataclass: orjson encodes it without asdict()'s deep copy
+
+
+async def _result(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, Any]:
+    result = decode(Result, body)
+    now = core.clock()
+    outcome = await core.store.write(ingest.result_job(agent.agent_id, result, core.settings, now,
+                                                       core.started_at, core.tracker.load(),
+                                                       expectation(core)))
+    core.tracker.touch(outcome.instance_id, now, outcome.directive.next_heartbeat_s)
+    if outcome.terminate:
+        core.monitor.wake()
+    if not outcome.duplicate:
+        core.models.wake()  # a counted benchmark is a new measurement for the rate model
+    return 200, {"ok": True, "duplicate": outcome.duplicate,
+                 "directive": asdict(outcome.directive)}
+
+
+async def _logs(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, Any]:
+    batch = decode(LogBatch, body)
+    now = core.clock()
+    await core.store.write(ingest.logs_job(agent.agent_id, batch, core.settings, now))
+    return 200, {"ok": True}
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/hello", agent_endpoint(_hello))
+    app.router.add_post("/v1/heartbeat", agent_endpoint(_heartbeat))
+    app.router.add_post("/v1/result", agent_endpoint(_result))
+    app.router.add_post("/v1/logs", agent_endpoint(_logs))

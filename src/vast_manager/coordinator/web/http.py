@@ -1,0 +1,175 @@
+"""The HTTP layer both APIs share: JSON and error answers (docs/protocol.md), bounded body
+reads, and the middleware that turns the core's exceptions into answers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from vast_manager.coordinator.exceptions import (
+    Refusal,
+)
+from vast_manager.coordinator.web.auth import (
+    MAX_BODY_BYTES,
+)
+from vast_manager.coordinator.web.core import CORE
+from vast_manager.coordinator.web.dashboard import authorize_operator
+from vast_manager.coordinator.web.guard import BodyBudget
+from vast_manager.protocol import signing
+
+log = logging.getLogger(__name__)
+
+
+def json_response(payload: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), status=status,
+                        content_type="application/json")
+
+
+def error_response(status: int, code: str, message: str, field: str | None = None) -> web.Response:
+    body = {"error": code, "message": message}
+    if field is not None:
+        body["field"] = field
+    return json_response(body, status)
+
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "body_too_large",
+}
+
+
+# A whole body must arrive within this many seconds (1 MiB in 60 s is 140 kbit/s), so a
+# slow sender (slowloris) cannot hold a request open for ever.
+BODY_READ_TIMEOUT_S = 60.0
+# Bodies up to this size claim nothing from the budget of bodies in flight: aiohttp holds
+# up to twice its 64 KiB read limit of a connection before pausing it, read or not.
+UNBUDGETED_BODY_BYTES = 64 * 1024
+
+
+def too_large(limit: int = MAX_BODY_BYTES) -> Refusal:
+    return Refusal(413, "body_too_large", f"The body is larger than {limit} bytes.")
+
+
+def too_large_declared(request: web.Request, limit: int = MAX_BODY_BYTES) -> bool:
+    """A declared Content-Length over the limit: the first check of docs/protocol.md
+    ("Request signing"), on the headers."""
+    return request.content_length is not None and request.content_length > limit
+
+
+async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES,
+                    budget: BodyBudget | None = None, key: str = "") -> tuple[bytes, int]:
+    """The exact request bytes, refusing more than ``limit`` before reading them all, and
+    the bytes claimed from ``budget`` for ``key`` (release them once the request is
+    answered). Claims the declared length up front, a chunked body as it arrives."""
+    if too_large_declared(request, limit):
+        raise too_large(limit)
+    claimed = 0
+
+    def claim(n: int) -> None:
+        nonlocal claimed
+        if budget is None or n <= 0:
+            return
+        refused = budget.claim(key, n)
+        if refused is not None:
+            budget.release(key, claimed)
+            raise Refusal(503, "busy", refused, retry_after_s=1)
+        claimed += n
+
+    content = request.content
+    if content.is_eof():
+        # The whole body is already buffered (a heartbeat fits in the packets that brought
+        # its headers): take it without arming a timer, the common case of the hot path.
+        body = content.read_nowait(-1)
+        if len(body) > limit:
+            raise too_large(limit)
+        return body, claimed
+    # A small body claims nothing: aiohttp buffers that much of a connection before
+    # anyone reads anyway, and a full budget must never refuse a good heartbeat.
+    declared = request.content_length
+    if declared is not None and declared > UNBUDGETED_BODY_BYTES:
+        claim(declared)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(BODY_READ_TIMEOUT_S):
+            while True:
+                chunk = await request.content.read(65536)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > limit:
+                    raise too_large(limit)
+                if declared is None and size > UNBUDGETED_BODY_BYTES:
+                    claim(size - claimed)
+                chunks.append(chunk)
+    except BaseException as err:
+        if budget is not None:
+            budget.release(key, claimed)
+        if isinstance(err, TimeoutError):
+            raise Refusal(408, "request_timeout",
+                          f"The body did not arrive within {BODY_READ_TIMEOUT_S:g} s.") from None
+        if isinstance(err, ConnectionError):
+            # The client went away mid-body: nobody reads this answer, and nothing is
+            # written.
+            raise Refusal(400, "incomplete_body", "The connection closed mid-body.") from None
+        raise
+    return b"".join(chunks), claimed
+
+
+@web.middleware
+async def error_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Operator auth on /api (and /metrics), JSON bodies for every error, server time on
+    agent answers."""
+    core = request.app[CORE]
+    path = request.path
+    is_agent = path.startswith("/v1/")
+    response: web.StreamResponse
+    refusal: Refusal | None = None
+    if path.startswith("/api/") or (path == "/metrics" and not core.settings.metrics_public):
+        try:
+            authorize_operator(request, core.settings.admin_token)
+        except Refusal as err:
+            refusal = err
+    if refusal is not None:
+        core.guard.refused(refusal.code)
+        response = refusal_response(refusal)
+    else:
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            code = _HTTP_CODES.get(exc.status, "http_error")
+            response = error_response(exc.status, code, exc.reason or code.replace("_", " "))
+            if exc.status == 405 and "Allow" in exc.headers:
+                response.headers["Allow"] = exc.headers["Allow"]
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            # A bug, not the client's fault; whoever found it may repeat it, so the
+            # traceback is written once an interval and the rest counted.
+            core.guard.quiet.report("internal-error", f"unhandled error on {request.method} "
+                                    f"{request.path}", level=logging.ERROR,
+                                    exc_info=(type(err), err, err.__traceback__))
+            response = error_response(
+                500, "internal_error", "The coordinator hit an internal error."
+            )
+    if is_agent and signing.HEADER_SERVER_TIME not in response.headers:
+        response.headers[signing.HEADER_SERVER_TIME] = str(int(core.clock()))
+    return response
+
+
+def refusal_response(err: Refusal) -> web.Response:
+    response = error_response(err.status, err.code, err.message)
+    if err.retry_after_s is not None:
+        response.headers["Retry-After"] = str(err.retry_after_s)
+    return response

@@ -1,0 +1,546 @@
+"""The operator API (docs/protocol.md, docs/openapi.yaml): bearer-token endpoints over the
+core (deploy, destroy, offers, hosts, scaling, logs) and ``/metrics``."""
+
+from __future__ import annotations
+
+import logging
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from typing import Any, overload
+
+import orjson
+from aiohttp import web
+
+from vast_manager.coordinator.decisions import states
+from vast_manager.coordinator.decisions.states import State
+from vast_manager.coordinator.discovery.features import GPU_SPECS, canonical_gpu_name
+from vast_manager.coordinator.exceptions import (
+    CoordinatorError,
+    InstanceGone,
+    InvalidInput,
+    NotFound,
+    Refusal,
+    error_body,
+    http_status,
+)
+from vast_manager.coordinator.operations import ingest
+from vast_manager.coordinator.operations.deploy import mint_agent_id
+from vast_manager.coordinator.providers.base import ProviderError
+from vast_manager.coordinator.store.migrations import Row, loads
+from vast_manager.coordinator.store.reads import Reads
+from vast_manager.coordinator.store.writer import Tx
+from vast_manager.coordinator.textsafe import has_unsafe
+from vast_manager.coordinator.web import metrics
+from vast_manager.coordinator.web.core import CORE, Core
+from vast_manager.coordinator.web.http import error_response, json_response, read_body
+from vast_manager.coordinator.web.json_views import (
+    VIEW_COLUMNS,
+    CostBasis,
+    event_view,
+    finish_view,
+    fleet_view,
+    host_perf_view,
+    instance_view,
+    production_view,
+    result_view,
+    scaling_view,
+)
+from vast_manager.protocol import signing
+
+log = logging.getLogger(__name__)
+
+MAX_LOG_TAIL = 10000
+MAX_LABEL_CHARS = 200
+MAX_REASON_CHARS = 1000
+#: The most instances one page of ``GET /api/instances`` holds.
+MAX_INSTANCE_PAGE = 10_000
+#: The instance states a state filter may name.
+KNOWN_STATES: tuple[str, ...] = tuple(State)
+#: The parameters ``GET /api/instances`` takes (anything else is refused).
+INSTANCE_LIST_PARAMETERS = ("state", "limit", "after_id")
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    # The operator's bodies are small; they are read whole here, once the token is known
+    # (the middleware checked it), and count against the same budget while read.
+    budget = request.app[CORE].guard.budget
+    raw, claimed = await read_body(request, budget=budget, key="operator")
+    budget.release("operator", claimed)
+    if not raw.strip():
+        return {}
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"The body is not valid JSON: {exc}.") from None
+    if not isinstance(value, dict):
+        raise InvalidInput("The body must be a JSON object.", field="body")
+    return value
+
+
+def _number(body: dict[str, Any], name: str, *, positive: bool = True) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"Field '{name}' must be a number.", field=name)
+    out = float(value)
+    if out != out or out in (float("inf"), float("-inf")) or (positive and out <= 0):
+        raise InvalidInput(f"Field '{name}' must be a positive finite number.", field=name)
+    return out
+
+
+def _integer(body: dict[str, Any], name: str, *, required: bool = False,
+             minimum: int = 1, maximum: int = 2**53) -> int | None:
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise InvalidInput(f"Field '{name}' is missing.", field=name)
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"Field '{name}' must be an integer.", field=name)
+    if not minimum <= value <= maximum:
+        raise InvalidInput(f"Field '{name}' must be between {minimum} and {maximum}.", field=name)
+    return value
+
+
+def _text(body: dict[str, Any], name: str, *, required: bool, max_chars: int) -> str | None:
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise InvalidInput(f"Field '{name}' is missing.", field=name)
+        return None
+    if not isinstance(value, str):
+        raise InvalidInput(f"Field '{name}' must be a string.", field=name)
+    value = value.strip()
+    if required and not value:
+        raise InvalidInput(f"Field '{name}' must not be empty.", field=name)
+    if len(value) > max_chars:
+        raise InvalidInput(f"Field '{name}' is longer than {max_chars} characters.", field=name)
+    if has_unsafe(value):
+        raise InvalidInput(f"Field '{name}' must not hold control or bidi characters.",
+                           field=name)
+    return value
+
+
+@overload
+def _query_int(request: web.Request, name: str, *, default: int,
+               minimum: int, maximum: int) -> int: ...
+
+
+@overload
+def _query_int(request: web.Request, name: str, *, default: None,
+               minimum: int, maximum: int) -> int | None: ...
+
+
+def _query_int(request: web.Request, name: str, *, default: int | None,
+               minimum: int, maximum: int) -> int | None:
+    """The integer query parameter ``name`` (``default`` when absent), within bounds."""
+    given = request.query.getall(name, [])
+    if not given:
+        return default
+    if len(given) > 1:
+        raise InvalidInput(f"'{name}' is given more than once.", field=name)
+    try:
+        value = int(given[0])
+    except ValueError:
+        raise InvalidInput(f"'{name}' must be an integer.", field=name) from None
+    if not minimum <= value <= maximum:
+        raise InvalidInput(f"'{name}' must be between {minimum} and {maximum}.", field=name)
+    return value
+
+
+def _query_states(request: web.Request) -> tuple[str, ...] | None:
+    """The states of ``?state=`` (comma-separated, or the parameter repeated), each a known
+    one, in the order first named; None when the parameter is absent."""
+    given = request.query.getall("state", [])
+    if not given:
+        return None
+    named = [part.strip() for value in given for part in value.split(",")]
+    for state in named:
+        if not state:
+            raise InvalidInput("'state' must name one or more states, comma-separated.",
+                               field="state")
+        if state not in KNOWN_STATES:
+            raise InvalidInput(f"'state' must be among {', '.join(KNOWN_STATES)}; "
+                               f"{state[:64]!r} is not.", field="state")
+    return tuple(dict.fromkeys(named))
+
+
+def _only_parameters(request: web.Request, allowed: tuple[str, ...]) -> None:
+    """Refuse a query parameter the endpoint does not take (a misspelt ``limit`` would
+    otherwise answer with the whole fleet)."""
+    for name in request.query:
+        if name not in allowed:
+            takes = ", ".join(allowed[:-1]) + f" and {allowed[-1]}" if allowed[1:] else allowed[0]
+            raise InvalidInput(f"Unknown parameter {name[:64]!r}; {request.path} takes "
+                               f"{takes}.", field=name[:64])
+
+
+def _path_int(request: web.Request, name: str) -> int:
+    text = request.match_info[name]
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidInput(f"'{name}' must be an integer.", field=name) from None
+    if not -(2**63) <= value < 2**63:
+        raise InvalidInput(f"'{name}' is out of range.", field=name)
+    return value
+
+
+def cost_basis(core: Core) -> CostBasis:
+    """The settings and the time the views' cost figures are computed with."""
+    return CostBasis(now=core.clock(), setup_download_gb=core.settings.setup_download_gb,
+                     kept_hours=core.settings.plan_horizon_hours)
+
+
+def _instance_or_404(core: Core, instance_id: int) -> Row:
+    inst = core.store.get_instance(instance_id)
+    if inst is None:
+        raise NotFound(f"No instance {instance_id}.")
+    return inst
+
+
+def operator_endpoint(
+    fn: Callable[[Core, web.Request], Awaitable[Any]],
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """Run an operator handler; map the core's named exceptions in one place."""
+
+    async def handler(request: web.Request) -> web.Response:
+        core = request.app[CORE]
+        try:
+            payload = await fn(core, request)
+        except Refusal as err:
+            return error_response(err.status, err.code, err.message)
+        except (CoordinatorError, ProviderError) as err:
+            return json_response(error_body(err), http_status(err))
+        if isinstance(payload, web.Response):
+            return payload
+        return json_response(payload)
+
+    return handler
+
+
+
+async def _issue_agent(core: Core, request: web.Request) -> Any:
+    body = await _json_object(request)
+    label = _text(body, "label", required=True, max_chars=MAX_LABEL_CHARS)
+    assert label is not None
+    min_rate = _number(body, "min_rate_per_hour")
+    # The GPUs its hello may list, declared once (docs/reliability.md, "No rate on a
+    # host's word alone").
+    gpus = _integer(body, "gpus", maximum=ingest.LEGACY_MAX_GPUS) or 1
+    gpu_model_text = _text(body, "gpu_model", required=False, max_chars=64)
+    gpu_model = canonical_gpu_name(gpu_model_text) if gpu_model_text else None
+    if gpu_model is not None and gpu_model not in GPU_SPECS:
+        raise InvalidInput(f"Field 'gpu_model' names no GPU model this coordinator knows "
+                           f"({gpu_model_text!r}); known: {', '.join(sorted(GPU_SPECS))}.",
+                           field="gpu_model")
+    agent_id = mint_agent_id()
+    key = signing.derive_agent_key(core.settings.newest_secret, agent_id)
+    now = core.clock()
+
+    def job(tx: Tx) -> None:
+        tx.insert_agent(agent_id, label=label, kind="byo", min_rate_per_hour=min_rate,
+                        issued_at=now, max_gpus=gpus, gpu_model=gpu_model)
+        tx.insert_event(now, "agent_issued", f"bring-your-own agent for {label!r} issued",
+                        agent_id=agent_id, machine_id=label)
+
+    await core.store.write(job)
+    # The one answer that carries a key: it is the operator's to hand over.
+    return {"agent_id": agent_id, "agent_key": key.hex(),
+            "coordinator_url": core.settings.coordinator_url}
+
+
+async def _revoke_agent(core: Core, request: web.Request) -> Any:
+    agent_id = request.match_info["agent_id"]
+    if not signing.is_agent_id(agent_id) or core.store.get_agent(agent_id) is None:
+        raise NotFound(f"No agent {agent_id!r}.")
+    now = core.clock()
+    reason = "revoked by the operator"
+
+    def job(tx: Tx) -> bool:
+        changed = tx.revoke_agent(agent_id, now=now, reason=reason)
+        inst = tx.instance_by_agent(agent_id)
+        if inst is not None and inst["state"] not in states.GONE:
+            if inst["kind"] != "byo":
+                # A deployed instance whose agent may not speak is destroyed now: it bills.
+                # (The revoke's event is recorded with it.)
+                tx.begin_terminating(inst["id"], reason, kind="revoke", now=now,
+                                     destroy_due_at=now)
+                return changed
+            # Not ours to destroy: the machine simply stops counting as our instance.
+            tx.update_instance(inst["id"], state=State.DESTROYED, state_since=now,
+                               destroyed_at=now, terminate_reason=reason, updated_at=now)
+        if changed:
+            tx.insert_event(now, "revoke", reason, agent_id=agent_id,
+                            instance_id=inst["id"] if inst else None)
+        return changed
+
+    changed = await core.store.write(job)
+    core.auth.mark_revoked(agent_id)
+    core.monitor.wake()
+    message = f"Agent {agent_id} revoked." if changed else f"Agent {agent_id} was already revoked."
+    return {"ok": True, "agent_id": agent_id, "revoked": True, "message": message}
+
+
+def _json_bytes(body: bytes) -> web.Response:
+    """An answer encoded on the reader thread (a fleet-sized list is encoded there too)."""
+    return web.Response(body=body, content_type="application/json")
+
+
+async def _list_instances(core: Core, request: web.Request) -> Any:
+    """Instances by id: all of them, or with ``limit`` a page whose ``Link: <...>;
+    rel="next"`` names the next (``after_id`` = the page's last id) while more follow;
+    ``state`` keeps those in the states it names. Read and encoded on the reader thread."""
+    _only_parameters(request, INSTANCE_LIST_PARAMETERS)
+    states = _query_states(request)
+    limit = _query_int(request, "limit", default=None, minimum=1, maximum=MAX_INSTANCE_PAGE)
+    after_id = _query_int(request, "after_id", default=None, minimum=0, maximum=2**63 - 1)
+    id_at = VIEW_COLUMNS.index("id")
+    basis = cost_basis(core)
+
+    def page(reads: Reads) -> tuple[bytes, int | None]:
+        # One row past the page tells whether another follows. Only the view's columns,
+        # and one dict a row built from the row's values.
+        rows = reads.instance_values(VIEW_COLUMNS, states=states, after_id=after_id,
+                                     limit=None if limit is None else limit + 1)
+        more = limit is not None and len(rows) > limit
+        if more:
+            del rows[limit:]
+        produced = core.monitor.production.view
+        body = orjson.dumps([production_view(
+            finish_view(dict(zip(VIEW_COLUMNS, values, strict=True)), basis),
+            produced(values[id_at]), core.started_at) for values in rows])
+        return body, int(rows[-1][id_at]) if more else None
+
+    body, last_id = await core.store.read(page)
+    response = _json_bytes(body)
+    if last_id is not None:
+        query = [("state", ",".join(states))] if states else []
+        query += [("limit", str(limit)), ("after_id", str(last_id))]
+        response.headers["Link"] = (f"<{request.path}?{urllib.parse.urlencode(query)}>; "
+                                    'rel="next"')
+    return response
+
+
+async def _fleet(core: Core, request: web.Request) -> Any:
+    production = core.monitor.production
+    view = await core.store.read(lambda reads: fleet_view(
+        reads.instances_by_state(), production.idle_totals(),
+        production.completed_total_per_hour()))
+    # The break-even $/proof the minimum rates come from (the offers chart draws it).
+    return {**view, "account": core.monitor.account.view().as_dict(),
+            "max_usd_per_proof": core.settings.max_usd_per_proof,
+            "max_deploy_dph_total": core.settings.max_deploy_dph_total}
+
+
+
+async def _get_instance(core: Core, request: web.Request) -> Any:
+    instance_id = _path_int(request, "id")
+    basis = cost_basis(core)
+
+    def detail(reads: Reads) -> dict[str, Any] | None:
+        inst = reads.get_instance(instance_id)
+        if inst is None:
+            return None
+        out = production_view(instance_view(inst, basis),
+                              core.monitor.production.view(instance_id), core.started_at)
+        out["host"] = loads(inst.get("host_json"))
+        out["results"] = [result_view(r) for r in reads.results_for_instance(instance_id)]
+        out["events"] = [event_view(e) for e in reads.events(instance_id)]
+        tele = reads.latest_telemetry(instance_id)
+        out["telemetry"] = loads(tele["telemetry_json"]) if tele else None
+        out["telemetry_at"] = tele["received_at"] if tele else None
+        return out
+
+    out = await core.store.read(detail)
+    if out is None:
+        raise NotFound(f"No instance {instance_id}.")
+    return out
+
+
+async def _destroy_instance(core: Core, request: web.Request) -> Any:
+    instance_id = _path_int(request, "id")
+    inst = _instance_or_404(core, instance_id)
+    if inst["state"] in states.GONE:
+        return {"ok": True, "already": True,
+                "message": f"Instance {instance_id} is already {inst['state']}."}
+    changed = await core.monitor.destroy(instance_id, "destroyed by the operator",
+                                         source="operator")
+    message = (f"Instance {instance_id} destroyed." if changed
+               else f"Instance {instance_id} is already destroyed.")
+    return {"ok": True, "already": not changed, "message": message}
+
+
+async def _rebenchmark(core: Core, request: web.Request) -> Any:
+    instance_id = _path_int(request, "id")
+    inst = _instance_or_404(core, instance_id)
+    if inst["state"] in states.ENDING:
+        raise InstanceGone(f"Instance {instance_id} is {inst['state']}; it cannot re-benchmark.")
+    now = core.clock()
+
+    def job(tx: Tx) -> None:
+        fresh = tx.get_instance(instance_id)
+        if fresh is not None and fresh["directed_benchmark_kind"] != ingest.CONFIRM:
+            ingest.open_directed_benchmark(tx, fresh, ingest.OPERATOR, now)
+        tx.update_instance(instance_id, rebenchmark_pending=1, updated_at=now)
+        tx.insert_event(now, "rebenchmark", "the operator asked for a new benchmark",
+                        instance_id=instance_id, agent_id=inst["agent_id"],
+                        machine_id=inst["machine_id"])
+
+    await core.store.write(job)
+    return {"ok": True,
+            "message": f"Instance {instance_id} will re-benchmark at its next heartbeat."}
+
+
+async def _logs_view(core: Core, request: web.Request) -> Any:
+    instance_id = _path_int(request, "id")
+    _instance_or_404(core, instance_id)
+    tail = _query_int(request, "tail", default=200, minimum=1, maximum=MAX_LOG_TAIL)
+    source = request.query.get("source") or None
+    if source is not None and len(source) > 64:
+        raise InvalidInput("'source' is longer than 64 characters.", field="source")
+    return await core.store.read(lambda reads: reads.logs(instance_id, tail, source))
+
+
+MAX_HISTORY_POINTS = 2000
+
+
+async def _telemetry_history(core: Core, request: web.Request) -> Any:
+    """The instance's downsampled heartbeat history (docs/architecture.md), oldest first, with the
+    latest telemetry appended when it is newer: what the dashboard's charts draw."""
+    inst = _instance_or_404(core, _path_int(request, "id"))
+    max_points = _query_int(request, "points", default=500, minimum=2,
+                            maximum=MAX_HISTORY_POINTS)
+
+    def history(reads: Reads) -> list[dict[str, Any]]:
+        rows = reads.heartbeat_history(inst["agent_id"]) if inst.get("agent_id") else []
+        points = [
+            {"t": r["received_at"], "phase": r.get("phase"),
+             "proofs_completed_total": r.get("proofs_completed_total"),
+             "telemetry": loads(r.get("telemetry_json"))}
+            for r in rows
+        ]
+        latest = reads.latest_telemetry(inst["id"])
+        if latest is not None and (not points or latest["received_at"] > points[-1]["t"]):
+            points.append({"t": latest["received_at"], "phase": inst.get("phase"),
+                           "proofs_completed_total": inst.get("proofs_completed_total"),
+                           "telemetry": loads(latest["telemetry_json"])})
+        return points
+
+    points = await core.store.read(history)
+    if len(points) > max_points:
+        # Even stride over the history, always keeping the newest point.
+        step = len(points) / max_points
+        points = [points[int(i * step)] for i in range(max_points - 1)] + [points[-1]]
+    return {"instance_id": inst["id"], "points": points}
+
+
+async def _recent_events(core: Core, request: web.Request) -> Any:
+    limit = _query_int(request, "limit", default=100, minimum=1, maximum=1000)
+    return await core.store.read(lambda reads: [event_view(e) for e in reads.events(None, limit)])
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    core = request.app[CORE]
+    # The guard's counters and the tracker's counts are copied here, on the loop whose
+    # requests change them.
+    now, guard = core.clock(), metrics.GuardCounts.of(core.guard)
+    paced = metrics.PaceFigures(core.tracker.load(), core.settings)
+    bill = metrics.BillFigures(core.monitor.account.view(),
+                               core.settings.autopilot_spend_window_h * 3600.0)
+    body = await core.store.read(lambda reads: metrics.exposition(
+        reads, now, guard, paced, bill, core.monitor.production))
+    return web.Response(body=body, headers={"Content-Type": metrics.CONTENT_TYPE})
+
+
+async def _host_perf(core: Core, request: web.Request) -> Any:
+    # One row a measured machine: fleet-sized, so read and encoded on the reader thread.
+    return _json_bytes(await core.store.read(
+        lambda reads: orjson.dumps([host_perf_view(r) for r in reads.host_perf()])))
+
+
+async def _bad_hosts(core: Core, request: web.Request) -> Any:
+    return await core.store.read(lambda reads: reads.bad_hosts())
+
+
+async def _add_bad_host(core: Core, request: web.Request) -> Any:
+    body = await _json_object(request)
+    raw = body.get("machine_id")
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        raw = str(raw)
+    machine_id = _text({"machine_id": raw}, "machine_id", required=True,
+                       max_chars=MAX_LABEL_CHARS)
+    reason = _text(body, "reason", required=False, max_chars=MAX_REASON_CHARS) or "by the operator"
+    assert machine_id is not None
+    now = core.clock()
+
+    def job(tx: Tx) -> None:
+        tx.add_bad_host(machine_id, reason=reason, source="operator", now=now)
+        tx.insert_event(now, "bad_host", f"{machine_id}: {reason} (operator)",
+                        machine_id=machine_id)
+
+    await core.store.write(job)
+    return {"ok": True, "machine_id": machine_id, "reason": reason,
+            "message": f"Machine {machine_id} is on bad_hosts."}
+
+
+async def _remove_bad_host(core: Core, request: web.Request) -> Any:
+    machine_id = request.match_info["machine_id"]
+    if core.store.bad_host(machine_id) is None:
+        raise NotFound(f"Machine {machine_id!r} is not on bad_hosts.")
+    now = core.clock()
+
+    def job(tx: Tx) -> bool:
+        removed = tx.remove_bad_host(machine_id)
+        if removed:
+            tx.insert_event(now, "bad_host_removed", f"{machine_id} removed by the operator",
+                            machine_id=machine_id)
+        return removed
+
+    await core.store.write(job)
+    return {"ok": True, "machine_id": machine_id,
+            "message": f"Machine {machine_id} removed from bad_hosts."}
+
+
+async def _scaling(core: Core, request: web.Request) -> Any:
+    return await core.store.read(lambda reads: [scaling_view(r) for r in reads.scaling()])
+
+
+async def _deploy(core: Core, request: web.Request) -> Any:
+    body = await _json_object(request)
+    offer_id = _integer(body, "offer_id", required=True, minimum=0)
+    assert offer_id is not None
+    min_rate = _number(body, "min_rate_per_hour")
+    disk_gb = _integer(body, "disk_gb", minimum=1, maximum=100_000)
+    max_dph = _number(body, "max_dph_total")
+    deployed = await core.deployer.deploy(
+        offer_id, min_rate_per_hour=min_rate, disk_gb=disk_gb, max_dph_total=max_dph
+    )
+    return {"ok": True, "instance_id": deployed.instance_id,
+            "provider_instance_id": deployed.provider_instance_id,
+            "agent_id": deployed.agent_id, "message": deployed.message}
+
+
+def add_routes(app: web.Application) -> None:
+    op = operator_endpoint
+    app.router.add_post("/api/agents", op(_issue_agent))
+    app.router.add_post("/api/agents/{agent_id}/revoke", op(_revoke_agent))
+    app.router.add_get("/api/instances", op(_list_instances))
+    app.router.add_get("/api/fleet", op(_fleet))
+    app.router.add_get("/api/instances/{id}", op(_get_instance))
+    app.router.add_post("/api/instances/{id}/destroy", op(_destroy_instance))
+    app.router.add_post("/api/instances/{id}/rebenchmark", op(_rebenchmark))
+    app.router.add_get("/api/instances/{id}/logs", op(_logs_view))
+    app.router.add_get("/api/host-perf", op(_host_perf))
+    app.router.add_get("/api/bad-hosts", op(_bad_hosts))
+    app.router.add_post("/api/bad-hosts", op(_add_bad_host))
+    app.router.add_delete("/api/bad-hosts/{machine_id}", op(_remove_bad_host))
+    app.router.add_get("/api/scaling", op(_scaling))
+    app.router.add_post("/api/deploy", op(_deploy))
+    app.router.add_get("/api/instances/{id}/telemetry-history", op(_telemetry_history))
+    app.router.add_get("/api/events", op(_recent_events))
+    app.router.add_get("/metrics", _metrics)
+    from vast_manager.coordinator.web import discovery_api  # it builds on this module's helpers
+
+    discovery_api.add_routes(app, op)
