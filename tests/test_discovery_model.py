@@ -6,6 +6,7 @@ import math
 import random
 import statistics
 
+import numpy as np
 import pytest
 from discovery_support import measurements, synthetic_offer, true_rate
 
@@ -13,6 +14,9 @@ from vast_manager.coordinator.discovery.measurements import Measurement
 from vast_manager.coordinator.discovery.structural_model import (
     Prediction,
     Unpredictable,
+    _least_scale,
+    _mixture_cdf,
+    _mixture_quantile,
     fit_rate_model,
 )
 from vast_manager.coordinator.providers.local.catalog import local_offers
@@ -175,3 +179,27 @@ def test_a_ram_share_on_a_step_has_two_modes_and_its_runs_pick_one() -> None:
     assert not pinned.modes
     assert pinned.rate_per_hour == pytest.approx(low, rel=0.12)
     assert pinned.rate_high / pinned.rate_low < p.rate_high / p.rate_low
+
+
+def test_mixture_quantile_inverts_the_mixture_cdf() -> None:
+    rng = np.random.default_rng(7)
+    weights = rng.dirichlet(np.ones(3), size=50)
+    means = rng.normal(3.0, 1.0, size=(50, 3))
+    sd = rng.uniform(0.05, 0.6, size=50)
+    for q in (0.1, 0.5, 0.9):
+        y = _mixture_quantile(q, weights, means, sd)
+        assert np.allclose(_mixture_cdf(y, weights, means, sd), q, atol=1e-7)
+
+
+def test_least_scale_puts_the_value_on_the_interval_edge_or_a_bound() -> None:
+    weights = np.ones((4, 1))
+    means = np.zeros((4, 1))
+    sd = np.full(4, 0.1)
+    y_sd = np.zeros(4)
+    # inside at the least factor; on the edge at a factor in between; outside at the most
+    y = np.array([0.0, 0.128155 * 3.0, 0.128155 * 0.01, 1000.0])
+    least = _least_scale(y, weights, means, y_sd, sd)
+    assert least[0] == pytest.approx(0.05) and least[2] == pytest.approx(0.05)
+    assert least[1] == pytest.approx(3.0, rel=1e-4)
+    assert _mixture_cdf(y[1:2], weights[1:2], means[1:2], sd[1:2] * least[1]) == pytest.approx(0.9)
+    assert least[3] == pytest.approx(20.0)

@@ -43,12 +43,16 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy import optimize, special
+from scipy.optimize import elementwise
+from scipy.stats import t as student_t
 from threadpoolctl import threadpool_limits
 
 from vast_manager.coordinator.discovery.features import FeatureError, OfferFeatures, offer_features
@@ -231,15 +235,8 @@ def normal_sf(x: float) -> float:
 
 
 def t_quantile_90(dof: float) -> float:
-    """The 90th percentile of Student's t (Cornish-Fisher series; exact to 1e-3 for dof >= 3)."""
-    z = Z80
-    v = max(dof, 1.0)
-    return (
-        z
-        + (z**3 + z) / (4 * v)
-        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
-        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3)
-    )
+    """The 90th percentile of Student's t (SciPy's; a dof under 1 counts as 1)."""
+    return float(student_t.ppf(0.9, max(dof, 1.0)))
 
 
 # --- design ------------------------------------------------------------------------------
@@ -353,39 +350,49 @@ def _count_terms(x: Array, k: Array | float, cmax: int) -> tuple[Array, Array, A
     return prob, d_x[:, :-1] - d_x[:, 1:], d_k[:, :-1] - d_k[:, 1:]
 
 
-def _erfc(x: Array) -> Array:
-    """erfc, vectorised (Chebyshev fit, fractional error under 1.2e-7: Numerical
-    Recipes' erfcc)."""
-    z = np.abs(x)
-    t = 1.0 / (1.0 + 0.5 * z)
-    poly = -z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (
-        0.09678418 + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (
-            1.48851587 + t * (-0.82215223 + t * 0.17087277))))))))
-    r = t * np.exp(poly)
-    return np.where(x >= 0, r, 2.0 - r)
-
-
 def _mixture_cdf(y: Array, weights: Array, means: Array, sd: Array) -> Array:
     """P(log rate <= y) per row of a mixture of normals with one sd per row."""
     z = (y[:, None] - means) / sd[:, None]
-    return (weights * 0.5 * _erfc(-z / math.sqrt(2.0))).sum(axis=1)
+    return (weights * 0.5 * special.erfc(-z / math.sqrt(2.0))).sum(axis=1)
 
 
 def _mixture_quantile(q: float, weights: Array, means: Array, sd: Array) -> Array:
-    """The q-quantile per row of a mixture of normals (bisection, to 1e-9 of an sd)."""
-    lo = (means.min(axis=1) - 8.0 * sd)
-    hi = (means.max(axis=1) + 8.0 * sd)
-    for _ in range(48):
-        mid = 0.5 * (lo + hi)
-        below = _mixture_cdf(mid, weights, means, sd) < q
-        lo = np.where(below, mid, lo)
-        hi = np.where(below, hi, mid)
-    out: Array = 0.5 * (lo + hi)
+    """The q-quantile per row of a mixture of normals (SciPy's bracketed root finder,
+    vectorised over rows, to 1e-9 of an sd)."""
+    def below(y: Array, row: NDArray[np.int64]) -> Array:
+        # The finder drops rows as they converge and passes the rows still open.
+        return _mixture_cdf(y, weights[row], means[row], sd[row]) - q
+
+    found = elementwise.find_root(
+        below, (means.min(axis=1) - 8.0 * sd, means.max(axis=1) + 8.0 * sd),
+        args=(np.arange(sd.shape[0]),), tolerances={"xatol": 1e-9 * float(sd.min()), "xrtol": 0.0})
+    out: Array = found.x
     return out
 
 
 #: A partition count less likely than this is left out of an offer's modes.
 MODE_MIN_WEIGHT = 1e-3
+
+
+def _least_scale(y: Array, weights: Array, means: Array, y_sd: Array, sd: Array) -> Array:
+    """Per row, the least factor on ``sd`` (within 0.05-20) that puts ``y`` inside the
+    mixture's 10-90% interval (SciPy's bracketed root finder on the log factor)."""
+    def margin(log_scale: Array, row: NDArray[np.int64]) -> Array:
+        spread = np.sqrt((sd[row] * np.exp(log_scale)) ** 2 + y_sd[row] ** 2)
+        return 0.4 - np.abs(_mixture_cdf(y[row], weights[row], means[row], spread) - 0.5)
+
+    lo, hi = np.full(y.shape, math.log(0.05)), np.full(y.shape, math.log(20.0))
+    rows = np.arange(y.shape[0])
+    at_lo, at_hi = margin(lo, rows) >= 0, margin(hi, rows) < 0
+    # A row inside already at the least factor keeps it; one outside even at the most, that.
+    open_rows = rows[~at_lo & ~at_hi]
+    log_scale = np.where(at_lo, lo, hi)
+    if open_rows.size:
+        found = elementwise.find_root(margin, (lo[open_rows], hi[open_rows]),
+                                      args=(open_rows,), tolerances={"xatol": 1e-6, "xrtol": 0.0})
+        log_scale[open_rows] = found.x
+    out: Array = np.exp(log_scale)
+    return out
 
 
 def _ram_calibration(priors: Priors) -> float:
@@ -892,22 +899,11 @@ class _Posterior:
         return rwr, logdet, jwj, jwr, c
 
 
-def _golden(fn: Any, lo: float, hi: float, tol: float = 0.01) -> float:
-    """The maximiser of a unimodal fn on [lo, hi]."""
-    g = (math.sqrt(5) - 1) / 2
-    a, b = lo, hi
-    x1, x2 = b - g * (b - a), a + g * (b - a)
-    f1, f2 = fn(x1), fn(x2)
-    while b - a > tol:
-        if f1 > f2:
-            b, x2, f2 = x2, x1, f1
-            x1 = b - g * (b - a)
-            f1 = fn(x1)
-        else:
-            a, x1, f1 = x1, x2, f2
-            x2 = a + g * (b - a)
-            f2 = fn(x2)
-    return (a + b) / 2
+def _golden(fn: Callable[[float], float], lo: float, hi: float, tol: float = 0.01) -> float:
+    """The maximiser of a unimodal fn on [lo, hi] (SciPy's bounded Brent search)."""
+    found = optimize.minimize_scalar(lambda x: -fn(x), bounds=(lo, hi), method="bounded",
+                                     options={"xatol": tol})
+    return float(found.x)
 
 
 def fit_rate_model(
@@ -1063,13 +1059,7 @@ def _interval_scales(fitter: _Fitter, post: _Posterior, cov: Array, dof: float,
     y_var = noise_var / unit_q[first_unit]
     weights, means = _modes(fitter.theta, cov, _rows(fitter.d, first), p,
                             fitter.n_gpu, fitter.n_fam)
-    lo, hi = np.full(machines, 0.05), np.full(machines, 20.0)
-    for _ in range(30):
-        mid = np.sqrt(lo * hi)
-        cdf = _mixture_cdf(y, weights, means, np.sqrt((sd * mid) ** 2 + y_var))
-        inside = (cdf >= 0.1) & (cdf <= 0.9)
-        lo, hi = np.where(inside, lo, mid), np.where(inside, mid, hi)
-    least = np.sqrt(lo * hi)
+    least = _least_scale(y, weights, means, np.sqrt(y_var), sd)
     loo = 1.0 / math.sqrt(max(1.0 - p_eff / machines, 0.5))
     k = p.interval_calibration_machines
 
@@ -1216,8 +1206,8 @@ class _Fitter:
 
         le, lh = math.log(self.sig_e), math.log(self.sig_h)
         for _ in range(2):
-            le = _golden(lambda x, lh=lh: log_evidence(x, lh), math.log(0.005), math.log(1.0))
-            lh = _golden(lambda x, le=le: log_evidence(le, x), math.log(0.005), math.log(1.5))
+            le = _golden(partial(log_evidence, lh=lh), math.log(0.005), math.log(1.0))
+            lh = _golden(partial(log_evidence, le), math.log(0.005), math.log(1.5))
         self.sig_e, self.sig_h = math.exp(le), math.exp(lh)
 
     def update_weights(self) -> None:
