@@ -6,10 +6,10 @@ It builds a database through the store's schema (``Store`` runs the real
 migrations), then fills it in one transaction with ``executemany``: 10,000
 instances (1 to 8 GPUs, each with its hello's host description), 1,000,000
 heartbeat history rows (100 per agent, each with a telemetry window) and
-100,000 results (10 per instance, each with its proof times), ``host_perf``
-rows derived from them, and some events. Then it starts the coordinator
-process (the launcher of ``bench/ingest.py``, i.e. ``start_server``) on that
-database and times, each ``--repeat`` times (median and worst printed):
+100,000 results (10 per instance, each with its proof times), a measurement for
+each counted one (``host_perf`` is the view computed from them), and some events.
+Then it starts the coordinator process (the launcher of ``bench/ingest.py``, i.e.
+``start_server``) on that database and times, each ``--repeat`` times (median and worst printed):
 
 - ``GET /api/instances`` (every instance, as ``status`` asked before it paged), one
   page of it filtered by state (``?state=proving&limit=1000``), and every page of
@@ -188,11 +188,11 @@ def build(db_path: str, instances: int, history: int, results: int, seed: int = 
         "verdict, verdict_reason, directive_json, machine_id, gpu_name, num_gpus, received_at) "
         "values (" + ", ".join("?" * 29) + ")", result_rows)
     conn.executemany(
-        "insert into host_perf (machine_id, gpu_name, num_gpus, best_rate_per_hour, "
-        "median_rate_per_hour, samples, last_rate_per_hour, dph_total, updated_at) "
-        "values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [(m, g, n, max(v), statistics.median(v), len(v), v[-1], 0.4 * n, now)
-         for (m, g, n), v in perf.items()])
+        "insert into measurements (machine_id, gpu_name, num_gpus, rate_per_hour, measured_at, "
+        "source, offer_json, recorded_at) values (?, ?, ?, ?, ?, 'fleet', ?, ?)",
+        [(m, g, n, rate, now - 3000 + k, orjson.dumps({"dph_total": 0.4 * n}).decode(),
+          now - 3000 + k)
+         for (m, g, n), v in perf.items() for k, rate in enumerate(v)])
     conn.executemany(
         "insert into events (ts, kind, reason, instance_id, agent_id, machine_id) "
         "values (?, ?, ?, ?, ?, ?)",

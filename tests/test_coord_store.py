@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
 from vast_manager.coordinator.store.migrations import MIGRATIONS, TABLES
 from vast_manager.coordinator.store.writer import Store, Tx
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 @pytest.fixture
@@ -92,10 +97,12 @@ def measure(store: Store, result_id: str, rate: float, *, counts: bool = True) -
                 "counts_for_host_perf": int(counts),
             }
         )
-        if counts:
-            tx.record_measurement(
-                machine_id="m", gpu_name="g", num_gpus=1, rate_per_hour=rate, dph_total=0.5, now=1.0
-            )
+        if counts:  # as ingest writes a counted benchmark: its one measurement
+            tx.insert_measurement({
+                "machine_id": "m", "gpu_name": "g", "num_gpus": 1, "rate_per_hour": rate,
+                "measured_at": 1.0 + len(result_id) + ord(result_id[0]), "source": "fleet",
+                "offer_json": '{"dph_total": 0.5}', "recorded_at": 1.0,
+            })
 
     store.write_blocking(job)
 
@@ -110,6 +117,55 @@ def test_best_rate_is_never_lowered_and_median_counts_everything(store: Store) -
     assert row["last_rate_per_hour"] == pytest.approx(50.0)
     assert row["samples"] == 3
     assert row["median_rate_per_hour"] == pytest.approx(50.0)
+    assert row["dph_total"] == pytest.approx(0.5)
+
+
+def test_host_perf_answers_as_the_table_did(tmp_path: Path) -> None:
+    """A database written by the store when host_perf was a table it updated (fleet
+    benchmarks as ingest wrote them, flagged results, imports through the import job, one
+    file imported twice; tests/fixtures/host_perf_before.*, with the table's rows as they
+    read then): opened now, its migration drops the table, and host_perf, computed from the
+    measurements, reads as the table did."""
+    db = tmp_path / "before.db"
+    shutil.copy(FIXTURES / "host_perf_before.db", db)
+    before = orjson.loads((FIXTURES / "host_perf_before.json").read_bytes())
+    store = Store(str(db))
+    try:
+        after = store.host_perf()
+        measured = store.measurements()
+        assert len(measured) > len(before)
+    finally:
+        store.close()
+
+    def key(row: dict[str, Any]) -> tuple[str, str, int]:
+        return row["machine_id"], row["gpu_name"], row["num_gpus"]
+
+    assert len(before) == 99 and sorted(map(key, after)) == sorted(map(key, before))
+    now = {key(r): r for r in after}
+    corrected: dict[tuple[str, str, int], set[str]] = {}
+    for old in before:
+        new = now[key(old)]
+        assert set(new) == set(old)
+        differ = {c for c, v in old.items()
+                  if new[c] != (pytest.approx(v) if isinstance(v, float) else v)}
+        if differ:
+            corrected[key(old)] = differ
+    # Every fleet-measured configuration reads exactly as before. The table folded an
+    # imported file into a configuration with the last line of it alone: the best missed
+    # a faster line earlier in the file, and the price was lost when that last line had
+    # none. The view takes the best of every line and the latest price known.
+    assert all(now[k]["imported_samples"] > 0 for k in corrected), corrected
+    assert set().union(*corrected.values()) <= {"best_rate_per_hour", "dph_total"}, corrected
+    for k in corrected:
+        old_row = next(r for r in before if key(r) == k)
+        assert now[k]["best_rate_per_hour"] >= old_row["best_rate_per_hour"]
+        assert old_row["dph_total"] in (None, pytest.approx(now[k]["dph_total"]))
+    assert 0 < len(corrected) < len(before) // 4
+    for k, row in now.items():
+        rates = [m["rate_per_hour"] for m in measured if key(m) == k]
+        assert row["best_rate_per_hour"] == max(rates) and row["samples"] == len(rates)
+    assert [key(r) for r in after] == [key(r) for r in sorted(
+        before, key=lambda r: (-r["median_rate_per_hour"], r["machine_id"]))]
 
 
 def test_result_id_is_unique_per_agent(store: Store) -> None:

@@ -1025,11 +1025,8 @@ def result_job(
             }
         )
         if counts and rate is not None:
-            tx.record_measurement(
-                machine_id=machine_id, gpu_name=gpu_name, num_gpus=num_gpus,
-                rate_per_hour=rate, dph_total=inst["dph_total"], now=now,
-            )
-            # The rate with the hardware it ran on: what the rate model learns from.
+            # The rate with the hardware it ran on: what the rate model learns from, and
+            # what host_perf is computed from.
             offer = instance_offer(loads(inst.get("offer_json")),
                                    loads(inst.get("host_json")) if inst["kind"] == "byo" else None,
                                    {**inst, "machine_id": machine_id})

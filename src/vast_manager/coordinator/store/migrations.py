@@ -20,12 +20,12 @@ T = TypeVar("T")
 Row = dict[str, Any]
 
 #: The tables (docs/architecture.md's ``heartbeats``, the latest heartbeat per agent, is a view of
-#: ``instances`` since migration 3).
+#: ``instances`` since migration 3; ``host_perf`` is computed from ``measurements`` since
+#: migration 11).
 TABLES = (
     "instances",
     "agents",
     "results",
-    "host_perf",
     "bad_hosts",
     "heartbeat_history",
     "logs",
@@ -479,6 +479,19 @@ def _m10_directed_benchmarks(db: sqlite_utils.Database) -> None:
                "where rate_per_hour is null and destroyed_at is null", (time.time(),))
 
 
+def _m11_host_perf_from_measurements(db: sqlite_utils.Database) -> None:
+    """host_perf is computed from ``measurements`` (``reads.host_perf``): a rate is written
+    once, as a measurement, and every figure of a host configuration comes from them in
+    one place. The table's rows were folded from the same measurements (each counted
+    result has its fleet measurement since migration 7), so the answers stay; the offer's
+    hourly price becomes a column of its own, so the fold reads no JSON."""
+    db.table("measurements").add_column("dph_total", float)
+    db.execute(
+        "update measurements set dph_total = json_extract(offer_json, '$.dph_total') "
+        "where json_type(offer_json, '$.dph_total') in ('integer', 'real')")
+    db.execute("drop table host_perf")
+
+
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
     (1, "initial tables", _m1_initial),
     (2, "benchmark state for early verdicts", _m2_benchmark_verdict_state),
@@ -491,6 +504,7 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...]
     (8, "the heartbeat pace last given to each instance", _m8_heartbeat_pace),
     (9, "bytes moved, machine strikes, block expiries", _m9_whole_bill),
     (10, "directed benchmarks, held results, declared GPUs", _m10_directed_benchmarks),
+    (11, "host_perf computed from measurements", _m11_host_perf_from_measurements),
 )
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import sqlite3
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from itertools import groupby
 from typing import Any
 
 from vast_manager.coordinator.store.migrations import ACTIVE_SQL, TABLES, Row
@@ -13,6 +14,34 @@ from vast_manager.coordinator.store.migrations import ACTIVE_SQL, TABLES, Row
 log = logging.getLogger(__name__)
 
 # --- reads (shared by the read connection and the writer's transaction) -------
+
+
+_PERF_COLUMNS = "machine_id, gpu_name, num_gpus, rate_per_hour, source, recorded_at, dph_total"
+
+
+def fold_host_perf(rows: Iterable[tuple[Any, ...]]) -> list[Row]:
+    """host_perf, the one place it is computed: each host configuration's rates from every
+    measurement of it (the fleet's counted benchmarks and imported ones), ``rows`` in
+    ``_PERF_COLUMNS`` order, grouped by configuration, oldest first. The best (never
+    lowered, since measurements are never removed), the median (the mean of the middle two
+    of an even count), how many, the latest, the latest known hourly price, when the latest
+    was recorded and how many were imported."""
+    out: list[Row] = []
+    for (machine_id, gpu_name, num_gpus), group in groupby(rows, key=lambda r: r[:3]):
+        ms = list(group)
+        rates = sorted(m[3] for m in ms)
+        mid = len(rates) // 2
+        prices = [m[6] for m in ms if m[6] is not None]
+        out.append({
+            "machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus,
+            "best_rate_per_hour": rates[-1],
+            "median_rate_per_hour": rates[mid] if len(rates) % 2
+            else (rates[mid - 1] + rates[mid]) / 2,
+            "samples": len(rates), "last_rate_per_hour": ms[-1][3],
+            "dph_total": prices[-1] if prices else None, "updated_at": ms[-1][5],
+            "imported_samples": sum(m[4] == "imported" for m in ms),
+        })
+    return out
 
 
 def rows_of(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> list[Row]:
@@ -211,17 +240,17 @@ class Reads:
         return rows[::-1]
 
     def host_perf(self) -> list[Row]:
-        return rows_of(
-            self._conn,
-            "select * from host_perf order by median_rate_per_hour desc, machine_id",
-        )
+        """Each host configuration's figures (``fold_host_perf``), best median first."""
+        rows = self._conn.execute(f"select {_PERF_COLUMNS} from measurements "
+                                  "order by machine_id, gpu_name, num_gpus, recorded_at, id")
+        return sorted(fold_host_perf(rows),
+                      key=lambda r: (-r["median_rate_per_hour"], r["machine_id"]))
 
     def host_perf_row(self, machine_id: str, gpu_name: str, num_gpus: int) -> Row | None:
-        return one_row(
-            self._conn,
-            "select * from host_perf where machine_id = ? and gpu_name = ? and num_gpus = ?",
-            (machine_id, gpu_name, num_gpus),
-        )
+        rows = self._conn.execute(
+            f"select {_PERF_COLUMNS} from measurements where machine_id = ? and gpu_name = ? "
+            "and num_gpus = ? order by recorded_at, id", (machine_id, gpu_name, num_gpus))
+        return next(iter(fold_host_perf(rows)), None)
 
     def measurements(self, source: str | None = None) -> list[Row]:
         """Every measurement (or those of one ``source``), oldest first."""
@@ -234,6 +263,11 @@ class Reads:
         result's twins on the same hardware are looked for (docs/reliability.md)."""
         return rows_of(self._conn, "select machine_id, rate_per_hour, offer_json from "
                        "measurements where source = 'fleet' and num_gpus = ?", (num_gpus,))
+
+    def measured_machines(self) -> set[str]:
+        """Every machine with a measurement (a host_perf row)."""
+        return {str(r[0]) for r in self._conn.execute(
+            "select distinct machine_id from measurements")}
 
     def measurements_version(self) -> tuple[int, int]:
         """(count, highest id) of the measurements: changes whenever one is added."""

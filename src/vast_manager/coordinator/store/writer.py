@@ -45,7 +45,7 @@ from typing import Any
 import sqlite_utils
 
 from vast_manager.coordinator.decisions import states
-from vast_manager.coordinator.store.migrations import ACTIVE_SQL, Row, T, dumps, migrate
+from vast_manager.coordinator.store.migrations import ACTIVE_SQL, Row, T, dumps, loads, migrate
 from vast_manager.coordinator.store.reads import Reads, one_row, rows_of
 
 log = logging.getLogger(__name__)
@@ -461,73 +461,19 @@ class Tx(Reads):
             },
         )
 
-    # results and host_perf
+    # results and measurements (host_perf is computed from them)
 
     def insert_result(self, row: dict[str, Any]) -> int:
         return self._insert("results", row)
 
-    def record_measurement(
-        self,
-        *,
-        machine_id: str,
-        gpu_name: str,
-        num_gpus: int,
-        rate_per_hour: float,
-        dph_total: float | None,
-        now: float,
-    ) -> Row:
-        """Fold one plausible, uncontended measurement into host_perf.
-
-        Call after inserting its result (``counts_for_host_perf = 1``) or its imported
-        measurement: the median and the sample count are recomputed from every such
-        result and every imported measurement, so a restart or a replay can never
-        double-count; the best is never lowered.
-        """
-        rates = [
-            float(r["recomputed_rate_per_hour"])
-            for r in rows_of(
-                self._conn,
-                "select recomputed_rate_per_hour from results where machine_id = ? and "
-                "gpu_name = ? and num_gpus = ? and kind = 'benchmark' and "
-                "counts_for_host_perf = 1 and recomputed_rate_per_hour is not null",
-                (machine_id, gpu_name, num_gpus),
-            )
-        ]
-        # Imported measurements count like the fleet's own (``hosts import``).
-        imported = [float(r["rate_per_hour"]) for r in rows_of(
-            self._conn,
-            "select rate_per_hour from measurements where machine_id = ? and gpu_name = ? "
-            "and num_gpus = ? and source = 'imported'",
-            (machine_id, gpu_name, num_gpus),
-        )]
-        rates += imported
-        if rate_per_hour not in rates:
-            rates.append(rate_per_hour)
-        rates.sort()
-        mid = len(rates) // 2
-        median = rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
-        old = self.host_perf_row(machine_id, gpu_name, num_gpus)
-        best = max(rate_per_hour, float(old["best_rate_per_hour"] or 0.0) if old else 0.0)
-        self._exec(
-            "insert into host_perf (machine_id, gpu_name, num_gpus, best_rate_per_hour, "
-            "median_rate_per_hour, samples, last_rate_per_hour, dph_total, updated_at, "
-            "imported_samples) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            "on conflict (machine_id, gpu_name, num_gpus) "
-            "do update set best_rate_per_hour = max(best_rate_per_hour, "
-            "excluded.best_rate_per_hour), median_rate_per_hour = "
-            "excluded.median_rate_per_hour, samples = excluded.samples, last_rate_per_hour = "
-            "excluded.last_rate_per_hour, dph_total = coalesce(excluded.dph_total, dph_total), "
-            "updated_at = excluded.updated_at, imported_samples = excluded.imported_samples",
-            (machine_id, gpu_name, num_gpus, best, median, len(rates), rate_per_hour,
-             dph_total, now, len(imported)),
-        )
-        row = self.host_perf_row(machine_id, gpu_name, num_gpus)
-        assert row is not None
-        return row
-
     def insert_measurement(self, row: dict[str, Any]) -> bool:
-        """One measurement (``measurements``' columns); False when the same machine's rate
-        at the same time is already there (a file imported twice, a fleet's own export)."""
+        """One measurement (``measurements``' columns but ``dph_total``, which is read from
+        its offer here), the one record of a measured rate (``host_perf`` is computed from
+        them); False when the same machine's rate at the same time is already there (a file
+        imported twice, a fleet's own export)."""
+        price = (loads(row["offer_json"]) or {}).get("dph_total")
+        row = {**row, "dph_total": float(price) if isinstance(price, int | float)
+               and not isinstance(price, bool) else None}
         cols = ", ".join(f"[{c}]" for c in row)
         marks = ", ".join("?" for _ in row)
         cur = self._exec(f"insert or ignore into measurements ({cols}) values ({marks})",

@@ -76,7 +76,7 @@ async def offers(core: Core, request: web.Request) -> Any:
     found = await _search(core, request.query.get("filter") or None)
     fitted = await core.models.current()
     bad = [str(b["machine_id"]) for b in core.store.bad_hosts(core.clock())]
-    known = {str(r["machine_id"]) for r in core.store.host_perf()}
+    known = core.store.measured_machines()
     ranked = await asyncio.to_thread(rank_offers, found, fitted.model, bad, known,
                                      min_instance_ram_gb=core.settings.min_instance_ram_gb,
                                      setup_download_gb=core.settings.setup_download_gb,
@@ -184,22 +184,16 @@ def _measurement_row(m: Measurement, now: float) -> dict[str, Any]:
 
 def import_job(measurements: Sequence[Measurement], now: float,
                lines: int) -> Callable[[Tx], dict[str, Any]]:
-    """One transaction: every new measurement, then host_perf for what they touched."""
+    """One transaction: every new measurement (host_perf is computed from them)."""
 
     def job(tx: Tx) -> dict[str, Any]:
-        touched: dict[tuple[str, str, int], tuple[float, Any]] = {}
+        touched: set[tuple[str, str, int]] = set()
         added = 0
         for m in measurements:
             row = _measurement_row(m, now)
             if tx.insert_measurement(row):
                 added += 1
-                touched[(row["machine_id"], row["gpu_name"], row["num_gpus"])] = (
-                    m.rate_per_hour, m.offer.get("dph_total"))
-        for (machine, gpu, n), (rate, dph) in touched.items():
-            tx.record_measurement(machine_id=machine, gpu_name=gpu, num_gpus=n,
-                                  rate_per_hour=rate, dph_total=dph if isinstance(
-                                      dph, int | float) and not isinstance(dph, bool) else None,
-                                  now=now)
+                touched.add((row["machine_id"], row["gpu_name"], row["num_gpus"]))
         message = (f"imported {added} measurement(s) of {len(touched)} host configuration(s) "
                    f"from {lines} line(s); {len(measurements) - added} already known")
         tx.insert_event(now, "hosts_import", message,
@@ -242,7 +236,7 @@ async def _dry_run(core: Core, found: list[Measurement], now: float) -> dict[str
     fitted = await core.models.current()
     rows = await core.store.read(lambda r: r.measurements())
     bad = [str(b["machine_id"]) for b in core.store.bad_hosts()]
-    known = {str(r["machine_id"]) for r in core.store.host_perf()}
+    known = core.store.measured_machines()
     extra = [{**_measurement_row(m, now), "id": None} for m in found]
 
     def work() -> dict[str, Any]:
