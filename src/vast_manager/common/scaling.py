@@ -173,78 +173,13 @@ def diagnose(
     t = telemetry_all
     findings: dict[str, list[str]] = {k: [] for k in ORDER}
     observed: list[str] = []
-
     utils = [(g.index, g.util_pct_mean) for g in t.gpus if g.util_pct_mean is not None]
     gpu_util = sum(u for _, u in utils) / len(utils) if utils else None
     util_label = gpu_label(i for i, _ in utils) if utils else ""
-    cpu_util = t.cpu.util_pct_mean
-
-    # CPU: busy while the GPUs wait for work.
-    if cpu_util is not None and gpu_util is not None:
-        gpu_idle = 100.0 - gpu_util
-        if cpu_util > CPU_BUSY_PCT and gpu_idle >= GPU_IDLE_PCT:
-            findings["cpu"].append(
-                f"CPU {cpu_util:.0f}% busy while {util_label} idle {gpu_idle:.0f}% of the time"
-            )
-            if t.cpu.load1 is not None:
-                cores = len(t.cpu.per_core_util_pct_mean) or None
-                on = f" on {cores} cores" if cores else ""
-                findings["cpu"].append(f"load average {t.cpu.load1:.1f}{on}")
-        else:
-            observed.append(f"CPU {cpu_util:.0f}% busy")
-    elif cpu_util is not None:
-        observed.append(f"CPU {cpu_util:.0f}% busy")
-    cz = t.cuzk
-    # /status synthesis.max_concurrent (synthesis_max) is the budget over the smallest
-    # partition of any proof kind, no cap; the daemon's synthesis workers are
-    # (synthesis_slots, docs/cuzk.md). Without them there is no saturation to judge.
-    if cz is not None and cz.synthesis_slots and cz.synthesis_active_mean is not None:
-        busy = [w.busy_pct for w in cz.workers if w.busy_pct is not None]
-        if busy:
-            gpu_busy = sum(busy) / len(busy)
-            synth_full = cz.synthesis_active_mean >= SYNTH_FULL_FRACTION * cz.synthesis_slots
-            if synth_full and 100.0 - gpu_busy >= GPU_IDLE_PCT:
-                findings["cpu"].append(
-                    f"cuzk synthesis {cz.synthesis_active_mean:.1f} of its "
-                    f"{cz.synthesis_slots} workers busy while its GPUs had no partition "
-                    f"{100.0 - gpu_busy:.0f}% of the time"
-                )
-
-    # PCIe: a link carrying close to what it can.
-    links = _busiest_links(t, gpus)
-    near = [link for link in links if link.pct >= PCIE_NEAR_PCT]
-    findings["pcie"].extend(link.text() for link in near[:8])
-    if len(near) > 8:
-        findings["pcie"].append(f"and {len(near) - 8} more GPUs near their link capacity")
-    if links and not near:
-        observed.append("busiest " + links[0].text())
-
-    # GPU: busy nearly all the time, so the GPUs themselves are the limit.
-    if gpu_util is not None:
-        peak = max((g.util_pct_max for g in t.gpus if g.util_pct_max is not None), default=None)
-        peak_text = f" (peak {peak:.0f}%)" if peak is not None else ""
-        if gpu_util > GPU_BUSY_PCT:
-            findings["gpu"].append(f"{util_label} busy {gpu_util:.0f}% of the time{peak_text}")
-        elif eff is not None and eff >= SCALES_WELL_EFFICIENCY and gpu_util >= GPU_MOSTLY_BUSY_PCT:
-            findings["gpu"].append(
-                f"{util_label} busy {gpu_util:.0f}% of the time{peak_text} and scaling at "
-                f"efficiency {eff:.2f}: the GPUs themselves set the pace"
-            )
-        else:
-            observed.append(f"{util_label} busy {gpu_util:.0f}% of the time{peak_text}")
-
-    # Memory: cuzk's budget or the machine's RAM nearly full.
-    if cz is not None and cz.memory_used_bytes_max is not None and cz.memory_total_bytes:
-        pct = 100.0 * cz.memory_used_bytes_max / cz.memory_total_bytes
-        text = (
-            f"cuzk memory {_gb(cz.memory_used_bytes_max)} used of its "
-            f"{_gb(cz.memory_total_bytes)} budget ({pct:.0f}%)"
-        )
-        (findings["memory"] if pct >= MEMORY_NEAR_PCT else observed).append(text)
-    if t.ram.used_bytes is not None and t.ram.total_bytes:
-        pct = 100.0 * t.ram.used_bytes / t.ram.total_bytes
-        text = f"RAM {_gb(t.ram.used_bytes)} used of {_gb(t.ram.total_bytes)} ({pct:.0f}%)"
-        (findings["memory"] if pct >= MEMORY_NEAR_PCT else observed).append(text)
+    _cpu_rule(t, gpu_util, util_label, findings["cpu"], observed)
+    _pcie_rule(t, gpus, findings["pcie"], observed)
+    _gpu_rule(t, eff, gpu_util, util_label, findings["gpu"], observed)
+    _memory_rule(t, findings["memory"], observed)
 
     bottleneck = next((k for k in ORDER if findings[k]), "unknown")
     if bottleneck != "unknown":
@@ -259,3 +194,82 @@ def diagnose(
         if limits:
             evidence.append(f"GPU {g.index} clocks held back: {', '.join(limits)}")
     return Diagnosis(eff, bottleneck, evidence[:64])
+
+
+def _cpu_rule(t: Telemetry, gpu_util: float | None, util_label: str, found: list[str],
+              observed: list[str]) -> None:
+    """CPU: busy while the GPUs wait for work, or cuzk's synthesis full while they idle."""
+    cpu_util = t.cpu.util_pct_mean
+    if cpu_util is not None and gpu_util is not None:
+        gpu_idle = 100.0 - gpu_util
+        if cpu_util > CPU_BUSY_PCT and gpu_idle >= GPU_IDLE_PCT:
+            found.append(
+                f"CPU {cpu_util:.0f}% busy while {util_label} idle {gpu_idle:.0f}% of the time"
+            )
+            if t.cpu.load1 is not None:
+                cores = len(t.cpu.per_core_util_pct_mean) or None
+                on = f" on {cores} cores" if cores else ""
+                found.append(f"load average {t.cpu.load1:.1f}{on}")
+        else:
+            observed.append(f"CPU {cpu_util:.0f}% busy")
+    elif cpu_util is not None:
+        observed.append(f"CPU {cpu_util:.0f}% busy")
+    cz = t.cuzk
+    # /status synthesis.max_concurrent (synthesis_max) is the budget over the smallest
+    # partition of any proof kind, no cap; the daemon's synthesis workers are
+    # (synthesis_slots, docs/cuzk.md). Without them there is no saturation to judge.
+    if cz is not None and cz.synthesis_slots and cz.synthesis_active_mean is not None:
+        busy = [w.busy_pct for w in cz.workers if w.busy_pct is not None]
+        if busy:
+            gpu_busy = sum(busy) / len(busy)
+            synth_full = cz.synthesis_active_mean >= SYNTH_FULL_FRACTION * cz.synthesis_slots
+            if synth_full and 100.0 - gpu_busy >= GPU_IDLE_PCT:
+                found.append(
+                    f"cuzk synthesis {cz.synthesis_active_mean:.1f} of its "
+                    f"{cz.synthesis_slots} workers busy while its GPUs had no partition "
+                    f"{100.0 - gpu_busy:.0f}% of the time"
+                )
+
+
+def _pcie_rule(t: Telemetry, gpus: list[Gpu], found: list[str], observed: list[str]) -> None:
+    """PCIe: a link carrying close to what it can."""
+    links = _busiest_links(t, gpus)
+    near = [link for link in links if link.pct >= PCIE_NEAR_PCT]
+    found.extend(link.text() for link in near[:8])
+    if len(near) > 8:
+        found.append(f"and {len(near) - 8} more GPUs near their link capacity")
+    if links and not near:
+        observed.append("busiest " + links[0].text())
+
+
+def _gpu_rule(t: Telemetry, eff: float | None, gpu_util: float | None, util_label: str,
+              found: list[str], observed: list[str]) -> None:
+    """GPU: busy nearly all the time, so the GPUs themselves are the limit."""
+    if gpu_util is not None:
+        peak = max((g.util_pct_max for g in t.gpus if g.util_pct_max is not None), default=None)
+        peak_text = f" (peak {peak:.0f}%)" if peak is not None else ""
+        if gpu_util > GPU_BUSY_PCT:
+            found.append(f"{util_label} busy {gpu_util:.0f}% of the time{peak_text}")
+        elif eff is not None and eff >= SCALES_WELL_EFFICIENCY and gpu_util >= GPU_MOSTLY_BUSY_PCT:
+            found.append(
+                f"{util_label} busy {gpu_util:.0f}% of the time{peak_text} and scaling at "
+                f"efficiency {eff:.2f}: the GPUs themselves set the pace"
+            )
+        else:
+            observed.append(f"{util_label} busy {gpu_util:.0f}% of the time{peak_text}")
+
+
+def _memory_rule(t: Telemetry, found: list[str], observed: list[str]) -> None:
+    """Memory: cuzk's budget or the machine's RAM nearly full."""
+    cz = t.cuzk
+    if cz is not None and cz.memory_used_bytes_max is not None and cz.memory_total_bytes:
+        pct = 100.0 * cz.memory_used_bytes_max / cz.memory_total_bytes
+        text = (
+            f"cuzk memory {_gb(cz.memory_used_bytes_max)} used of its "
+            f"{_gb(cz.memory_total_bytes)} budget ({pct:.0f}%)"
+        )
+        (found if pct >= MEMORY_NEAR_PCT else observed).append(text)
+    if t.ram.used_bytes is not None and t.ram.total_bytes:
+        pct = 100.0 * t.ram.used_bytes / t.ram.total_bytes
+        text = f"RAM {_gb(t.ram.used_bytes)} used of {_gb(t.ram.total_bytes)} ({pct:.0f}%)"
+        (found if pct >= MEMORY_NEAR_PCT else observed).append(text)

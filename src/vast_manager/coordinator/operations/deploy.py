@@ -35,7 +35,13 @@ from vast_manager.coordinator.exceptions import (
     TooSmall,
 )
 from vast_manager.coordinator.operations.account import Account
-from vast_manager.coordinator.providers.base import CreateFailed, Provider, ProviderError
+from vast_manager.coordinator.providers.base import (
+    CreatedInstance,
+    CreateFailed,
+    Offer,
+    Provider,
+    ProviderError,
+)
 from vast_manager.coordinator.providers.base import OfferGone as ProviderOfferGone
 from vast_manager.coordinator.providers.coerce import as_float
 from vast_manager.coordinator.settings import Settings
@@ -79,6 +85,31 @@ class Deployed:
     provider_instance_id: int
     agent_id: str
     message: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """An offer re-read and checked for a deploy, priced with the deploy's own disk."""
+
+    offer_id: int
+    offer: Offer
+    machine_id: str
+    ram_gb: float | None
+    disk_gb: int
+    prices: cost.Prices
+
+
+@dataclass(frozen=True, slots=True)
+class _Terms:
+    """What a deploy gives its instance: the agent's identity, the minimum rate, a bid."""
+
+    agent_id: str
+    label: str
+    key: bytes
+    min_rate: float | None
+    bid: float | None
+    setup_bandwidth: float  # $/h of the setup download over a kept life
+    now: float
 
 
 class Deployer:
@@ -129,6 +160,30 @@ class Deployer:
         max_dph_total: float | None,
         interruptible: bool = False,
     ) -> Deployed:
+        checked = await self._checked(offer_id, disk_gb, max_dph_total, interruptible)
+        terms = self._terms(checked, explicit_min_rate, interruptible)
+        instance_id = await self.store.write(lambda tx: self._record(tx, checked, terms))
+        # Cancelled or crashed mid-create, we cannot know whether it exists: the rows
+        # stay in `deploying`, so reconciliation (label) and the no-hello timeout finish it.
+        created = await self._create(checked, terms, instance_id)
+
+        def created_ok(tx: Tx) -> None:
+            tx.update_instance(
+                instance_id, provider_instance_id=created.instance_id, updated_at=self.clock()
+            )
+            tx.insert_event(
+                self.clock(), "deployed",
+                f"{self.provider.name} instance {created.instance_id} created",
+                instance_id=instance_id, agent_id=terms.agent_id, machine_id=checked.machine_id,
+            )
+
+        await self.store.write(created_ok)
+        message = created.message or f"instance {created.instance_id} created"
+        return Deployed(instance_id, created.instance_id, terms.agent_id, message)
+
+    async def _checked(self, offer_id: int, disk_gb: int | None, max_dph_total: float | None,
+                       interruptible: bool) -> _Checked:
+        """The offer as it is now, after every check that keeps rent from being wasted."""
         if interruptible and not getattr(self.provider, "supports_bids", False):
             raise InvalidInput(f"{self.provider.name} rents no interruptible instances.",
                                field="interruptible")
@@ -170,11 +225,13 @@ class Deployer:
                 f"Offer {offer_id} now costs ${dph_total:.4f}/h with a {disk:g} GB disk, above "
                 f"the ${max_dph_total:.4f}/h you saw (--max-price)."
             )
+        return _Checked(offer_id, offer, machine_id, share.ram_gb, disk, prices)
 
-        now = self.clock()
+    def _terms(self, checked: _Checked, explicit_min_rate: float | None,
+               interruptible: bool) -> _Terms:
+        """The new agent's identity, the minimum rate and the bid."""
         agent_id = mint_agent_id()
-        label = agent_label(self.settings.fleet_id, agent_id)
-        key = signing.derive_agent_key(self.settings.newest_secret, agent_id)
+        prices = checked.prices
         # The minimum rate divides the full figure: rent, storage and the setup's download
         # spread over a kept instance's life.
         figure = cost.kept_per_hour(
@@ -189,55 +246,62 @@ class Deployer:
         bid = None
         if interruptible:
             bid = max(prices.rent_per_hour * self.settings.interruptible_bid_share,
-                      as_float(offer.get("min_bid")) or 0.0)
+                      as_float(checked.offer.get("min_bid")) or 0.0)
+        return _Terms(agent_id, agent_label(self.settings.fleet_id, agent_id),
+                      signing.derive_agent_key(self.settings.newest_secret, agent_id),
+                      min_rate, bid, figure.bandwidth, self.clock())
+
+    def _record(self, tx: Tx, checked: _Checked, terms: _Terms) -> int:
+        """The agent and the instance, in `deploying`, before anything is rented."""
+        offer, prices, now = checked.offer, checked.prices, terms.now
         meta = {name: offer.get(name) for name in OFFER_FIELDS}
-        meta["machine_id"] = machine_id
-        meta["dph_total"] = dph_total
-        meta["instance_ram_gb"] = share.ram_gb
+        meta["machine_id"] = checked.machine_id
+        meta["dph_total"] = prices.hourly_total
+        meta["instance_ram_gb"] = checked.ram_gb
         # The whole offer as deployed: the hardware its results ran on, for the rate model.
         meta["offer_json"] = dumps({k: v for k, v in offer.items() if k not in NOT_OFFER_FIELDS})
+        tx.insert_agent(
+            terms.agent_id, label=terms.label, kind="deployed",
+            min_rate_per_hour=terms.min_rate, issued_at=now,
+        )
+        instance_id = tx.insert_instance(
+            {
+                **meta,
+                "agent_id": terms.agent_id,
+                "label": terms.label,
+                "kind": "deployed",
+                "provider": self.provider.name,
+                "offer_id": checked.offer_id,
+                "state": State.DEPLOYING,
+                "state_since": now,
+                "disk_gb": checked.disk_gb,
+                "bid_per_hour": terms.bid,
+                "min_rate_per_hour": terms.min_rate,
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
+        rate_text = "none" if terms.min_rate is None else f"{terms.min_rate:.2f} proofs/h"
+        tx.insert_event(
+            now, "deploy",
+            f"deploying offer {checked.offer_id} at ${prices.hourly_total:.4f}/h with a "
+            f"{checked.disk_gb} GB disk (rent ${prices.rent_per_hour:.4f}, storage "
+            f"${prices.storage_per_hour:.4f}, setup download ${terms.setup_bandwidth:.4f}/h "
+            f"over a kept life), minimum rate {rate_text}"
+            + ("" if terms.bid is None else f"; interruptible at a bid of ${terms.bid:.4f}/h"),
+            instance_id=instance_id, agent_id=terms.agent_id, machine_id=checked.machine_id,
+        )
+        return instance_id
 
-        def record(tx: Tx) -> int:
-            tx.insert_agent(
-                agent_id, label=label, kind="deployed", min_rate_per_hour=min_rate,
-                issued_at=now,
-            )
-            instance_id = tx.insert_instance(
-                {
-                    **meta,
-                    "agent_id": agent_id,
-                    "label": label,
-                    "kind": "deployed",
-                    "provider": self.provider.name,
-                    "offer_id": offer_id,
-                    "state": State.DEPLOYING,
-                    "state_since": now,
-                    "disk_gb": disk,
-                    "bid_per_hour": bid,
-                    "min_rate_per_hour": min_rate,
-                    "created_at": now,
-                    "updated_at": now,
-                }
-            )
-            rate_text = "none" if min_rate is None else f"{min_rate:.2f} proofs/h"
-            tx.insert_event(
-                now, "deploy",
-                f"deploying offer {offer_id} at ${dph_total:.4f}/h with a {disk} GB disk "
-                f"(rent ${prices.rent_per_hour:.4f}, storage ${prices.storage_per_hour:.4f}, "
-                f"setup download ${figure.bandwidth:.4f}/h over a kept life), "
-                f"minimum rate {rate_text}"
-                + ("" if bid is None else f"; interruptible at a bid of ${bid:.4f}/h"),
-                instance_id=instance_id, agent_id=agent_id, machine_id=machine_id,
-            )
-            return instance_id
-
-        instance_id = await self.store.write(record)
-        # Cancelled or crashed mid-create, we cannot know whether it exists: the rows
-        # stay in `deploying`, so reconciliation (label) and the no-hello timeout finish it.
+    async def _create(self, checked: _Checked, terms: _Terms, instance_id: int) -> CreatedInstance:
+        """Rent it; a failure is recorded on the instance and raised as the core's error."""
+        offer_id = checked.offer_id
         try:
-            created = await self.provider.create_instance(
-                offer, label=label, env=agent_env(self.settings.coordinator_url, agent_id, key),
-                disk_gb=disk, **({} if bid is None else {"bid_per_hour": bid}),
+            return await self.provider.create_instance(
+                checked.offer, label=terms.label,
+                env=agent_env(self.settings.coordinator_url, terms.agent_id, terms.key),
+                disk_gb=checked.disk_gb,
+                **({} if terms.bid is None else {"bid_per_hour": terms.bid}),
             )
         except CreateFailed as err:
             await self._created_anyway(instance_id, err)
@@ -251,26 +315,13 @@ class Deployer:
                 f"offer {offer_id} was taken before it could be rented" if gone
                 else f"the provider refused to create the instance: {err}"
             )
-            await self.store.write(lambda tx: self._abandon(tx, instance_id, agent_id, reason))
+            await self.store.write(
+                lambda tx: self._abandon(tx, instance_id, terms.agent_id, reason))
             if gone:
                 raise OfferGone(f"Offer {offer_id} is gone: it was rented meanwhile.") from None
             raise ProviderFailed(
                 f"Creating an instance from offer {offer_id} failed: {err}"
             ) from None
-
-        def created_ok(tx: Tx) -> None:
-            tx.update_instance(
-                instance_id, provider_instance_id=created.instance_id, updated_at=self.clock()
-            )
-            tx.insert_event(
-                self.clock(), "deployed",
-                f"{self.provider.name} instance {created.instance_id} created",
-                instance_id=instance_id, agent_id=agent_id, machine_id=machine_id,
-            )
-
-        await self.store.write(created_ok)
-        message = created.message or f"instance {created.instance_id} created"
-        return Deployed(instance_id, created.instance_id, agent_id, message)
 
     async def _created_anyway(self, instance_id: int, err: CreateFailed) -> None:
         """Record the instance a failed create left, due for destruction now, and destroy it."""

@@ -59,6 +59,14 @@ def loads(text: str | None) -> Any:
 
 
 def _m1_initial(db: sqlite_utils.Database) -> None:
+    _m1_agents(db)
+    _m1_instances(db)
+    _m1_results_and_host_perf(db)
+    _m1_the_rest(db)
+
+
+def _m1_agents(db: sqlite_utils.Database) -> None:
+    """The issued agents."""
     db.table("agents").create(
         {
             "agent_id": str,
@@ -74,6 +82,10 @@ def _m1_initial(db: sqlite_utils.Database) -> None:
         not_null={"label", "kind", "revoked", "issued_at"},
         defaults={"revoked": 0},
     )
+
+
+def _m1_instances(db: sqlite_utils.Database) -> None:
+    """One row per instance we deployed or agent we issued."""
     db.table("instances").create(
         {
             "id": int,
@@ -123,6 +135,10 @@ def _m1_initial(db: sqlite_utils.Database) -> None:
     db.table("instances").create_index(["agent_id"], unique=True)
     db.table("instances").create_index(["machine_id", "state"])
     db.table("instances").create_index(["provider_instance_id"])
+
+
+def _m1_results_and_host_perf(db: sqlite_utils.Database) -> None:
+    """Every result, and the host figures folded from them (then)."""
     db.table("results").create(
         {
             "id": int,
@@ -177,6 +193,10 @@ def _m1_initial(db: sqlite_utils.Database) -> None:
         },
         pk=("machine_id", "gpu_name", "num_gpus"),
     )
+
+
+def _m1_the_rest(db: sqlite_utils.Database) -> None:
+    """Bad hosts, heartbeats and their history, telemetry, logs, events, scaling."""
     db.table("bad_hosts").create(
         {"machine_id": str, "reason": str, "added_at": float, "source": str, "instance_id": int},
         pk="machine_id",
@@ -262,7 +282,6 @@ def _m1_initial(db: sqlite_utils.Database) -> None:
         pk="id",
     )
     db.table("scaling").create_index(["instance_id"])
-
 
 def _m2_benchmark_verdict_state(db: sqlite_utils.Database) -> None:
     """Per-instance state of the running benchmark, for early verdicts (docs/policy.md).
