@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
+import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -127,7 +127,8 @@ def test_host_perf_answers_as_the_table_did(tmp_path: Path) -> None:
     read then): opened now, its migration drops the table, and host_perf, computed from the
     measurements, reads as the table did."""
     db = tmp_path / "before.db"
-    shutil.copy(FIXTURES / "host_perf_before.db", db)
+    with sqlite3.connect(db) as conn:  # the old store's database, as SQL text
+        conn.executescript((FIXTURES / "host_perf_before.sql").read_text())
     before = orjson.loads((FIXTURES / "host_perf_before.json").read_bytes())
     store = Store(str(db))
     try:
