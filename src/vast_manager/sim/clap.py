@@ -271,15 +271,7 @@ class _Parser:
                     raise ClapError(self.help_text(cmd, usage_name), 0, kind="help")
                 found = by_long.get(name)
                 if found is None:
-                    tip = _did_you_mean(name, [a.long for a in cmd.args] + ["help"])
-                    text = f"error: unexpected argument '--{name}' found\n"
-                    if tip is not None:
-                        text += f"\n{TAB}tip: a similar argument exists: '--{tip}'\n"
-                    used = [by_long[tip]] if tip in by_long else []
-                    raise ClapError(
-                        text + f"\n{self.usage(cmd, usage_name, used)}\n\n"
-                        "For more information, try '--help'.\n"
-                    )
+                    raise self._unknown_long(cmd, usage_name, name, by_long)
                 if eq and not found.takes_value:
                     raise self.fail(
                         f"unexpected value '{value}' for '--{name}' found; no more were expected",
@@ -308,33 +300,53 @@ class _Parser:
                     self._defaults(cmd, matches)
                     matches.subcommand = self.parse(sub, argv[i + 1 :], f"{usage_name} {tok}")
                     return matches
-                if tok == "help" and cmd.subcommands and not trailing:
-                    raise ClapError(self.help_text(cmd, usage_name), 0, kind="help")
-                if cmd.subcommands:
-                    tip = _did_you_mean(tok, [s.name for s in cmd.subcommands])
-                    if tip is not None:
-                        raise ClapError(
-                            f"error: unrecognized subcommand '{tok}'\n\n"
-                            f"{TAB}tip: a similar subcommand exists: '{tip}'\n\n"
-                            f"{self.usage(cmd, usage_name)}\n\n"
-                            "For more information, try '--help'.\n"
-                        )
-                    raise self.fail(f"unrecognized subcommand '{tok}'", cmd, usage_name)
-                raise self.fail(f"unexpected argument '{tok}' found", cmd, usage_name)
+                raise self._unexpected_word(cmd, usage_name, tok, trailing)
             i += 1
         if cmd.subcommand_required:
-            if not argv:
-                # clap derive sets arg_required_else_help with a required subcommand.
-                raise ClapError(self.help_text(cmd, usage_name), USAGE_CODE, kind="help")
-            names = ", ".join([s.name for s in cmd.subcommands] + ["help"])
-            raise ClapError(
-                f"error: '{usage_name}' requires a subcommand but one was not provided\n"
-                f"{TAB}[subcommands: {names}]\n\n{self.usage(cmd, usage_name)}\n\n"
-                "For more information, try '--help'.\n"
-            )
+            raise self._no_subcommand(cmd, usage_name, argv)
         self._check_required(cmd, usage_name, given)
         self._defaults(cmd, matches)
         return matches
+
+    def _unknown_long(self, cmd: Command, usage_name: str, name: str,
+                      by_long: dict[str, Arg]) -> ClapError:
+        tip = _did_you_mean(name, [a.long for a in cmd.args] + ["help"])
+        text = f"error: unexpected argument '--{name}' found\n"
+        if tip is not None:
+            text += f"\n{TAB}tip: a similar argument exists: '--{tip}'\n"
+        used = [by_long[tip]] if tip in by_long else []
+        return ClapError(
+            text + f"\n{self.usage(cmd, usage_name, used)}\n\n"
+            "For more information, try '--help'.\n"
+        )
+
+    def _unexpected_word(self, cmd: Command, usage_name: str, tok: str,
+                         trailing: bool) -> ClapError:
+        """A word that is no subcommand: help, a tip towards a similar subcommand, or no."""
+        if tok == "help" and cmd.subcommands and not trailing:
+            return ClapError(self.help_text(cmd, usage_name), 0, kind="help")
+        if cmd.subcommands:
+            tip = _did_you_mean(tok, [s.name for s in cmd.subcommands])
+            if tip is not None:
+                return ClapError(
+                    f"error: unrecognized subcommand '{tok}'\n\n"
+                    f"{TAB}tip: a similar subcommand exists: '{tip}'\n\n"
+                    f"{self.usage(cmd, usage_name)}\n\n"
+                    "For more information, try '--help'.\n"
+                )
+            return self.fail(f"unrecognized subcommand '{tok}'", cmd, usage_name)
+        return self.fail(f"unexpected argument '{tok}' found", cmd, usage_name)
+
+    def _no_subcommand(self, cmd: Command, usage_name: str, argv: Sequence[str]) -> ClapError:
+        if not argv:
+            # clap derive sets arg_required_else_help with a required subcommand.
+            return ClapError(self.help_text(cmd, usage_name), USAGE_CODE, kind="help")
+        names = ", ".join([s.name for s in cmd.subcommands] + ["help"])
+        return ClapError(
+            f"error: '{usage_name}' requires a subcommand but one was not provided\n"
+            f"{TAB}[subcommands: {names}]\n\n{self.usage(cmd, usage_name)}\n\n"
+            "For more information, try '--help'.\n"
+        )
 
     def _check_required(self, cmd: Command, usage_name: str, given: list[Arg]) -> None:
         missing = [a for a in cmd.args if a.required and a not in given]

@@ -419,6 +419,42 @@ class SimDaemon:
         self._sync()
         sim = self.sim
         now = sim.t
+        used = sim.budget_used_bytes()
+        budget = sim.budget_bytes
+        synthesized = len(sim.synth_done) + sum(
+            1 for g in sim.gpus.values() for p in g.workers
+            if p is not None and p.compute_started is None
+        )
+        computing = sum(1 for g in sim.gpus.values() if g.computing is not None)
+        return {
+            "uptime_secs": now,
+            "memory": {
+                "total_bytes": budget,
+                "used_bytes": used,
+                "available_bytes": max(0, budget - used),
+            },
+            "synthesis": {"max_concurrent": sim.max_concurrent, "active": sim.synthesis_active},
+            "pipelines": self._pipelines(now),
+            "gpu_workers": self._gpu_workers(now),
+            "allocations": self._allocations(now),
+            "counters": {
+                "total_completed": sim.total_completed,
+                "total_failed": sim.total_failed,
+                "completed_by_kind": dict(sim.completed_by_kind),
+                "failed_by_kind": dict(sim.failed_by_kind),
+                "queue_depth": sim.queue_depth,
+            },
+            "buffers": {
+                "synth_in_flight": sim.synthesis_active,
+                "provers_in_flight": synthesized,
+                "aux_in_flight": synthesized + computing,
+                "shells_in_flight": computing,
+                "pending_handles": computing,
+            },
+        }
+
+    def _pipelines(self, now: float) -> list[dict[str, Any]]:
+        """Each dispatched proof's pipeline, kept a while after it ends (status.rs)."""
 
         def ms(start: float | None, end: float | None) -> int | None:
             if start is None:
@@ -426,7 +462,7 @@ class SimDaemon:
             return round(((end if end is not None else now) - start) * 1000)
 
         pipelines = []
-        for proof in sim.proofs.values():
+        for proof in self.sim.proofs.values():
             if proof.registered_at is None:
                 continue  # not dispatched yet: no pipeline
             ended = self._finished_real.get(proof.job_id)
@@ -451,6 +487,10 @@ class SimDaemon:
                     "partitions": parts,
                 }
             )
+        return pipelines
+
+    def _gpu_workers(self, now: float) -> list[dict[str, Any]]:
+        sim = self.sim
         workers = []
         wpd = sim.config.workers_per_device
         for n, d in enumerate(sorted(sim.gpus)):
@@ -468,6 +508,10 @@ class SimDaemon:
                         "busy_secs": now - since if since is not None else None,
                     }
                 )
+        return workers
+
+    def _allocations(self, now: float) -> dict[str, list[dict[str, Any]]]:
+        sim = self.sim
         srs_alloc = []
         if sim.srs_loaded:
             srs_alloc.append(
@@ -489,39 +533,7 @@ class SimDaemon:
                     "evictable": True,
                 }
             )
-        used = sim.budget_used_bytes()
-        budget = sim.budget_bytes
-        synthesized = len(sim.synth_done) + sum(
-            1 for g in sim.gpus.values() for p in g.workers
-            if p is not None and p.compute_started is None
-        )
-        computing = sum(1 for g in sim.gpus.values() if g.computing is not None)
-        return {
-            "uptime_secs": now,
-            "memory": {
-                "total_bytes": budget,
-                "used_bytes": used,
-                "available_bytes": max(0, budget - used),
-            },
-            "synthesis": {"max_concurrent": sim.max_concurrent, "active": sim.synthesis_active},
-            "pipelines": pipelines,
-            "gpu_workers": workers,
-            "allocations": {"srs": srs_alloc, "pce": pce_alloc},
-            "counters": {
-                "total_completed": sim.total_completed,
-                "total_failed": sim.total_failed,
-                "completed_by_kind": dict(sim.completed_by_kind),
-                "failed_by_kind": dict(sim.failed_by_kind),
-                "queue_depth": sim.queue_depth,
-            },
-            "buffers": {
-                "synth_in_flight": sim.synthesis_active,
-                "provers_in_flight": synthesized,
-                "aux_in_flight": synthesized + computing,
-                "shells_in_flight": computing,
-                "pending_handles": computing,
-            },
-        }
+        return {"srs": srs_alloc, "pce": pce_alloc}
 
     def metrics_text(self) -> str:
         self._sync()

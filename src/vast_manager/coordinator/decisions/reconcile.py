@@ -92,6 +92,31 @@ def plan(
     - ``mark_vanished``: one of our records with an instance id that vast.ai
       no longer lists (past ``grace_s`` after ``created_at`` when given).
     """
+    ours_by_id, recorded_by_agent = _index_ours(our_instances)
+    actions: list[Action] = []
+    listed: set[int] = set()
+    for inst in provider_instances:
+        iid = as_int(inst.get("id"))
+        if iid is None:
+            continue
+        listed.add(iid)
+        parsed = parse_label(inst.get("label"))
+        if parsed is None or parsed[0] != fleet_id:
+            continue  # another fleet's, or not ours at all: never touched
+        action = _listed_action(inst, iid, parsed[1], ours_by_id.get(iid),
+                                recorded_by_agent.get(parsed[1], set()), known_agent_ids,
+                                now, grace_s)
+        if action is not None:
+            actions.append(action)
+    actions += _vanished(ours_by_id, listed, now, grace_s)
+    actions.sort(key=lambda a: (a.kind, a.instance_id))
+    return actions
+
+
+def _index_ours(
+    our_instances: list[dict[str, Any]],
+) -> tuple[dict[int, Mapping[str, Any]], dict[str, set[int]]]:
+    """Our records by provider instance id, and each agent's recorded instance ids."""
     ours_by_id: dict[int, Mapping[str, Any]] = {}
     recorded_by_agent: dict[str, set[int]] = {}
     for row in our_instances:
@@ -103,56 +128,46 @@ def plan(
             ours_by_id[iid] = row
             if isinstance(agent, str):
                 recorded_by_agent.setdefault(agent, set()).add(iid)
+    return ours_by_id, recorded_by_agent
 
+
+def _listed_action(
+    inst: Mapping[str, Any],
+    iid: int,
+    agent_id: str,
+    record: Mapping[str, Any] | None,
+    recorded: set[int],
+    known_agent_ids: set[str],
+    now: float,
+    grace_s: float,
+) -> Action | None:
+    """What to do with one of our fleet's instances that vast.ai lists (None: nothing)."""
+    dead = never_runs(inst)
+    if dead is not None:
+        return Action("destroy_dead", iid, f"{dead} (agent {agent_id})")
+    start = as_float(inst.get("start_date"))
+    if start is None or now - start < grace_s:
+        return None  # young, or not aged at all: vast.ai's lists may lag behind ours
+    age = f"{now - start:.0f} s old"
+    # Recorded as gone (``states.GONE``) yet listed: a leak (a vanished instance
+    # listed again is destroyed too: its agent was told to stop). A failed one is
+    # not gone: its destroy is already due, the monitor's to carry out and retry.
+    if record is not None and record.get("state") in states.GONE:
+        return Action("destroy_leaked", iid,
+                      f"recorded as {record.get('state')} but still on vast.ai ({age})")
+    if agent_id not in known_agent_ids:
+        return Action("destroy_leaked", iid, f"agent {agent_id} unknown to us ({age})")
+    if recorded and iid not in recorded:
+        others = ", ".join(str(i) for i in sorted(recorded))
+        return Action("destroy_leaked", iid,
+                      f"duplicate of agent {agent_id}'s instance {others} ({age})")
+    return None
+
+
+def _vanished(ours_by_id: dict[int, Mapping[str, Any]], listed: set[int], now: float,
+              grace_s: float) -> list[Action]:
+    """Our records whose instance vast.ai no longer lists."""
     actions: list[Action] = []
-    listed: set[int] = set()
-    for inst in provider_instances:
-        iid = as_int(inst.get("id"))
-        if iid is None:
-            continue
-        listed.add(iid)
-        parsed = parse_label(inst.get("label"))
-        if parsed is None or parsed[0] != fleet_id:
-            continue  # another fleet's, or not ours at all: never touched
-        agent_id = parsed[1]
-        dead = never_runs(inst)
-        if dead is not None:
-            actions.append(Action("destroy_dead", iid, f"{dead} (agent {agent_id})"))
-            continue
-        start = as_float(inst.get("start_date"))
-        aged = start is not None and now - start >= grace_s
-        age = f"{now - start:.0f} s old" if start is not None else "age unknown"
-        record = ours_by_id.get(iid)
-        # Recorded as gone (``states.GONE``) yet listed: a leak (a vanished instance
-        # listed again is destroyed too: its agent was told to stop). A failed one is
-        # not gone: its destroy is already due, the monitor's to carry out and retry.
-        if record is not None and record.get("state") in states.GONE:
-            if aged:
-                actions.append(
-                    Action(
-                        "destroy_leaked",
-                        iid,
-                        f"recorded as {record.get('state')} but still on vast.ai ({age})",
-                    )
-                )
-            continue
-        if agent_id not in known_agent_ids:
-            if aged:
-                actions.append(
-                    Action("destroy_leaked", iid, f"agent {agent_id} unknown to us ({age})")
-                )
-            continue
-        recorded = recorded_by_agent.get(agent_id, set())
-        if recorded and iid not in recorded and aged:
-            others = ", ".join(str(i) for i in sorted(recorded))
-            actions.append(
-                Action(
-                    "destroy_leaked",
-                    iid,
-                    f"duplicate of agent {agent_id}'s instance {others} ({age})",
-                )
-            )
-
     for iid, rec in ours_by_id.items():
         if iid in listed or rec.get("state") in states.GONE:  # gone: its absence is no news
             continue
@@ -167,6 +182,4 @@ def plan(
                 f"agent {rec.get('agent_id')})",
             )
         )
-
-    actions.sort(key=lambda a: (a.kind, a.instance_id))
     return actions

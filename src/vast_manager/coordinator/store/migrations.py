@@ -62,7 +62,8 @@ def _m1_initial(db: sqlite_utils.Database) -> None:
     _m1_agents(db)
     _m1_instances(db)
     _m1_results_and_host_perf(db)
-    _m1_the_rest(db)
+    _m1_hosts_and_heartbeats(db)
+    _m1_logs_events_scaling(db)
 
 
 def _m1_agents(db: sqlite_utils.Database) -> None:
@@ -195,8 +196,8 @@ def _m1_results_and_host_perf(db: sqlite_utils.Database) -> None:
     )
 
 
-def _m1_the_rest(db: sqlite_utils.Database) -> None:
-    """Bad hosts, heartbeats and their history, telemetry, logs, events, scaling."""
+def _m1_hosts_and_heartbeats(db: sqlite_utils.Database) -> None:
+    """Bad hosts, heartbeats and their history."""
     db.table("bad_hosts").create(
         {"machine_id": str, "reason": str, "added_at": float, "source": str, "instance_id": int},
         pk="machine_id",
@@ -230,6 +231,10 @@ def _m1_the_rest(db: sqlite_utils.Database) -> None:
         pk="id",
     )
     db.table("heartbeat_history").create_index(["agent_id", "id"])
+
+
+def _m1_logs_events_scaling(db: sqlite_utils.Database) -> None:
+    """Telemetry, logs, events and the scaling diagnoses."""
     db.table("telemetry").create(
         {"instance_id": int, "received_at": float, "telemetry_json": str}, pk="instance_id"
     )
