@@ -353,7 +353,9 @@ def _count_terms(x: Array, k: Array | float, cmax: int) -> tuple[Array, Array, A
 def _mixture_cdf(y: Array, weights: Array, means: Array, sd: Array) -> Array:
     """P(log rate <= y) per row of a mixture of normals with one sd per row."""
     z = (y[:, None] - means) / sd[:, None]
-    return (weights * 0.5 * special.erfc(-z / math.sqrt(2.0))).sum(axis=1)
+    tail: Array = special.erfc(-z / math.sqrt(2.0))
+    out: Array = (weights * 0.5 * tail).sum(axis=1)
+    return out
 
 
 def _mixture_quantile(q: float, weights: Array, means: Array, sd: Array) -> Array:
@@ -1201,8 +1203,8 @@ class _Fitter:
             sign, logdet_h = np.linalg.slogdet(jwj + fixed)
             if sign <= 0:
                 return -math.inf
-            return (-0.5 * (rwr + logdet + logdet_h)
-                    - 0.5 * ((le - prior_e) ** 2 + (lh - prior_h) ** 2) / s2)
+            return float(-0.5 * (rwr + logdet + logdet_h)
+                         - 0.5 * ((le - prior_e) ** 2 + (lh - prior_h) ** 2) / s2)
 
         le, lh = math.log(self.sig_e), math.log(self.sig_h)
         for _ in range(2):
