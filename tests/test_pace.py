@@ -24,8 +24,8 @@ from vast_manager.agent import config as agent_config
 from vast_manager.agent.lifecycle import HEARTBEATS_PER_ORPHAN_TIMEOUT, heartbeat_interval_s
 from vast_manager.coordinator import settings as coord_settings
 from vast_manager.coordinator.decisions import pace, policy
-from vast_manager.coordinator.decisions.pace import FleetLoad, PaceLimits
-from vast_manager.coordinator.operations.monitor import HeartbeatTracker, Monitor
+from vast_manager.coordinator.decisions.pace import FleetLoad, HeartbeatTracker, PaceLimits
+from vast_manager.coordinator.operations.monitor import Monitor
 from vast_manager.coordinator.store.writer import Store
 from vast_manager.protocol.codec import from_obj
 from vast_manager.protocol.messages import Result

@@ -58,7 +58,7 @@ def directive_from_json(text: str) -> Directive:
 
 def agent_pace_s(inst: Row, settings: Settings) -> int:
     """The pace the instance's agent was last given (the base pace before any): every job
-    stores the pace it answers (``pace.next_heartbeat_s``) in ``heartbeat_pace_s``, and the
+    stores the pace it answers (``pace.answer_s``, jitter included) in ``heartbeat_pace_s``, and the
     agent's silence is timed on it (docs/operations.md, "Heartbeat pace")."""
     return int(inst.get("heartbeat_pace_s") or settings.next_heartbeat_s)
 
@@ -178,11 +178,12 @@ def _require_instance(tx: Tx, agent_id: str) -> Row:
 
 def hello_job(
     agent_id: str, hello: Hello, settings: Settings, now: float,
-    fleet: pace.FleetLoad = pace.NO_AGENTS,
+    fleet: pace.FleetLoad = pace.NO_AGENTS, rng: pace.RandomSource | None = None,
 ) -> Callable[[Tx], tuple[int, Directive]]:
     """Record a hello; creates the instance of a bring-your-own agent (machine_id = label).
 
-    ``fleet``: the agents heard from, which set the pace (none: the base pace)."""
+    ``fleet``: the agents heard from, which set the pace (none: the base pace); ``rng``:
+    where the pace's jitter is drawn (None: no jitter)."""
 
     def job(tx: Tx) -> tuple[int, Directive]:
         agent = _require_agent(tx, agent_id)
@@ -235,8 +236,8 @@ def hello_job(
         if inst["state"] in states.UNHEARD:
             updates["state"] = State.BOOTING
             updates["state_since"] = now
-        pace_now = updates["heartbeat_pace_s"] = pace.next_heartbeat_s(
-            updates.get("state", inst["state"]), fleet, settings)
+        pace_now = updates["heartbeat_pace_s"] = pace.answer_s(
+            updates.get("state", inst["state"]), fleet, settings, rng)
         tx.update_instance(inst["id"], **updates)
         if new_boot:
             tx.insert_event(
@@ -328,21 +329,22 @@ def _steady(hot: Row, f: SteadyFields) -> bool:
 
 def heartbeat_job(
     agent_id: str, hb: Heartbeat, settings: Settings, now: float,
-    fleet: pace.FleetLoad = pace.NO_AGENTS,
+    fleet: pace.FleetLoad = pace.NO_AGENTS, rng: pace.RandomSource | None = None,
 ) -> Callable[[Tx], tuple[int, Directive]]:
-    """``fleet``: the agents heard from, which set the pace (none: the base pace)."""
+    """``fleet``: the agents heard from, which set the pace (none: the base pace); ``rng``:
+    its jitter (None: none)."""
     fields = steady_fields(hb)
 
     def job(tx: Tx) -> tuple[int, Directive]:
         hot = tx.hot_instance(agent_id) if tx.agent_revoked(agent_id) is False else None
         if hot is not None and _steady(hot, fields):
             return _steady_heartbeat(tx, hot, agent_id, fields, settings, now,
-                                     pace.next_heartbeat_s(hot["state"], fleet, settings))
+                                     pace.answer_s(hot["state"], fleet, settings, rng))
         inst = _require_instance(tx, agent_id)
         last_seq = inst["last_seq"]
         if last_seq is not None and hb.seq <= last_seq:
             # Late or out of order within this boot: it must not move the phase back.
-            pace_now = pace.next_heartbeat_s(inst["state"], fleet, settings)
+            pace_now = pace.answer_s(inst["state"], fleet, settings, rng)
             tx.update_instance(inst["id"], last_seen=now, heartbeat_pace_s=pace_now)
             return inst["id"], _take_directive(tx, inst, settings, now, pace_now)
         updates: dict[str, Any] = {
@@ -379,8 +381,8 @@ def heartbeat_job(
             if state == State.LOST:
                 tx.insert_event(now, "recovered", "the agent spoke again after silence", **ids)
             tx.insert_event(now, "phase", f"{state} -> {hb.phase}", **ids)
-        pace_now = updates["heartbeat_pace_s"] = pace.next_heartbeat_s(
-            updates.get("state", state), fleet, settings)
+        pace_now = updates["heartbeat_pace_s"] = pace.answer_s(
+            updates.get("state", state), fleet, settings, rng)
         tx.update_instance(inst["id"], **updates)
         if state not in states.ENDING and hb.phase in states.ENDING_PHASES:
             failed = hb.phase == State.FAILED
@@ -902,10 +904,11 @@ def _judge_belief(
 def result_job(
     agent_id: str, result: Result, settings: Settings, now: float,
     watching_since: float | None = None, fleet: pace.FleetLoad = pace.NO_AGENTS,
-    expect: Expectation | None = None,
+    expect: Expectation | None = None, rng: pace.RandomSource | None = None,
 ) -> Callable[[Tx], ResultOutcome]:
     """``watching_since``: when this coordinator process started (``policy.Watch``);
-    ``fleet``: the agents heard from, which set the pace (none: the base pace);
+    ``fleet``: the agents heard from, which set the pace (none: the base pace), ``rng``
+    its jitter (None: none);
     ``expect``: the rate model's 90th percentile for the instance's hardware."""
     limits = policy.PolicyLimits.from_settings(settings)
 
@@ -983,7 +986,7 @@ def result_job(
             tx.update_instance(inst["id"], **inst_updates)
         fresh = tx.get_instance(inst["id"])
         assert fresh is not None
-        pace_now = pace.next_heartbeat_s(fresh["state"], fleet, settings)
+        pace_now = pace.answer_s(fresh["state"], fleet, settings, rng)
         if pace_now != fresh["heartbeat_pace_s"]:
             tx.update_instance(inst["id"], heartbeat_pace_s=pace_now)
         directive = _take_directive(tx, fresh, settings, now, pace_now)
