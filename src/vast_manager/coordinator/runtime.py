@@ -25,7 +25,7 @@ from vast_manager.coordinator.operations.account import Account
 from vast_manager.coordinator.operations.autopilot_loop import Autopilot
 from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.model_keeper import ModelKeeper
-from vast_manager.coordinator.operations.monitor import Monitor
+from vast_manager.coordinator.operations.monitor import Monitor, account_watch
 from vast_manager.coordinator.providers.base import Provider
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.writer import Store
@@ -60,10 +60,10 @@ class Runtime:
         self.rng: RandomSource = rng if rng is not None else random.Random()
         self.tracker = HeartbeatTracker(settings.silence_grace_s, settings.next_heartbeat_s)
         self._revoked_listeners: list[Callable[[str], None]] = []
+        self.account: Account = account_watch(provider, settings)
         self.monitor = Monitor(settings, store, provider, clock, self.tracker,
-                               on_agent_revoked=self._agent_revoked)
+                               on_agent_revoked=self._agent_revoked, account=self.account)
         self.monitor.seed(clock())
-        self.account: Account = self.monitor.account
         self.deployer = Deployer(settings, store, provider, clock, destroy=self.monitor.destroy,
                                  account=self.account)
         self.models = ModelKeeper(store, clock, settings.model_refit_interval_s)

@@ -75,6 +75,14 @@ def known_agent_ids(reads: Reads, agent_ids: Collection[str]) -> set[str]:
     return known
 
 
+def account_watch(provider: Provider, settings: Settings) -> Account:
+    """The watch on ``provider``'s account balance, at the monitor's interval."""
+    return Account(
+        getattr(provider, "account", None), warn_usd=settings.balance_warn_usd,
+        pause_usd=settings.balance_pause_usd, interval_s=settings.monitor_interval_s,
+    )
+
+
 class Monitor:
     """One round of watching (``tick``) and the loop that repeats it (``run``)."""
 
@@ -87,6 +95,7 @@ class Monitor:
         tracker: HeartbeatTracker,
         *,
         on_agent_revoked: Callable[[str], None] | None = None,
+        account: Account | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -98,10 +107,8 @@ class Monitor:
         self.limits = policy.PolicyLimits.from_settings(settings)
         self.on_agent_revoked = on_agent_revoked or (lambda agent_id: None)
         self.strike_rule = policy.StrikeRule.from_settings(settings)
-        self.account = Account(
-            getattr(provider, "account", None), warn_usd=settings.balance_warn_usd,
-            pause_usd=settings.balance_pause_usd, interval_s=settings.monitor_interval_s,
-        )
+        # The account watch the runtime built (one alone when the monitor is built alone).
+        self.account = account if account is not None else account_watch(provider, settings)
         # Instances kept although vast.ai showed a status that never runs: told once.
         self._kept_told: dict[int, str] = {}
         # Instances started again after the funds came back: until when a `stopped` still
