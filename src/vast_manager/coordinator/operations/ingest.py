@@ -32,7 +32,7 @@ from vast_manager.coordinator.discovery.measurements import instance_offer
 from vast_manager.coordinator.exceptions import HelloRequired, InvalidInput, UnknownAgent
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.migrations import Row, dumps, loads
-from vast_manager.coordinator.store.writer import Ending, HeartbeatWrite, Tx
+from vast_manager.coordinator.store.writer import Ending, HeartbeatWrite, ResultWrite, Tx
 from vast_manager.protocol.codec import from_obj
 from vast_manager.protocol.messages import (
     Directive,
@@ -866,12 +866,11 @@ class _Belief:
 def _judge_belief(
     tx: Tx, inst: Row, result: Result, check: policy.Plausibility, rate: float,
     settings: Settings, now: float, expect: Expectation | None, updates: dict[str, Any],
+    events: list[tuple[str, str]],
 ) -> _Belief:
     """Samples only when asked, beyond belief held (docs/reliability.md): flags
-    ``check`` and fills ``updates`` (the directed benchmark consumed, a confirmation
-    opened)."""
-    ids = {"instance_id": inst["id"], "agent_id": inst["agent_id"],
-           "machine_id": inst["machine_id"]}
+    ``check``, fills ``updates`` (the directed benchmark consumed, a confirmation
+    opened) and ``events``. Reads (the fleet's measurements) but writes nothing."""
     confirming = inst["directed_benchmark_kind"] == CONFIRM and inst["directed_benchmark_id"]
     claimed = inst["unconfirmed_rate_per_hour"]
     directed, why = _directed(result, inst)
@@ -892,8 +891,8 @@ def _judge_belief(
     if failed is None:
         if confirming and claimed is not None and belief.agrees(rate, float(claimed)):
             updates.update(unconfirmed_rate_per_hour=None, confirm_tries=0)
-            tx.insert_event(now, "confirmed", f"a directed re-benchmark measured {rate:.2f} "
-                            f"proofs/h, agreeing with the held {float(claimed):.2f}/h", **ids)
+            events.append(("confirmed", f"a directed re-benchmark measured {rate:.2f} "
+                           f"proofs/h, agreeing with the held {float(claimed):.2f}/h"))
             return _Belief(True)
         expected: float | None = None
         if expect is not None:
@@ -922,8 +921,7 @@ def _judge_belief(
     updates.update(directed_benchmark_id=confirm_id, directed_benchmark_at=now,
                    directed_benchmark_kind=CONFIRM, confirm_watch_at=now,
                    confirm_watch_gap_s=0.0, rebenchmark_pending=1)
-    tx.insert_event(now, "held", f"unconfirmed: {held}; a directed re-benchmark was asked "
-                    "for", **ids)
+    events.append(("held", f"unconfirmed: {held}; a directed re-benchmark was asked for"))
     return _Belief(False)
 
 
@@ -947,7 +945,6 @@ def result_job(
             replayed = directive_from_json(existing["directive_json"])
             tx.update_instance(inst["id"], heartbeat_pace_s=replayed.next_heartbeat_s)
             return ResultOutcome(inst["id"], True, replayed, False)
-        ids = {"instance_id": inst["id"], "agent_id": agent_id, "machine_id": inst["machine_id"]}
         machine_id = inst["machine_id"] or inst["label"]
         gpu_name = inst["gpu_name"] or "unknown"
         num_gpus = inst["num_gpus"] or max(len(set(result.gpus_used)), 1)
@@ -972,6 +969,7 @@ def result_job(
         # only what the coordinator sees after this one.
         inst_updates: dict[str, Any] = {"last_seen": now, "updated_at": now,
                                         "result_window_at": now}
+        events: list[tuple[str, str]] = []
         verdict: policy.Verdict | None = None
         terminate = False
         already_ending = watch.terminated is not None
@@ -979,9 +977,10 @@ def result_job(
         if result.kind == "benchmark" and not check.implausible and not already_ending \
                 and rate is not None:
             judged = _judge_belief(tx, inst, result, check, rate, settings, now, expect,
-                                   inst_updates)
+                                   inst_updates, events)
+        # Everything read: from here on only decisions, then one write.
         if check.reasons:
-            tx.insert_event(now, "flagged", "; ".join(check.reasons), **ids)
+            events.append(("flagged", "; ".join(check.reasons)))
         if result.kind == "benchmark" or check.implausible:
             steady, concurrency = _steady_rate(result, inst, settings, check.gpus)
             if inst["bench_status"] in (BENCH_OPEN, BENCH_PASSED):
@@ -1001,101 +1000,111 @@ def result_job(
             elif verdict.action == "terminate":
                 terminate = True
             else:
-                tx.insert_event(now, "verdict", f"keep: {verdict.reason}", **ids)
+                events.append(("verdict", f"keep: {verdict.reason}"))
+        ending: Ending | None = None
         if terminate and verdict is not None:
-            tx.begin_terminating(
-                inst["id"], verdict.reason, kind="verdict", note=f"terminate: {verdict.reason}",
-                bad_host_source="benchmark" if verdict.bad_host else None, now=now,
-                destroy_due_at=now + settings.terminate_grace_s, **inst_updates,
-            )
-        else:
-            tx.update_instance(inst["id"], **inst_updates)
-        fresh = tx.get_instance(inst["id"])
-        assert fresh is not None
-        pace_now = pace.answer_s(fresh["state"], fleet, settings, rng)
-        if pace_now != fresh["heartbeat_pace_s"]:
-            tx.update_instance(inst["id"], heartbeat_pace_s=pace_now)
-        directive = _take_directive(tx, fresh, settings, now, pace_now)
+            ending = Ending(verdict.reason, "verdict", now + settings.terminate_grace_s,
+                            note=f"terminate: {verdict.reason}",
+                            bad_host_source="benchmark" if verdict.bad_host else None)
+        after = _after_result(inst, inst_updates, ending)
+        pace_now = pace.answer_s(after["state"], fleet, settings, rng)
+        directive = _directive(after, pace_now)
         counts = (
             result.kind == "benchmark" and check.counts_for_host_perf and rate is not None
         )
-        row_id = tx.insert_result(
-            {
-                "agent_id": agent_id,
-                "result_id": result.result_id,
-                "instance_id": inst["id"],
-                "kind": result.kind,
-                "proof_type": result.proof_type,
-                "started_at": result.started_at,
-                "finished_at": result.finished_at,
-                "gpus_used_json": dumps(result.gpus_used),
-                "proofs_completed": result.proofs_completed,
-                "proofs_failed": result.proofs_failed,
-                "wall_seconds": result.wall_seconds,
-                "rate_per_hour": result.rate_per_hour,
-                "recomputed_rate_per_hour": rate,
-                "proof_seconds_json": dumps(result.proof_seconds),
-                "telemetry_json": dumps(result.telemetry) if result.telemetry else None,
-                "runs_json": dumps(result.runs) if result.runs else None,
-                "efficiency": result.efficiency,
-                "bottleneck": result.bottleneck,
-                "evidence_json": dumps(result.evidence),
-                "flags": ",".join(check.flags),
-                "flag_reasons_json": dumps(check.reasons),
-                "counts_for_host_perf": int(counts),
-                "verdict": verdict.action if verdict else None,
-                "verdict_reason": verdict.reason if verdict else None,
-                "directive_json": dumps(directive_to_dict(directive)),
-                "machine_id": machine_id,
-                "gpu_name": gpu_name,
-                "num_gpus": num_gpus,
-                "received_at": now,
-                "benchmark_id": result.benchmark_id,
-            }
-        )
+        row = {
+            "agent_id": agent_id,
+            "result_id": result.result_id,
+            "instance_id": inst["id"],
+            "kind": result.kind,
+            "proof_type": result.proof_type,
+            "started_at": result.started_at,
+            "finished_at": result.finished_at,
+            "gpus_used_json": dumps(result.gpus_used),
+            "proofs_completed": result.proofs_completed,
+            "proofs_failed": result.proofs_failed,
+            "wall_seconds": result.wall_seconds,
+            "rate_per_hour": result.rate_per_hour,
+            "recomputed_rate_per_hour": rate,
+            "proof_seconds_json": dumps(result.proof_seconds),
+            "telemetry_json": dumps(result.telemetry) if result.telemetry else None,
+            "runs_json": dumps(result.runs) if result.runs else None,
+            "efficiency": result.efficiency,
+            "bottleneck": result.bottleneck,
+            "evidence_json": dumps(result.evidence),
+            "flags": ",".join(check.flags),
+            "flag_reasons_json": dumps(check.reasons),
+            "counts_for_host_perf": int(counts),
+            "verdict": verdict.action if verdict else None,
+            "verdict_reason": verdict.reason if verdict else None,
+            "directive_json": dumps(directive_to_dict(directive)),
+            "machine_id": machine_id,
+            "gpu_name": gpu_name,
+            "num_gpus": num_gpus,
+            "received_at": now,
+            "benchmark_id": result.benchmark_id,
+        }
+        measurement: tuple[dict[str, Any], dict[str, Any]] | None = None
         if counts and rate is not None:
-            tx.record_measurement(
-                machine_id=machine_id, gpu_name=gpu_name, num_gpus=num_gpus,
-                rate_per_hour=rate, dph_total=inst["dph_total"], now=now,
-            )
             # The rate with the hardware it ran on: what the rate model learns from.
             offer = instance_offer(loads(inst.get("offer_json")),
                                    loads(inst.get("host_json")) if inst["kind"] == "byo" else None,
                                    {**inst, "machine_id": machine_id})
-            tx.insert_measurement({
-                "machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus,
-                "rate_per_hour": rate, "measured_at": now, "source": "fleet",
-                "offer_json": dumps(offer), "result_row_id": row_id,
-                "instance_id": inst["id"], "recorded_at": now,
-            })
+            measurement = (
+                {"machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus,
+                 "rate_per_hour": rate, "dph_total": inst["dph_total"], "now": now},
+                {"machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus,
+                 "rate_per_hour": rate, "measured_at": now, "source": "fleet",
+                 "offer_json": dumps(offer), "instance_id": inst["id"], "recorded_at": now},
+            )
+        scaling: tuple[dict[str, Any], str, str] | None = None
         if result.kind == "scaling":
             one = {len(set(result.gpus_used)): rate} if rate is not None else {}
-            _record_scaling(tx, result, fresh, row_id, machine_id, gpu_name, num_gpus, now,
-                            {**watch.measured_rates, **one})
+            scaling = _scaling_reading(result, after, machine_id, gpu_name, num_gpus, now,
+                                       {**watch.measured_rates, **one})
         elif terminate and check.gpus > 1:
             # No one-GPU run follows a terminated host, yet why its GPUs scale
             # badly is exactly what the operator wants to know: diagnose the
             # all-GPU run's telemetry.
-            _record_scaling(tx, result, fresh, row_id, machine_id, gpu_name, num_gpus, now,
-                            {check.gpus: rate} if rate is not None else {})
+            scaling = _scaling_reading(result, after, machine_id, gpu_name, num_gpus, now,
+                                       {check.gpus: rate} if rate is not None else {})
+        tx.write_result(ResultWrite(
+            inst["id"], agent_id, inst["machine_id"], now, inst_updates, tuple(events), row,
+            ending=ending,
+            pace_s=pace_now if pace_now != after["heartbeat_pace_s"] else None,
+            benchmark_delivered=directive.action == "benchmark",
+            measurement=measurement, scaling=scaling,
+        ))
         return ResultOutcome(inst["id"], False, directive, terminate)
 
     return job
 
 
-def _record_scaling(
-    tx: Tx,
+def _after_result(inst: Row, updates: dict[str, Any], ending: Ending | None) -> Row:
+    """The instance as it reads once a result's write is done (what its answer is decided
+    on): as ``Tx.begin_terminating`` leaves it when the result ends it."""
+    if ending is None:
+        return {**inst, **updates}
+    if inst["state"] in states.GONE:
+        return inst  # nothing is written for an instance that is gone
+    after = {**inst, **updates, "terminate_reason": inst["terminate_reason"] or ending.reason}
+    if inst["state"] not in states.ENDING:
+        after["state"] = State.TERMINATING
+    return after
+
+
+def _scaling_reading(
     result: Result,
     inst: Row,
-    row_id: int,
     machine_id: str,
     gpu_name: str,
     num_gpus: int,
     now: float,
     measured: dict[int, float],
-) -> None:
-    """The scaling table's row: the coordinator's reading (on ``measured``, GPU count ->
-    the rate it recomputed) beside the agent's own."""
+) -> tuple[dict[str, Any], str, str]:
+    """The scaling table's row (its result's row id is the writer's to fill): the
+    coordinator's reading (on ``measured``, GPU count -> the rate it recomputed) beside the
+    agent's own; the reason of its event, and the machine the event names."""
     runs = result.runs or [ScalingRun(result.gpus_used, result.rate_per_hour, result.telemetry)]
     sizes = sorted({max(1, len(set(r.gpus_used))) for r in runs})
     rate_all = measured.get(sizes[-1])
@@ -1103,37 +1112,32 @@ def _record_scaling(
     try:
         found = _scaling_diagnosis(runs, inst, rate_all, rate_one)
     except Exception:  # a diagnosis bug must not lose the agent's result
-        log.exception("scaling diagnosis failed for result %s", row_id)
+        log.exception("scaling diagnosis failed for result %s of instance %s",
+                      result.result_id, inst["id"])
         found = None
     rate_all, rate_one, diagnosis = found if found else (None, None, None)
-    tx.insert_scaling(
-        {
-            "result_row_id": row_id,
-            "instance_id": inst["id"],
-            "machine_id": machine_id,
-            "gpu_name": gpu_name,
-            "num_gpus": num_gpus,
-            "rate_all_per_hour": rate_all,
-            "rate_one_per_hour": rate_one,
-            "agent_efficiency": result.efficiency,
-            "agent_bottleneck": result.bottleneck,
-            "agent_evidence_json": dumps(result.evidence),
-            "efficiency": getattr(diagnosis, "efficiency", None),
-            "bottleneck": getattr(diagnosis, "bottleneck", None),
-            "evidence_json": dumps(getattr(diagnosis, "evidence", None)),
-            "created_at": now,
-        }
-    )
+    row = {
+        "instance_id": inst["id"],
+        "machine_id": machine_id,
+        "gpu_name": gpu_name,
+        "num_gpus": num_gpus,
+        "rate_all_per_hour": rate_all,
+        "rate_one_per_hour": rate_one,
+        "agent_efficiency": result.efficiency,
+        "agent_bottleneck": result.bottleneck,
+        "agent_evidence_json": dumps(result.evidence),
+        "efficiency": getattr(diagnosis, "efficiency", None),
+        "bottleneck": getattr(diagnosis, "bottleneck", None),
+        "evidence_json": dumps(getattr(diagnosis, "evidence", None)),
+        "created_at": now,
+    }
     if diagnosis is not None:
         eff = diagnosis.efficiency
         text = "?" if eff is None else f"{eff:.2f}"
         reason = f"efficiency {text}, bottleneck {diagnosis.bottleneck} (coordinator's reading)"
     else:
         reason = f"agent reports efficiency {result.efficiency}, bottleneck {result.bottleneck}"
-    tx.insert_event(
-        now, "scaling", reason,
-        instance_id=inst["id"], agent_id=inst["agent_id"], machine_id=machine_id,
-    )
+    return row, reason, machine_id
 
 
 # --- logs --------------------------------------------------------------------------

@@ -78,6 +78,8 @@ class Ending(NamedTuple):
     kind: str
     destroy_due_at: float
     strike: Any = None  # a ``policy.StrikeRule`` when the trial counts against its machine
+    note: str | None = None  # the event's text (None: the reason)
+    bad_host_source: str | None = None  # lists the machine on ``bad_hosts`` as this source
 
 
 class HeartbeatWrite(NamedTuple):
@@ -102,6 +104,32 @@ class HeartbeatWrite(NamedTuple):
     history_keep_rows: int = 0
     benchmark_delivered: bool = False
     """The answer carries the pending rebenchmark: it is pending no more."""
+
+
+class ResultWrite(NamedTuple):
+    """Everything one result writes, decided before any of it is written
+    (``operations.ingest.result_job``): one ``Tx.write_result`` call."""
+
+    instance_id: int
+    agent_id: str
+    machine_id: str | None
+    now: float
+    updates: dict[str, Any]
+    """The instance's columns (with its end, ``begin_terminating``'s own columns)."""
+    events: tuple[tuple[str, str], ...]
+    """(kind, reason) of each event about the instance, before its end, in order."""
+    result: dict[str, Any]
+    """The ``results`` row."""
+    ending: Ending | None = None
+    pace_s: int | None = None
+    """The pace answered, when it is not the one stored."""
+    benchmark_delivered: bool = False
+    measurement: tuple[dict[str, Any], dict[str, Any]] | None = None
+    """``record_measurement``'s arguments and the ``measurements`` row (its result's row
+    id filled in here), for a result that counts."""
+    scaling: tuple[dict[str, Any], str, str] | None = None
+    """The ``scaling`` row (its result's row id filled in here), its event's reason, and
+    the machine the event names."""
 
 
 @functools.cache
@@ -489,6 +517,36 @@ class Tx(Reads):
             self._hold_history(w.history, w.history_interval_s, w.history_keep_rows)
         if w.benchmark_delivered:
             self.deliver_rebenchmark(w.instance_id, w.agent_id, w.machine_id, w.now)
+
+    def write_result(self, w: ResultWrite) -> int:
+        """Everything a result decided, in the order it is read back: its events, the
+        instance (ended, or updated), the pace, the delivered rebenchmark, the result,
+        the measurement it makes, the scaling reading. Returns the result's row id."""
+        for kind, reason in w.events:
+            self.insert_event(w.now, kind, reason, instance_id=w.instance_id,
+                              agent_id=w.agent_id, machine_id=w.machine_id)
+        if w.ending is not None:
+            self.begin_terminating(w.instance_id, w.ending.reason, kind=w.ending.kind,
+                                   now=w.now, destroy_due_at=w.ending.destroy_due_at,
+                                   note=w.ending.note, bad_host_source=w.ending.bad_host_source,
+                                   strike=w.ending.strike, **w.updates)
+        else:
+            self.update_instance(w.instance_id, **w.updates)
+        if w.pace_s is not None:
+            self.update_instance(w.instance_id, heartbeat_pace_s=w.pace_s)
+        if w.benchmark_delivered:
+            self.deliver_rebenchmark(w.instance_id, w.agent_id, w.machine_id, w.now)
+        row_id = self.insert_result(w.result)
+        if w.measurement is not None:
+            host_perf, measured = w.measurement
+            self.record_measurement(**host_perf)
+            self.insert_measurement({**measured, "result_row_id": row_id})
+        if w.scaling is not None:
+            row, reason, machine_id = w.scaling
+            self.insert_scaling({"result_row_id": row_id, **row})
+            self.insert_event(w.now, "scaling", reason, instance_id=w.instance_id,
+                              agent_id=w.agent_id, machine_id=machine_id)
+        return row_id
 
     def deliver_rebenchmark(self, instance_id: int, agent_id: str | None,
                             machine_id: str | None, now: float) -> None:
