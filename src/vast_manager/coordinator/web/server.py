@@ -291,9 +291,9 @@ async def start_server(
         deadline = HeadDeadline(runner.server, HEAD_TIMEOUT_S,
                                 lambda: guard.refused("head_timeout"))
         runtime.spawn(deadline.run(), "coordinator-head-deadline")
+        await runtime.start()  # the loops run before the first request is served
         for s in socks:
             await web.SockSite(runner, s, ssl_context=ssl_context).start()
-        await runtime.start()
     except BaseException:
         await runner.cleanup()
         for s in socks:
