@@ -1,6 +1,6 @@
 """The composition root is the only place that builds the core and starts its loops; the
 web only serves it; no import inside a function dodges a cycle (docs/architecture.md,
-"The rule of the rooms"). Read from the source with ``ast``: nothing is imported."""
+"Layout": the rule of the rooms). Read from the source with ``ast``: nothing is imported."""
 
 from __future__ import annotations
 

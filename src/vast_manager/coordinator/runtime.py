@@ -6,7 +6,7 @@ keeper, the autopilot) and the one place that starts background tasks: the monit
 round, the model's refits, the autopilot, and whatever the serving side hands to
 ``spawn`` (the HTTP server's head deadline). ``web/`` only serves a runtime
 (``web.app.serve``); ``vast-manager serve`` and ``demo`` both reach it through
-``web.server.start_server`` (docs/architecture.md, "The rule of the rooms").
+``web.server.start_server`` (docs/architecture.md, "Layout": the rule of the rooms).
 """
 
 from __future__ import annotations
