@@ -236,7 +236,7 @@ async def _logs(request: web.Request) -> web.Response:
     return answer({"ok": True})
 
 
-def agents_app(core: Core) -> web.Application:
+def agents_app() -> web.Application:
     """The agents' sub-application, mounted at ``/v1``: every route behind ``agent_auth``."""
     app = web.Application(middlewares=[agent_auth])
     app.router.add_post("/hello", _hello)

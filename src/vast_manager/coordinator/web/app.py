@@ -86,8 +86,8 @@ def serve(runtime: Runtime, *, outer: Middleware | None = None) -> web.Applicati
     middlewares = [error_middleware] if outer is None else [outer, error_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=2 * MAX_BODY_BYTES)
     app[CORE] = core
-    agents = agent_api.agents_app(core)
-    operators = operator_api.operators_app(core)
+    agents = agent_api.agents_app()
+    operators = operator_api.operators_app()
     discovery_api.add_routes(operators, operator_api.operator_endpoint)
     app.add_subapp("/v1", agents)
     app.add_subapp("/api", operators)

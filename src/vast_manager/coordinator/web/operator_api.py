@@ -560,7 +560,7 @@ async def _guarded_metrics(request: web.Request) -> web.Response:
     return refused if refused is not None else await _metrics(request)
 
 
-def operators_app(core: Core) -> web.Application:
+def operators_app() -> web.Application:
     """The operators' sub-application, mounted at ``/api``: every route behind
     ``operator_auth`` (the discovery routes too, ``discovery_api.add_routes``)."""
     app = web.Application(middlewares=[operator_auth])
