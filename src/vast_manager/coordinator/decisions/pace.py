@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from vast_manager.coordinator.decisions import policy, states
+from vast_manager.coordinator.decisions import states
 
 #: A pace computed as ``agents / budget`` is rounded up to whole seconds; this much of
 #: float noise (15,000 / 1,000.0000001) must not cost a second.
@@ -164,9 +164,15 @@ def answer_s(phase: str | None, fleet: FleetLoad, limits: PaceSettings,
 # --- the heartbeat timer ------------------------------------------------------------------
 
 
+def silence_ttl_s(next_heartbeat_s: float, grace_s: float) -> float:
+    """Nomad-style TTL: three missed heartbeats plus a grace."""
+    return 3 * next_heartbeat_s + grace_s
+
+
+
 class HeartbeatTracker:
     """Last-seen times and paces per instance; an instance silent for longer than its TTL
-    (``policy.silence_ttl_s`` of the pace its agent was last given) expires."""
+    (``silence_ttl_s`` of the pace its agent was last given) expires."""
 
     def __init__(self, grace_s: float, base_pace_s: float) -> None:
         self.grace_s = grace_s
@@ -217,7 +223,7 @@ class HeartbeatTracker:
 
     def ttl_s(self, pace_s: float) -> float:
         """How long an agent told ``pace_s`` (jitter included) may stay silent."""
-        return policy.silence_ttl_s(pace_s, self.grace_s)
+        return silence_ttl_s(pace_s, self.grace_s)
 
     def load(self) -> FleetLoad:
         """The agents heard from, by how they are paced."""
