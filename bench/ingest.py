@@ -841,7 +841,7 @@ def main_run(args: argparse.Namespace) -> dict[str, Any]:
     salt = secrets.token_hex(4)
     env = {**os.environ, "VM_FLEET_SECRET": secret.hex(), "VM_ADMIN_TOKEN": ADMIN_TOKEN,
            "VM_DB_PATH": str(workdir / "coord.db"), "VM_CONFIG_DIR": str(workdir / "config"),
-           "VM_HOST": "127.0.0.1", "VM_PORT": "0", "PYTHONPATH": str(ROOT),
+           "VM_HOST": "127.0.0.1", "VM_PORT": "0", "PYTHONPATH": str(ROOT / "src"),
            "BENCH_GC": args.gc,
            "BENCH_SWITCH_MS": "" if args.switch_interval_ms is None
            else str(args.switch_interval_ms)}

@@ -14,6 +14,7 @@ import orjson
 from aiohttp.test_utils import TestClient
 from fakes_provider import FakeClock, FakeProvider
 
+from vast_manager.coordinator.decisions import pace
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.writer import Store
 from vast_manager.coordinator.web.app import create_app
@@ -263,17 +264,31 @@ async def start(
     *,
     provider: FakeProvider | None = None,
     clock: FakeClock | None = None,
+    rng: pace.RandomSource | None = None,
     **settings: Any,
 ) -> Harness:
+    """``rng``: the heartbeat jitter's draws (default: always the least, so every pace
+    is the one ``decisions.pace`` computes; jitter's own tests pass a seeded one)."""
     clock = clock or FakeClock()
     provider = provider or FakeProvider()
     store = Store(tmp_path / "coord.db")
-    app = create_app(make_settings(tmp_path, **settings), store, provider, clock, run_monitor=False)
+    app = create_app(make_settings(tmp_path, **settings), store, provider, clock,
+                     run_monitor=False, rng=rng or LEAST_DRAW)
     app.on_cleanup.append(lambda _app: _close(store))
     client = await aiohttp_client(app)
     # Timestamps at or before the start second are refused (restart replay protection).
     clock.advance(1)
     return Harness(client, clock, provider)
+
+
+class LeastDraw:
+    """A jitter source that always draws 0: no jitter."""
+
+    def random(self) -> float:
+        return 0.0
+
+
+LEAST_DRAW = LeastDraw()
 
 
 async def _close(store: Store) -> None:

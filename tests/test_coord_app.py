@@ -694,3 +694,31 @@ async def test_start_server_binds_a_free_port_and_stops(tmp_path: Path) -> None:
                 assert await resp.json() == []
     finally:
         await server.stop()
+
+
+async def test_the_sub_applications_answer_their_edges_as_one_app(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    # /v1 and /api are sub-applications with their auth as middleware; what no route
+    # serves is answered as anywhere else, and a stranger learns nothing of /api's routes.
+    h = await start(aiohttp_client, tmp_path)
+    cases = [
+        ("GET", "/api", {}, 404, "not_found"),  # no operator path: not behind the token
+        ("GET", "/api/nope", {}, 401, "unauthorized"),  # behind it, known or not
+        ("DELETE", "/api/fleet", {}, 401, "unauthorized"),
+        ("GET", "/api/nope", ADMIN, 404, "not_found"),
+        ("DELETE", "/api/fleet", ADMIN, 405, "method_not_allowed"),
+        ("POST", "/v1/nope", {}, 404, "not_found"),  # no route: not screened
+        ("GET", "/v1/heartbeat", {}, 405, "method_not_allowed"),
+        ("POST", "/v1/heartbeat", {}, 401, "unknown_agent"),  # a route: screened
+        ("GET", "/metrics", {}, 401, "unauthorized"),
+    ]
+    for method, path, headers, status, code in cases:
+        resp = await h.client.request(method, path, headers=headers)
+        body = await resp.json()
+        assert (resp.status, body["error"]) == (status, code), (method, path, headers)
+        if path.startswith("/v1/"):
+            assert resp.headers[signing.HEADER_SERVER_TIME] == str(int(h.clock()))
+            assert signing.HEADER_SIGNATURE not in resp.headers
+        if status == 405:
+            assert resp.headers["Allow"]

@@ -8,7 +8,7 @@ from typing import Any
 from coord_support import Harness, start
 from fakes_provider import FakeProvider, offer
 
-from vast_manager.coordinator.operations.monitor import HeartbeatTracker
+from vast_manager.coordinator.decisions.pace import HeartbeatTracker
 from vast_manager.coordinator.providers.base import ProviderError
 
 

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from coord_support import Harness, heartbeat_msg, hello_msg, make_settings, start
+from coord_support import Harness, heartbeat_msg, hello_msg, make_settings, result_msg, start
 
 from vast_manager.coordinator.operations import ingest
 from vast_manager.coordinator.store import writer as store_module
 from vast_manager.coordinator.store.writer import Store, Tx
 from vast_manager.protocol.codec import from_obj
-from vast_manager.protocol.messages import Heartbeat, Hello
+from vast_manager.protocol.messages import Heartbeat, Hello, Result
 
 AGENT = "ag_" + "5" * 20
 NOW = 1_800_000_100.0
@@ -340,3 +340,70 @@ def test_serving_shortens_the_gil_switch_interval() -> None:
         assert before > SWITCH_INTERVAL_S  # shorter than CPython's 5 ms
     finally:
         sys.setswitchinterval(before)
+
+
+# --- one pass: read, decide, one write, answer ------------------------------------------------
+
+#: Every ``Tx`` method that writes; a heartbeat's or a result's job calls none of them itself.
+TX_WRITES = ("update_instance", "insert_event", "begin_terminating", "hold_heartbeat",
+             "upsert_telemetry", "append_heartbeat_history", "deliver_rebenchmark",
+             "insert_result", "insert_measurement", "insert_scaling")
+
+
+def _spy_writes(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[str]]:
+    """(the one-pass writes called, the write methods called outside them)."""
+    whole: list[str] = []
+    stray: list[str] = []
+    depth = [0]
+
+    def around(name: str, fn: Callable[..., Any], one_pass: bool) -> Callable[..., Any]:
+        def call(self: Tx, *args: Any, **kwargs: Any) -> Any:
+            if one_pass:
+                whole.append(name)
+            elif depth[0] == 0:
+                stray.append(name)
+            depth[0] += 1
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+        return call
+
+    for name in ("write_heartbeat", "write_result"):
+        monkeypatch.setattr(Tx, name, around(name, getattr(Tx, name), True))
+    for name in TX_WRITES:
+        monkeypatch.setattr(Tx, name, around(name, getattr(Tx, name), False))
+    return whole, stray
+
+
+async def test_a_heartbeat_and_a_result_write_in_one_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = make_settings(tmp_path, verdict_early=False)
+    store = Store(tmp_path / "coord.db")
+    try:
+        await store.write(_issue(settings, [AGENT]))
+        whole, stray = _spy_writes(monkeypatch)
+        now = NOW
+        # A phase change (the full path), steady ones, a late one, then the agent failing.
+        for seq, phase in enumerate(["warming", "proving", "proving"], start=1):
+            now += 15.0
+            await store.write(ingest.heartbeat_job(AGENT, _heartbeat(seq, phase), settings, now))
+        await store.write(ingest.heartbeat_job(AGENT, _heartbeat(2), settings, now + 1))
+        assert whole == ["write_heartbeat"] * 4 and stray == []
+        # A result, counted or not, and a heartbeat that ends the instance.
+        await store.write(ingest.result_job(AGENT, from_obj(Result, result_msg(
+            "res-1", finished_at=now)), settings, now + 2))
+        assert whole[-1] == "write_result" and stray == []
+        await store.write(ingest.heartbeat_job(AGENT, _heartbeat(4, "failed"), settings,
+                                               now + 3))
+        assert whole[-1] == "write_heartbeat" and stray == []
+        assert len(whole) == 6
+        inst = store.instance_by_agent(AGENT)
+        assert inst is not None and inst["state"] in ("failed", "terminating")
+        assert inst["terminate_reason"]
+        # The spy is live: a write outside the one call is seen.
+        await store.write(lambda tx: tx.insert_event(now, "note", "by hand"))
+        assert stray == ["insert_event"]
+    finally:
+        store.close()

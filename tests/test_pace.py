@@ -4,6 +4,7 @@ warming and benchmarking agents first, and times each agent's silence on its own
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,8 @@ from vast_manager.agent import config as agent_config
 from vast_manager.agent.lifecycle import HEARTBEATS_PER_ORPHAN_TIMEOUT, heartbeat_interval_s
 from vast_manager.coordinator import settings as coord_settings
 from vast_manager.coordinator.decisions import pace, policy
-from vast_manager.coordinator.decisions.pace import FleetLoad, PaceLimits
-from vast_manager.coordinator.operations.monitor import HeartbeatTracker, Monitor
+from vast_manager.coordinator.decisions.pace import FleetLoad, HeartbeatTracker, PaceLimits
+from vast_manager.coordinator.operations.monitor import Monitor
 from vast_manager.coordinator.store.writer import Store
 from vast_manager.protocol.codec import from_obj
 from vast_manager.protocol.messages import Result
@@ -318,3 +319,69 @@ def test_the_agent_follows_the_pace_but_hears_back_thrice_within_its_orphan_time
     orphan = next(r for r in agent_config.SETTINGS if r.env == "VM_ORPHAN_TIMEOUT")
     assert longest.at_most is not None
     assert longest.at_most * HEARTBEATS_PER_ORPHAN_TIMEOUT <= float(orphan.default)
+
+
+# --- jitter (docs/operations.md, "Heartbeat pace") ---------------------------------------------
+
+
+def test_jitter_adds_up_to_a_quarter_of_the_pace_from_the_injected_source() -> None:
+    rng = random.Random(7)
+    drawn = [pace.answer_s("proving", FleetLoad(steady=1), LIMITS, rng) for _ in range(2_000)]
+    assert set(drawn) == {15, 16, 17, 18}  # 15 s plus 0 to 3 whole seconds, each drawn
+    again = random.Random(7)
+    assert drawn == [pace.answer_s("proving", FleetLoad(steady=1), LIMITS, again)
+                     for _ in range(2_000)]  # the same source, the same answers
+    assert pace.answer_s("proving", FleetLoad(steady=1), LIMITS) == 15  # no source: none
+    # A pace under 4 s gets none: a whole second would be more than a quarter of it.
+    assert {pace.jittered_s(3, random.Random(i)) for i in range(50)} == {3}
+    assert {pace.jittered_s(1, random.Random(i)) for i in range(50)} == {1}
+
+
+def test_jitter_keeps_the_fleet_under_its_budget() -> None:
+    # 30,000 steady agents at a 1,000 a second budget: paced 30 s, jittered 30 to 37 s.
+    rng = random.Random(11)
+    fleet = FleetLoad(steady=30_000)
+    answers = [pace.answer_s("proving", fleet, LIMITS, rng) for _ in range(fleet.steady)]
+    assert min(answers) == 30 and max(answers) == 37
+    assert sum(1 / s for s in answers) <= LIMITS.max_heartbeats_per_second
+
+
+def test_silence_is_timed_on_the_jittered_pace() -> None:
+    tracker = HeartbeatTracker(grace_s=30, base_pace_s=15)
+    tracker.touch(1, 0.0, pace.jittered_s(15, FixedDraw(0.99)))  # told 18 s
+    assert tracker.pace_s(1) == 18
+    assert tracker.expire_stale(3 * 15 + 30 + 1) == []  # not silent on the base pace's TTL
+    assert tracker.expire_stale(3 * 18 + 30 + 0.5) == [(1, 18)]
+
+
+class FixedDraw:
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+async def test_agents_starting_together_are_told_spread_paces(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    # Twelve agents restarted at the same instant: their next heartbeats are spread, each
+    # agent's silence is timed on what it was told, and the column keeps that pace.
+    h = await start(aiohttp_client, tmp_path, rng=random.Random(3))
+    agents = [await h.issue(f"rig-{i}") for i in range(12)]
+    told = []
+    for agent in agents:  # the clock does not move: all at once
+        status, directive = await agent.hello()
+        assert status == 200
+        status, directive = await agent.heartbeat("proving")
+        assert status == 200
+        told.append(directive["next_heartbeat_s"])
+    assert all(15 <= s <= 18 for s in told)
+    assert len(set(told)) >= 3, told
+    for agent, s in zip(agents, told, strict=True):
+        inst = instance_of(h, agent)
+        assert inst["heartbeat_pace_s"] == s
+        assert h.core.tracker.expires_at(inst["id"]) == h.clock() + policy.silence_ttl_s(
+            s, h.core.settings.silence_grace_s)
+    next_beats = {h.clock() + s for s in told}
+    assert len(next_beats) >= 3  # no longer in lockstep

@@ -9,6 +9,18 @@ found after three paces, so the pace bounds how long a dead host goes unnoticed)
 in a quick phase (``states.QUICK_PACE``: warming and benchmarking, whose heartbeats early
 verdicts and the result's plausibility checks are judged on) draw on the budget first;
 every other agent shares what they leave.
+
+Each answer then gets jitter, as Nomad's heartbeat TTL does (``resetHeartbeatTimer`` in
+hashicorp/nomad ``nomad/heartbeat.go`` adds ``RandomStagger(ttl)`` to the rate-scaled
+TTL): a draw of up to ``JITTER_FRACTION`` of the pace is added, so agents restarted
+together drift apart instead of heartbeating in lockstep. Jitter only lengthens a pace,
+so the fleet stays under its budget, and the silence timer is set on the pace answered,
+jitter included (docs/operations.md, "Heartbeat pace").
+
+``HeartbeatTracker`` is Nomad's heartbeat timer as one small object: the agent handlers
+``touch`` an instance with the pace they answered, the monitor calls ``expire_stale``;
+each instance's silence is timed on its own pace, and the tracker's count of the agents
+heard (``load``) sets the next pace. Times are passed in, so tests never sleep.
 """
 
 from __future__ import annotations
@@ -113,3 +125,121 @@ def heartbeats_per_second(fleet: FleetLoad, limits: PaceSettings) -> float:
     """What ``fleet`` sends a second at the paces it is given."""
     both = paces(fleet, limits)
     return fleet.quick / both.quick_s + fleet.steady / both.steady_s
+
+
+# --- jitter ----------------------------------------------------------------------------
+
+#: The most jitter added to a pace, as a share of it. Nomad staggers by up to a whole TTL;
+#: a quarter is enough to spread a fleet restarted together within a few paces and keeps
+#: silence found within 3 x 1.25 paces plus the grace.
+JITTER_FRACTION = 0.25
+
+
+class RandomSource(Protocol):
+    """Where the jitter is drawn (``random.Random``; tests inject a seeded one)."""
+
+    def random(self) -> float: ...
+
+
+def jitter_spread_s(pace_s: int) -> int:
+    """The most whole seconds of jitter for ``pace_s``: none under 4 s (a whole second
+    would be more than a quarter of it; demos and tests pace at 1 s)."""
+    return int(pace_s * JITTER_FRACTION)
+
+
+def jittered_s(pace_s: int, rng: RandomSource | None) -> int:
+    """``pace_s`` plus a draw of 0 to ``jitter_spread_s`` whole seconds (None: none)."""
+    spread = jitter_spread_s(pace_s)
+    if rng is None or spread <= 0:
+        return pace_s
+    return pace_s + min(spread, int(rng.random() * (spread + 1)))
+
+
+def answer_s(phase: str | None, fleet: FleetLoad, limits: PaceSettings,
+             rng: RandomSource | None = None) -> int:
+    """The ``next_heartbeat_s`` an agent in ``phase`` is answered: its pace, jittered."""
+    return jittered_s(next_heartbeat_s(phase, fleet, limits), rng)
+
+
+# --- the heartbeat timer ------------------------------------------------------------------
+
+
+def silence_ttl_s(next_heartbeat_s: float, grace_s: float) -> float:
+    """Nomad-style TTL: three missed heartbeats plus a grace."""
+    return 3 * next_heartbeat_s + grace_s
+
+
+
+class HeartbeatTracker:
+    """Last-seen times and paces per instance; an instance silent for longer than its TTL
+    (``silence_ttl_s`` of the pace its agent was last given) expires."""
+
+    def __init__(self, grace_s: float, base_pace_s: float) -> None:
+        self.grace_s = grace_s
+        self.base_pace_s = base_pace_s
+        self._heard: dict[int, tuple[float, float]] = {}  # id -> (last seen, pace)
+        # id -> when it expires: what the monitor's minute pass compares, at 200,000
+        # instances a scan of floats rather than a TTL computed for each.
+        self._expires: dict[int, float] = {}
+        self._quick: set[int] = set()  # heard last in a quick phase (``is_quick``)
+        self._load: FleetLoad | None = None  # the counts, until they change
+
+    def touch(self, instance_id: int, now: float, pace_s: float | None = None,
+              phase: str | None = None) -> None:
+        """Heard from now, and told to report again within ``pace_s`` (None: the pace it
+        was last given); ``phase`` (None: unchanged) says how it is paced."""
+        known = self._heard.get(instance_id)
+        if known is None:
+            self._load = None
+        if pace_s is None:
+            pace_s = known[1] if known is not None else self.base_pace_s
+        self._heard[instance_id] = (now, pace_s)
+        self._expires[instance_id] = now + self.ttl_s(pace_s)
+        if phase is not None and is_quick(phase) != (instance_id in self._quick):
+            self._load = None
+            if is_quick(phase):
+                self._quick.add(instance_id)
+            else:
+                self._quick.discard(instance_id)
+
+    def forget(self, instance_id: int) -> None:
+        if self._heard.pop(instance_id, None) is not None:
+            self._load = None
+        self._expires.pop(instance_id, None)
+        self._quick.discard(instance_id)
+
+    def last_seen(self, instance_id: int) -> float | None:
+        heard = self._heard.get(instance_id)
+        return None if heard is None else heard[0]
+
+    def pace_s(self, instance_id: int) -> float | None:
+        """The pace the instance's agent was last given, if it is tracked."""
+        heard = self._heard.get(instance_id)
+        return None if heard is None else heard[1]
+
+    def expires_at(self, instance_id: int) -> float | None:
+        """When the instance counts as silent, if it is tracked."""
+        return self._expires.get(instance_id)
+
+    def ttl_s(self, pace_s: float) -> float:
+        """How long an agent told ``pace_s`` (jitter included) may stay silent."""
+        return silence_ttl_s(pace_s, self.grace_s)
+
+    def load(self) -> FleetLoad:
+        """The agents heard from, by how they are paced."""
+        if self._load is None:
+            quick = len(self._quick)
+            self._load = FleetLoad(quick, len(self._heard) - quick)
+        return self._load
+
+    def expire_stale(self, now: float) -> list[tuple[int, float]]:
+        """Remove and return the instances silent for longer than their TTL, each with the
+        pace it was last given."""
+        stale = [i for i, expires in self._expires.items() if now > expires]
+        out = [(i, self._heard[i][1]) for i in stale]
+        for instance_id in stale:
+            self.forget(instance_id)
+        return out
+
+    def __len__(self) -> int:
+        return len(self._heard)

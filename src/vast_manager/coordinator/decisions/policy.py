@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vast_manager.coordinator.decisions import belief, states
+from vast_manager.coordinator.decisions.pace import silence_ttl_s as silence_ttl_s
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.protocol.messages import Directive, Result
 
@@ -106,9 +107,7 @@ def usd_per_proof(dph_total: float | None, rate_per_hour: float | None) -> float
     return dph_total / rate_per_hour
 
 
-def silence_ttl_s(next_heartbeat_s: float, grace_s: float) -> float:
-    """Nomad-style TTL: three missed heartbeats plus a grace."""
-    return 3 * next_heartbeat_s + grace_s
+# The silence TTL lives with the heartbeat tracker that times it (``decisions.pace``).
 
 
 # --- plausibility ------------------------------------------------------------

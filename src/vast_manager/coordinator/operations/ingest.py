@@ -32,7 +32,7 @@ from vast_manager.coordinator.discovery.measurements import instance_offer
 from vast_manager.coordinator.exceptions import HelloRequired, InvalidInput, UnknownAgent
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.migrations import Row, dumps, loads
-from vast_manager.coordinator.store.writer import Tx
+from vast_manager.coordinator.store.writer import Ending, HeartbeatWrite, ResultWrite, Tx
 from vast_manager.protocol.codec import from_obj
 from vast_manager.protocol.messages import (
     Directive,
@@ -58,7 +58,7 @@ def directive_from_json(text: str) -> Directive:
 
 def agent_pace_s(inst: Row, settings: Settings) -> int:
     """The pace the instance's agent was last given (the base pace before any): every job
-    stores the pace it answers (``pace.next_heartbeat_s``) in ``heartbeat_pace_s``, and the
+    stores the pace it answers (``pace.answer_s``, jitter included) in ``heartbeat_pace_s``, and the
     agent's silence is timed on it (docs/operations.md, "Heartbeat pace")."""
     return int(inst.get("heartbeat_pace_s") or settings.next_heartbeat_s)
 
@@ -72,11 +72,7 @@ def _take_directive(tx: Tx, inst: Row, settings: Settings, now: float,
         min_rate=inst.get("min_rate_per_hour"),
     )
     if directive.action == "benchmark":
-        tx.update_instance(inst["id"], rebenchmark_pending=0, updated_at=now)
-        tx.insert_event(
-            now, "rebenchmark", "benchmark directive delivered to the agent",
-            instance_id=inst["id"], agent_id=inst["agent_id"], machine_id=inst["machine_id"],
-        )
+        tx.deliver_rebenchmark(inst["id"], inst["agent_id"], inst["machine_id"], now)
     return directive
 
 
@@ -178,11 +174,12 @@ def _require_instance(tx: Tx, agent_id: str) -> Row:
 
 def hello_job(
     agent_id: str, hello: Hello, settings: Settings, now: float,
-    fleet: pace.FleetLoad = pace.NO_AGENTS,
+    fleet: pace.FleetLoad = pace.NO_AGENTS, rng: pace.RandomSource | None = None,
 ) -> Callable[[Tx], tuple[int, Directive]]:
     """Record a hello; creates the instance of a bring-your-own agent (machine_id = label).
 
-    ``fleet``: the agents heard from, which set the pace (none: the base pace)."""
+    ``fleet``: the agents heard from, which set the pace (none: the base pace); ``rng``:
+    where the pace's jitter is drawn (None: no jitter)."""
 
     def job(tx: Tx) -> tuple[int, Directive]:
         agent = _require_agent(tx, agent_id)
@@ -235,8 +232,8 @@ def hello_job(
         if inst["state"] in states.UNHEARD:
             updates["state"] = State.BOOTING
             updates["state_since"] = now
-        pace_now = updates["heartbeat_pace_s"] = pace.next_heartbeat_s(
-            updates.get("state", inst["state"]), fleet, settings)
+        pace_now = updates["heartbeat_pace_s"] = pace.answer_s(
+            updates.get("state", inst["state"]), fleet, settings, rng)
         tx.update_instance(inst["id"], **updates)
         if new_boot:
             tx.insert_event(
@@ -328,78 +325,33 @@ def _steady(hot: Row, f: SteadyFields) -> bool:
 
 def heartbeat_job(
     agent_id: str, hb: Heartbeat, settings: Settings, now: float,
-    fleet: pace.FleetLoad = pace.NO_AGENTS,
+    fleet: pace.FleetLoad = pace.NO_AGENTS, rng: pace.RandomSource | None = None,
 ) -> Callable[[Tx], tuple[int, Directive]]:
-    """``fleet``: the agents heard from, which set the pace (none: the base pace)."""
+    """One pass: read the instance, decide everything (``decide_steady``, else
+    ``decide_heartbeat``), write it in one ``Tx.write_heartbeat``, answer.
+
+    ``fleet``: the agents heard from, which set the pace (none: the base pace); ``rng``:
+    its jitter (None: none). A benchmarking heartbeat of a fleet with early verdicts is
+    then judged (``_judge_early``: the benchmark's own record), and answered from what
+    the judgement left."""
     fields = steady_fields(hb)
 
     def job(tx: Tx) -> tuple[int, Directive]:
-        hot = tx.hot_instance(agent_id) if tx.agent_revoked(agent_id) is False else None
+        hot = tx.heartbeat_view(agent_id)
         if hot is not None and _steady(hot, fields):
-            return _steady_heartbeat(tx, hot, agent_id, fields, settings, now,
-                                     pace.next_heartbeat_s(hot["state"], fleet, settings))
+            pace_now = pace.answer_s(hot["state"], fleet, settings, rng)
+            write, directive = decide_steady(hot, agent_id, fields, settings, now, pace_now)
+            tx.write_heartbeat(write)
+            return hot["id"], directive
         inst = _require_instance(tx, agent_id)
-        last_seq = inst["last_seq"]
-        if last_seq is not None and hb.seq <= last_seq:
-            # Late or out of order within this boot: it must not move the phase back.
-            pace_now = pace.next_heartbeat_s(inst["state"], fleet, settings)
-            tx.update_instance(inst["id"], last_seen=now, heartbeat_pace_s=pace_now)
-            return inst["id"], _take_directive(tx, inst, settings, now, pace_now)
-        updates: dict[str, Any] = {
-            "last_seq": hb.seq,
-            "last_seen": now,
-            "phase": hb.phase,
-            "phase_started_at": hb.phase_started_at,
-            "progress_json": fields.progress_json,
-            "proofs_completed_total": hb.proofs_completed_total,
-            "updated_at": now,
-            "heartbeat_at": now,
-            "proof_seconds_recent_json": fields.proof_seconds_recent_json,
-            "net_rx_bytes": fields.net_rx_bytes,
-            "net_tx_bytes": fields.net_tx_bytes,
-        }
-        if hb.phase != State.BENCHMARKING:
-            updates["last_non_benchmark_at"] = now
-        else:
-            updates["benchmarking_seen_at"] = now
-        if inst["directed_benchmark_kind"] == CONFIRM and inst["directed_benchmark_id"]:
-            # A confirmation is watched for its whole length: the longest silence counts.
-            last = float(inst["confirm_watch_at"] or inst["directed_benchmark_at"] or now)
-            updates["confirm_watch_gap_s"] = max(float(inst["confirm_watch_gap_s"] or 0.0),
-                                                 now - last)
-            updates["confirm_watch_at"] = now
-        state = inst["state"]
-        ids = {"instance_id": inst["id"], "agent_id": agent_id, "machine_id": inst["machine_id"]}
-        if state in states.ENDING:
-            pass
-        elif hb.phase in states.ENDING_PHASES:
-            updates.update(state=hb.phase, state_since=now)
-        elif state != hb.phase:
-            updates.update(state=hb.phase, state_since=now)
-            if state == State.LOST:
-                tx.insert_event(now, "recovered", "the agent spoke again after silence", **ids)
-            tx.insert_event(now, "phase", f"{state} -> {hb.phase}", **ids)
-        pace_now = updates["heartbeat_pace_s"] = pace.next_heartbeat_s(
-            updates.get("state", state), fleet, settings)
-        tx.update_instance(inst["id"], **updates)
-        if state not in states.ENDING and hb.phase in states.ENDING_PHASES:
-            failed = hb.phase == State.FAILED
-            reason = (
-                ("the agent reported failed: " + hb.failure if hb.failure
-                 else "the agent reported failed") if failed
-                else "the agent is terminating on its own"
-            )
-            tx.begin_terminating(
-                inst["id"], reason, kind="failed" if failed else "terminate", now=now,
-                destroy_due_at=now + settings.terminate_grace_s,
-                # A trial that failed (a crash, a download or container failure) counts
-                # against its machine (docs/policy.md, "Strikes").
-                strike=policy.StrikeRule.from_settings(settings) if failed else None,
-            )
-        if (settings.verdict_early and hb.phase == State.BENCHMARKING
-                and state not in states.ENDING and not inst["terminate_reason"]):
-            _judge_early(tx, inst, hb, settings, now)
-        _record_telemetry(tx, inst["id"], agent_id, fields, settings, now)
+        write, after = decide_heartbeat(inst, agent_id, hb, fields, settings, now, fleet, rng)
+        pace_now = int(after["heartbeat_pace_s"])
+        if not _judged_early(inst, hb, settings):
+            directive = _directive(after, pace_now)
+            tx.write_heartbeat(write._replace(benchmark_delivered=directive.action == "benchmark"))
+            return inst["id"], directive
+        tx.write_heartbeat(write)
+        _judge_early(tx, inst, hb, settings, now)
         fresh = tx.get_instance(inst["id"])
         assert fresh is not None
         return inst["id"], _take_directive(tx, fresh, settings, now, pace_now)
@@ -407,43 +359,119 @@ def heartbeat_job(
     return job
 
 
-def _steady_heartbeat(
-    tx: Tx, hot: Row, agent_id: str, f: SteadyFields, settings: Settings, now: float,
-    pace_now: int,
-) -> tuple[int, Directive]:
-    """What a steady heartbeat writes: its instance's gauges (which are its latest
-    heartbeat too) and the pace it is answered, held by the writer and written with the
-    others of its transaction; nothing is read (``hot`` is the writer's cached view of
-    the instance)."""
+def _directive(inst: Row, pace_now: int) -> Directive:
+    return policy.directive_for(inst, next_heartbeat_s=pace_now,
+                                min_rate=inst.get("min_rate_per_hour"))
+
+
+def _history(agent_id: str, instance_id: int, f: SteadyFields, now: float) -> tuple[Any, ...]:
+    """The heartbeat's ``heartbeat_history`` row (``store.writer.HISTORY_ROW`` order)."""
+    return (agent_id, instance_id, now, f.seq, f.phase, f.proofs_completed_total,
+            f.telemetry_json)
+
+
+def decide_steady(
+    hot: Row, agent_id: str, f: SteadyFields, settings: Settings, now: float, pace_now: int,
+) -> tuple[HeartbeatWrite, Directive]:
+    """What a steady heartbeat writes (its instance's gauges, which are its latest
+    heartbeat too, and the pace it is answered, held by the writer and written with the
+    others of its transaction; its telemetry and history) and its answer, from ``hot``
+    (the writer's cached view of the instance) alone."""
     instance_id = hot["id"]
-    # In HEARTBEAT_COLUMNS order; a steady heartbeat is never a benchmarking one, hence
-    # last_non_benchmark_at.
-    tx.hold_heartbeat(instance_id, (
-        f.seq, now, f.phase, f.phase_started_at, f.progress_json, f.proofs_completed_total,
-        now, now, now, f.proof_seconds_recent_json, pace_now, f.net_rx_bytes, f.net_tx_bytes))
-    _record_telemetry(tx, instance_id, agent_id, f, settings, now)
-    return instance_id, _take_directive(tx, hot, settings, now, pace_now)
-
-
-def _record_telemetry(
-    tx: Tx, instance_id: int, agent_id: str, f: SteadyFields, settings: Settings, now: float
-) -> None:
-    """The latest telemetry and, downsampled, the history."""
-    if f.telemetry_json is not None:
-        tx.upsert_telemetry(instance_id, now, f.telemetry_json)
-    tx.append_heartbeat_history(
-        {
-            "agent_id": agent_id,
-            "instance_id": instance_id,
-            "received_at": now,
-            "seq": f.seq,
-            "phase": f.phase,
-            "proofs_completed_total": f.proofs_completed_total,
-            "telemetry_json": f.telemetry_json,
-        },
-        interval_s=settings.heartbeat_history_interval_s,
-        keep_rows=settings.heartbeat_history_rows,
+    directive = _directive(hot, pace_now)
+    write = HeartbeatWrite(
+        instance_id, agent_id, hot["machine_id"], now,
+        # In HEARTBEAT_COLUMNS order; a steady heartbeat is never a benchmarking one,
+        # hence last_non_benchmark_at.
+        gauges=(f.seq, now, f.phase, f.phase_started_at, f.progress_json,
+                f.proofs_completed_total, now, now, now, f.proof_seconds_recent_json,
+                pace_now, f.net_rx_bytes, f.net_tx_bytes),
+        telemetry_json=f.telemetry_json, history=_history(agent_id, instance_id, f, now),
+        history_interval_s=settings.heartbeat_history_interval_s,
+        history_keep_rows=settings.heartbeat_history_rows,
+        benchmark_delivered=directive.action == "benchmark",
     )
+    return write, directive
+
+
+def decide_heartbeat(
+    inst: Row, agent_id: str, hb: Heartbeat, f: SteadyFields, settings: Settings, now: float,
+    fleet: pace.FleetLoad, rng: pace.RandomSource | None,
+) -> tuple[HeartbeatWrite, Row]:
+    """What any other heartbeat writes, and the instance as it will then read (what its
+    answer is decided on; ``heartbeat_pace_s`` holds the pace answered)."""
+    ids = (inst["id"], agent_id, inst["machine_id"], now)
+    last_seq = inst["last_seq"]
+    if last_seq is not None and hb.seq <= last_seq:
+        # Late or out of order within this boot: it must not move the phase back.
+        pace_now = pace.answer_s(inst["state"], fleet, settings, rng)
+        late = {"last_seen": now, "heartbeat_pace_s": pace_now}
+        return HeartbeatWrite(*ids, updates=late), {**inst, **late}
+    updates: dict[str, Any] = {
+        "last_seq": hb.seq,
+        "last_seen": now,
+        "phase": hb.phase,
+        "phase_started_at": hb.phase_started_at,
+        "progress_json": f.progress_json,
+        "proofs_completed_total": hb.proofs_completed_total,
+        "updated_at": now,
+        "heartbeat_at": now,
+        "proof_seconds_recent_json": f.proof_seconds_recent_json,
+        "net_rx_bytes": f.net_rx_bytes,
+        "net_tx_bytes": f.net_tx_bytes,
+    }
+    if hb.phase != State.BENCHMARKING:
+        updates["last_non_benchmark_at"] = now
+    else:
+        updates["benchmarking_seen_at"] = now
+    if inst["directed_benchmark_kind"] == CONFIRM and inst["directed_benchmark_id"]:
+        # A confirmation is watched for its whole length: the longest silence counts.
+        last = float(inst["confirm_watch_at"] or inst["directed_benchmark_at"] or now)
+        updates["confirm_watch_gap_s"] = max(float(inst["confirm_watch_gap_s"] or 0.0),
+                                             now - last)
+        updates["confirm_watch_at"] = now
+    state = inst["state"]
+    events: list[tuple[str, str]] = []
+    if state in states.ENDING:
+        pass
+    elif hb.phase in states.ENDING_PHASES:
+        updates.update(state=hb.phase, state_since=now)
+    elif state != hb.phase:
+        updates.update(state=hb.phase, state_since=now)
+        if state == State.LOST:
+            events.append(("recovered", "the agent spoke again after silence"))
+        events.append(("phase", f"{state} -> {hb.phase}"))
+    updates["heartbeat_pace_s"] = pace.answer_s(updates.get("state", state), fleet, settings,
+                                                rng)
+    after = {**inst, **updates}
+    ending: Ending | None = None
+    if state not in states.ENDING and hb.phase in states.ENDING_PHASES:
+        failed = hb.phase == State.FAILED
+        reason = (
+            ("the agent reported failed: " + hb.failure if hb.failure
+             else "the agent reported failed") if failed
+            else "the agent is terminating on its own"
+        )
+        ending = Ending(reason, "failed" if failed else "terminate",
+                        now + settings.terminate_grace_s,
+                        # A trial that failed (a crash, a download or container failure)
+                        # counts against its machine (docs/policy.md, "Strikes").
+                        policy.StrikeRule.from_settings(settings) if failed else None)
+        # As ``Tx.begin_terminating`` leaves it: the first reason given stands.
+        after["terminate_reason"] = after["terminate_reason"] or reason
+    write = HeartbeatWrite(
+        *ids, updates=updates, events=tuple(events), ending=ending,
+        telemetry_json=f.telemetry_json, history=_history(agent_id, inst["id"], f, now),
+        history_interval_s=settings.heartbeat_history_interval_s,
+        history_keep_rows=settings.heartbeat_history_rows,
+    )
+    return write, after
+
+
+def _judged_early(inst: Row, hb: Heartbeat, settings: Settings) -> bool:
+    """Whether this heartbeat's benchmark progress is judged for an early verdict."""
+    return bool(settings.verdict_early and hb.phase == State.BENCHMARKING
+                and inst["state"] not in states.ENDING and not inst["terminate_reason"])
 
 
 # --- early verdicts (docs/policy.md) ------------------------------------------------
@@ -838,12 +866,11 @@ class _Belief:
 def _judge_belief(
     tx: Tx, inst: Row, result: Result, check: policy.Plausibility, rate: float,
     settings: Settings, now: float, expect: Expectation | None, updates: dict[str, Any],
+    events: list[tuple[str, str]],
 ) -> _Belief:
     """Samples only when asked, beyond belief held (docs/reliability.md): flags
-    ``check`` and fills ``updates`` (the directed benchmark consumed, a confirmation
-    opened)."""
-    ids = {"instance_id": inst["id"], "agent_id": inst["agent_id"],
-           "machine_id": inst["machine_id"]}
+    ``check``, fills ``updates`` (the directed benchmark consumed, a confirmation
+    opened) and ``events``. Reads (the fleet's measurements) but writes nothing."""
     confirming = inst["directed_benchmark_kind"] == CONFIRM and inst["directed_benchmark_id"]
     claimed = inst["unconfirmed_rate_per_hour"]
     directed, why = _directed(result, inst)
@@ -864,8 +891,8 @@ def _judge_belief(
     if failed is None:
         if confirming and claimed is not None and belief.agrees(rate, float(claimed)):
             updates.update(unconfirmed_rate_per_hour=None, confirm_tries=0)
-            tx.insert_event(now, "confirmed", f"a directed re-benchmark measured {rate:.2f} "
-                            f"proofs/h, agreeing with the held {float(claimed):.2f}/h", **ids)
+            events.append(("confirmed", f"a directed re-benchmark measured {rate:.2f} "
+                           f"proofs/h, agreeing with the held {float(claimed):.2f}/h"))
             return _Belief(True)
         expected: float | None = None
         if expect is not None:
@@ -894,18 +921,18 @@ def _judge_belief(
     updates.update(directed_benchmark_id=confirm_id, directed_benchmark_at=now,
                    directed_benchmark_kind=CONFIRM, confirm_watch_at=now,
                    confirm_watch_gap_s=0.0, rebenchmark_pending=1)
-    tx.insert_event(now, "held", f"unconfirmed: {held}; a directed re-benchmark was asked "
-                    "for", **ids)
+    events.append(("held", f"unconfirmed: {held}; a directed re-benchmark was asked for"))
     return _Belief(False)
 
 
 def result_job(
     agent_id: str, result: Result, settings: Settings, now: float,
     watching_since: float | None = None, fleet: pace.FleetLoad = pace.NO_AGENTS,
-    expect: Expectation | None = None,
+    expect: Expectation | None = None, rng: pace.RandomSource | None = None,
 ) -> Callable[[Tx], ResultOutcome]:
     """``watching_since``: when this coordinator process started (``policy.Watch``);
-    ``fleet``: the agents heard from, which set the pace (none: the base pace);
+    ``fleet``: the agents heard from, which set the pace (none: the base pace), ``rng``
+    its jitter (None: none);
     ``expect``: the rate model's 90th percentile for the instance's hardware."""
     limits = policy.PolicyLimits.from_settings(settings)
 
@@ -918,7 +945,6 @@ def result_job(
             replayed = directive_from_json(existing["directive_json"])
             tx.update_instance(inst["id"], heartbeat_pace_s=replayed.next_heartbeat_s)
             return ResultOutcome(inst["id"], True, replayed, False)
-        ids = {"instance_id": inst["id"], "agent_id": agent_id, "machine_id": inst["machine_id"]}
         machine_id = inst["machine_id"] or inst["label"]
         gpu_name = inst["gpu_name"] or "unknown"
         num_gpus = inst["num_gpus"] or max(len(set(result.gpus_used)), 1)
@@ -943,6 +969,7 @@ def result_job(
         # only what the coordinator sees after this one.
         inst_updates: dict[str, Any] = {"last_seen": now, "updated_at": now,
                                         "result_window_at": now}
+        events: list[tuple[str, str]] = []
         verdict: policy.Verdict | None = None
         terminate = False
         already_ending = watch.terminated is not None
@@ -950,9 +977,10 @@ def result_job(
         if result.kind == "benchmark" and not check.implausible and not already_ending \
                 and rate is not None:
             judged = _judge_belief(tx, inst, result, check, rate, settings, now, expect,
-                                   inst_updates)
+                                   inst_updates, events)
+        # Everything read: from here on only decisions, then one write.
         if check.reasons:
-            tx.insert_event(now, "flagged", "; ".join(check.reasons), **ids)
+            events.append(("flagged", "; ".join(check.reasons)))
         if result.kind == "benchmark" or check.implausible:
             steady, concurrency = _steady_rate(result, inst, settings, check.gpus)
             if inst["bench_status"] in (BENCH_OPEN, BENCH_PASSED):
@@ -972,98 +1000,110 @@ def result_job(
             elif verdict.action == "terminate":
                 terminate = True
             else:
-                tx.insert_event(now, "verdict", f"keep: {verdict.reason}", **ids)
+                events.append(("verdict", f"keep: {verdict.reason}"))
+        ending: Ending | None = None
         if terminate and verdict is not None:
-            tx.begin_terminating(
-                inst["id"], verdict.reason, kind="verdict", note=f"terminate: {verdict.reason}",
-                bad_host_source="benchmark" if verdict.bad_host else None, now=now,
-                destroy_due_at=now + settings.terminate_grace_s, **inst_updates,
-            )
-        else:
-            tx.update_instance(inst["id"], **inst_updates)
-        fresh = tx.get_instance(inst["id"])
-        assert fresh is not None
-        pace_now = pace.next_heartbeat_s(fresh["state"], fleet, settings)
-        if pace_now != fresh["heartbeat_pace_s"]:
-            tx.update_instance(inst["id"], heartbeat_pace_s=pace_now)
-        directive = _take_directive(tx, fresh, settings, now, pace_now)
+            ending = Ending(verdict.reason, "verdict", now + settings.terminate_grace_s,
+                            note=f"terminate: {verdict.reason}",
+                            bad_host_source="benchmark" if verdict.bad_host else None)
+        after = _after_result(inst, inst_updates, ending)
+        pace_now = pace.answer_s(after["state"], fleet, settings, rng)
+        directive = _directive(after, pace_now)
         counts = (
             result.kind == "benchmark" and check.counts_for_host_perf and rate is not None
         )
-        row_id = tx.insert_result(
-            {
-                "agent_id": agent_id,
-                "result_id": result.result_id,
-                "instance_id": inst["id"],
-                "kind": result.kind,
-                "proof_type": result.proof_type,
-                "started_at": result.started_at,
-                "finished_at": result.finished_at,
-                "gpus_used_json": dumps(result.gpus_used),
-                "proofs_completed": result.proofs_completed,
-                "proofs_failed": result.proofs_failed,
-                "wall_seconds": result.wall_seconds,
-                "rate_per_hour": result.rate_per_hour,
-                "recomputed_rate_per_hour": rate,
-                "proof_seconds_json": dumps(result.proof_seconds),
-                "telemetry_json": dumps(result.telemetry) if result.telemetry else None,
-                "runs_json": dumps(result.runs) if result.runs else None,
-                "efficiency": result.efficiency,
-                "bottleneck": result.bottleneck,
-                "evidence_json": dumps(result.evidence),
-                "flags": ",".join(check.flags),
-                "flag_reasons_json": dumps(check.reasons),
-                "counts_for_host_perf": int(counts),
-                "verdict": verdict.action if verdict else None,
-                "verdict_reason": verdict.reason if verdict else None,
-                "directive_json": dumps(directive_to_dict(directive)),
-                "machine_id": machine_id,
-                "gpu_name": gpu_name,
-                "num_gpus": num_gpus,
-                "received_at": now,
-                "benchmark_id": result.benchmark_id,
-            }
-        )
+        row = {
+            "agent_id": agent_id,
+            "result_id": result.result_id,
+            "instance_id": inst["id"],
+            "kind": result.kind,
+            "proof_type": result.proof_type,
+            "started_at": result.started_at,
+            "finished_at": result.finished_at,
+            "gpus_used_json": dumps(result.gpus_used),
+            "proofs_completed": result.proofs_completed,
+            "proofs_failed": result.proofs_failed,
+            "wall_seconds": result.wall_seconds,
+            "rate_per_hour": result.rate_per_hour,
+            "recomputed_rate_per_hour": rate,
+            "proof_seconds_json": dumps(result.proof_seconds),
+            "telemetry_json": dumps(result.telemetry) if result.telemetry else None,
+            "runs_json": dumps(result.runs) if result.runs else None,
+            "efficiency": result.efficiency,
+            "bottleneck": result.bottleneck,
+            "evidence_json": dumps(result.evidence),
+            "flags": ",".join(check.flags),
+            "flag_reasons_json": dumps(check.reasons),
+            "counts_for_host_perf": int(counts),
+            "verdict": verdict.action if verdict else None,
+            "verdict_reason": verdict.reason if verdict else None,
+            "directive_json": dumps(directive_to_dict(directive)),
+            "machine_id": machine_id,
+            "gpu_name": gpu_name,
+            "num_gpus": num_gpus,
+            "received_at": now,
+            "benchmark_id": result.benchmark_id,
+        }
+        measurement: dict[str, Any] | None = None
         if counts and rate is not None:
             # The rate with the hardware it ran on: what the rate model learns from, and
             # what host_perf is computed from.
             offer = instance_offer(loads(inst.get("offer_json")),
                                    loads(inst.get("host_json")) if inst["kind"] == "byo" else None,
                                    {**inst, "machine_id": machine_id})
-            tx.insert_measurement({
+            measurement = {
                 "machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus,
                 "rate_per_hour": rate, "measured_at": now, "source": "fleet",
-                "offer_json": dumps(offer), "result_row_id": row_id,
-                "instance_id": inst["id"], "recorded_at": now,
-            })
+                "offer_json": dumps(offer), "instance_id": inst["id"], "recorded_at": now,
+            }
+        scaling: tuple[dict[str, Any], str, str] | None = None
         if result.kind == "scaling":
             one = {len(set(result.gpus_used)): rate} if rate is not None else {}
-            _record_scaling(tx, result, fresh, row_id, machine_id, gpu_name, num_gpus, now,
-                            {**watch.measured_rates, **one})
+            scaling = _scaling_reading(result, after, machine_id, gpu_name, num_gpus, now,
+                                       {**watch.measured_rates, **one})
         elif terminate and check.gpus > 1:
             # No one-GPU run follows a terminated host, yet why its GPUs scale
             # badly is exactly what the operator wants to know: diagnose the
             # all-GPU run's telemetry.
-            _record_scaling(tx, result, fresh, row_id, machine_id, gpu_name, num_gpus, now,
-                            {check.gpus: rate} if rate is not None else {})
+            scaling = _scaling_reading(result, after, machine_id, gpu_name, num_gpus, now,
+                                       {check.gpus: rate} if rate is not None else {})
+        tx.write_result(ResultWrite(
+            inst["id"], agent_id, inst["machine_id"], now, inst_updates, tuple(events), row,
+            ending=ending,
+            pace_s=pace_now if pace_now != after["heartbeat_pace_s"] else None,
+            benchmark_delivered=directive.action == "benchmark",
+            measurement=measurement, scaling=scaling,
+        ))
         return ResultOutcome(inst["id"], False, directive, terminate)
 
     return job
 
 
-def _record_scaling(
-    tx: Tx,
+def _after_result(inst: Row, updates: dict[str, Any], ending: Ending | None) -> Row:
+    """The instance as it reads once a result's write is done (what its answer is decided
+    on): as ``Tx.begin_terminating`` leaves it when the result ends it."""
+    if ending is None:
+        return {**inst, **updates}
+    if inst["state"] in states.GONE:
+        return inst  # nothing is written for an instance that is gone
+    after = {**inst, **updates, "terminate_reason": inst["terminate_reason"] or ending.reason}
+    if inst["state"] not in states.ENDING:
+        after["state"] = State.TERMINATING
+    return after
+
+
+def _scaling_reading(
     result: Result,
     inst: Row,
-    row_id: int,
     machine_id: str,
     gpu_name: str,
     num_gpus: int,
     now: float,
     measured: dict[int, float],
-) -> None:
-    """The scaling table's row: the coordinator's reading (on ``measured``, GPU count ->
-    the rate it recomputed) beside the agent's own."""
+) -> tuple[dict[str, Any], str, str]:
+    """The scaling table's row (its result's row id is the writer's to fill): the
+    coordinator's reading (on ``measured``, GPU count -> the rate it recomputed) beside the
+    agent's own; the reason of its event, and the machine the event names."""
     runs = result.runs or [ScalingRun(result.gpus_used, result.rate_per_hour, result.telemetry)]
     sizes = sorted({max(1, len(set(r.gpus_used))) for r in runs})
     rate_all = measured.get(sizes[-1])
@@ -1071,37 +1111,32 @@ def _record_scaling(
     try:
         found = _scaling_diagnosis(runs, inst, rate_all, rate_one)
     except Exception:  # a diagnosis bug must not lose the agent's result
-        log.exception("scaling diagnosis failed for result %s", row_id)
+        log.exception("scaling diagnosis failed for result %s of instance %s",
+                      result.result_id, inst["id"])
         found = None
     rate_all, rate_one, diagnosis = found if found else (None, None, None)
-    tx.insert_scaling(
-        {
-            "result_row_id": row_id,
-            "instance_id": inst["id"],
-            "machine_id": machine_id,
-            "gpu_name": gpu_name,
-            "num_gpus": num_gpus,
-            "rate_all_per_hour": rate_all,
-            "rate_one_per_hour": rate_one,
-            "agent_efficiency": result.efficiency,
-            "agent_bottleneck": result.bottleneck,
-            "agent_evidence_json": dumps(result.evidence),
-            "efficiency": getattr(diagnosis, "efficiency", None),
-            "bottleneck": getattr(diagnosis, "bottleneck", None),
-            "evidence_json": dumps(getattr(diagnosis, "evidence", None)),
-            "created_at": now,
-        }
-    )
+    row = {
+        "instance_id": inst["id"],
+        "machine_id": machine_id,
+        "gpu_name": gpu_name,
+        "num_gpus": num_gpus,
+        "rate_all_per_hour": rate_all,
+        "rate_one_per_hour": rate_one,
+        "agent_efficiency": result.efficiency,
+        "agent_bottleneck": result.bottleneck,
+        "agent_evidence_json": dumps(result.evidence),
+        "efficiency": getattr(diagnosis, "efficiency", None),
+        "bottleneck": getattr(diagnosis, "bottleneck", None),
+        "evidence_json": dumps(getattr(diagnosis, "evidence", None)),
+        "created_at": now,
+    }
     if diagnosis is not None:
         eff = diagnosis.efficiency
         text = "?" if eff is None else f"{eff:.2f}"
         reason = f"efficiency {text}, bottleneck {diagnosis.bottleneck} (coordinator's reading)"
     else:
         reason = f"agent reports efficiency {result.efficiency}, bottleneck {result.bottleneck}"
-    tx.insert_event(
-        now, "scaling", reason,
-        instance_id=inst["id"], agent_id=inst["agent_id"], machine_id=machine_id,
-    )
+    return row, reason, machine_id
 
 
 # --- logs --------------------------------------------------------------------------

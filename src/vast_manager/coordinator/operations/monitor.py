@@ -1,10 +1,7 @@
 """The monitor: silence, phase timeouts, pending destroys and reconciliation with the provider.
 
-``HeartbeatTracker`` is Nomad's heartbeat timer as one small object: the
-agent handlers ``touch`` an instance with the pace they answered, the loop
-calls ``expire_stale``; each instance's silence is timed on its own pace, and
-the tracker's count of the agents heard sets the next pace (``pace``). The
-clock is passed in, so tests never sleep. ``Monitor.tick`` does one round;
+The heartbeat timer it reads (``decisions.pace.HeartbeatTracker``) lives beside
+the pace it times. The clock is passed in, so tests never sleep. ``Monitor.tick`` does one round;
 ``Monitor.run`` repeats it every ``monitor_interval_s`` (sooner when a
 destroy falls due). Every decision lands in ``events`` with its reason.
 """
@@ -17,7 +14,9 @@ import logging
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from vast_manager.coordinator.decisions import cost, pace, policy, states
+from vast_manager.coordinator.decisions import cost, policy, states
+from vast_manager.coordinator.decisions import reconcile as reconcile_rules
+from vast_manager.coordinator.decisions.pace import HeartbeatTracker
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.plan import TrialCost
 from vast_manager.coordinator.operations.account import Account
@@ -76,75 +75,12 @@ def known_agent_ids(reads: Reads, agent_ids: Collection[str]) -> set[str]:
     return known
 
 
-class HeartbeatTracker:
-    """Last-seen times and paces per instance; an instance silent for longer than its TTL
-    (``policy.silence_ttl_s`` of the pace its agent was last given) expires."""
-
-    def __init__(self, grace_s: float, base_pace_s: float) -> None:
-        self.grace_s = grace_s
-        self.base_pace_s = base_pace_s
-        self._heard: dict[int, tuple[float, float]] = {}  # id -> (last seen, pace)
-        # id -> when it expires: what the monitor's minute pass compares, at 200,000
-        # instances a scan of floats rather than a TTL computed for each.
-        self._expires: dict[int, float] = {}
-        self._quick: set[int] = set()  # heard last in a quick phase (``pace.is_quick``)
-        self._load: pace.FleetLoad | None = None  # the counts, until they change
-
-    def touch(self, instance_id: int, now: float, pace_s: float | None = None,
-              phase: str | None = None) -> None:
-        """Heard from now, and told to report again within ``pace_s`` (None: the pace it
-        was last given); ``phase`` (None: unchanged) says how it is paced."""
-        known = self._heard.get(instance_id)
-        if known is None:
-            self._load = None
-        if pace_s is None:
-            pace_s = known[1] if known is not None else self.base_pace_s
-        self._heard[instance_id] = (now, pace_s)
-        self._expires[instance_id] = now + self.ttl_s(pace_s)
-        if phase is not None and pace.is_quick(phase) != (instance_id in self._quick):
-            self._load = None
-            if pace.is_quick(phase):
-                self._quick.add(instance_id)
-            else:
-                self._quick.discard(instance_id)
-
-    def forget(self, instance_id: int) -> None:
-        if self._heard.pop(instance_id, None) is not None:
-            self._load = None
-        self._expires.pop(instance_id, None)
-        self._quick.discard(instance_id)
-
-    def last_seen(self, instance_id: int) -> float | None:
-        heard = self._heard.get(instance_id)
-        return None if heard is None else heard[0]
-
-    def pace_s(self, instance_id: int) -> float | None:
-        """The pace the instance's agent was last given, if it is tracked."""
-        heard = self._heard.get(instance_id)
-        return None if heard is None else heard[1]
-
-    def ttl_s(self, pace_s: float) -> float:
-        """How long an agent told ``pace_s`` may stay silent."""
-        return policy.silence_ttl_s(pace_s, self.grace_s)
-
-    def load(self) -> pace.FleetLoad:
-        """The agents heard from, by how they are paced."""
-        if self._load is None:
-            quick = len(self._quick)
-            self._load = pace.FleetLoad(quick, len(self._heard) - quick)
-        return self._load
-
-    def expire_stale(self, now: float) -> list[tuple[int, float]]:
-        """Remove and return the instances silent for longer than their TTL, each with the
-        pace it was last given."""
-        stale = [i for i, expires in self._expires.items() if now > expires]
-        out = [(i, self._heard[i][1]) for i in stale]
-        for instance_id in stale:
-            self.forget(instance_id)
-        return out
-
-    def __len__(self) -> int:
-        return len(self._heard)
+def account_watch(provider: Provider, settings: Settings) -> Account:
+    """The watch on ``provider``'s account balance, at the monitor's interval."""
+    return Account(
+        getattr(provider, "account", None), warn_usd=settings.balance_warn_usd,
+        pause_usd=settings.balance_pause_usd, interval_s=settings.monitor_interval_s,
+    )
 
 
 class Monitor:
@@ -159,6 +95,7 @@ class Monitor:
         tracker: HeartbeatTracker,
         *,
         on_agent_revoked: Callable[[str], None] | None = None,
+        account: Account | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -170,10 +107,8 @@ class Monitor:
         self.limits = policy.PolicyLimits.from_settings(settings)
         self.on_agent_revoked = on_agent_revoked or (lambda agent_id: None)
         self.strike_rule = policy.StrikeRule.from_settings(settings)
-        self.account = Account(
-            getattr(provider, "account", None), warn_usd=settings.balance_warn_usd,
-            pause_usd=settings.balance_pause_usd, interval_s=settings.monitor_interval_s,
-        )
+        # The account watch the runtime built (one alone when the monitor is built alone).
+        self.account = account if account is not None else account_watch(provider, settings)
         # Instances kept although vast.ai showed a status that never runs: told once.
         self._kept_told: dict[int, str] = {}
         # Instances started again after the funds came back: until when a `stopped` still
@@ -483,16 +418,9 @@ class Monitor:
         await self.reconcile(provider_instances)
 
     async def reconcile(self, provider_instances: list[ProviderInstance]) -> list[Any]:
-        """Apply ``coordinator.reconcile.plan`` to the provider's list; return its actions.
-
-        Does nothing when that module is not installed.
-        """
-        try:
-            from vast_manager.coordinator.decisions import reconcile as reconcile_module
-        except ImportError:
-            return []
+        """Apply ``decisions.reconcile.plan`` to the provider's list; return its actions."""
         now = self.clock()
-        parse_label = reconcile_module.parse_label
+        parse_label = reconcile_rules.parse_label
         # plan() asks whether an agent is known only for labels carrying our fleet id.
         labelled = set()
         for inst in provider_instances:
@@ -520,7 +448,7 @@ class Monitor:
         by_pid: dict[int, Row] = {
             int(r["provider_instance_id"]): r for r in rows if r["provider_instance_id"] is not None
         }
-        actions = reconcile_module.plan(
+        actions = reconcile_rules.plan(
             provider_instances, ours, self.settings.fleet_id, known, now,
             self.settings.unowned_grace_s,
         )

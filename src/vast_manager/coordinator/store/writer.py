@@ -40,7 +40,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlite_utils
 
@@ -69,6 +69,67 @@ _HEARTBEAT_UPDATE = (
 #: A ``heartbeat_history`` row's columns, in statement order.
 HISTORY_ROW = ("agent_id", "instance_id", "received_at", "seq", "phase",
                "proofs_completed_total", "telemetry_json")
+
+
+class Ending(NamedTuple):
+    """An instance sent to ``terminating`` by what its agent said (``Tx.begin_terminating``)."""
+
+    reason: str
+    kind: str
+    destroy_due_at: float
+    strike: Any = None  # a ``policy.StrikeRule`` when the trial counts against its machine
+    note: str | None = None  # the event's text (None: the reason)
+    bad_host_source: str | None = None  # lists the machine on ``bad_hosts`` as this source
+
+
+class HeartbeatWrite(NamedTuple):
+    """Everything one heartbeat writes, decided before any of it is written
+    (``operations.ingest``): one ``Tx.write_heartbeat`` call."""
+
+    instance_id: int
+    agent_id: str
+    machine_id: str | None
+    now: float
+    gauges: tuple[Any, ...] | None = None
+    """A steady heartbeat's instance columns (``HEARTBEAT_COLUMNS`` order), held."""
+    updates: dict[str, Any] | None = None
+    """Any other heartbeat's instance columns, written at once."""
+    events: tuple[tuple[str, str], ...] = ()
+    """(kind, reason) of each event about the instance, in order."""
+    ending: Ending | None = None
+    telemetry_json: str | None = None
+    history: tuple[Any, ...] | None = None
+    """A ``heartbeat_history`` row (``HISTORY_ROW`` order), kept if its interval is up."""
+    history_interval_s: float = 0.0
+    history_keep_rows: int = 0
+    benchmark_delivered: bool = False
+    """The answer carries the pending rebenchmark: it is pending no more."""
+
+
+class ResultWrite(NamedTuple):
+    """Everything one result writes, decided before any of it is written
+    (``operations.ingest.result_job``): one ``Tx.write_result`` call."""
+
+    instance_id: int
+    agent_id: str
+    machine_id: str | None
+    now: float
+    updates: dict[str, Any]
+    """The instance's columns (with its end, ``begin_terminating``'s own columns)."""
+    events: tuple[tuple[str, str], ...]
+    """(kind, reason) of each event about the instance, before its end, in order."""
+    result: dict[str, Any]
+    """The ``results`` row."""
+    ending: Ending | None = None
+    pace_s: int | None = None
+    """The pace answered, when it is not the one stored."""
+    benchmark_delivered: bool = False
+    measurement: dict[str, Any] | None = None
+    """The ``measurements`` row (its result's row id filled in here), for a result that
+    counts: the one record of its rate (``host_perf`` is computed from them)."""
+    scaling: tuple[dict[str, Any], str, str] | None = None
+    """The ``scaling`` row (its result's row id filled in here), its event's reason, and
+    the machine the event names."""
 
 
 @functools.cache
@@ -435,6 +496,68 @@ class Tx(Reads):
         if hot is not None:
             hot["last_seq"] = gauges[0]
 
+    def write_heartbeat(self, w: HeartbeatWrite) -> None:
+        """Everything a heartbeat decided, in the order it is read back: the instance's
+        columns (a steady heartbeat's held), its events, its end, its telemetry and
+        history, the delivered rebenchmark."""
+        if w.gauges is not None:
+            self.hold_heartbeat(w.instance_id, w.gauges)
+        if w.updates:
+            self.update_instance(w.instance_id, **w.updates)
+        for kind, reason in w.events:
+            self.insert_event(w.now, kind, reason, instance_id=w.instance_id,
+                              agent_id=w.agent_id, machine_id=w.machine_id)
+        if w.ending is not None:
+            self.begin_terminating(w.instance_id, w.ending.reason, kind=w.ending.kind,
+                                   now=w.now, destroy_due_at=w.ending.destroy_due_at,
+                                   strike=w.ending.strike)
+        if w.telemetry_json is not None:
+            self.upsert_telemetry(w.instance_id, w.now, w.telemetry_json)
+        if w.history is not None:
+            self._hold_history(w.history, w.history_interval_s, w.history_keep_rows)
+        if w.benchmark_delivered:
+            self.deliver_rebenchmark(w.instance_id, w.agent_id, w.machine_id, w.now)
+
+    def write_result(self, w: ResultWrite) -> int:
+        """Everything a result decided, in the order it is read back: its events, the
+        instance (ended, or updated), the pace, the delivered rebenchmark, the result,
+        the measurement it makes, the scaling reading. Returns the result's row id."""
+        for kind, reason in w.events:
+            self.insert_event(w.now, kind, reason, instance_id=w.instance_id,
+                              agent_id=w.agent_id, machine_id=w.machine_id)
+        if w.ending is not None:
+            self.begin_terminating(w.instance_id, w.ending.reason, kind=w.ending.kind,
+                                   now=w.now, destroy_due_at=w.ending.destroy_due_at,
+                                   note=w.ending.note, bad_host_source=w.ending.bad_host_source,
+                                   strike=w.ending.strike, **w.updates)
+        else:
+            self.update_instance(w.instance_id, **w.updates)
+        if w.pace_s is not None:
+            self.update_instance(w.instance_id, heartbeat_pace_s=w.pace_s)
+        if w.benchmark_delivered:
+            self.deliver_rebenchmark(w.instance_id, w.agent_id, w.machine_id, w.now)
+        row_id = self.insert_result(w.result)
+        if w.measurement is not None:
+            self.insert_measurement({**w.measurement, "result_row_id": row_id})
+        if w.scaling is not None:
+            row, reason, machine_id = w.scaling
+            self.insert_scaling({"result_row_id": row_id, **row})
+            self.insert_event(w.now, "scaling", reason, instance_id=w.instance_id,
+                              agent_id=w.agent_id, machine_id=machine_id)
+        return row_id
+
+    def deliver_rebenchmark(self, instance_id: int, agent_id: str | None,
+                            machine_id: str | None, now: float) -> None:
+        """A pending rebenchmark went out in a directive: it is pending no more."""
+        self.update_instance(instance_id, rebenchmark_pending=0, updated_at=now)
+        self.insert_event(now, "rebenchmark", "benchmark directive delivered to the agent",
+                          instance_id=instance_id, agent_id=agent_id, machine_id=machine_id)
+
+    def heartbeat_view(self, agent_id: str) -> Row | None:
+        """The agent's instance (``HOT_COLUMNS``, cached) when the agent is issued and not
+        revoked; None otherwise (the heartbeat then reads the whole row, which says why)."""
+        return self.hot_instance(agent_id) if self.agent_revoked(agent_id) is False else None
+
     # events
 
     def insert_event(
@@ -559,8 +682,12 @@ class Tx(Reads):
 
         Returns whether a row was written (downsampling drops the others).
         """
-        agent_id = row["agent_id"]
-        now = float(row["received_at"])
+        return self._hold_history(tuple(row[c] for c in HISTORY_ROW), interval_s, keep_rows)
+
+    def _hold_history(self, row: tuple[Any, ...], interval_s: float, keep_rows: int) -> bool:
+        """``append_heartbeat_history`` of a row in ``HISTORY_ROW`` order."""
+        agent_id = row[0]
+        now = float(row[2])
         last = self._history_last_at.get(agent_id)
         if last is None:
             # The newest row by id is the newest in time (rows are appended as they come):
@@ -579,7 +706,7 @@ class Tx(Reads):
         # Held like a steady heartbeat's rows: a read or a statement of its own here would
         # write the transaction's held rows early and open this job's savepoint, for one
         # in twenty heartbeats of a fleet at the default pace.
-        self._held_job.history.append(tuple(row[c] for c in HISTORY_ROW))
+        self._held_job.history.append(row)
         self._held_job.trims[agent_id] = keep_rows
         self._history_last_at[agent_id] = now
         return True

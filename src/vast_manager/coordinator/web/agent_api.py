@@ -36,8 +36,6 @@ from vast_manager.protocol.messages import Heartbeat, Hello, LogBatch, Result
 
 log = logging.getLogger(__name__)
 
-AgentHandler = Callable[[Core, VerifiedAgent, bytes], Awaitable[tuple[int, Any]]]
-
 
 def agent_response(
     now: float, status: int, body: bytes, key: bytes | None, nonce: str
@@ -85,58 +83,91 @@ def _refused(core: Core, request: web.Request, status: int, body: dict[str, str]
     return response
 
 
-def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """Wrap an agent handler in the request checks and the response signature of docs/protocol.md.
+#: Where the middleware leaves the verified agent and its body for the handler.
+VERIFIED: web.RequestKey[tuple[VerifiedAgent, bytes]] = web.RequestKey("verified_agent")
+
+
+def verified(request: web.Request) -> tuple[Core, VerifiedAgent, bytes]:
+    """The core, the agent ``agent_auth`` verified and the exact body it signed."""
+    agent, body = request[VERIFIED]
+    return request.config_dict[CORE], agent, body
+
+
+def answer(payload: Any, status: int = 200) -> web.Response:
+    """An agent handler's answer; ``agent_auth`` stamps and signs it."""
+    return web.Response(body=orjson.dumps(payload), status=status,
+                        content_type="application/json")
+
+
+@web.middleware
+async def agent_auth(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> web.StreamResponse:
+    """The request checks and the response signature of docs/protocol.md, for every route
+    of the agents' sub-application.
 
     The order: a declared body over 1 MiB (413), then, on the headers alone, an issued
     agent and well-formed signing headers (401), and only then is the body read, within
-    the shared budget and a deadline, its signature verified, its nonce admitted."""
-
-    async def handler(request: web.Request) -> web.Response:
-        core = request.app[CORE]
-        nonce = request.headers.get(signing.HEADER_NONCE, "")
-        if too_large_declared(request):
-            return _refused(core, request, 413, too_large().to_body(), None, nonce)
+    the shared budget and a deadline, its signature verified, its nonce admitted. A path
+    or method no route serves is answered as anywhere else (404, 405), unverified."""
+    if request.match_info.http_exception is not None:
+        return await handler(request)
+    core = request.config_dict[CORE]
+    nonce = request.headers.get(signing.HEADER_NONCE, "")
+    if too_large_declared(request):
+        return _refused(core, request, 413, too_large().to_body(), None, nonce)
+    try:
+        agent_id = core.auth.screen(request.headers)
+    except AuthFailure as failure:
+        return _refused(core, request, failure.status, failure.to_body(), None, nonce)
+    claimed = 0
+    # Until its signature verifies, a body is held against its sender's address: an
+    # agent id alone (in every vast.ai label) must not spend that agent's allowance.
+    holder = ADDRESS_KEY_PREFIX + address_key(request.remote)
+    try:
         try:
-            agent_id = core.auth.screen(request.headers)
+            body, claimed = await read_body(request, budget=core.guard.budget, key=holder)
+        except Refusal as err:
+            return _refused(core, request, err.status, err.to_body(), None, nonce,
+                            err.retry_after_s)
+        try:
+            agent = core.auth.verify(
+                # raw_path: the path and query exactly as the agent sent and signed them.
+                method=request.method, path_qs=request.raw_path, headers=request.headers,
+                body=body, now=core.clock(), screened_id=agent_id,
+            )
         except AuthFailure as failure:
-            return _refused(core, request, failure.status, failure.to_body(), None, nonce)
-        claimed = 0
-        # Until its signature verifies, a body is held against its sender's address: an
-        # agent id alone (in every vast.ai label) must not spend that agent's allowance.
-        holder = ADDRESS_KEY_PREFIX + address_key(request.remote)
+            return _refused(core, request, failure.status, failure.to_body(),
+                            failure.verified_key, nonce)
+        refused = core.guard.budget.transfer(holder, agent_id, claimed)
+        if refused is not None:
+            return _refused(core, request, 503, {"error": "busy", "message": refused},
+                            agent.key, nonce, 1)
+        holder = agent_id
+        request[VERIFIED] = (agent, body)
         try:
-            try:
-                body, claimed = await read_body(request, budget=core.guard.budget, key=holder)
-            except Refusal as err:
-                return _refused(core, request, err.status, err.to_body(), None, nonce,
-                                err.retry_after_s)
-            try:
-                agent = core.auth.verify(
-                    # raw_path: the path and query exactly as the agent sent and signed them.
-                    method=request.method, path_qs=request.raw_path, headers=request.headers,
-                    body=body, now=core.clock(), screened_id=agent_id,
-                )
-            except AuthFailure as failure:
-                return _refused(core, request, failure.status, failure.to_body(),
-                                failure.verified_key, nonce)
-            refused = core.guard.budget.transfer(holder, agent_id, claimed)
-            if refused is not None:
-                return _refused(core, request, 503, {"error": "busy", "message": refused},
-                                agent.key, nonce, 1)
-            holder = agent_id
-            try:
-                status, payload = await fn(core, agent, body)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                status, payload = agent_failure(err, agent.agent_id, request.path,
-                                                core.guard.quiet)
+            response = await handler(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            status, payload = agent_failure(err, agent.agent_id, request.path,
+                                            core.guard.quiet)
             return _agent_answer(core, status, payload, agent.key, agent.nonce)
-        finally:
-            core.guard.budget.release(holder, claimed)
+        return _signed(core, response, agent)
+    finally:
+        core.guard.budget.release(holder, claimed)
 
-    return handler
+
+def _signed(core: Core, response: web.StreamResponse, agent: VerifiedAgent) -> web.Response:
+    """A handler's answer with the server time and its signature (docs/protocol.md)."""
+    body = response.body if isinstance(response, web.Response) else None
+    if not isinstance(body, bytes):
+        raise TypeError("an agent handler answers with a web.Response of bytes")
+    assert isinstance(response, web.Response)
+    response.headers[signing.HEADER_SERVER_TIME] = str(int(core.clock()))
+    response.headers[signing.HEADER_SIGNATURE] = sign_response(agent.key, agent.nonce,
+                                                                response.status, body)
+    return response
 
 
 def expectation(core: Core) -> ingest.Expectation | None:
@@ -154,53 +185,62 @@ def expectation(core: Core) -> ingest.Expectation | None:
     return high
 
 
-async def _hello(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, Any]:
+async def _hello(request: web.Request) -> web.Response:
+    core, agent, body = verified(request)
     hello = decode(Hello, body)
     now = core.clock()
     instance_id, directive = await core.store.write(
-        ingest.hello_job(agent.agent_id, hello, core.settings, now, core.tracker.load())
+        ingest.hello_job(agent.agent_id, hello, core.settings, now, core.tracker.load(),
+                         core.rng)
     )
     # A hello changes no phase but an unheard instance's (to booting, paced steady).
     core.tracker.touch(instance_id, now, directive.next_heartbeat_s)
-    return 200, directive  # a dataclass: orjson encodes it without asdict()'s deep copy
+    return answer(directive)  # a dataclass: orjson encodes it without asdict()'s deep copy
 
 
-async def _heartbeat(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, Any]:
+async def _heartbeat(request: web.Request) -> web.Response:
+    core, agent, body = verified(request)
     hb = decode(Heartbeat, body)
     now = core.clock()
     instance_id, directive = await core.store.write(
-        ingest.heartbeat_job(agent.agent_id, hb, core.settings, now, core.tracker.load())
+        ingest.heartbeat_job(agent.agent_id, hb, core.settings, now, core.tracker.load(),
+                             core.rng)
     )
     core.tracker.touch(instance_id, now, directive.next_heartbeat_s, hb.phase)
     if directive.action == "terminate":
         core.monitor.wake()
-    return 200, directive  # a dataclass: orjson encodes it without asdict()'s deep copy
+    return answer(directive)  # a dataclass: orjson encodes it without asdict()'s deep copy
 
 
-async def _result(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, Any]:
+async def _result(request: web.Request) -> web.Response:
+    core, agent, body = verified(request)
     result = decode(Result, body)
     now = core.clock()
     outcome = await core.store.write(ingest.result_job(agent.agent_id, result, core.settings, now,
                                                        core.started_at, core.tracker.load(),
-                                                       expectation(core)))
+                                                       expectation(core), core.rng))
     core.tracker.touch(outcome.instance_id, now, outcome.directive.next_heartbeat_s)
     if outcome.terminate:
         core.monitor.wake()
     if not outcome.duplicate:
         core.models.wake()  # a counted benchmark is a new measurement for the rate model
-    return 200, {"ok": True, "duplicate": outcome.duplicate,
-                 "directive": asdict(outcome.directive)}
+    return answer({"ok": True, "duplicate": outcome.duplicate,
+                   "directive": asdict(outcome.directive)})
 
 
-async def _logs(core: Core, agent: VerifiedAgent, body: bytes) -> tuple[int, Any]:
+async def _logs(request: web.Request) -> web.Response:
+    core, agent, body = verified(request)
     batch = decode(LogBatch, body)
     now = core.clock()
     await core.store.write(ingest.logs_job(agent.agent_id, batch, core.settings, now))
-    return 200, {"ok": True}
+    return answer({"ok": True})
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/hello", agent_endpoint(_hello))
-    app.router.add_post("/v1/heartbeat", agent_endpoint(_heartbeat))
-    app.router.add_post("/v1/result", agent_endpoint(_result))
-    app.router.add_post("/v1/logs", agent_endpoint(_logs))
+def agents_app() -> web.Application:
+    """The agents' sub-application, mounted at ``/v1``: every route behind ``agent_auth``."""
+    app = web.Application(middlewares=[agent_auth])
+    app.router.add_post("/hello", _hello)
+    app.router.add_post("/heartbeat", _heartbeat)
+    app.router.add_post("/result", _result)
+    app.router.add_post("/logs", _logs)
+    return app

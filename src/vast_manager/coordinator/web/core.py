@@ -1,41 +1,65 @@
-"""What every handler shares: one ``Core`` object under one typed ``web.AppKey``."""
+"""What every handler shares: one ``Core`` object under one typed ``web.AppKey``.
+
+The core itself is built by the runtime (``coordinator.runtime``); ``Core`` is the web's
+view of it, plus the two things only the web has: request verification (``auth``) and
+the guard of the open port (``guard``)."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from aiohttp import web
 
 from vast_manager.coordinator.decisions import policy
+from vast_manager.coordinator.decisions.pace import HeartbeatTracker, RandomSource
 from vast_manager.coordinator.operations.autopilot_loop import Autopilot
 from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.model_keeper import ModelKeeper
-from vast_manager.coordinator.operations.monitor import HeartbeatTracker, Monitor
+from vast_manager.coordinator.operations.monitor import Monitor
 from vast_manager.coordinator.providers.base import Provider
+from vast_manager.coordinator.runtime import Runtime
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.writer import Store
-from vast_manager.coordinator.web.auth import (
-    AgentAuth,
-)
+from vast_manager.coordinator.web.auth import AgentAuth
 from vast_manager.coordinator.web.guard import Guard
 
 
-@dataclass(slots=True)
 class Core:
-    """Everything the handlers share (one object under one AppKey; no module globals)."""
+    """Everything the handlers share (one object under one AppKey; no module globals).
 
-    settings: Settings
-    store: Store
-    provider: Provider
-    clock: policy.Clock
-    auth: AgentAuth
-    tracker: HeartbeatTracker
-    monitor: Monitor
-    deployer: Deployer
-    guard: Guard
-    started_at: float  # when this process started watching (its clock)
-    models: ModelKeeper  # the rate model's latest fit (docs/discovery.md)
-    autopilot: Autopilot
+    The runtime's parts are copied to attributes once: a heartbeat reads several of
+    them, and an attribute is the cheapest read."""
+
+    __slots__ = (
+        "auth",
+        "autopilot",
+        "clock",
+        "deployer",
+        "guard",
+        "models",
+        "monitor",
+        "provider",
+        "rng",
+        "runtime",
+        "settings",
+        "started_at",
+        "store",
+        "tracker",
+    )
+
+    def __init__(self, runtime: Runtime, auth: AgentAuth, guard: Guard) -> None:
+        self.runtime = runtime
+        self.auth = auth
+        self.guard = guard
+        self.settings: Settings = runtime.settings
+        self.store: Store = runtime.store
+        self.provider: Provider = runtime.provider
+        self.clock: policy.Clock = runtime.clock
+        self.rng: RandomSource = runtime.rng
+        self.tracker: HeartbeatTracker = runtime.tracker
+        self.monitor: Monitor = runtime.monitor
+        self.deployer: Deployer = runtime.deployer
+        self.models: ModelKeeper = runtime.models  # the rate model's latest fit
+        self.autopilot: Autopilot = runtime.autopilot
+        self.started_at: float = runtime.started_at  # when this process started watching
 
 
 CORE = web.AppKey("core", Core)

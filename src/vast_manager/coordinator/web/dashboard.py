@@ -26,6 +26,7 @@ from vast_manager.coordinator.decisions import states
 from vast_manager.coordinator.exceptions import Refusal
 from vast_manager.coordinator.web.auth import admin_authorized
 from vast_manager.coordinator.web.guard import CredentialThrottle
+from vast_manager.coordinator.web.http import read_body
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 #: The dashboard's scripts generated from their one definition: ``safeText`` from
@@ -116,7 +117,7 @@ ON_REFUSED: web.AppKey[Callable[[str], None]] = web.AppKey("on_refused")
 def throttled(request: web.Request, what: str) -> Refusal | None:
     """The ``429`` for an address past its failed attempts (checked before any token is
     compared, so a guesser learns nothing more), else None."""
-    wait = request.app[THROTTLE].retry_after_s(request.remote)
+    wait = request.config_dict[THROTTLE].retry_after_s(request.remote)
     if wait is None:
         return None
     return Refusal(429, "too_many_attempts",
@@ -139,11 +140,11 @@ def authorize_operator(request: web.Request, admin_token: str) -> None:
         if refusal is not None:
             raise refusal
         if admin_authorized(authorization, admin_token):
-            request.app[THROTTLE].succeeded(request.remote)
+            request.config_dict[THROTTLE].succeeded(request.remote)
             return
-        request.app[THROTTLE].failed(request.remote)
+        request.config_dict[THROTTLE].failed(request.remote)
         raise Refusal(401, "unauthorized", "The admin token is not valid.")
-    session = request.app[SESSIONS].get(request.cookies.get(COOKIE_NAME))
+    session = request.config_dict[SESSIONS].get(request.cookies.get(COOKIE_NAME))
     if session is None:
         raise Refusal(401, "unauthorized",
                       "The operator API needs Authorization: Bearer <admin token> "
@@ -179,7 +180,7 @@ def _secure_request(request: web.Request) -> bool:
 
 def _refuse(request: web.Request, status: int, code: str, message: str,
             retry_after_s: int | None = None) -> web.Response:
-    request.app[ON_REFUSED](code)
+    request.config_dict[ON_REFUSED](code)
     response = _error(status, code, message)
     if retry_after_s is not None:
         response.headers["Retry-After"] = str(retry_after_s)
@@ -193,7 +194,7 @@ async def _login(request: web.Request) -> web.Response:
     # Counted before the body is read, in the same step as the check: a guesser past the
     # limit costs nothing more, and parallel logins cannot all pass a check made before
     # any of them failed. At most the limit's bodies (4 KiB each) per address are read.
-    throttle = request.app[THROTTLE]
+    throttle = request.config_dict[THROTTLE]
     wait = throttle.attempt(request.remote)
     if wait is not None:
         return _refuse(request, 429, "too_many_attempts",
@@ -201,9 +202,7 @@ async def _login(request: web.Request) -> web.Response:
                        wait)
     # The whole body (not what the first packet brought) within the body deadline: a
     # stranger's login that never finishes is cut off like any slow body
-    # (docs/reliability.md, "Bounds"). Imported here: the HTTP layer imports this module.
-    from vast_manager.coordinator.web.http import read_body
-
+    # (docs/reliability.md, "Bounds").
     try:
         raw, _ = await read_body(request, limit=MAX_LOGIN_BODY_BYTES)
     except Refusal as err:
@@ -216,15 +215,15 @@ async def _login(request: web.Request) -> web.Response:
         throttle.refund(request.remote)  # no token in it: nothing was guessed
         return _error(400, "bad_request", "The body is not valid JSON.")
     token = body.get("token") if isinstance(body, dict) else None
-    admin_token = request.app[ADMIN_TOKEN]
+    admin_token = request.config_dict[ADMIN_TOKEN]
     if not isinstance(token, str):
         throttle.refund(request.remote)
         return _refuse(request, 401, "unauthorized", "That is not the admin token.")
     if not hmac.compare_digest(token.encode(), admin_token.encode()):
         return _refuse(request, 401, "unauthorized", "That is not the admin token.")
-    request.app[THROTTLE].succeeded(request.remote)
-    sessions = request.app[SESSIONS]
-    request.app[SESSIONS].drop(request.cookies.get(COOKIE_NAME))
+    request.config_dict[THROTTLE].succeeded(request.remote)
+    sessions = request.config_dict[SESSIONS]
+    request.config_dict[SESSIONS].drop(request.cookies.get(COOKIE_NAME))
     session_id, session = sessions.create()
     response = _json({"ok": True, "csrf_token": session.csrf_token,
                       "expires_at": session.expires_at})
@@ -234,7 +233,7 @@ async def _login(request: web.Request) -> web.Response:
 
 
 async def _logout(request: web.Request) -> web.Response:
-    sessions = request.app[SESSIONS]
+    sessions = request.config_dict[SESSIONS]
     session_id = request.cookies.get(COOKIE_NAME)
     session = sessions.get(session_id)
     if session is not None:
@@ -248,7 +247,7 @@ async def _logout(request: web.Request) -> web.Response:
 
 
 async def _session(request: web.Request) -> web.Response:
-    session = request.app[SESSIONS].get(request.cookies.get(COOKIE_NAME))
+    session = request.config_dict[SESSIONS].get(request.cookies.get(COOKIE_NAME))
     if session is None:
         return _error(401, "unauthorized", "Not logged in.")
     # Same-origin reads only: another site's page cannot read this answer.

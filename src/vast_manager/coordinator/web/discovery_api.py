@@ -29,6 +29,7 @@ from vast_manager.coordinator.exceptions import InvalidInput, InvalidMeasurement
 from vast_manager.coordinator.operations.autopilot_loop import deployable, fleet_instances, plan_for
 from vast_manager.coordinator.operations.model_keeper import fit_rows
 from vast_manager.coordinator.providers.base import Offer
+from vast_manager.coordinator.providers.vast.filters import parse_filter
 from vast_manager.coordinator.store.migrations import Row, dumps, loads
 from vast_manager.coordinator.store.writer import Tx
 from vast_manager.coordinator.textsafe import has_unsafe
@@ -59,8 +60,6 @@ def _query_number(request: web.Request, name: str, *, integer: bool,
 
 
 async def _search(core: Core, filter_text: str | None) -> list[Offer]:
-    from vast_manager.coordinator.providers.vast.filters import parse_filter
-
     try:
         if filter_text:
             parse_filter(filter_text)  # refused alike whichever provider answers
@@ -256,7 +255,7 @@ async def _dry_run(core: Core, found: list[Measurement], now: float) -> dict[str
 
 
 async def hosts_import(core: Core, request: web.Request) -> Any:
-    app = request.app
+    app = request.config_dict
     dry_run = request.query.get("dry_run", "") in ("1", "true")
     async with app[_IMPORT_LOCK]:  # one at a time: one body of the limit in memory
         raw, _ = await read_body(request, limit=MAX_IMPORT_BYTES)
@@ -337,13 +336,14 @@ async def autopilot_start(core: Core, request: web.Request) -> Any:
 def add_routes(app: web.Application,
                endpoint: Callable[[Handler], Callable[[web.Request], Awaitable[web.Response]]]
                ) -> None:
+    """Register the discovery routes on the operators' sub-application (mounted at /api)."""
     app[_IMPORT_LOCK] = asyncio.Lock()
-    app.router.add_get("/api/offers", endpoint(offers))
-    app.router.add_get("/api/plan", endpoint(plan))
-    app.router.add_get("/api/model", endpoint(model))
-    app.router.add_post("/api/hosts/import", endpoint(hosts_import))
-    app.router.add_get("/api/hosts/export", endpoint(hosts_export))
-    app.router.add_get("/api/autopilot", endpoint(autopilot))
-    app.router.add_post("/api/autopilot/stop", endpoint(autopilot_stop))
-    app.router.add_post("/api/autopilot/start", endpoint(autopilot_start))
+    app.router.add_get("/offers", endpoint(offers))
+    app.router.add_get("/plan", endpoint(plan))
+    app.router.add_get("/model", endpoint(model))
+    app.router.add_post("/hosts/import", endpoint(hosts_import))
+    app.router.add_get("/hosts/export", endpoint(hosts_export))
+    app.router.add_get("/autopilot", endpoint(autopilot))
+    app.router.add_post("/autopilot/stop", endpoint(autopilot_stop))
+    app.router.add_post("/autopilot/start", endpoint(autopilot_start))
 

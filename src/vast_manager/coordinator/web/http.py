@@ -18,7 +18,6 @@ from vast_manager.coordinator.web.auth import (
     MAX_BODY_BYTES,
 )
 from vast_manager.coordinator.web.core import CORE
-from vast_manager.coordinator.web.dashboard import authorize_operator
 from vast_manager.coordinator.web.guard import BodyBudget
 from vast_manager.protocol import signing
 
@@ -129,40 +128,29 @@ async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES,
 async def error_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """Operator auth on /api (and /metrics), JSON bodies for every error, server time on
-    agent answers."""
+    """JSON bodies for every error, server time on agent answers. Who may ask is the
+    sub-applications' own middleware (``agent_api.agent_auth``, ``operator_api.operator_auth``)."""
     core = request.app[CORE]
-    path = request.path
-    is_agent = path.startswith("/v1/")
+    is_agent = request.path.startswith("/v1/")
     response: web.StreamResponse
-    refusal: Refusal | None = None
-    if path.startswith("/api/") or (path == "/metrics" and not core.settings.metrics_public):
-        try:
-            authorize_operator(request, core.settings.admin_token)
-        except Refusal as err:
-            refusal = err
-    if refusal is not None:
-        core.guard.refused(refusal.code)
-        response = refusal_response(refusal)
-    else:
-        try:
-            response = await handler(request)
-        except web.HTTPException as exc:
-            code = _HTTP_CODES.get(exc.status, "http_error")
-            response = error_response(exc.status, code, exc.reason or code.replace("_", " "))
-            if exc.status == 405 and "Allow" in exc.headers:
-                response.headers["Allow"] = exc.headers["Allow"]
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:
-            # A bug, not the client's fault; whoever found it may repeat it, so the
-            # traceback is written once an interval and the rest counted.
-            core.guard.quiet.report("internal-error", f"unhandled error on {request.method} "
-                                    f"{request.path}", level=logging.ERROR,
-                                    exc_info=(type(err), err, err.__traceback__))
-            response = error_response(
-                500, "internal_error", "The coordinator hit an internal error."
-            )
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        code = _HTTP_CODES.get(exc.status, "http_error")
+        response = error_response(exc.status, code, exc.reason or code.replace("_", " "))
+        if exc.status == 405 and "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+    except asyncio.CancelledError:
+        raise
+    except Exception as err:
+        # A bug, not the client's fault; whoever found it may repeat it, so the
+        # traceback is written once an interval and the rest counted.
+        core.guard.quiet.report("internal-error", f"unhandled error on {request.method} "
+                                f"{request.path}", level=logging.ERROR,
+                                exc_info=(type(err), err, err.__traceback__))
+        response = error_response(
+            500, "internal_error", "The coordinator hit an internal error."
+        )
     if is_agent and signing.HEADER_SERVER_TIME not in response.headers:
         response.headers[signing.HEADER_SERVER_TIME] = str(int(core.clock()))
     return response

@@ -352,8 +352,9 @@ class PaceCollector(Collector):
         paces = pace.paces(fleet, limits)
         seconds = GaugeMetricFamily(
             "vm_heartbeat_pace_seconds",
-            "The next_heartbeat_s the coordinator answers now: quick for warming and "
-            "benchmarking agents, steady for the others.", labels=("pace",))
+            "The next_heartbeat_s the coordinator answers now, before its jitter (up to a "
+            "quarter more): quick for warming and benchmarking agents, steady for the "
+            "others.", labels=("pace",))
         heard = GaugeMetricFamily(
             "vm_agents_heard", "Agents whose silence the coordinator times, by pace.",
             labels=("pace",))
@@ -365,7 +366,8 @@ class PaceCollector(Collector):
         yield heard
         yield GaugeMetricFamily(
             "vm_heartbeats_per_second_paced",
-            "Heartbeats a second the agents heard send at the paces answered now.",
+            "Heartbeats a second the agents heard send at the paces answered now (at most: "
+            "jitter only lengthens a pace).",
             value=pace.heartbeats_per_second(fleet, limits))
         yield GaugeMetricFamily(
             "vm_heartbeats_per_second_budget",

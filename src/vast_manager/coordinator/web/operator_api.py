@@ -32,7 +32,13 @@ from vast_manager.coordinator.store.writer import Tx
 from vast_manager.coordinator.textsafe import has_unsafe
 from vast_manager.coordinator.web import metrics
 from vast_manager.coordinator.web.core import CORE, Core
-from vast_manager.coordinator.web.http import error_response, json_response, read_body
+from vast_manager.coordinator.web.dashboard import authorize_operator
+from vast_manager.coordinator.web.http import (
+    error_response,
+    json_response,
+    read_body,
+    refusal_response,
+)
 from vast_manager.coordinator.web.json_views import (
     VIEW_COLUMNS,
     CostBasis,
@@ -63,7 +69,7 @@ INSTANCE_LIST_PARAMETERS = ("state", "limit", "after_id")
 async def _json_object(request: web.Request) -> dict[str, Any]:
     # The operator's bodies are small; they are read whole here, once the token is known
     # (the middleware checked it), and count against the same budget while read.
-    budget = request.app[CORE].guard.budget
+    budget = request.config_dict[CORE].guard.budget
     raw, claimed = await read_body(request, budget=budget, key="operator")
     budget.release("operator", claimed)
     if not raw.strip():
@@ -206,7 +212,7 @@ def operator_endpoint(
     """Run an operator handler; map the core's named exceptions in one place."""
 
     async def handler(request: web.Request) -> web.Response:
-        core = request.app[CORE]
+        core = request.config_dict[CORE]
         try:
             payload = await fn(core, request)
         except Refusal as err:
@@ -442,7 +448,7 @@ async def _recent_events(core: Core, request: web.Request) -> Any:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    core = request.app[CORE]
+    core = request.config_dict[CORE]
     # The guard's counters and the tracker's counts are copied here, on the loop whose
     # requests change them.
     now, guard = core.clock(), metrics.GuardCounts.of(core.guard)
@@ -522,25 +528,63 @@ async def _deploy(core: Core, request: web.Request) -> Any:
             "agent_id": deployed.agent_id, "message": deployed.message}
 
 
-def add_routes(app: web.Application) -> None:
-    op = operator_endpoint
-    app.router.add_post("/api/agents", op(_issue_agent))
-    app.router.add_post("/api/agents/{agent_id}/revoke", op(_revoke_agent))
-    app.router.add_get("/api/instances", op(_list_instances))
-    app.router.add_get("/api/fleet", op(_fleet))
-    app.router.add_get("/api/instances/{id}", op(_get_instance))
-    app.router.add_post("/api/instances/{id}/destroy", op(_destroy_instance))
-    app.router.add_post("/api/instances/{id}/rebenchmark", op(_rebenchmark))
-    app.router.add_get("/api/instances/{id}/logs", op(_logs_view))
-    app.router.add_get("/api/host-perf", op(_host_perf))
-    app.router.add_get("/api/bad-hosts", op(_bad_hosts))
-    app.router.add_post("/api/bad-hosts", op(_add_bad_host))
-    app.router.add_delete("/api/bad-hosts/{machine_id}", op(_remove_bad_host))
-    app.router.add_get("/api/scaling", op(_scaling))
-    app.router.add_post("/api/deploy", op(_deploy))
-    app.router.add_get("/api/instances/{id}/telemetry-history", op(_telemetry_history))
-    app.router.add_get("/api/events", op(_recent_events))
-    app.router.add_get("/metrics", _metrics)
-    from vast_manager.coordinator.web import discovery_api  # it builds on this module's helpers
+async def _refusal(request: web.Request) -> web.Response | None:
+    """The answer refusing a request without the admin token or a dashboard session
+    (counted by the guard), or None when it may proceed."""
+    core = request.config_dict[CORE]
+    try:
+        authorize_operator(request, core.settings.admin_token)
+    except Refusal as err:
+        core.guard.refused(err.code)
+        return refusal_response(err)
+    return None
 
-    discovery_api.add_routes(app, op)
+
+@web.middleware
+async def operator_auth(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> web.StreamResponse:
+    """The operators' sub-application admits only the admin token or a dashboard session,
+    checked before routing (an unknown /api path is a 401 to a stranger, as any other).
+    ``/api`` alone is no operator path: it is answered as any unknown path."""
+    if request.path.startswith("/api/"):
+        refused = await _refusal(request)
+        if refused is not None:
+            return refused
+    return await handler(request)
+
+
+async def _guarded_metrics(request: web.Request) -> web.Response:
+    """``/metrics`` for the operator only (unless ``metrics_public``)."""
+    refused = await _refusal(request)
+    return refused if refused is not None else await _metrics(request)
+
+
+def operators_app() -> web.Application:
+    """The operators' sub-application, mounted at ``/api``: every route behind
+    ``operator_auth`` (the discovery routes too, ``discovery_api.add_routes``)."""
+    app = web.Application(middlewares=[operator_auth])
+    op = operator_endpoint
+    app.router.add_post("/agents", op(_issue_agent))
+    app.router.add_post("/agents/{agent_id}/revoke", op(_revoke_agent))
+    app.router.add_get("/instances", op(_list_instances))
+    app.router.add_get("/fleet", op(_fleet))
+    app.router.add_get("/instances/{id}", op(_get_instance))
+    app.router.add_post("/instances/{id}/destroy", op(_destroy_instance))
+    app.router.add_post("/instances/{id}/rebenchmark", op(_rebenchmark))
+    app.router.add_get("/instances/{id}/logs", op(_logs_view))
+    app.router.add_get("/host-perf", op(_host_perf))
+    app.router.add_get("/bad-hosts", op(_bad_hosts))
+    app.router.add_post("/bad-hosts", op(_add_bad_host))
+    app.router.add_delete("/bad-hosts/{machine_id}", op(_remove_bad_host))
+    app.router.add_get("/scaling", op(_scaling))
+    app.router.add_post("/deploy", op(_deploy))
+    app.router.add_get("/instances/{id}/telemetry-history", op(_telemetry_history))
+    app.router.add_get("/events", op(_recent_events))
+    return app
+
+
+def metrics_handler(core: Core) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``/metrics`` (served beside the sub-applications): public only when
+    ``metrics_public`` says so."""
+    return _metrics if core.settings.metrics_public else _guarded_metrics

@@ -1,7 +1,9 @@
 """Run the coordinator: bind, serve, stop cleanly (for the CLI, the demo and tests).
 
 ``start_server`` binds first (port 0 picks a free one) so the URL handed to
-agents is known before the first deploy, then serves the app on that socket.
+agents is known before the first deploy, then opens the runtime (the composition
+root, ``coordinator.runtime``: the store and the core), serves it on that socket and
+starts its loops.
 ``run_server`` is the blocking entry point of ``vast-manager serve``: it
 builds the provider by name and stops on SIGTERM or SIGINT.
 
@@ -33,10 +35,11 @@ from aiohttp.typedefs import Middleware
 from vast_manager.coordinator.decisions import policy
 from vast_manager.coordinator.providers.base import Provider
 from vast_manager.coordinator.providers.factory import make_provider
+from vast_manager.coordinator.runtime import Runtime
 from vast_manager.coordinator.settings import Settings, parse_listen
 from vast_manager.coordinator.store.dbfile import DbLock, check_db_path
 from vast_manager.coordinator.store.writer import Store
-from vast_manager.coordinator.web.app import create_app
+from vast_manager.coordinator.web.app import serve
 from vast_manager.coordinator.web.core import CORE
 from vast_manager.coordinator.web.http import error_response
 from vast_manager.coordinator.web.logs import (
@@ -145,21 +148,17 @@ class RunningServer:
     app: web.Application
     runner: web.AppRunner
     provider: Provider
+    runtime: Runtime
     admin_url: str | None = None
-    heads: asyncio.Task[None] | None = None
     db_lock: DbLock | None = None
 
     async def stop(self) -> None:
-        """Stop serving, let the monitor loop end, then close the store.
+        """Stop serving, then stop the runtime (its loops, then the store).
 
         The provider belongs to the caller (it may outlive the server).
         """
-        if self.heads is not None:
-            self.heads.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.heads
         await self.runner.cleanup()
-        await asyncio.to_thread(self.store.close)
+        await self.runtime.stop()
         if self.db_lock is not None:
             self.db_lock.release()
 
@@ -273,42 +272,37 @@ async def start_server(
             socks.append(admin_sock)
             admin_addr = (admin_host, admin_sock.getsockname()[1])
             admin_url = _url(scheme, *admin_addr)
-        store = await asyncio.to_thread(Store, settings.db_path,
-                                        batch_max=settings.write_batch_max,
-                                        commit_window_s=settings.commit_window_ms / 1000)
+        runtime = await Runtime.open(settings, provider, clock)
     except BaseException:
         for s in socks:
             s.close()
         db_lock.release(remove=True)
         raise
-    app = create_app(settings, store, provider, clock)
-    if admin_addr is not None:
-        app.middlewares.insert(0, listener_split(*admin_addr))
+    app = serve(runtime, outer=None if admin_addr is None else listener_split(*admin_addr))
     guard = app[CORE].guard
     # aiohttp's server logs through the guard: a malformed request costs a counted kind
     # and at most a line an interval, not a traceback each.
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0,
                            logger=guard.server_logger(), keepalive_timeout=KEEPALIVE_TIMEOUT_S)
-    heads: asyncio.Task[None] | None = None
     try:
         await runner.setup()
         assert runner.server is not None
         bound_socket_reads(runner.server, SOCKET_READ_BYTES)
         deadline = HeadDeadline(runner.server, HEAD_TIMEOUT_S,
                                 lambda: guard.refused("head_timeout"))
-        heads = asyncio.create_task(deadline.run(), name="coordinator-head-deadline")
+        runtime.spawn(deadline.run(), "coordinator-head-deadline")
+        await runtime.start()  # the loops run before the first request is served
         for s in socks:
             await web.SockSite(runner, s, ssl_context=ssl_context).start()
     except BaseException:
-        if heads is not None:
-            heads.cancel()
         await runner.cleanup()
         for s in socks:
             s.close()
-        await asyncio.to_thread(store.close)
+        await runtime.stop()
         db_lock.release()
         raise
-    return RunningServer(url, settings, store, app, runner, provider, admin_url, heads, db_lock)
+    return RunningServer(url, settings, runtime.store, app, runner, provider, runtime,
+                         admin_url, db_lock)
 
 
 #: Container allocations between young-generation collections (CPython's default: 700).
