@@ -951,27 +951,14 @@ def result_job(
         watch = watch_of(inst, settings, now,
                          measured_rates(tx, inst) if result.kind == "scaling" else None,
                          watching_since)
-        seen_from = inst["last_non_benchmark_at"] or inst["hello_at"]
-        # Ours on the same machine at any time since this benchmark began (still
-        # active, or destroyed meanwhile, e.g. a doubly sold offer reconciled away);
-        # an instance that never said hello never ran a proof.
-        contended = [
-            int(o["id"])
-            for o in tx.instances_on_machine(machine_id, ("id", "hello_at", "destroyed_at"))
-            if o["id"] != inst["id"]
-            and o["hello_at"] is not None
-            and (o["destroyed_at"] is None or seen_from is None
-                 or float(o["destroyed_at"]) >= float(seen_from))
-        ]
-        check = policy.check_result(result, watch=watch, limits=limits, contended_with=contended)
+        check = policy.check_result(result, watch=watch, limits=limits,
+                                    contended_with=_contended_with(tx, inst, machine_id))
         rate = check.recomputed_rate_per_hour
         # Every result uses up the stretch of benchmarking before it: the next may claim
         # only what the coordinator sees after this one.
         inst_updates: dict[str, Any] = {"last_seen": now, "updated_at": now,
                                         "result_window_at": now}
         events: list[tuple[str, str]] = []
-        verdict: policy.Verdict | None = None
-        terminate = False
         already_ending = watch.terminated is not None
         judged = _Belief(True)
         if result.kind == "benchmark" and not check.implausible and not already_ending \
@@ -981,26 +968,11 @@ def result_job(
         # Everything read: from here on only decisions, then one write.
         if check.reasons:
             events.append(("flagged", "; ".join(check.reasons)))
+        verdict = None
         if result.kind == "benchmark" or check.implausible:
-            steady, concurrency = _steady_rate(result, inst, settings, check.gpus)
-            if inst["bench_status"] in (BENCH_OPEN, BENCH_PASSED):
-                inst_updates["bench_status"] = BENCH_CLOSED  # the run is over: judge no more
-            if judged.terminate is not None:
-                verdict = policy.Verdict("terminate", judged.terminate, True)
-            elif not already_ending and judged.counts:
-                verdict = policy.benchmark_verdict(
-                    check, inst["min_rate_per_hour"], steady_rate=steady,
-                    concurrency=concurrency,
-                )
-            if result.kind == "benchmark" and not check.implausible and not already_ending \
-                    and rate is not None and judged.counts:
-                inst_updates["rate_per_hour"] = rate
-            if verdict is None:
-                pass  # on its way out, or held: the result is kept as evidence only
-            elif verdict.action == "terminate":
-                terminate = True
-            else:
-                events.append(("verdict", f"keep: {verdict.reason}"))
+            verdict = _benchmark_verdict(result, inst, settings, check, judged, already_ending,
+                                         inst_updates, events)
+        terminate = verdict is not None and verdict.action == "terminate"
         ending: Ending | None = None
         if terminate and verdict is not None:
             ending = Ending(verdict.reason, "verdict", now + settings.terminate_grace_s,
@@ -1012,61 +984,11 @@ def result_job(
         counts = (
             result.kind == "benchmark" and check.counts_for_host_perf and rate is not None
         )
-        row = {
-            "agent_id": agent_id,
-            "result_id": result.result_id,
-            "instance_id": inst["id"],
-            "kind": result.kind,
-            "proof_type": result.proof_type,
-            "started_at": result.started_at,
-            "finished_at": result.finished_at,
-            "gpus_used_json": dumps(result.gpus_used),
-            "proofs_completed": result.proofs_completed,
-            "proofs_failed": result.proofs_failed,
-            "wall_seconds": result.wall_seconds,
-            "rate_per_hour": result.rate_per_hour,
-            "recomputed_rate_per_hour": rate,
-            "proof_seconds_json": dumps(result.proof_seconds),
-            "telemetry_json": dumps(result.telemetry) if result.telemetry else None,
-            "runs_json": dumps(result.runs) if result.runs else None,
-            "efficiency": result.efficiency,
-            "bottleneck": result.bottleneck,
-            "evidence_json": dumps(result.evidence),
-            "flags": ",".join(check.flags),
-            "flag_reasons_json": dumps(check.reasons),
-            "counts_for_host_perf": int(counts),
-            "verdict": verdict.action if verdict else None,
-            "verdict_reason": verdict.reason if verdict else None,
-            "directive_json": dumps(directive_to_dict(directive)),
-            "machine_id": machine_id,
-            "gpu_name": gpu_name,
-            "num_gpus": num_gpus,
-            "received_at": now,
-            "benchmark_id": result.benchmark_id,
-        }
-        measurement: dict[str, Any] | None = None
-        if counts and rate is not None:
-            # The rate with the hardware it ran on: what the rate model learns from, and
-            # what host_perf is computed from.
-            offer = instance_offer(loads(inst.get("offer_json")),
-                                   loads(inst.get("host_json")) if inst["kind"] == "byo" else None,
-                                   {**inst, "machine_id": machine_id})
-            measurement = {
-                "machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus,
-                "rate_per_hour": rate, "measured_at": now, "source": "fleet",
-                "offer_json": dumps(offer), "instance_id": inst["id"], "recorded_at": now,
-            }
-        scaling: tuple[dict[str, Any], str, str] | None = None
-        if result.kind == "scaling":
-            one = {len(set(result.gpus_used)): rate} if rate is not None else {}
-            scaling = _scaling_reading(result, after, machine_id, gpu_name, num_gpus, now,
-                                       {**watch.measured_rates, **one})
-        elif terminate and check.gpus > 1:
-            # No one-GPU run follows a terminated host, yet why its GPUs scale
-            # badly is exactly what the operator wants to know: diagnose the
-            # all-GPU run's telemetry.
-            scaling = _scaling_reading(result, after, machine_id, gpu_name, num_gpus, now,
-                                       {check.gpus: rate} if rate is not None else {})
+        row = _result_row(agent_id, result, inst, check, verdict, directive, counts, now) | {
+            "machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus}
+        measurement = None if not counts or rate is None else _fleet_measurement(
+            inst, machine_id, gpu_name, num_gpus, rate, now)
+        scaling = _scaling_of(result, after, check, watch, terminate, now)
         tx.write_result(ResultWrite(
             inst["id"], agent_id, inst["machine_id"], now, inst_updates, tuple(events), row,
             ending=ending,
@@ -1077,6 +999,116 @@ def result_job(
         return ResultOutcome(inst["id"], False, directive, terminate)
 
     return job
+
+
+def _scaling_of(result: Result, after: Row, check: policy.Plausibility, watch: policy.Watch,
+                terminate: bool, now: float) -> tuple[dict[str, Any], str, str] | None:
+    """The scaling reading a result makes: a scaling run's, or a terminated multi-GPU
+    benchmark's."""
+    rate = check.recomputed_rate_per_hour
+    machine_id = after["machine_id"] or after["label"]
+    gpu_name = after["gpu_name"] or "unknown"
+    num_gpus = after["num_gpus"] or max(len(set(result.gpus_used)), 1)
+    if result.kind == "scaling":
+        one = {len(set(result.gpus_used)): rate} if rate is not None else {}
+        return _scaling_reading(result, after, machine_id, gpu_name, num_gpus, now,
+                                {**watch.measured_rates, **one})
+    if terminate and check.gpus > 1:
+        # No one-GPU run follows a terminated host, yet why its GPUs scale badly is
+        # exactly what the operator wants to know: diagnose the all-GPU run's telemetry.
+        return _scaling_reading(result, after, machine_id, gpu_name, num_gpus, now,
+                                {check.gpus: rate} if rate is not None else {})
+    return None
+
+
+def _contended_with(tx: Tx, inst: Row, machine_id: str) -> list[int]:
+    """Ours on the same machine at any time since this benchmark began (still active, or
+    destroyed meanwhile, e.g. a doubly sold offer reconciled away); an instance that never
+    said hello never ran a proof."""
+    seen_from = inst["last_non_benchmark_at"] or inst["hello_at"]
+    return [
+        int(o["id"])
+        for o in tx.instances_on_machine(machine_id, ("id", "hello_at", "destroyed_at"))
+        if o["id"] != inst["id"]
+        and o["hello_at"] is not None
+        and (o["destroyed_at"] is None or seen_from is None
+             or float(o["destroyed_at"]) >= float(seen_from))
+    ]
+
+
+def _benchmark_verdict(
+    result: Result, inst: Row, settings: Settings, check: policy.Plausibility, judged: _Belief,
+    already_ending: bool, inst_updates: dict[str, Any], events: list[tuple[str, str]],
+) -> policy.Verdict | None:
+    """A benchmark's verdict (None: on its way out, or held: the result is evidence only);
+    the instance's rate when it counts, and the keep event, go to ``inst_updates`` and
+    ``events``."""
+    steady, concurrency = _steady_rate(result, inst, settings, check.gpus)
+    if inst["bench_status"] in (BENCH_OPEN, BENCH_PASSED):
+        inst_updates["bench_status"] = BENCH_CLOSED  # the run is over: judge no more
+    verdict = None
+    if judged.terminate is not None:
+        verdict = policy.Verdict("terminate", judged.terminate, True)
+    elif not already_ending and judged.counts:
+        verdict = policy.benchmark_verdict(
+            check, inst["min_rate_per_hour"], steady_rate=steady, concurrency=concurrency,
+        )
+    rate = check.recomputed_rate_per_hour
+    if result.kind == "benchmark" and not check.implausible and not already_ending \
+            and rate is not None and judged.counts:
+        inst_updates["rate_per_hour"] = rate
+    if verdict is not None and verdict.action != "terminate":
+        events.append(("verdict", f"keep: {verdict.reason}"))
+    return verdict
+
+
+def _result_row(agent_id: str, result: Result, inst: Row, check: policy.Plausibility,
+                verdict: policy.Verdict | None, directive: Directive, counts: bool,
+                now: float) -> dict[str, Any]:
+    """The ``results`` row, its hardware columns aside."""
+    return {
+        "agent_id": agent_id,
+        "result_id": result.result_id,
+        "instance_id": inst["id"],
+        "kind": result.kind,
+        "proof_type": result.proof_type,
+        "started_at": result.started_at,
+        "finished_at": result.finished_at,
+        "gpus_used_json": dumps(result.gpus_used),
+        "proofs_completed": result.proofs_completed,
+        "proofs_failed": result.proofs_failed,
+        "wall_seconds": result.wall_seconds,
+        "rate_per_hour": result.rate_per_hour,
+        "recomputed_rate_per_hour": check.recomputed_rate_per_hour,
+        "proof_seconds_json": dumps(result.proof_seconds),
+        "telemetry_json": dumps(result.telemetry) if result.telemetry else None,
+        "runs_json": dumps(result.runs) if result.runs else None,
+        "efficiency": result.efficiency,
+        "bottleneck": result.bottleneck,
+        "evidence_json": dumps(result.evidence),
+        "flags": ",".join(check.flags),
+        "flag_reasons_json": dumps(check.reasons),
+        "counts_for_host_perf": int(counts),
+        "verdict": verdict.action if verdict else None,
+        "verdict_reason": verdict.reason if verdict else None,
+        "directive_json": dumps(directive_to_dict(directive)),
+        "received_at": now,
+        "benchmark_id": result.benchmark_id,
+    }
+
+
+def _fleet_measurement(inst: Row, machine_id: str, gpu_name: str, num_gpus: int, rate: float,
+                       now: float) -> dict[str, Any]:
+    """The rate with the hardware it ran on: what the rate model learns from, and what
+    host_perf is computed from."""
+    offer = instance_offer(loads(inst.get("offer_json")),
+                           loads(inst.get("host_json")) if inst["kind"] == "byo" else None,
+                           {**inst, "machine_id": machine_id})
+    return {
+        "machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus,
+        "rate_per_hour": rate, "measured_at": now, "source": "fleet",
+        "offer_json": dumps(offer), "instance_id": inst["id"], "recorded_at": now,
+    }
 
 
 def _after_result(inst: Row, updates: dict[str, Any], ending: Ending | None) -> Row:
