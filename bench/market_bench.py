@@ -336,7 +336,7 @@ def _acceptance(name: str, acc: dict[int, list[AccuracyRow]], plans: list[Planni
                 f"({', '.join(f'{r.served / r.gbm_baseline:.2f}' for r in rs)}) "
                 f"{'PASS' if gbm_ok else 'FAIL'}; <= 0.5x GPU median "
                 f"({', '.join(f'{r.served / r.gpu_median:.2f}' for r in rs)}) "
-                f"{'PASS' if med_ok else 'FAIL'}; coverage, 5-seed mean in 75-85% "
+                f"{'PASS' if med_ok else 'FAIL'}; coverage, {len(rs)}-seed mean in 75-85% "
                 f"({', '.join(f'{r.coverage:.1%}' for r in rs)}; mean {cov_mean:.1%}) "
                 f"{'PASS' if cov_ok else 'FAIL'}")
         if name == "simulator" and all(r.floor for r in rs):
