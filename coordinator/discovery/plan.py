@@ -11,10 +11,9 @@ the policy's ``max_usd_per_proof``):
     expected value  = saving per hour * hours it would run - the trial's cost
 
 The expectation has a closed form for a log-normal rate (the expected improvement
-of Bayesian optimisation, here in dollars). The plan lists the offers worth their
-cost, the highest expected value per dollar of trial first (expected improvement per
-unit cost), at most ``trials`` of them and within ``budget_usd``, and stops when
-nothing is worth its cost. Each proposal says its predicted interval,
+of Bayesian optimisation, here in dollars). The plan lists the offers with the
+highest expected value, at most ``trials`` of them and within ``budget_usd``, and
+stops when nothing is worth its cost. Each proposal says its predicted interval,
 its break-even rates, the chance it beats the fleet's best $/proof, and the
 hypothesis it tests in one sentence. docs/discovery.md has the derivation.
 
@@ -286,20 +285,13 @@ def _value(offer: Mapping[str, Any], pred: Prediction, ref: float,
     return _Value(offer, pred, dph, spent, saving * run_h - spent)
 
 
-def value_per_trial_dollar(expected_value_usd: float, trial_cost_usd: float) -> float:
-    """A trial's expected value (net of its cost) per dollar the trial costs: the plan's
-    order. A trial that costs nothing counts as costing a cent."""
-    return expected_value_usd / max(trial_cost_usd, 0.01)
-
-
 def plan_trials(
     offers: Sequence[Mapping[str, Any]],
     model: Predictor,
     fleet: FleetView,
     settings: PlanSettings,
 ) -> Plan:
-    """The offers to benchmark next, best expected value per trial dollar first, and why
-    the list ends."""
+    """The offers to benchmark next, best expected value first, and why the list ends."""
     ref = reference_usd_per_proof(fleet, settings)
     blocked = fleet.busy_machines | fleet.bad_machines
     candidates: list[Mapping[str, Any]] = []
@@ -337,14 +329,8 @@ def plan_trials(
         if held is None or value.expected_value_usd > held.expected_value_usd:
             best_per_machine[str(machine)] = value
     considered = len(best_per_machine) + len(loose)
-    # Best expected value per dollar of trial first: exploration is paid for, and a
-    # cheap trial that may well find a keeper is worth more than a dear one with a
-    # little more expected value (expected improvement per unit cost; on every market in
-    # bench/markets/ it planned fleets as good or better for less trial spend than the
-    # plain expected value, docs/discovery.md, "Planning on every market").
     ranked = sorted([*best_per_machine.values(), *loose],
-                    key=lambda v: (-value_per_trial_dollar(v.expected_value_usd,
-                                                           v.trial_cost_usd), v.dph_total))
+                    key=lambda v: (-v.expected_value_usd, v.dph_total))
     worth = [v for v in ranked if v.expected_value_usd > settings.min_expected_value_usd]
     picked: list[_Value] = []
     spent = 0.0
@@ -366,7 +352,7 @@ def plan_trials(
     if not ranked:
         reason = "no offer could be predicted and deployed"
     elif not worth:
-        top = max(ranked, key=lambda v: v.expected_value_usd)
+        top = ranked[0]
         reason = (f"nothing is worth its cost: the best expected value is "
                   f"${top.expected_value_usd:.2f} (offer {top.offer.get('id')}) against "
                   f"${ref:.4f}/proof")
