@@ -140,7 +140,9 @@ def test_a_measured_machine_is_listed_apart_never_a_trial(model) -> None:  # typ
     """Every measured machine's offer, priced to be the best trial there is: the plan still
     proposes none of them, and lists each apart with its $/proof from its own runs."""
     ms = measurements(120)
-    measured_offers = [{**dict(m.offer), "dph_total": 0.01} for m in ms[:10]]
+    # A bandwidth price: the setup download makes the full hourly figure exceed dph_total.
+    measured_offers = [{**dict(m.offer), "dph_total": 0.01, "inet_down_cost": 0.02}
+                       for m in ms[:10]]
     plan = plan_trials(_offers() + measured_offers, model, FleetView(),
                        PlanSettings(trials=50))
     ids = {str(m.machine_id) for m in ms[:10]}
@@ -148,5 +150,9 @@ def test_a_measured_machine_is_listed_apart_never_a_trial(model) -> None:  # typ
     assert {m.machine_id for m in plan.measured} == ids
     for m in plan.measured:
         assert m.prediction.machine_runs >= 1
-        assert m.predicted_usd_per_proof == pytest.approx(m.dph_total / m.prediction.rate_per_hour)
+        # Priced at the full hourly figure, as proposals are: rent, storage and the setup
+        # download spread over the horizon, which is above vast.ai's dph_total.
+        assert m.hourly.total > m.dph_total
+        assert m.predicted_usd_per_proof == pytest.approx(
+            m.hourly.total / m.prediction.rate_per_hour)
         assert m.worth_deploying == (m.predicted_usd_per_proof <= plan.reference_usd_per_proof)

@@ -130,8 +130,11 @@ class MeasuredOffer:
     machine_id: str
     offer: Mapping[str, Any]
     prediction: Prediction
-    dph_total: float
-    predicted_usd_per_proof: float
+    dph_total: float  # vast.ai's figure: rent and storage, no bandwidth
+    #: The full hourly figure once kept (rent, storage, setup download over the horizon),
+    #: the same a proposal is priced at, so the two lists compare.
+    hourly: cost.Cost
+    predicted_usd_per_proof: float  # hourly.total / the predicted rate
     worth_deploying: bool  # its $/proof beats the reference a newcomer must beat
 
 
@@ -309,12 +312,13 @@ def plan_trials(
             continue
         machine = offer.get("machine_id")
         if pred.machine_runs > 0 and machine is not None and machine != "":
-            dph = float(offer["dph_total"])
-            usd = dph / pred.rate_per_hour
+            hourly = _hourly(offer, settings)
+            usd = hourly.total / pred.rate_per_hour
             held_m = measured.get(str(machine))
             if held_m is None or usd < held_m.predicted_usd_per_proof:
                 measured[str(machine)] = MeasuredOffer(
-                    as_int(offer.get("id")), str(machine), offer, pred, dph, usd, usd <= ref)
+                    as_int(offer.get("id")), str(machine), offer, pred,
+                    float(offer["dph_total"]), hourly, usd, usd <= ref)
             continue
         value = _value(offer, pred, ref, settings)
         if machine is None or machine == "":

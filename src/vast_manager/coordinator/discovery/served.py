@@ -16,7 +16,9 @@ percentage error of its out-of-fold points. The served point is the blend of the
 points, weights on a grid of the simplex, with the least cross-validated error; the
 single candidates are the grid's corners, so on the folds the blend is never worse than
 the best of them. The 80% interval is split-conformal on the blend's out-of-fold log
-residuals, per binding resource (Mondrian) where one has enough machines, else pooled.
+residuals, per binding resource (Mondrian) where one has enough machines, else pooled,
+and narrowed by the benchmark's noise: it bounds the true rate, the residuals a
+measurement.
 
 A machine the fleet measured keeps the structural model's prediction: that one reads the
 machine's own runs, which no learner of the offer's fields sees. docs/discovery.md
@@ -277,15 +279,18 @@ def _blend_weights(step: float = BLEND_STEP) -> list[tuple[float, float, float]]
             if a + b <= n]
 
 
-def _conformal(resid: Array, groups: Sequence[str]) -> dict[str, tuple[float, float]]:
+def _conformal(resid: Array, groups: Sequence[str], noise_sd: float = 0.0
+               ) -> dict[str, tuple[float, float]]:
     """Split-conformal 10th and 90th percentiles of the log residuals (finite-sample
-    corrected), for all and per group with enough rows."""
+    corrected), for all and per group with enough rows, narrowed for the benchmark's
+    noise (``_without_noise``)."""
 
     def bounds(r: Array) -> tuple[float, float]:
         n = len(r)
         lo_q = max(0.0, math.floor(0.1 * (n + 1)) / n - 1e-9)
         hi_q = min(1.0, math.ceil(0.9 * (n + 1)) / n)
-        return float(np.quantile(r, lo_q)), float(np.quantile(r, hi_q))
+        return _without_noise(r, float(np.quantile(r, lo_q)), float(np.quantile(r, hi_q)),
+                              noise_sd)
 
     out = {"all": bounds(resid)}
     g = np.asarray(groups)
@@ -294,6 +299,27 @@ def _conformal(resid: Array, groups: Sequence[str]) -> dict[str, tuple[float, fl
         if len(sel) >= MIN_GROUP_ROWS:
             out[name] = bounds(sel)
     return out
+
+
+def _without_noise(resid: Array, lo: float, hi: float, noise_sd: float
+                   ) -> tuple[float, float]:
+    """The bounds narrowed about the residuals' median so that they bound the true rate,
+    not one benchmark of it.
+
+    A residual is log(measured) - point: the model's error on the host's true rate plus
+    one benchmark's noise, independent of it. The interval is of the true rate
+    (``Prediction``), so the noise's variance comes out of the spread: the bounds scale by
+    sqrt(1 - noise variance / residual variance), the residual variance read robustly from
+    the same 10th-90th percentile spread (a normal's is 2 x 1.2816 sd). The noise is the
+    structural model's fitted one; the factor never goes below one half, so a noise
+    estimate larger than the residuals cannot collapse the interval.
+    """
+    if noise_sd <= 0 or hi <= lo:
+        return lo, hi
+    var = ((hi - lo) / (2 * 1.2815515655446004)) ** 2
+    factor = math.sqrt(max(0.25, 1.0 - noise_sd**2 / var))
+    mid = float(np.median(resid))
+    return mid + (lo - mid) * factor, mid + (hi - mid) * factor
 
 
 def _no_empty_columns(x: Array) -> Array:
@@ -370,7 +396,8 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
     served.served_cv_mdape = best_err
     served.scores = tuple(CandidateScore(n, mdape_log(oof[:, j], log_rate), best_w[j])
                           for j, n in enumerate(CANDIDATES))
-    served.conformal = _conformal(log_rate - oof @ np.asarray(best_w), binding)
+    served.conformal = _conformal(log_rate - oof @ np.asarray(best_w), binding,
+                                   structural.sigma_noise)
     served.cv_seconds = time.perf_counter() - cv_started
     served.fit_seconds = time.perf_counter() - started
     return served

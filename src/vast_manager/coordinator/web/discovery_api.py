@@ -120,7 +120,8 @@ def measured_view(m: MeasuredOffer) -> dict[str, Any]:
         "gpu_name": o.get("gpu_name"),
         "num_gpus": o.get("num_gpus"),
         "dph_total": m.dph_total,
-        **prediction_fields(m.prediction, m.dph_total),
+        **prediction_fields(m.prediction, m.hourly.total or m.dph_total),
+        "usd_per_hour": m.hourly.as_dict(),
         "worth_deploying": m.worth_deploying,
     }
 
