@@ -31,6 +31,7 @@ from vast_manager.coordinator.decisions import cost
 from vast_manager.coordinator.discovery.features import GIB, OfferFeatures, offer_features
 from vast_manager.coordinator.discovery.structural_model import Prediction, Unpredictable, normal_sf
 from vast_manager.coordinator.providers.coerce import as_int, positive
+from vast_manager.coordinator.settings import DEFAULTS
 
 
 class Predictor(Protocol):
@@ -73,10 +74,10 @@ class TrialCost:
 
 @dataclass(frozen=True, slots=True)
 class PlanSettings:
-    max_usd_per_proof: float = 0.008
+    max_usd_per_proof: float = DEFAULTS.max_usd_per_proof
     trials: int = 5
     budget_usd: float | None = None
-    horizon_hours: float = 168.0  # how long a kept host is expected to run
+    horizon_hours: float = DEFAULTS.plan_horizon_hours  # how long a kept host is expected to run
     min_expected_value_usd: float = 0.0
     trial_cost: TrialCost = field(default_factory=TrialCost)
 
