@@ -171,7 +171,7 @@ def default_memory_probe(config: AgentConfig) -> MemoryLimit:
 
 async def default_destroyer(config: AgentConfig) -> None:
     await self_destroy(
-        config.provider,
+        config.provider or "local",  # load_config resolves an unset one
         container_id=config.container_id,
         api_key=config.container_api_key,
         vast_url=config.vast_url,

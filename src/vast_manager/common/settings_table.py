@@ -190,7 +190,7 @@ def declared(
         metas: list[msgspec.Meta] = []
         tp, optional = _unwrap(hints[info.name], metas)
         bounds: dict[str, Any] = {}
-        help_text, extra = "", {}
+        help_text, extra = "", dict[str, Any]()
         for meta in metas:
             for key, word in _META_BOUNDS.items():
                 if getattr(meta, key) is not None:
