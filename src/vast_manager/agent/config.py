@@ -219,6 +219,8 @@ _AGENT_SETTINGS = SETTINGS[: len(SETTINGS) - len(msgspec.structs.fields(SimSetti
 #: By variable (``VM_STATE_DIR``).
 SETTINGS_BY_NAME: dict[str, Setting] = {s.env: s for s in SETTINGS}
 SIM_DEFAULTS = SimSettings()
+#: ``VM_BENCH_PROOFS``'s default, for the coordinator's estimates of a benchmark.
+BENCH_PROOFS: int = SETTINGS_BY_NAME["VM_BENCH_PROOFS"].default
 
 _KIND_WORDS = {int: "a whole number", float: "a number"}
 

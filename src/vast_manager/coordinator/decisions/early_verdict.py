@@ -66,6 +66,7 @@ from functools import lru_cache
 from statistics import NormalDist
 from typing import Literal
 
+from vast_manager.agent.config import BENCH_PROOFS
 from vast_manager.coordinator.settings import DEFAULTS
 
 Decision = Literal["terminate", "pass", "undecided"]
@@ -81,7 +82,7 @@ class VerdictSettings:
     """No verdict from proof times before this many proofs (the stall test is exempt)."""
     sigma_floor: float = DEFAULTS.verdict_sigma_floor
     """Smallest spread of log proof time assumed (15% per proof, the top of the observed)."""
-    planned_proofs: int = 12
+    planned_proofs: int = BENCH_PROOFS
     """Proofs in the benchmark (the agent's ``VM_BENCH_PROOFS``); sets the number of looks."""
 
     def __post_init__(self) -> None:

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from vast_manager.agent.config import BENCH_PROOFS
 from vast_manager.coordinator.decisions import cost
 from vast_manager.coordinator.discovery.features import GIB, OfferFeatures, offer_features
 from vast_manager.coordinator.discovery.structural_model import Prediction, Unpredictable, normal_sf
@@ -51,7 +52,7 @@ class TrialCost:
     params_gib: float = 45.0  # the PoRep 32G parameters a fresh host downloads
     boot_s: float = 300.0
     warmup_s: float = 420.0
-    bench_proofs: int = 12
+    bench_proofs: int = BENCH_PROOFS
     bench_timeout_s: float = 2700.0
     default_inet_down_mbps: float = 500.0
     #: GB the fresh host downloads (parameters and image), billed at the offer's
