@@ -19,7 +19,8 @@ from vast_manager.agent.coordinator_client import PermanentFailure
 from vast_manager.agent.cuzk import CuzkError
 from vast_manager.agent.logbuffer import LogBuffer
 from vast_manager.agent.params import ParamsError
-from vast_manager.agent.phases.base import (
+from vast_manager.agent.phases.ending import Ending
+from vast_manager.agent.phases.shared import (
     EXIT_CONFIG,
     EXIT_DESTROY_FAILED,
     EXIT_FAILED,
@@ -36,7 +37,6 @@ from vast_manager.agent.phases.base import (
     heartbeat_interval_s,
     log,
 )
-from vast_manager.agent.phases.ending import Ending
 
 __all__ = [
     "EXIT_CONFIG", "EXIT_DESTROY_FAILED", "EXIT_FAILED", "EXIT_ORPHANED", "EXIT_SIGNALLED",

@@ -14,13 +14,13 @@ from vast_manager.agent.cuzk import (
     BenchFailed,
     CuzkError,
 )
-from vast_manager.agent.phases.base import (
+from vast_manager.agent.phases.proving import Proving
+from vast_manager.agent.phases.shared import (
     COMPLETION_POLL_S,
     MIN_STEADY_SAMPLES,
     PROOF_TYPE,
     log,
 )
-from vast_manager.agent.phases.proving import Proving
 from vast_manager.protocol import (
     Directive,
     Progress,

@@ -9,14 +9,14 @@ import contextlib
 import aiohttp
 
 from vast_manager.agent.coordinator_client import ClientError
-from vast_manager.agent.phases.base import (
+from vast_manager.agent.phases.benchmark import Benchmarking
+from vast_manager.agent.phases.shared import (
     EXIT_DESTROY_FAILED,
     EXIT_FAILED,
     EXIT_ORPHANED,
     EXIT_TERMINATED,
     log,
 )
-from vast_manager.agent.phases.benchmark import Benchmarking
 from vast_manager.agent.selfdestroy import SelfDestroyError
 
 

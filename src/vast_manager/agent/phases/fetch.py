@@ -15,11 +15,11 @@ from vast_manager.agent.cuzk import (
     parse_budget_text,
 )
 from vast_manager.agent.params import Downloader, ParamsError, load_manifest, run_params_cmd
-from vast_manager.agent.phases.base import (
+from vast_manager.agent.phases.reporting import Reporting
+from vast_manager.agent.phases.shared import (
     AgentFailure,
     log,
 )
-from vast_manager.agent.phases.reporting import Reporting
 from vast_manager.protocol import Progress
 
 

@@ -11,7 +11,7 @@ from vast_manager.agent.cuzk import (
     CuzkError,
     completed_total,
 )
-from vast_manager.agent.phases.base import (
+from vast_manager.agent.phases.shared import (
     PROVING_POLL_S,
     AgentFailure,
     log,

@@ -11,7 +11,7 @@ from vast_manager.agent.coordinator_client import (
     TransientFailure,
 )
 from vast_manager.agent.host import net_bytes_total
-from vast_manager.agent.phases.base import (
+from vast_manager.agent.phases.shared import (
     LOG_SHIP_INTERVAL_S,
     AgentBase,
     AgentFailure,

@@ -15,12 +15,12 @@ from vast_manager.agent.cuzk import (
     srs_reservation_bytes,
     synthesis_workers,
 )
-from vast_manager.agent.phases.base import (
+from vast_manager.agent.phases.fetch import Fetching
+from vast_manager.agent.phases.shared import (
     PCE_POLL_S,
     AgentFailure,
     log,
 )
-from vast_manager.agent.phases.fetch import Fetching
 from vast_manager.protocol import Progress
 
 
