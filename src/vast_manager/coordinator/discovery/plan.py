@@ -53,7 +53,7 @@ class TrialCost:
     boot_s: float = 300.0
     warmup_s: float = 420.0
     bench_proofs: int = BENCH_PROOFS
-    bench_timeout_s: float = 2700.0
+    bench_timeout_s: float = DEFAULTS.benchmark_timeout_s
     default_inet_down_mbps: float = 500.0
     #: GB the fresh host downloads (parameters and image), billed at the offer's
     #: ``inet_down_cost`` (None: the parameters alone).

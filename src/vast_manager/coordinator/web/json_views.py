@@ -33,7 +33,7 @@ class CostBasis:
 
     now: float | None = None
     setup_download_gb: float = DEFAULTS.setup_download_gb
-    kept_hours: float = 168.0
+    kept_hours: float = DEFAULTS.plan_horizon_hours
 
 
 def _parts(rent: float, storage: float, bandwidth: float) -> dict[str, float]:
