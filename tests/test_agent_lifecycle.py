@@ -775,11 +775,11 @@ def test_agent_environment_is_documented() -> None:
     table = doc[doc.index("## Agent configuration") :]
     table = table[: table.index("\n## ", 5)]
     for setting in SETTINGS:
-        assert f"`{setting.name}`" in table, f"{setting.name} is not in docs/architecture.md"
+        assert f"`{setting.env}`" in table, f"{setting.env} is not in docs/architecture.md"
     import re
 
     documented = set(re.findall(r"`(VM_[A-Z0-9_]+)`", table))
-    assert documented <= {s.name for s in SETTINGS} | {
+    assert documented <= {s.env for s in SETTINGS} | {
         "VM_CUZK_ADDR",
         "VM_CUZK_LISTEN",
         "VM_CUZK_STATUS_URL",
@@ -934,7 +934,7 @@ def test_cli_help_documents_exit_codes_and_settings() -> None:
     assert run_help.exit_code == 0
     assert "Exit status" in run_help.output and "143" in run_help.output
     for setting in SETTINGS:
-        assert setting.name in run_help.output
+        assert setting.env in run_help.output
 
 
 def test_cli_run_with_bad_config_exits_2_naming_the_variable(

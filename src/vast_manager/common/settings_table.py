@@ -1,19 +1,25 @@
-"""What the two settings tables share: bounds in the row, one check, one docs table.
+"""What the two settings declarations share: rows read off one msgspec ``Struct``, one
+check, one docs table.
 
-Both tables (the coordinator's ``coordinator/settings.py`` and the agent's
-``agent/config.py``) build their rows on ``Bounds``: the keyword fields ``at_least``,
-``above`` (exclusive), ``at_most``, ``below`` (exclusive) and ``choices``. ``check`` refuses a
-value outside them with one sentence naming the variable; ``describe`` says the same
-bounds in the docs (docs/operations.md, docs/architecture.md, ``vast-agent run
---help``), so what is refused and what is documented cannot drift apart.
+Each setting is declared once, as a field of a ``msgspec.Struct`` (the coordinator's
+``Settings`` in ``coordinator/settings.py``, the agent's ``AgentConfig`` in
+``agent/config.py``): its name, its type, its default, and a ``msgspec.Meta`` holding the
+help text (``description``) and the bounds (``ge``, ``gt``, ``le``, ``lt``; a ``Literal``
+type gives the choices). ``declared`` reads those fields into ``Declared`` rows; everything
+else (the environment parsing, ``check``, the docs tables, ``--help``) works from the rows,
+so what is refused, what is documented and what the program runs with cannot drift apart.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any, Protocol
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import msgspec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,10 +100,109 @@ def check(
         raise error(f"{row.env} must be {describe(row)}, got {value!r}")
 
 
+def shown_default(row: Row) -> str | None:
+    """The default as the docs show it (None: unset); ``Meta(extra={"shown": ...})`` names
+    a default whose value is None but has a word of its own (``auto``)."""
+    shown = getattr(row, "extra", {}).get("shown")
+    if shown is not None:
+        return str(shown)
+    return None if row.default in (None, "") else str(row.default)
+
+
 def markdown(rows: Iterable[Row]) -> str:
     """The docs' table of ``rows``: variable, default, allowed values, meaning."""
     lines = ["| variable | default | allowed | meaning |", "|---|---|---|---|"]
     for row in rows:
-        default = "unset" if row.default is None else f"`{row.default}`"
+        shown = shown_default(row)
+        default = "unset" if shown is None else f"`{shown}`"
         lines.append(f"| `{row.env}` | {default} | {describe(row)} | {row.help} |")
     return "\n".join(lines)
+
+
+def default_text(row: Row) -> str:
+    """`` [default: X]`` for a help line ("" when unset)."""
+    shown = shown_default(row)
+    return f" [default: {shown}]" if shown is not None else ""
+
+
+def help_text(rows: Iterable[Row]) -> str:
+    """The rows as plain text, one line each, for a command's ``--help``."""
+    lines = []
+    for row in rows:
+        allowed = describe(row)
+        allowed = f" ({allowed})" if allowed else ""
+        lines.append(f"{row.env}: {row.help}{allowed}{default_text(row)}")
+    return "\n".join(lines)
+
+
+# --- reading a declaration ---------------------------------------------------------------
+
+_META_BOUNDS = {"ge": "at_least", "gt": "above", "le": "at_most", "lt": "below"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Declared(Bounds):
+    """One setting as its ``Struct`` field declares it."""
+
+    name: str  # the field
+    env: str  # the environment variable
+    default: Any  # None: unset, with the meaning the help text gives
+    help: str
+    kind: type  # what the text parses to: int, float, str or bool
+    optional: bool  # None is a value of the field
+    extra: Mapping[str, Any] = field(default_factory=dict)  # ``Meta(extra=...)``
+
+    @property
+    def parse_type(self) -> type:
+        return self.kind
+
+
+def _unwrap(tp: Any, metas: list[msgspec.Meta]) -> tuple[Any, bool]:
+    """The field's base type and whether None is allowed, collecting its ``Meta``s."""
+    optional = False
+    while True:
+        if typing.get_origin(tp) is typing.Annotated:
+            metas.extend(m for m in tp.__metadata__ if isinstance(m, msgspec.Meta))
+            tp = typing.get_args(tp)[0]
+        elif typing.get_origin(tp) in (typing.Union, types.UnionType):
+            members = [m for m in typing.get_args(tp) if m is not type(None)]
+            optional = True
+            if len(members) != 1:
+                raise TypeError(f"a setting has one type besides None, not {tp!r}")
+            tp = members[0]
+        else:
+            return tp, optional
+
+
+def declared(
+    struct: type[msgspec.Struct],
+    env_of: Callable[[str, Mapping[str, Any]], str],
+    skip: Iterable[str] = (),
+) -> tuple[Declared, ...]:
+    """The rows of ``struct``'s fields, in their order, less ``skip`` (resolved fields that
+    are no settings). ``env_of(name, extra)`` names each field's environment variable."""
+    hints = typing.get_type_hints(struct, include_extras=True)
+    skipped = set(skip)
+    rows = []
+    for info in msgspec.structs.fields(struct):
+        if info.name in skipped:
+            continue
+        metas: list[msgspec.Meta] = []
+        tp, optional = _unwrap(hints[info.name], metas)
+        bounds: dict[str, Any] = {}
+        help_text, extra = "", dict[str, Any]()
+        for meta in metas:
+            for key, word in _META_BOUNDS.items():
+                if getattr(meta, key) is not None:
+                    bounds[word] = getattr(meta, key)
+            help_text = meta.description or help_text
+            extra = {**extra, **(meta.extra or {})}
+        if typing.get_origin(tp) is Literal:
+            bounds["choices"] = tuple(typing.get_args(tp))
+            tp = str
+        default = None if info.default is msgspec.NODEFAULT else info.default
+        rows.append(Declared(
+            name=info.name, env=env_of(info.name, extra), default=default, help=help_text,
+            kind=tp, optional=optional, extra=extra, **bounds,
+        ))
+    return tuple(rows)

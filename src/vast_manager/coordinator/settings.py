@@ -1,22 +1,24 @@
-"""The coordinator's settings: one table of ``Setting(name, default, help)``.
+"""The coordinator's settings, each declared once: a field of the ``Settings`` struct.
 
-``SETTINGS`` drives the defaults, the ``VM_*`` environment variables (the
-name upper-cased behind ``VM_``: ``db_path`` -> ``VM_DB_PATH``), the parsing,
-the bounds (keyword fields of the row, checked by ``vast_manager.common.settings_table``)
-and the docs (``settings_markdown``). ``Settings.from_env(env, **overrides)``
-resolves them, including the fleet secret file and a generated admin token.
-Errors name the variable, never a secret's value.
+A field's type, default and ``msgspec.Meta`` (help text and bounds) are the whole
+declaration; ``SETTINGS`` is read off it (``vast_manager.common.settings_table``) and drives
+the ``VM_*`` environment variables (the name upper-cased behind ``VM_``: ``db_path`` ->
+``VM_DB_PATH``), the parsing, the bounds check, the docs (``settings_markdown``) and
+``vast-manager serve --help`` (``settings_help``). ``Settings.from_env(env, **overrides)``
+resolves them, including the fleet secret file and a generated admin token. Errors name
+the variable, never a secret's value. docs/architecture.md, "Settings", says why msgspec.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
 
 from vast_manager.common import settings_table
 from vast_manager.protocol.signing import fleet_id as derive_fleet_id
@@ -29,544 +31,507 @@ MIN_ADMIN_TOKEN_CHARS = 16
 #: distinct characters about once in 70,000 draws.
 MIN_ADMIN_TOKEN_DISTINCT_CHARS = 6
 FLEET_SECRET_FILE = "fleet-secret"
+#: Fields ``from_env`` fills in, not settings of their own.
+RESOLVED_FIELDS = ("fleet_secrets", "admin_token_generated")
+
+Setting = settings_table.Declared
 
 
-@dataclass(frozen=True)
-class Setting(settings_table.Bounds):
-    """One row: ``Setting(name, default, help)``, bounds by keyword (``at_least=1``...)."""
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """Every coordinator setting (``admin_token``, ``config_dir`` and ``fleet_id`` read ""
+    as unset; ``from_env`` fills them in)."""
 
-    name: str
-    default: Any  # None: unset, with the meaning the help text gives
-    help: str
-    kind: type | None = None  # parse type; None: the type of the default
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + self.name.upper()
-
-    @property
-    def parse_type(self) -> type:
-        if self.kind is not None:
-            return self.kind
-        return type(self.default) if self.default is not None else str
-
-
-SETTINGS: tuple[Setting, ...] = (
-    Setting("db_path", "./vast-manager.db", "SQLite database file"),
-    Setting("host", "127.0.0.1", "listen address"),
-    Setting("port", 8420, "listen port (0: any free port)", at_least=0, at_most=65535),
-    Setting(
-        "public_url",
-        None,
-        "the coordinator URL handed to agents (VM_COORDINATOR_URL); unset: http://HOST:PORT",
-    ),
-    Setting(
-        "admin_token",
-        None,
-        f"operator API bearer token: at least {MIN_ADMIN_TOKEN_CHARS} printable ASCII "
-        f"characters, no spaces, at least {MIN_ADMIN_TOKEN_DISTINCT_CHARS} of them different "
-        "(e.g. `openssl rand -hex 24`); unset: generated at start and printed once to stderr",
-    ),
-    Setting(
-        "fleet_secret",
-        None,
-        "fleet secrets, hex, comma-separated, newest first; unset: generated on first start "
-        "into a 0600 file in the config directory",
-    ),
-    Setting(
-        "config_dir",
-        None,
-        "where the generated fleet secret lives; unset: $XDG_CONFIG_HOME/vast-manager "
-        "(~/.config/vast-manager); never beside the database",
-    ),
-    Setting("fleet_id", None, "fleet id in vast.ai labels; unset: derived from the newest secret"),
-    Setting(
-        "max_usd_per_proof", 0.008, "minimum rate = dph_total / this, unless set at deploy", above=0
-    ),
-    Setting(
-        "next_heartbeat_s",
-        15,
-        "base heartbeat pace the coordinator asks of agents, seconds: the least, which "
-        "holds while the fleet stays under max_heartbeats_per_second (docs/operations.md, "
-        "Heartbeat pace)",
-        at_least=1,
-    ),
-    Setting(
-        "max_heartbeats_per_second",
-        1000.0,
-        "heartbeats a second the whole fleet is paced to stay under: beyond "
-        "next_heartbeat_s x this many agents, their pace stretches (warming and "
-        "benchmarking agents keep theirs first)",
-        above=0,
-    ),
-    Setting(
-        "max_next_heartbeat_s",
-        300,
-        "longest heartbeat pace, seconds (never below next_heartbeat_s): past "
-        "max_heartbeats_per_second x this many agents the budget is exceeded rather than "
-        "silence found later; at most a third of the agents' VM_ORPHAN_TIMEOUT default",
-        at_least=1,
-        at_most=600,
-    ),
-    Setting(
-        "no_hello_timeout_s",
-        900.0,
-        "deployed instance without hello, or an agent stuck in booting: destroyed after (seconds)",
-        above=0,
-    ),
-    Setting(
-        "params_timeout_s", 5400.0, "longest parameter fetch (fetching_params), seconds", above=0
-    ),
-    Setting("warmup_timeout_s", 1200.0, "longest warm-up (warming), seconds", above=0),
-    Setting(
-        "benchmark_timeout_s", 2700.0, "longest benchmark run (benchmarking), seconds", above=0
-    ),
-    Setting(
-        "silence_grace_s",
-        30.0,
-        "silence TTL = 3 x the pace last given to the agent + this; then the instance "
-        "is `lost`",
-        at_least=0,
-    ),
-    Setting(
-        "lost_timeout_s", 1800.0, "a `lost` instance silent this long is destroyed", above=0
-    ),
-    Setting(
-        "terminate_grace_s",
-        15.0,
-        "after a terminate directive, seconds before the provider destroy (the agent gets "
-        "its answer first)",
-        at_least=0,
-    ),
-    Setting("monitor_interval_s", 60.0, "monitor loop period, seconds", above=0),
-    Setting(
-        "log_lines_per_instance", 20000, "shipped log lines kept per instance", at_least=1
-    ),
-    Setting(
-        "heartbeat_history_interval_s",
-        300.0,
-        "heartbeat history keeps at most one row per agent per this many seconds",
-        at_least=0,
-    ),
-    Setting("heartbeat_history_rows", 288, "heartbeat history rows kept per agent", at_least=1),
-    Setting(
-        "max_deploy_dph_total", 5.0, "deploy refuses offers above this price, $/hour", above=0
-    ),
-    Setting(
-        "deploy_disk_gb",
-        250,
-        "disk of a deployed instance unless the deploy says, GB (vast.ai: also priced into "
-        "the offers' dph_total; the image needs at least 250)",
-        at_least=1,
-    ),
-    Setting(
-        "unowned_grace_s",
-        900.0,
-        "our fleet id on an instance no agent owns: destroyed after",
-        at_least=0,
-    ),
-    Setting(
-        "min_instance_ram_gb",
-        128.0,
-        "least RAM an offer's instance must get, GB as vast.ai counts cpu_ram (MB / 1000): "
-        "its share of the host, cpu_ram x cpu_cores_effective / cpu_cores, not the host's "
-        "whole; offers below it are flagged and deploys refused (cuzk needs 128 GiB and "
-        "proves far faster with 256; 0: no check)",
-        at_least=0,
-    ),
-    Setting(
-        "vast_image",
-        None,
-        "vast.ai: the instance image (built from image/Dockerfile, e.g. "
-        "ghcr.io/you/vast-agent:1.0); required with --provider vast",
-    ),
-    Setting(
-        "vast_onstart",
-        None,
-        "vast.ai: the onstart script text (ssh run type; vast.ai takes 4048 characters, a "
-        "longer script is sent gzip+base64 in a wrapper that unpacks it); unset: the "
-        "template's, which runs `/usr/local/bin/vast-agent-onstart start`",
-    ),
-    Setting(
-        "vast_runtype",
-        "ssh_direc ssh_proxy",
-        "vast.ai: run type sent at create: `ssh_direc ssh_proxy` (vast.ai runs the onstart "
-        "script) or `args` (the image ENTRYPOINT runs)",
-    ),
-    Setting(
-        "vast_env",
-        None,
-        'vast.ai: extra environment for every instance, a JSON object (e.g. '
-        '`{"VM_PARAMS_CMD": "curio fetch-params 32"}`); the agent\'s own VM_* values win',
-    ),
-    Setting(
-        "vast_image_login",
-        None,
-        "vast.ai: registry login for a private image (`-u USER -p TOKEN REGISTRY`)",
-    ),
-    Setting(
-        "vast_filter",
-        None,
-        "vast.ai: default offer filter in the CLI's syntax; unset: the original manager's",
-    ),
-    Setting(
-        "max_concurrency_per_gpu",
-        8,
-        "plausibility: most proofs one GPU can have in flight at once",
-        at_least=1,
-    ),
-    Setting(
-        "rate_tolerance",
-        0.05,
-        "plausibility: relative slack between reported and recomputed numbers",
-        at_least=0,
-        at_most=1,
-    ),
-    Setting(
-        "max_rate_per_gpu_per_hour",
-        300.0,
-        "plausibility: most proofs/hour one GPU the host reported can make, over every GPU "
-        "model's own ceiling (docs/reliability.md) and alone for a model it does not know "
-        "(about three times the best the operator has seen, 90-110/h); a faster claim is "
-        "implausible",
-        above=0,
-    ),
-    Setting(
-        "verdict_early",
-        True,
-        "early benchmark verdicts (docs/policy.md): judge the running benchmark from its proof "
-        "times and terminate a host below its minimum with the configured confidence; the "
-        "finished benchmark is judged on its steady-state rate. false: only the batch rate "
-        "after the full benchmark",
-    ),
-    Setting(
-        "verdict_confidence",
-        0.95,
-        "early verdicts: confidence of a terminate or pass, over every look at one benchmark "
-        "(chosen by bench/verdict.py --sweep)",
-        above=0.5,
-        below=1,
-    ),
-    Setting(
-        "verdict_min_proofs",
-        2,
-        "early verdicts: completed proofs before the proof times may decide (a benchmark "
-        "that stalls is caught sooner)",
-        at_least=1,
-    ),
-    Setting(
-        "verdict_sigma_floor",
-        0.15,
-        "early verdicts: smallest per-proof noise assumed (sd of log proof time; the "
-        "observed noise is 5-15%)",
-        above=0,
-    ),
-    Setting(
-        "sim_time_scale",
-        1.0,
-        "simulation only: simulated seconds per real second of the local fleet; the "
-        "plausibility check scales the time it observed of a deployed instance by it "
-        "(never of a bring-your-own agent: a real machine)",
-        above=0,
-    ),
-    Setting("nonces_per_agent", 2000, "nonce memory per agent (beyond it: 429)", at_least=1),
-    Setting(
-        "write_batch_max", 512, "most write jobs the writer commits in one transaction", at_least=1
-    ),
-    Setting(
-        "commit_window_ms",
-        20.0,
-        "how long writes gather before the writer commits them together: one fsync'ed "
-        "commit per window (or per 64 writes), not per request (0: at the end of each "
-        "event-loop turn; past a second every write would wait long enough to look hung)",
-        at_least=0,
-        at_most=1000,
-    ),
-    Setting("tls_cert", None, "PEM certificate chain: serve HTTPS directly (needs tls_key)"),
-    Setting("tls_key", None, "PEM private key of tls_cert"),
-    Setting(
-        "admin_listen",
-        None,
-        "HOST:PORT for the operator API, dashboard and /metrics; when set, the main "
-        "host:port serves only the agent endpoints (/v1/*)",
-    ),
-    Setting("metrics_public", False, "serve /metrics without the admin token"),
-    Setting(
-        "log_format",
-        "text",
-        "server log lines: text, or json (one object per line)",
-        choices=("text", "json"),
-    ),
-    Setting("session_ttl_s", 43200.0, "dashboard login session lifetime, seconds", above=0),
-    Setting(
-        "admin_failures_per_minute",
-        10,
-        "failed admin-token attempts (dashboard logins, bearer tokens) one client address "
-        "may make in a minute; beyond it `429` with Retry-After, the token not even compared",
-        at_least=1,
-    ),
-    Setting(
-        "model_refit_interval_s",
-        30.0,
-        "the rate model (docs/discovery.md) refits when measurements arrive, at most once "
-        "this many seconds, off the event loop; requests use the latest fit",
-        above=0,
-    ),
-    Setting(
-        "plan_horizon_hours",
-        168.0,
-        "plan and autopilot: how long a host worth keeping is expected to run, hours (its "
-        "saving over this pays for its trial)",
-        above=0,
-    ),
-    Setting(
-        "idle_after_s",
-        900.0,
-        "a proving instance that completes no proof for this long (cuzk's counter, from its "
-        "heartbeats; simulated seconds on the local fleet) shows as idle: not counted as "
-        "fleet output, reported in status, the dashboard and /metrics (0: never)",
-        at_least=0,
-    ),
-    Setting(
-        "idle_destroy_after_s",
-        0.0,
-        "destroy a deployed instance idle this long (0: only report it; a bring-your-own "
-        "agent is never destroyed)",
-        at_least=0,
-    ),
-    Setting("autopilot", False, "run the autopilot (`serve --autopilot`; docs/discovery.md)"),
-    Setting(
-        "autopilot_target_rate_per_hour",
-        None,
-        "autopilot: the fleet's target rate, proofs/hour (required with the autopilot)",
-        float,
-        above=0,
-    ),
-    Setting(
-        "autopilot_max_dph_total",
-        None,
-        "autopilot: hard cap on the fleet's price, $/hour, trials included (required)",
-        float,
-        above=0,
-    ),
-    Setting(
-        "autopilot_max_instances",
-        None,
-        "autopilot: hard cap on instances billing at once (required)",
+    db_path: Annotated[
+        str,
+        Meta(description=(
+            "SQLite database file"
+        )),
+    ] = "./vast-manager.db"
+    host: Annotated[
+        str,
+        Meta(description=(
+            "listen address"
+        )),
+    ] = "127.0.0.1"
+    port: Annotated[
         int,
-        at_least=1,
-    ),
-    Setting(
-        "autopilot_max_explore_share",
-        0.15,
-        "autopilot: at its target, it explores only while trials stay within this share of "
-        "the spend over autopilot_spend_window_h",
-        at_least=0,
-        at_most=1,
-    ),
-    Setting("autopilot_max_concurrent_trials", 2, "autopilot: most trials under way at once",
-            at_least=1),
-    Setting("autopilot_explore_interval_s", 3600.0,
-            "autopilot: least time between two explorations, seconds", at_least=0),
-    Setting("autopilot_interval_s", 120.0, "autopilot: seconds between two decisions",
-            above=0),
-    Setting(
-        "autopilot_spend_window_h",
-        168.0,
-        "autopilot: the spend the exploration share is measured on, the last this many hours",
-        above=0,
-    ),
-    Setting(
-        "autopilot_filter",
-        None,
-        "autopilot: offer filter of its searches, vast.ai CLI syntax; unset: VM_VAST_FILTER "
-        "or the provider's default",
-    ),
+        Meta(ge=0, le=65535, description=(
+            "listen port (0: any free port)"
+        )),
+    ] = 8420
+    public_url: Annotated[
+        str | None,
+        Meta(description=(
+            "the coordinator URL handed to agents (VM_COORDINATOR_URL); unset: http://HOST:PORT"
+        )),
+    ] = None
+    admin_token: Annotated[
+        str,
+        Meta(description=(
+            f"operator API bearer token: at least {MIN_ADMIN_TOKEN_CHARS} printable ASCII "
+            f"characters, no spaces, at least {MIN_ADMIN_TOKEN_DISTINCT_CHARS} of them different "
+            "(e.g. `openssl rand -hex 24`); unset: generated at start and printed once to stderr"
+        )),
+    ] = ""
+    fleet_secret: Annotated[
+        str | None,
+        Meta(description=(
+            "fleet secrets, hex, comma-separated, newest first; unset: generated on first start "
+            "into a 0600 file in the config directory"
+        )),
+    ] = None
+    config_dir: Annotated[
+        str,
+        Meta(description=(
+            "where the generated fleet secret lives; unset: $XDG_CONFIG_HOME/vast-manager "
+            "(~/.config/vast-manager); never beside the database"
+        )),
+    ] = ""
+    fleet_id: Annotated[
+        str,
+        Meta(description=(
+            "fleet id in vast.ai labels; unset: derived from the newest secret"
+        )),
+    ] = ""
+    max_usd_per_proof: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "minimum rate = dph_total / this, unless set at deploy"
+        )),
+    ] = 0.008
+    next_heartbeat_s: Annotated[
+        int,
+        Meta(ge=1, description=(
+            "base heartbeat pace the coordinator asks of agents, seconds: the least, which "
+            "holds while the fleet stays under max_heartbeats_per_second (docs/operations.md, "
+            "Heartbeat pace)"
+        )),
+    ] = 15
+    max_heartbeats_per_second: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "heartbeats a second the whole fleet is paced to stay under: beyond "
+            "next_heartbeat_s x this many agents, their pace stretches (warming and "
+            "benchmarking agents keep theirs first)"
+        )),
+    ] = 1000.0
+    max_next_heartbeat_s: Annotated[
+        int,
+        Meta(ge=1, le=600, description=(
+            "longest heartbeat pace, seconds (never below next_heartbeat_s): past "
+            "max_heartbeats_per_second x this many agents the budget is exceeded rather than "
+            "silence found later; at most a third of the agents' VM_ORPHAN_TIMEOUT default"
+        )),
+    ] = 300
+    no_hello_timeout_s: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "deployed instance without hello, or an agent stuck in booting: destroyed after "
+            "(seconds)"
+        )),
+    ] = 900.0
+    params_timeout_s: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "longest parameter fetch (fetching_params), seconds"
+        )),
+    ] = 5400.0
+    warmup_timeout_s: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "longest warm-up (warming), seconds"
+        )),
+    ] = 1200.0
+    benchmark_timeout_s: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "longest benchmark run (benchmarking), seconds"
+        )),
+    ] = 2700.0
+    silence_grace_s: Annotated[
+        float,
+        Meta(ge=0, description=(
+            "silence TTL = 3 x the pace last given to the agent + this; then the instance "
+            "is `lost`"
+        )),
+    ] = 30.0
+    lost_timeout_s: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "a `lost` instance silent this long is destroyed"
+        )),
+    ] = 1800.0
+    terminate_grace_s: Annotated[
+        float,
+        Meta(ge=0, description=(
+            "after a terminate directive, seconds before the provider destroy (the agent gets "
+            "its answer first)"
+        )),
+    ] = 15.0
+    monitor_interval_s: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "monitor loop period, seconds"
+        )),
+    ] = 60.0
+    log_lines_per_instance: Annotated[
+        int,
+        Meta(ge=1, description=(
+            "shipped log lines kept per instance"
+        )),
+    ] = 20000
+    heartbeat_history_interval_s: Annotated[
+        float,
+        Meta(ge=0, description=(
+            "heartbeat history keeps at most one row per agent per this many seconds"
+        )),
+    ] = 300.0
+    heartbeat_history_rows: Annotated[
+        int,
+        Meta(ge=1, description=(
+            "heartbeat history rows kept per agent"
+        )),
+    ] = 288
+    max_deploy_dph_total: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "deploy refuses offers above this price, $/hour"
+        )),
+    ] = 5.0
+    deploy_disk_gb: Annotated[
+        int,
+        Meta(ge=1, description=(
+            "disk of a deployed instance unless the deploy says, GB (vast.ai: also priced into "
+            "the offers' dph_total; the image needs at least 250)"
+        )),
+    ] = 250
+    unowned_grace_s: Annotated[
+        float,
+        Meta(ge=0, description=(
+            "our fleet id on an instance no agent owns: destroyed after"
+        )),
+    ] = 900.0
+    min_instance_ram_gb: Annotated[
+        float,
+        Meta(ge=0, description=(
+            "least RAM an offer's instance must get, GB as vast.ai counts cpu_ram (MB / 1000): "
+            "its share of the host, cpu_ram x cpu_cores_effective / cpu_cores, not the host's "
+            "whole; offers below it are flagged and deploys refused (cuzk needs 128 GiB and "
+            "proves far faster with 256; 0: no check)"
+        )),
+    ] = 128.0
+    vast_image: Annotated[
+        str | None,
+        Meta(description=(
+            "vast.ai: the instance image (built from image/Dockerfile, e.g. "
+            "ghcr.io/you/vast-agent:1.0; pin a tag); required with --provider vast"
+        )),
+    ] = None
+    vast_onstart: Annotated[
+        str | None,
+        Meta(description=(
+            "vast.ai: the onstart script text (ssh run type; vast.ai takes 4048 characters, a "
+            "longer script is sent gzip+base64 in a wrapper that unpacks it, and one too long "
+            "even so stops `serve` with the sizes); unset: the "
+            "template's, which runs `/usr/local/bin/vast-agent-onstart start`"
+        )),
+    ] = None
+    vast_runtype: Annotated[
+        str,
+        Meta(description=(
+            "vast.ai: run type sent at create: `ssh_direc ssh_proxy` (vast.ai runs the onstart "
+            "script) or `args` (the image ENTRYPOINT runs)"
+        )),
+    ] = "ssh_direc ssh_proxy"
+    vast_env: Annotated[
+        str | None,
+        Meta(description=(
+            'vast.ai: extra environment for every instance, a JSON object (e.g. '
+            '`{"VM_PARAMS_CMD": "curio fetch-params 32"}`); the agent\'s own VM_* values win'
+        )),
+    ] = None
+    vast_image_login: Annotated[
+        str | None,
+        Meta(description=(
+            "vast.ai: registry login for a private image (`-u USER -p TOKEN REGISTRY`)"
+        )),
+    ] = None
+    vast_filter: Annotated[
+        str | None,
+        Meta(description=(
+            "vast.ai: default offer filter in the CLI's syntax; unset: the original manager's"
+        )),
+    ] = None
+    max_concurrency_per_gpu: Annotated[
+        int,
+        Meta(ge=1, description=(
+            "plausibility: most proofs one GPU can have in flight at once"
+        )),
+    ] = 8
+    rate_tolerance: Annotated[
+        float,
+        Meta(ge=0, le=1, description=(
+            "plausibility: relative slack between reported and recomputed numbers"
+        )),
+    ] = 0.05
+    max_rate_per_gpu_per_hour: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "plausibility: most proofs/hour one GPU the host reported can make, over every GPU "
+            "model's own ceiling (docs/reliability.md) and alone for a model it does not know "
+            "(about three times the best the operator has seen, 90-110/h); a faster claim is "
+            "implausible"
+        )),
+    ] = 300.0
+    verdict_early: Annotated[
+        bool,
+        Meta(description=(
+            "early benchmark verdicts (docs/policy.md): judge the running benchmark from its proof "
+            "times and terminate a host below its minimum with the configured confidence; the "
+            "finished benchmark is judged on its steady-state rate. false: only the batch rate "
+            "after the full benchmark"
+        )),
+    ] = True
+    verdict_confidence: Annotated[
+        float,
+        Meta(gt=0.5, lt=1, description=(
+            "early verdicts: confidence of a terminate or pass, over every look at one benchmark "
+            "(chosen by bench/verdict.py --sweep)"
+        )),
+    ] = 0.95
+    verdict_min_proofs: Annotated[
+        int,
+        Meta(ge=1, description=(
+            "early verdicts: completed proofs before the proof times may decide (a benchmark "
+            "that stalls is caught sooner)"
+        )),
+    ] = 2
+    verdict_sigma_floor: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "early verdicts: smallest per-proof noise assumed (sd of log proof time; the "
+            "observed noise is 5-15%)"
+        )),
+    ] = 0.15
+    sim_time_scale: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "simulation only: simulated seconds per real second of the local fleet; the "
+            "plausibility check scales the time it observed of a deployed instance by it "
+            "(never of a bring-your-own agent: a real machine)"
+        )),
+    ] = 1.0
+    nonces_per_agent: Annotated[
+        int,
+        Meta(ge=1, description=(
+            "nonce memory per agent (beyond it: 429)"
+        )),
+    ] = 2000
+    write_batch_max: Annotated[
+        int,
+        Meta(ge=1, description=(
+            "most write jobs the writer commits in one transaction"
+        )),
+    ] = 512
+    commit_window_ms: Annotated[
+        float,
+        Meta(ge=0, le=1000, description=(
+            "how long writes gather before the writer commits them together: one fsync'ed "
+            "commit per window (or per 64 writes), not per request (0: at the end of each "
+            "event-loop turn; past a second every write would wait long enough to look hung)"
+        )),
+    ] = 20.0
+    tls_cert: Annotated[
+        str | None,
+        Meta(description=(
+            "PEM certificate chain: serve HTTPS directly (needs tls_key)"
+        )),
+    ] = None
+    tls_key: Annotated[
+        str | None,
+        Meta(description=(
+            "PEM private key of tls_cert"
+        )),
+    ] = None
+    admin_listen: Annotated[
+        str | None,
+        Meta(description=(
+            "HOST:PORT for the operator API, dashboard and /metrics; when set, the main "
+            "host:port serves only the agent endpoints (/v1/*)"
+        )),
+    ] = None
+    metrics_public: Annotated[
+        bool,
+        Meta(description=(
+            "serve /metrics without the admin token"
+        )),
+    ] = False
+    log_format: Annotated[
+        Literal['text', 'json'],
+        Meta(description=(
+            "server log lines: text, or json (one object per line)"
+        )),
+    ] = "text"
+    session_ttl_s: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "dashboard login session lifetime, seconds"
+        )),
+    ] = 43200.0
+    admin_failures_per_minute: Annotated[
+        int,
+        Meta(ge=1, description=(
+            "failed admin-token attempts (dashboard logins, bearer tokens) one client address "
+            "may make in a minute; beyond it `429` with Retry-After, the token not even compared"
+        )),
+    ] = 10
+    model_refit_interval_s: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "the rate model (docs/discovery.md) refits when measurements arrive, at most once "
+            "this many seconds, off the event loop; requests use the latest fit"
+        )),
+    ] = 30.0
+    plan_horizon_hours: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "plan and autopilot: how long a host worth keeping is expected to run, hours (its "
+            "saving over this pays for its trial)"
+        )),
+    ] = 168.0
+    idle_after_s: Annotated[
+        float,
+        Meta(ge=0, description=(
+            "a proving instance that completes no proof for this long (cuzk's counter, from its "
+            "heartbeats; simulated seconds on the local fleet) shows as idle: not counted as "
+            "fleet output, reported in status, the dashboard and /metrics (0: never)"
+        )),
+    ] = 900.0
+    idle_destroy_after_s: Annotated[
+        float,
+        Meta(ge=0, description=(
+            "destroy a deployed instance idle this long (0: only report it; a bring-your-own "
+            "agent is never destroyed)"
+        )),
+    ] = 0.0
+    autopilot: Annotated[
+        bool,
+        Meta(description=(
+            "run the autopilot (`serve --autopilot`; docs/discovery.md)"
+        )),
+    ] = False
+    autopilot_target_rate_per_hour: Annotated[
+        Annotated[float, Meta(gt=0)] | None,
+        Meta(description=(
+            "autopilot: the fleet's target rate, proofs/hour (required with the autopilot)"
+        )),
+    ] = None
+    autopilot_max_dph_total: Annotated[
+        Annotated[float, Meta(gt=0)] | None,
+        Meta(description=(
+            "autopilot: hard cap on the fleet's price, $/hour, trials included (required)"
+        )),
+    ] = None
+    autopilot_max_instances: Annotated[
+        Annotated[int, Meta(ge=1)] | None,
+        Meta(description=(
+            "autopilot: hard cap on instances billing at once (required)"
+        )),
+    ] = None
+    autopilot_max_explore_share: Annotated[
+        float,
+        Meta(ge=0, le=1, description=(
+            "autopilot: at its target, it explores only while trials stay within this share of "
+            "the spend over autopilot_spend_window_h"
+        )),
+    ] = 0.15
+    autopilot_max_concurrent_trials: Annotated[
+        int,
+        Meta(ge=1, description=(
+            "autopilot: most trials under way at once"
+        )),
+    ] = 2
+    autopilot_explore_interval_s: Annotated[
+        float,
+        Meta(ge=0, description=(
+            "autopilot: least time between two explorations, seconds"
+        )),
+    ] = 3600.0
+    autopilot_interval_s: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "autopilot: seconds between two decisions"
+        )),
+    ] = 120.0
+    autopilot_spend_window_h: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "autopilot: the spend the exploration share is measured on, the last this many hours"
+        )),
+    ] = 168.0
+    autopilot_filter: Annotated[
+        str | None,
+        Meta(description=(
+            "autopilot: offer filter of its searches, vast.ai CLI syntax; unset: VM_VAST_FILTER "
+            "or the provider's default"
+        )),
+    ] = None
     # The whole bill (docs/operations.md, "What an instance costs" and "The account").
-    Setting(
-        "setup_download_gb",
-        50.0,
-        "GB a fresh instance downloads before it proves (the image and the ~45 GiB of "
-        "parameters): priced at each offer's inet_down_cost and spread over "
-        "plan_horizon_hours in every $/hour figure",
-        at_least=0,
-    ),
-    Setting(
-        "balance_warn_usd",
-        20.0,
-        "vast.ai balance below this: a warning on the dashboard, in status and the log",
-    ),
-    Setting(
-        "balance_pause_usd",
-        2.0,
-        "vast.ai balance below this: deploys and the autopilot pause until it is back above",
-    ),
-    Setting(
-        "strike_limit",
-        3,
-        "failed trials (stuck loading, no hello, timeouts, crashes, implausible results) "
-        "within strike_window_s that block a machine",
-        at_least=1,
-    ),
-    Setting("strike_window_s", 7 * 86400.0, "strikes older than this no longer count",
-            above=0),
-    Setting("strike_block_s", 7 * 86400.0, "how long a struck-out machine stays blocked",
-            above=0),
-    Setting(
-        "interruptible_trials",
-        False,
-        "the autopilot's trials rent interruptible instances at a bid (vast.ai only; "
-        "docs/operations.md, Interruptible trials)",
-    ),
-    Setting(
-        "interruptible_bid_share",
-        0.6,
-        "an interruptible trial bids this share of the offer's on-demand rent (at least "
-        "the offer's min_bid)",
-        above=0,
-        at_most=1,
-    ),
-)
-
-_BY_NAME = {s.name: s for s in SETTINGS}
-
-
-def default_config_dir(env: Mapping[str, str]) -> Path:
-    """$XDG_CONFIG_HOME/vast-manager, else ~/.config/vast-manager."""
-    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "vast-manager"
-
-
-def load_or_create_fleet_secret(config_dir: Path) -> list[bytes]:
-    """Read the fleet secret file, creating it (32 random bytes, hex, mode 0600) if absent.
-
-    Created with O_EXCL so two coordinators starting at once agree on one secret.
-    """
-    path = config_dir / FLEET_SECRET_FILE
-    if not path.exists():
-        config_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass
-        else:
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_hex(32) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-    try:
-        return parse_secrets(path.read_text().strip())
-    except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
-
-
-_KIND_WORDS = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}
-
-
-def _parse(setting: Setting, raw: Any) -> Any:
-    if raw is None:
-        return None
-    kind = setting.parse_type
-    if not isinstance(raw, str):
-        if kind is float and isinstance(raw, int) and not isinstance(raw, bool):
-            return float(raw)
-        if isinstance(raw, kind):
-            return raw
-        raise ValueError(f"{setting.env} must be {_KIND_WORDS.get(kind, kind.__name__)}")
-    text = raw.strip()
-    if kind is str:
-        return text or None
-    if kind is bool:
-        # bool("false") is True: spell the accepted words out.
-        word = text.lower()
-        if word in ("1", "true", "yes", "on"):
-            return True
-        if word in ("0", "false", "no", "off", ""):
-            return False
-        raise ValueError(f"{setting.env} must be true or false, got {text!r}")
-    try:
-        value = kind(text)
-    except ValueError:
-        words = _KIND_WORDS.get(kind, kind.__name__)
-        raise ValueError(f"{setting.env} must be {words}, got {text!r}") from None
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    db_path: str
-    host: str
-    port: int
-    public_url: str | None
-    admin_token: str
-    fleet_secrets: tuple[bytes, ...]
-    config_dir: str
-    fleet_id: str
-    max_usd_per_proof: float
-    next_heartbeat_s: int
-    max_heartbeats_per_second: float
-    max_next_heartbeat_s: int
-    no_hello_timeout_s: float
-    params_timeout_s: float
-    warmup_timeout_s: float
-    benchmark_timeout_s: float
-    silence_grace_s: float
-    lost_timeout_s: float
-    terminate_grace_s: float
-    monitor_interval_s: float
-    log_lines_per_instance: int
-    heartbeat_history_interval_s: float
-    heartbeat_history_rows: int
-    max_deploy_dph_total: float
-    deploy_disk_gb: int
-    unowned_grace_s: float
-    max_concurrency_per_gpu: int
-    rate_tolerance: float
-    max_rate_per_gpu_per_hour: float
-    sim_time_scale: float
-    nonces_per_agent: int
-    write_batch_max: int
-    commit_window_ms: float
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    admin_listen: str | None = None
-    metrics_public: bool = False
-    log_format: str = "text"
-    session_ttl_s: float = 43200.0
-    admin_failures_per_minute: int = 10
-    vast_image: str | None = None
-    vast_onstart: str | None = None
-    vast_runtype: str = "ssh_direc ssh_proxy"
-    vast_env: str | None = None
-    vast_image_login: str | None = None
-    vast_filter: str | None = None
-    verdict_early: bool = True
-    verdict_confidence: float = 0.95
-    verdict_min_proofs: int = 2
-    verdict_sigma_floor: float = 0.15
-    min_instance_ram_gb: float = 128.0
-    model_refit_interval_s: float = 30.0
-    plan_horizon_hours: float = 168.0
-    idle_after_s: float = 900.0
-    idle_destroy_after_s: float = 0.0
-    autopilot: bool = False
-    autopilot_target_rate_per_hour: float | None = None
-    autopilot_max_dph_total: float | None = None
-    autopilot_max_instances: int | None = None
-    autopilot_max_explore_share: float = 0.15
-    autopilot_max_concurrent_trials: int = 2
-    autopilot_explore_interval_s: float = 3600.0
-    autopilot_interval_s: float = 120.0
-    autopilot_spend_window_h: float = 168.0
-    autopilot_filter: str | None = None
-    setup_download_gb: float = 50.0
-    balance_warn_usd: float = 20.0
-    balance_pause_usd: float = 2.0
-    strike_limit: int = 3
-    strike_window_s: float = 7 * 86400.0
-    strike_block_s: float = 7 * 86400.0
-    interruptible_trials: bool = False
-    interruptible_bid_share: float = 0.6
+    setup_download_gb: Annotated[
+        float,
+        Meta(ge=0, description=(
+            "GB a fresh instance downloads before it proves (the image and the ~45 GiB of "
+            "parameters): priced at each offer's inet_down_cost and spread over "
+            "plan_horizon_hours in every $/hour figure"
+        )),
+    ] = 50.0
+    balance_warn_usd: Annotated[
+        float,
+        Meta(description=(
+            "vast.ai balance below this: a warning on the dashboard, in status and the log"
+        )),
+    ] = 20.0
+    balance_pause_usd: Annotated[
+        float,
+        Meta(description=(
+            "vast.ai balance below this: deploys and the autopilot pause until it is back above"
+        )),
+    ] = 2.0
+    strike_limit: Annotated[
+        int,
+        Meta(ge=1, description=(
+            "failed trials (stuck loading, no hello, timeouts, crashes, implausible results) "
+            "within strike_window_s that block a machine"
+        )),
+    ] = 3
+    strike_window_s: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "strikes older than this no longer count"
+        )),
+    ] = 7 * 86400.0
+    strike_block_s: Annotated[
+        float,
+        Meta(gt=0, description=(
+            "how long a struck-out machine stays blocked"
+        )),
+    ] = 7 * 86400.0
+    interruptible_trials: Annotated[
+        bool,
+        Meta(description=(
+            "the autopilot's trials rent interruptible instances at a bid (vast.ai only; "
+            "docs/operations.md, Interruptible trials)"
+        )),
+    ] = False
+    interruptible_bid_share: Annotated[
+        float,
+        Meta(gt=0, le=1, description=(
+            "an interruptible trial bids this share of the offer's on-demand rent (at least "
+            "the offer's min_bid)"
+        )),
+    ] = 0.6
+    # Resolved by from_env, not settings (RESOLVED_FIELDS).
+    fleet_secrets: tuple[bytes, ...] = ()
     admin_token_generated: bool = False
 
     @property
@@ -583,7 +548,7 @@ class Settings:
         return f"{scheme}://{host}:{self.port}"
 
     def with_values(self, **values: Any) -> Settings:
-        return dataclasses.replace(self, **values)
+        return msgspec.structs.replace(self, **values)
 
     def __repr__(self) -> str:  # never print secrets (logs, tracebacks)
         return f"Settings(db_path={self.db_path!r}, host={self.host!r}, port={self.port})"
@@ -648,6 +613,77 @@ class Settings:
         return cls(**values)
 
 
+def _env_name(name: str, extra: Mapping[str, Any]) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+SETTINGS: tuple[Setting, ...] = settings_table.declared(Settings, _env_name, RESOLVED_FIELDS)
+_BY_NAME = {s.name: s for s in SETTINGS}
+#: Every setting at its default, for code that needs one without an environment.
+DEFAULTS = Settings()
+
+
+def default_config_dir(env: Mapping[str, str]) -> Path:
+    """$XDG_CONFIG_HOME/vast-manager, else ~/.config/vast-manager."""
+    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "vast-manager"
+
+
+def load_or_create_fleet_secret(config_dir: Path) -> list[bytes]:
+    """Read the fleet secret file, creating it (32 random bytes, hex, mode 0600) if absent.
+
+    Created with O_EXCL so two coordinators starting at once agree on one secret.
+    """
+    path = config_dir / FLEET_SECRET_FILE
+    if not path.exists():
+        config_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+    try:
+        return parse_secrets(path.read_text().strip())
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+
+
+_KIND_WORDS = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}
+
+
+def _parse(setting: Setting, raw: Any) -> Any:
+    if raw is None:
+        return None
+    kind = setting.parse_type
+    if not isinstance(raw, str):
+        if kind is float and isinstance(raw, int) and not isinstance(raw, bool):
+            return float(raw)
+        if isinstance(raw, kind):
+            return raw
+        raise ValueError(f"{setting.env} must be {_KIND_WORDS.get(kind, kind.__name__)}")
+    text = raw.strip()
+    if kind is str:
+        return text or None
+    if kind is bool:
+        # bool("false") is True: spell the accepted words out.
+        word = text.lower()
+        if word in ("1", "true", "yes", "on"):
+            return True
+        if word in ("0", "false", "no", "off", ""):
+            return False
+        raise ValueError(f"{setting.env} must be true or false, got {text!r}")
+    try:
+        value = kind(text)
+    except ValueError:
+        words = _KIND_WORDS.get(kind, kind.__name__)
+        raise ValueError(f"{setting.env} must be {words}, got {text!r}") from None
+    return value
+
+
 def _check_discovery(values: dict[str, Any]) -> None:
     """The autopilot's caps: hard limits with no default, so required to run it (their
     bounds are in their rows)."""
@@ -683,6 +719,24 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-def settings_markdown() -> str:
-    """The settings table for the docs (variable, default, allowed values, meaning)."""
-    return settings_table.markdown(SETTINGS)
+#: The settings docs/operations.md's vast.ai section shows again (from the same rows).
+VAST_SETTINGS = ("vast_image", "vast_onstart", "vast_runtype", "vast_env", "vast_image_login",
+                 "vast_filter", "min_instance_ram_gb", "deploy_disk_gb", "max_deploy_dph_total",
+                 "max_usd_per_proof", "monitor_interval_s", "unowned_grace_s")
+
+
+def settings_markdown(names: tuple[str, ...] | None = None) -> str:
+    """The settings table for the docs (variable, default, allowed values, meaning): every
+    setting, or those ``names``."""
+    rows = SETTINGS if names is None else tuple(_BY_NAME[n] for n in names)
+    return settings_table.markdown(rows)
+
+
+def settings_help() -> str:
+    """Every setting as plain text, for ``vast-manager serve --help``."""
+    return settings_table.help_text(SETTINGS)
+
+
+def default_text(name: str) -> str:
+    """``[default: X]`` of one setting, for a command-line option that sets it."""
+    return settings_table.default_text(_BY_NAME[name])

@@ -20,6 +20,8 @@ from typing import Any
 
 import orjson
 
+from vast_manager.agent.config import SIM_DEFAULTS
+
 ENV_PROFILE = "VM_SIM_PROFILE"
 ENV_STATE_FILE = "VM_SIM_STATE_FILE"
 ENV_TIME_SCALE = "VM_SIM_TIME_SCALE"
@@ -223,10 +225,12 @@ def load_profile(environ: dict[str, str] | None = None) -> Profile:
 
 
 def time_scale(environ: dict[str, str] | None = None) -> float:
-    """Simulated seconds per real second (``VM_SIM_TIME_SCALE``, default 1)."""
+    """Simulated seconds per real second (``VM_SIM_TIME_SCALE``; its default declared in
+    ``vast_manager.agent.config``)."""
     env = os.environ if environ is None else environ
+    default = SIM_DEFAULTS.time_scale
     try:
-        value = float(env.get(ENV_TIME_SCALE, "1"))
+        value = float(env.get(ENV_TIME_SCALE, default))
     except ValueError:
-        return 1.0
-    return value if value > 0 else 1.0
+        return default
+    return value if value > 0 else default

@@ -85,6 +85,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from vast_manager.agent.config import SIM_DEFAULTS
 from vast_manager.sim.hardware import Profile
 
 PARTITIONS_PER_PROOF = 10
@@ -123,7 +124,7 @@ DEFAULT_MAX_PARALLEL_SYNTHESIS = 18  # config.rs: [pipeline] max_parallel_synthe
 BUDGET_POLL_S = 1.0  # the extraction's try_acquire loop sleeps a second
 SRS_LOAD_BYTES_PER_S = 1.5e9  # read + deserialise the .params file
 PCE_SAVE_BYTES_PER_S = 2e9  # writing pce-porep-32g.bin before caching it
-DEFAULT_BLOCK_TIMEOUT_S = 1800.0
+DEFAULT_BLOCK_TIMEOUT_S = SIM_DEFAULTS.budget_block_timeout_s  # VM_SIM_BUDGET_BLOCK_TIMEOUT
 
 # --- GPU memory (for telemetry) ---
 GPU_CONTEXT_BYTES = 600_000_000

@@ -14,7 +14,9 @@ from typing import Any
 
 import orjson
 
-DEFAULT_URL = "http://127.0.0.1:8420"
+from vast_manager.coordinator.settings import DEFAULTS
+
+DEFAULT_URL = f"http://{DEFAULTS.host}:{DEFAULTS.port}"
 
 
 _NEXT_LINK = re.compile(r'<([^>]*)>\s*;\s*rel="?next"?', re.IGNORECASE)

@@ -33,6 +33,7 @@ from vast_manager.coordinator import textsafe
 from vast_manager.coordinator.cli import render
 from vast_manager.coordinator.cli.api_client import DEFAULT_URL, OperatorClient, OperatorError
 from vast_manager.coordinator.decisions.states import GONE as GONE_STATES
+from vast_manager.coordinator.settings import default_text, settings_help
 from vast_manager.coordinator.textsafe import clean
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -167,10 +168,18 @@ def cli() -> None:
 # --- server ----------------------------------------------------------------------
 
 
-@cli.command()
-@click.option("--db", "db_path", default=None, help="SQLite file [default: ./vast-manager.db].")
-@click.option("--host", default=None, help="Listen address [default: 127.0.0.1].")
-@click.option("--port", type=int, default=None, help="Listen port [default: 8420].")
+# Every setting, from its one declaration (coordinator/settings.py): `serve --help` ends with
+# them, and a flag that sets one shows its default from there.
+SERVE_EPILOG = "\b\nSettings (environment, or the flag named above):\n" + "\n".join(
+    "  " + line for line in settings_help().splitlines())
+
+
+@cli.command(epilog=SERVE_EPILOG, context_settings={"max_content_width": 120})
+@click.option("--db", "db_path", default=None,
+              help=f"SQLite file{default_text('db_path')} (env VM_DB_PATH).")
+@click.option("--host", default=None, help=f"Listen address{default_text('host')} (env VM_HOST).")
+@click.option("--port", type=int, default=None,
+              help=f"Listen port{default_text('port')} (env VM_PORT).")
 @click.option(
     "--provider",
     type=click.Choice(["local", "vast"]),
@@ -202,7 +211,8 @@ def cli() -> None:
 @click.option("--max-instances", type=int, default=None,
               help="Autopilot: hard cap on instances (env VM_AUTOPILOT_MAX_INSTANCES).")
 @click.option("--explore-share", type=float, default=None, metavar="0-1",
-              help="Autopilot: trials' most share of spend, 0-1 [default: 0.15] (env "
+              help="Autopilot: trials' most share of spend, 0-1"
+              f"{default_text('autopilot_max_explore_share')} (env "
               "VM_AUTOPILOT_MAX_EXPLORE_SHARE).")
 def serve(
     db_path: str | None,

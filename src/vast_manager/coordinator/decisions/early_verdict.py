@@ -66,6 +66,9 @@ from functools import lru_cache
 from statistics import NormalDist
 from typing import Literal
 
+from vast_manager.agent.config import BENCH_PROOFS
+from vast_manager.coordinator.settings import DEFAULTS
+
 Decision = Literal["terminate", "pass", "undecided"]
 
 
@@ -73,13 +76,13 @@ Decision = Literal["terminate", "pass", "undecided"]
 class VerdictSettings:
     """The early-verdict knobs; defaults chosen by ``bench/verdict.py --sweep``."""
 
-    confidence: float = 0.95
+    confidence: float = DEFAULTS.verdict_confidence
     """Family-wise confidence of an early verdict, over every look of one benchmark."""
-    min_proofs: int = 2
+    min_proofs: int = DEFAULTS.verdict_min_proofs
     """No verdict from proof times before this many proofs (the stall test is exempt)."""
-    sigma_floor: float = 0.15
+    sigma_floor: float = DEFAULTS.verdict_sigma_floor
     """Smallest spread of log proof time assumed (15% per proof, the top of the observed)."""
-    planned_proofs: int = 12
+    planned_proofs: int = BENCH_PROOFS
     """Proofs in the benchmark (the agent's ``VM_BENCH_PROOFS``); sets the number of looks."""
 
     def __post_init__(self) -> None:

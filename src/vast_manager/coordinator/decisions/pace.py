@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from vast_manager.coordinator.decisions import states
+from vast_manager.coordinator.settings import DEFAULTS
 
 #: A pace computed as ``agents / budget`` is rounded up to whole seconds; this much of
 #: float noise (15,000 / 1,000.0000001) must not cost a second.
@@ -53,11 +54,11 @@ class PaceSettings(Protocol):
 class PaceLimits:
     """The settings the pace follows, alone."""
 
-    next_heartbeat_s: int = 15
+    next_heartbeat_s: int = DEFAULTS.next_heartbeat_s
     """The base pace, and the least: a small fleet reports this often."""
-    max_next_heartbeat_s: int = 300
+    max_next_heartbeat_s: int = DEFAULTS.max_next_heartbeat_s
     """The longest pace (never below ``next_heartbeat_s``)."""
-    max_heartbeats_per_second: float = 1000.0
+    max_heartbeats_per_second: float = DEFAULTS.max_heartbeats_per_second
     """The fleet's heartbeats per second the pace keeps under, while it can."""
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from vast_manager.coordinator.decisions import belief, states
 from vast_manager.coordinator.decisions.pace import silence_ttl_s as silence_ttl_s
 from vast_manager.coordinator.decisions.states import State
+from vast_manager.coordinator.settings import DEFAULTS
 from vast_manager.protocol.messages import Directive, Result
 
 Clock = Callable[[], float]
@@ -47,19 +48,20 @@ RESULT_FLAGS = (IMPLAUSIBLE, CONTENDED, PARTIAL, EARLY_VERDICT, AFTER_TERMINATE,
 
 @dataclass(frozen=True, slots=True)
 class PolicyLimits:
-    """The settings the pure functions need (a subset of ``Settings``)."""
+    """The settings the pure functions need (a subset of ``Settings``, defaults from its
+    one declaration)."""
 
-    max_usd_per_proof: float = 0.008
-    next_heartbeat_s: int = 15
-    no_hello_timeout_s: float = 900.0
-    params_timeout_s: float = 5400.0
-    warmup_timeout_s: float = 1200.0
-    benchmark_timeout_s: float = 2700.0
-    silence_grace_s: float = 30.0
-    lost_timeout_s: float = 1800.0
-    max_concurrency_per_gpu: int = 8
-    rate_tolerance: float = 0.05
-    max_rate_per_gpu_per_hour: float = 300.0
+    max_usd_per_proof: float = DEFAULTS.max_usd_per_proof
+    next_heartbeat_s: int = DEFAULTS.next_heartbeat_s
+    no_hello_timeout_s: float = DEFAULTS.no_hello_timeout_s
+    params_timeout_s: float = DEFAULTS.params_timeout_s
+    warmup_timeout_s: float = DEFAULTS.warmup_timeout_s
+    benchmark_timeout_s: float = DEFAULTS.benchmark_timeout_s
+    silence_grace_s: float = DEFAULTS.silence_grace_s
+    lost_timeout_s: float = DEFAULTS.lost_timeout_s
+    max_concurrency_per_gpu: int = DEFAULTS.max_concurrency_per_gpu
+    rate_tolerance: float = DEFAULTS.rate_tolerance
+    max_rate_per_gpu_per_hour: float = DEFAULTS.max_rate_per_gpu_per_hour
 
     @classmethod
     def from_settings(cls, settings: Any) -> PolicyLimits:
@@ -71,9 +73,9 @@ class StrikeRule:
     """Failed trials that block a machine: ``limit`` within ``window_s`` block it for
     ``block_s`` (docs/policy.md, "Strikes")."""
 
-    limit: int = 3
-    window_s: float = 7 * 86400.0
-    block_s: float = 7 * 86400.0
+    limit: int = DEFAULTS.strike_limit
+    window_s: float = DEFAULTS.strike_window_s
+    block_s: float = DEFAULTS.strike_block_s
 
     @classmethod
     def from_settings(cls, settings: Any) -> StrikeRule:

@@ -27,10 +27,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from vast_manager.agent.config import BENCH_PROOFS
 from vast_manager.coordinator.decisions import cost
 from vast_manager.coordinator.discovery.features import GIB, OfferFeatures, offer_features
 from vast_manager.coordinator.discovery.structural_model import Prediction, Unpredictable, normal_sf
 from vast_manager.coordinator.providers.coerce import as_int, positive
+from vast_manager.coordinator.settings import DEFAULTS
 
 
 class Predictor(Protocol):
@@ -50,8 +52,8 @@ class TrialCost:
     params_gib: float = 45.0  # the PoRep 32G parameters a fresh host downloads
     boot_s: float = 300.0
     warmup_s: float = 420.0
-    bench_proofs: int = 12
-    bench_timeout_s: float = 2700.0
+    bench_proofs: int = BENCH_PROOFS
+    bench_timeout_s: float = DEFAULTS.benchmark_timeout_s
     default_inet_down_mbps: float = 500.0
     #: GB the fresh host downloads (parameters and image), billed at the offer's
     #: ``inet_down_cost`` (None: the parameters alone).
@@ -73,10 +75,10 @@ class TrialCost:
 
 @dataclass(frozen=True, slots=True)
 class PlanSettings:
-    max_usd_per_proof: float = 0.008
+    max_usd_per_proof: float = DEFAULTS.max_usd_per_proof
     trials: int = 5
     budget_usd: float | None = None
-    horizon_hours: float = 168.0  # how long a kept host is expected to run
+    horizon_hours: float = DEFAULTS.plan_horizon_hours  # how long a kept host is expected to run
     min_expected_value_usd: float = 0.0
     trial_cost: TrialCost = field(default_factory=TrialCost)
 

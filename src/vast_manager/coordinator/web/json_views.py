@@ -9,6 +9,7 @@ from typing import Any
 from vast_manager.coordinator.decisions import cost, policy, states
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.operations.production import NOT_PROVING
+from vast_manager.coordinator.settings import DEFAULTS
 from vast_manager.coordinator.store.migrations import Row, loads
 
 INSTANCE_FIELDS = (
@@ -31,8 +32,8 @@ class CostBasis:
     """What the cost figures of a view need beside the row (settings, the clock)."""
 
     now: float | None = None
-    setup_download_gb: float = 50.0
-    kept_hours: float = 168.0
+    setup_download_gb: float = DEFAULTS.setup_download_gb
+    kept_hours: float = DEFAULTS.plan_horizon_hours
 
 
 def _parts(rent: float, storage: float, bandwidth: float) -> dict[str, float]:

@@ -36,6 +36,7 @@ from vast_manager.coordinator.providers.vast.filters import (
     apply_local_filters,
     build_search_query,
 )
+from vast_manager.coordinator.settings import DEFAULTS
 
 if TYPE_CHECKING:
     from vast_manager.coordinator.settings import Settings
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 MAX_ONSTART_CHARS = 4048
 #: The CLI's ``--ssh --direct``: vast.ai runs the onstart script instead of the
 #: image's ENTRYPOINT. ``"args"`` runs the image's ENTRYPOINT instead.
-DEFAULT_RUNTYPE = "ssh_direc ssh_proxy"
+DEFAULT_RUNTYPE = DEFAULTS.vast_runtype
 #: The onstart script of the vast.ai template (image/vast-template.md): it starts
 #: the agent's supervisor baked into the image and returns.
 DEFAULT_ONSTART = (
