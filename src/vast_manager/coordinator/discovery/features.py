@@ -223,17 +223,7 @@ def offer_features(offer: Mapping[str, Any]) -> OfferFeatures:
     dlperf = _number(offer, "dlperf")
     compute_cap = _number(offer, "compute_cap")
 
-    cores_host = _number(offer, "cpu_cores")
-    cores_eff = _number(offer, "cpu_cores_effective")
-    if cores_eff is None and cores_host is None:
-        raise FeatureError("cpu_cores_effective", "cpu_cores_effective (the instance's vCPUs) "
-                           "or cpu_cores must be given.")
-    if cores_eff is None:
-        assert cores_host is not None
-        cores_eff = cores_host
-        assumed.append("cpu_cores_effective not reported: assumed the whole host's cores")
-    if cores_host is None or cores_host < cores_eff:
-        cores_host = cores_eff
+    cores_eff, cores_host = _cores(offer, assumed)
     share = cores_eff / cores_host
 
     ghz = _number(offer, "cpu_ghz")
@@ -248,24 +238,7 @@ def offer_features(offer: Mapping[str, Any]) -> OfferFeatures:
     else:
         ram_share_gib = cpu_ram_mb * 1e6 * share / GIB
 
-    gen_f = _number(offer, "pci_gen")
-    lanes_f = _number(offer, "gpu_lanes")
-    gen = round(gen_f) if gen_f is not None else None
-    lanes = round(lanes_f) if lanes_f is not None else None
-    link: float | None = None
-    if gen is not None or lanes is not None:
-        card_gen = spec.pcie_gen_max if spec else 5
-        card_lanes = spec.pcie_lanes_max if spec else 16
-        link = pcie_link_gbps(min(gen or card_gen, card_gen), min(lanes or card_lanes, card_lanes))
-    pcie_bw = _number(offer, "pcie_bw")
-    if pcie_bw is not None:
-        pcie = min(pcie_bw, link) if link is not None else pcie_bw
-    elif link is not None:
-        pcie = link * PCIE_EFFICIENCY
-        assumed.append(f"pcie_bw not reported: assumed {pcie:.1f} GB/s from the link")
-    else:
-        pcie = DEFAULT_PCIE_GBPS
-        assumed.append(f"PCIe not reported: assumed {pcie:.0f} GB/s")
+    pcie, gen, lanes = _pcie(offer, spec, assumed)
 
     reliability = _number(offer, "reliability", allow_zero=True)
     if reliability is None:
@@ -295,6 +268,47 @@ def offer_features(offer: Mapping[str, Any]) -> OfferFeatures:
         reliability=min(reliability, 1.0) if reliability is not None else None,
         assumed=tuple(assumed),
     )
+
+
+def _cores(offer: Mapping[str, Any], assumed: list[str]) -> tuple[float, float]:
+    """(the instance's vCPUs, the host's), the host's at least the instance's."""
+    cores_host = _number(offer, "cpu_cores")
+    cores_eff = _number(offer, "cpu_cores_effective")
+    if cores_eff is None and cores_host is None:
+        raise FeatureError("cpu_cores_effective", "cpu_cores_effective (the instance's vCPUs) "
+                           "or cpu_cores must be given.")
+    if cores_eff is None:
+        assert cores_host is not None
+        cores_eff = cores_host
+        assumed.append("cpu_cores_effective not reported: assumed the whole host's cores")
+    if cores_host is None or cores_host < cores_eff:
+        cores_host = cores_eff
+    return cores_eff, cores_host
+
+
+def _pcie(offer: Mapping[str, Any], spec: GpuSpec | None, assumed: list[str],
+          ) -> tuple[float, int | None, int | None]:
+    """(the usable PCIe bandwidth per GPU in GB/s, the link's generation, its lanes): the
+    measured bandwidth, capped by the link the card and slot allow, else the link's."""
+    gen_f = _number(offer, "pci_gen")
+    lanes_f = _number(offer, "gpu_lanes")
+    gen = round(gen_f) if gen_f is not None else None
+    lanes = round(lanes_f) if lanes_f is not None else None
+    link: float | None = None
+    if gen is not None or lanes is not None:
+        card_gen = spec.pcie_gen_max if spec else 5
+        card_lanes = spec.pcie_lanes_max if spec else 16
+        link = pcie_link_gbps(min(gen or card_gen, card_gen), min(lanes or card_lanes, card_lanes))
+    pcie_bw = _number(offer, "pcie_bw")
+    if pcie_bw is not None:
+        pcie = min(pcie_bw, link) if link is not None else pcie_bw
+    elif link is not None:
+        pcie = link * PCIE_EFFICIENCY
+        assumed.append(f"pcie_bw not reported: assumed {pcie:.1f} GB/s from the link")
+    else:
+        pcie = DEFAULT_PCIE_GBPS
+        assumed.append(f"PCIe not reported: assumed {pcie:.0f} GB/s")
+    return pcie, gen, lanes
 
 
 def offer_from_host_info(host: Mapping[str, Any], *, machine_id: str) -> dict[str, Any]:

@@ -654,6 +654,34 @@ class RateModel:
             if told is not None:
                 log_count[i], known[i] = told, True
         ev = _evaluate(self.theta, d, p, n_gpu, n_fam, jacobian=True, log_count=log_count)
+        b = self._bands(feats, d, ev, weights, means, known)
+        shap = self._shapley(d, n_gpu, n_fam) if explain else None
+        ref_log = self._reference_log_rate(n_gpu, n_fam) if explain else float("nan")
+        # The explanation's groups move the smooth staircase's rate; what whole
+        # partitions make of it (one count, or the modes) is a term of its own, and so
+        # is the doubt (the point sits sd^2 below a log-normal's median: the rate with
+        # the least expected percentage error).
+        smooth = (_evaluate(self.theta, d, p, n_gpu, n_fam, jacobian=False).f if explain
+                  else b.mean)
+        preds = []
+        for i, f in enumerate(feats):
+            contributions: tuple[Contribution, ...] = ()
+            if shap is not None:
+                contributions = tuple(
+                    Contribution(name, _detail(name, f), float(shap[i, g]))
+                    for g, (name, _) in enumerate(GROUPS)
+                ) + _own_terms(b, i, weights[i], bool(known[i]), float(log_count[i]),
+                               float(smooth[i]))
+            pred = self._prediction(f, i, b, ev, weights, means, contributions,
+                                    math.exp(ref_log) if explain else float("nan"))
+            preds.append(_with_basis(pred, f) if explain else pred)
+        return preds
+
+    def _bands(self, feats: Sequence[OfferFeatures], d: _Design, ev: _Eval,
+               weights: Array, means: Array, known: NDArray[np.bool_]) -> _Bands:
+        """Each offer's point, 80% interval and log-rate sd, with its machine's own effect
+        where it was measured."""
+        p = self.priors
         assert ev.jac is not None
         grad = ev.jac.copy()
         mean = ev.f.copy()
@@ -690,63 +718,41 @@ class RateModel:
         # other slices were measured).
         multi = ~known & ((weights > 0).sum(axis=1) > 1)
         if multi.any():
-            w, m, s_ = weights[multi], means[multi] + effects[multi, None], sd[multi]
-            low[multi] = _mixture_quantile(0.1, w, m, s_)
-            high[multi] = _mixture_quantile(0.9, w, m, s_)
-            w_ape = w * np.exp(-(m - m.max(axis=1, keepdims=True)))
+            w, m_, s_ = weights[multi], means[multi] + effects[multi, None], sd[multi]
+            low[multi] = _mixture_quantile(0.1, w, m_, s_)
+            high[multi] = _mixture_quantile(0.9, w, m_, s_)
+            w_ape = w * np.exp(-(m_ - m_.max(axis=1, keepdims=True)))
             point[multi] = _mixture_quantile(0.5, w_ape / w_ape.sum(axis=1, keepdims=True),
-                                             m - (s_**2)[:, None], s_)
-        shap = self._shapley(d, n_gpu, n_fam) if explain else None
-        ref_log = self._reference_log_rate(n_gpu, n_fam) if explain else float("nan")
-        # The explanation's groups move the smooth staircase's rate; what whole
-        # partitions make of it (one count, or the modes) is a term of its own, and so
-        # is the doubt (the point sits sd^2 below a log-normal's median: the rate with
-        # the least expected percentage error).
-        smooth = (_evaluate(self.theta, d, p, n_gpu, n_fam, jacobian=False).f if explain
-                  else mean)
-        preds = []
-        for i, f in enumerate(feats):
-            caps = {r: float(math.exp(ev.caps[i, k])) for k, r in enumerate(RESOURCES)}
-            bottleneck = RESOURCES[int(np.argmax(ev.w[i]))]
-            novelty = self._novelty(f, int(runs[i]))
-            contributions: tuple[Contribution, ...] = ()
-            if shap is not None:
-                contributions = tuple(
-                    Contribution(name, _detail(name, f), float(shap[i, g]))
-                    for g, (name, _) in enumerate(GROUPS)
-                ) + (Contribution(
-                    "partitions in flight", _count_detail(weights[i], bool(known[i]),
-                                                          float(log_count[i])),
-                    float(point[i] + sd[i] ** 2 - smooth[i] - effects[i])),
-                    Contribution("doubt", f"(80% {math.exp(low[i]):.0f}-"
-                                 f"{math.exp(high[i]):.0f}/h)", float(-sd[i] ** 2)),
-                ) + ((Contribution("this machine's runs", f"{runs[i]} measured",
-                                   float(effects[i])),) if runs[i] else ())
-            mu, s = float(mean[i]), float(sd[i])
-            modes: tuple[tuple[float, float, float], ...] = ()
-            if multi[i]:
-                modes = tuple((float(weights[i, c]), float(means[i, c] + effects[i]), s)
-                              for c in np.flatnonzero(weights[i]))
-                mu = sum(wc * mc for wc, mc, _ in modes)
-                s = math.sqrt(sum(wc * (s * s + (mc - mu) ** 2) for wc, mc, _ in modes))
-            pred = Prediction(
-                rate_per_hour=math.exp(float(point[i])),
-                rate_low=math.exp(float(low[i])),
-                rate_high=math.exp(float(high[i])),
-                log_rate_mean=mu,
-                log_rate_sd=s,
-                bottleneck=bottleneck,
-                capacities_per_hour=caps,
-                reference_rate_per_hour=math.exp(ref_log) if explain else float("nan"),
-                contributions=contributions,
-                machine_runs=int(runs[i]),
-                novelty=novelty,
-                assumed=f.assumed,
-                basis="",
-                modes=modes,
-            )
-            preds.append(_with_basis(pred, f) if explain else pred)
-        return preds
+                                             m_ - (s_**2)[:, None], s_)
+        return _Bands(mean, sd, point, low, high, effects, runs, multi)
+
+    def _prediction(self, f: OfferFeatures, i: int, b: _Bands, ev: _Eval,
+                    weights: Array, means: Array, contributions: tuple[Contribution, ...],
+                    reference: float) -> Prediction:
+        mu, s = float(b.mean[i]), float(b.sd[i])
+        modes: tuple[tuple[float, float, float], ...] = ()
+        if b.multi[i]:
+            modes = tuple((float(weights[i, c]), float(means[i, c] + b.effects[i]), s)
+                          for c in np.flatnonzero(weights[i]))
+            mu = sum(wc * mc for wc, mc, _ in modes)
+            s = math.sqrt(sum(wc * (s * s + (mc - mu) ** 2) for wc, mc, _ in modes))
+        return Prediction(
+            rate_per_hour=math.exp(float(b.point[i])),
+            rate_low=math.exp(float(b.low[i])),
+            rate_high=math.exp(float(b.high[i])),
+            log_rate_mean=mu,
+            log_rate_sd=s,
+            bottleneck=RESOURCES[int(np.argmax(ev.w[i]))],
+            capacities_per_hour={r: float(math.exp(ev.caps[i, k]))
+                                 for k, r in enumerate(RESOURCES)},
+            reference_rate_per_hour=reference,
+            contributions=contributions,
+            machine_runs=int(b.runs[i]),
+            novelty=self._novelty(f, int(b.runs[i])),
+            assumed=f.assumed,
+            basis="",
+            modes=modes,
+        )
 
     def _novelty(self, f: OfferFeatures, runs: int) -> tuple[str, ...]:
         if runs:
@@ -790,6 +796,34 @@ class RateModel:
                 weight = math.factorial(size) * math.factorial(g - size - 1) / math.factorial(g)
                 phi[:, k] += weight * (values[index[with_k]] - values[c])
         return phi
+
+
+@dataclass(slots=True)
+class _Bands:
+    """Per offer: the log rate's mean and sd, the point and the 80% interval (log), the
+    machine's own effect and runs, and whether the rate has several modes."""
+
+    mean: Array
+    sd: Array
+    point: Array
+    low: Array
+    high: Array
+    effects: Array
+    runs: NDArray[np.int64]
+    multi: NDArray[np.bool_]
+
+
+def _own_terms(b: _Bands, i: int, weights: Array, known: bool, log_count: float,
+               smooth: float) -> tuple[Contribution, ...]:
+    """The explanation's terms past the groups: whole partitions, the doubt and this
+    machine's own runs."""
+    return (
+        Contribution("partitions in flight", _count_detail(weights, known, log_count),
+                     float(b.point[i] + b.sd[i] ** 2 - smooth - b.effects[i])),
+        Contribution("doubt", f"(80% {math.exp(b.low[i]):.0f}-{math.exp(b.high[i]):.0f}/h)",
+                     float(-b.sd[i] ** 2)),
+    ) + ((Contribution("this machine's runs", f"{b.runs[i]} measured", float(b.effects[i])),)
+         if b.runs[i] else ())
 
 
 def _count_detail(weights: Array, known: bool, log_count: float) -> str:
@@ -948,18 +982,7 @@ def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors) -> R
         return RateModel(p, mu, np.diag(1.0 / prec), gpu_index, fam_index, dl_center, {},
                          p.noise_sd, p.host_sd, p.prior_dof, 0)
 
-    machine_ids: list[str] = []
-    starts: list[int] = []
-    unit_keys: list[tuple[str, float]] = []
-    unit_starts: list[int] = []
-    for i, (m, f) in enumerate(pairs):
-        if not machine_ids or machine_ids[-1] != m.machine_id:
-            machine_ids.append(m.machine_id)
-            starts.append(i)
-        key = (m.machine_id, _slice_key(f))
-        if not unit_keys or unit_keys[-1] != key:
-            unit_keys.append(key)
-            unit_starts.append(i)
+    machine_ids, starts, unit_keys, unit_starts = _blocks(pairs)
     ages_days = np.array([max(0.0, (now - m.measured_at) / 86400.0) if now is not None else 0.0
                           for m in ms])
     data = _Data(
@@ -1007,6 +1030,24 @@ def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors) -> R
         slice_log_counts={key: float(v) for key, v in zip(unit_keys, unit_log_count,
                                                           strict=True)},
     )
+
+
+def _blocks(pairs: Sequence[tuple[Measurement, OfferFeatures]],
+            ) -> tuple[list[str], list[int], list[tuple[str, float]], list[int]]:
+    """The machines and where their rows start; the units (a machine's slice) and theirs."""
+    machine_ids: list[str] = []
+    starts: list[int] = []
+    unit_keys: list[tuple[str, float]] = []
+    unit_starts: list[int] = []
+    for i, (m, f) in enumerate(pairs):
+        if not machine_ids or machine_ids[-1] != m.machine_id:
+            machine_ids.append(m.machine_id)
+            starts.append(i)
+        key = (m.machine_id, _slice_key(f))
+        if not unit_keys or unit_keys[-1] != key:
+            unit_keys.append(key)
+            unit_starts.append(i)
+    return machine_ids, starts, unit_keys, unit_starts
 
 
 def _slice_key(f: OfferFeatures) -> float:
