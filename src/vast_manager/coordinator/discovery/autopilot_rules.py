@@ -264,50 +264,70 @@ def decide(
 ) -> Decision:
     """The actions for this tick, each with its reason (see the module's rules)."""
     caps.validate()
-    actions: list[Action] = []
-    notes: list[str] = []
     live = list(instances)
-    target = caps.target_rate_per_hour
+    actions = _over_caps(live, caps) + _trim(live, caps.target_rate_per_hour)
+    grown, notes = _fill_and_explore(live, plan, caps, ledger, now)
+    if not plan.proposals:
+        notes.append(f"no trial proposed: {plan.stop_reason}")
+    return Decision(tuple(actions + grown), tuple(notes))
 
-    def dph() -> float:
-        return sum(i.dph_total for i in live)
 
-    def rate() -> float:
-        return sum(i.rate_per_hour or 0.0 for i in live if not i.leaving)
+def _dph(live: list[FleetInstance]) -> float:
+    return sum(i.dph_total for i in live)
 
-    def worst_first() -> list[FleetInstance]:
-        return sorted((i for i in live if i.rate_per_hour is not None and not i.leaving),
-                      key=lambda i: -i.usd_per_proof)
 
-    # 1. Caps: the worst proving hosts first, then trials, dearest first (a cap lowered,
-    # or instances deployed by hand, can leave the fleet over one).
+def _rate(live: list[FleetInstance]) -> float:
+    return sum(i.rate_per_hour or 0.0 for i in live if not i.leaving)
+
+
+def _worst_first(live: list[FleetInstance]) -> list[FleetInstance]:
+    return sorted((i for i in live if i.rate_per_hour is not None and not i.leaving),
+                  key=lambda i: -i.usd_per_proof)
+
+
+def _over_caps(live: list[FleetInstance], caps: AutopilotCaps) -> list[Action]:
+    """1. Caps: the worst proving hosts first, then trials, dearest first (a cap lowered,
+    or instances deployed by hand, can leave the fleet over one). Removes them from
+    ``live``."""
+    actions = []
     trials_dearest = sorted((i for i in live if i.on_trial), key=lambda i: -i.dph_total)
-    for host in [*worst_first(), *trials_dearest]:
-        over_dph = dph() > caps.max_dph_total + 1e-9
+    for host in [*_worst_first(live), *trials_dearest]:
+        over_dph = _dph(live) > caps.max_dph_total + 1e-9
         over_count = len(live) > caps.max_instances
         if not (over_dph or over_count):
             break
-        why = (f"the fleet costs ${dph():.2f}/h, over the ${caps.max_dph_total:.2f}/h cap"
+        why = (f"the fleet costs ${_dph(live):.2f}/h, over the ${caps.max_dph_total:.2f}/h cap"
                if over_dph else f"{len(live)} instances, over the cap of {caps.max_instances}")
         which = ("it is the dearest trial under way" if host.on_trial
                  else f"its ${host.usd_per_proof:.4f}/proof is the fleet's worst")
         actions.append(_terminate(host, f"{why}; {which}"))
         live.remove(host)
+    return actions
 
-    # 2. Trim.
-    for host in worst_first():
+
+def _trim(live: list[FleetInstance], target: float) -> list[Action]:
+    """2. Trim: the worst hosts the fleet can do without and still make its target."""
+    actions = []
+    for host in _worst_first(live):
         assert host.rate_per_hour is not None
-        without = rate() - host.rate_per_hour
+        without = _rate(live) - host.rate_per_hour
         if without < target:
             break
         actions.append(_terminate(
             host,
-            f"the fleet makes {rate():.1f}/h and {without:.1f}/h without it (target "
+            f"the fleet makes {_rate(live):.1f}/h and {without:.1f}/h without it (target "
             f"{target:.1f}/h); its ${host.usd_per_proof:.4f}/proof is the fleet's worst",
         ))
         live.remove(host)
+    return actions
 
-    # 3. Fill, then 4. explore, from the plan in order.
+
+def _fill_and_explore(live: list[FleetInstance], plan: Plan, caps: AutopilotCaps,
+                      ledger: Ledger, now: float) -> tuple[list[Action], list[str]]:
+    """3. Fill, then 4. explore, from the plan in order (deploys join ``live``)."""
+    actions: list[Action] = []
+    notes: list[str] = []
+    target = caps.target_rate_per_hour
     pending = sum(i.expected_rate_per_hour or 0.0 for i in live if i.on_trial)
     trials = sum(1 for i in live if i.on_trial)
     taken = {i.machine_id for i in live}
@@ -315,7 +335,7 @@ def decide(
     for p in plan.proposals:
         if p.machine_id is not None and p.machine_id in taken:
             continue
-        short = target - rate() - pending
+        short = target - _rate(live) - pending
         if trials >= caps.max_concurrent_trials:
             notes.append(f"{trials} trials under way, the most allowed at once")
             break
@@ -323,28 +343,23 @@ def decide(
             notes.append(f"{len(live)} instances: one more would pass the cap of "
                          f"{caps.max_instances}")
             break
-        if dph() + p.dph_total > caps.max_dph_total + 1e-9:
+        if _dph(live) + p.dph_total > caps.max_dph_total + 1e-9:
             notes.append(f"offer {p.offer_id} at ${p.dph_total:.2f}/h would take the fleet past "
                          f"the ${caps.max_dph_total:.2f}/h cap")
             continue
         share: float | None = None
         if short > 0:
-            reason = (f"fleet at {rate():.1f}/h of the {target:.1f}/h target ({pending:.1f}/h "
-                      f"on trial); expected value ${p.expected_value_usd:.2f} for a "
-                      f"${p.trial_cost_usd:.2f} trial: {p.hypothesis}")
+            reason = (f"fleet at {_rate(live):.1f}/h of the {target:.1f}/h target "
+                      f"({pending:.1f}/h on trial); expected value "
+                      f"${p.expected_value_usd:.2f} for a ${p.trial_cost_usd:.2f} trial: "
+                      f"{p.hypothesis}")
             exploration = False
         else:
             if explored:
                 break
-            share = (ledger.trials_usd + p.trial_cost_usd) / (ledger.total_usd + p.trial_cost_usd)
-            if share > caps.max_explore_share:
-                notes.append(f"exploring offer {p.offer_id} would bring trials to {share:.0%} "
-                             f"of spend, over the {caps.max_explore_share:.0%} cap")
-                break
-            since = None if ledger.last_exploration_at is None else now - ledger.last_exploration_at
-            if since is not None and since < caps.explore_interval_s:
-                notes.append(f"last exploration {since:.0f} s ago; the next after "
-                             f"{caps.explore_interval_s:.0f} s")
+            share, refusal = _exploration_share(p, caps, ledger, now)
+            if refusal is not None:
+                notes.append(refusal)
                 break
             reason = (f"fleet at its {target:.1f}/h target; exploring (trials {share:.0%} of "
                       f"spend, cap {caps.max_explore_share:.0%}): expected value "
@@ -357,6 +372,18 @@ def decide(
         taken.add(p.machine_id or "")
         pending += p.prediction.rate_per_hour
         trials += 1
-    if not plan.proposals:
-        notes.append(f"no trial proposed: {plan.stop_reason}")
-    return Decision(tuple(actions), tuple(notes))
+    return actions, notes
+
+
+def _exploration_share(p: Proposal, caps: AutopilotCaps, ledger: Ledger,
+                       now: float) -> tuple[float, str | None]:
+    """Trials' share of spend with this one explored, and why it may not be (None: it may)."""
+    share = (ledger.trials_usd + p.trial_cost_usd) / (ledger.total_usd + p.trial_cost_usd)
+    if share > caps.max_explore_share:
+        return share, (f"exploring offer {p.offer_id} would bring trials to {share:.0%} "
+                       f"of spend, over the {caps.max_explore_share:.0%} cap")
+    since = None if ledger.last_exploration_at is None else now - ledger.last_exploration_at
+    if since is not None and since < caps.explore_interval_s:
+        return share, (f"last exploration {since:.0f} s ago; the next after "
+                       f"{caps.explore_interval_s:.0f} s")
+    return share, None
