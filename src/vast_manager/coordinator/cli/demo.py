@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 
 from vast_manager.coordinator.cli import render
+from vast_manager.coordinator.cli.text_views import predicted_interval, render_plan, render_scaling
 from vast_manager.coordinator.decisions import states
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.providers.local.catalog import local_offers
@@ -199,77 +200,63 @@ async def _demo(
     try:
         async with aiohttp.ClientSession() as session:
             api = _Api(session, server.url, token)
-            for offer in local_offers():
-                answer = await api.call("POST", "/api/deploy", {"offer_id": offer["id"]})
-                print(
-                    f"deployed offer {offer['id']} ({offer['num_gpus']}x "
-                    f"{render.clean(offer['gpu_name'])}, {render.clean(offer['geolocation'])}, "
-                    f"${offer['dph_total']}/h) -> instance "
-                    f"{answer['instance_id']}",
-                    flush=True,
-                )
-            # A slice of a bigger host whose instance would get too little RAM: flagged
-            # in the offers, and refused at deploy with the reason.
-            for o in await api.call("GET", "/api/offers"):
-                if o.get("too_small"):
-                    try:
-                        await api.call("POST", "/api/deploy", {"offer_id": o["id"]})
-                    except RuntimeError as err:
-                        print(render.wrap(
-                            f"refused offer {o['id']} ({o['num_gpus']}x "
-                            f"{render.clean(o['gpu_name'])}): {render.clean(err)}",
-                            render.terminal_width(), "  "), flush=True)
-            screen = _Screen()
-            deadline = started + timeout_s
-            while True:
-                rows = await api.call("GET", "/api/instances")
-                scaling = await api.call("GET", "/api/scaling")
-                scaling_ids = {int(s["instance_id"]) for s in scaling if s.get("instance_id")}
-                details = {}
-                for r in rows:
-                    if (r.get("num_gpus") or 1) > 1 and r.get("state") not in FINAL_STATES:
-                        details[int(r["id"])] = await api.call("GET", f"/api/instances/{r['id']}")
-                screen.show(rows, details, time.monotonic() - started)
-                if rows and all(_settled(r, scaling_ids) for r in rows):
-                    break
-                if time.monotonic() > deadline:
-                    print(f"Demo timed out after {timeout_s:.0f}s.", flush=True)
-                    break
-                await asyncio.sleep(REFRESH_S)
+            await _deploy_catalog(api)
+            rows = await _watch(api, started, timeout_s)
             return await _report(api, rows)
     finally:
         await provider.close()
         await server.stop()
 
 
-async def _report(api: _Api, rows: list[dict[str, Any]]) -> int:
-    details = {int(r["id"]): await api.call("GET", f"/api/instances/{r['id']}") for r in rows}
-    print("\n== Outcomes (simulated rates, proofs/hour)")
-    outcome_rows = []
-    kept = terminated_for_rate = 0
-    for r in rows:
-        outcome, reason = _outcome(details[int(r["id"])])
-        kept += outcome == "KEPT"
-        terminated_for_rate += outcome == "TERMINATED" and "below" in reason
-        outcome_rows.append(
-            (
-                r["id"],
-                f"{r.get('num_gpus')}x {r.get('gpu_name')}",
-                render.usd(r.get("dph_total"), 2),
-                render.num(r.get("rate_per_hour")),
-                render.num(r.get("min_rate_per_hour")),
-                render.usd(r.get("usd_per_proof")),
-                outcome,
-                reason,
-            )
+async def _deploy_catalog(api: _Api) -> None:
+    """Deploy every catalog offer; then try the too-small ones, which deploy refuses."""
+    for offer in local_offers():
+        answer = await api.call("POST", "/api/deploy", {"offer_id": offer["id"]})
+        print(
+            f"deployed offer {offer['id']} ({offer['num_gpus']}x "
+            f"{render.clean(offer['gpu_name'])}, {render.clean(offer['geolocation'])}, "
+            f"${offer['dph_total']}/h) -> instance "
+            f"{answer['instance_id']}",
+            flush=True,
         )
+    # A slice of a bigger host whose instance would get too little RAM: flagged
+    # in the offers, and refused at deploy with the reason.
+    for o in await api.call("GET", "/api/offers"):
+        if o.get("too_small"):
+            try:
+                await api.call("POST", "/api/deploy", {"offer_id": o["id"]})
+            except RuntimeError as err:
+                print(render.wrap(
+                    f"refused offer {o['id']} ({o['num_gpus']}x "
+                    f"{render.clean(o['gpu_name'])}): {render.clean(err)}",
+                    render.terminal_width(), "  "), flush=True)
+
+
+async def _watch(api: _Api, started: float, timeout_s: float) -> list[dict[str, Any]]:
+    """Show the fleet until every instance has settled (or the time is up)."""
+    screen = _Screen()
+    deadline = started + timeout_s
+    while True:
+        rows = await api.call("GET", "/api/instances")
+        scaling = await api.call("GET", "/api/scaling")
+        scaling_ids = {int(s["instance_id"]) for s in scaling if s.get("instance_id")}
+        details = {}
+        for r in rows:
+            if (r.get("num_gpus") or 1) > 1 and r.get("state") not in FINAL_STATES:
+                details[int(r["id"])] = await api.call("GET", f"/api/instances/{r['id']}")
+        screen.show(rows, details, time.monotonic() - started)
+        if rows and all(_settled(r, scaling_ids) for r in rows):
+            break
+        if time.monotonic() > deadline:
+            print(f"Demo timed out after {timeout_s:.0f}s.", flush=True)
+            break
+        await asyncio.sleep(REFRESH_S)
+    return rows
+
+
+async def _report(api: _Api, rows: list[dict[str, Any]]) -> int:
     width = render.terminal_width()
-    print(render.table(outcome_rows, ["ID", "GPUS", "$/H", "RATE/H", "MIN/H", "$/PROOF",
-                                      "OUTCOME", "REASON"], width=width))
-    print(render.wrap("RATE/H: the benchmark's steady-state rate, the one each verdict "
-                      "judged; MIN/H: the least worth keeping, the instance's $/h over "
-                      "VM_MAX_USD_PER_PROOF. No work command runs in the demo, so kept "
-                      "instances turn idle once proving (docs/operations.md).", width))
+    kept, terminated_for_rate = await _outcomes(api, rows, width)
 
     print("\n== host_perf (simulated)")
     perf = await api.call("GET", "/api/host-perf")
@@ -285,31 +272,10 @@ async def _report(api: _Api, rows: list[dict[str, Any]]) -> int:
     print(render.table(((b["machine_id"], b.get("reason")) for b in bad), ["MACHINE", "REASON"],
                        width=width) if bad else "none")
 
-    from vast_manager.coordinator.cli.text_views import render_scaling
-
     print("\n== Multi-GPU scaling (simulated)")
     print(render_scaling(await api.call("GET", "/api/scaling"), width))
 
-    from vast_manager.coordinator.cli.text_views import predicted_interval, render_plan
-
-    # The rate model learns from every counted benchmark, refitted off the event loop as
-    # results arrive: wait for the fit that has them all.
-    counted = sum(int(p.get("samples") or 0) for p in perf)
-    for _ in range(40):
-        model = await api.call("GET", "/api/model")
-        if model.get("measurements", 0) >= counted:
-            break
-        await asyncio.sleep(0.25)
-    print(f"\n== The rate model: fitted on {model.get('measurements')} simulated "
-          f"measurement(s) of {model.get('machines')} machine(s)")
-    gpus = model.get("gpu_models") or {}
-    print(render.wrap(
-        "  GPU models' factors: " + (", ".join(f"{render.clean(k)} x{float(v):.2f}"
-                                               for k, v in sorted(gpus.items())) or "none yet")
-        + "; `vast-manager model` shows the rest", width, "    "))
-
-    print("\n== Plan: which offers to benchmark next while the kept hosts prove (simulated)")
-    print(render_plan(await api.call("GET", "/api/plan?trials=3"), width))
+    await _model_and_plan(api, perf, width)
 
     # The demo is over: destroy what is still running, as an operator would,
     # so every catalog offer is rentable again for the ranking below.
@@ -331,6 +297,60 @@ async def _report(api: _Api, rows: list[dict[str, Any]]) -> int:
     ok = kept >= 1 and terminated_for_rate >= 1
     print(f"\n{kept} kept, {terminated_for_rate} terminated below their minimum rate.")
     return EXIT_OK if ok else EXIT_UNEXPECTED
+
+
+async def _outcomes(api: _Api, rows: list[dict[str, Any]], width: int | None) -> tuple[int, int]:
+    """Each instance's outcome and reason; (how many kept, how many ended below their
+    minimum rate)."""
+    details = {int(r["id"]): await api.call("GET", f"/api/instances/{r['id']}") for r in rows}
+    print("\n== Outcomes (simulated rates, proofs/hour)")
+    outcome_rows = []
+    kept = terminated_for_rate = 0
+    for r in rows:
+        outcome, reason = _outcome(details[int(r["id"])])
+        kept += outcome == "KEPT"
+        terminated_for_rate += outcome == "TERMINATED" and "below" in reason
+        outcome_rows.append(
+            (
+                r["id"],
+                f"{r.get('num_gpus')}x {r.get('gpu_name')}",
+                render.usd(r.get("dph_total"), 2),
+                render.num(r.get("rate_per_hour")),
+                render.num(r.get("min_rate_per_hour")),
+                render.usd(r.get("usd_per_proof")),
+                outcome,
+                reason,
+            )
+        )
+    print(render.table(outcome_rows, ["ID", "GPUS", "$/H", "RATE/H", "MIN/H", "$/PROOF",
+                                      "OUTCOME", "REASON"], width=width))
+    print(render.wrap("RATE/H: the benchmark's steady-state rate, the one each verdict "
+                      "judged; MIN/H: the least worth keeping, the instance's $/h over "
+                      "VM_MAX_USD_PER_PROOF. No work command runs in the demo, so kept "
+                      "instances turn idle once proving (docs/operations.md).", width))
+    return kept, terminated_for_rate
+
+
+async def _model_and_plan(api: _Api, perf: list[dict[str, Any]], width: int | None) -> None:
+    """What the rate model learnt from the demo's benchmarks, and the plan it makes."""
+    # The rate model learns from every counted benchmark, refitted off the event loop as
+    # results arrive: wait for the fit that has them all.
+    counted = sum(int(p.get("samples") or 0) for p in perf)
+    for _ in range(40):
+        model = await api.call("GET", "/api/model")
+        if model.get("measurements", 0) >= counted:
+            break
+        await asyncio.sleep(0.25)
+    print(f"\n== The rate model: fitted on {model.get('measurements')} simulated "
+          f"measurement(s) of {model.get('machines')} machine(s)")
+    gpus = model.get("gpu_models") or {}
+    print(render.wrap(
+        "  GPU models' factors: " + (", ".join(f"{render.clean(k)} x{float(v):.2f}"
+                                               for k, v in sorted(gpus.items())) or "none yet")
+        + "; `vast-manager model` shows the rest", width, "    "))
+
+    print("\n== Plan: which offers to benchmark next while the kept hosts prove (simulated)")
+    print(render_plan(await api.call("GET", "/api/plan?trials=3"), width))
 
 
 class DemoSetupError(ValueError):

@@ -186,31 +186,7 @@ def hello_job(
         host = hello.host
         if agent["kind"] == "byo":
             _check_declared_gpus(agent, host)
-        gpu_name = next((g.name for g in host.gpus if g.name), None)
-        inst = tx.instance_by_agent(agent_id)
-        if inst is None:
-            machine_id = agent["label"] if agent["kind"] == "byo" else None
-            instance_id = tx.insert_instance(
-                {
-                    "agent_id": agent_id,
-                    "label": agent["label"],
-                    "kind": agent["kind"],
-                    "state": State.BOOTING,
-                    "state_since": now,
-                    "machine_id": machine_id,
-                    "gpu_name": gpu_name,
-                    "num_gpus": len(host.gpus),
-                    "min_rate_per_hour": agent["min_rate_per_hour"],
-                    "created_at": now,
-                    "updated_at": now,
-                }
-            )
-            tx.insert_event(
-                now, "hello", f"bring-your-own agent registered its machine {machine_id!r}",
-                instance_id=instance_id, agent_id=agent_id, machine_id=machine_id,
-            )
-            inst = tx.get_instance(instance_id)
-            assert inst is not None
+        inst = tx.instance_by_agent(agent_id) or _byo_instance(tx, agent, host, now)
         new_boot = inst["boot_id"] != hello.boot_id
         updates: dict[str, Any] = {
             "boot_id": hello.boot_id,
@@ -245,18 +221,52 @@ def hello_job(
                 now, "recovered", "the agent spoke again after silence",
                 instance_id=inst["id"], agent_id=agent_id, machine_id=inst["machine_id"],
             )
-        expected = inst["num_gpus"]
-        if inst["kind"] == "deployed" and expected is not None and expected != len(host.gpus):
-            tx.insert_event(
-                now, "hardware_mismatch",
-                f"the offer promised {expected} GPUs, the agent sees {len(host.gpus)}",
-                instance_id=inst["id"], agent_id=agent_id, machine_id=inst["machine_id"],
-            )
+        _check_gpu_count(tx, inst, len(host.gpus), now)
         fresh = tx.get_instance(inst["id"])
         assert fresh is not None
         return fresh["id"], _take_directive(tx, fresh, settings, now, pace_now)
 
     return job
+
+
+def _byo_instance(tx: Tx, agent: Row, host: HostInfo, now: float) -> Row:
+    """The instance an agent without one gets at its first hello: a bring-your-own
+    agent's, its machine_id the label."""
+    agent_id = agent["agent_id"]
+    machine_id = agent["label"] if agent["kind"] == "byo" else None
+    instance_id = tx.insert_instance(
+        {
+            "agent_id": agent_id,
+            "label": agent["label"],
+            "kind": agent["kind"],
+            "state": State.BOOTING,
+            "state_since": now,
+            "machine_id": machine_id,
+            "gpu_name": next((g.name for g in host.gpus if g.name), None),
+            "num_gpus": len(host.gpus),
+            "min_rate_per_hour": agent["min_rate_per_hour"],
+            "created_at": now,
+            "updated_at": now,
+        }
+    )
+    tx.insert_event(
+        now, "hello", f"bring-your-own agent registered its machine {machine_id!r}",
+        instance_id=instance_id, agent_id=agent_id, machine_id=machine_id,
+    )
+    inst = tx.get_instance(instance_id)
+    assert inst is not None
+    return inst
+
+
+def _check_gpu_count(tx: Tx, inst: Row, seen: int, now: float) -> None:
+    """An event when a deployed instance's agent sees other than the offer's GPU count."""
+    expected = inst["num_gpus"]
+    if inst["kind"] == "deployed" and expected is not None and expected != seen:
+        tx.insert_event(
+            now, "hardware_mismatch",
+            f"the offer promised {expected} GPUs, the agent sees {seen}",
+            instance_id=inst["id"], agent_id=inst["agent_id"], machine_id=inst["machine_id"],
+        )
 
 
 def _check_declared_gpus(agent: Row, host: HostInfo) -> None:
@@ -588,19 +598,7 @@ def _track_benchmark(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: 
         fresh = recent[len(recent) - max(0, min(len(recent), new)):] if new > 0 else []
         proofs = list(loads(inst["bench_proof_seconds_json"]) or []) + fresh
         seen_at, anchor = float(inst["bench_seen_at"]), inst["bench_anchor_at"]
-    # Timing. A proof seen now that ran w seconds started at or before now - w, and
-    # so did the batch: the least such time is a start the host cannot dispute (a
-    # late heartbeat only makes it later, in the host's favour). Before the first
-    # completion only the first sight is known, and the agent announces the run a
-    # moment before the batch really starts: two heartbeat intervals (of the pace the
-    # agent was on) are allowed.
-    scale = time_scale(inst, settings)
-    for w in fresh:
-        anchor = min(now - w / scale, anchor if anchor is not None else now)
-    if anchor is not None:
-        elapsed_s = max(0.0, now - float(anchor)) * scale
-    else:
-        elapsed_s = max(0.0, now - seen_at - 2.0 * agent_pace_s(inst, settings)) * scale
+    anchor, elapsed_s = _elapsed(inst, settings, fresh, seen_at, anchor, now)
     failed = max(0, progress.done - len(proofs))
     state: dict[str, Any] = {
         "bench_key": key,
@@ -634,6 +632,23 @@ def _track_benchmark(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: 
         tx.insert_event(now, "verdict", f"early pass: {v.reason}", data=data, **ids)
         return
     _terminate_early(tx, inst, v, data, state, proofs, settings, now)
+
+
+def _elapsed(inst: Row, settings: Settings, fresh: list[float], seen_at: float,
+             anchor: float | None, now: float) -> tuple[float | None, float]:
+    """(the batch's start the host cannot dispute, the benchmarking seconds since).
+
+    A proof seen now that ran w seconds started at or before now - w, and so did the
+    batch: the least such time is a start the host cannot dispute (a late heartbeat only
+    makes it later, in the host's favour). Before the first completion only the first
+    sight is known, and the agent announces the run a moment before the batch really
+    starts: two heartbeat intervals (of the pace the agent was on) are allowed."""
+    scale = time_scale(inst, settings)
+    for w in fresh:
+        anchor = min(now - w / scale, anchor if anchor is not None else now)
+    if anchor is not None:
+        return anchor, max(0.0, now - float(anchor)) * scale
+    return None, max(0.0, now - seen_at - 2.0 * agent_pace_s(inst, settings)) * scale
 
 
 def _verdict_numbers(
