@@ -1,6 +1,8 @@
 """The benchmarks keep working: each runs in its quick mode and prints its figures.
 
-Behaviour only (they run, they report, nothing is lost); never wall-clock speed.
+Behaviour only (they run, they report, nothing is lost); never wall-clock speed. Each
+bench is a process of its own running for seconds: all but the decoder's are in the slow
+set (``-m slow``, which CI runs too).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from support.paths import REPO_ROOT
 
@@ -27,6 +30,7 @@ def _run(script: str, *args: str) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # a bench process of its own (15-50 s on 2 cores)
 def test_ingest_quick(tmp_path: Path) -> None:
     out_file = tmp_path / "ingest.json"
     text = _run("ingest.py", "--json-out", str(out_file))
@@ -52,12 +56,14 @@ def test_ingest_quick(tmp_path: Path) -> None:
     assert figures["http_agents"] == 2
 
 
+@pytest.mark.slow  # a bench process of its own (15-50 s on 2 cores)
 def test_writer_quick() -> None:
     text = _run("writer.py")
     assert "rows as written" in text and "rows dropped (floor)" in text
     assert "the rows cost" in text
 
 
+@pytest.mark.slow  # a bench process of its own (15-50 s on 2 cores)
 def test_status_quick(tmp_path: Path) -> None:
     out_file = tmp_path / "status.json"
     text = _run("status.py", "--json-out", str(out_file))
@@ -72,6 +78,7 @@ def test_status_quick(tmp_path: Path) -> None:
     assert "25 rows" in figures["GET /api/instances?state=proving&limit=1000"]["note"]
 
 
+@pytest.mark.slow  # a bench process of its own (15-50 s on 2 cores)
 def test_storage_quick() -> None:
     text = _run("storage.py")
     assert "row counts identical" in text

@@ -12,12 +12,14 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
 
 
+@pytest.mark.slow  # two minutes of model fits on 2 cores
 def test_discovery_bench_quick(tmp_path: Path) -> None:
     out_file = tmp_path / "discovery.json"
     done = subprocess.run(
