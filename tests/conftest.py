@@ -7,6 +7,7 @@ them itself. A module's own fixture of the same name takes precedence.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,26 @@ from support.tools import in_ci
 def pytest_report_header() -> str:
     return ("CI=true: a test missing a tool fails (support.tools.require_tool)" if in_ci()
             else "not CI: a test missing a tool skips and says why (-rs)")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist's controller: hand each worker the terminal variables it was run with."""
+    node.workerinput["terminal_env"] = {n: os.environ.get(n) for n in ("COLUMNS", "LINES")}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # An xdist worker starts with COLUMNS=80 that the command line did not have; the CLI
+    # fits its tables to COLUMNS (coordinator/cli/render.py), so the worker takes the
+    # controller's value (or none) and a test sees what a one-process run sees.
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return
+    for name, value in workerinput.get("terminal_env", {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture

@@ -376,6 +376,7 @@ async def test_end_to_end_sim_sources_from_a_state_file(
     assert all(g.power_w_mean is not None and g.power_w_mean < 20.0 for g in t.gpus)
 
 
+@pytest.mark.slow  # 100,000 samples: minutes on 2 cores
 def test_memory_flat_over_100000_samples(tmp_path: Path) -> None:
     sources, _ = make_sources(tmp_path)
     s = Sampler(sources, clock=Clock())

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from support.canned_http import canned as _canned
+from support.child_lines import lines_of, wait_for_line
 from support.coord_support import ADMIN_TOKEN, SECRET_HEX, ServerThread
 from support.fakes_provider import FakeProvider, offer
 
@@ -56,6 +57,7 @@ def listening() -> Iterator[int]:
         sock.close()
 
 
+@pytest.mark.slow  # a CLI process per mistake: minutes on 2 cores
 def test_each_everyday_mistake_is_one_line_and_writes_nothing(
     tmp_path: Path, listening: int
 ) -> None:
@@ -137,7 +139,6 @@ def test_a_generated_admin_token_is_kept_beside_the_database(tmp_path: Path) -> 
 
 
 def _serve(db: Path, tmp_path: Path) -> tuple[subprocess.Popen[bytes], Any, list[str]]:
-    from test_server_logging import lines_of
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("VM_")}
     env.update({"VM_FLEET_SECRET": SECRET_HEX, "VM_CONFIG_DIR": str(tmp_path / "config"),
@@ -163,7 +164,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def test_serve_says_what_keeps_billing_and_keeps_its_token(tmp_path: Path) -> None:
     """Start-up names the instances still rented; shutdown says they keep billing; a
     generated admin token is written once and read back at the next start."""
-    from test_server_logging import wait_for_line
 
     from vast_manager.coordinator.store.writer import Store
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -35,6 +37,7 @@ async def test_nothing_bills_past_the_second_round_after_a_dead_status(tmp_path:
         assert previous.by_group[group] > 0, group
 
 
+@pytest.mark.slow  # a simulated day of monitor rounds: minutes on 2 cores
 async def test_a_simulated_day_bills_nothing_unwatched_and_keeps_what_lives(
         tmp_path: Path) -> None:
     """bench/billing.py --week, one day of it: dollars by part as the fake billed them, the

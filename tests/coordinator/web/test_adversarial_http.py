@@ -552,7 +552,7 @@ def test_serve_refuses_a_weak_token(tmp_path: Path) -> None:
            "VM_CONFIG_DIR": str(tmp_path / "config"), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "vast_manager.coordinator.cli", "serve", "--db",
                            str(tmp_path / "c.db"), "--port", "0"], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2  # a setting that cannot work
     assert "VM_ADMIN_TOKEN must hold at least 6 different characters" in proc.stderr
     assert "a" * 32 not in proc.stderr

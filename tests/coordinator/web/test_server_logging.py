@@ -8,53 +8,24 @@ import io
 import json
 import logging
 import os
-import queue
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
 from vast_manager.coordinator.web.logs import REDACTED, configure_logging
 
+from support.child_lines import lines_of, wait_for_line
 from support.coord_support import ADMIN_TOKEN, SECRET_HEX, ServerThread, make_settings
 from support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
-
-
-def lines_of(stream: IO[bytes]) -> queue.Queue[str]:
-    """Read a child's stream on a thread, so the test can wait with a deadline."""
-    out: queue.Queue[str] = queue.Queue()
-
-    def pump() -> None:
-        for raw in iter(stream.readline, b""):
-            out.put(raw.decode(errors="replace").rstrip("\n"))
-
-    threading.Thread(target=pump, daemon=True).start()
-    return out
-
-
-def wait_for_line(lines: queue.Queue[str], needle: str, seen: list[str],
-                  timeout_s: float = 30.0) -> str:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise AssertionError(f"no line with {needle!r} in {timeout_s} s; saw {seen}")
-        try:
-            line = lines.get(timeout=left)
-        except queue.Empty:
-            continue
-        seen.append(line)
-        if needle in line:
-            return line
 
 
 # --- formatting ---------------------------------------------------------------------------
