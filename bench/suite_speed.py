@@ -45,7 +45,10 @@ def make_venv(tree: Path, venv: Path) -> Path:
     """A fresh environment with ``tree`` installed editable with its test extras."""
     sh([sys.executable, "-m", "venv", str(venv)])
     py = venv / "bin" / "python"
-    sh([str(py), "-m", "pip", "install", "-q", "-e", f"{tree}[test]"], cwd=tree)
+    done = subprocess.run([str(py), "-m", "pip", "install", "-q", "-e", f"{tree}[test]"],
+                          cwd=tree, capture_output=True, text=True, check=False)
+    if done.returncode != 0:  # pip's warnings are shown only when the install failed
+        raise SystemExit(f"installing {tree} failed:\n{done.stderr[-3000:]}")
     return py
 
 
@@ -86,9 +89,10 @@ def main() -> None:
         new_s, new_rc, new_line = run_suite(new_tree, new_py, args.pytest_args)
         print(f"  {new_s:.0f} s, exit {new_rc}: {new_line}", flush=True)
 
+        change = 100 * (1 - new_s / old_s)
         print(f"old {old_s:.0f} s, new {new_s:.0f} s: the new suite takes "
               f"{new_s / old_s:.2f}x the old one's wall time "
-              f"({100 * (1 - new_s / old_s):.0f}% faster)")
+              f"({abs(change):.0f}% {'faster' if change >= 0 else 'slower'})")
         if old_rc != 0 or new_rc != 0:
             print("a suite failed: its time is not comparable", file=sys.stderr)
             raise SystemExit(1)

@@ -22,10 +22,14 @@ def in_ci() -> bool:
 
 
 def skip_or_fail(reason: str) -> NoReturn:
-    """Skip the test, saying why; under CI, fail it instead."""
+    """Skip the test, saying why; under CI, fail it instead.
+
+    The reason starts with the test's id: pytest's skip summary names the line that
+    raised (this one), and ``.ci/check-skips`` finds the skipped test by its file."""
     if in_ci():
         pytest.fail(f"{reason} (CI=true: a test that cannot run fails the run)", pytrace=False)
-    pytest.skip(reason)
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    pytest.skip(f"{test}: {reason}" if test else reason)
 
 
 def find_tool(name: str) -> str | None:
