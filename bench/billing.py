@@ -6,7 +6,7 @@ Run: ``python bench/billing.py [--per-status 4] [--failed-creates 4] [--quick]``
 (``bench/billing_week.py``).
 
 A real coordinator (``create_app``, the real ``VastProvider`` and ``VastClient``)
-against the fake vast.ai of ``tests/fakevast.py`` (statuses and error bodies as
+against the fake vast.ai of ``tests/support/fakevast.py`` (statuses and error bodies as
 vast.ai documents them, docs/vast.md), its monitor driven round by round every
 ``VM_MONITOR_INTERVAL_S`` (60 s) of a clock that only moves when told, so
 nothing sleeps. Deployed instances say hello and prove, heartbeating every
@@ -45,9 +45,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import billing_week  # noqa: E402
 from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
-from coord_support import Harness, make_settings  # noqa: E402
-from fakes_provider import FakeClock  # noqa: E402
-from fakevast import FAKE_API_KEY, OCI_START_FAILURE, FakeVast  # noqa: E402
 
 from vast_manager.coordinator.decisions import policy  # noqa: E402
 from vast_manager.coordinator.decisions import reconcile as reconcile_module  # noqa: E402
@@ -57,6 +54,10 @@ from vast_manager.coordinator.providers.vast.client import VastClient  # noqa: E
 from vast_manager.coordinator.providers.vast.provider import DEFAULT_ONSTART, VastProvider  # noqa: E402
 from vast_manager.coordinator.store.writer import Store  # noqa: E402
 from vast_manager.coordinator.web.app import create_app  # noqa: E402
+
+from support.coord_support import Harness, make_settings  # noqa: E402
+from support.fakes_provider import FakeClock  # noqa: E402
+from support.fakevast import FAKE_API_KEY, OCI_START_FAILURE, FakeVast  # noqa: E402
 
 #: (status, status_msg) each dead group ends in.
 DEAD = (

@@ -1,7 +1,7 @@
 """A simulated week of a small fleet on the fake vast.ai, in dollars: ``bench/billing.py --week``.
 
 The real coordinator (``create_app``, ``VastProvider``, ``VastClient``) against the
-fake vast.ai of ``tests/fakevast.py``, which bills as vast.ai does (docs/vast.md,
+fake vast.ai of ``tests/support/fakevast.py``, which bills as vast.ai does (docs/vast.md,
 "Billing and the account"): rent while running, storage for the allocated disk in
 every status but offline, bandwidth per byte, drawn from a credit; at zero every
 instance is stopped. Its clock moves only when told; the monitor runs every
@@ -37,12 +37,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bill_support import BillEnv, bill_env  # noqa: E402
-from coord_support import Agent  # noqa: E402
-from fakevast import FAKE_API_KEY  # noqa: E402
-
 from vast_manager.coordinator.decisions import policy  # noqa: E402
 from vast_manager.coordinator.discovery.autopilot_rules import ledger_of, rental_of  # noqa: E402
+
+from support.bill_support import BillEnv, bill_env  # noqa: E402
+from support.coord_support import Agent  # noqa: E402
+from support.fakevast import FAKE_API_KEY  # noqa: E402
 
 MONITOR_S = 300.0
 HEARTBEAT_S = 60.0

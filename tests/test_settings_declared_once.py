@@ -24,7 +24,7 @@ PROBE = r"""
 import asyncio, json, sys, urllib.request
 from click.testing import CliRunner
 sys.path.insert(0, sys.argv[2])  # tests/, for the fake provider
-from fakes_provider import FakeProvider
+from support.fakes_provider import FakeProvider
 from vast_manager.coordinator.cli.commands import cli
 from vast_manager.coordinator.decisions.policy import PolicyLimits
 from vast_manager.coordinator.discovery.plan import PlanSettings

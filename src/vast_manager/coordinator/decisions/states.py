@@ -12,8 +12,9 @@ below fails to import otherwise).
 
 Python compares a row's ``state`` with these (a ``State`` is a ``str``), SQL
 gets them through ``sql_in``, the dashboard through ``dashboard_script``
-(``/static/states.js``). No other module lists states: ``tests/test_states.py``
-reads the tree for a second list and fails on one.
+(``/static/states.js``). No other module lists states:
+``tests/coordinator/decisions/test_states.py`` reads the tree for a second list and fails
+on one.
 """
 
 from __future__ import annotations

@@ -368,8 +368,8 @@ def _m6_fleet_read_indexes(db: sqlite_utils.Database) -> None:
     The two partial indexes carry ``ACTIVE_SQL``'s condition as it reads at this
     migration's release (a past migration builds the same schema for ever): SQLite uses
     a partial index only for a query whose WHERE holds that same term, so a change to
-    that set of states needs a migration that rebuilds them (tests/test_store_indexes.py
-    reads the plans, and fails first).
+    that set of states needs a migration that rebuilds them
+    (tests/coordinator/store/test_store_indexes.py reads the plans, and fails first).
     """
     instances = db.table("instances")
     instances.create_index(["state"], index_name="idx_instances_state")

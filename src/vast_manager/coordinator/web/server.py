@@ -76,8 +76,8 @@ def bound_socket_reads(server: web.Server, max_bytes: int) -> None:
     """Read at most ``max_bytes`` at a time from each plain TCP connection of ``server``.
 
     It sets the ``max_size`` of asyncio's socket transport (the size of each ``recv``),
-    which is not a documented setting: ``tests/test_adversarial_http.py`` fails if it
-    stops taking effect. A TLS connection reads through asyncio's own TLS buffer (256
+    which is not a documented setting: ``tests/coordinator/web/test_adversarial_http.py``
+    fails if it stops taking effect. A TLS connection reads through asyncio's own TLS buffer (256
     KiB a connection), which this does not change."""
     made = server.connection_made
 
@@ -95,8 +95,8 @@ class HeadDeadline:
     (a queue in connection order), so the cost follows new connections, not open ones.
 
     It reads aiohttp's per-connection request count (``RequestHandler._request_count``,
-    which aiohttp keeps for its own logging); ``tests/test_adversarial_http.py`` fails if
-    that ever goes away."""
+    which aiohttp keeps for its own logging);
+    ``tests/coordinator/web/test_adversarial_http.py`` fails if that ever goes away."""
 
     def __init__(self, server: web.Server, timeout_s: float, on_cut: Callable[[], None]) -> None:
         self.server = server

@@ -1,0 +1,101 @@
+"""The benchmarks keep working: each runs in its quick mode and prints its figures.
+
+Behaviour only (they run, they report, nothing is lost); never wall-clock speed. Each
+bench is a process of its own running for seconds: all but the decoder's are in the slow
+set (``-m slow``, which CI runs too).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from support.paths import REPO_ROOT
+
+ROOT = REPO_ROOT
+#: The commit whose hand-written decoder bench/decode.py times against the new one.
+PREVIOUS_DECODER = "e95b03e"
+
+
+def _run(script: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), "--quick", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.mark.slow  # a bench process of its own (15-50 s on 2 cores)
+def test_ingest_quick(tmp_path: Path) -> None:
+    out_file = tmp_path / "ingest.json"
+    text = _run("ingest.py", "--json-out", str(out_file))
+    assert "bare aiohttp" in text and "coordinator" in text
+    assert "ratio: coordinator CPU per heartbeat" in text
+    figures = orjson.loads(out_file.read_bytes())
+    # The verdict printed is the one the rungs' figures give.
+    met = [r["fleet"] for r in figures["rungs"] if r["met"]]
+    assert figures["largest_fleet_met"] == max(met, default=0)
+    if met:
+        assert f"largest fleet that met the bar here: {max(met)} agents" in text
+    else:
+        assert "no rung met the bar here" in text
+    for side in ("bare", "coordinator"):
+        assert figures[side]["accepted"] > 0
+        # A server that answered heartbeats spent CPU on them, and the bench measured it.
+        assert figures[side]["server_cpu_s"] > 0
+    # Every heartbeat sent was answered 200 and signed by the coordinator.
+    assert figures["lost"] == 0
+    assert figures["refused"] == 0
+    assert figures["bad_signatures"] == 0
+    assert figures["rungs"] and figures["rungs"][0]["counts"]["offered"] > 0
+    assert figures["http_agents"] == 2
+
+
+@pytest.mark.slow  # a bench process of its own (15-50 s on 2 cores)
+def test_writer_quick() -> None:
+    text = _run("writer.py")
+    assert "rows as written" in text and "rows dropped (floor)" in text
+    assert "the rows cost" in text
+
+
+@pytest.mark.slow  # a bench process of its own (15-50 s on 2 cores)
+def test_status_quick(tmp_path: Path) -> None:
+    out_file = tmp_path / "status.json"
+    text = _run("status.py", "--json-out", str(out_file))
+    for name in ("GET /api/instances", "GET /api/host-perf", "rank_offers",
+                 "vast-manager status --json", "GET /metrics", "GET /api/fleet",
+                 "baseline /openapi.json during GET /metrics"):
+        assert name in text
+    figures = orjson.loads(out_file.read_bytes())
+    assert figures["instances"] == 50
+    assert "50 rows" in figures["vast-manager status --json"]["note"]
+    assert figures["every page of 1000"]["pages"] == 1
+    assert "25 rows" in figures["GET /api/instances?state=proving&limit=1000"]["note"]
+
+
+@pytest.mark.slow  # a bench process of its own (15-50 s on 2 cores)
+def test_storage_quick() -> None:
+    text = _run("storage.py")
+    assert "row counts identical" in text
+    assert "bound from the retention settings" in text
+
+
+def test_decode_quick() -> None:
+    text = _run("decode.py", "--against", PREVIOUS_DECODER)
+    for name in ("orjson.loads alone", "decode (msgspec, typed)", "orjson.loads + from_obj",
+                 "orjson.dumps of the telemetry", "msgspec encode of the telemetry"):
+        assert name in text
+    # Against the decoder it replaced, read from git: timed where this checkout has that
+    # commit, and said so where it has not.
+    has_previous = subprocess.run(
+        ["git", "cat-file", "-e", f"{PREVIOUS_DECODER}^{{commit}}"], cwd=ROOT,
+        capture_output=True, check=False).returncode == 0
+    if has_previous:
+        assert "faster than the previous decoder" in text
+    else:
+        assert "previous decoder not timed" in text

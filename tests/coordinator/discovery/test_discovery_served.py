@@ -1,0 +1,140 @@
+"""The served rate model: candidates scored by cross-validation grouped by machine, the
+blend never worse than the best of them on the folds, conformal intervals, and the market
+files the bench reads. Every rate here is simulated."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from vast_manager.coordinator.discovery.measurements import Measurement
+from vast_manager.coordinator.discovery.served import (
+    CANDIDATES,
+    MIN_CV_MACHINES,
+    fit_served_model,
+)
+from vast_manager.coordinator.discovery.structural_model import Prediction
+
+from support.paths import REPO_ROOT
+
+ROOT = REPO_ROOT
+MARKETS = ROOT / "bench" / "markets"
+RATES = ("true_rate_per_hour", "measured_rate_per_hour", "oracle_rate_per_hour",
+         "oracle_median_rate_per_hour")
+
+
+def market(name: str) -> list[dict[str, Any]]:
+    with gzip.open(MARKETS / f"{name}.jsonl.gz") as fh:
+        return [orjson.loads(line) for line in fh]
+
+
+def offer(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in RATES}
+
+
+def measured(rows: list[dict[str, Any]], copies: int = 1) -> list[Measurement]:
+    return [Measurement(str(r["machine_id"]), offer(r), r["measured_rate_per_hour"],
+                        0.0, "imported") for r in rows for _ in range(copies)]
+
+
+@pytest.fixture(scope="module")
+def contended() -> list[dict[str, Any]]:
+    return market("contended")
+
+
+def test_the_blend_is_chosen_by_grouped_cross_validation(contended: list[dict[str, Any]]
+                                                         ) -> None:
+    served = fit_served_model(measured(contended[:200]), now=0.0)
+    names = [s.name for s in served.scores]
+    assert names == list(CANDIDATES)
+    assert abs(sum(served.weights) - 1.0) < 1e-9
+    # The single candidates are corners of the blend's grid: on the folds the served
+    # point is never worse than the best of them.
+    assert served.served_cv_mdape is not None
+    assert served.served_cv_mdape <= min(s.cv_mdape for s in served.scores) + 1e-12
+    assert "all" in served.conformal
+    lo, hi = served.conformal["all"]
+    assert lo < 0 < hi
+    summary = served.summary()
+    assert summary["candidates"] and summary["served_cv_mdape"] == served.served_cv_mdape
+    # A new host: the blend answers, and says so with its cross-validated error.
+    (new,) = served.predict_offers([offer(contended[1500])])
+    assert isinstance(new, Prediction)
+    assert "CV error" in new.basis and "conformal" in new.basis
+    assert new.rate_low < new.rate_per_hour < new.rate_high
+    # A measured machine: the structural model, which reads its runs.
+    (own,) = served.predict_offers([offer(contended[0])])
+    assert isinstance(own, Prediction) and own.machine_runs == 1
+    assert "this machine's runs" in own.basis
+
+
+def test_one_machines_runs_never_sit_on_both_sides_of_a_fold(
+        contended: list[dict[str, Any]]) -> None:
+    """Each machine measured three times (the same figure): were the folds not grouped,
+    the plain learner would find every held-out run among its training rows and its
+    cross-validated error would collapse."""
+    once = fit_served_model(measured(contended[:120]), now=0.0)
+    thrice = fit_served_model(measured(contended[:120], copies=3), now=0.0)
+    plain_once = next(s.cv_mdape for s in once.scores if s.name == "plain")
+    plain_thrice = next(s.cv_mdape for s in thrice.scores if s.name == "plain")
+    assert plain_thrice > 0.6 * plain_once > 0.01
+
+
+def test_with_few_machines_the_structural_model_answers_alone(
+        contended: list[dict[str, Any]]) -> None:
+    served = fit_served_model(measured(contended[:MIN_CV_MACHINES - 1]), now=0.0)
+    assert served.scores == () and served.residual is None
+    (p,) = served.predict_offers([offer(contended[1600])])
+    assert isinstance(p, Prediction)
+    assert f"cross-validation needs {MIN_CV_MACHINES} measured machines" in p.basis
+
+
+def test_a_bad_market_line_is_named(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from market_bench import MarketError, load_market
+
+    rows = [offer(r) | {"true_rate_per_hour": 10.0, "measured_rate_per_hour": 9.0}
+            for r in market("simulator")[:60]]
+    rows[41]["measured_rate_per_hour"] = -1
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    with pytest.raises(MarketError, match="line 42: measured_rate_per_hour must be a positive"):
+        load_market(path)
+    del rows[41]["machine_id"]
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    with pytest.raises(MarketError, match="line 42 has no machine_id"):
+        load_market(path)
+
+
+def test_market_files_are_reproducible(tmp_path: Path) -> None:
+    """The shipped files are what their generators write (gzip's time fixed)."""
+    for name in ("pipeline", "contended"):
+        before = (MARKETS / f"{name}.jsonl.gz").read_bytes()
+        done = subprocess.run([sys.executable, str(MARKETS / f"{name}.py")], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert (MARKETS / f"{name}.jsonl.gz").read_bytes() == before, name
+
+
+@pytest.mark.slow
+def test_market_bench_on_every_market(tmp_path: Path) -> None:
+    """The figures docs/discovery.md quotes, one seed: the acceptance lines print."""
+    out = tmp_path / "m.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "discovery.py"), "--markets",
+                           "--quick", "--json-out", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("simulator", "pipeline", "contended"):
+        assert f"Market {name}" in done.stdout
+    assert done.stdout.count("acceptance at 240 measured") == 3
+    figures = orjson.loads(out.read_bytes())
+    for name, m in figures["markets"].items():
+        for row in m["accuracy"]["240"]:
+            # Never far from the best single candidate on held-out hosts.
+            assert row["served"] <= 1.1 * min(row["candidates"].values()), name
