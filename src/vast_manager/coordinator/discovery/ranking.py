@@ -20,6 +20,7 @@ from vast_manager.coordinator.decisions import cost
 from vast_manager.coordinator.decisions.share import instance_share, shortfall
 from vast_manager.coordinator.discovery.structural_model import Prediction, Unpredictable
 from vast_manager.coordinator.providers.coerce import positive
+from vast_manager.coordinator.settings import DEFAULTS
 
 
 class Predictor(Protocol):
@@ -65,7 +66,7 @@ def rank_offers(
     *,
     min_instance_ram_gb: float = 0.0,
     setup_download_gb: float = 0.0,
-    kept_hours: float = 168.0,
+    kept_hours: float = DEFAULTS.plan_horizon_hours,
 ) -> list[dict[str, Any]]:
     """Copies of ``offers`` with the instance's share, ``too_small``, ``bad_host``,
     ``known``, the prediction (``predicted_rate_per_hour``, ``predicted_rate_low`` and
