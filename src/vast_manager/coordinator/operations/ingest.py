@@ -1003,7 +1003,8 @@ def result_job(
             "machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus}
         measurement = None if not counts or rate is None else _fleet_measurement(
             inst, machine_id, gpu_name, num_gpus, rate, now)
-        scaling = _scaling_of(result, after, check, watch, terminate, now)
+        scaling = _scaling_of(result, after, (machine_id, gpu_name, num_gpus), check, watch,
+                              terminate, now)
         tx.write_result(ResultWrite(
             inst["id"], agent_id, inst["machine_id"], now, inst_updates, tuple(events), row,
             ending=ending,
@@ -1016,14 +1017,13 @@ def result_job(
     return job
 
 
-def _scaling_of(result: Result, after: Row, check: policy.Plausibility, watch: policy.Watch,
-                terminate: bool, now: float) -> tuple[dict[str, Any], str, str] | None:
+def _scaling_of(result: Result, after: Row, hardware: tuple[str, str, int],
+                check: policy.Plausibility, watch: policy.Watch, terminate: bool,
+                now: float) -> tuple[dict[str, Any], str, str] | None:
     """The scaling reading a result makes: a scaling run's, or a terminated multi-GPU
-    benchmark's."""
+    benchmark's. ``hardware``: the result's machine, GPU model and count."""
     rate = check.recomputed_rate_per_hour
-    machine_id = after["machine_id"] or after["label"]
-    gpu_name = after["gpu_name"] or "unknown"
-    num_gpus = after["num_gpus"] or max(len(set(result.gpus_used)), 1)
+    machine_id, gpu_name, num_gpus = hardware
     if result.kind == "scaling":
         one = {len(set(result.gpus_used)): rate} if rate is not None else {}
         return _scaling_reading(result, after, machine_id, gpu_name, num_gpus, now,
