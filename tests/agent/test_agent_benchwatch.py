@@ -78,3 +78,20 @@ def test_a_self_check_failure_never_lends_its_seconds_to_a_later_proof() -> None
     assert w.update(status(108.0, 1, 1, [("c", 8.0, DONE)])) == []
     got = w.update(status(110.0, 2, 2, [("c", 10.0, DONE), ("d", 9.0, ["failed", *DONE[1:]])]))
     assert got == [Finished(True, 7.0), Finished(False, None)]
+
+
+def test_the_batch_begins_with_a_new_pipeline_a_longer_queue_or_a_counter() -> None:
+    before = status(100.0, 1, 0, [("warm", 80.0, DONE)])
+    # The warm-up's pipeline, still listed, is not the batch.
+    w = BenchWatch(before)
+    assert not w.saw_batch_begin(status(101.0, 1, 0, [("warm", 81.0, DONE)]))
+    assert not w.saw_batch_begin({"counters": "garbage", "pipelines": [None]})
+    assert w.saw_batch_begin(status(102.0, 1, 0, [("warm", 82.0, DONE), ("a", 0.5, RUNNING)]))
+    # Once begun, it stays begun.
+    assert w.saw_batch_begin(status(103.0, 1, 0, []))
+    queued = status(101.0, 1, 0, [])
+    queued["counters"]["queue_depth"] = 2
+    assert BenchWatch(before).saw_batch_begin(queued)
+    # A proof finished since the first answer (pipelines already dropped).
+    assert BenchWatch(before).saw_batch_begin(status(140.0, 2, 0, []))
+    assert BenchWatch(before).saw_batch_begin(status(140.0, 1, 1, []))

@@ -530,6 +530,33 @@ async def test_result_answered_terminate_destroys_without_proving(
     assert_no_children()
 
 
+async def test_the_concurrency_is_announced_once_the_daemon_has_the_batch(
+    fleet: FleetFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # cuzk-bench takes 2.5 s before each proof reaches the daemon: the heartbeats of
+    # that time must not announce a running batch (the coordinator's early verdict
+    # times the batch from the announcement, docs/policy.md).
+    monkeypatch.setenv("FAKE_PROOF_DELAY", "2.5")
+    f = await fleet()
+    h = await Harness.deploy(tmp_path, f)
+    task = asyncio.create_task(h.make_agent().run())
+    try:
+        await until(lambda: f.sent("/v1/result"), "the benchmark result", 60)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    bench_hbs = [hb for hb in f.heartbeats() if hb.phase == "benchmarking"]
+    before = bench_hbs[0].proofs_completed_total  # the warm-up proof's
+    waiting = [hb for hb in bench_hbs if hb.proofs_completed_total == before]
+    assert len(waiting) >= 2, [(hb.seq, hb.progress) for hb in bench_hbs]
+    assert all(hb.progress is not None and hb.progress.concurrency is None
+               for hb in waiting), [(hb.seq, hb.progress) for hb in waiting]
+    announced = [hb for hb in bench_hbs if hb.progress and hb.progress.concurrency]
+    assert announced and announced[0].proofs_completed_total > before
+    assert {hb.progress.concurrency for hb in announced if hb.progress} == {2}
+
+
 async def test_coordinator_outage_result_arrives_once(
     fleet: FleetFactory, tmp_path: Path
 ) -> None:

@@ -11,6 +11,13 @@ reaching ``done`` and how long ago it was dispatched (``started_secs_ago``).
 their seconds, for the heartbeats' ``proof_seconds_recent`` and the
 steady-state telemetry window; the printed lines stay the result's figures.
 
+The watch also tells when the batch has really begun: a proof the daemon
+dispatched or queued that was not there before, or a counter that moved.
+The agent announces the run's concurrency only from then on, because the
+coordinator's early verdict times the batch from its first sight of that
+announcement (docs/policy.md, the elapsed time), and starting ``cuzk-bench``
+takes time that is not the host's proving.
+
 A pipeline's partitions all reach ``done`` before the proof is counted: the
 daemon assembles the proof and verifies it against the request's sector and
 miner in between (docs/cuzk.md, the C1 input). A poll can fall in that gap,
@@ -59,6 +66,31 @@ class BenchWatch:
         # Seconds of pipelines seen finished whose proofs the counters have not taken yet.
         self._unclaimed: list[float | None] = []
         self._failed_unclaimed = 0  # pipelines seen with a failed partition, not yet counted
+        self._jobs_before = self._porep_jobs(first)
+        self._queue_before = _int(c.get("queue_depth")) or 0
+        self.began = False
+        """Whether an answer has shown the batch under way (see ``saw_batch_begin``)."""
+
+    @staticmethod
+    def _porep_jobs(status: Mapping[str, Any]) -> set[str]:
+        pipelines = status.get("pipelines")
+        return {p["job_id"] for p in (pipelines if isinstance(pipelines, list) else [])
+                if isinstance(p, dict) and p.get("proof_kind") == POREP_KIND
+                and isinstance(p.get("job_id"), str)}
+
+    def saw_batch_begin(self, status: Mapping[str, Any]) -> bool:
+        """True from the first answer showing a proof of the batch dispatched or queued
+        (a new PoRep pipeline, a longer queue, or a proof finished since the first)."""
+        if not self.began:
+            counters = status.get("counters")
+            c = counters if isinstance(counters, dict) else {}
+            self.began = (
+                bool(self._porep_jobs(status) - self._jobs_before)
+                or (_int(c.get("queue_depth")) or 0) > self._queue_before
+                or (_int(c.get("total_completed")) or 0) > self._completed
+                or (_int(c.get("total_failed")) or 0) > self._failed
+            )
+        return self.began
 
     @staticmethod
     def _finished_pipelines(

@@ -58,8 +58,8 @@ class Benchmarking(Proving):
         sampler = self._sampler
         for attempt in (1, 2):
             await self._ensure_warm()
-            self.progress = Progress(done=0, total=cfg.bench_proofs, unit="proofs",
-                                     concurrency=concurrency)
+            # The concurrency is announced once the daemon has the batch (_take_finished).
+            self.progress = Progress(done=0, total=cfg.bench_proofs, unit="proofs")
             steady: list[int] = []
             watch = await self._bench_watch()
             watcher = asyncio.create_task(self._watch_benchmark(watch, steady, concurrency))
@@ -126,17 +126,22 @@ class Benchmarking(Proving):
     async def _take_finished(
         self, watch: BenchWatch | None, steady: list[int] | None, concurrency: int
     ) -> None:
-        """One /status read: proofs finished since the last go to the heartbeats, and the
-        first one opens the steady-state window (the pipeline is full from then on)."""
+        """One /status read: the run's concurrency is announced once the daemon shows the
+        batch begun; proofs finished since the last go to the heartbeats, and the first
+        one opens the steady-state window (the pipeline is full from then on)."""
         if watch is None:
             return
         try:
-            finished = watch.update(await self.daemon.status())
+            status = await self.daemon.status()
         except CuzkError:
             return
+        assert self._sampler is not None and self.progress is not None
+        if self.progress.concurrency is None and watch.saw_batch_begin(status):
+            self.progress = Progress(done=self.progress.done, total=self.progress.total,
+                                     unit="proofs", concurrency=concurrency)
+        finished = watch.update(status)
         if not finished:
             return
-        assert self._sampler is not None and self.progress is not None
         for f in finished:
             if f.completed:
                 self.proofs_completed_total += 1

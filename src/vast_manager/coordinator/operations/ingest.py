@@ -641,8 +641,9 @@ def _elapsed(inst: Row, settings: Settings, fresh: list[float], seen_at: float,
     A proof seen now that ran w seconds started at or before now - w, and so did the
     batch: the least such time is a start the host cannot dispute (a late heartbeat only
     makes it later, in the host's favour). Before the first completion only the first
-    sight is known, and the agent announces the run a moment before the batch really
-    starts: two heartbeat intervals (of the pace the agent was on) are allowed."""
+    sight is known: our agent announces the run once the daemon has its first proof,
+    and two heartbeat intervals (of the pace the agent was on) are allowed for one that
+    announces early."""
     scale = time_scale(inst, settings)
     for w in fresh:
         anchor = min(now - w / scale, anchor if anchor is not None else now)
