@@ -637,10 +637,10 @@ async def test_orphan_rule_while_proving_needs_no_proofs_too(
         now = time.monotonic()
         # A silent coordinator alone is no reason to stop earning...
         agent.client.last_verified_at = now - 10
-        agent._last_proof_mono = now
+        agent.proving.last_proof_mono = now
         assert not agent.orphan_check()
         # ...but silent and no proof for as long is.
-        agent._last_proof_mono = now - 10
+        agent.proving.last_proof_mono = now - 10
         assert agent.orphan_check()
         f.outage(True)
         code = await asyncio.wait_for(task, 30)

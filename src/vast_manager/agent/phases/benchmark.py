@@ -14,13 +14,16 @@ from vast_manager.agent.cuzk import (
     BenchFailed,
     CuzkError,
 )
+from vast_manager.agent.phases.context import AgentContext, Orders
 from vast_manager.agent.phases.proving import Proving
+from vast_manager.agent.phases.reporting import Reporting
 from vast_manager.agent.phases.shared import (
     COMPLETION_POLL_S,
     MIN_STEADY_SAMPLES,
     PROOF_TYPE,
     log,
 )
+from vast_manager.agent.phases.warmup import Warming
 from vast_manager.protocol import (
     Directive,
     Progress,
@@ -39,35 +42,47 @@ class _Measured:
     gpus_used: list[int]
 
 
-class Benchmarking(Proving):
+class Benchmarking:
     """Phase benchmarking: measure, report, and scale down when asked."""
 
-    def _all_gpus(self) -> list[int]:
-        assert self._host is not None
-        return [g.index for g in self._host.gpus]
+    def __init__(
+        self,
+        ctx: AgentContext,
+        orders: Orders,
+        warming: Warming,
+        proving: Proving,
+        reporting: Reporting,
+    ) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self._orders = orders  # the benchmark id the coordinator directs
+        self._warming = warming  # starts the daemon on the GPUs measured, warm
+        self._proving = proving  # its work command stops while a benchmark runs
+        self._reporting = reporting  # delivers the results
 
     async def _measure(self, devices: list[int] | None) -> _Measured:
         """One benchmark run on the running, warm daemon; retried once on a fresh daemon."""
-        assert self._sampler is not None and self._c1 is not None
+        ctx = self.ctx
+        assert ctx.sampler is not None
         cfg = self.config
-        c1 = self._c1
-        gpus_used = list(devices) if devices is not None else self._all_gpus()
+        c1 = self._warming.c1
+        gpus_used = list(devices) if devices is not None else ctx.all_gpus()
         # One proof's partitions spread over the GPUs; two proofs in flight per
         # GPU keep each fed while the next proof synthesises.
         concurrency = cfg.bench_concurrency or 2 * max(1, len(gpus_used))
-        sampler = self._sampler
+        sampler = ctx.sampler
         for attempt in (1, 2):
-            await self._ensure_warm()
+            await self._warming.ensure_warm()
             # The concurrency is announced once the daemon has the batch (_take_finished).
-            self.progress = Progress(done=0, total=cfg.bench_proofs, unit="proofs")
+            ctx.progress = Progress(done=0, total=cfg.bench_proofs, unit="proofs")
             steady: list[int] = []
             watch = await self._bench_watch()
             watcher = asyncio.create_task(self._watch_benchmark(watch, steady, concurrency))
             wid = sampler.open_window()
-            started_at = self.client.now()
+            started_at = ctx.client.now()
             try:
-                run = await self.bench.batch(
-                    self.daemon.addr, c1_path=c1.path, count=cfg.bench_proofs,
+                run = await ctx.bench.batch(
+                    ctx.daemon.addr, c1_path=c1.path, count=cfg.bench_proofs,
                     concurrency=concurrency, sector_num=c1.sector_num,
                     miner_id=cfg.c1_miner_id,
                 )
@@ -79,7 +94,7 @@ class Benchmarking(Proving):
                 if attempt == 2:
                     raise
                 log.warning("benchmark run failed (%s); restarting the daemon and retrying", exc)
-                await self._start_daemon(devices)
+                await self._warming.start_daemon(devices)
                 continue
             except BaseException:
                 for w in (wid, *steady):
@@ -92,7 +107,7 @@ class Benchmarking(Proving):
             # A steady window opened moments before the end says less than the whole run.
             enough = steady_state is not None and steady_state.samples >= MIN_STEADY_SAMPLES
             telemetry = steady_state if enough else full_run
-            finished_at = self.client.now()
+            finished_at = ctx.client.now()
             log.info(
                 "benchmark on GPUs %s: %d completed, %d failed in %.1f s: %.1f proofs/h",
                 gpus_used, run.completed, run.failed, run.total_seconds, run.rate_per_hour,
@@ -108,7 +123,7 @@ class Benchmarking(Proving):
 
     async def _bench_watch(self) -> BenchWatch | None:
         with contextlib.suppress(CuzkError):
-            return BenchWatch(await self.daemon.status())
+            return BenchWatch(await self.ctx.daemon.status())
         return None
 
     async def _watch_benchmark(
@@ -131,27 +146,28 @@ class Benchmarking(Proving):
         one opens the steady-state window (the pipeline is full from then on)."""
         if watch is None:
             return
+        ctx = self.ctx
         try:
-            status = await self.daemon.status()
+            status = await ctx.daemon.status()
         except CuzkError:
             return
-        assert self._sampler is not None and self.progress is not None
-        if self.progress.concurrency is None and watch.saw_batch_begin(status):
-            self.progress = Progress(done=self.progress.done, total=self.progress.total,
-                                     unit="proofs", concurrency=concurrency)
+        assert ctx.sampler is not None and ctx.progress is not None
+        if ctx.progress.concurrency is None and watch.saw_batch_begin(status):
+            ctx.progress = Progress(done=ctx.progress.done, total=ctx.progress.total,
+                                    unit="proofs", concurrency=concurrency)
         finished = watch.update(status)
         if not finished:
             return
         for f in finished:
             if f.completed:
-                self.proofs_completed_total += 1
+                ctx.proofs_completed_total += 1
                 if f.wall_seconds is not None:
-                    self._proof_seconds_recent.append(f.wall_seconds)
-        total = self.progress.total
-        self.progress = Progress(done=min(self.progress.done + len(finished), total),
-                                 total=total, unit="proofs", concurrency=concurrency)
+                    ctx.proof_seconds_recent.append(f.wall_seconds)
+        total = ctx.progress.total
+        ctx.progress = Progress(done=min(ctx.progress.done + len(finished), total),
+                                total=total, unit="proofs", concurrency=concurrency)
         if steady is not None and not steady:
-            steady.append(self._sampler.open_window())
+            steady.append(ctx.sampler.open_window())
 
     def _result_of(self, kind: str, m: _Measured, benchmark_id: str | None = None) -> Result:
         return Result(
@@ -170,18 +186,19 @@ class Benchmarking(Proving):
             benchmark_id=benchmark_id,
         )
 
-    async def _benchmark(self) -> str:
-        self._set_phase("benchmarking", Progress(done=0, total=self.config.bench_proofs,
-                                                 unit="proofs"))
-        await self._stop_work()
-        if not self.daemon.running or self.daemon.devices is not None:
-            await self._start_daemon(None)
-        all_gpus = self._all_gpus()
+    async def run(self) -> str:
+        ctx = self.ctx
+        ctx.set_phase("benchmarking", Progress(done=0, total=self.config.bench_proofs,
+                                               unit="proofs"))
+        await self._proving.stop_work()
+        if not ctx.daemon.running or ctx.daemon.devices is not None:
+            await self._warming.start_daemon(None)
+        all_gpus = ctx.all_gpus()
         # The id the coordinator gave before this run began: its answer to that request.
-        benchmark_id = self._benchmark_id
+        benchmark_id = self._orders.benchmark_id
         measured_all = await self._measure(None)  # warms a new daemon up first
         result = self._result_of("benchmark", measured_all, benchmark_id)
-        directive = await self._deliver(result)
+        directive = await self._reporting.deliver(result)
         if directive.action != "continue":
             return "benchmark" if directive.action == "benchmark" else "prove"
         if len(all_gpus) > 1:
@@ -193,23 +210,24 @@ class Benchmarking(Proving):
     async def _scaling(self, measured_all: _Measured, all_gpus: list[int]) -> Directive:
         from vast_manager.common.scaling import diagnose  # the coordinator runs the same function
 
-        assert self._host is not None
+        host = self.ctx.host
+        assert host is not None
         one = [all_gpus[0]]
         log.info("one-GPU run for the scaling diagnosis (GPU %d of %d): a new daemon, "
                  "warmed up again (it starts without the PCE)", one[0], len(all_gpus))
-        self.progress = None
-        await self._start_daemon(one)
+        self.ctx.progress = None
+        await self._warming.start_daemon(one)
         try:
             measured_one = await self._measure(one)
         finally:
             # Proving (or anything next) wants every GPU again.
-            await self._start_daemon(None)
+            await self._warming.start_daemon(None)
         diagnosis = diagnose(
             len(all_gpus),
             measured_all.run.rate_per_hour,
             measured_one.run.rate_per_hour,
             measured_all.telemetry,
-            list(self._host.gpus),
+            list(host.gpus),
         )
         result = self._result_of("scaling", measured_one)
         result.runs = [
@@ -221,4 +239,4 @@ class Benchmarking(Proving):
         result.evidence = [e[:1024] for e in diagnosis.evidence]
         log.info("scaling: efficiency %s, bottleneck %s", diagnosis.efficiency,
                  diagnosis.bottleneck)
-        return await self._deliver(result)
+        return await self._reporting.deliver(result)

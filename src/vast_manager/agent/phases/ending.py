@@ -9,25 +9,47 @@ import contextlib
 import aiohttp
 
 from vast_manager.agent.coordinator_client import ClientError
-from vast_manager.agent.phases.benchmark import Benchmarking
+from vast_manager.agent.phases.context import AgentContext, Orders
+from vast_manager.agent.phases.proving import Proving
+from vast_manager.agent.phases.reporting import Reporting
 from vast_manager.agent.phases.shared import (
     EXIT_DESTROY_FAILED,
     EXIT_FAILED,
     EXIT_ORPHANED,
     EXIT_TERMINATED,
+    Destroyer,
     log,
 )
 from vast_manager.agent.selfdestroy import SelfDestroyError
 
 
-class Ending(Benchmarking):
+class Ending:
     """Every way the agent ends, and the orphan watchdog."""
 
-    async def _failed(self) -> str:
-        self._has_failed = True
-        self._set_phase("failed")
+    def __init__(
+        self,
+        ctx: AgentContext,
+        orders: Orders,
+        proving: Proving,
+        reporting: Reporting,
+        destroyer: Destroyer,
+        watchdog_period_s: float,
+    ) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self._orders = orders  # the watchdog's orphan rule interrupts the loop
+        self._proving = proving  # its work command stops; its proofs keep the agent alive
+        self._reporting = reporting  # the last heartbeat and logs
+        self._destroyer = destroyer
+        self._watchdog_period_s = watchdog_period_s
+        self._started_mono = ctx.monotonic()
+        self.has_failed = False  # phase failed was reported: terminating exits 1
+
+    async def failed(self) -> str:
+        self.has_failed = True
+        self.ctx.set_phase("failed")
         await self._stop_children()
-        self.logs.batch_ready.set()  # ship the reason now
+        self.ctx.logs.batch_ready.set()  # ship the reason now
         # Stay, heartbeating `failed`, until the coordinator decides (terminate,
         # or benchmark to retry); the orphan rule bounds the wait.
         await asyncio.Event().wait()
@@ -35,30 +57,29 @@ class Ending(Benchmarking):
 
     def orphan_check(self) -> bool:
         """True when the orphan rule (docs/operations.md) says this instance runs unwatched."""
-        now = self._monotonic()
+        now = self.ctx.monotonic()
         timeout = self.config.orphan_timeout_s
-        last_answer = self.client.last_verified_at or self._started_mono
+        last_answer = self.ctx.client.last_verified_at or self._started_mono
         if now - last_answer < timeout:
             return False
-        if self.phase == "proving":
+        if self.ctx.phase == "proving":
             # A silent coordinator is no reason to stop earning.
-            last_proof = self._last_proof_mono or self._proving_since or now
+            last_proof = self._proving.last_proof_mono or self._proving.since or now
             return now - last_proof >= timeout
         return True
 
-    async def _watchdog(self) -> None:
+    async def watchdog(self) -> None:
         while True:
             await asyncio.sleep(self._watchdog_period_s)
             if self.orphan_check():
                 log.error("no verified answer from the coordinator for %.0f s%s: orphaned",
                           self.config.orphan_timeout_s,
-                          " and no proof completed" if self.phase == "proving" else "")
-                self._orphaned = True
-                self._wake.set()
+                          " and no proof completed" if self.ctx.phase == "proving" else "")
+                self._orders.orphan()
                 return
 
     async def _stop_background(self) -> None:
-        tasks, self._background = self._background, []
+        tasks, self.ctx.tasks = self.ctx.tasks, []
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -66,10 +87,10 @@ class Ending(Benchmarking):
                 await task
 
     async def _stop_children(self) -> None:
-        await self._stop_work()
-        if self._sampler is not None:
-            self._sampler.set_cuzk_status_url(None)
-        await self.daemon.stop()
+        await self._proving.stop_work()
+        if self.ctx.sampler is not None:
+            self.ctx.sampler.set_cuzk_status_url(None)
+        await self.ctx.daemon.stop()
 
     async def _destroy(self) -> bool:
         try:
@@ -79,40 +100,44 @@ class Ending(Benchmarking):
             log.error("self-destroy failed: %s", exc)
             return False
 
-    async def _finish_terminate(self) -> int:
-        self._set_phase("terminating")
+    async def terminate(self) -> int:
+        """The coordinator's ``terminate``: say so, ship the logs, destroy the instance."""
+        self.ctx.set_phase("terminating")
         await self._stop_background()
         await self._stop_children()
         with contextlib.suppress(ClientError):
-            await self._send_heartbeat(give_up_after_s=15.0)
-        self._spool_logs()
-        await self._flush_spool(give_up_after_s=30.0)
+            await self._reporting.send_heartbeat(give_up_after_s=15.0)
+        self._reporting.spool_logs()
+        await self._reporting.flush_spool(give_up_after_s=30.0)
         log.info("terminating: destroying this instance through provider %s",
                  self.config.provider)
         if not await self._destroy():
             return EXIT_DESTROY_FAILED
-        return EXIT_FAILED if self._has_failed else EXIT_TERMINATED
+        return EXIT_FAILED if self.has_failed else EXIT_TERMINATED
 
-    async def _finish_orphaned(self) -> int:
+    async def orphaned(self) -> int:
+        """The orphan rule fired: destroy the instance without the coordinator."""
         await self._stop_background()
         await self._stop_children()
-        self._spool_logs()  # kept on disk; nobody is listening now
+        self._reporting.spool_logs()  # kept on disk; nobody is listening now
         log.error("self-destroying: the coordinator is gone")
         return EXIT_ORPHANED if await self._destroy() else EXIT_DESTROY_FAILED
 
-    async def _cleanup(self) -> None:
+    async def cleanup(self) -> None:
+        """What every end shares, however the loop ended (even by an exception)."""
+        ctx = self.ctx
         await self._stop_background()
         with contextlib.suppress(Exception):
-            await self._stop_work()
+            await self._proving.stop_work()
         with contextlib.suppress(Exception):
-            await self.daemon.close()
-        if self._sampler is not None:
+            await ctx.daemon.close()
+        if ctx.sampler is not None:
             with contextlib.suppress(Exception):
-                await self._sampler.stop()
-            sources = getattr(self._sampler, "sources", None)
+                await ctx.sampler.stop()
+            sources = getattr(ctx.sampler, "sources", None)
             if sources is not None and hasattr(sources, "close"):
                 with contextlib.suppress(Exception):
                     sources.close()  # NVML shutdown
         with contextlib.suppress(Exception):
-            self._spool_logs()
-        await self.client.close()
+            self._reporting.spool_logs()
+        await ctx.client.close()

@@ -1,13 +1,14 @@
 """Fetching: the checks that need nothing fetched (the C1, the memory budget), then
-the proof parameters."""
+the proof parameters (phase fetching_params). What it checked goes to warm-up."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import aiohttp
 
-from vast_manager.agent.c1 import C1Error, check_c1
+from vast_manager.agent.c1 import C1Error, C1Input, check_c1
 from vast_manager.agent.cuzk import (
     GIB,
     POREP_PARTITION_FULL_BYTES,
@@ -15,26 +16,50 @@ from vast_manager.agent.cuzk import (
     parse_budget_text,
 )
 from vast_manager.agent.params import Downloader, ParamsError, load_manifest, run_params_cmd
-from vast_manager.agent.phases.reporting import Reporting
+from vast_manager.agent.phases.context import AgentContext
 from vast_manager.agent.phases.shared import (
     AgentFailure,
+    MemoryProbe,
     log,
 )
 from vast_manager.protocol import Progress
 
 
-class Fetching(Reporting):
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """What the checks found, for the daemon's start: the C1 it proves, its memory budget."""
+
+    c1: C1Input
+    budget_bytes: int
+
+
+class Fetching:
     """The C1 and memory checks, then the parameter fetch (phase fetching_params)."""
 
-    async def _check_c1(self) -> None:
+    def __init__(self, ctx: AgentContext, memory_probe: MemoryProbe) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self._memory_probe = memory_probe
+
+    async def run(self) -> Checked:
+        # Both checks are cheap and need nothing fetched: a C1 that cuzk cannot prove,
+        # or a budget that cannot hold one partition, fails now, before any rent is
+        # spent on parameters or proofs.
+        c1 = await self._check_c1()
+        budget_bytes = await self._memory_budget()
+        self.ctx.set_phase("fetching_params")
+        await self._fetch_params()
+        return Checked(c1, budget_bytes)
+
+    async def _check_c1(self) -> C1Input:
         try:
             c1 = await asyncio.to_thread(check_c1, self.config.c1_path)
         except C1Error as exc:
             raise AgentFailure(f"{exc}; no benchmark was started") from None
-        self._c1 = c1
         log.info("C1 input %s: sector %d, %s, %d bytes (miner %d from VM_C1_MINER_ID)",
                  c1.path, c1.sector_num, c1.registered_proof, c1.size_bytes,
                  self.config.c1_miner_id)
+        return c1
 
     async def _memory_budget(self) -> int:
         """cuzk's ``[memory] total_budget`` in bytes: set, or the container's memory less
@@ -62,7 +87,7 @@ class Fetching(Reporting):
         return budget
 
     def _bytes_progress(self, done: int, total: int) -> None:
-        self.progress = Progress(done=max(done, 0), total=max(total, 0), unit="bytes")
+        self.ctx.progress = Progress(done=max(done, 0), total=max(total, 0), unit="bytes")
 
     async def _fetch_params(self) -> None:
         cfg = self.config
@@ -78,7 +103,7 @@ class Fetching(Reporting):
                     except ParamsError as exc:
                         log.warning("params total unknown: %s", exc)
                 await run_params_cmd(
-                    cfg.params_cmd, cfg.params_dir, sink=self.logs.child_line,
+                    cfg.params_cmd, cfg.params_dir, sink=self.ctx.logs.child_line,
                     total_bytes=total, on_progress=self._bytes_progress,
                 )
             elif cfg.params_manifest:

@@ -1,4 +1,5 @@
-"""Proving: the daemon kept ready, the operator's work command supervised."""
+"""Proving: the daemon kept ready, the operator's work command supervised, the daemon's
+proofs counted for the heartbeats and the orphan rule."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from vast_manager.agent.cuzk import (
     CuzkError,
     completed_total,
 )
+from vast_manager.agent.phases.context import AgentContext
 from vast_manager.agent.phases.shared import (
     PROVING_POLL_S,
     AgentFailure,
@@ -20,15 +22,25 @@ from vast_manager.agent.phases.warmup import Warming
 from vast_manager.agent.procs import ManagedProcess
 
 
-class Proving(Warming):
+class Proving:
     """Phase proving: the work command and its end."""
 
-    async def _prove(self) -> str:
-        self._set_phase("proving")
-        if not self.daemon.running or self.daemon.devices is not None:
-            await self._start_daemon(None)
-        self._proving_since = self._monotonic()
-        self._last_proof_mono = self._proving_since
+    def __init__(self, ctx: AgentContext, warming: Warming) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self._warming = warming  # restarts the daemon
+        # Monotonic times the orphan rule reads while proving (``Ending.orphan_check``).
+        self.since: float | None = None
+        self.last_proof_mono: float | None = None
+        self._work_task: asyncio.Task[None] | None = None
+
+    async def run(self) -> str:
+        ctx, daemon, monotonic = self.ctx, self.ctx.daemon, self.ctx.monotonic
+        ctx.set_phase("proving")
+        if not daemon.running or daemon.devices is not None:
+            await self._warming.start_daemon(None)
+        self.since = monotonic()
+        self.last_proof_mono = self.since
         last_count: int | None = None
         restarts: collections.deque[float] = collections.deque(maxlen=5)
         if self.config.work_cmd:
@@ -37,31 +49,32 @@ class Proving(Warming):
             log.info("no VM_WORK_CMD: the daemon stays up, ready")
         try:
             while True:
-                if not self.daemon.running:
-                    now = self._monotonic()
+                if not daemon.running:
+                    now = monotonic()
                     if len(restarts) == restarts.maxlen and now - restarts[0] < 600:
                         raise AgentFailure("the cuzk daemon died 5 times in 10 minutes")
                     log.error("the cuzk daemon exited while proving; restarting it")
-                    restarts.append(self._monotonic())
-                    await self._start_daemon(None)
+                    restarts.append(monotonic())
+                    await self._warming.start_daemon(None)
                     last_count = None
                 with contextlib.suppress(CuzkError):
-                    count = completed_total(await self.daemon.status())
+                    count = completed_total(await daemon.status())
                     if count is not None:
                         if last_count is not None and count > last_count:
-                            self.proofs_completed_total += count - last_count
-                            self._last_proof_mono = self._monotonic()
+                            ctx.proofs_completed_total += count - last_count
+                            self.last_proof_mono = monotonic()
                         last_count = count
                 await asyncio.sleep(PROVING_POLL_S)
         finally:
-            await self._stop_work()
+            await self.stop_work()
 
     def _work_env(self) -> dict[str, str]:
         env = dict(os.environ)
+        daemon = self.ctx.daemon
         # The daemon's ports are picked at start; the work command finds them here.
-        env["VM_CUZK_ADDR"] = self.daemon.addr
-        env["VM_CUZK_LISTEN"] = f"127.0.0.1:{self.daemon.port}"
-        env["VM_CUZK_STATUS_URL"] = self.daemon.status_url
+        env["VM_CUZK_ADDR"] = daemon.addr
+        env["VM_CUZK_LISTEN"] = f"127.0.0.1:{daemon.port}"
+        env["VM_CUZK_STATUS_URL"] = daemon.status_url
         env["FIL_PROOFS_PARAMETER_CACHE"] = str(self.config.params_dir)
         for name in ("VM_AGENT_KEY", "CONTAINER_API_KEY"):
             env.pop(name, None)  # the work command needs neither
@@ -71,10 +84,10 @@ class Proving(Warming):
         failures = 0
         while True:
             proc = ManagedProcess(
-                ["/bin/sh", "-c", command], source="work", sink=self.logs.child_line,
+                ["/bin/sh", "-c", command], source="work", sink=self.ctx.logs.child_line,
                 env=self._work_env(),
             )
-            started = self._monotonic()
+            started = self.ctx.monotonic()
             try:
                 await proc.start()
                 log.info("work command started (pid %s)", proc.pid)
@@ -84,14 +97,15 @@ class Proving(Warming):
                 code = None
             finally:
                 await proc.stop()
-            ran_s = self._monotonic() - started
+            ran_s = self.ctx.monotonic() - started
             failures = 0 if ran_s > 60 else failures + 1
             delay = min(60.0, 2.0 ** failures) if failures else 1.0
             log.warning("work command exited (status %s after %.0f s); restarting in %.0f s",
                         code, ran_s, delay)
             await asyncio.sleep(delay)
 
-    async def _stop_work(self) -> None:
+    async def stop_work(self) -> None:
+        """Stop the work command (a benchmark or an end of the agent needs it gone)."""
         task, self._work_task = self._work_task, None
         if task is not None:
             task.cancel()

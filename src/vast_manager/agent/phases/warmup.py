@@ -1,11 +1,12 @@
-"""Warm-up: the preparation in order (checks, fetch, warm), the daemon's start and its
-warm-up proof, and the wait for its PCE extraction."""
+"""Warm-up (phase warming): the daemon's start, its warm-up proof and the wait for its
+PCE extraction. Proving and benchmarking (re)start the daemon through it too."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 
+from vast_manager.agent.c1 import C1Input
 from vast_manager.agent.cuzk import (
     GIB,
     POREP_PARTITION_FULL_BYTES,
@@ -15,7 +16,8 @@ from vast_manager.agent.cuzk import (
     srs_reservation_bytes,
     synthesis_workers,
 )
-from vast_manager.agent.phases.fetch import Fetching
+from vast_manager.agent.phases.context import AgentContext
+from vast_manager.agent.phases.fetch import Checked
 from vast_manager.agent.phases.shared import (
     PCE_POLL_S,
     AgentFailure,
@@ -24,51 +26,55 @@ from vast_manager.agent.phases.shared import (
 from vast_manager.protocol import Progress
 
 
-class Warming(Fetching):
-    """The daemon started and warm (phase warming)."""
+class Warming:
+    """The daemon started and warm (phase warming), and restarted when others need."""
 
-    async def _prepare(self) -> str:
-        # Both checks are cheap and need nothing fetched: a C1 that cuzk cannot prove,
-        # or a budget that cannot hold one partition, fails now, before any rent is
-        # spent on parameters or proofs.
-        await self._check_c1()
-        self._budget_bytes = await self._memory_budget()
-        self._set_phase("fetching_params")
-        await self._fetch_params()
-        self._set_phase("warming")
+    def __init__(self, ctx: AgentContext) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self._checked: Checked | None = None  # from fetching, before the first start
+        self._daemon_warm = False  # this daemon process has finished its PCE extraction
+
+    @property
+    def c1(self) -> C1Input:
+        """The C1 input every proof of this agent proves (known once prepared)."""
+        assert self._checked is not None
+        return self._checked.c1
+
+    async def run(self, checked: Checked) -> None:
+        self._checked = checked
+        self.ctx.set_phase("warming")
         await self._warm()
-        self._prepared = True
-        return "benchmark"
 
-    async def _start_daemon(self, devices: list[int] | None) -> None:
+    async def start_daemon(self, devices: list[int] | None) -> None:
         """(Re)start the daemon on ``devices`` (None: all) and preload the SRS.
 
         A new daemon process has no PCE (cuzk keeps it in memory only), so it
-        is not warm until `_ensure_warm` has run on it.
+        is not warm until `ensure_warm` has run on it.
         """
-        assert self._sampler is not None
+        sampler, daemon = self.ctx.sampler, self.ctx.daemon
+        assert sampler is not None and self._checked is not None
+        budget_bytes = self._checked.budget_bytes
         srs = srs_reservation_bytes(self.config.params_dir)
         need = srs + POREP_PARTITION_FULL_BYTES
-        if self._budget_bytes < need:
+        if budget_bytes < need:
             raise AgentFailure(
-                f"cuzk's memory budget of {self._budget_bytes / GIB:.1f} GiB cannot hold the "
+                f"cuzk's memory budget of {budget_bytes / GIB:.1f} GiB cannot hold the "
                 f"{srs / GIB:.1f} GiB SRS and one {POREP_PARTITION_FULL_BYTES // GIB} GiB "
                 "PoRep partition: its proofs would wait for ever"
             )
         self._daemon_warm = False
-        self._sampler.set_cuzk_status_url(None)
-        await self.daemon.start(devices, budget_bytes=self._budget_bytes)
-        self._sampler.set_cuzk_status_url(
-            self.daemon.status_url, synthesis_workers(self._budget_bytes)
-        )
-        await self.bench.preload(self.daemon.addr)
+        sampler.set_cuzk_status_url(None)
+        await daemon.start(devices, budget_bytes=budget_bytes)
+        sampler.set_cuzk_status_url(daemon.status_url, synthesis_workers(budget_bytes))
+        await self.ctx.bench.preload(daemon.addr)
 
     async def _warm(self) -> None:
-        await self._start_daemon(None)
-        await self._ensure_warm()
-        self.progress = None
+        await self.start_daemon(None)
+        await self.ensure_warm()
+        self.ctx.progress = None
 
-    async def _ensure_warm(self) -> None:
+    async def ensure_warm(self) -> None:
         """One warm-up proof, then wait for the PCE extraction it started, in this daemon.
 
         Every boot and every new daemon process does this: cuzk never loads a PCE
@@ -79,12 +85,11 @@ class Warming(Fetching):
         """
         if self._daemon_warm:
             return
-        c1 = self._c1
-        assert c1 is not None
+        ctx, c1 = self.ctx, self.c1
         log.info("warm-up proof: starts the daemon's background PCE extraction")
-        self.progress = Progress(done=0, total=1, unit="proofs")
-        run = await self.bench.batch(
-            self.daemon.addr, c1_path=c1.path, count=1, concurrency=1,
+        ctx.progress = Progress(done=0, total=1, unit="proofs")
+        run = await ctx.bench.batch(
+            ctx.daemon.addr, c1_path=c1.path, count=1, concurrency=1,
             sector_num=c1.sector_num, miner_id=self.config.c1_miner_id,
         )
         if run.completed < 1:
@@ -94,7 +99,7 @@ class Warming(Fetching):
                 f"{c1.sector_num} of miner {self.config.c1_miner_id} (is VM_C1_MINER_ID the "
                 "miner the C1 was made for?); no benchmark was started"
             )
-        self.progress = Progress(done=1, total=1, unit="proofs")
+        ctx.progress = Progress(done=1, total=1, unit="proofs")
         await self._wait_for_pce()
         self._daemon_warm = True
 
@@ -104,19 +109,20 @@ class Warming(Fetching):
         if wait_s <= 0:
             log.warning("VM_PCE_WAIT is 0: benchmarking without waiting for the PCE extraction")
             return
-        started = self._monotonic()
+        daemon, monotonic = self.ctx.daemon, self.ctx.monotonic
+        started = monotonic()
         while True:
-            if not self.daemon.running:
+            if not daemon.running:
                 raise DaemonExited("the cuzk daemon exited during its PCE extraction")
-            if self.daemon.extraction_failed:
+            if daemon.extraction_failed:
                 raise AgentFailure("the cuzk daemon's background PCE extraction failed "
                                    "(its log says why); a benchmark would start another one")
             with contextlib.suppress(CuzkError):
-                if has_pce(await self.daemon.status()):
+                if has_pce(await daemon.status()):
                     log.info("PCE extracted and held in memory after %.0f s",
-                             self._monotonic() - started)
+                             monotonic() - started)
                     return
-            if self._monotonic() - started >= wait_s:
+            if monotonic() - started >= wait_s:
                 raise AgentFailure(
                     f"the cuzk daemon's PCE extraction did not finish within VM_PCE_WAIT "
                     f"({wait_s:.0f} s) of the warm-up proof; a benchmark beside it would "
