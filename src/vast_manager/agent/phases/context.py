@@ -40,7 +40,7 @@ class AgentContext:
             start_timeout_s=config.cuzk_start_timeout_s,
         )
         self.bench = CuzkBench(config.cuzk_bench_bin, sink=self.logs.child_line)
-        # Known once the loop has opened the telemetry (``Agent._run``).
+        # Known once the loop has opened the telemetry (``Agent._start``).
         self.host: HostInfo | None = None
         self.sampler: SamplerLike | None = None
 
