@@ -1042,6 +1042,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json-out", type=Path, default=None, help="write the figures as JSON")
     ap.add_argument("--market", type=Path, action="append", default=None,
                     help="a market file (JSON Lines, docs/discovery.md 'Markets'); repeatable")
+    ap.add_argument("--plan-only", action="store_true",
+                    help="with --market(s): the planning figures alone (a few minutes)")
     ap.add_argument("--markets", action="store_true",
                     help="every market in bench/markets/ (the one command for the figures)")
     args = ap.parse_args(argv)
@@ -1209,7 +1211,9 @@ def markets_main(args: argparse.Namespace) -> int:
 
     paths = list(args.market or []) + (market_files() if args.markets else [])
     seeds = list(range(1, 1 + (args.seeds or (1 if args.quick else 5))))
-    sizes = (40, 240) if args.quick else (40, 240, 1000)
+    sizes: tuple[int, ...] = (40, 240) if args.quick else (40, 240, 1000)
+    if args.plan_only:
+        sizes = ()
     started = time.perf_counter()
     print("Discovery on market files: every rate is simulated (the files' generators say how)")
     print(f"accuracy seeds {seeds} (which measured hosts); median abs % error on held-out hosts")
