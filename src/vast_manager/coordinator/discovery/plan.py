@@ -337,7 +337,7 @@ def disagreement(prediction: Prediction, doubted: Prediction, break_even: float)
     return abs(p_gpu - prediction.probability_above(break_even))
 
 
-def tests_due(measured: int, trials: int, share: float) -> list[bool]:
+def due_slots(measured: int, trials: int, share: float) -> list[bool]:
     """Which of the next ``trials`` slots test a belief: trial number ``measured + i + 1``
     is a test when it crosses a multiple of ``1 / share`` (a quarter: the 4th, 8th, ...),
     so the share holds however the trials are asked for, one at a time or many."""
@@ -537,7 +537,7 @@ def _with_belief_tests(ranked: list[_Value], cells: Mapping[Cell, CellEvidence],
     doubt = settings.doubt
     if doubt.share <= 0 or doubt.weight <= 0:
         return worth
-    due = tests_due(measured, settings.trials, doubt.share)
+    due = due_slots(measured, settings.trials, doubt.share)
     if not any(due):
         return worth
     return schedule_tests(worth, _belief_tests(ranked, set(cells), ref, settings), due)
