@@ -262,8 +262,11 @@ def cell_evidence(offers: Sequence[Mapping[str, Any]],
            if isinstance(p, Prediction) and p.machine_runs > 0]
     if not own:
         return {}, 0
+    # Asked with explanations: a predictor that memoises its plain answers by machine or
+    # by offer object (the autopilot's, the bench's) then asks its model afresh rather
+    # than answer for an offer with no machine from its memo. Measured offers are few.
     anonymous = model.predict_offers(
-        [{k: v for k, v in o.items() if k != "machine_id"} for o, _ in own], explain=False)
+        [{k: v for k, v in o.items() if k != "machine_id"} for o, _ in own], explain=True)
     cells: dict[Cell, CellEvidence] = {}
     for (offer, mine), anon in zip(own, anonymous, strict=True):
         if not isinstance(anon, Prediction):
