@@ -93,7 +93,7 @@ def test_a_due_slot_tests_the_offer_the_model_rules_out() -> None:
     ref = FleetView(reference_usd_per_proof=0.0025)  # the 3060 Ti breaks even at 20/h
     plain = plan_trials(offers, model, ref, PlanSettings(trials=8, doubt=Doubt(share=0)))
     assert 1 not in {p.offer_id for p in plain.proposals}
-    tested = plan_trials(offers, model, ref, PlanSettings(trials=8))
+    tested = plan_trials(offers, model, ref, PlanSettings(trials=8, doubt=Doubt()))
     ids = [p.offer_id for p in tested.proposals]
     assert ids.index(1) == 3  # the fourth trial, the first due slot
     # The rest keep the expected value's order.
@@ -110,7 +110,7 @@ def test_a_measured_neighbour_settles_the_cell() -> None:
     model.own[2] = _prediction(11.0, 0.05, "memory", 60.0, runs=1)  # as the model said
     assert doubt_cell(neighbour, model.new[2]) == doubt_cell(offers[-1], model.new[1])
     plan = plan_trials([*offers, neighbour], model, FleetView(reference_usd_per_proof=0.0025),
-                       PlanSettings(trials=8))
+                       PlanSettings(trials=8, doubt=Doubt()))
     assert 1 not in {p.offer_id for p in plan.proposals}
 
 
@@ -134,3 +134,10 @@ def test_a_surprising_neighbour_moves_the_cells_belief() -> None:
     _, cells_b, measured_b = read_evidence(offers, model.predict_offers(offers),
                                            cands, frozenset({"2"}), model, Doubt())
     assert measured_b == 1 and next(iter(cells_b.values())).surprised == 1
+
+
+def test_the_coordinators_plan_has_the_tests_off_unless_asked() -> None:
+    offers, model = _market()
+    plan = plan_trials(offers, model, FleetView(reference_usd_per_proof=0.0025),
+                       PlanSettings(trials=8))
+    assert 1 not in {p.offer_id for p in plan.proposals}
