@@ -111,7 +111,7 @@ class PlanSettings:
     horizon_hours: float = DEFAULTS.plan_horizon_hours  # how long a kept host is expected to run
     min_expected_value_usd: float = 0.0
     trial_cost: TrialCost = field(default_factory=TrialCost)
-    #: Off unless asked for: on the simulated live market (docs/discovery.md, section 9)
+    #: Off unless asked for: on the simulated live market (docs/discovery.md, section 3)
     #: the autopilot with the belief tests on kept a worse fleet, for a reason not yet
     #: found; the market bench asks for them (``Doubt()``).
     doubt: Doubt = field(default_factory=lambda: Doubt(share=0.0, weight=0.0))
