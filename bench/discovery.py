@@ -1207,7 +1207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def markets_main(args: argparse.Namespace) -> int:
     """The rate model and the planner on market files (bench/market_bench.py)."""
-    from market_bench import MarketError, market_files, run_markets
+    from market_bench import PLAN_SEEDS, MarketError, market_files, run_markets
 
     paths = list(args.market or []) + (market_files() if args.markets else [])
     seeds = list(range(1, 1 + (args.seeds or (1 if args.quick else 5))))
@@ -1218,7 +1218,8 @@ def markets_main(args: argparse.Namespace) -> int:
     print("Discovery on market files: every rate is simulated (the files' generators say how)")
     print(f"accuracy seeds {seeds} (which measured hosts); median abs % error on held-out hosts")
     try:
-        out = run_markets(paths, seeds, sizes)
+        # A smoke run plans on the whole file alone.
+        out = run_markets(paths, seeds, sizes, (0,) if args.quick else PLAN_SEEDS)
     except (MarketError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

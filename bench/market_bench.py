@@ -275,8 +275,8 @@ def market_files() -> list[Path]:
     return sorted(MARKETS_DIR.glob("*.jsonl.gz"))
 
 
-def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int]
-                ) -> dict[str, Any]:
+def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int],
+                plan_seeds: Sequence[int] = PLAN_SEEDS) -> dict[str, Any]:
     """Print, per market, the accuracy table and the planning table; return the figures."""
     out: dict[str, Any] = {"simulated": True, "markets": {}}
     mean = statistics.mean
@@ -306,8 +306,8 @@ def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int
                   f" {mean(r.gbm_baseline for r in rs):>6.1%}"
                   f" {mean(r.served / r.gbm_baseline for r in rs):>5.2f}"
                   f" {mean(r.coverage for r in rs):>6.1%} {mean(r.fit_s for r in rs):>6.2f}")
-        plans = [planning(market_on_offer(rows, s)) for s in PLAN_SEEDS]
-        _print_planning(plans)
+        plans = [planning(market_on_offer(rows, s)) for s in plan_seeds]
+        _print_planning(plans, plan_seeds)
         out["markets"][name] = {
             "hosts": len(rows),
             "accuracy": {str(n): [_row(r) for r in rs]
@@ -318,13 +318,13 @@ def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int
     return out
 
 
-def _print_planning(plans: list[PlanningRow]) -> None:
+def _print_planning(plans: list[PlanningRow], seeds: Sequence[int]) -> None:
     """One line per planning seed and checkpoint: the planner's fleet against the oracle,
     the trials it used and their spend, and both against cheapest-first."""
     print(f"  planning a fleet of {FLEET} from nothing measured, one trial at a time "
           f"(deterministic per seed; seed 0 the whole file, others {PLAN_SAMPLE:.0%} of it "
           f"on offer); $/proof at true rates:")
-    for seed, p in zip(PLAN_SEEDS, plans, strict=True):
+    for seed, p in zip(seeds, plans, strict=True):
         o = p.oracle
         print(f"    seed {seed}: oracle (physics, no host effects) "
               + (f"{o:.5f}" if o is not None else "- (the file has no oracle rate)"))

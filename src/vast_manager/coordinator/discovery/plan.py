@@ -112,8 +112,8 @@ class PlanSettings:
     min_expected_value_usd: float = 0.0
     trial_cost: TrialCost = field(default_factory=TrialCost)
     #: Off unless asked for: on the simulated live market (docs/discovery.md, section 3)
-    #: the autopilot with the belief tests on kept a worse fleet, for a reason not yet
-    #: found; the market bench asks for them (``Doubt()``).
+    #: the autopilot with the belief tests on kept a worse fleet (a quarter of its trials
+    #: for weeks, testing a model that was right); the market bench asks for them.
     doubt: Doubt = field(default_factory=lambda: Doubt(share=0.0, weight=0.0))
 
 
