@@ -1042,6 +1042,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json-out", type=Path, default=None, help="write the figures as JSON")
     ap.add_argument("--market", type=Path, action="append", default=None,
                     help="a market file (JSON Lines, docs/discovery.md 'Markets'); repeatable")
+    ap.add_argument("--plan-only", action="store_true",
+                    help="with --market(s): the planning figures alone (a few minutes)")
     ap.add_argument("--markets", action="store_true",
                     help="every market in bench/markets/ (the one command for the figures)")
     args = ap.parse_args(argv)
@@ -1205,16 +1207,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def markets_main(args: argparse.Namespace) -> int:
     """The rate model and the planner on market files (bench/market_bench.py)."""
-    from market_bench import MarketError, market_files, run_markets
+    from market_bench import PLAN_SEEDS, MarketError, market_files, run_markets
 
     paths = list(args.market or []) + (market_files() if args.markets else [])
     seeds = list(range(1, 1 + (args.seeds or (1 if args.quick else 5))))
-    sizes = (40, 240) if args.quick else (40, 240, 1000)
+    sizes: tuple[int, ...] = (40, 240) if args.quick else (40, 240, 1000)
+    if args.plan_only:
+        sizes = ()
     started = time.perf_counter()
     print("Discovery on market files: every rate is simulated (the files' generators say how)")
     print(f"accuracy seeds {seeds} (which measured hosts); median abs % error on held-out hosts")
     try:
-        out = run_markets(paths, seeds, sizes)
+        # A smoke run plans on the whole file alone.
+        out = run_markets(paths, seeds, sizes, (0,) if args.quick else PLAN_SEEDS)
     except (MarketError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -28,7 +28,7 @@ import numpy as np
 import orjson
 
 from vast_manager.coordinator.discovery.measurements import Measurement
-from vast_manager.coordinator.discovery.plan import FleetView, PlanSettings, plan_trials
+from vast_manager.coordinator.discovery.plan import Doubt, FleetView, PlanSettings, plan_trials
 from vast_manager.coordinator.discovery.served import (
     CANDIDATES,
     PLAIN_FIELDS,
@@ -191,6 +191,22 @@ def _top_fleet(rows: list[dict[str, Any]], rates: list[float]) -> list[dict[str,
     return [rows[i] for i in order[:FLEET]]
 
 
+#: The share of a market's hosts a planning seed keeps on offer: seed 0 is the whole file;
+#: another seed is another day's market, the same hosts but a fifth of them rented away.
+PLAN_SAMPLE = 0.8
+PLAN_SEEDS = (0, 1, 2)
+#: The plan's belief tests (docs/discovery.md, section 3), on here; the coordinator's
+#: plan has them off until the simulated live market says they help there too.
+PLAN_DOUBT = Doubt()
+
+
+def market_on_offer(rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """The hosts on offer for planning seed ``seed``: all (seed 0), else a random 80%."""
+    if seed == 0:
+        return rows
+    return random.Random(1000 + seed).sample(rows, int(len(rows) * PLAN_SAMPLE))
+
+
 def planning(rows: list[dict[str, Any]], checkpoints: Sequence[int] = (10, 20)
              ) -> PlanningRow:
     """From nothing measured: the planner proposes one trial at a time (``plan_trials``
@@ -202,7 +218,7 @@ def planning(rows: list[dict[str, Any]], checkpoints: Sequence[int] = (10, 20)
     not on their order, and each host's benchmark is the file's."""
     offers = [offer_of(r) for r in rows]
     by_machine = {str(r["machine_id"]): r for r in rows}
-    settings = PlanSettings(trials=1)
+    settings = PlanSettings(trials=1, doubt=PLAN_DOUBT)
     measured: list[dict[str, Any]] = []
     planner: dict[int, float] = {}
     spend: dict[int, float] = {}
@@ -259,8 +275,8 @@ def market_files() -> list[Path]:
     return sorted(MARKETS_DIR.glob("*.jsonl.gz"))
 
 
-def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int]
-                ) -> dict[str, Any]:
+def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int],
+                plan_seeds: Sequence[int] = PLAN_SEEDS) -> dict[str, Any]:
     """Print, per market, the accuracy table and the planning table; return the figures."""
     out: dict[str, Any] = {"simulated": True, "markets": {}}
     mean = statistics.mean
@@ -270,10 +286,11 @@ def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int
         print(f"\nMarket {name} ({path.name}, {len(rows)} hosts; simulated rates): "
               f"measured from the first {int(len(rows) * 0.6)}, "
               f"predicting the last {len(rows) - int(len(rows) * 0.6)}")
-        print(f"  {'measured':>8} {'served':>7} {'by':>10} "
-              + " ".join(f"{c:>10}" for c in CANDIDATES)
-              + f" {'floor':>6} {'/floor':>6} {'GPU-med':>7} {'GBM':>6} {'/GBM':>5} "
-              f"{'in 80%':>6} {'fit s':>6}")
+        if sizes:
+            print(f"  {'measured':>8} {'served':>7} {'by':>10} "
+                  + " ".join(f"{c:>10}" for c in CANDIDATES)
+                  + f" {'floor':>6} {'/floor':>6} {'GPU-med':>7} {'GBM':>6} {'/GBM':>5} "
+                  f"{'in 80%':>6} {'fit s':>6}")
         acc: dict[int, list[AccuracyRow]] = {}
         for n in sizes:
             acc[n] = [accuracy(rows, n, seed) for seed in seeds]
@@ -289,23 +306,8 @@ def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int
                   f" {mean(r.gbm_baseline for r in rs):>6.1%}"
                   f" {mean(r.served / r.gbm_baseline for r in rs):>5.2f}"
                   f" {mean(r.coverage for r in rs):>6.1%} {mean(r.fit_s for r in rs):>6.2f}")
-        plans = [planning(rows)]
-        print(f"  planning a fleet of {FLEET} from nothing measured, one trial at a time "
-              f"(deterministic); $/proof at true rates:")
-        oracle = plans[0].oracle
-        print("    oracle (physics, no host effects): "
-              + (f"{oracle:.5f}" if oracle is not None else "- (the file has no oracle rate)"))
-        for c in (10, 20):
-            pl = [p.planner[c] for p in plans]
-            ch = [p.cheapest[c] for p in plans]
-            vs_or = [x / oracle - 1 for x in pl] if oracle else []
-            print(f"    after <= {c} trials: planner {mean(pl):.5f}"
-                  + (f" ({', '.join(f'{v:+.1%}' for v in vs_or)} vs oracle)" if vs_or else "")
-                  + f", trials {', '.join(str(p.trials_used[c]) for p in plans)}, spend "
-                  f"${mean(p.trial_usd[c] for p in plans):.2f}; cheapest-first {mean(ch):.5f} "
-                  f"(spend ${mean(p.cheapest_trial_usd[c] for p in plans):.2f}); planner "
-                  f"{1 - mean(pl) / mean(ch):.1%} cheaper"
-                  + (f" (the oracle {1 - oracle / mean(ch):.1%})" if oracle else ""))
+        plans = [planning(market_on_offer(rows, s)) for s in plan_seeds]
+        _print_planning(plans, plan_seeds)
         out["markets"][name] = {
             "hosts": len(rows),
             "accuracy": {str(n): [_row(r) for r in rs]
@@ -314,6 +316,25 @@ def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int
         }
         _acceptance(name, acc, plans)
     return out
+
+
+def _print_planning(plans: list[PlanningRow], seeds: Sequence[int]) -> None:
+    """One line per planning seed and checkpoint: the planner's fleet against the oracle,
+    the trials it used and their spend, and both against cheapest-first."""
+    print(f"  planning a fleet of {FLEET} from nothing measured, one trial at a time "
+          f"(deterministic per seed; seed 0 the whole file, others {PLAN_SAMPLE:.0%} of it "
+          f"on offer); $/proof at true rates:")
+    for seed, p in zip(seeds, plans, strict=True):
+        o = p.oracle
+        print(f"    seed {seed}: oracle (physics, no host effects) "
+              + (f"{o:.5f}" if o is not None else "- (the file has no oracle rate)"))
+        for c in (10, 20):
+            print(f"      after <= {c} trials: planner {p.planner[c]:.5f}"
+                  + (f" ({p.planner[c] / o - 1:+.1%} vs oracle)" if o else "")
+                  + f", trials {p.trials_used[c]}, spend ${p.trial_usd[c]:.2f}; "
+                  f"cheapest-first {p.cheapest[c]:.5f} (spend ${p.cheapest_trial_usd[c]:.2f}); "
+                  f"planner {1 - p.planner[c] / p.cheapest[c]:.1%} cheaper"
+                  + (f" (the oracle {1 - o / p.cheapest[c]:.1%})" if o else ""))
 
 
 def _row(obj: Any) -> dict[str, Any]:
@@ -345,21 +366,24 @@ def _acceptance(name: str, acc: dict[int, list[AccuracyRow]], plans: list[Planni
                      f"({', '.join(f'{r.served / (r.floor or 1):.2f}' for r in rs)}) "
                      f"{'PASS' if floor_ok else 'FAIL'}")
         print(line)
-    if plans and plans[0].oracle:
-        o = plans[0].oracle
-        mean = statistics.mean
-        w20 = all(p.planner[20] <= 1.05 * o for p in plans)
-        w10 = all(p.planner[10] <= 1.10 * o for p in plans)
-        parts = [f"within 5% of the oracle after <= 20 trials {'PASS' if w20 else 'FAIL'}",
-                 f"within 10% after <= 10 {'PASS' if w10 else 'FAIL'}"]
+    if plans and all(p.oracle for p in plans):
+        rel = {c: [p.planner[c] / (p.oracle or 1) - 1 for p in plans] for c in (10, 20)}
+        w20 = all(x <= 0.05 for x in rel[20])
+        w10 = all(x <= 0.10 for x in rel[10])
+        parts = [f"every seed within 5% of the oracle after <= 20 trials "
+                 f"({', '.join(f'{x:+.1%}' for x in rel[20])}) {'PASS' if w20 else 'FAIL'}",
+                 f"within 10% after <= 10 ({', '.join(f'{x:+.1%}' for x in rel[10])}) "
+                 f"{'PASS' if w10 else 'FAIL'}"]
         # Cheapest-first keeps the best 10 of the hosts it measured, own effects known;
         # where even the oracle is not 25% cheaper than it, no planner ranking by the
         # physics can be, and the line says so with the oracle's own margin.
+        mean = statistics.mean
         for c in (10, 20):
             ours = 1 - mean(p.planner[c] / p.cheapest[c] for p in plans)
-            theirs = 1 - mean(o / p.cheapest[c] for p in plans)
+            theirs = 1 - mean((p.oracle or 0) / p.cheapest[c] for p in plans)
             verdict = ("PASS" if ours >= 0.25 else
                        "FAIL (the oracle itself only " f"{theirs:.1%})" if theirs < 0.25
                        else "FAIL")
-            parts.append(f">= 25% cheaper than cheapest-first after {c}: {ours:.1%} {verdict}")
+            parts.append(f">= 25% cheaper than cheapest-first after {c} (seeds' mean): "
+                         f"{ours:.1%} {verdict}")
         print("  acceptance, planning: " + "; ".join(parts))

@@ -22,6 +22,7 @@ Pure: offers, a fitted model and the fleet's figures in; a ``Plan`` out.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +30,12 @@ from typing import Any, Protocol
 
 from vast_manager.agent.config import BENCH_PROOFS
 from vast_manager.coordinator.decisions import cost
-from vast_manager.coordinator.discovery.features import GIB, OfferFeatures, offer_features
+from vast_manager.coordinator.discovery.features import (
+    GIB,
+    FeatureError,
+    OfferFeatures,
+    offer_features,
+)
 from vast_manager.coordinator.discovery.structural_model import Prediction, Unpredictable, normal_sf
 from vast_manager.coordinator.providers.coerce import as_int, positive
 from vast_manager.coordinator.settings import DEFAULTS
@@ -74,6 +80,30 @@ class TrialCost:
 
 
 @dataclass(frozen=True, slots=True)
+class Doubt:
+    """A share of the trials tests the model's beliefs where nothing near was measured
+    (docs/discovery.md, "Testing what the model rules out").
+
+    The model's interval is conditional on its structure: which resource binds and how.
+    On a market it was not written from that structure is itself uncertain, most where
+    nothing like the offer was measured, and an interval that rules an offer out is then
+    never tested by trials chosen on expected value. So ``share`` of the trials (every
+    ``1/share``-th, counted by the machines measured so far) go to the unmeasured cell
+    (GPU model and count, binding resource, RAM-share octave) whose keep-or-not verdict
+    the model and the GPU-only reading (the rate the offer's GPUs allow when nothing else
+    on the host binds, spread by ``log_sd``) disagree on most. For such a trial the plan
+    believes the mixture: the model with ``1 - weight``, the GPU-only reading with
+    ``weight``; the trial is listed only if it is worth its cost under that belief."""
+
+    share: float = 0.25
+    weight: float = 0.25
+    log_sd: float = 0.2
+    #: The least disagreement (difference of the two readings' chances of being worth
+    #: keeping) a test needs: below it the beliefs agree and the slot goes to value.
+    min_disagreement: float = 0.2
+
+
+@dataclass(frozen=True, slots=True)
 class PlanSettings:
     max_usd_per_proof: float = DEFAULTS.max_usd_per_proof
     trials: int = 5
@@ -81,6 +111,10 @@ class PlanSettings:
     horizon_hours: float = DEFAULTS.plan_horizon_hours  # how long a kept host is expected to run
     min_expected_value_usd: float = 0.0
     trial_cost: TrialCost = field(default_factory=TrialCost)
+    #: Off unless asked for: on the simulated live market (docs/discovery.md, section 3)
+    #: the autopilot with the belief tests on kept a worse fleet (a quarter of its trials
+    #: for weeks, testing a model that was right); the market bench asks for them.
+    doubt: Doubt = field(default_factory=lambda: Doubt(share=0.0, weight=0.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +208,206 @@ def expected_saving_per_hour(prediction: Prediction, dph_total: float, ref: floa
     return total
 
 
+# --- doubt where nothing was measured ------------------------------------------------
+
+#: The novelty a doubted prediction carries (``with_doubt``): the hypothesis reads it.
+DOUBT_NOTE = "no measured machine shares its GPU model and count, binding resource and RAM share"
+
+Cell = tuple[str, int, str, int]
+
+
+def doubt_cell(offer: Mapping[str, Any], prediction: Prediction) -> Cell | None:
+    """Where the offer sits in the model's beliefs: GPU model and count, the resource the
+    model says binds, and the RAM share's octave (64-127 GiB, 128-255, ...); None when
+    the offer's fields cannot be read."""
+    try:
+        f = offer_features(offer)
+    except FeatureError:
+        return None
+    octave = math.floor(math.log2(max(f.ram_share_gib, 1.0)))
+    return (f.gpu_key, f.num_gpus, prediction.bottleneck, octave)
+
+
+def with_doubt(prediction: Prediction, doubt: Doubt) -> Prediction:
+    """The plan's belief for an offer in an unmeasured cell: the model's modes scaled by
+    ``1 - weight``, and a mode of ``weight`` at the GPU-only reading (the rate the
+    offer's GPUs allow, nothing else binding) with the GPU class's spread. The
+    interval shown stays the model's; the expected value and the probabilities read the
+    mixture. Unchanged when the weight is zero or the model gives no GPU capacity."""
+    gpu = prediction.capacities_per_hour.get("gpu")
+    if doubt.weight <= 0 or gpu is None or not gpu > 0 or DOUBT_NOTE in prediction.novelty:
+        return prediction
+    keep = 1.0 - doubt.weight
+    modes = tuple((w * keep, mu, sd) for w, mu, sd in prediction.components())
+    return dataclasses.replace(
+        prediction, modes=(*modes, (doubt.weight, math.log(gpu), doubt.log_sd)),
+        novelty=(*prediction.novelty, DOUBT_NOTE))
+
+
+@dataclass(slots=True)
+class CellEvidence:
+    """What the measured machines say of their cells: how many, how many the model's
+    interval for a new host missed (a surprise), and those surprises' mean log shift
+    (the machine's own reading over the new-host one)."""
+
+    machines: int = 0
+    surprised: int = 0
+    shift: float = 0.0
+
+
+def cell_evidence(offers: Sequence[Mapping[str, Any]],
+                  predictions: Sequence[Prediction | Unpredictable],
+                  model: Predictor) -> tuple[dict[Cell, CellEvidence], int]:
+    """Each measured cell's evidence, and how many measured machines the offers show.
+    A machine's own prediction (its runs read) is compared with the model's prediction
+    for the same offer as a new host."""
+    own = [(o, p) for o, p in zip(offers, predictions, strict=True)
+           if isinstance(p, Prediction) and p.machine_runs > 0]
+    if not own:
+        return {}, 0
+    # Asked with explanations: a predictor that memoises its plain answers by machine or
+    # by offer object (the autopilot's, the bench's) then asks its model afresh rather
+    # than answer for an offer with no machine from its memo. Measured offers are few.
+    anonymous = model.predict_offers(
+        [{k: v for k, v in o.items() if k != "machine_id"} for o, _ in own], explain=True)
+    cells: dict[Cell, CellEvidence] = {}
+    for (offer, mine), anon in zip(own, anonymous, strict=True):
+        if not isinstance(anon, Prediction):
+            continue
+        cell = doubt_cell(offer, anon)
+        if cell is None:
+            continue
+        ev = cells.setdefault(cell, CellEvidence())
+        ev.machines += 1
+        if not anon.rate_low <= mine.rate_per_hour <= anon.rate_high:
+            shift = math.log(mine.rate_per_hour / anon.rate_per_hour)
+            ev.shift = (ev.shift * ev.surprised + shift) / (ev.surprised + 1)
+            ev.surprised += 1
+    return cells, len(own)
+
+
+def with_cell_shift(prediction: Prediction, ev: CellEvidence, doubt: Doubt) -> Prediction:
+    """The plan's belief for a new host in a cell whose measured machines surprised the
+    model: the model's modes with ``1 - w``, the same shifted by the surprises' mean log
+    shift with ``w``, ``w`` the chance of a surprise there (``weight`` as one prior
+    observation, then the cell's surprises over its machines)."""
+    if ev.surprised == 0:
+        return prediction
+    w = (doubt.weight + ev.surprised) / (1 + ev.machines)
+    comps = prediction.components()
+    return dataclasses.replace(prediction, modes=(
+        *((wt * (1 - w), mu, sd) for wt, mu, sd in comps),
+        *((wt * w, mu + ev.shift, sd) for wt, mu, sd in comps)))
+
+
+def read_evidence(candidates: Sequence[Mapping[str, Any]],
+                  predictions: Sequence[Prediction | Unpredictable],
+                  offers: Sequence[Mapping[str, Any]], blocked: frozenset[str],
+                  model: Predictor, doubt: Doubt,
+                  ) -> tuple[list[Prediction | Unpredictable], dict[Cell, CellEvidence], int]:
+    """The candidates' predictions with their cells' surprises read in
+    (``with_cell_shift``), the cells' evidence, and the machines measured. The
+    measured machines are the candidates' and the blocked offers' (the fleet's own are
+    busy, and measured); one no longer on offer does not count."""
+    if doubt.weight <= 0:
+        return list(predictions), {}, 0
+    held_back = [o for o in offers if str(o.get("machine_id")) in blocked]
+    cells, n = cell_evidence(candidates, predictions, model)
+    if held_back:
+        more, m = cell_evidence(held_back, model.predict_offers(held_back, explain=False),
+                                model)
+        n += m
+        for cell, ev in more.items():
+            mine = cells.setdefault(cell, CellEvidence())
+            total = mine.surprised + ev.surprised
+            if total:
+                mine.shift = (mine.shift * mine.surprised + ev.shift * ev.surprised) / total
+            mine.machines += ev.machines
+            mine.surprised = total
+    out: list[Prediction | Unpredictable] = []
+    for offer, pred in zip(candidates, predictions, strict=True):
+        if isinstance(pred, Prediction) and pred.machine_runs == 0:
+            at = doubt_cell(offer, pred)
+            if at is not None and at in cells:
+                pred = with_cell_shift(pred, cells[at], doubt)
+        out.append(pred)
+    return out, cells, n
+
+
+def disagreement(prediction: Prediction, doubted: Prediction, break_even: float) -> float:
+    """How far the GPU-only reading and the model disagree on whether the offer is worth
+    keeping: the difference of their chances of proving above ``break_even``."""
+    gpu_only = doubted.components()[-1]
+    _, mu, sd = gpu_only
+    p_gpu = normal_sf((math.log(break_even) - mu) / max(sd, 1e-9)) if break_even > 0 else 1.0
+    return abs(p_gpu - prediction.probability_above(break_even))
+
+
+def due_slots(measured: int, trials: int, share: float) -> list[bool]:
+    """Which of the next ``trials`` slots test a belief: trial number ``measured + i + 1``
+    is a test when it crosses a multiple of ``1 / share`` (a quarter: the 4th, 8th, ...),
+    so the share holds however the trials are asked for, one at a time or many."""
+    if share <= 0:
+        return [False] * trials
+    return [math.floor((measured + i + 1) * share) > math.floor((measured + i) * share)
+            for i in range(trials)]
+
+
+def _belief_tests(ranked: Sequence[_Value], seen: set[Cell], ref: float,
+                  settings: PlanSettings) -> list[_Value]:
+    """The unmeasured cells' tests, most disagreement per trial dollar first, one offer a
+    cell (its best by the same measure), each valued under the mixture and kept only
+    when worth its cost there."""
+    doubt = settings.doubt
+    best: dict[Cell, tuple[float, _Value]] = {}
+    for v in ranked:
+        cell = doubt_cell(v.offer, v.prediction)
+        if cell is None or cell in seen:
+            continue
+        doubted = with_doubt(v.prediction, doubt)
+        if doubted is v.prediction:
+            continue
+        d = disagreement(v.prediction, doubted, v.dph_total / ref)
+        if d < doubt.min_disagreement:
+            continue
+        tv = _value(v.offer, doubted, ref, settings)
+        if tv.expected_value_usd <= settings.min_expected_value_usd:
+            continue
+        # A test buys information, not proofs: its worth is the disagreement it can
+        # settle, its price the trial's cost.
+        key = d / max(tv.trial_cost_usd, 1e-6)
+        held = best.get(cell)
+        if held is None or key > held[0]:
+            best[cell] = (key, tv)
+    return [t[1] for t in sorted(best.values(), key=lambda t: -t[0])]
+
+
+def schedule_tests(worth: Sequence[_Value], tests: Sequence[_Value], due: Sequence[bool]
+                   ) -> list[_Value]:
+    """The order trials are listed in: the due slots take the tests (most disputed
+    first), the others the expected value's order; no offer twice. Past the slots
+    counted, the rest of ``worth`` follows (a budget may skip some)."""
+    out: list[_Value] = []
+    queue, rest = list(tests), list(worth)
+    for is_test in due:
+        source = queue if is_test and queue else rest
+        if not source:
+            break
+        pick = source.pop(0)
+        out.append(pick)
+        queue = [v for v in queue if v.offer is not pick.offer]
+        rest = [v for v in rest if v.offer is not pick.offer]
+    return out + rest
+
+
+def _keep_doubt(explained: Prediction | Unpredictable, ranked: Prediction,
+                doubt: Doubt) -> Prediction:
+    """The explained prediction of a picked offer, doubted as its ranking was."""
+    if not isinstance(explained, Prediction):
+        return ranked
+    return with_doubt(explained, doubt) if DOUBT_NOTE in ranked.novelty else explained
+
+
 def evaluate_offer(
     offer: Mapping[str, Any],
     prediction: Prediction,
@@ -228,7 +462,11 @@ def hypothesis(f: OfferFeatures, p: Prediction, break_even: float) -> str:
     elif any(n.startswith(f"no {f.gpu_name} ") for n in p.novelty):
         question = (f"tests whether the {f.gpu_name} proves as fast as its "
                     f"{f.mem_bw_gbps:.0f} GB/s memory bandwidth suggests")
-    elif p.novelty:
+    elif DOUBT_NOTE in p.novelty and p.bottleneck != "gpu":
+        question = (f"tests the model's belief that {p.bottleneck} binds here (nothing like "
+                    f"it measured; its GPUs alone allow "
+                    f"{p.capacities_per_hour.get('gpu', 0.0):.0f}/h)")
+    elif [n for n in p.novelty if n != DOUBT_NOTE]:
         question = f"tests how fast {f.cpu_family} cores synthesise"
     elif p.bottleneck == "cpu":
         question = f"tests whether {f.cpu_cores_effective:g} vCPUs keep {gpus} fed"
@@ -287,6 +525,30 @@ def _value(offer: Mapping[str, Any], pred: Prediction, ref: float,
     return _Value(offer, pred, dph, spent, saving * run_h - spent)
 
 
+def _predict(model: Predictor, candidates: Sequence[Mapping[str, Any]],
+             offers: Sequence[Mapping[str, Any]], blocked: frozenset[str], doubt: Doubt
+             ) -> tuple[list[Prediction | Unpredictable], dict[Cell, CellEvidence], int]:
+    """The candidates' predictions (no explanations: those cost a few dozen model
+    evaluations an offer, and only the listed need them), with their cells' evidence
+    read in (``read_evidence``)."""
+    predictions = model.predict_offers(candidates, explain=False)
+    return read_evidence(candidates, predictions, offers, blocked, model, doubt)
+
+
+def _with_belief_tests(ranked: list[_Value], cells: Mapping[Cell, CellEvidence],
+                       measured: int, ref: float, settings: PlanSettings) -> list[_Value]:
+    """The offers worth trying, expected value first, with the due belief tests in their
+    slots (``Doubt``)."""
+    worth = [v for v in ranked if v.expected_value_usd > settings.min_expected_value_usd]
+    doubt = settings.doubt
+    if doubt.share <= 0 or doubt.weight <= 0:
+        return worth
+    due = due_slots(measured, settings.trials, doubt.share)
+    if not any(due):
+        return worth
+    return schedule_tests(worth, _belief_tests(ranked, set(cells), ref, settings), due)
+
+
 def plan_trials(
     offers: Sequence[Mapping[str, Any]],
     model: Predictor,
@@ -305,7 +567,7 @@ def plan_trials(
             continue
         candidates.append(offer)
     # Explanations cost a few dozen model evaluations an offer: only for those listed.
-    predictions = model.predict_offers(candidates, explain=False)
+    predictions, cells, done = _predict(model, candidates, offers, blocked, settings.doubt)
     best_per_machine: dict[str, _Value] = {}
     loose: list[_Value] = []
     measured: dict[str, MeasuredOffer] = {}
@@ -333,7 +595,7 @@ def plan_trials(
     considered = len(best_per_machine) + len(loose)
     ranked = sorted([*best_per_machine.values(), *loose],
                     key=lambda v: (-v.expected_value_usd, v.dph_total))
-    worth = [v for v in ranked if v.expected_value_usd > settings.min_expected_value_usd]
+    worth = _with_belief_tests(ranked, cells, done, ref, settings)
     picked: list[_Value] = []
     spent = 0.0
     over_budget = 0
@@ -348,7 +610,7 @@ def plan_trials(
     explained = model.predict_offers([v.offer for v in picked], explain=True)
     chosen = [
         p for v, e in zip(picked, explained, strict=True)
-        if (p := evaluate_offer(v.offer, e if isinstance(e, Prediction) else v.prediction,
+        if (p := evaluate_offer(v.offer, _keep_doubt(e, v.prediction, settings.doubt),
                                 fleet, settings)) is not None
     ]
     if not ranked:
