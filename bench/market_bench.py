@@ -28,7 +28,12 @@ import numpy as np
 import orjson
 
 from vast_manager.coordinator.discovery.measurements import Measurement
-from vast_manager.coordinator.discovery.plan import Doubt, FleetView, PlanSettings, plan_trials
+from vast_manager.coordinator.discovery.plan import (
+    FleetView,
+    PlanSettings,
+    belief_tests,
+    plan_trials,
+)
 from vast_manager.coordinator.discovery.served import (
     CANDIDATES,
     PLAIN_FIELDS,
@@ -195,9 +200,10 @@ def _top_fleet(rows: list[dict[str, Any]], rates: list[float]) -> list[dict[str,
 #: another seed is another day's market, the same hosts but a fifth of them rented away.
 PLAN_SAMPLE = 0.8
 PLAN_SEEDS = (0, 1, 2)
-#: The plan's belief tests (docs/discovery.md, section 3), on here; the coordinator's
-#: plan has them off until the simulated live market says they help there too.
-PLAN_DOUBT = Doubt()
+#: The plan's belief tests (docs/discovery.md, section 3), on here as an operator turns
+#: them on; the coordinator's default has them off (the simulated live market's regret
+#: rose with them).
+PLAN_DOUBT = belief_tests(0.25)  # VM_PLAN_BELIEF_TEST_SHARE=0.25
 
 
 def market_on_offer(rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:

@@ -399,6 +399,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "saving over this pays for its trial)"
         )),
     ] = 168.0
+    plan_belief_test_share: Annotated[
+        float,
+        Meta(ge=0, le=0.5, description=(
+            "plan and autopilot: the share of trials that test what the rate model rules out "
+            "where nothing like the offer was measured (docs/discovery.md, 'Testing what the "
+            "model rules out'); 0 plans on expected value alone. On the simulator's live "
+            "market the tests raised regret; on markets unlike it 0.25 brought the planned "
+            "fleet within 5% of the oracle after 20 trials"
+        )),
+    ] = 0.0
     idle_after_s: Annotated[
         float,
         Meta(ge=0, description=(

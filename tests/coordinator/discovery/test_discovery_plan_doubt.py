@@ -141,3 +141,15 @@ def test_the_coordinators_plan_has_the_tests_off_unless_asked() -> None:
     plan = plan_trials(offers, model, FleetView(reference_usd_per_proof=0.0025),
                        PlanSettings(trials=8))
     assert 1 not in {p.offer_id for p in plan.proposals}
+
+
+def test_the_operator_setting_turns_the_tests_on_or_off() -> None:
+    from vast_manager.coordinator.discovery.plan import belief_tests
+    from vast_manager.coordinator.settings import DEFAULTS
+
+    assert DEFAULTS.plan_belief_test_share == 0.0
+    off = belief_tests(0.0)
+    assert off.share == 0.0 and off.weight == 0.0
+    assert PlanSettings().doubt == off
+    on = belief_tests(0.25)
+    assert on.share == 0.25 and on.weight > 0

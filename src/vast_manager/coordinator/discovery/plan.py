@@ -103,6 +103,12 @@ class Doubt:
     min_disagreement: float = 0.2
 
 
+def belief_tests(share: float) -> Doubt:
+    """The operator's ``plan_belief_test_share``: 0 turns the tests off (and the mixture
+    belief with them); above 0, that share of trials with the method's other defaults."""
+    return Doubt(share=share) if share > 0 else Doubt(share=0.0, weight=0.0)
+
+
 @dataclass(frozen=True, slots=True)
 class PlanSettings:
     max_usd_per_proof: float = DEFAULTS.max_usd_per_proof
@@ -114,7 +120,8 @@ class PlanSettings:
     #: Off unless asked for: on the simulated live market (docs/discovery.md, section 3)
     #: the autopilot with the belief tests on kept a worse fleet (a quarter of its trials
     #: for weeks, testing a model that was right); the market bench asks for them.
-    doubt: Doubt = field(default_factory=lambda: Doubt(share=0.0, weight=0.0))
+    doubt: Doubt = field(
+        default_factory=lambda: belief_tests(DEFAULTS.plan_belief_test_share))
 
 
 @dataclass(frozen=True, slots=True)

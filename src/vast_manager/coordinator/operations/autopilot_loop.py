@@ -40,6 +40,7 @@ from vast_manager.coordinator.discovery.plan import (
     Plan,
     PlanSettings,
     TrialCost,
+    belief_tests,
     plan_trials,
 )
 from vast_manager.coordinator.discovery.served import ServedModel
@@ -168,7 +169,8 @@ def plan_for(
                      busy_machines=busy, bad_machines=bad)
     plan_settings = PlanSettings(max_usd_per_proof=settings.max_usd_per_proof, trials=trials,
                                  budget_usd=budget_usd, horizon_hours=settings.plan_horizon_hours,
-                                 trial_cost=TrialCost(download_gb=settings.setup_download_gb))
+                                 trial_cost=TrialCost(download_gb=settings.setup_download_gb),
+                                 doubt=belief_tests(settings.plan_belief_test_share))
     return plan_trials(offers, memo, view, plan_settings)
 
 
