@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from vast_manager.coordinator.decisions import states
-from vast_manager.coordinator.providers.coerce import as_float, as_int
+from vast_manager.coordinator.offers import as_float, as_int
 
 ActionKind = Literal["destroy_leaked", "destroy_dead", "mark_vanished"]
 

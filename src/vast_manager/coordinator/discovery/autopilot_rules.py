@@ -27,11 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import orjson
-
 from vast_manager.coordinator.decisions import cost
 from vast_manager.coordinator.decisions.cost import Cost, Prices
 from vast_manager.coordinator.discovery.plan import Plan, Proposal
+from vast_manager.coordinator.offers import stored_offer
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,9 +149,9 @@ def ledger_of(rentals: Sequence[Rental], *, now: float, since: float,
 def rental_of(r: Mapping[str, Any]) -> Rental:
     """A spend row as the ledger's ``Rental``: its prices from the offer as deployed at
     its own disk, rent from its hello (running), its bytes as its agent reported them."""
-    offer = orjson.loads(r["offer_json"]) if r.get("offer_json") else None
+    offer = stored_offer(r.get("offer_json"))
     prices = (cost.prices_of(offer, r.get("disk_gb"), r.get("bid_per_hour"))
-              if isinstance(offer, dict) else None)
+              if offer is not None else None)
     hello = r.get("hello_at")
     return Rental(float(r["dph_total"]), float(r["created_at"]),
                   None if r["ended_at"] is None else float(r["ended_at"]),

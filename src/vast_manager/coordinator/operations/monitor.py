@@ -19,6 +19,7 @@ from vast_manager.coordinator.decisions import reconcile as reconcile_rules
 from vast_manager.coordinator.decisions.pace import HeartbeatTracker
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.plan import TrialCost
+from vast_manager.coordinator.offers import stored_offer
 from vast_manager.coordinator.operations.account import Account
 from vast_manager.coordinator.operations.production import (
     COLUMNS as PRODUCTION_COLUMNS,
@@ -34,7 +35,7 @@ from vast_manager.coordinator.providers.base import (
     ProviderInstance,
 )
 from vast_manager.coordinator.settings import Settings
-from vast_manager.coordinator.store.migrations import Row, loads
+from vast_manager.coordinator.store.migrations import Row
 from vast_manager.coordinator.store.reads import Reads
 from vast_manager.coordinator.store.writer import Store, Tx
 
@@ -519,14 +520,14 @@ class Monitor:
         has cost what a fresh trial's setup would (``cost.resume_budget_s``)."""
         since = self._outbid_since.setdefault(int(row["id"]), now)
         full = self.store.get_instance(int(row["id"]))
-        offer = loads(full["offer_json"]) if full is not None else None
-        if full is None or not isinstance(offer, dict):
+        offer = stored_offer(full["offer_json"]) if full is not None else None
+        if full is None or offer is None:
             return None
         prices = cost.prices_of(offer, full["disk_gb"], full["bid_per_hour"])
         if prices is None:
             return None
         trial = TrialCost()
-        mbps = float(offer.get("inet_down") or trial.default_inet_down_mbps)
+        mbps = offer.inet_down or trial.default_inet_down_mbps
         setup_bytes = self.settings.setup_download_gb * cost.BYTES_PER_GB
         setup_s = trial.boot_s + trial.warmup_s + setup_bytes * 8 / (mbps * 1e6)
         budget = cost.resume_budget_s(prices, setup_down_bytes=setup_bytes, setup_s=setup_s,
