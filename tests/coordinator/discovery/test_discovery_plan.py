@@ -75,7 +75,7 @@ def test_a_plan_lists_the_best_expected_value_first_and_says_why(model) -> None:
         assert f"break-even {p.break_even_rate_per_hour:.0f}/h" in p.hypothesis
         assert (f"predicted {p.prediction.rate_low:.0f}-{p.prediction.rate_high:.0f}/h"
                 in p.hypothesis)
-        assert p.hypothesis.startswith(f"{p.offer['num_gpus']}x {p.offer['gpu_name']} on ")
+        assert p.hypothesis.startswith(f"{p.offer.num_gpus}x {p.offer.gpu_name} on ")
         assert p.prediction.contributions  # the listed ones carry their explanation
     assert len({p.machine_id for p in plan.proposals}) == len(plan.proposals)
 

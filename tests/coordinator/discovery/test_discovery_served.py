@@ -100,7 +100,7 @@ def test_a_bad_market_line_is_named(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     from market_bench import MarketError, load_market
 
-    rows = [offer(r) | {"true_rate_per_hour": 10.0, "measured_rate_per_hour": 9.0}
+    rows = [offer(r).raw | {"true_rate_per_hour": 10.0, "measured_rate_per_hour": 9.0}
             for r in market("simulator")[:60]]
     rows[41]["measured_rate_per_hour"] = -1
     path = tmp_path / "m.jsonl"
