@@ -109,6 +109,19 @@ async def test_search_custom_filter(env: Env) -> None:
     assert [o.id for o in offers] == [2]
 
 
+async def test_a_malformed_offer_is_skipped_with_its_reason_and_the_rest_kept(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    # vast.ai's numbers may come as text (kept: "3.1" is a clock) but a bool is never one.
+    env.fake.add_offer(1, 100, cpu_ghz="3.1")
+    env.fake.add_offer(2, 200, cpu_cores=True)
+    with caplog.at_level("WARNING"):
+        offers = await env.provider.search_offers("gpu_name=RTX_4090")
+    assert [(o.id, o.cpu_ghz) for o in offers] == [(1, 3.1)]
+    assert offers[0].raw["cpu_ghz"] == "3.1"  # what goes back out is what came in
+    assert "vast.ai search: offer 2 skipped: cpu_cores must be a number, not True." in caplog.text
+
+
 async def test_get_offer_rereads_and_sees_sold_offers(env: Env) -> None:
     fake = env.fake
     fake.add_offer(11, 1100, verified=False)
