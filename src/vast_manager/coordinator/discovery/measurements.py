@@ -25,6 +25,7 @@ from vast_manager.coordinator.discovery.features import (
     offer_from_host_info,
 )
 from vast_manager.coordinator.offers import Offer, parse_offer
+from vast_manager.coordinator.rows import InstanceRow
 
 SOURCES = ("fleet", "imported")
 #: The offer fields an instance row keeps in columns of its own (before the whole offer
@@ -70,7 +71,7 @@ class Measurement:
 def instance_offer(
     deployed: Mapping[str, object] | None,
     host: Mapping[str, Any] | None,
-    columns: Mapping[str, object],
+    columns: InstanceRow,
 ) -> dict[str, object]:
     """The hardware an instance ran on, as vast.ai's offer JSON (what a measurement row
     keeps; ``parse_offer`` reads it): the offer it was

@@ -52,6 +52,7 @@ from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.model_keeper import ModelKeeper
 from vast_manager.coordinator.operations.monitor import Monitor
 from vast_manager.coordinator.providers.base import Provider, ProviderError
+from vast_manager.coordinator.rows import instance_row
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.migrations import Row
 from vast_manager.coordinator.store.writer import Store, Tx
@@ -354,7 +355,7 @@ class Autopilot:
     async def _ledger(self, now: float, switch: Row | None) -> Ledger:
         since = now - self.settings.autopilot_spend_window_h * 3600.0
         rows = await self.store.read(lambda r: r.spend_rows(since))
-        rentals = [rental_of(r) for r in rows]
+        rentals = [rental_of(instance_row(r)) for r in rows]
         last = switch["last_exploration_at"] if switch else None
         return ledger_of(rentals, now=now, since=since, last_exploration_at=last)
 

@@ -31,6 +31,7 @@ from vast_manager.coordinator.discovery.features import canonical_gpu_name
 from vast_manager.coordinator.discovery.measurements import instance_offer
 from vast_manager.coordinator.exceptions import HelloRequired, InvalidInput, UnknownAgent
 from vast_manager.coordinator.offers import Offer, OfferError, parse_offer, stored_offer
+from vast_manager.coordinator.rows import instance_row
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.migrations import Row, dumps, loads
 from vast_manager.coordinator.store.writer import Ending, HeartbeatWrite, ResultWrite, Tx
@@ -68,7 +69,7 @@ def _take_directive(tx: Tx, inst: Row, settings: Settings, now: float,
                     next_heartbeat_s: int) -> Directive:
     """The directive for an instance now; a pending rebenchmark is delivered once."""
     directive = policy.directive_for(
-        inst,
+        instance_row(inst),
         next_heartbeat_s=next_heartbeat_s,
         min_rate=inst.get("min_rate_per_hour"),
     )
@@ -371,7 +372,7 @@ def heartbeat_job(
 
 
 def _directive(inst: Row, pace_now: int) -> Directive:
-    return policy.directive_for(inst, next_heartbeat_s=pace_now,
+    return policy.directive_for(instance_row(inst), next_heartbeat_s=pace_now,
                                 min_rate=inst.get("min_rate_per_hour"))
 
 
@@ -689,7 +690,7 @@ def _terminate_early(
     fresh = tx.get_instance(inst["id"])
     assert fresh is not None
     directive = policy.directive_for(
-        fresh, next_heartbeat_s=agent_pace_s(fresh, settings),
+        instance_row(fresh), next_heartbeat_s=agent_pace_s(fresh, settings),
         min_rate=fresh["min_rate_per_hour"],
     )
     failed = int(data["proofs_failed"])
@@ -912,7 +913,7 @@ def _judge_belief(
     offer = _readable(instance_offer(
         loads(inst.get("offer_json")),
         loads(inst.get("host_json")) if inst["kind"] == "byo" else None,
-        {**inst, "machine_id": inst["machine_id"] or inst["label"]}))
+        instance_row({**inst, "machine_id": inst["machine_id"] or inst["label"]})))
     held: str | None = None
     if failed is None:
         if confirming and claimed is not None and belief.agrees(rate, float(claimed)):
@@ -1129,7 +1130,7 @@ def _fleet_measurement(inst: Row, machine_id: str, gpu_name: str, num_gpus: int,
     host_perf is computed from."""
     offer = instance_offer(loads(inst.get("offer_json")),
                            loads(inst.get("host_json")) if inst["kind"] == "byo" else None,
-                           {**inst, "machine_id": machine_id})
+                           instance_row({**inst, "machine_id": machine_id}))
     return {
         "machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus,
         "rate_per_hour": rate, "measured_at": now, "source": "fleet",

@@ -34,6 +34,7 @@ from vast_manager.coordinator.providers.base import (
     ProviderError,
     ProviderInstance,
 )
+from vast_manager.coordinator.rows import instance_row, listed_instances, our_records
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.migrations import Row
 from vast_manager.coordinator.store.reads import Reads
@@ -299,7 +300,7 @@ class Monitor:
                 (inst, reason)
                 for inst in (dict(zip(cols, values, strict=True))
                              for values in reads.instance_values(cols, states=timed))
-                if (reason := policy.timed_out(inst, now, limits)) is not None
+                if (reason := policy.timed_out(instance_row(inst), now, limits)) is not None
             ]
 
         # The scan's snapshot may be a little older than the writer's state: the job
@@ -450,7 +451,8 @@ class Monitor:
             int(r["provider_instance_id"]): r for r in rows if r["provider_instance_id"] is not None
         }
         actions = reconcile_rules.plan(
-            provider_instances, ours, self.settings.fleet_id, known, now,
+            listed_instances(provider_instances), our_records(ours), self.settings.fleet_id,
+            known, now,
             self.settings.unowned_grace_s,
         )
         # One list that misses an instance (a provider hiccup) must not end a
