@@ -941,7 +941,8 @@ class FleetSim:
             self.n += 1
             self.rentals.append(Rental(
                 instance_id=f"i{self.n}", machine=m, offer=offer, dph=offer["dph_total"],
-                start_h=float(h), trial_end_h=h + SETTINGS.trial_cost.hours(offer, true),
+                start_h=float(h),
+                trial_end_h=h + SETTINGS.trial_cost.hours(parse_offer(offer), true),
                 true_rate=true, expected=a.expected_rate_per_hour,
             ))
             self.stats.trials += 1
