@@ -81,6 +81,7 @@ from vast_manager.coordinator.discovery.structural_model import (
     Unpredictable,
     fit_rate_model,
 )
+from vast_manager.coordinator.offers import parse_offer
 from vast_manager.sim.hardware import Profile, cpu_core_speed
 from vast_manager.sim.physics import capacities, run_batch
 
@@ -402,7 +403,7 @@ def ape_point(rates: Sequence[float]) -> float:
 def _measurement(m: Machine, k: int, rng: random.Random, t: float) -> Measurement:
     """One benchmark of machine m's k-GPU slice, kept with the offer as deployed."""
     offer = m.offer(k, m.machine_id * 10 + k, 1.0)
-    return Measurement(str(m.machine_id), offer, m.measure(k, rng), t, "fleet")
+    return Measurement(str(m.machine_id), parse_offer(offer), m.measure(k, rng), t, "fleet")
 
 
 #: The least RAM share the coordinator deploys and predicts (``VM_MIN_INSTANCE_RAM_GB``'s
@@ -461,7 +462,8 @@ def accuracy(seed: int, n_measurements: int, test_machines: int = 400
         draws = [m.true_rate(k, Hidden.draw(floor_rng)) for _ in range(FLOOR_DRAWS)]
         floor_pred.append(ape_point(draws))
         floor_median.append(statistics.median(draws))
-    preds = [p for p in model.predict_offers(offers, explain=False) if isinstance(p, Prediction)]
+    preds = [p for p in model.predict_offers([parse_offer(o) for o in offers], explain=False)
+             if isinstance(p, Prediction)]
     assert len(preds) == len(offers)
     # The GPU-model median (same machine's, else the same GPU model and count's
     # elsewhere), on the same measurements.
@@ -471,7 +473,8 @@ def accuracy(seed: int, n_measurements: int, test_machines: int = 400
     baseline_s = time.perf_counter() - t0
     out = {}
     for subset in SUBSETS:
-        keep = [subset == "all" or (instance_share(o).ram_gb or 0.0) >= MIN_INSTANCE_RAM_GB
+        keep = [subset == "all"
+                or (instance_share(parse_offer(o)).ram_gb or 0.0) >= MIN_INSTANCE_RAM_GB
                 for o in offers]
         sel = [i for i, k in enumerate(keep) if k]
         tr = [true[i] for i in sel]
@@ -514,7 +517,7 @@ class Medians:
         runs: dict[tuple[str, str, int], list[float]] = {}
         ram: dict[tuple[str, int], float | None] = {}
         for m in ms:
-            key = (m.machine_id, str(m.offer["gpu_name"]), int(m.offer["num_gpus"]))
+            key = (m.machine_id, str(m.offer.gpu_name), int(m.offer.num_gpus or 0))
             runs.setdefault(key, []).append(m.rate_per_hour)
             ram[(m.machine_id, key[2])] = instance_share(m.offer).ram_gb
         self.own = {k: statistics.median(r) for k, r in runs.items()}
@@ -530,7 +533,8 @@ class Medians:
         machine, gpu, n = str(offer["machine_id"]), str(offer["gpu_name"]), int(offer["num_gpus"])
         if (machine, gpu, n) in self.own:
             return self.own[(machine, gpu, n)]
-        klass = ram_class(instance_share(offer).ram_gb) if self.ram_classes else None
+        klass = (ram_class(instance_share(parse_offer(offer)).ram_gb) if self.ram_classes
+                 else None)
         others = self._elsewhere(gpu, n, machine, klass)
         if others:
             return statistics.median(others)
@@ -717,16 +721,16 @@ class _Cached:
 
     def __init__(self, model: RateModel) -> None:
         self.model = model
-        self.memo: dict[tuple[int, int], Prediction | Unpredictable] = {}
+        self.memo: dict[tuple[str | None, int | None], Prediction | Unpredictable] = {}
 
     def predict_offers(self, offers: Sequence[Any], *, explain: bool = True
                        ) -> list[Prediction | Unpredictable]:
         if explain:
             return self.model.predict_offers(offers, explain=True)
-        missing = [o for o in offers if (o["machine_id"], o["num_gpus"]) not in self.memo]
+        missing = [o for o in offers if (o.machine_id, o.num_gpus) not in self.memo]
         for o, p in zip(missing, self.model.predict_offers(missing, explain=False), strict=True):
-            self.memo[(o["machine_id"], o["num_gpus"])] = p
-        return [self.memo[(o["machine_id"], o["num_gpus"])] for o in offers]
+            self.memo[(o.machine_id, o.num_gpus)] = p
+        return [self.memo[(o.machine_id, o.num_gpus)] for o in offers]
 
 
 class _Fixed:
@@ -737,14 +741,15 @@ class _Fixed:
 
     def predict_offers(self, offers: Sequence[Any], *, explain: bool = True
                        ) -> list[Prediction | Unpredictable]:
-        return [self.by_id[o["id"]] for o in offers]
+        return [self.by_id[o.id] for o in offers]
 
 
 def _ordered_plan(offers: list[dict[str, Any]], rates: list[float], fleet: FleetView) -> Plan:
     """A plan that lists offers in the given order (the baselines' own choice)."""
     props = tuple(
         p for o, r in zip(offers[:SETTINGS.trials], rates, strict=False)
-        if (p := evaluate_offer(o, _prediction(r, 0.3), fleet, SETTINGS)) is not None
+        if (p := evaluate_offer(parse_offer(o), _prediction(r, 0.3), fleet, SETTINGS))
+        is not None
     )
     return Plan(props, len(offers), len(props),
                 reference_usd_per_proof(fleet, SETTINGS), "baseline order")
@@ -762,7 +767,8 @@ class Oracle(Policy):
                                               true[o["id"]]) for o in offers],
                                      CAPS.target_rate_per_hour, MAX_USD_PER_PROOF)
         view = FleetView(reference_usd_per_proof=ref)
-        return plan_trials(offers, _Fixed({i: _prediction(r, 1e-4) for i, r in true.items()}),
+        return plan_trials([parse_offer(o) for o in offers],
+                           _Fixed({i: _prediction(r, 1e-4) for i, r in true.items()}),
                            view, SETTINGS)
 
     def fleet_rate_of(self, r: Rental) -> float | None:
@@ -785,12 +791,13 @@ class Planner(Policy):
         self.cache = _Cached(self.model)
 
     def plan(self, offers, fleet, h, sim):  # type: ignore[no-untyped-def]
-        preds = self.cache.predict_offers(offers, explain=False)
+        parsed = [parse_offer(o) for o in offers]
+        preds = self.cache.predict_offers(parsed, explain=False)
         supply = [(str(o["machine_id"]), o["dph_total"], p.rate_per_hour)
                   for o, p in zip(offers, preds, strict=True) if isinstance(p, Prediction)]
         ref = plan_reference_usd_per_proof(fleet, supply, CAPS.target_rate_per_hour,
                                      MAX_USD_PER_PROOF)
-        return plan_trials(offers, self.cache, FleetView(reference_usd_per_proof=ref), SETTINGS)
+        return plan_trials(parsed, self.cache, FleetView(reference_usd_per_proof=ref), SETTINGS)
 
 
 class MediansPolicy(Policy):
@@ -849,7 +856,7 @@ class Variety(Policy):
         self.tried: dict[tuple[str, int], int] = {}
 
     def observe(self, m: Measurement, h: int) -> None:
-        key = (str(m.offer["gpu_name"]), int(m.offer["num_gpus"]))
+        key = (str(m.offer.gpu_name), int(m.offer.num_gpus or 0))
         self.tried[key] = self.tried.get(key, 0) + 1
 
     def plan(self, offers, fleet, h, sim):  # type: ignore[no-untyped-def]
@@ -891,7 +898,8 @@ class FleetSim:
                 continue
             if r.measured is None and r.trial_end_h <= h:
                 measured = r.machine.measure(r.k, self.rng)
-                self.policy.observe(Measurement(str(r.machine.machine_id), r.offer, measured,
+                self.policy.observe(Measurement(str(r.machine.machine_id), parse_offer(r.offer),
+                                                measured,
                                                 r.trial_end_h * HOUR_S), h)
                 if measured < r.dph / MAX_USD_PER_PROOF:
                     r.end_h = r.trial_end_h  # the verdict: terminate, and bad_hosts
@@ -933,7 +941,8 @@ class FleetSim:
             self.n += 1
             self.rentals.append(Rental(
                 instance_id=f"i{self.n}", machine=m, offer=offer, dph=offer["dph_total"],
-                start_h=float(h), trial_end_h=h + SETTINGS.trial_cost.hours(offer, true),
+                start_h=float(h),
+                trial_end_h=h + SETTINGS.trial_cost.hours(parse_offer(offer), true),
                 true_rate=true, expected=a.expected_rate_per_hour,
             ))
             self.stats.trials += 1
@@ -997,7 +1006,8 @@ def hardware_check(n: int, seed: int = 99) -> list[tuple[float, bool]]:
     ratios = []
     for m in machines(n, rng):
         k = rng.choice(m.slices())
-        deployable = (instance_share(m.offer(k, 0, 1.0)).ram_gb or 0.0) >= MIN_INSTANCE_RAM_GB
+        share = instance_share(parse_offer(m.offer(k, 0, 1.0)))
+        deployable = (share.ram_gb or 0.0) >= MIN_INSTANCE_RAM_GB
         profile = m.profile(k, Hidden(1.0, 1.0, 0.0, 1.0))
         closed = capacities(profile).rate_per_hour
         j = 2 * k

@@ -41,6 +41,7 @@ from vast_manager.coordinator.discovery.served import (
     plain_matrix,
 )
 from vast_manager.coordinator.discovery.structural_model import Prediction
+from vast_manager.coordinator.offers import Offer, parse_offer
 
 RATE_FIELDS = ("true_rate_per_hour", "measured_rate_per_hour", "oracle_rate_per_hour",
                "oracle_median_rate_per_hour")
@@ -81,8 +82,9 @@ def load_market(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def offer_of(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if k not in RATE_FIELDS}
+def offer_of(row: dict[str, Any]) -> Offer:
+    """The host's offer, parsed as the providers parse vast.ai's (coordinator.offers)."""
+    return parse_offer({k: v for k, v in row.items() if k not in RATE_FIELDS})
 
 
 def measurement_of(row: dict[str, Any]) -> Measurement:
@@ -118,8 +120,9 @@ def untuned_gbm(train: list[dict[str, Any]], test: list[dict[str, Any]]) -> list
     mask = np.zeros(len(PLAIN_FIELDS) + 1, dtype=bool)
     mask[-1] = True
     gbm = HistGradientBoostingRegressor(categorical_features=mask, random_state=0)
-    gbm.fit(plain_matrix(train, codes), np.log([r["measured_rate_per_hour"] for r in train]))
-    return list(np.exp(gbm.predict(plain_matrix(test, codes))))
+    gbm.fit(plain_matrix([offer_of(r) for r in train], codes),
+            np.log([r["measured_rate_per_hour"] for r in train]))
+    return list(np.exp(gbm.predict(plain_matrix([offer_of(r) for r in test], codes))))
 
 
 def gpu_median(train: list[dict[str, Any]], test: list[dict[str, Any]]) -> list[float]:

@@ -367,13 +367,15 @@ def main() -> None:
                f"{count} rows, {len(body) / 1e6:.1f} MB, {m / base_m:.0f}x the baseline")
 
         from vast_manager.coordinator.discovery.ranking import rank_offers
+        from vast_manager.coordinator.offers import parse_offer
         from vast_manager.coordinator.operations.model_keeper import fit_rows
         from vast_manager.coordinator.store.writer import Store
 
         store = Store(str(db))
         try:
             machines = [str(r["machine_id"]) for r in store.host_perf()]
-            offers = offers_for(args.offers, machines)
+            # Parsed as the provider parses vast.ai's answer, before /api/offers ranks them.
+            offers = [parse_offer(o) for o in offers_for(args.offers, machines)]
             # The latest fit, as the coordinator keeps it (refitted off the loop, not here).
             model = fit_rows(store.measurements(), store.measurements_version(), time.time())
 

@@ -39,8 +39,8 @@ import ingest as load  # noqa: E402  (bench/ingest.py: provisioning, bodies)
 
 from vast_manager.coordinator.operations import ingest  # noqa: E402
 from vast_manager.coordinator.settings import Settings  # noqa: E402
-from vast_manager.coordinator.store import writer as store_module  # noqa: E402
 from vast_manager.coordinator.store.writer import Store  # noqa: E402
+from vast_manager.coordinator.store.writes import held as held_module  # noqa: E402
 from vast_manager.protocol.codec import from_obj  # noqa: E402
 from vast_manager.protocol.messages import Heartbeat  # noqa: E402
 
@@ -75,14 +75,14 @@ def main() -> None:
         for k in range(2000)]
 
     drop = [False]
-    write_held = store_module._Held.write
+    write_held = held_module.Held.write
 
-    def maybe_write(held: store_module._Held, conn: sqlite3.Connection) -> None:
+    def maybe_write(held: held_module.Held, conn: sqlite3.Connection) -> None:
         if drop[0]:
             held.clear()
         write_held(held, conn)
 
-    store_module._Held.write = maybe_write  # type: ignore[method-assign]
+    held_module.Held.write = maybe_write  # type: ignore[method-assign]
     spent = {False: 0.0, True: 0.0}
     sent = {False: 0, True: 0}
 
@@ -119,7 +119,7 @@ def main() -> None:
     try:
         asyncio.run(run())
     finally:
-        store_module._Held.write = write_held  # type: ignore[method-assign]
+        held_module.Held.write = write_held  # type: ignore[method-assign]
         for p in sorted(workdir.rglob("*"), reverse=True):
             p.rmdir() if p.is_dir() else p.unlink()
         workdir.rmdir()

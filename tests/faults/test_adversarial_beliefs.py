@@ -22,6 +22,7 @@ from vast_manager.coordinator.discovery.measurements import (
     Measurement,
     weigh_sources,
 )
+from vast_manager.coordinator.offers import parse_offer
 from vast_manager.coordinator.providers.local.provider import agent_environment
 
 from support.coord_support import ADMIN, Agent, Harness, result_msg, start
@@ -420,10 +421,10 @@ async def test_a_dry_run_shows_the_ranking_move_and_writes_nothing(h: Harness) -
 
 
 def test_imported_rates_disagreeing_with_the_fleets_own_weigh_nothing() -> None:
-    own = Measurement("m1", offer(1, 1), 40.0, 1.0, "fleet")
-    agreeing = Measurement("m1", offer(1, 1), 50.0, 2.0, "imported")
-    pinned = Measurement("m1", offer(1, 1), 292.7, 3.0, "imported")
-    elsewhere = Measurement("m2", offer(2, 2), 292.7, 3.0, "imported")
+    own = Measurement("m1", parse_offer(offer(1, 1)), 40.0, 1.0, "fleet")
+    agreeing = Measurement("m1", parse_offer(offer(1, 1)), 50.0, 2.0, "imported")
+    pinned = Measurement("m1", parse_offer(offer(1, 1)), 292.7, 3.0, "imported")
+    elsewhere = Measurement("m2", parse_offer(offer(2, 2)), 292.7, 3.0, "imported")
     assert weigh_sources([own, agreeing, pinned, elsewhere]) == [own, agreeing, elsewhere]
     assert MAX_GPUS == 16
 
@@ -465,7 +466,7 @@ async def test_a_spawned_local_agent_holds_none_of_the_coordinators_secrets(
     monkeypatch.setattr(local.subprocess, "Popen", popen)
     provider = local.LocalProvider(tmp_path / "instances")
     try:
-        offer_row = provider.offers[min(provider.offers)]
+        offer_row = parse_offer(provider.offers[min(provider.offers)])
         await provider.create_instance(offer_row, label="vm:x:ag_1", disk_gb=10, env={
             "VM_AGENT_ID": "ag_" + "1" * 20, "VM_AGENT_KEY": "a" * 64})
     finally:

@@ -38,6 +38,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from vast_manager.coordinator.offers import parse_offer
 from vast_manager.coordinator.providers.local.catalog import local_offers
 from vast_manager.coordinator.providers.local.provider import instance_profile
 from vast_manager.coordinator.providers.vast.provider import from_settings
@@ -155,7 +156,7 @@ class PodmanInstances:
         assert instance["image_runtype"] == "args", "this launcher plays the args run type"
         machine = {  # the simulated host under the container
             "VM_NVML": "sim",
-            "VM_SIM_PROFILE": json.dumps(instance_profile(offer)),
+            "VM_SIM_PROFILE": json.dumps(instance_profile(parse_offer(offer))),
             "VM_SIM_TIME_SCALE": str(TIME_SCALE),
             "VM_SAMPLE_INTERVAL": "0.1",
         }

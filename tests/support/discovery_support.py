@@ -14,6 +14,7 @@ from typing import Any
 
 from vast_manager.coordinator.discovery.features import offer_features
 from vast_manager.coordinator.discovery.measurements import Measurement
+from vast_manager.coordinator.offers import Offer, parse_offer
 from vast_manager.coordinator.providers.local.catalog import local_offers
 from vast_manager.sim.hardware import Profile
 from vast_manager.sim.physics import capacities
@@ -38,10 +39,11 @@ def synthetic_offer(rng: random.Random, machine_id: int) -> dict[str, Any]:
     return base
 
 
-def true_rate(offer: dict[str, Any], hidden: float = 1.0) -> float:
+def true_rate(offer: dict[str, Any] | Offer, hidden: float = 1.0) -> float:
     """The simulated hardware model's rate for the instance's share, times ``hidden``."""
-    f = offer_features(offer)
-    profile = Profile.from_offer({**offer, "cpu_cores_effective": round(f.cpu_cores_effective),
+    parsed = parse_offer(offer)
+    f = offer_features(parsed)
+    profile = Profile.from_offer({**parsed.raw, "cpu_cores_effective": round(f.cpu_cores_effective),
                                   "cpu_ram": f.ram_share_gib * (1 << 30) / 1e6})
     return capacities(profile).rate_per_hour * hidden
 
@@ -56,6 +58,11 @@ def measurements(n: int, seed: int = 1, runs: int = 1) -> list[Measurement]:
         hidden = math.exp(rng.gauss(0.0, 0.10))
         for _ in range(min(runs, n - len(out))):
             rate = true_rate(offer, hidden) * math.exp(rng.gauss(0.0, 0.05))
-            out.append(Measurement(str(machine), offer, rate, 0.0, "fleet"))
+            out.append(Measurement(str(machine), parse_offer(offer), rate, 0.0, "fleet"))
         machine += 1
     return out
+
+
+def parsed(offers: list[dict[str, Any]]) -> list[Offer]:
+    """Offers as a provider hands them out: vast.ai's JSON parsed (coordinator.offers)."""
+    return [parse_offer(o) for o in offers]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vast_manager.coordinator.offers import parse_offer, parse_offers
 from vast_manager.coordinator.providers.base import CreatedInstance, Offer, OfferGone, ProviderError
 
 
@@ -28,7 +29,8 @@ def offer(
     dph_total: float = 0.40,
     num_gpus: int = 1,
     gpu_name: str = "RTX 4090",
-) -> Offer:
+) -> dict[str, Any]:
+    """An offer's JSON in vast.ai's shape (the provider parses it, as vast.ai's)."""
     return {
         "id": offer_id,
         "machine_id": machine_id,
@@ -49,8 +51,8 @@ class FakeProvider:
 
     name = "fake"
 
-    def __init__(self, offers: list[Offer] | None = None) -> None:
-        self.offers: dict[int, Offer] = {o["id"]: o for o in (offers or [])}
+    def __init__(self, offers: list[dict[str, Any]] | None = None) -> None:
+        self.offers: dict[int, dict[str, Any]] = {o["id"]: o for o in (offers or [])}
         self.created: list[dict[str, Any]] = []
         self.destroyed: list[int] = []
         self.instances: dict[int, dict[str, Any]] = {}
@@ -61,19 +63,19 @@ class FakeProvider:
 
     async def search_offers(self, filter_text: str | None = None) -> list[Offer]:
         self.searched.append(filter_text)
-        return list(self.offers.values())
+        return parse_offers(self.offers.values(), source="fake provider")
 
     async def get_offer(self, offer_id: int) -> Offer | None:
         found = self.offers.get(offer_id)
-        return dict(found) if found is not None else None
+        return parse_offer(found) if found is not None else None
 
     async def create_instance(
         self, offer: Offer, *, label: str, env: dict[str, str], disk_gb: int
     ) -> CreatedInstance:
         if self.create_error is not None:
             raise self.create_error
-        if offer["id"] not in self.offers:
-            raise OfferGone(f"offer {offer['id']} is gone")
+        if offer.id not in self.offers:
+            raise OfferGone(f"offer {offer.id} is gone")
         self._next_id += 1
         self.created.append(
             {
@@ -87,7 +89,7 @@ class FakeProvider:
         self.instances[self._next_id] = {
             "id": self._next_id,
             "label": label,
-            "machine_id": offer["machine_id"],
+            "machine_id": offer.raw["machine_id"],
             "actual_status": "running",
             "start_date": 0.0,
         }

@@ -95,6 +95,7 @@ from typing import Any, Protocol
 import psutil
 from aiohttp import web
 
+from vast_manager.coordinator.offers import parse_offer
 from vast_manager.coordinator.providers.local.provider import simulated_machine_env
 
 from support.paths import REPO_ROOT
@@ -975,7 +976,7 @@ class SimAgents:
             and not k.startswith("PYTEST_")
         }
         # The image's defaults, as the simulation provides them.
-        child_env.update(simulated_machine_env(home, offer, self.time_scale))
+        child_env.update(simulated_machine_env(home, parse_offer(offer), self.time_scale))
         child_env.update({"PYTHONPATH": str(ROOT), "VM_PROVIDER": "vast"})
         child_env.update(self.extra_env)
         child_env.update(env)

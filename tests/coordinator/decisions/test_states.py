@@ -210,7 +210,7 @@ def test_no_other_code_writes_terminating() -> None:
                             for k, v in zip(node.keys, node.values, strict=True)
                             if isinstance(k, ast.Constant) and k.value == "state"
                             and _names_state(v, State.TERMINATING)]
-    assert [w.split(":")[0] for w in writers] == ["coordinator/store/writer.py"], writers
+    assert [w.split(":")[0] for w in writers] == ["coordinator/store/writes/instances.py"], writers
 
 
 def _names_state(node: ast.AST, state: State) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from vast_manager.coordinator.decisions.share import instance_share, ram_class, shortfall
+from vast_manager.coordinator.offers import OfferError, parse_offer
 
 
 @pytest.mark.parametrize(
@@ -38,8 +39,23 @@ from vast_manager.coordinator.decisions.share import instance_share, ram_class, 
     ],
 )
 def test_share(offer: dict[str, Any], ram_gb: float, cores: float | None, formula: str) -> None:
-    share = instance_share(offer)
+    share = instance_share(parse_offer(offer))
     assert (share.ram_gb, share.cpu_cores, share.formula) == (ram_gb, cores, formula)
+
+
+@pytest.mark.parametrize(
+    ("offer", "field"),
+    [
+        ({"cpu_ram": 515000, "cpu_cores": True, "cpu_cores_effective": 12}, "cpu_cores"),
+        ({"cpu_ram": "lots", "cpu_cores": 96, "cpu_cores_effective": 12}, "cpu_ram"),
+        ({"cpu_ram": float("nan"), "cpu_cores": 96, "cpu_cores_effective": 12}, "cpu_ram"),
+    ],
+)
+def test_a_malformed_field_is_refused_before_any_share(offer: dict[str, Any], field: str) -> None:
+    # A bool is never a number (vast.ai's true is not 1); text and NaN are no figures.
+    with pytest.raises(OfferError) as err:
+        parse_offer(offer)
+    assert err.value.field == field
 
 
 @pytest.mark.parametrize(
@@ -50,13 +66,10 @@ def test_share(offer: dict[str, Any], ram_gb: float, cores: float | None, formul
         ({"cpu_ram": 515000, "cpu_cores": 96, "cpu_cores_effective": 0}, "cpu_cores_effective"),
         ({"cpu_ram": 0, "cpu_cores": 96, "cpu_cores_effective": 12}, "no cpu_ram"),
         ({"cpu_cores": 96, "cpu_cores_effective": 12}, "no cpu_ram"),
-        ({"cpu_ram": 515000, "cpu_cores": True, "cpu_cores_effective": 12}, "no cpu_cores"),
-        ({"cpu_ram": "lots", "cpu_cores": 96, "cpu_cores_effective": 12}, "no cpu_ram"),
-        ({"cpu_ram": float("nan"), "cpu_cores": 96, "cpu_cores_effective": 12}, "no cpu_ram"),
     ],
 )
 def test_missing_or_zero_fields_make_the_share_unknown(offer: dict[str, Any], says: str) -> None:
-    share = instance_share(offer)
+    share = instance_share(parse_offer(offer))
     assert share.ram_gb is None
     assert share.formula.startswith("unknown (") and says in share.formula
     assert shortfall(share, 128) is not None and "cannot be promised" in str(shortfall(share, 128))
@@ -64,12 +77,14 @@ def test_missing_or_zero_fields_make_the_share_unknown(offer: dict[str, Any], sa
 
 
 def test_shortfall_against_the_minimum() -> None:
-    share = instance_share({"cpu_ram": 515000, "cpu_cores": 256, "cpu_cores_effective": 32})
+    share = instance_share(parse_offer({"cpu_ram": 515000, "cpu_cores": 256,
+                                        "cpu_cores_effective": 32}))
     assert shortfall(share, 128) == (
         "its instance would get about 64 GB of RAM (515 GB x 32/256 cores = 64.4 GB), below "
         "the 128 GB cuzk needs")
     assert shortfall(share, 64) is None
-    host_128 = instance_share({"cpu_ram": 128000, "cpu_cores": 16, "cpu_cores_effective": 16})
+    host_128 = instance_share(parse_offer({"cpu_ram": 128000, "cpu_cores": 16,
+                                           "cpu_cores_effective": 16}))
     assert shortfall(host_128, 128) is None  # a whole 128 GB host is enough
 
 

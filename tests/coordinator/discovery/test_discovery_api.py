@@ -26,7 +26,7 @@ def lines_of(n: int, seed: int = 1, since: float = 1_799_000_000.0) -> list[dict
     fake clock starts later)."""
     out = []
     for i, m in enumerate(measurements(n, seed=seed, runs=2)):
-        out.append({"machine_id": m.machine_id, "offer": dict(m.offer),
+        out.append({"machine_id": m.machine_id, "offer": dict(m.offer.raw),
                     "rate_per_hour": round(m.rate_per_hour, 3),
                     "measured_at": since + 60 * i})
     return out

@@ -25,6 +25,7 @@ from vast_manager.coordinator.discovery.plan import (
     evaluate_offer,
 )
 from vast_manager.coordinator.discovery.structural_model import fit_rate_model
+from vast_manager.coordinator.offers import parse_offer
 
 from support.discovery_support import synthetic_offer
 
@@ -37,7 +38,7 @@ def _proposals(n: int, seed: int = 1) -> tuple[Proposal, ...]:
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        offer = synthetic_offer(rng, 60_000 + i)
+        offer = parse_offer(synthetic_offer(rng, 60_000 + i))
         p = evaluate_offer(offer, MODEL.predict(offer), FleetView(), PlanSettings())
         assert p is not None
         out.append(p)

@@ -12,13 +12,14 @@ from vast_manager.coordinator.discovery.features import (
     offer_from_host_info,
 )
 from vast_manager.coordinator.discovery.measurements import MeasurementError, parse_measurement
+from vast_manager.coordinator.offers import Offer, parse_offer
 from vast_manager.coordinator.providers.local.catalog import local_offers
 
 
-def _offer(**changes: object) -> dict[str, object]:
+def _offer(**changes: object) -> Offer:
     offer = dict(local_offers()[0])
     offer.update(changes)
-    return offer
+    return parse_offer(offer)
 
 
 def test_a_slice_gets_its_share_of_the_hosts_vcpus_and_ram() -> None:
@@ -57,6 +58,8 @@ def test_pcie_is_capped_by_the_link_and_a_missing_figure_is_named() -> None:
     ],
 )
 def test_a_bad_field_is_named(change: dict[str, object], field: str) -> None:
+    # A malformed field is refused as the offer is parsed, one out of the model's range by
+    # the features: the same error, naming the field.
     with pytest.raises(FeatureError) as err:
         offer_features(_offer(**{"cpu_ghz": 3.0, **change}))
     assert err.value.field == field
@@ -88,13 +91,13 @@ def test_a_bring_your_own_agents_host_info_reads_as_an_offer() -> None:
 
 
 def test_a_measurement_line_names_its_bad_field() -> None:
-    good = {"machine_id": 41001, "offer": _offer(), "rate_per_hour": 61.4,
+    good = {"machine_id": 41001, "offer": _offer().raw, "rate_per_hour": 61.4,
             "measured_at": 1_700_000_000.0}
     m = parse_measurement(good)
     assert (m.machine_id, m.source) == ("41001", "imported")
     assert parse_measurement(m.to_dict()) == m
     for bad, field in (
-        ({**good, "offer": _offer(num_gpus=0)}, "offer.num_gpus"),
+        ({**good, "offer": {**_offer().raw, "num_gpus": 0}}, "offer.num_gpus"),
         ({**good, "rate_per_hour": 0}, "rate_per_hour"),
         ({**good, "rate_per_hour": "61"}, "rate_per_hour"),
         ({**good, "measured_at": None}, "measured_at"),

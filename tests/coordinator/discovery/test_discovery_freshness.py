@@ -33,7 +33,7 @@ def catalog_lines(rate: float) -> list[dict[str, Any]]:
                     "rate_per_hour": rate * float(o["num_gpus"]),
                     "measured_at": time.time() - 3600})
     for m in measurements(40, seed=3):
-        out.append({"machine_id": m.machine_id, "offer": dict(m.offer),
+        out.append({"machine_id": m.machine_id, "offer": dict(m.offer.raw),
                     "rate_per_hour": round(m.rate_per_hour, 3),
                     "measured_at": time.time() - 7200})
     return out

@@ -18,6 +18,7 @@ from vast_manager.coordinator.discovery.structural_model import (
     _mixture_quantile,
     fit_rate_model,
 )
+from vast_manager.coordinator.offers import parse_offer
 from vast_manager.coordinator.providers.local.catalog import local_offers
 
 from support.discovery_support import measurements, synthetic_offer, true_rate
@@ -37,7 +38,8 @@ def test_intervals_are_wide_with_little_data_and_narrow_with_much() -> None:
     widths = []
     for n in (0, 5, 300):
         model = fit_rate_model(measurements(n))
-        preds = [p for p in model.predict_offers(offers, explain=False)]
+        parsed = [parse_offer(o) for o in offers]
+        preds = [p for p in model.predict_offers(parsed, explain=False)]
         assert all(isinstance(p, Prediction) for p in preds)
         widths.append(statistics.median(_width(p) for p in preds))  # type: ignore[union-attr]
     assert widths[0] > widths[1] > widths[2]
@@ -48,7 +50,7 @@ def test_intervals_are_wide_with_little_data_and_narrow_with_much() -> None:
 def test_with_much_data_the_true_rates_fall_in_the_intervals() -> None:
     model = fit_rate_model(measurements(300))
     offers = _held_out(200)
-    preds = model.predict_offers(offers, explain=False)
+    preds = model.predict_offers([parse_offer(o) for o in offers], explain=False)
     inside = 0
     errors = []
     rng = random.Random(5)
@@ -69,8 +71,8 @@ def test_an_unmeasured_gpu_model_is_less_certain_where_the_gpu_binds() -> None:
     # Plenty of CPU and RAM for one card: the GPU is what limits it (an RTX 5090 would
     # not: cuzk's 18 syntheses at once bind it first).
     roomy = {**base, "cpu_cores": 128, "cpu_cores_effective": 128, "cpu_ram": 1_024_000}
-    known = model.predict(roomy)
-    unknown = model.predict({**roomy, "gpu_name": "RTX 5080", "gpu_mem_bw": 960.0})
+    known = model.predict(parse_offer(roomy))
+    unknown = model.predict(parse_offer({**roomy, "gpu_name": "RTX 5080", "gpu_mem_bw": 960.0}))
     assert known.bottleneck == unknown.bottleneck == "gpu"
     assert _width(unknown) > _width(known)
     assert any("no RTX 5080 measured yet" in n for n in unknown.novelty)
@@ -82,24 +84,24 @@ def test_repeated_measurements_pin_their_machine() -> None:
     offer = dict(local_offers()[0])
     offer.pop("sim")
     twin = {**offer, "machine_id": 123_457, "id": 2}
-    hardware = fit_rate_model(background).predict(offer).rate_per_hour
+    hardware = fit_rate_model(background).predict(parse_offer(offer)).rate_per_hour
     fast = hardware * 1.4  # this machine runs 40% above its hardware's prediction
 
     def runs(n: int) -> list[Measurement]:
         rng = random.Random(n)
-        return [Measurement(str(offer["machine_id"]), offer,
+        return [Measurement(str(offer["machine_id"]), parse_offer(offer),
                             fast * math.exp(rng.gauss(0.0, 0.03)), 0.0) for _ in range(n)]
 
     one = fit_rate_model([*background, *runs(1)])
     four = fit_rate_model([*background, *runs(4)])
-    p1, p4 = one.predict(offer), four.predict(offer)
+    p1, p4 = one.predict(parse_offer(offer)), four.predict(parse_offer(offer))
     assert p4.machine_runs == 4 and p1.machine_runs == 1
     # One run moves it most of the way to what the machine measured; more runs narrow it.
     assert abs(p1.rate_per_hour - fast) < 0.25 * abs(hardware - fast)
     assert abs(p4.rate_per_hour - fast) / fast < 0.05
     assert _width(p4) < _width(p1)
     # Its twin on another machine keeps the hardware's prediction and its doubt.
-    p_twin = four.predict(twin)
+    p_twin = four.predict(parse_offer(twin))
     assert p_twin.machine_runs == 0
     assert abs(p_twin.rate_per_hour - hardware) / hardware < 0.1
     assert _width(p_twin) > _width(p4)
@@ -109,24 +111,26 @@ def test_repeated_measurements_pin_their_machine() -> None:
 def test_an_old_measurement_pins_less_than_a_fresh_one() -> None:
     offer = dict(local_offers()[0])
     offer.pop("sim")
-    runs = [Measurement(str(offer["machine_id"]), offer, 90.0, 0.0) for _ in range(3)]
+    runs = [Measurement(str(offer["machine_id"]), parse_offer(offer), 90.0, 0.0)
+            for _ in range(3)]
     background = measurements(100)
-    fresh = fit_rate_model([*background, *runs], now=86_400.0).predict(offer)
-    old = fit_rate_model([*background, *runs], now=200 * 86_400.0).predict(offer)
+    fresh = fit_rate_model([*background, *runs], now=86_400.0).predict(parse_offer(offer))
+    old = fit_rate_model([*background, *runs], now=200 * 86_400.0).predict(parse_offer(offer))
     assert _width(old) > _width(fresh)
 
 
 def test_the_explanation_adds_up_to_the_prediction() -> None:
     offers = _held_out(10)
-    ms = [*measurements(120), Measurement(str(offers[0]["machine_id"]), offers[0], 50.0, 0.0)]
+    ms = [*measurements(120),
+          Measurement(str(offers[0]["machine_id"]), parse_offer(offers[0]), 50.0, 0.0)]
     model = fit_rate_model(ms)
-    for p in model.predict_offers(offers):
+    for p in model.predict_offers([parse_offer(o) for o in offers]):
         assert isinstance(p, Prediction)
         total = math.log(p.reference_rate_per_hour) + sum(c.log_rate for c in p.contributions)
         assert total == pytest.approx(math.log(p.rate_per_hour), abs=1e-9)
         assert p.bottleneck in p.capacities_per_hour
         assert f"{p.rate_low:.0f}-{p.rate_high:.0f}/h" in p.basis
-    first = model.predict(offers[0])
+    first = model.predict(parse_offer(offers[0]))
     assert first.contributions[-1].name == "this machine's runs"
 
 
@@ -137,7 +141,7 @@ def test_a_small_ram_share_is_predicted_slower_and_memory_bound() -> None:
     whole = {**base, "num_gpus": 8, "cpu_cores": 128, "cpu_cores_effective": 128,
              "cpu_ram": 1_024_000}
     slice_ = {**whole, "num_gpus": 1, "cpu_cores_effective": 16}  # 128 GB, 16 vCPUs
-    p_whole, p_slice = model.predict(whole), model.predict(slice_)
+    p_whole, p_slice = model.predict(parse_offer(whole)), model.predict(parse_offer(slice_))
     assert p_slice.rate_per_hour * 4 < p_whole.rate_per_hour
     ram = next(c for c in p_slice.contributions if c.name == "RAM share")
     assert ram.log_rate < 0
@@ -145,7 +149,8 @@ def test_a_small_ram_share_is_predicted_slower_and_memory_bound() -> None:
 
 def test_an_offer_it_cannot_read_says_which_field() -> None:
     model = fit_rate_model([])
-    out = model.predict_offers([{"gpu_name": "RTX 4090", "num_gpus": 0}, local_offers()[0]])
+    out = model.predict_offers([parse_offer({"gpu_name": "RTX 4090", "num_gpus": 0}),
+                                parse_offer(local_offers()[0])])
     assert isinstance(out[0], Unpredictable) and out[0].field == "num_gpus"
     assert isinstance(out[1], Prediction)
 
@@ -162,7 +167,7 @@ def test_a_ram_share_on_a_step_has_two_modes_and_its_runs_pick_one() -> None:
     for ram_mb in range(100_000, 160_000, 2_000):
         offer = {**base, "machine_id": 123_999, "id": 7, "num_gpus": 1, "cpu_cores": 32,
                  "cpu_cores_effective": 32, "cpu_ram": ram_mb}
-        pred = model.predict(offer)
+        pred = model.predict(parse_offer(offer))
         if sum(w >= 0.25 for w, _, _ in pred.modes) == 2:
             knife, p = offer, pred
             break
@@ -175,8 +180,8 @@ def test_a_ram_share_on_a_step_has_two_modes_and_its_runs_pick_one() -> None:
     # Three runs at the lower mode's rate: the machine holds one partition; its prediction
     # has one mode, near what it measured, and a narrower interval.
     low = math.exp(min(m1, m2))
-    runs = [Measurement("123999", knife, low * f, 0.0) for f in (0.97, 1.0, 1.03)]
-    pinned = fit_rate_model([*background, *runs]).predict(knife)
+    runs = [Measurement("123999", parse_offer(knife), low * f, 0.0) for f in (0.97, 1.0, 1.03)]
+    pinned = fit_rate_model([*background, *runs]).predict(parse_offer(knife))
     assert not pinned.modes
     assert pinned.rate_per_hour == pytest.approx(low, rel=0.12)
     assert pinned.rate_high / pinned.rate_low < p.rate_high / p.rate_low

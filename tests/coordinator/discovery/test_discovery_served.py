@@ -20,6 +20,7 @@ from vast_manager.coordinator.discovery.served import (
     fit_served_model,
 )
 from vast_manager.coordinator.discovery.structural_model import Prediction
+from vast_manager.coordinator.offers import Offer, parse_offer
 
 from support.paths import REPO_ROOT
 
@@ -34,8 +35,8 @@ def market(name: str) -> list[dict[str, Any]]:
         return [orjson.loads(line) for line in fh]
 
 
-def offer(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if k not in RATES}
+def offer(row: dict[str, Any]) -> Offer:
+    return parse_offer({k: v for k, v in row.items() if k not in RATES})
 
 
 def measured(rows: list[dict[str, Any]], copies: int = 1) -> list[Measurement]:
@@ -99,7 +100,7 @@ def test_a_bad_market_line_is_named(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     from market_bench import MarketError, load_market
 
-    rows = [offer(r) | {"true_rate_per_hour": 10.0, "measured_rate_per_hour": 9.0}
+    rows = [offer(r).raw | {"true_rate_per_hour": 10.0, "measured_rate_per_hour": 9.0}
             for r in market("simulator")[:60]]
     rows[41]["measured_rate_per_hour"] = -1
     path = tmp_path / "m.jsonl"

@@ -14,6 +14,7 @@ import pytest
 from vast_manager.coordinator.decisions import cost
 from vast_manager.coordinator.discovery.autopilot_rules import ledger_of, rental_of
 from vast_manager.coordinator.discovery.plan import PlanSettings, TrialCost, trial_cost
+from vast_manager.coordinator.offers import parse_offer
 
 from support.bill_support import HEARTBEAT_S, MONITOR_INTERVAL_S, BillEnv, bill_env
 
@@ -26,27 +27,27 @@ GB = 1e9
 def test_prices_split_rent_from_the_storage_in_dph_total_and_price_another_disk() -> None:
     offer = {"dph_total": 0.40, "storage_cost": 0.18, "allocated_storage": 250.0,
              "inet_down_cost": 0.02, "inet_up_cost": 0.01}
-    at_250 = cost.prices_of(offer)
+    at_250 = cost.prices_of(parse_offer(offer))
     assert at_250 is not None
     assert at_250.storage_per_hour == pytest.approx(0.18 * 250 / 720)
     assert at_250.hourly_total == pytest.approx(0.40)  # dph_total at the disk it was priced at
-    at_1000 = cost.prices_of(offer, 1000)
+    at_1000 = cost.prices_of(parse_offer(offer), 1000)
     assert at_1000 is not None
     assert at_1000.rent_per_hour == pytest.approx(at_250.rent_per_hour)
     assert at_1000.hourly_total == pytest.approx(0.40 + 0.18 * 750 / 720)
     # vast.ai's storage_total_cost, when given, is the storage inside dph_total.
-    given = cost.prices_of({**offer, "storage_total_cost": 0.05})
+    given = cost.prices_of(parse_offer({**offer, "storage_total_cost": 0.05}))
     assert given is not None and given.rent_per_hour == pytest.approx(0.35)
     # Bandwidth: per GB each way, in every status; storage in all but offline; rent running.
     assert at_250.bandwidth_usd(45 * GB, 2 * GB) == pytest.approx(0.92)
     assert at_250.per_hour(status="offline") == cost.Cost()
     assert at_250.per_hour(status="stopped").rent == 0.0
     assert at_250.per_hour(status="stopped").storage == pytest.approx(at_250.storage_per_hour)
-    assert cost.prices_of({"dph_total": None}) is None
+    assert cost.prices_of(parse_offer({"dph_total": None})) is None
 
 
 def test_the_setup_download_is_spread_over_a_kept_life_and_per_proof() -> None:
-    prices = cost.prices_of({"dph_total": 0.40, "inet_down_cost": 0.02})
+    prices = cost.prices_of(parse_offer({"dph_total": 0.40, "inet_down_cost": 0.02}))
     assert prices is not None
     kept = cost.kept_per_hour(prices, setup_down_bytes=50 * GB, kept_hours=100)
     assert kept.bandwidth == pytest.approx(1.0 / 100)
@@ -78,7 +79,7 @@ async def test_a_trial_bills_as_the_fake_bills_it_by_part(tmp_path: Path) -> Non
         env.fake.add_offer(9401, 77001, dph_total=0.40, inet_down_cost=0.02,
                            inet_up_cost=0.01, storage_cost=0.20, inet_down=900.0)
         settings = env.h.core.settings
-        offer = next(o for o in await env.provider.search_offers() if o["id"] == 9401)
+        offer = next(o for o in await env.provider.search_offers() if o.id == 9401)
         plan_settings = PlanSettings(trial_cost=TrialCost(download_gb=settings.setup_download_gb))
         rate = 30.0
         hours = plan_settings.trial_cost.hours(offer, rate)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from vast_manager.coordinator.discovery.autopilot_rules import Rental, ledger_of
+from vast_manager.coordinator.offers import parse_offer
 from vast_manager.coordinator.providers.local.catalog import catalog_offers
 from vast_manager.coordinator.providers.local.provider import instance_profile
 from vast_manager.coordinator.store.writer import Store
@@ -43,7 +44,7 @@ CAPS: dict[str, Any] = {
 
 def true_rate(offer: dict[str, Any]) -> float:
     """The simulated cuzk's steady-state rate of the offer's instance (simulated)."""
-    return capacities(Profile.from_offer(instance_profile(offer))).rate_per_hour
+    return capacities(Profile.from_offer(instance_profile(parse_offer(offer)))).rate_per_hour
 
 
 class Fleet:

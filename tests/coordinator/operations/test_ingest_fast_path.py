@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from vast_manager.coordinator.operations import ingest
-from vast_manager.coordinator.store import writer as store_module
 from vast_manager.coordinator.store.writer import Store, Tx
+from vast_manager.coordinator.store.writes import held as held_module
 from vast_manager.protocol.codec import from_obj
 from vast_manager.protocol.messages import Heartbeat, Hello, Result
 
@@ -270,7 +270,7 @@ async def _four_rounds(store: Store, settings: Any,
 async def test_many_held_heartbeats_land_in_one_transaction(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, update_from: bool
 ) -> None:
-    monkeypatch.setattr(store_module, "_UPDATE_FROM", update_from)  # SQLite before 3.33
+    monkeypatch.setattr(held_module, "_UPDATE_FROM", update_from)  # SQLite before 3.33
     settings = make_settings(tmp_path)
     store = Store(tmp_path / "c.db")
     try:

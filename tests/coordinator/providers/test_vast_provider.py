@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from vast_manager.coordinator.offers import parse_offer
 from vast_manager.coordinator.providers.base import (
     AuthError,
     CreateFailed,
@@ -93,8 +94,8 @@ async def test_search_default_filter(env: Env) -> None:
     # 1 of 8 GPUs of a 96-core host: 12 cores for the instance (the filter asks > 25).
     fake.add_slice(8, 800, num_gpus=1, host_gpus=8, host_cpu_cores=96, host_cpu_ram_mb=515000)
     offers = await env.provider.search_offers()
-    assert [o["id"] for o in offers] == [7, 1]  # score descending, as the CLI orders
-    assert offers[0]["reliability"] == 0.995  # filled from reliability2
+    assert [o.id for o in offers] == [7, 1]  # score descending, as the CLI orders
+    assert offers[0].reliability == 0.995  # filled from reliability2
     (call,) = fake.calls("POST", "/api/v0/bundles/")
     assert call.body == build_search_query(DEFAULT_FILTER, storage_gb=300)
     assert call.body["allocated_storage"] == 300.0
@@ -105,20 +106,34 @@ async def test_search_custom_filter(env: Env) -> None:
     env.fake.add_offer(1, 100)
     env.fake.add_offer(2, 200, gpu_name="RTX 5060 Ti", num_gpus=2)
     offers = await env.provider.search_offers("gpu_name=RTX_5060_Ti num_gpus>=2")
-    assert [o["id"] for o in offers] == [2]
+    assert [o.id for o in offers] == [2]
+
+
+async def test_a_malformed_offer_is_skipped_with_its_reason_and_the_rest_kept(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    # vast.ai's numbers may come as text (kept: "3.1" is a clock) but a bool is never one.
+    env.fake.add_offer(1, 100, cpu_ghz="3.1")
+    env.fake.add_offer(2, 200, cpu_cores=True)
+    with caplog.at_level("WARNING"):
+        offers = await env.provider.search_offers("gpu_name=RTX_4090")
+    assert [(o.id, o.cpu_ghz) for o in offers] == [(1, 3.1)]
+    assert offers[0].raw["cpu_ghz"] == "3.1"  # what goes back out is what came in
+    assert "vast.ai search: offer 2 skipped: cpu_cores must be a number, not True." in caplog.text
 
 
 async def test_get_offer_rereads_and_sees_sold_offers(env: Env) -> None:
     fake = env.fake
     fake.add_offer(11, 1100, verified=False)
     offer = await env.provider.get_offer(11)
-    assert offer is not None and offer["machine_id"] == 1100  # unverified still found
+    assert offer is not None and offer.machine_id == "1100"  # unverified still found
     (call,) = fake.calls("POST", "/api/v0/bundles/")
     assert call.body["id"] == {"eq": "11"}
     assert call.body["rentable"] == {"eq": True}
     assert "verified" not in call.body
 
-    await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+    await env.provider.create_instance(
+        parse_offer(offer), label=LABEL, env=agent_env(), disk_gb=300)
     assert await env.provider.get_offer(11) is None  # sold
     assert await env.provider.get_offer(999) is None  # never existed
     fake.add_offer(12, 1200)
@@ -129,7 +144,8 @@ async def test_get_offer_rereads_and_sees_sold_offers(env: Env) -> None:
 async def test_create_sends_the_cli_body(env: Env) -> None:
     fake = env.fake
     offer = fake.add_offer(21, 2100, dph_total=0.61)
-    created = await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=320)
+    created = await env.provider.create_instance(
+        parse_offer(offer), label=LABEL, env=agent_env(), disk_gb=320)
     (call,) = fake.calls("PUT", "/api/v0/asks/21/")
     assert call.headers["Authorization"] == f"Bearer {FAKE_API_KEY}"
     assert call.body == {
@@ -221,22 +237,27 @@ async def test_the_fake_refuses_an_onstart_over_4048_characters(env: Env) -> Non
 async def test_create_on_sold_offer_is_offer_gone_and_double_sale(env: Env) -> None:
     fake = env.fake
     offer = fake.add_offer(31, 3100)
-    await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+    await env.provider.create_instance(
+        parse_offer(offer), label=LABEL, env=agent_env(), disk_gb=300)
     with pytest.raises(OfferGone, match="no_such_ask"):
-        await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+        await env.provider.create_instance(
+            parse_offer(offer), label=LABEL, env=agent_env(), disk_gb=300)
     # vast.ai sells one offer twice to racing callers: the fake can too.
     fake.sell_twice.add(31)
-    await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+    await env.provider.create_instance(
+        parse_offer(offer), label=LABEL, env=agent_env(), disk_gb=300)
     assert sum(1 for r in fake.instances.values() if r["ask_id"] == 31) == 2
     fake.remove_offer(31)
     with pytest.raises(OfferGone):
-        await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+        await env.provider.create_instance(
+            parse_offer(offer), label=LABEL, env=agent_env(), disk_gb=300)
 
 
 async def test_create_rides_out_429(env: Env) -> None:
     offer = env.fake.add_offer(41, 4100)
     env.fake.fail_next = 2
-    created = await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+    created = await env.provider.create_instance(
+        parse_offer(offer), label=LABEL, env=agent_env(), disk_gb=300)
     assert created.instance_id in env.fake.instances
     assert len(env.fake.calls("PUT", "/api/v0/asks/41/")) == 3
     assert len(env.sleeps.delays) == 2
@@ -252,7 +273,8 @@ async def test_persistent_429_is_rate_limited(env: Env) -> None:
 async def test_destroy_is_idempotent(env: Env) -> None:
     fake = env.fake
     offer = fake.add_offer(51, 5100)
-    created = await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+    created = await env.provider.create_instance(
+        parse_offer(offer), label=LABEL, env=agent_env(), disk_gb=300)
     await env.provider.destroy_instance(created.instance_id)
     assert created.instance_id not in fake.instances
     await env.provider.destroy_instance(created.instance_id)  # already gone: fine
@@ -270,7 +292,7 @@ async def test_list_instances_paginates_and_hides_secrets(env: Env) -> None:
     for i in range(7):
         offer = fake.add_offer(60 + i, 6000 + i)
         await env.provider.create_instance(
-            offer, label=f"vm:f1e2d3c4:ag_{i:020x}", env=agent_env(), disk_gb=300
+            parse_offer(offer), label=f"vm:f1e2d3c4:ag_{i:020x}", env=agent_env(), disk_gb=300
         )
     rows = await env.provider.list_instances()
     assert len(rows) == 7
@@ -287,7 +309,8 @@ async def test_list_instances_paginates_and_hides_secrets(env: Env) -> None:
 async def test_key_never_in_urls(env: Env) -> None:
     offer = env.fake.add_offer(71, 7100)
     await env.provider.search_offers()
-    created = await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+    created = await env.provider.create_instance(
+        parse_offer(offer), label=LABEL, env=agent_env(), disk_gb=300)
     await env.provider.list_instances()
     await env.provider.destroy_instance(created.instance_id)
     for req in env.fake.requests:
@@ -297,7 +320,8 @@ async def test_key_never_in_urls(env: Env) -> None:
 
 async def test_exited_status_visible_in_list(env: Env) -> None:
     offer = env.fake.add_offer(81, 8100)
-    created = await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+    created = await env.provider.create_instance(
+        parse_offer(offer), label=LABEL, env=agent_env(), disk_gb=300)
     env.fake.set_status(created.instance_id, "exited")
     (row,) = await env.provider.list_instances()
     assert row["actual_status"] == "exited"
@@ -307,7 +331,8 @@ async def test_exited_status_visible_in_list(env: Env) -> None:
 async def test_create_answer_lost_is_recovered_by_label(env: Env) -> None:
     offer = env.fake.add_offer(91, 9100)
     env.fake.lose_create_answers = 1
-    created = await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+    created = await env.provider.create_instance(
+        parse_offer(offer), label=LABEL, env=agent_env(), disk_gb=300)
     assert env.fake.instances[created.instance_id]["label"] == LABEL
     assert "found by its label" in created.message
     assert len(env.fake.calls("PUT", "/api/v0/asks/91/")) == 1  # never sent twice
@@ -318,7 +343,8 @@ async def test_create_failed_before_processing_is_outcome_unknown(env: Env) -> N
     env.fake.fail_next = 1
     env.fake.fail_status = 502
     with pytest.raises(ProviderError, match="outcome unknown"):
-        await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+        await env.provider.create_instance(
+            parse_offer(offer), label=LABEL, env=agent_env(), disk_gb=300)
     assert env.fake.instances == {}
     assert len(env.fake.calls("PUT", "/api/v0/asks/92/")) == 1
 
@@ -327,7 +353,8 @@ async def test_a_create_that_fails_with_a_new_contract_names_the_instance(env: E
     offer = env.fake.add_offer(93, 9300)
     env.fake.create_fails_with_instance = 1
     with pytest.raises(CreateFailed) as err:
-        await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+        await env.provider.create_instance(
+            parse_offer(offer), label=LABEL, env=agent_env(), disk_gb=300)
     iid = err.value.instance_id
     row = env.fake.instances[iid]  # it exists, stopped, and bills
     assert row["actual_status"] == "stopped" and row["label"] == LABEL
@@ -337,7 +364,8 @@ async def test_a_create_that_fails_with_a_new_contract_names_the_instance(env: E
 
 async def test_destroy_is_confirmed_or_an_error(env: Env) -> None:
     offer = env.fake.add_offer(94, 9400)
-    created = await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+    created = await env.provider.create_instance(
+        parse_offer(offer), label=LABEL, env=agent_env(), disk_gb=300)
     iid = created.instance_id
     env.fake.keep_after_destroy = 1  # accepted, still there
     with pytest.raises(DestroyUnconfirmed):
@@ -352,7 +380,8 @@ async def test_destroy_is_confirmed_or_an_error(env: Env) -> None:
 
 async def test_a_404_that_does_not_say_gone_confirms_no_destroy(env: Env) -> None:
     offer = env.fake.add_offer(97, 9700)
-    created = await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+    created = await env.provider.create_instance(
+        parse_offer(offer), label=LABEL, env=agent_env(), disk_gb=300)
     iid = created.instance_id
     # Something in between answers the delete and the lookup with a bare 404 page: the
     # instance is still there, so the destroy is not done.
@@ -378,7 +407,8 @@ async def test_an_invalid_key_is_an_auth_error_on_every_call(env: Env) -> None:
 
 async def test_statuses_and_messages_as_vast_shows_them(env: Env) -> None:
     offer = env.fake.add_offer(96, 9600)
-    created = await env.provider.create_instance(offer, label=LABEL, env=agent_env(), disk_gb=300)
+    created = await env.provider.create_instance(
+        parse_offer(offer), label=LABEL, env=agent_env(), disk_gb=300)
     env.fake.set_status(created.instance_id, "created", OCI_START_FAILURE)
     (row,) = await env.provider.list_instances()
     assert (row["actual_status"], row["status_msg"]) == ("created", OCI_START_FAILURE)

@@ -22,11 +22,9 @@ says how the one-off setup is spread over a kept instance's life.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from vast_manager.coordinator.providers.coerce import as_float
+from vast_manager.coordinator.offers import Offer
 
 #: vast.ai's bandwidth prices are $/GB (OpenAPI ``inet_down_cost``); read as 10^9 bytes.
 BYTES_PER_GB = 1e9
@@ -40,9 +38,8 @@ RENT_STATUSES = frozenset({"running"})
 NO_STORAGE_STATUSES = frozenset({"offline"})
 
 
-def _money(value: Any) -> float:
-    f = as_float(value)
-    return f if f is not None and math.isfinite(f) and f > 0 else 0.0
+def _money(value: float | None) -> float:
+    return value if value is not None and math.isfinite(value) and value > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +102,7 @@ class Prices:
         return self.rent_per_hour + self.storage_per_hour
 
 
-def prices_of(offer: Mapping[str, Any], disk_gb: float | None = None,
+def prices_of(offer: Offer, disk_gb: float | None = None,
               bid_per_hour: float | None = None) -> Prices | None:
     """The prices of renting ``offer`` with a ``disk_gb`` disk (None: the disk the offer
     was priced with), interruptibly at ``bid_per_hour`` when given (the bid is the rent);
@@ -115,12 +112,12 @@ def prices_of(offer: Mapping[str, Any], disk_gb: float | None = None,
     (``storage_total_cost`` $/h when vast.ai gives it), so that part comes out
     of the rent and the storage of ``disk_gb`` is priced on its own.
     """
-    dph = as_float(offer.get("dph_total"))
+    dph = offer.dph_total
     if dph is None or not math.isfinite(dph) or dph <= 0:
         return None
-    per_gb_month = _money(offer.get("storage_cost"))
-    priced_gb = _money(offer.get("allocated_storage")) or DEFAULT_ALLOCATED_GB
-    in_dph = as_float(offer.get("storage_total_cost"))
+    per_gb_month = _money(offer.storage_cost)
+    priced_gb = _money(offer.allocated_storage) or DEFAULT_ALLOCATED_GB
+    in_dph = offer.storage_total_cost
     if in_dph is None or not math.isfinite(in_dph) or in_dph < 0:
         in_dph = per_gb_month * priced_gb / HOURS_PER_MONTH
     rent = max(0.0, dph - in_dph)
@@ -131,8 +128,8 @@ def prices_of(offer: Mapping[str, Any], disk_gb: float | None = None,
         rent_per_hour=rent,
         storage_per_gb_month=per_gb_month,
         disk_gb=disk,
-        inet_down_per_gb=_money(offer.get("inet_down_cost")),
-        inet_up_per_gb=_money(offer.get("inet_up_cost")),
+        inet_down_per_gb=_money(offer.inet_down_cost),
+        inet_up_per_gb=_money(offer.inet_up_cost),
     )
 
 
@@ -180,7 +177,7 @@ def per_proof(hourly: Cost, rate_per_hour: float | None) -> Cost | None:
     return hourly.scaled(1.0 / rate_per_hour)
 
 
-def offer_figure(offer: Mapping[str, Any], *, setup_down_bytes: float, kept_hours: float,
+def offer_figure(offer: Offer, *, setup_down_bytes: float, kept_hours: float,
                  disk_gb: float | None = None) -> Cost | None:
     """The full hourly figure of an offer (rent, storage, the setup's bandwidth spread over a
     kept life): what ``offers`` ranks by and the minimum rate divides."""

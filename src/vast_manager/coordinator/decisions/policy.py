@@ -16,6 +16,7 @@ from typing import Any
 from vast_manager.coordinator.decisions import belief, states
 from vast_manager.coordinator.decisions.pace import silence_ttl_s as silence_ttl_s
 from vast_manager.coordinator.decisions.states import State
+from vast_manager.coordinator.rows import InstanceRow
 from vast_manager.coordinator.settings import DEFAULTS
 from vast_manager.protocol.messages import Directive, Result
 
@@ -465,7 +466,7 @@ def benchmark_verdict(
 
 
 def directive_for(
-    instance: Mapping[str, Any] | None,
+    instance: InstanceRow | None,
     *,
     next_heartbeat_s: int,
     min_rate: float | None,
@@ -523,7 +524,7 @@ def first_benchmark_budget_s(limits: PolicyLimits) -> float:
     )
 
 
-def timed_out(instance: Mapping[str, Any], now: float, limits: PolicyLimits) -> str | None:
+def timed_out(instance: InstanceRow, now: float, limits: PolicyLimits) -> str | None:
     """The reason an instance overstayed its state, or None.
 
     Time in a state is measured by the coordinator's clock from when it saw the

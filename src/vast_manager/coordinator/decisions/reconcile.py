@@ -15,12 +15,13 @@ vast.ai's id.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from vast_manager.coordinator.decisions import states
-from vast_manager.coordinator.providers.coerce import as_float, as_int
+from vast_manager.coordinator.offers import as_float, as_int
+from vast_manager.coordinator.rows import ListedInstance, OurRecord
 
 ActionKind = Literal["destroy_leaked", "destroy_dead", "mark_vanished"]
 
@@ -43,7 +44,7 @@ class Action:
     reason: str
 
 
-def never_runs(inst: Mapping[str, Any]) -> str | None:
+def never_runs(inst: ListedInstance) -> str | None:
     """Why vast.ai's instance will never run, from its status; None while it may."""
     status = inst.get("actual_status")
     if not isinstance(status, str):
@@ -62,7 +63,7 @@ def _clip(text: str, limit: int = 160) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
-def parse_label(label: Any) -> tuple[str, str] | None:
+def parse_label(label: object) -> tuple[str, str] | None:
     """``vm:<fleet_id>:<agent_id>`` -> (fleet_id, agent_id); None for any other label."""
     if not isinstance(label, str):
         return None
@@ -71,8 +72,8 @@ def parse_label(label: Any) -> tuple[str, str] | None:
 
 
 def plan(
-    provider_instances: list[dict[str, Any]],
-    our_instances: list[dict[str, Any]],
+    provider_instances: Sequence[ListedInstance],
+    our_instances: Sequence[OurRecord],
     fleet_id: str,
     known_agent_ids: set[str],
     now: float,
@@ -114,10 +115,10 @@ def plan(
 
 
 def _index_ours(
-    our_instances: list[dict[str, Any]],
-) -> tuple[dict[int, Mapping[str, Any]], dict[str, set[int]]]:
+    our_instances: Sequence[OurRecord],
+) -> tuple[dict[int, OurRecord], dict[str, set[int]]]:
     """Our records by provider instance id, and each agent's recorded instance ids."""
-    ours_by_id: dict[int, Mapping[str, Any]] = {}
+    ours_by_id: dict[int, OurRecord] = {}
     recorded_by_agent: dict[str, set[int]] = {}
     for row in our_instances:
         iid = as_int(
@@ -132,10 +133,10 @@ def _index_ours(
 
 
 def _listed_action(
-    inst: Mapping[str, Any],
+    inst: ListedInstance,
     iid: int,
     agent_id: str,
-    record: Mapping[str, Any] | None,
+    record: OurRecord | None,
     recorded: set[int],
     known_agent_ids: set[str],
     now: float,
@@ -164,7 +165,7 @@ def _listed_action(
     return None
 
 
-def _vanished(ours_by_id: dict[int, Mapping[str, Any]], listed: set[int], now: float,
+def _vanished(ours_by_id: dict[int, OurRecord], listed: set[int], now: float,
               grace_s: float) -> list[Action]:
     """Our records whose instance vast.ai no longer lists."""
     actions: list[Action] = []

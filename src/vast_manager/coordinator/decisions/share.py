@@ -10,17 +10,15 @@ sources.
 
 RAM is in vast.ai's own GB (``cpu_ram`` is MB; the CLI divides by 1000 to
 show and filter GB), so a share compares with the figures the CLI prints.
-Pure: offers in, ``Share`` out.
+Pure: an ``Offer`` (coordinator.offers) in, ``Share`` out.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from vast_manager.coordinator.providers.coerce import as_float
+from vast_manager.coordinator.offers import Offer
 
 #: Upper edges of the RAM classes predictions keep apart, GB of the instance's share:
 #: cuzk's table of seconds per proof by RAM (128 GiB 152 s, 256 GiB 53 s, 384 GiB 43 s,
@@ -40,25 +38,24 @@ class Share:
     formula: str
 
 
-def _positive(value: Any) -> float | None:
-    f = as_float(value)
-    return f if f is not None and math.isfinite(f) and f > 0 else None
+def _positive(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) and value > 0 else None
 
 
 def _num(x: float) -> str:
     return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
 
 
-def instance_share(offer: Mapping[str, Any]) -> Share:
+def instance_share(offer: Offer) -> Share:
     """The RAM (GB) and cores the instance of ``offer`` would get, with the formula.
 
     Missing, zero or nonsensical fields give None with the reason in ``formula``,
     never a guess: an unknown share is not a sufficient one.
     """
-    host_mb = _positive(offer.get("cpu_ram"))
-    cores = _positive(offer.get("cpu_cores"))
-    effective = _positive(offer.get("cpu_cores_effective"))
-    gpu_frac = _positive(offer.get("gpu_frac"))
+    host_mb = _positive(offer.cpu_ram)
+    cores = _positive(offer.cpu_cores)
+    effective = _positive(offer.cpu_cores_effective)
+    gpu_frac = _positive(offer.gpu_frac)
     if cores is not None and effective is not None:
         # More effective cores than the host has would be a listing error: the
         # instance cannot get more than the whole host.

@@ -23,15 +23,15 @@ The rules, in order (docs/discovery.md):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
-
-import orjson
+from typing import Literal
 
 from vast_manager.coordinator.decisions import cost
 from vast_manager.coordinator.decisions.cost import Cost, Prices
 from vast_manager.coordinator.discovery.plan import Plan, Proposal
+from vast_manager.coordinator.offers import stored_offer
+from vast_manager.coordinator.rows import InstanceRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,14 +147,15 @@ def ledger_of(rentals: Sequence[Rental], *, now: float, since: float,
                   storage_usd=spent.storage, bandwidth_usd=spent.bandwidth)
 
 
-def rental_of(r: Mapping[str, Any]) -> Rental:
+def rental_of(r: InstanceRow) -> Rental:
     """A spend row as the ledger's ``Rental``: its prices from the offer as deployed at
     its own disk, rent from its hello (running), its bytes as its agent reported them."""
-    offer = orjson.loads(r["offer_json"]) if r.get("offer_json") else None
+    offer = stored_offer(r.get("offer_json"))
     prices = (cost.prices_of(offer, r.get("disk_gb"), r.get("bid_per_hour"))
-              if isinstance(offer, dict) else None)
+              if offer is not None else None)
     hello = r.get("hello_at")
-    return Rental(float(r["dph_total"]), float(r["created_at"]),
+    # spend_rows reads only rows with a price and a creation time.
+    return Rental(float(r["dph_total"] or 0.0), float(r["created_at"] or 0.0),
                   None if r["ended_at"] is None else float(r["ended_at"]),
                   None if r["verdict_at"] is None else float(r["verdict_at"]),
                   prices=prices, running_from=None if hello is None else float(hello),

@@ -1,7 +1,8 @@
 """An offer (vast.ai field names and units) as the hardware facts the rate model reads.
 
-Pure: a dict in, a frozen ``OfferFeatures`` out, or ``FeatureError`` naming the
-field that is wrong. The instance's share of the host is computed here, once:
+Pure: an ``Offer`` (coordinator.offers, parsed from vast.ai's JSON) in, a frozen
+``OfferFeatures`` out, or ``FeatureError`` naming the field that is wrong. The
+instance's share of the host is computed here, once:
 ``cpu_cores`` and ``cpu_ram`` are whole-host figures, ``cpu_cores_effective``
 is the instance's vCPUs, and its RAM is ``cpu_ram * cpu_cores_effective /
 cpu_cores`` (vast.ai gives each instance a share in proportion to its GPUs;
@@ -18,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+
+from vast_manager.coordinator.offers import Offer, OfferError, parse_offer
 
 GIB = 1 << 30
 
@@ -76,16 +79,12 @@ DEFAULT_PCIE_GBPS = 12.0
 PCIE_EFFICIENCY = 0.8
 
 
-class FeatureError(ValueError):
-    """An offer field the model cannot read: ``field`` names it, the message says why."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
+#: An offer field the model cannot read (``field`` names it): one error whether the
+#: field is malformed (``parse_offer``) or out of the model's range (here).
+FeatureError = OfferError
 
 
-def gpu_key(name: Any) -> str:
+def gpu_key(name: str | None) -> str:
     """A GPU name compared without case or repeated spaces (ranking.py's rule)."""
     return " ".join(str(name or "").split()).casefold()
 
@@ -176,20 +175,14 @@ class OfferFeatures:
         )
 
 
-def _number(offer: Mapping[str, Any], field: str, *, allow_zero: bool = False) -> float | None:
-    """The field as a finite number, None when absent or null; FeatureError when it is not."""
-    value = offer.get(field)
-    if value is None or value == "":
+def _number(value: float | None, field: str, *, allow_zero: bool = False) -> float | None:
+    """A parsed field as the model reads it: None when absent; FeatureError when it is
+    negative (or zero, unless ``allow_zero``)."""
+    if value is None:
         return None
-    if isinstance(value, bool):
-        raise FeatureError(field, f"{field} must be a number, not {value!r}.")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise FeatureError(field, f"{field} must be a number, not {value!r}.") from None
-    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
-        raise FeatureError(field, f"{field} must be a positive number, not {value!r}.")
-    return number
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise FeatureError(field, f"{field} must be a positive number, not {value:g}.")
+    return float(value)
 
 
 def pcie_link_gbps(generation: int, lanes: int) -> float:
@@ -198,40 +191,38 @@ def pcie_link_gbps(generation: int, lanes: int) -> float:
     return per_lane * max(1, lanes)
 
 
-def offer_features(offer: Mapping[str, Any]) -> OfferFeatures:
-    """The features of one offer in vast.ai's shape; FeatureError names a bad field."""
-    if not isinstance(offer, Mapping):
-        raise FeatureError("offer", "the offer must be a JSON object of vast.ai offer fields.")
-    raw_gpu = offer.get("gpu_name")
-    if not isinstance(raw_gpu, str) or not raw_gpu.strip():
+def offer_features(offer: Offer) -> OfferFeatures:
+    """The features of one offer; FeatureError names a field out of the model's range."""
+    raw_gpu = offer.gpu_name
+    if raw_gpu is None or not raw_gpu.strip():
         raise FeatureError("gpu_name", "gpu_name must name the GPU model, e.g. 'RTX 4090'.")
     gpu_name = canonical_gpu_name(raw_gpu)
-    num = _number(offer, "num_gpus")
-    if num is None or num != int(num) or num < 1:
+    n = offer.num_gpus
+    _number(None if n is None else float(n), "num_gpus")
+    if n is None or n < 1:
         raise FeatureError("num_gpus", "num_gpus must be a whole number of GPUs, at least 1.")
-    n = int(num)
     spec = gpu_spec(gpu_name)
     assumed: list[str] = []
 
-    mem_bw = _number(offer, "gpu_mem_bw")
+    mem_bw = _number(offer.gpu_mem_bw, "gpu_mem_bw")
     if mem_bw is None:
         if spec is not None:
             mem_bw = float(spec.mem_bw_gbps)
         else:
             mem_bw = DEFAULT_MEM_BW_GBPS
             assumed.append(f"GPU memory bandwidth unknown: assumed {mem_bw:.0f} GB/s")
-    dlperf = _number(offer, "dlperf")
-    compute_cap = _number(offer, "compute_cap")
+    dlperf = _number(offer.dlperf, "dlperf")
+    compute_cap = _number(offer.compute_cap, "compute_cap")
 
     cores_eff, cores_host = _cores(offer, assumed)
     share = cores_eff / cores_host
 
-    ghz = _number(offer, "cpu_ghz")
+    ghz = _number(offer.cpu_ghz, "cpu_ghz")
     if ghz is None:
         ghz = DEFAULT_CPU_GHZ
         assumed.append(f"cpu_ghz not reported: assumed {ghz:.1f} GHz")
 
-    cpu_ram_mb = _number(offer, "cpu_ram")
+    cpu_ram_mb = _number(offer.cpu_ram, "cpu_ram")
     if cpu_ram_mb is None:
         ram_share_gib = DEFAULT_RAM_SHARE_GB * 1e9 / GIB
         assumed.append(f"cpu_ram not reported: assumed a {DEFAULT_RAM_SHARE_GB:.0f} GB share")
@@ -240,12 +231,9 @@ def offer_features(offer: Mapping[str, Any]) -> OfferFeatures:
 
     pcie, gen, lanes = _pcie(offer, spec, assumed)
 
-    reliability = _number(offer, "reliability", allow_zero=True)
-    if reliability is None:
-        reliability = _number(offer, "reliability2", allow_zero=True)
-    machine = offer.get("machine_id")
+    reliability = _number(offer.reliability, "reliability", allow_zero=True)
     return OfferFeatures(
-        machine_id=None if machine is None or machine == "" else str(machine),
+        machine_id=offer.machine_id,
         gpu_name=gpu_name,
         gpu_key=gpu_key(gpu_name),
         num_gpus=n,
@@ -253,8 +241,8 @@ def offer_features(offer: Mapping[str, Any]) -> OfferFeatures:
         spec_mem_bw_gbps=float(spec.mem_bw_gbps) if spec else None,
         dlperf_per_gpu=dlperf / n if dlperf is not None else None,
         compute_cap=int(compute_cap) if compute_cap is not None else None,
-        cpu_name=str(offer.get("cpu_name") or "unknown CPU"),
-        cpu_family=cpu_family(str(offer.get("cpu_name") or "")),
+        cpu_name=offer.cpu_name or "unknown CPU",
+        cpu_family=cpu_family(offer.cpu_name or ""),
         cpu_cores_effective=cores_eff,
         cpu_cores_host=cores_host,
         cpu_ghz=ghz,
@@ -263,17 +251,17 @@ def offer_features(offer: Mapping[str, Any]) -> OfferFeatures:
         pcie_gbps=pcie,
         pci_gen=gen,
         gpu_lanes=lanes,
-        disk_bw_mbps=_number(offer, "disk_bw"),
-        inet_down_mbps=_number(offer, "inet_down"),
+        disk_bw_mbps=_number(offer.disk_bw, "disk_bw"),
+        inet_down_mbps=_number(offer.inet_down, "inet_down"),
         reliability=min(reliability, 1.0) if reliability is not None else None,
         assumed=tuple(assumed),
     )
 
 
-def _cores(offer: Mapping[str, Any], assumed: list[str]) -> tuple[float, float]:
+def _cores(offer: Offer, assumed: list[str]) -> tuple[float, float]:
     """(the instance's vCPUs, the host's), the host's at least the instance's."""
-    cores_host = _number(offer, "cpu_cores")
-    cores_eff = _number(offer, "cpu_cores_effective")
+    cores_host = _number(offer.cpu_cores, "cpu_cores")
+    cores_eff = _number(offer.cpu_cores_effective, "cpu_cores_effective")
     if cores_eff is None and cores_host is None:
         raise FeatureError("cpu_cores_effective", "cpu_cores_effective (the instance's vCPUs) "
                            "or cpu_cores must be given.")
@@ -286,12 +274,12 @@ def _cores(offer: Mapping[str, Any], assumed: list[str]) -> tuple[float, float]:
     return cores_eff, cores_host
 
 
-def _pcie(offer: Mapping[str, Any], spec: GpuSpec | None, assumed: list[str],
+def _pcie(offer: Offer, spec: GpuSpec | None, assumed: list[str],
           ) -> tuple[float, int | None, int | None]:
     """(the usable PCIe bandwidth per GPU in GB/s, the link's generation, its lanes): the
     measured bandwidth, capped by the link the card and slot allow, else the link's."""
-    gen_f = _number(offer, "pci_gen")
-    lanes_f = _number(offer, "gpu_lanes")
+    gen_f = _number(offer.pci_gen, "pci_gen")
+    lanes_f = _number(offer.gpu_lanes, "gpu_lanes")
     gen = round(gen_f) if gen_f is not None else None
     lanes = round(lanes_f) if lanes_f is not None else None
     link: float | None = None
@@ -299,7 +287,7 @@ def _pcie(offer: Mapping[str, Any], spec: GpuSpec | None, assumed: list[str],
         card_gen = spec.pcie_gen_max if spec else 5
         card_lanes = spec.pcie_lanes_max if spec else 16
         link = pcie_link_gbps(min(gen or card_gen, card_gen), min(lanes or card_lanes, card_lanes))
-    pcie_bw = _number(offer, "pcie_bw")
+    pcie_bw = _number(offer.pcie_bw, "pcie_bw")
     if pcie_bw is not None:
         pcie = min(pcie_bw, link) if link is not None else pcie_bw
     elif link is not None:
@@ -311,8 +299,8 @@ def _pcie(offer: Mapping[str, Any], spec: GpuSpec | None, assumed: list[str],
     return pcie, gen, lanes
 
 
-def offer_from_host_info(host: Mapping[str, Any], *, machine_id: str) -> dict[str, Any]:
-    """A bring-your-own agent's ``Hello.host`` in vast.ai's offer shape.
+def offer_from_host_info(host: Mapping[str, Any], *, machine_id: str) -> Offer:
+    """A bring-your-own agent's ``Hello.host`` as an offer (vast.ai's fields).
 
     The machine is all the agent's, so its cores and RAM are the instance's share;
     PCIe comes from the link NVML reports (no measured bandwidth).
@@ -326,7 +314,7 @@ def offer_from_host_info(host: Mapping[str, Any], *, machine_id: str) -> dict[st
     first = gpus[0]
     cores = host.get("cpu_cores_logical")
     ram = host.get("ram_total_bytes")
-    offer: dict[str, Any] = {
+    offer: dict[str, object] = {
         "machine_id": machine_id,
         "gpu_name": names.pop(),
         "num_gpus": len(gpus),
@@ -340,4 +328,4 @@ def offer_from_host_info(host: Mapping[str, Any], *, machine_id: str) -> dict[st
     mem = first.get("memory_total_bytes")
     if isinstance(mem, int | float):
         offer["gpu_ram"] = mem / 1e6
-    return offer
+    return parse_offer(offer)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import orjson
 
 from vast_manager.coordinator.discovery.features import (
@@ -23,6 +24,8 @@ from vast_manager.coordinator.discovery.features import (
     offer_features,
     offer_from_host_info,
 )
+from vast_manager.coordinator.offers import Offer, parse_offer
+from vast_manager.coordinator.rows import InstanceRow
 
 SOURCES = ("fleet", "imported")
 #: The offer fields an instance row keeps in columns of its own (before the whole offer
@@ -47,18 +50,18 @@ class Measurement:
     """A plausible, uncontended benchmark rate of one machine, with its offer as deployed."""
 
     machine_id: str
-    offer: Mapping[str, Any]
+    offer: Offer
     rate_per_hour: float
     measured_at: float  # unix seconds
     source: str = "fleet"
 
     def features(self) -> OfferFeatures:
-        return offer_features({**self.offer, "machine_id": self.machine_id})
+        return offer_features(msgspec.structs.replace(self.offer, machine_id=self.machine_id))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "machine_id": self.machine_id,
-            "offer": dict(self.offer),
+            "offer": dict(self.offer.raw),
             "rate_per_hour": self.rate_per_hour,
             "measured_at": self.measured_at,
             "source": self.source,
@@ -66,22 +69,24 @@ class Measurement:
 
 
 def instance_offer(
-    deployed: Mapping[str, Any] | None,
+    deployed: Mapping[str, object] | None,
     host: Mapping[str, Any] | None,
-    columns: Mapping[str, Any],
-) -> dict[str, Any]:
-    """The hardware an instance ran on, in vast.ai's offer shape: the offer it was
+    columns: InstanceRow,
+) -> dict[str, object]:
+    """The hardware an instance ran on, as vast.ai's offer JSON (what a measurement row
+    keeps; ``parse_offer`` reads it): the offer it was
     deployed from, else (a bring-your-own agent) its hello's host info, else what the
     instance row kept of its offer (``INSTANCE_OFFER_COLUMNS``); ``machine_id`` is the
     instance's where the offer has none."""
     machine = columns.get("machine_id")
+    offer: dict[str, object]
     if deployed:
         offer = {k: v for k, v in deployed.items() if k not in NOT_OFFER_FIELDS}
     else:
         offer = {}
         if host:
             try:
-                offer = offer_from_host_info(host, machine_id=str(machine or ""))
+                offer = dict(offer_from_host_info(host, machine_id=str(machine or "")).raw)
             except (FeatureError, AttributeError, TypeError, ValueError):
                 offer = {}  # mixed GPU models, no GPU listed: the columns below
         if not offer:
@@ -175,8 +180,7 @@ def weigh_sources(measurements: list[Measurement]) -> list[Measurement]:
 
 
 def _gpus_of(m: Measurement) -> int:
-    n = m.offer.get("num_gpus")
-    return int(n) if isinstance(n, int | float) and not isinstance(n, bool) else 1
+    return m.offer.num_gpus if m.offer.num_gpus is not None else 1
 
 
 def parse_lines(
@@ -251,7 +255,8 @@ def parse_measurement(obj: Any, *, default_source: str = "imported") -> Measurem
     if not isinstance(offer, Mapping):
         raise MeasurementError("offer", "offer must be an object of vast.ai offer fields.")
     try:
-        offer_features(offer)
+        parsed = parse_offer(offer)
+        offer_features(parsed)
     except FeatureError as exc:
         raise MeasurementError(f"offer.{exc.field}", exc.message) from None
     rate = _finite(obj, "rate_per_hour")
@@ -264,4 +269,4 @@ def parse_measurement(obj: Any, *, default_source: str = "imported") -> Measurem
     if source not in SOURCES:
         raise MeasurementError("source", f"source must be one of {', '.join(SOURCES)}, "
                                f"not {source!r}.")
-    return Measurement(str(machine), dict(offer), rate, measured_at, str(source))
+    return Measurement(str(machine), parsed, rate, measured_at, str(source))

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from vast_manager.agent.config import BENCH_PROOFS
 from vast_manager.coordinator.decisions import cost
@@ -37,7 +37,7 @@ from vast_manager.coordinator.discovery.features import (
     offer_features,
 )
 from vast_manager.coordinator.discovery.structural_model import Prediction, Unpredictable, normal_sf
-from vast_manager.coordinator.providers.coerce import as_int, positive
+from vast_manager.coordinator.offers import Offer, positive
 from vast_manager.coordinator.settings import DEFAULTS
 
 
@@ -45,7 +45,7 @@ class Predictor(Protocol):
     """What the plan needs of a model (``RateModel`` is one)."""
 
     def predict_offers(
-        self, offers: Sequence[Mapping[str, Any]], *, explain: bool = True
+        self, offers: Sequence[Offer], *, explain: bool = True
     ) -> list[Prediction | Unpredictable]: ...
 
 
@@ -71,9 +71,9 @@ class TrialCost:
             return self.download_gb * cost.BYTES_PER_GB
         return self.params_gib * GIB
 
-    def hours(self, offer: Mapping[str, Any], rate_per_hour: float) -> float:
+    def hours(self, offer: Offer, rate_per_hour: float) -> float:
         """Hours of rent from deploy to verdict, for a host proving at ``rate_per_hour``."""
-        mbps = positive(offer.get("inet_down")) or self.default_inet_down_mbps
+        mbps = positive(offer.inet_down) or self.default_inet_down_mbps
         fetch_s = self.params_gib * GIB * 8 / (mbps * 1e6)
         bench_s = min(self.bench_proofs * 3600.0 / max(rate_per_hour, 1e-3), self.bench_timeout_s)
         return (self.boot_s + fetch_s + self.warmup_s + bench_s) / 3600.0
@@ -140,7 +140,7 @@ class Proposal:
 
     offer_id: int | None
     machine_id: str | None
-    offer: Mapping[str, Any]
+    offer: Offer
     prediction: Prediction
     dph_total: float  # vast.ai's figure: rent and storage, no bandwidth
     break_even_rate_per_hour: float  # hourly figure / max_usd_per_proof: the verdict's minimum
@@ -171,7 +171,7 @@ class MeasuredOffer:
 
     offer_id: int | None
     machine_id: str
-    offer: Mapping[str, Any]
+    offer: Offer
     prediction: Prediction
     dph_total: float  # vast.ai's figure: rent and storage, no bandwidth
     #: The full hourly figure once kept (rent, storage, setup download over the horizon),
@@ -416,7 +416,7 @@ def _keep_doubt(explained: Prediction | Unpredictable, ranked: Prediction,
 
 
 def evaluate_offer(
-    offer: Mapping[str, Any],
+    offer: Offer,
     prediction: Prediction,
     fleet: FleetView,
     settings: PlanSettings,
@@ -424,7 +424,7 @@ def evaluate_offer(
     features: OfferFeatures | None = None,
 ) -> Proposal | None:
     """The proposal for one offer, or None when it has no price."""
-    listed = positive(offer.get("dph_total"))
+    listed = positive(offer.dph_total)
     if listed is None:
         return None
     hourly = _hourly(offer, settings)
@@ -438,7 +438,7 @@ def evaluate_offer(
     hours = settings.trial_cost.hours(offer, prediction.rate_per_hour)
     feats = features or offer_features(offer)
     return Proposal(
-        offer_id=as_int(offer.get("id")),
+        offer_id=offer.id,
         machine_id=feats.machine_id,
         offer=offer,
         prediction=prediction,
@@ -492,14 +492,14 @@ def hypothesis(f: OfferFeatures, p: Prediction, break_even: float) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Value:
-    offer: Mapping[str, Any]
+    offer: Offer
     prediction: Prediction
     dph_total: float
     trial_cost_usd: float
     expected_value_usd: float
 
 
-def _hourly(offer: Mapping[str, Any], settings: PlanSettings) -> cost.Cost:
+def _hourly(offer: Offer, settings: PlanSettings) -> cost.Cost:
     """The offer's full hourly figure once kept: rent, storage, and the setup download
     spread over the horizon (``cost.kept_per_hour``; docs/operations.md)."""
     prices = cost.prices_of(offer)
@@ -508,7 +508,7 @@ def _hourly(offer: Mapping[str, Any], settings: PlanSettings) -> cost.Cost:
                               kept_hours=settings.horizon_hours)
 
 
-def trial_cost(offer: Mapping[str, Any], hours: float, settings: PlanSettings) -> cost.Cost:
+def trial_cost(offer: Offer, hours: float, settings: PlanSettings) -> cost.Cost:
     """What a trial of ``hours`` bills by part: rent and storage for its hours and the whole
     setup download (the trial pays it whether or not the host is kept)."""
     prices = cost.prices_of(offer)
@@ -517,13 +517,13 @@ def trial_cost(offer: Mapping[str, Any], hours: float, settings: PlanSettings) -
         bandwidth=prices.bandwidth_usd(settings.trial_cost.download_bytes, 0.0))
 
 
-def _value(offer: Mapping[str, Any], pred: Prediction, ref: float,
+def _value(offer: Offer, pred: Prediction, ref: float,
            settings: PlanSettings) -> _Value:
     """A trial's cost and expected value (``evaluate_offer``'s arithmetic, nothing else)."""
     dph = _hourly(offer, settings).total
     hours = settings.trial_cost.hours(offer, pred.rate_per_hour)
     run_h = settings.horizon_hours
-    duration_s = positive(offer.get("duration"))
+    duration_s = positive(offer.duration)
     if duration_s is not None:
         run_h = min(run_h, duration_s / 3600.0)
     run_h = max(0.0, run_h - hours)
@@ -557,7 +557,7 @@ def _with_belief_tests(ranked: list[_Value], cells: Mapping[Cell, CellEvidence],
 
 
 def plan_trials(
-    offers: Sequence[Mapping[str, Any]],
+    offers: Sequence[Offer],
     model: Predictor,
     fleet: FleetView,
     settings: PlanSettings,
@@ -565,12 +565,12 @@ def plan_trials(
     """The offers to benchmark next, best expected value first, and why the list ends."""
     ref = reference_usd_per_proof(fleet, settings)
     blocked = fleet.busy_machines | fleet.bad_machines
-    candidates: list[Mapping[str, Any]] = []
+    candidates: list[Offer] = []
     for offer in offers:
-        machine = offer.get("machine_id")
-        if machine is not None and str(machine) in blocked:
+        machine = offer.machine_id
+        if machine is not None and machine in blocked:
             continue
-        if positive(offer.get("dph_total")) is None:
+        if positive(offer.dph_total) is None:
             continue
         candidates.append(offer)
     # Explanations cost a few dozen model evaluations an offer: only for those listed.
@@ -581,15 +581,15 @@ def plan_trials(
     for offer, pred in zip(candidates, predictions, strict=True):
         if isinstance(pred, Unpredictable):
             continue
-        machine = offer.get("machine_id")
+        machine = offer.machine_id
         if pred.machine_runs > 0 and machine is not None and machine != "":
             hourly = _hourly(offer, settings)
             usd = hourly.total / pred.rate_per_hour
             held_m = measured.get(str(machine))
             if held_m is None or usd < held_m.predicted_usd_per_proof:
                 measured[str(machine)] = MeasuredOffer(
-                    as_int(offer.get("id")), str(machine), offer, pred,
-                    float(offer["dph_total"]), hourly, usd, usd <= ref)
+                    offer.id, str(machine), offer, pred,
+                    float(offer.dph_total or 0.0), hourly, usd, usd <= ref)
             continue
         value = _value(offer, pred, ref, settings)
         if machine is None or machine == "":
@@ -625,7 +625,7 @@ def plan_trials(
     elif not worth:
         top = ranked[0]
         reason = (f"nothing is worth its cost: the best expected value is "
-                  f"${top.expected_value_usd:.2f} (offer {top.offer.get('id')}) against "
+                  f"${top.expected_value_usd:.2f} (offer {top.offer.id}) against "
                   f"${ref:.4f}/proof")
     elif len(chosen) >= settings.trials and len(worth) > len(chosen):
         reason = f"{settings.trials} trials asked for; {len(worth) - len(chosen)} more worth trying"

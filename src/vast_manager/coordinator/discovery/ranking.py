@@ -1,6 +1,6 @@
 """Offers ranked by predicted cost per proof, each with its 80% interval and the reason.
 
-Pure: offers (vast.ai shape) and a fitted rate model (``coordinator.discovery``) in,
+Pure: offers (``coordinator.offers.Offer``) and a fitted rate model (``coordinator.discovery``) in,
 annotated copies out. The model predicts every offer from its hardware and what the
 fleet has measured (a machine measured before is pinned to its own runs); each offer
 gets the median, the 80% interval of its true rate and the main factors that moved it
@@ -13,13 +13,13 @@ run; offers on ``bad_hosts`` come last.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol
 
 from vast_manager.coordinator.decisions import cost
 from vast_manager.coordinator.decisions.share import instance_share, shortfall
 from vast_manager.coordinator.discovery.structural_model import Prediction, Unpredictable
-from vast_manager.coordinator.providers.coerce import positive
+from vast_manager.coordinator.offers import Offer
 from vast_manager.coordinator.settings import DEFAULTS
 
 
@@ -27,7 +27,7 @@ class Predictor(Protocol):
     """What ranking needs of a model (``discovery.RateModel`` is one)."""
 
     def predict_offers(
-        self, offers: Sequence[Mapping[str, Any]], *, explain: bool = True
+        self, offers: Sequence[Offer], *, explain: bool = True
     ) -> list[Prediction | Unpredictable]: ...
 
 
@@ -59,7 +59,7 @@ def prediction_fields(pred: Prediction | Unpredictable | None, dph: float | None
 
 
 def rank_offers(
-    offers: Sequence[Mapping[str, Any]],
+    offers: Sequence[Offer],
     model: Predictor,
     bad_host_ids: Collection[str],
     known_machines: Collection[str],
@@ -68,7 +68,7 @@ def rank_offers(
     setup_download_gb: float = 0.0,
     kept_hours: float = DEFAULTS.plan_horizon_hours,
 ) -> list[dict[str, Any]]:
-    """Copies of ``offers`` with the instance's share, ``too_small``, ``bad_host``,
+    """The offers' JSON (``Offer.raw``) with the instance's share, ``too_small``, ``bad_host``,
     ``known``, the prediction (``predicted_rate_per_hour``, ``predicted_rate_low`` and
     ``predicted_rate_high``: the 80% interval; ``predicted_usd_per_proof`` at the
     median; ``prediction_basis``, ``prediction_bottleneck``, ``prediction_factors``),
@@ -96,9 +96,9 @@ def rank_offers(
     predicted = iter(model.predict_offers(runnable, explain=True))
     ranked: list[dict[str, Any]] = []
     for offer, problem in zip(offers, problems, strict=True):
-        out = dict(offer)
+        out: dict[str, Any] = dict(offer.raw)
         share = instance_share(offer)
-        machine = offer.get("machine_id")
+        machine = offer.machine_id
         pred = next(predicted) if problem is None else None
         figure = cost.offer_figure(offer, setup_down_bytes=setup_download_gb * cost.BYTES_PER_GB,
                                    kept_hours=kept_hours)
@@ -113,20 +113,20 @@ def rank_offers(
         out["instance_share"] = share.formula
         out["too_small"] = problem is not None
         out["too_small_reason"] = problem
-        out["bad_host"] = machine is not None and str(machine) in bad
-        out["known"] = machine is not None and str(machine) in known
+        out["bad_host"] = machine is not None and machine in bad
+        out["known"] = machine is not None and machine in known
         out.update(prediction_fields(pred, dph, problem))
         ranked.append(out)
 
     def sort_key(o: dict[str, Any]) -> tuple[bool, bool, bool, float, float]:
         usd = o["predicted_usd_per_proof"]
-        dph = positive(o.get("full_dph"))
+        dph = o["full_dph"]
         return (
             bool(o["bad_host"]),
             bool(o["too_small"]),
             usd is None,
             usd if usd is not None else math.inf,
-            dph if dph is not None else math.inf,
+            dph if dph is not None and dph > 0 else math.inf,
         )
 
     ranked.sort(key=sort_key)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
+import msgspec
 import numpy as np
 from numpy.typing import NDArray
 from sklearn.ensemble import HistGradientBoostingRegressor
@@ -49,6 +50,7 @@ from vast_manager.coordinator.discovery.structural_model import (
     Unpredictable,
     fit_rate_model,
 )
+from vast_manager.coordinator.offers import Offer
 
 Array = NDArray[np.float64]
 
@@ -67,23 +69,28 @@ PLAIN_FIELDS = ("num_gpus", "gpu_ram", "gpu_mem_bw", "total_flops", "dlperf", "c
                 "gpu_lanes", "pci_gen", "disk_bw", "inet_down", "dph_total")
 
 
-def plain_matrix(offers: Sequence[Mapping[str, Any]], gpu_codes: dict[str, int]
-                 ) -> Array:
+def _plain_values(o: Offer) -> tuple[float | None, ...]:
+    """``PLAIN_FIELDS`` of one offer, in that order."""
+    return (o.num_gpus, o.gpu_ram, o.gpu_mem_bw, o.total_flops, o.dlperf, o.compute_cap,
+            o.cpu_cores, o.cpu_cores_effective, o.cpu_ram, o.cpu_ghz, o.pcie_bw,
+            o.gpu_lanes, o.pci_gen, o.disk_bw, o.inet_down, o.dph_total)
+
+
+def plain_matrix(offers: Sequence[Offer], gpu_codes: dict[str, int]) -> Array:
     """The offers' plain fields (NaN when absent) and the GPU model's code (last column,
     categorical; an unknown model is NaN)."""
     out = np.full((len(offers), len(PLAIN_FIELDS) + 1), np.nan)
     for i, offer in enumerate(offers):
-        for j, name in enumerate(PLAIN_FIELDS):
-            value = offer.get(name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+        for j, value in enumerate(_plain_values(offer)):
+            if value is not None:
                 out[i, j] = float(value)
-        code = gpu_codes.get(str(offer.get("gpu_name")))
+        code = gpu_codes.get(str(offer.gpu_name))
         if code is not None:
             out[i, -1] = code
     return out
 
 
-def residual_matrix(offers: Sequence[Mapping[str, Any]], preds: Sequence[Prediction],
+def residual_matrix(offers: Sequence[Offer], preds: Sequence[Prediction],
                     gpu_codes: dict[str, int]) -> Array:
     """The plain fields, the instance's share as the model reads it, and the structural
     prediction: its log point, log capacities and the binding resource (categorical)."""
@@ -173,13 +180,13 @@ class ServedModel:
         used = [n for n, w in zip(CANDIDATES, self.weights, strict=True) if w > 0]
         return used[0] if len(used) == 1 else "blend"
 
-    def predict(self, offer: Mapping[str, Any]) -> Prediction:
+    def predict(self, offer: Offer) -> Prediction:
         (out,) = self.predict_offers([offer])
         if isinstance(out, Unpredictable):
             raise FeatureError(out.field, out.reason)
         return out
 
-    def candidate_points(self, offers: Sequence[Mapping[str, Any]]
+    def candidate_points(self, offers: Sequence[Offer]
                          ) -> tuple[list[Prediction | Unpredictable], Array]:
         """The structural predictions as new hosts, and each candidate's log point
         (rows: offers, columns: CANDIDATES; NaN where the structural model cannot read
@@ -193,7 +200,7 @@ class ServedModel:
         with threadpool_limits(1):
             return preds, self._candidate_logs(anonymous, preds, ok, logs)
 
-    def _candidate_logs(self, anonymous: list[dict[str, Any]],
+    def _candidate_logs(self, anonymous: list[Offer],
                         preds: list[Prediction | Unpredictable], ok: list[int], logs: Array
                         ) -> Array:
         sub = [anonymous[i] for i in ok]
@@ -207,7 +214,7 @@ class ServedModel:
             logs[ok, 2] = self.plain.predict(plain_matrix(sub, self.gpu_codes))
         return logs
 
-    def predict_offers(self, offers: Sequence[Any], *, explain: bool = True
+    def predict_offers(self, offers: Sequence[Offer], *, explain: bool = True
                        ) -> list[Prediction | Unpredictable]:
         """Predictions for offers (``RateModel.predict_offers``'s contract): a new host's
         point is the blend, its interval conformal; a measured machine's is the
@@ -267,10 +274,10 @@ class ServedModel:
         }
 
 
-def _as_new_host(offer: Mapping[str, Any]) -> dict[str, Any]:
+def _as_new_host(offer: Offer) -> Offer:
     """The offer as an unmeasured machine's: the structural model then predicts from the
     hardware alone, as cross-validation and the learners need."""
-    return {k: v for k, v in offer.items() if k != "machine_id"}
+    return msgspec.structs.replace(offer, machine_id=None)
 
 
 def _blend_weights(step: float = BLEND_STEP) -> list[tuple[float, float, float]]:
@@ -329,7 +336,7 @@ def _no_empty_columns(x: Array) -> Array:
     return x
 
 
-def _fit_learners(offers: list[dict[str, Any]], log_rate: Array,
+def _fit_learners(offers: list[Offer], log_rate: Array,
                   structural: RateModel, gpu_codes: dict[str, int]
                   ) -> tuple[Any, Any, list[Prediction]]:
     preds = structural.predict_offers(offers, explain=False)
@@ -366,7 +373,7 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
     offers = [_as_new_host(m.offer) for m in usable]
     log_rate = np.log([m.rate_per_hour for m in usable])
     groups = [m.machine_id for m in usable]
-    gpu_codes = {name: i for i, name in enumerate(sorted({str(o.get("gpu_name"))
+    gpu_codes = {name: i for i, name in enumerate(sorted({str(o.gpu_name)
                                                           for o in offers}))}
     cv_started = time.perf_counter()
     oof = np.full((len(usable), len(CANDIDATES)), np.nan)

@@ -57,6 +57,7 @@ from threadpoolctl import threadpool_limits
 
 from vast_manager.coordinator.discovery.features import FeatureError, OfferFeatures, offer_features
 from vast_manager.coordinator.discovery.measurements import Measurement
+from vast_manager.coordinator.offers import Offer
 
 Array = NDArray[np.float64]
 
@@ -151,13 +152,13 @@ FIXED = (
 _I = {name: i for i, name in enumerate(FIXED)}
 
 #: The host every explanation is measured against (its rate is the explanation's start).
-REFERENCE_OFFER: dict[str, Any] = {
-    "gpu_name": "RTX 4090", "num_gpus": 1, "gpu_mem_bw": 1008.0,
-    "cpu_name": "AMD EPYC 7543 32-Core Processor", "cpu_cores": 32,
-    "cpu_cores_effective": 32, "cpu_ghz": 2.8, "cpu_ram": 257_000,
-    "pci_gen": 4, "gpu_lanes": 16, "pcie_bw": 24.0,
-    "disk_bw": 2000.0, "inet_down": 1000.0, "reliability": 0.99,
-}
+REFERENCE_OFFER = Offer(
+    gpu_name="RTX 4090", num_gpus=1, gpu_mem_bw=1008.0,
+    cpu_name="AMD EPYC 7543 32-Core Processor", cpu_cores=32,
+    cpu_cores_effective=32, cpu_ghz=2.8, cpu_ram=257_000,
+    pci_gen=4, gpu_lanes=16, pcie_bw=24.0,
+    disk_bw=2000.0, inet_down=1000.0, reliability=0.99,
+)
 
 # Explanation groups: which design columns each moves (see _Design).
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -608,13 +609,13 @@ class RateModel:
 
     # --- prediction ---
 
-    def predict(self, offer: Mapping[str, Any]) -> Prediction:
+    def predict(self, offer: Offer) -> Prediction:
         """One offer's prediction; FeatureError names a field it cannot read."""
         out = self.predict_features([offer_features(offer)], explain=True)
         return out[0]
 
     def predict_offers(
-        self, offers: Sequence[Mapping[str, Any]], *, explain: bool = True
+        self, offers: Sequence[Offer], *, explain: bool = True
     ) -> list[Prediction | Unpredictable]:
         """Every offer's prediction, or why it has none (a field it cannot read)."""
         feats: list[OfferFeatures] = []

@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from vast_manager.coordinator.offers import as_float
 from vast_manager.coordinator.providers.base import AuthError, ProviderError
-from vast_manager.coordinator.providers.coerce import as_float
 
 log = logging.getLogger(__name__)
 

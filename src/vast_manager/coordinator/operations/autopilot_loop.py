@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import msgspec
 
 from vast_manager.coordinator.decisions import policy, states
 from vast_manager.coordinator.decisions.share import instance_share, shortfall
@@ -46,13 +48,14 @@ from vast_manager.coordinator.discovery.plan import (
 from vast_manager.coordinator.discovery.served import ServedModel
 from vast_manager.coordinator.discovery.structural_model import Prediction, Unpredictable
 from vast_manager.coordinator.exceptions import AutopilotNotConfigured, CoordinatorError
+from vast_manager.coordinator.offers import Offer, parse_offer, positive, stored_offer
 from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.model_keeper import ModelKeeper
 from vast_manager.coordinator.operations.monitor import Monitor
 from vast_manager.coordinator.providers.base import Provider, ProviderError
-from vast_manager.coordinator.providers.coerce import positive
+from vast_manager.coordinator.rows import instance_row
 from vast_manager.coordinator.settings import Settings
-from vast_manager.coordinator.store.migrations import Row, loads
+from vast_manager.coordinator.store.migrations import Row
 from vast_manager.coordinator.store.writer import Store, Tx
 
 log = logging.getLogger(__name__)
@@ -87,12 +90,12 @@ class _Memo:
     """A model's predictions of a list of offers, made once (``explain=False``) and handed
     back for the same offer objects; explanations are asked of the model."""
 
-    def __init__(self, model: ServedModel, offers: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(self, model: ServedModel, offers: Sequence[Offer]) -> None:
         self.model = model
         preds = model.predict_offers(offers, explain=False)
         self.by_id = {id(o): p for o, p in zip(offers, preds, strict=True)}
 
-    def predict_offers(self, offers: Sequence[Mapping[str, Any]], *, explain: bool = True
+    def predict_offers(self, offers: Sequence[Offer], *, explain: bool = True
                        ) -> list[Prediction | Unpredictable]:
         if explain:
             return self.model.predict_offers(offers, explain=True)
@@ -119,26 +122,27 @@ def fleet_instances(rows: Sequence[Row], model: ServedModel,
         elif r["state"] == State.PROVING and rate:
             out.append(FleetInstance(ident, machine, dph, float(rate)))
         else:
-            offer = loads(r["offer_json"]) or {k: r[k] for k in ("gpu_name", "num_gpus",
-                                                                 "cpu_cores", "cpu_ram")}
-            pred = model.predict_offers([{**offer, "machine_id": machine}], explain=False)[0]
+            offer = stored_offer(r["offer_json"]) or parse_offer(
+                {k: r[k] for k in ("gpu_name", "num_gpus", "cpu_cores", "cpu_ram")})
+            pred = model.predict_offers([msgspec.structs.replace(offer, machine_id=machine)],
+                                        explain=False)[0]
             expected = pred.rate_per_hour if isinstance(pred, Prediction) else None
             out.append(FleetInstance(ident, machine, dph, None, expected))
     return out
 
 
-def deployable(offers: Sequence[Mapping[str, Any]], settings: Settings) -> list[Mapping[str, Any]]:
+def deployable(offers: Sequence[Offer], settings: Settings) -> list[Offer]:
     """The offers a deploy would not refuse for their share or price."""
     return [
         o for o in offers
         if shortfall(instance_share(o), settings.min_instance_ram_gb) is None
-        and (dph := positive(o.get("dph_total"))) is not None
+        and (dph := positive(o.dph_total)) is not None
         and dph <= settings.max_deploy_dph_total
     ]
 
 
 def plan_for(
-    offers: Sequence[Mapping[str, Any]],
+    offers: Sequence[Offer],
     model: ServedModel,
     fleet: Sequence[FleetInstance],
     *,
@@ -161,7 +165,7 @@ def plan_for(
     best = min((i.usd_per_proof for i in proving), default=None)
     reference = None
     if target > 0:
-        supply = [(str(o.get("machine_id")), float(o["dph_total"]), p.rate_per_hour)
+        supply = [(str(o.machine_id), float(o.dph_total or 0.0), p.rate_per_hour)
                   for o in offers if isinstance(p := memo.by_id[id(o)], Prediction)]
         reference = plan_reference_usd_per_proof(fleet, supply, target,
                                                  settings.max_usd_per_proof)
@@ -353,7 +357,7 @@ class Autopilot:
     async def _ledger(self, now: float, switch: Row | None) -> Ledger:
         since = now - self.settings.autopilot_spend_window_h * 3600.0
         rows = await self.store.read(lambda r: r.spend_rows(since))
-        rentals = [rental_of(r) for r in rows]
+        rentals = [rental_of(instance_row(r)) for r in rows]
         last = switch["last_exploration_at"] if switch else None
         return ledger_of(rentals, now=now, since=since, last_exploration_at=last)
 

@@ -43,7 +43,6 @@ from vast_manager.coordinator.providers.base import (
     ProviderError,
 )
 from vast_manager.coordinator.providers.base import OfferGone as ProviderOfferGone
-from vast_manager.coordinator.providers.coerce import as_float
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.migrations import dumps
 from vast_manager.coordinator.store.writer import Store, Tx
@@ -196,7 +195,7 @@ class Deployer:
             raise ProviderFailed(f"Could not re-read offer {offer_id}: {err}") from None
         if offer is None:
             raise OfferGone(f"Offer {offer_id} is gone or no longer rentable.")
-        machine_id = str(offer.get("machine_id"))
+        machine_id = str(offer.machine_id)
         bad = self.store.bad_host(machine_id, self.clock())
         if bad is not None:
             raise BadHost(f"Machine {machine_id} is on bad_hosts: {bad['reason']}")
@@ -212,7 +211,7 @@ class Deployer:
         # Priced with this deploy's own disk: the offer's dph_total holds the storage of
         # the disk it was searched with (docs/operations.md, "What an instance costs").
         prices = cost.prices_of(offer, disk)
-        if prices is None or as_float(offer.get("dph_total")) is None:
+        if prices is None or offer.dph_total is None:
             raise PriceChanged(f"Offer {offer_id} has no price.")
         dph_total = prices.hourly_total
         ceiling = self.settings.max_deploy_dph_total
@@ -246,7 +245,7 @@ class Deployer:
         bid = None
         if interruptible:
             bid = max(prices.rent_per_hour * self.settings.interruptible_bid_share,
-                      as_float(checked.offer.get("min_bid")) or 0.0)
+                      checked.offer.min_bid or 0.0)
         return _Terms(agent_id, agent_label(self.settings.fleet_id, agent_id),
                       signing.derive_agent_key(self.settings.newest_secret, agent_id),
                       min_rate, bid, figure.bandwidth, self.clock())
@@ -254,12 +253,14 @@ class Deployer:
     def _record(self, tx: Tx, checked: _Checked, terms: _Terms) -> int:
         """The agent and the instance, in `deploying`, before anything is rented."""
         offer, prices, now = checked.offer, checked.prices, terms.now
-        meta = {name: offer.get(name) for name in OFFER_FIELDS}
+        # Stored as vast.ai sent them (the offer's JSON), as before offers were typed.
+        meta = {name: offer.raw.get(name) for name in OFFER_FIELDS}
         meta["machine_id"] = checked.machine_id
         meta["dph_total"] = prices.hourly_total
         meta["instance_ram_gb"] = checked.ram_gb
         # The whole offer as deployed: the hardware its results ran on, for the rate model.
-        meta["offer_json"] = dumps({k: v for k, v in offer.items() if k not in NOT_OFFER_FIELDS})
+        meta["offer_json"] = dumps({k: v for k, v in offer.raw.items()
+                                    if k not in NOT_OFFER_FIELDS})
         tx.insert_agent(
             terms.agent_id, label=terms.label, kind="deployed",
             min_rate_per_hour=terms.min_rate, issued_at=now,

@@ -30,6 +30,8 @@ from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.features import canonical_gpu_name
 from vast_manager.coordinator.discovery.measurements import instance_offer
 from vast_manager.coordinator.exceptions import HelloRequired, InvalidInput, UnknownAgent
+from vast_manager.coordinator.offers import Offer, OfferError, parse_offer, stored_offer
+from vast_manager.coordinator.rows import instance_row
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.migrations import Row, dumps, loads
 from vast_manager.coordinator.store.writer import Ending, HeartbeatWrite, ResultWrite, Tx
@@ -67,7 +69,7 @@ def _take_directive(tx: Tx, inst: Row, settings: Settings, now: float,
                     next_heartbeat_s: int) -> Directive:
     """The directive for an instance now; a pending rebenchmark is delivered once."""
     directive = policy.directive_for(
-        inst,
+        instance_row(inst),
         next_heartbeat_s=next_heartbeat_s,
         min_rate=inst.get("min_rate_per_hour"),
     )
@@ -370,7 +372,7 @@ def heartbeat_job(
 
 
 def _directive(inst: Row, pace_now: int) -> Directive:
-    return policy.directive_for(inst, next_heartbeat_s=pace_now,
+    return policy.directive_for(instance_row(inst), next_heartbeat_s=pace_now,
                                 min_rate=inst.get("min_rate_per_hour"))
 
 
@@ -689,7 +691,7 @@ def _terminate_early(
     fresh = tx.get_instance(inst["id"])
     assert fresh is not None
     directive = policy.directive_for(
-        fresh, next_heartbeat_s=agent_pace_s(fresh, settings),
+        instance_row(fresh), next_heartbeat_s=agent_pace_s(fresh, settings),
         min_rate=fresh["min_rate_per_hour"],
     )
     failed = int(data["proofs_failed"])
@@ -847,30 +849,39 @@ def watch_of(inst: Row, settings: Settings, now: float,
 
 #: The model's 90th percentile for an offer (None: no model, or it cannot read the
 #: offer); passed in by the HTTP layer, which holds the fitted model.
-Expectation = Callable[[dict[str, Any]], float | None]
+Expectation = Callable[[Offer], float | None]
 
 
-def _twin_best_per_gpu(tx: Tx, inst: Row, offer: dict[str, Any], gpus: int) -> float | None:
+def _twin_best_per_gpu(tx: Tx, inst: Row, offer: Offer | None, gpus: int) -> float | None:
     """The best rate per GPU the fleet measured on the same hardware (this machine's own
     confirmed rates included): the same GPU model and count, the same CPU and within a
     quarter of the RAM (docs/reliability.md, "No rate on a host's word alone")."""
-    model = canonical_gpu_name(str(offer.get("gpu_name") or inst.get("gpu_name") or ""))
-    cpu = offer.get("cpu_name")
-    ram = offer.get("cpu_ram")
+    model = canonical_gpu_name(str((offer and offer.gpu_name) or inst.get("gpu_name") or ""))
+    cpu = offer.cpu_name if offer else None
+    ram = offer.cpu_ram if offer else None
     best: float | None = None
     for row in tx.fleet_measurements_of(gpus):
-        other = loads(row["offer_json"]) or {}
-        if canonical_gpu_name(str(other.get("gpu_name") or "")) != model:
+        other = stored_offer(row["offer_json"]) or Offer()
+        if canonical_gpu_name(other.gpu_name or "") != model:
             continue
-        if cpu and other.get("cpu_name") and other.get("cpu_name") != cpu:
+        if cpu and other.cpu_name and other.cpu_name != cpu:
             continue
-        their_ram = other.get("cpu_ram")
-        if isinstance(ram, int | float) and isinstance(their_ram, int | float) and ram > 0 \
+        their_ram = other.cpu_ram
+        if ram is not None and their_ram is not None and ram > 0 \
                 and not 0.8 <= their_ram / ram <= 1.25:
             continue
         per_gpu = float(row["rate_per_hour"]) / gpus
         best = per_gpu if best is None else max(best, per_gpu)
     return best
+
+
+def _readable(raw: dict[str, object]) -> Offer | None:
+    """The instance's offer JSON as an ``Offer``; None (logged) when it is malformed."""
+    try:
+        return parse_offer(raw)
+    except OfferError as exc:
+        log.warning("offer of machine %s unreadable: %s", raw.get("machine_id"), exc.message)
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -900,9 +911,10 @@ def _judge_belief(
         return _Belief(False)
     else:
         failed = why
-    offer = instance_offer(loads(inst.get("offer_json")),
-                           loads(inst.get("host_json")) if inst["kind"] == "byo" else None,
-                           {**inst, "machine_id": inst["machine_id"] or inst["label"]})
+    offer = _readable(instance_offer(
+        loads(inst.get("offer_json")),
+        loads(inst.get("host_json")) if inst["kind"] == "byo" else None,
+        instance_row({**inst, "machine_id": inst["machine_id"] or inst["label"]})))
     held: str | None = None
     if failed is None:
         if confirming and claimed is not None and belief.agrees(rate, float(claimed)):
@@ -911,7 +923,7 @@ def _judge_belief(
                            f"proofs/h, agreeing with the held {float(claimed):.2f}/h"))
             return _Belief(True)
         expected: float | None = None
-        if expect is not None:
+        if expect is not None and offer is not None:
             try:
                 expected = expect(offer)
             except Exception:  # a model bug must not lose the agent's result
@@ -1119,7 +1131,7 @@ def _fleet_measurement(inst: Row, machine_id: str, gpu_name: str, num_gpus: int,
     host_perf is computed from."""
     offer = instance_offer(loads(inst.get("offer_json")),
                            loads(inst.get("host_json")) if inst["kind"] == "byo" else None,
-                           {**inst, "machine_id": machine_id})
+                           instance_row({**inst, "machine_id": machine_id}))
     return {
         "machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus,
         "rate_per_hour": rate, "measured_at": now, "source": "fleet",

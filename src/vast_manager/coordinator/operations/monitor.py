@@ -19,6 +19,7 @@ from vast_manager.coordinator.decisions import reconcile as reconcile_rules
 from vast_manager.coordinator.decisions.pace import HeartbeatTracker
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.plan import TrialCost
+from vast_manager.coordinator.offers import stored_offer
 from vast_manager.coordinator.operations.account import Account
 from vast_manager.coordinator.operations.production import (
     COLUMNS as PRODUCTION_COLUMNS,
@@ -33,8 +34,9 @@ from vast_manager.coordinator.providers.base import (
     ProviderError,
     ProviderInstance,
 )
+from vast_manager.coordinator.rows import instance_row, listed_instances, our_records
 from vast_manager.coordinator.settings import Settings
-from vast_manager.coordinator.store.migrations import Row, loads
+from vast_manager.coordinator.store.migrations import Row
 from vast_manager.coordinator.store.reads import Reads
 from vast_manager.coordinator.store.writer import Store, Tx
 
@@ -298,7 +300,7 @@ class Monitor:
                 (inst, reason)
                 for inst in (dict(zip(cols, values, strict=True))
                              for values in reads.instance_values(cols, states=timed))
-                if (reason := policy.timed_out(inst, now, limits)) is not None
+                if (reason := policy.timed_out(instance_row(inst), now, limits)) is not None
             ]
 
         # The scan's snapshot may be a little older than the writer's state: the job
@@ -449,7 +451,8 @@ class Monitor:
             int(r["provider_instance_id"]): r for r in rows if r["provider_instance_id"] is not None
         }
         actions = reconcile_rules.plan(
-            provider_instances, ours, self.settings.fleet_id, known, now,
+            listed_instances(provider_instances), our_records(ours), self.settings.fleet_id,
+            known, now,
             self.settings.unowned_grace_s,
         )
         # One list that misses an instance (a provider hiccup) must not end a
@@ -519,14 +522,14 @@ class Monitor:
         has cost what a fresh trial's setup would (``cost.resume_budget_s``)."""
         since = self._outbid_since.setdefault(int(row["id"]), now)
         full = self.store.get_instance(int(row["id"]))
-        offer = loads(full["offer_json"]) if full is not None else None
-        if full is None or not isinstance(offer, dict):
+        offer = stored_offer(full["offer_json"]) if full is not None else None
+        if full is None or offer is None:
             return None
         prices = cost.prices_of(offer, full["disk_gb"], full["bid_per_hour"])
         if prices is None:
             return None
         trial = TrialCost()
-        mbps = float(offer.get("inet_down") or trial.default_inet_down_mbps)
+        mbps = offer.inet_down or trial.default_inet_down_mbps
         setup_bytes = self.settings.setup_download_gb * cost.BYTES_PER_GB
         setup_s = trial.boot_s + trial.warmup_s + setup_bytes * 8 / (mbps * 1e6)
         budget = cost.resume_budget_s(prices, setup_down_bytes=setup_bytes, setup_s=setup_s,

@@ -1,8 +1,9 @@
 """The provider interface the coordinator talks to, and its named errors.
 
-Offers and instances are plain dicts in vast.ai's shape (field names from
-docs/vast.md), whichever provider produced them, so ranking, deploy
-checks and reconciliation never care where they came from.
+Offers are ``Offer`` structs parsed from vast.ai's JSON at this boundary
+(``coordinator.offers``: its fields and their vast.ai names); instances are
+dicts in vast.ai's shape (docs/vast.md). Whichever provider produced them,
+ranking, deploy checks and reconciliation never care where they came from.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-Offer = dict[str, Any]
+from vast_manager.coordinator.offers import Offer
+
 ProviderInstance = dict[str, Any]
 
 

@@ -13,6 +13,7 @@ import sqlite_utils
 
 from vast_manager.coordinator.decisions import states
 from vast_manager.coordinator.discovery.measurements import INSTANCE_OFFER_COLUMNS, instance_offer
+from vast_manager.coordinator.rows import instance_row
 
 log = logging.getLogger(__name__)
 
@@ -440,7 +441,7 @@ def _m7_measurements(db: sqlite_utils.Database) -> None:
         kept = dict(zip(INSTANCE_OFFER_COLUMNS, row[9:], strict=True))
         offer = instance_offer(
             None, loads(host_json) if kind == "byo" else None,
-            {**kept, "machine_id": machine, "gpu_name": gpu, "num_gpus": n},
+            instance_row({**kept, "machine_id": machine, "gpu_name": gpu, "num_gpus": n}),
         )
         db.execute(
             "insert or ignore into measurements (machine_id, gpu_name, num_gpus, "

@@ -19,6 +19,7 @@ from vast_manager.coordinator.exceptions import (
     error_body,
     http_status,
 )
+from vast_manager.coordinator.offers import Offer
 from vast_manager.coordinator.operations import ingest
 from vast_manager.coordinator.providers.base import ProviderError
 from vast_manager.coordinator.web.auth import (
@@ -178,7 +179,7 @@ def expectation(core: Core) -> ingest.Expectation | None:
         return None
     model = fitted.model
 
-    def high(offer: dict[str, Any]) -> float | None:
+    def high(offer: Offer) -> float | None:
         (p,) = model.predict_offers([offer], explain=False)
         return float(p.rate_high) if isinstance(p, Prediction) else None
 

@@ -89,9 +89,9 @@ def proposal_view(p: Proposal) -> dict[str, Any]:
     return {
         "offer_id": p.offer_id,
         "machine_id": p.machine_id,
-        "gpu_name": o.get("gpu_name"),
-        "num_gpus": o.get("num_gpus"),
-        "geolocation": o.get("geolocation"),
+        "gpu_name": o.raw.get("gpu_name"),
+        "num_gpus": o.raw.get("num_gpus"),
+        "geolocation": o.raw.get("geolocation"),
         "dph_total": p.dph_total,
         **prediction_fields(p.prediction, p.hourly.total or p.dph_total),
         "usd_per_hour": p.hourly.as_dict(),
@@ -117,8 +117,8 @@ def measured_view(m: MeasuredOffer) -> dict[str, Any]:
     return {
         "offer_id": m.offer_id,
         "machine_id": m.machine_id,
-        "gpu_name": o.get("gpu_name"),
-        "num_gpus": o.get("num_gpus"),
+        "gpu_name": o.raw.get("gpu_name"),
+        "num_gpus": o.raw.get("num_gpus"),
         "dph_total": m.dph_total,
         **prediction_fields(m.prediction, m.hourly.total or m.dph_total),
         "usd_per_hour": m.hourly.as_dict(),
@@ -178,7 +178,7 @@ def _measurement_row(m: Measurement, now: float) -> dict[str, Any]:
     return {
         "machine_id": m.machine_id, "gpu_name": f.gpu_name,
         "num_gpus": f.num_gpus, "rate_per_hour": m.rate_per_hour, "measured_at": m.measured_at,
-        "source": "imported", "offer_json": dumps(dict(m.offer)), "recorded_at": now,
+        "source": "imported", "offer_json": dumps(m.offer.raw), "recorded_at": now,
     }
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from vast_manager.coordinator.decisions import cost, policy, states
 from vast_manager.coordinator.decisions.states import State
+from vast_manager.coordinator.offers import parse_offer, stored_offer
 from vast_manager.coordinator.operations.production import NOT_PROVING
 from vast_manager.coordinator.settings import DEFAULTS
 from vast_manager.coordinator.store.migrations import Row, loads
@@ -48,9 +49,8 @@ def cost_view(row: Row, basis: CostBasis) -> dict[str, Any] | None:
 
     The arithmetic of ``cost.kept_per_hour``, ``cost.per_proof`` and ``cost.accrued``
     written out once: a fleet-sized list computes it for every row."""
-    offer = loads(row.get("offer_json"))
-    if not isinstance(offer, dict):
-        offer = {"dph_total": row.get("dph_total")}
+    offer = stored_offer(row.get("offer_json")) or parse_offer(
+        {"dph_total": row.get("dph_total")})
     prices = cost.prices_of(offer, row.get("disk_gb"), row.get("bid_per_hour"))
     if prices is None:
         return None

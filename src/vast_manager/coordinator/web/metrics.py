@@ -32,6 +32,7 @@ from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.autopilot_rules import ledger_of, rental_of
 from vast_manager.coordinator.operations.account import AccountView
 from vast_manager.coordinator.operations.production import ProductionTracker
+from vast_manager.coordinator.rows import instance_row
 from vast_manager.coordinator.store.migrations import loads
 from vast_manager.coordinator.store.reads import Reads
 from vast_manager.coordinator.textsafe import neutralise
@@ -394,7 +395,7 @@ class BillCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         since = self.now - self.figures.spend_window_s
-        ledger = ledger_of([rental_of(r) for r in self.reads.spend_rows(since)],
+        ledger = ledger_of([rental_of(instance_row(r)) for r in self.reads.spend_rows(since)],
                            now=self.now, since=since, last_exploration_at=None)
         spent = GaugeMetricFamily(
             "vm_spend_dollars",

@@ -37,6 +37,7 @@ from aiohttp import web
 
 from vast_manager.agent.config import SETTINGS_BY_NAME as AGENT_SETTINGS
 from vast_manager.coordinator.decisions.share import instance_share
+from vast_manager.coordinator.offers import parse_offer, parse_offers
 from vast_manager.coordinator.providers.base import (
     CreatedInstance,
     Offer,
@@ -124,18 +125,18 @@ def simulated_machine_env(
     }
 
 
-def instance_profile(offer: Offer) -> Offer:
+def instance_profile(offer: Offer) -> dict[str, object]:
     """The offer as its instance sees the machine: ``cpu_ram`` cut to the instance's share
     (the simulator reads ``cpu_ram`` as the RAM it has; ``cpu_cores_effective`` already
     gives it the instance's cores)."""
     share = instance_share(offer)
     if share.ram_gb is None:
-        return dict(offer)
-    return {**offer, "cpu_ram": int(share.ram_gb * 1000)}
+        return dict(offer.raw)
+    return {**offer.raw, "cpu_ram": int(share.ram_gb * 1000)}
 
 
-def matches(offer: Offer, query: dict[str, Any]) -> bool:
-    """Evaluate a vast.ai search query (``{field: {op: value}}``) against one offer."""
+def matches(offer: Mapping[str, Any], query: dict[str, Any]) -> bool:
+    """Evaluate a vast.ai search query (``{field: {op: value}}``) against one offer's JSON."""
     for name, cond in query.items():
         if not isinstance(cond, dict):
             continue  # order, type, limit, allocated_storage: not predicates
@@ -193,14 +194,16 @@ class LocalProvider:
         workdir: Path,
         *,
         time_scale: float = 200.0,
-        offers: list[Offer] | None = None,
+        offers: list[dict[str, Any]] | None = None,
         agent_env: dict[str, str] | None = None,
         param_rate_scale: float = 1.0,
         sample_interval_s: float = 0.1,
     ) -> None:
         self.workdir = Path(workdir)
         self.time_scale = time_scale
-        self.offers: dict[int, Offer] = {o["id"]: o for o in (offers or catalog_offers())}
+        # The catalog as vast.ai's JSON; each search parses it (coordinator.offers).
+        self.offers: dict[int, dict[str, Any]] = {
+            o["id"]: o for o in (offers or catalog_offers())}
         self.agent_env = dict(agent_env or {})
         self.param_rate_scale = param_rate_scale
         self.sample_interval_s = sample_interval_s
@@ -216,7 +219,7 @@ class LocalProvider:
 
     def _rented(self, offer_id: int) -> bool:
         return any(
-            i.offer["id"] == offer_id and not i.destroyed for i in self._instances.values()
+            i.offer.id == offer_id and not i.destroyed for i in self._instances.values()
         )
 
     async def search_offers(self, filter_text: str | None = None) -> list[Offer]:
@@ -231,13 +234,14 @@ class LocalProvider:
             shown["rentable"] = not shown["rented"]
             if shown["rentable"] and matches(shown, query):
                 out.append(shown)
-        return out
+        return parse_offers(out, source="local catalog")
 
     async def get_offer(self, offer_id: int) -> Offer | None:
         offer = self.offers.get(offer_id)
         if offer is None or self._rented(offer_id):
             return None
-        return dict(offer, rentable=True, rented=False)
+        found = parse_offers([dict(offer, rentable=True, rented=False)], source="local catalog")
+        return found[0] if found else None
 
     # --- parameter file server -----------------------------------------------
 
@@ -289,7 +293,7 @@ class LocalProvider:
         return resp
 
     def _manifest(self, base_url: str, offer: Offer, path: Path) -> Path:
-        mbps = offer.get("inet_down") or 1000
+        mbps = f"{offer.inet_down or 1000:g}"
         entries = [
             {
                 "name": name,
@@ -308,9 +312,10 @@ class LocalProvider:
         self, offer: Offer, *, label: str, env: dict[str, str], disk_gb: int
     ) -> CreatedInstance:
         async with self._lock:
-            current = self.offers.get(int(offer["id"]))
-            if current is None or self._rented(int(offer["id"])):
-                raise OfferGone(f"offer {offer['id']} is no longer available")
+            listed = self.offers.get(offer.id) if offer.id is not None else None
+            if listed is None or offer.id is None or self._rented(offer.id):
+                raise OfferGone(f"offer {offer.id} is no longer available")
+            current = parse_offer(listed)
             files_url = await self._ensure_file_server()
             instance_id = self._next_id
             self._next_id += 1
@@ -344,7 +349,7 @@ class LocalProvider:
             self._instances[instance_id] = _LocalInstance(
                 instance_id, current, label, process, workdir, time.time(), log_file
             )
-            log.info("local instance %s started for offer %s", instance_id, offer["id"])
+            log.info("local instance %s started for offer %s", instance_id, offer.id)
             return CreatedInstance(instance_id, f"simulated local instance {instance_id}")
 
     async def destroy_instance(self, instance_id: int) -> None:
@@ -366,15 +371,15 @@ class LocalProvider:
                 {
                     "id": inst.instance_id,
                     "label": inst.label,
-                    "machine_id": inst.offer["machine_id"],
-                    "host_id": inst.offer["host_id"],
+                    "machine_id": inst.offer.raw["machine_id"],
+                    "host_id": inst.offer.raw["host_id"],
                     "actual_status": "running" if alive else "exited",
                     "intended_status": "running",
                     "start_date": inst.start_date,
-                    "gpu_name": inst.offer["gpu_name"],
-                    "num_gpus": inst.offer["num_gpus"],
-                    "dph_total": inst.offer["dph_total"],
-                    "geolocation": inst.offer["geolocation"],
+                    "gpu_name": inst.offer.raw["gpu_name"],
+                    "num_gpus": inst.offer.raw["num_gpus"],
+                    "dph_total": inst.offer.raw["dph_total"],
+                    "geolocation": inst.offer.raw["geolocation"],
                 }
             )
         return out

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vast_manager.coordinator.offers import parse_offers
 from vast_manager.coordinator.providers.base import (
     CreatedInstance,
     Offer,
@@ -109,7 +110,8 @@ class VastProvider:
             storage_gb=self.disk_gb,
         )
         offers = apply_local_filters(await self.client.search_offers(query), query)
-        return [_normalize_offer(o, self.disk_gb) for o in offers]
+        return parse_offers((_normalize_offer(o, self.disk_gb) for o in offers),
+                            source="vast.ai search")
 
     async def get_offer(self, offer_id: int) -> Offer | None:
         """Re-read one offer now: a search for this id that is rentable and not rented.
@@ -127,7 +129,8 @@ class VastProvider:
                 continue
             if offer.get("rentable") is False or offer.get("rented") is True:
                 return None
-            return _normalize_offer(offer, self.disk_gb)
+            found = parse_offers([_normalize_offer(offer, self.disk_gb)], source="vast.ai offer")
+            return found[0] if found else None
         return None
 
     #: vast.ai rents interruptible instances at a bid (``price``); the deployer asks.
@@ -176,14 +179,14 @@ class VastProvider:
         """Rent ``offer``. OfferGone when it was sold meanwhile; CreateFailed (with the
         instance's id) when vast.ai refused but made an instance; other ProviderErrors
         when vast.ai refused or the outcome is unknown (the label then finds it)."""
-        offer_id = _as_int(offer.get("id"))
+        offer_id = offer.id
         if offer_id is None:
             raise ProviderError("offer without an id")
         body = self.create_body(label=label, env=env, disk_gb=disk_gb, bid_per_hour=bid_per_hour)
         log.info(
             "vast.ai create on offer %s (machine %s) label %s disk %s GB",
             offer_id,
-            offer.get("machine_id"),
+            offer.machine_id,
             label,
             disk_gb,
         )
@@ -208,8 +211,8 @@ class VastProvider:
         return CreatedInstance(
             instance_id=instance_id,
             message=f"created vast.ai instance {instance_id} on offer {offer_id} "
-            f"(machine {offer.get('machine_id')}, {offer.get('num_gpus')}x "
-            f"{offer.get('gpu_name')}, ${offer.get('dph_total')}/h)",
+            f"(machine {offer.machine_id}, {offer.num_gpus}x "
+            f"{offer.gpu_name}, ${offer.dph_total}/h)",
         )
 
     async def _find_by_label(self, label: str) -> int | None:
@@ -364,7 +367,8 @@ def public_instance(row: Mapping[str, Any]) -> ProviderInstance:
     return out
 
 
-def _normalize_offer(offer: Mapping[str, Any], storage_gb: float) -> Offer:
+def _normalize_offer(offer: Mapping[str, Any], storage_gb: float) -> dict[str, Any]:
+    """vast.ai's JSON with the two fields the provider adds before it is parsed."""
     out = dict(offer)
     # The disk its dph_total was priced with (the search's allocated_storage), so the cost
     # model can take that storage out and price another disk (docs/operations.md).

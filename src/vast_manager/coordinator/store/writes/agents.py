@@ -1,0 +1,46 @@
+"""Writes of ``agents``: issued, and revoked."""
+
+from __future__ import annotations
+
+from vast_manager.coordinator.store.writes.tx_base import TxBase
+
+
+class AgentWrites(TxBase):
+    """An agent issued or revoked (the revoked flag's cache kept current)."""
+
+    def insert_agent(
+        self,
+        agent_id: str,
+        *,
+        label: str,
+        kind: str,
+        min_rate_per_hour: float | None,
+        issued_at: float,
+        max_gpus: int | None = None,
+        gpu_model: str | None = None,
+    ) -> None:
+        """``max_gpus``/``gpu_model``: what a bring-your-own agent's hello may list
+        (docs/reliability.md, "No rate on a host's word alone")."""
+        self._insert(
+            "agents",
+            {
+                "agent_id": agent_id,
+                "label": label,
+                "kind": kind,
+                "min_rate_per_hour": min_rate_per_hour,
+                "revoked": 0,
+                "issued_at": issued_at,
+                "max_gpus": max_gpus,
+                "gpu_model": gpu_model,
+            },
+        )
+
+    def revoke_agent(self, agent_id: str, *, now: float, reason: str) -> bool:
+        """Revoke; False when it was already revoked (idempotent)."""
+        cur = self._exec(
+            "update agents set revoked = 1, revoked_at = ?, revoked_reason = ? "
+            "where agent_id = ? and revoked = 0",
+            (now, reason, agent_id),
+        )
+        self._revoked.pop(agent_id, None)
+        return cur.rowcount > 0

@@ -1,0 +1,133 @@
+"""Rows a transaction holds back and writes together: steady heartbeats' instance
+columns, telemetry and history, many rows a statement, before anything else touches the
+database and before the COMMIT (coordinator/store/writer.py says why)."""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+from collections.abc import Callable, Iterator
+from typing import Any
+
+#: What a steady heartbeat sets on its instance (``Tx.hold_heartbeat``), which is also the
+#: agent's latest heartbeat (the ``heartbeats`` view), and the pace it was answered.
+HEARTBEAT_COLUMNS = ("last_seq", "last_seen", "phase", "phase_started_at", "progress_json",
+                     "proofs_completed_total", "updated_at", "last_non_benchmark_at",
+                     "heartbeat_at", "proof_seconds_recent_json", "heartbeat_pace_s",
+                     "net_rx_bytes", "net_tx_bytes")
+_HEARTBEAT_UPDATE = (
+    f"update instances set {', '.join(f'{c} = ?' for c in HEARTBEAT_COLUMNS)} where id = ?"
+)
+#: A ``heartbeat_history`` row's columns, in statement order.
+HISTORY_ROW = ("agent_id", "instance_id", "received_at", "seq", "phase",
+               "proofs_completed_total", "telemetry_json")
+
+
+@functools.cache
+def keep_newest(table: str, owner: str) -> str:
+    """Retention: delete one owner's rows below its ``keep`` newest (parameters: the owner
+    twice, then ``keep``). Rows are appended in time order, so the newest have the
+    highest ids, found on the (owner, id) index."""
+    return (f"delete from [{table}] where [{owner}] = ? and id <= (select id from [{table}] "
+            f"where [{owner}] = ? order by id desc limit 1 offset ?)")
+
+
+# Multi-row statements write held rows in a few steps, not one per row: each step lets go
+# of the GIL, and getting it back from a busy event loop can take a switch interval
+# (5 ms), so a step per row made the writer crawl exactly when the fleet was busiest.
+# 64 rows of up to 12 values stay under the 999 parameters older SQLite builds allow.
+_ROWS_PER_STATEMENT = 64
+# UPDATE ... FROM arrived in SQLite 3.33; older builds update row by row.
+_UPDATE_FROM = sqlite3.sqlite_version_info >= (3, 33, 0)
+
+
+def _chunks(rows: list[tuple[Any, ...]]) -> Iterator[list[tuple[Any, ...]]]:
+    """Power-of-two pieces (at most ``_ROWS_PER_STATEMENT``): a handful of statement texts
+    for SQLite's cache to keep compiled, whatever the batch size."""
+    start = 0
+    while start < len(rows):
+        size = min(_ROWS_PER_STATEMENT, 1 << ((len(rows) - start).bit_length() - 1))
+        yield rows[start:start + size]
+        start += size
+
+
+@functools.cache
+def _values(width: int, count: int) -> str:
+    one = "(" + ", ".join("?" * width) + ")"
+    return ", ".join([one] * count)
+
+
+@functools.cache
+def _gauges_update(count: int) -> str:
+    cols = ("id", *HEARTBEAT_COLUMNS)
+    return (
+        f"with u({', '.join(cols)}) as (values {_values(len(cols), count)}) "
+        f"update instances set {', '.join(f'{c} = u.{c}' for c in HEARTBEAT_COLUMNS)} "
+        "from u where instances.id = u.id"
+    )
+
+
+@functools.cache
+def _history_insert(count: int) -> str:
+    return (f"insert into heartbeat_history ({', '.join(HISTORY_ROW)}) "
+            f"values {_values(len(HISTORY_ROW), count)}")
+
+
+@functools.cache
+def _telemetry_replace(count: int) -> str:
+    return ("insert or replace into telemetry (instance_id, received_at, telemetry_json) "
+            f"values {_values(3, count)}")
+
+
+def _write_rows(conn: sqlite3.Connection, statement: Callable[[int], str],
+                rows: list[tuple[Any, ...]]) -> None:
+    for chunk in _chunks(rows):
+        conn.execute(statement(len(chunk)), [v for row in chunk for v in row])
+
+
+class Held:
+    """Heartbeats' writes not yet in the database: steady heartbeats' instance gauges (by
+    instance id, values in ``HEARTBEAT_COLUMNS`` order), and every heartbeat's latest
+    telemetry (by instance), where a later heartbeat of the same instance replaces its
+    earlier one; and history rows (in order), with the retention each agent's history is
+    then trimmed to."""
+
+    __slots__ = ("gauges", "history", "telemetry", "trims")
+
+    def __init__(self) -> None:
+        self.gauges: dict[int, tuple[Any, ...]] = {}
+        self.telemetry: dict[int, tuple[int, float, str]] = {}
+        self.history: list[tuple[Any, ...]] = []
+        self.trims: dict[str, int] = {}  # agent id -> rows its history keeps
+
+    def __bool__(self) -> bool:
+        return bool(self.gauges or self.telemetry or self.history)
+
+    def take(self, other: Held) -> None:
+        self.gauges.update(other.gauges)
+        self.telemetry.update(other.telemetry)
+        self.history += other.history
+        self.trims.update(other.trims)
+        other.clear()
+
+    def clear(self) -> None:
+        self.gauges.clear()
+        self.telemetry.clear()
+        self.history.clear()
+        self.trims.clear()
+
+    def write(self, conn: sqlite3.Connection) -> None:
+        if self.gauges:
+            rows = [(k, *v) for k, v in self.gauges.items()]
+            if _UPDATE_FROM:
+                _write_rows(conn, _gauges_update, rows)
+            else:
+                conn.executemany(_HEARTBEAT_UPDATE, [(*r[1:], r[0]) for r in rows])
+        if self.telemetry:
+            _write_rows(conn, _telemetry_replace, list(self.telemetry.values()))
+        if self.history:
+            _write_rows(conn, _history_insert, self.history)
+            # After every insert, so each agent keeps its newest rows, the new ones included.
+            conn.executemany(keep_newest("heartbeat_history", "agent_id"),
+                             [(a, a, keep) for a, keep in self.trims.items()])
+        self.clear()
