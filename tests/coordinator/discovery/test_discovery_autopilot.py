@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -19,6 +20,7 @@ from vast_manager.coordinator.discovery.autopilot_rules import (
 )
 from vast_manager.coordinator.discovery.plan import (
     FleetView,
+    MeasuredOffer,
     Plan,
     PlanSettings,
     Proposal,
@@ -49,6 +51,13 @@ def _plan(props: tuple[Proposal, ...]) -> Plan:
     return Plan(props, len(props), len(props), 0.008, "test")
 
 
+def _measured(p: Proposal, machine: str, rate: float, worth: bool = True) -> MeasuredOffer:
+    """A proposal's offer as a machine already measured at ``rate``."""
+    pred = dataclasses.replace(p.prediction, rate_per_hour=rate, machine_runs=1)
+    return MeasuredOffer(p.offer_id, machine, p.offer, pred, p.dph_total, p.hourly,
+                         p.dph_total / rate, worth)
+
+
 def _host(i: int, dph: float, rate: float | None, expected: float | None = None
           ) -> FleetInstance:
     return FleetInstance(f"in{i}", f"m{i}", dph, rate, expected)
@@ -61,6 +70,37 @@ def test_below_target_it_fills_with_the_plan_up_to_the_trials_allowed() -> None:
     assert [a.offer_id for a in deploys] == [p.offer_id for p in props[:2]]
     assert all(not a.exploration and "of the 300.0/h target" in a.reason for a in deploys)
     assert any("trials under way" in n for n in d.notes)
+
+
+def test_below_target_measured_machines_worth_it_come_before_any_trial() -> None:
+    props = _proposals(5)
+    known = (_measured(props[3], "mA", 90.0), _measured(props[4], "mB", 80.0, worth=False),
+             _measured(props[2], "m1", 90.0))  # m1 is in the fleet already
+    plan = dataclasses.replace(_plan(props), measured=known)
+    d = decide([_host(1, 0.3, 100.0)], plan, CAPS, Ledger(), now=0.0)
+    deploys = [a for a in d.actions if a.kind == "deploy"]
+    # The known good machine first, then one trial: two deploys under way at most.
+    assert [a.machine_id for a in deploys][:1] == ["mA"]
+    assert [a.offer_id for a in deploys] == [props[3].offer_id, props[0].offer_id]
+    assert "was measured at about 90.0/h" in deploys[0].reason
+    assert not deploys[0].exploration and deploys[0].trial_cost_usd == 0.0
+
+
+def test_at_target_a_measured_machine_cheaper_than_the_worst_host_replaces_it() -> None:
+    props = _proposals(3)
+    fleet = [_host(1, 0.5, 200.0), _host(2, 0.5, 150.0)]  # worst $0.00333/proof
+    cheap = _measured(props[0], "mA", props[0].dph_total / 0.002)
+    cheaper = _measured(props[1], "mB", props[1].dph_total / 0.001)
+    dear = _measured(props[2], "mC", props[2].dph_total / 0.004)
+    plan = Plan((), 0, 0, 0.008, "test", measured=(cheaper, cheap, dear))
+    d = decide(fleet, plan, CAPS, Ledger(total_usd=100.0), now=0.0)
+    deploys = [a for a in d.actions if a.kind == "deploy"]
+    # One replacement a tick, the cheapest per proof; the dearer-than-worst never.
+    assert [a.machine_id for a in deploys] == ["mB"]
+    assert "cheaper per proof than the fleet's worst" in deploys[0].reason
+    d = decide(fleet, Plan((), 0, 0, 0.008, "test", measured=(dear,)), CAPS,
+               Ledger(total_usd=100.0), now=0.0)
+    assert not [a for a in d.actions if a.kind == "deploy"]
 
 
 def test_at_target_it_trims_the_worst_host_per_proof() -> None:
@@ -141,13 +181,15 @@ def _situations(draw: Any) -> tuple[list[FleetInstance], AutopilotCaps, Ledger]:
 
 
 PROPS = _proposals(12, seed=7)
+MEASURED = tuple(_measured(p, f"known{i}", 40.0 + 20 * i) for i, p in enumerate(_proposals(4, 8)))
 
 
 @settings(max_examples=200, deadline=None)
 @given(_situations())
 def test_no_decision_takes_the_fleet_past_a_cap(case: Any) -> None:
     fleet, caps, ledger = case
-    d = decide(fleet, _plan(PROPS), caps, ledger, now=0.0)
+    plan = dataclasses.replace(_plan(PROPS), measured=MEASURED)
+    d = decide(fleet, plan, caps, ledger, now=0.0)
     gone = {a.instance_id for a in d.actions if a.kind == "terminate"}
     deploys = [a for a in d.actions if a.kind == "deploy"]
     after = [i for i in fleet if i.instance_id not in gone]

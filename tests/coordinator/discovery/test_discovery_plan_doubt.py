@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import pytest
 
@@ -23,6 +22,7 @@ from vast_manager.coordinator.discovery.plan import (
     with_doubt,
 )
 from vast_manager.coordinator.discovery.structural_model import Prediction, Unpredictable
+from vast_manager.coordinator.offers import Offer, parse_offer
 
 Z90 = 1.2815515655446004
 
@@ -37,11 +37,11 @@ def _prediction(rate: float, sd: float, bottleneck: str, gpu: float, runs: int =
         assumed=(), basis="")
 
 
-def _offer(offer_id: int, gpu: str, dph: float, ram_mb: int = 256_000) -> dict[str, Any]:
-    return {"id": offer_id, "machine_id": offer_id, "gpu_name": gpu, "num_gpus": 1,
+def _offer(offer_id: int, gpu: str, dph: float, ram_mb: int = 256_000) -> Offer:
+    return parse_offer({"id": offer_id, "machine_id": offer_id, "gpu_name": gpu, "num_gpus": 1,
             "cpu_cores": 32, "cpu_cores_effective": 32, "cpu_ram": ram_mb,
             "cpu_name": "AMD EPYC 7742 64-Core Processor", "dph_total": dph,
-            "inet_down": 1000.0}
+            "inet_down": 1000.0})
 
 
 class FakeModel:
@@ -51,21 +51,21 @@ class FakeModel:
     def __init__(self, new: Mapping[int, Prediction], own: Mapping[int, Prediction]):
         self.new, self.own = new, own
 
-    def predict_offers(self, offers: Sequence[Mapping[str, Any]], *, explain: bool = True
+    def predict_offers(self, offers: Sequence[Offer], *, explain: bool = True
                        ) -> list[Prediction | Unpredictable]:
         out: list[Prediction | Unpredictable] = []
         for o in offers:
-            key = int(o["id"])
-            out.append(self.own[key] if "machine_id" in o and key in self.own
+            key = int(o.id)
+            out.append(self.own[key] if o.machine_id is not None and key in self.own
                        else self.new[key])
         return out
 
 
-def _market() -> tuple[list[dict[str, Any]], FakeModel]:
+def _market() -> tuple[list[Offer], FakeModel]:
     """Twenty good 4090 offers the model is sure of, and one cheap RTX 3060 Ti offer the
     model rules out (memory-bound at 10/h; its GPU alone allows 60/h)."""
     offers = [_offer(1000 + i, "RTX 4090", 0.40 + 0.001 * i) for i in range(20)]
-    new = {int(o["id"]): _prediction(200.0, 0.1, "gpu", 200.0) for o in offers}
+    new = {int(o.id): _prediction(200.0, 0.1, "gpu", 200.0) for o in offers}
     cheap = _offer(1, "RTX 3060 Ti", 0.05, ram_mb=128_000)
     new[1] = _prediction(10.0, 0.15, "memory", 60.0)
     return [*offers, cheap], FakeModel(new, {})

@@ -13,7 +13,9 @@ The rules, in order (docs/discovery.md):
 2. **Trim.** While the fleet still meets its target rate without its worst $/proof
    host, that host goes: a better one has replaced it.
 3. **Fill.** Below the target (counting the predicted rates of trials under way),
-   deploy the plan's best proposals, within the caps and the trials allowed at once.
+   deploy first the machines already measured and worth deploying on their
+   measurement (the plan lists them apart, cheapest per proof first), then the plan's
+   best proposals, within the caps and the deploys allowed under way at once.
 4. **Explore.** At the target, deploy the plan's best proposal if its expected value
    is positive, trials so far are under ``max_explore_share`` of all spend, and the
    last exploration is ``explore_interval_s`` old. A trial that proves better than
@@ -332,6 +334,10 @@ def _fill_and_explore(live: list[FleetInstance], plan: Plan, caps: AutopilotCaps
     pending = sum(i.expected_rate_per_hour or 0.0 for i in live if i.on_trial)
     trials = sum(1 for i in live if i.on_trial)
     taken = {i.machine_id for i in live}
+    for m in _measured_to_return(live, plan, caps, taken, pending, trials, notes):
+        actions.append(m)
+        pending += m.expected_rate_per_hour or 0.0
+        trials += 1
     explored = False
     for p in plan.proposals:
         if p.machine_id is not None and p.machine_id in taken:
@@ -374,6 +380,51 @@ def _fill_and_explore(live: list[FleetInstance], plan: Plan, caps: AutopilotCaps
         pending += p.prediction.rate_per_hour
         trials += 1
     return actions, notes
+
+
+def _measured_to_return(live: list[FleetInstance], plan: Plan, caps: AutopilotCaps,
+                        taken: set[str], pending: float, trials: int,
+                        notes: list[str]) -> list[Action]:
+    """3a. Fill from machines already measured and worth deploying on their measurement,
+    cheapest per proof first, before any trial: a known rate is no gamble (the plan
+    lists them apart, never as trials). Deploys join ``live`` and ``taken``."""
+    actions: list[Action] = []
+    target = caps.target_rate_per_hour
+    replaced = False
+    for m in plan.measured:
+        short = target - _rate(live) - pending
+        if trials >= caps.max_concurrent_trials:
+            break
+        if not m.worth_deploying or m.machine_id in taken:
+            continue
+        if (len(live) + 1 > caps.max_instances
+                or _dph(live) + m.dph_total > caps.max_dph_total + 1e-9):
+            continue
+        rate = m.prediction.rate_per_hour
+        if short > 0:
+            why = (f"fleet at {_rate(live):.1f}/h of the {target:.1f}/h target "
+                   f"({pending:.1f}/h on trial)")
+        else:
+            # At the target: one known machine a tick replaces the fleet's worst host
+            # (rule 2 trims it once this one proves), if it is cheaper per proof.
+            worst = next(iter(_worst_first(live)), None)
+            if replaced or worst is None or not m.predicted_usd_per_proof < worst.usd_per_proof:
+                continue
+            why = f"cheaper per proof than the fleet's worst (${worst.usd_per_proof:.4f})"
+            replaced = True
+        actions.append(Action(
+            kind="deploy", offer_id=m.offer_id, machine_id=m.machine_id, dph_total=m.dph_total,
+            expected_rate_per_hour=rate, reason=(
+                f"{why}; machine {m.machine_id} was measured at about {rate:.1f}/h: "
+                f"${m.predicted_usd_per_proof:.4f}/proof, worth keeping")))
+        live.append(FleetInstance(f"pending:{m.offer_id}", m.machine_id, m.dph_total, None,
+                                  rate))
+        taken.add(m.machine_id)
+        pending += rate
+        trials += 1
+    if actions:
+        notes.append(f"{len(actions)} measured machine(s) deployed again on their measurement")
+    return actions
 
 
 def _exploration_share(p: Proposal, caps: AutopilotCaps, ledger: Ledger,

@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import msgspec
+
 from vast_manager.agent.config import BENCH_PROOFS
 from vast_manager.coordinator.decisions import cost
 from vast_manager.coordinator.discovery.features import (
@@ -223,7 +225,7 @@ DOUBT_NOTE = "no measured machine shares its GPU model and count, binding resour
 Cell = tuple[str, int, str, int]
 
 
-def doubt_cell(offer: Mapping[str, Any], prediction: Prediction) -> Cell | None:
+def doubt_cell(offer: Offer, prediction: Prediction) -> Cell | None:
     """Where the offer sits in the model's beliefs: GPU model and count, the resource the
     model says binds, and the RAM share's octave (64-127 GiB, 128-255, ...); None when
     the offer's fields cannot be read."""
@@ -262,7 +264,13 @@ class CellEvidence:
     shift: float = 0.0
 
 
-def cell_evidence(offers: Sequence[Mapping[str, Any]],
+def _as_new_host(offer: Offer) -> Offer:
+    """The offer as if no machine of it had been measured: no machine id to read runs by."""
+    raw = {k: v for k, v in offer.raw.items() if k != "machine_id"}
+    return msgspec.structs.replace(offer, machine_id=None, raw=raw)
+
+
+def cell_evidence(offers: Sequence[Offer],
                   predictions: Sequence[Prediction | Unpredictable],
                   model: Predictor) -> tuple[dict[Cell, CellEvidence], int]:
     """Each measured cell's evidence, and how many measured machines the offers show.
@@ -276,7 +284,7 @@ def cell_evidence(offers: Sequence[Mapping[str, Any]],
     # by offer object (the autopilot's, the bench's) then asks its model afresh rather
     # than answer for an offer with no machine from its memo. Measured offers are few.
     anonymous = model.predict_offers(
-        [{k: v for k, v in o.items() if k != "machine_id"} for o, _ in own], explain=True)
+        [_as_new_host(o) for o, _ in own], explain=True)
     cells: dict[Cell, CellEvidence] = {}
     for (offer, mine), anon in zip(own, anonymous, strict=True):
         if not isinstance(anon, Prediction):
@@ -307,9 +315,9 @@ def with_cell_shift(prediction: Prediction, ev: CellEvidence, doubt: Doubt) -> P
         *((wt * w, mu + ev.shift, sd) for wt, mu, sd in comps)))
 
 
-def read_evidence(candidates: Sequence[Mapping[str, Any]],
+def read_evidence(candidates: Sequence[Offer],
                   predictions: Sequence[Prediction | Unpredictable],
-                  offers: Sequence[Mapping[str, Any]], blocked: frozenset[str],
+                  offers: Sequence[Offer], blocked: frozenset[str],
                   model: Predictor, doubt: Doubt,
                   ) -> tuple[list[Prediction | Unpredictable], dict[Cell, CellEvidence], int]:
     """The candidates' predictions with their cells' surprises read in
@@ -318,7 +326,7 @@ def read_evidence(candidates: Sequence[Mapping[str, Any]],
     busy, and measured); one no longer on offer does not count."""
     if doubt.weight <= 0:
         return list(predictions), {}, 0
-    held_back = [o for o in offers if str(o.get("machine_id")) in blocked]
+    held_back = [o for o in offers if str(o.machine_id) in blocked]
     cells, n = cell_evidence(candidates, predictions, model)
     if held_back:
         more, m = cell_evidence(held_back, model.predict_offers(held_back, explain=False),
@@ -532,8 +540,8 @@ def _value(offer: Offer, pred: Prediction, ref: float,
     return _Value(offer, pred, dph, spent, saving * run_h - spent)
 
 
-def _predict(model: Predictor, candidates: Sequence[Mapping[str, Any]],
-             offers: Sequence[Mapping[str, Any]], blocked: frozenset[str], doubt: Doubt
+def _predict(model: Predictor, candidates: Sequence[Offer],
+             offers: Sequence[Offer], blocked: frozenset[str], doubt: Doubt
              ) -> tuple[list[Prediction | Unpredictable], dict[Cell, CellEvidence], int]:
     """The candidates' predictions (no explanations: those cost a few dozen model
     evaluations an offer, and only the listed need them), with their cells' evidence
@@ -542,7 +550,7 @@ def _predict(model: Predictor, candidates: Sequence[Mapping[str, Any]],
     return read_evidence(candidates, predictions, offers, blocked, model, doubt)
 
 
-def _with_belief_tests(ranked: list[_Value], cells: Mapping[Cell, CellEvidence],
+def _with_belief_tests(ranked: list[_Value], cells: dict[Cell, CellEvidence],
                        measured: int, ref: float, settings: PlanSettings) -> list[_Value]:
     """The offers worth trying, expected value first, with the due belief tests in their
     slots (``Doubt``)."""
