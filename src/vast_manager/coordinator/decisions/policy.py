@@ -11,13 +11,12 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from vast_manager.coordinator.decisions import belief, states
 from vast_manager.coordinator.decisions.pace import silence_ttl_s as silence_ttl_s
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.rows import InstanceRow
-from vast_manager.coordinator.settings import DEFAULTS
+from vast_manager.coordinator.settings import DEFAULTS, Settings
 from vast_manager.protocol.messages import Directive, Result
 
 Clock = Callable[[], float]
@@ -65,7 +64,7 @@ class PolicyLimits:
     max_rate_per_gpu_per_hour: float = DEFAULTS.max_rate_per_gpu_per_hour
 
     @classmethod
-    def from_settings(cls, settings: Any) -> PolicyLimits:
+    def from_settings(cls, settings: Settings) -> PolicyLimits:
         return cls(**{f: getattr(settings, f) for f in cls.__dataclass_fields__})
 
 
@@ -79,7 +78,7 @@ class StrikeRule:
     block_s: float = DEFAULTS.strike_block_s
 
     @classmethod
-    def from_settings(cls, settings: Any) -> StrikeRule:
+    def from_settings(cls, settings: Settings) -> StrikeRule:
         return cls(settings.strike_limit, settings.strike_window_s, settings.strike_block_s)
 
 
