@@ -22,7 +22,7 @@ they carry a little of the hidden GPU effect; nothing reports the CPU's.
 
 **A1: the model on held-out hosts.** Measurements of a random set of machines
 train the model (``vast_manager.coordinator.discovery``); it predicts the true rates of other
-machines' offers. Beside it: today's ranking (``coordinator.decisions.ranking``, the same GPU
+machines' offers. Beside it: today's ranking (``coordinator.discovery.ranking``, the same GPU
 model's median) and the noise floor: the error of an oracle that knows the
 hardware model exactly but not the per-host effects (it predicts, from draws of
 the effects for each host's hardware, the point with the least mean absolute
@@ -41,6 +41,7 @@ Every number printed is simulated and computed by this run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import random
 import statistics
@@ -70,6 +71,7 @@ from vast_manager.coordinator.discovery.plan import (
     FleetView,
     Plan,
     PlanSettings,
+    belief_tests,
     evaluate_offer,
     plan_trials,
     reference_usd_per_proof,
@@ -504,7 +506,7 @@ def accuracy(seed: int, n_measurements: int, test_machines: int = 400
 
 
 class Medians:
-    """The rule ``coordinator.decisions.ranking`` predicted with before the rate model, the
+    """The rule ``coordinator.discovery.ranking`` predicted with before the rate model, the
     baseline: this machine's median (host_perf), else the median of the same GPU model and
     count on other machines (with ``ram_classes``, only those whose instances had RAM of
     the same class: under 240, 240-360, 360 GB or more, as the coordinator did), else the
@@ -779,6 +781,9 @@ class Planner(Policy):
     """The rate model and the plan (coordinator.discovery), refitted after every result."""
 
     name = "planner"
+    #: The plan's settings (``--belief-test-share`` sets its belief tests, as the
+    #: operator's VM_PLAN_BELIEF_TEST_SHARE does; the oracle plans without them).
+    settings = SETTINGS
 
     def __init__(self) -> None:
         self.measurements: list[Measurement] = []
@@ -797,7 +802,8 @@ class Planner(Policy):
                   for o, p in zip(offers, preds, strict=True) if isinstance(p, Prediction)]
         ref = plan_reference_usd_per_proof(fleet, supply, CAPS.target_rate_per_hour,
                                      MAX_USD_PER_PROOF)
-        return plan_trials(parsed, self.cache, FleetView(reference_usd_per_proof=ref), SETTINGS)
+        return plan_trials(parsed, self.cache, FleetView(reference_usd_per_proof=ref),
+                           self.settings)
 
 
 class MediansPolicy(Policy):
@@ -1054,11 +1060,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="a market file (JSON Lines, docs/discovery.md 'Markets'); repeatable")
     ap.add_argument("--plan-only", action="store_true",
                     help="with --market(s): the planning figures alone (a few minutes)")
+    ap.add_argument("--belief-test-share", type=float, default=0.0,
+                    help="the planner's VM_PLAN_BELIEF_TEST_SHARE on the live market "
+                         "(default 0, the coordinator's)")
     ap.add_argument("--markets", action="store_true",
                     help="every market in bench/markets/ (the one command for the figures)")
     args = ap.parse_args(argv)
     if args.market or args.markets:
         return markets_main(args)
+    Planner.settings = dataclasses.replace(SETTINGS, doubt=belief_tests(args.belief_test_share))
     seeds = list(range(1, 1 + (args.seeds or (1 if args.quick else 5))))
     weeks = args.weeks or (1 if args.quick else 4)
     n_machines = args.machines or (160 if args.quick else 400)

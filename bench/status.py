@@ -23,7 +23,7 @@ Then it starts the coordinator process (the launcher of ``bench/ingest.py``, i.e
   (it runs on another reader thread rather than queueing behind the big one); the
   ratio against the same request idle is the figure,
 - ``GET /api/host-perf``,
-- ``coordinator.decisions.ranking.rank_offers`` over 5,000 offers, in this process, with
+- ``coordinator.discovery.ranking.rank_offers`` over 5,000 offers, in this process, with
   host_perf and the scaling rows read from the database as ``/api/offers``
   does (the provider's search itself is the network's time, not ours),
 - ``vast-manager status --json`` as a subprocess against the running server

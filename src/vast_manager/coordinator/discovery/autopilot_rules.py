@@ -406,7 +406,9 @@ def _measured_to_return(live: list[FleetInstance], plan: Plan, caps: AutopilotCa
                    f"({pending:.1f}/h on trial)")
         else:
             # At the target: one known machine a tick replaces the fleet's worst host
-            # (rule 2 trims it once this one proves), if it is cheaper per proof.
+            # (rule 2 trims it once this one proves), if it is cheaper per proof. The
+            # newcomer is priced at its full hourly figure (its setup download included),
+            # the incumbent at its rent alone: its download is already paid.
             worst = next(iter(_worst_first(live)), None)
             if replaced or worst is None or not m.predicted_usd_per_proof < worst.usd_per_proof:
                 continue

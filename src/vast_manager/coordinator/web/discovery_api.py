@@ -2,7 +2,7 @@
 plan, measurements in and out, the rate model, and the autopilot's switch.
 
 Handlers only read, check and call: predictions and plans run on a worker thread (the
-model is the latest fit, ``operations.rate_model``; never fitted per request), imports
+model is the latest fit, ``operations.model_keeper``; never fitted per request), imports
 are one transaction, and the autopilot's actions are its own (``operations.autopilot``).
 """
 
