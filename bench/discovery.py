@@ -1060,15 +1060,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="a market file (JSON Lines, docs/discovery.md 'Markets'); repeatable")
     ap.add_argument("--plan-only", action="store_true",
                     help="with --market(s): the planning figures alone (a few minutes)")
-    ap.add_argument("--belief-test-share", type=float, default=0.0,
-                    help="the planner's VM_PLAN_BELIEF_TEST_SHARE on the live market "
-                         "(default 0, the coordinator's)")
+    ap.add_argument("--belief-test-share", type=float, default=None,
+                    help="the planner's VM_PLAN_BELIEF_TEST_SHARE (default: 0, the "
+                         "coordinator's, on the live market; 0.25 on market files)")
     ap.add_argument("--markets", action="store_true",
                     help="every market in bench/markets/ (the one command for the figures)")
+    ap.add_argument("--prior", action="append", default=[], metavar="NAME=VALUE",
+                    help="with --market(s): a structural-model prior replaced for the run "
+                         "(a field of structural_model.Priors); repeatable")
     args = ap.parse_args(argv)
     if args.market or args.markets:
         return markets_main(args)
-    Planner.settings = dataclasses.replace(SETTINGS, doubt=belief_tests(args.belief_test_share))
+    Planner.settings = dataclasses.replace(
+        SETTINGS, doubt=belief_tests(args.belief_test_share or 0.0))
     seeds = list(range(1, 1 + (args.seeds or (1 if args.quick else 5))))
     weeks = args.weeks or (1 if args.quick else 4)
     n_machines = args.machines or (160 if args.quick else 400)
@@ -1227,9 +1231,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def markets_main(args: argparse.Namespace) -> int:
     """The rate model and the planner on market files (bench/market_bench.py)."""
+    import market_bench
     from market_bench import PLAN_SEEDS, MarketError, market_files, run_markets
 
     paths = list(args.market or []) + (market_files() if args.markets else [])
+    try:
+        use_priors(args.prior)
+        if args.belief_test_share is not None:
+            if not 0.0 <= args.belief_test_share <= 1.0:
+                raise ValueError("--belief-test-share must be between 0 and 1")
+            market_bench.PLAN_DOUBT = belief_tests(args.belief_test_share)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     seeds = list(range(1, 1 + (args.seeds or (1 if args.quick else 5))))
     sizes: tuple[int, ...] = (40, 240) if args.quick else (40, 240, 1000)
     if args.plan_only:
@@ -1248,6 +1262,33 @@ def markets_main(args: argparse.Namespace) -> int:
         args.json_out.write_bytes(orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS
                                                | orjson.OPT_SERIALIZE_NUMPY, default=float))
     return 0
+
+
+def use_priors(pairs: Sequence[str]) -> None:
+    """Fit every served model of this run under ``Priors`` with ``NAME=VALUE`` replaced
+    (a sensitivity run: docs/discovery.md section 9 records what such runs showed)."""
+    if not pairs:
+        return
+    from functools import partial
+
+    from vast_manager.coordinator.discovery import served, structural_model
+
+    base = structural_model.Priors()
+    changes: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not hasattr(base, name):
+            raise ValueError(f"--prior {pair!r}: expected NAME=VALUE with NAME a field of "
+                             f"Priors (e.g. host_sd=0.08)")
+        kind = type(getattr(base, name))
+        try:
+            changes[name] = kind(text)
+        except ValueError:
+            raise ValueError(f"--prior {pair!r}: {name} takes a {kind.__name__}") from None
+    print(f"priors replaced for this run: {changes}")
+    served.fit_rate_model = partial(  # type: ignore[attr-defined]
+        structural_model.fit_rate_model,
+        priors=dataclasses.replace(base, **changes))
 
 
 def reach_text_of(reach: Sequence[int | None]) -> str:

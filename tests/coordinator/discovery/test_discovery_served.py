@@ -139,3 +139,29 @@ def test_market_bench_on_every_market(tmp_path: Path) -> None:
         for row in m["accuracy"]["240"]:
             # Never far from the best single candidate on held-out hosts.
             assert row["served"] <= 1.1 * min(row["candidates"].values()), name
+
+
+def test_a_bad_prior_or_share_is_named_and_runs_nothing(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import discovery as bench
+
+    for args, said in ((["--prior", "bogus=1"], "NAME a field of Priors"),
+                       (["--prior", "host_sd=x"], "host_sd takes a float"),
+                       (["--belief-test-share", "2"], "between 0 and 1")):
+        assert bench.main(["--markets", "--plan-only", *args]) == 2
+        err = capsys.readouterr()
+        assert said in err.err and "Market " not in err.out
+
+
+def test_a_replaced_prior_reaches_every_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import discovery as bench
+
+    from vast_manager.coordinator.discovery import served
+
+    monkeypatch.setattr(served, "fit_rate_model", served.fit_rate_model)
+    bench.use_priors(["host_sd=0.08", "host_tail_dof=30"])
+    model = fit_served_model([], now=0.0)
+    assert model.structural.priors.host_sd == 0.08
+    assert model.structural.priors.host_tail_dof == 30.0
