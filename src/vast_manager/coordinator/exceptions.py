@@ -129,6 +129,13 @@ class AccountPaused(CoordinatorError):
     code = "account_paused"
 
 
+class FaultPaused(CoordinatorError):
+    """Deploys wait: a failure seen beyond one machine is the setup's or vast.ai's, not a
+    host's (docs/policy.md, "Blame"), until the operator clears it."""
+
+    code = "fault_paused"
+
+
 class ProviderFailed(CoordinatorError):
     """The provider (vast.ai) failed; nothing of ours changed."""
 
@@ -150,6 +157,7 @@ _STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (AutopilotNotConfigured, 409),
     (InvalidMeasurement, 400),
     (AccountPaused, 409),
+    (FaultPaused, 409),
     (ProviderFailed, 502),
     (ProviderOfferGone, 409),
     (ProviderRateLimited, 503),

@@ -335,11 +335,18 @@ STATUS_PAGE = 5000
 def _account_line(client: OperatorClient) -> None:
     """The vast.ai account in one line, and why deploys wait if they do (docs/operations.md,
     "The account"); nothing with a provider that has no account."""
-    account = client.get("/api/fleet").get("account") or {}
+    fleet = client.get("/api/fleet")
+    account = fleet.get("account") or {}
     funds = account.get("funds_usd")
+    for fault in fleet.get("faults") or []:
+        click.echo(textsafe.neutralise(
+            f"FAULT {fault.get('id')}: deploys and the autopilot paused: {fault.get('cause')}. "
+            f"Fix: {fault.get('fix')}"), err=True)
     if funds is None and account.get("auth_ok", True):
         return
-    parts = [f"vast.ai funds {render.usd(funds, 2)}" if funds is not None else "vast.ai"]
+    # The warning already names the funds: they are said once.
+    parts = [] if account.get("warning") else (
+        [f"vast.ai funds {render.usd(funds, 2)}"] if funds is not None else ["vast.ai"])
     if not account.get("auth_ok", True):
         parts.append(f"API key refused: {account.get('auth_error')}")
     elif account.get("warning"):
@@ -625,7 +632,7 @@ def bad_hosts() -> None:
 @json_option
 @operator_options
 def bad_hosts_list(client: OperatorClient, as_json: bool) -> None:
-    """List blocked machines with the reason each was blocked.
+    """List blocked machines: why each was blocked (its evidence) and until when.
 
     \b
     Example:
@@ -638,11 +645,13 @@ def bad_hosts_list(client: OperatorClient, as_json: bool) -> None:
     if not rows:
         click.echo("No bad hosts.")
         return
+    now = time.time()
     click.echo(
         render.table(
-            ((r.get("machine_id"), render.ago(r.get("added_at")), r.get("reason")) for r in rows),
-            ["MACHINE", "ADDED", "REASON"],
-            width=render.terminal_width(),
+            ((r.get("machine_id"), r.get("source"), render.ago(r.get("added_at"), now),
+              render.until(r.get("expires_at"), now), r.get("reason")) for r in rows),
+            ["MACHINE", "SOURCE", "ADDED", "UNTIL", "WHY"],
+            width=render.terminal_width(), shrink=("WHY",),
         )
     )
 
@@ -650,23 +659,29 @@ def bad_hosts_list(client: OperatorClient, as_json: bool) -> None:
 @bad_hosts.command("add")
 @click.argument("machine_id", type=int)
 @click.option("--reason", required=True, help="Why this machine is blocked.")
+@click.option("--hours", type=click.FloatRange(min=0.001, max=8784), default=None,
+              help="How long the block lasts (default: VM_STRIKE_BLOCK_S).")
 @operator_options
-def bad_hosts_add(client: OperatorClient, machine_id: int, reason: str) -> None:
-    """Block a machine.
+def bad_hosts_add(client: OperatorClient, machine_id: int, reason: str,
+                  hours: float | None) -> None:
+    """Block a machine for a while (every block ends).
 
     \b
     Example:
-      vast-manager bad-hosts add 41006 --reason "25.9/h, noisy neighbour"
+      vast-manager bad-hosts add 41006 --reason "25.9/h, noisy neighbour" --hours 48
     """
-    client.post("/api/bad-hosts", {"machine_id": machine_id, "reason": reason})
-    click.echo(f"Machine {machine_id} blocked.")
+    body: dict[str, Any] = {"machine_id": machine_id, "reason": reason}
+    if hours is not None:
+        body["hours"] = hours
+    answer = client.post("/api/bad-hosts", body)
+    click.echo(clean(answer.get("message")) or f"Machine {machine_id} blocked.")
 
 
 @bad_hosts.command("remove")
 @click.argument("machine_id", type=int)
 @operator_options
 def bad_hosts_remove(client: OperatorClient, machine_id: int) -> None:
-    """Unblock a machine.
+    """Unblock a machine (its strikes still count; `forgive` takes them back too).
 
     \b
     Example:
@@ -674,6 +689,67 @@ def bad_hosts_remove(client: OperatorClient, machine_id: int) -> None:
     """
     client.delete(f"/api/bad-hosts/{machine_id}")
     click.echo(f"Machine {machine_id} unblocked.")
+
+
+@bad_hosts.command("forgive")
+@click.argument("machine_id", type=int)
+@operator_options
+def bad_hosts_forgive(client: OperatorClient, machine_id: int) -> None:
+    """Unblock a machine and take back every strike against it.
+
+    \b
+    Example:
+      vast-manager bad-hosts forgive 41001
+    """
+    answer = client.post(f"/api/bad-hosts/{machine_id}/forgive", {})
+    click.echo(clean(answer.get("message")))
+
+
+@cli.group("faults")
+def faults() -> None:
+    """Failures that are not one host's (the setup's, vast.ai's): they pause deploys."""
+
+
+@faults.command("list")
+@json_option
+@operator_options
+def faults_list(client: OperatorClient, as_json: bool) -> None:
+    """Every fleet fault, open ones first: its cause, the machines it hit, the fix.
+
+    \b
+    Example:
+      vast-manager faults list
+    """
+    rows = client.get("/api/faults")
+    if as_json:
+        echo_json(rows)
+        return
+    if not rows:
+        click.echo("No faults.")
+        return
+    now = time.time()
+    for r in sorted(rows, key=lambda r: (not r.get("open"), -int(r.get("id") or 0))):
+        state = "OPEN" if r.get("open") else f"cleared {render.ago(r.get('cleared_at'), now)}"
+        click.echo(clean(f"fault {r.get('id')} [{state}] {r.get('fault')}'s, "
+                         f"{r.get('failures')} failure(s) on {', '.join(r.get('machines') or [])}"
+                         f", since {render.ago(r.get('opened_at'), now)}"))
+        click.echo(clean(f"  cause: {r.get('cause')}"))
+        click.echo(clean(f"  fix: {r.get('fix')}"))
+
+
+@faults.command("clear")
+@click.argument("fault_id", type=int)
+@click.option("--note", default="fixed", help="What was fixed (kept with the fault).")
+@operator_options
+def faults_clear(client: OperatorClient, fault_id: int, note: str) -> None:
+    """Say a fault is fixed: deploys and the autopilot resume.
+
+    \b
+    Example:
+      vast-manager faults clear 1 --note "C1 baked into vast-agent:1.1"
+    """
+    answer = client.post(f"/api/faults/{fault_id}/clear", {"note": note})
+    click.echo(clean(answer.get("message")))
 
 
 @cli.command()

@@ -40,6 +40,20 @@ def ago(ts: Any, now: float | None = None) -> str:
     return f"{seconds / 3600:.1f}h ago"
 
 
+def until(ts: Any, now: float | None = None) -> str:
+    """When something ends, as time left ("in 6.9d"); "-" when it never does."""
+    if ts is None:
+        return "-"
+    seconds = float(ts) - (now if now is not None else time.time())
+    if seconds <= 0:
+        return "expired"
+    if seconds < 5400:
+        return f"in {max(seconds, 60) / 60:.0f}m"
+    if seconds < 48 * 3600:
+        return f"in {seconds / 3600:.1f}h"
+    return f"in {seconds / 86400:.1f}d"
+
+
 def terminal_width() -> int | None:
     """The width tables must fit: ``COLUMNS`` when set, else the terminal's when stdout is
     one; None (no limit) when printing into a pipe or a file, where a script reads whole

@@ -25,7 +25,6 @@ from vast_manager.coordinator.decisions.share import instance_share, shortfall
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.measurements import NOT_OFFER_FIELDS
 from vast_manager.coordinator.exceptions import (
-    AccountPaused,
     BadHost,
     InvalidInput,
     MachineBusy,
@@ -34,6 +33,7 @@ from vast_manager.coordinator.exceptions import (
     ProviderFailed,
     TooSmall,
 )
+from vast_manager.coordinator.operations import faults
 from vast_manager.coordinator.operations.account import Account
 from vast_manager.coordinator.providers.base import (
     CreatedInstance,
@@ -186,9 +186,9 @@ class Deployer:
         if interruptible and not getattr(self.provider, "supports_bids", False):
             raise InvalidInput(f"{self.provider.name} rents no interruptible instances.",
                                field="interruptible")
-        paused = self.account.pause_reason() if self.account is not None else None
+        paused = faults.pause_error(self.account, self.store)
         if paused is not None:
-            raise AccountPaused(f"Deploys are paused: {paused}.")
+            raise paused
         try:
             offer = await self.provider.get_offer(offer_id)
         except ProviderError as err:

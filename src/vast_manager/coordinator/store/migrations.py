@@ -36,6 +36,7 @@ TABLES = (
     "measurements",
     "autopilot",
     "machine_strikes",
+    "fleet_faults",
 )
 
 #: Instances still on their machine (``states.BILLING``), as SQL. Written as "not gone"
@@ -517,6 +518,25 @@ def _m11_host_perf_from_measurements(db: sqlite_utils.Database) -> None:
     db.execute("drop table host_perf")
 
 
+def _m12_blame(db: sqlite_utils.Database) -> None:
+    """Whose fault each failed trial was (docs/policy.md, "Blame"): its party and the
+    failure's signature on ``machine_strikes`` (older rows: the host's, as they were
+    counted); faults beyond one machine that pause deploys (``fleet_faults``); the
+    minimum an instance's own price sets, beside an operator-given one."""
+    strikes = db.table("machine_strikes")
+    strikes.add_column("fault", str)
+    strikes.add_column("signature", str)
+    db.execute("update machine_strikes set fault = 'host' where fault is null")
+    db.table("fleet_faults").create(
+        {"id": int, "signature": str, "fault": str, "cause": str, "fix": str,
+         "opened_at": float, "last_at": float, "failures": int, "machines_json": str,
+         "cleared_at": float, "cleared_note": str},
+        pk="id",
+        not_null={"signature", "fault", "cause", "opened_at"},
+    )
+    db.table("instances").add_column("price_min_rate_per_hour", float)
+
+
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
     (1, "initial tables", _m1_initial),
     (2, "benchmark state for early verdicts", _m2_benchmark_verdict_state),
@@ -530,6 +550,7 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...]
     (9, "bytes moved, machine strikes, block expiries", _m9_whole_bill),
     (10, "directed benchmarks, held results, declared GPUs", _m10_directed_benchmarks),
     (11, "host_perf computed from measurements", _m11_host_perf_from_measurements),
+    (12, "blame: each failure's party, faults that pause deploys", _m12_blame),
 )
 
 

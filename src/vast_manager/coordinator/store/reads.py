@@ -306,6 +306,12 @@ class Reads:
         return rows_of(self._conn, f"select * from machine_strikes {where} order by at, id",
                        params)
 
+    def fleet_faults(self, open_only: bool = False) -> list[Row]:
+        """Faults beyond one machine (``decisions.blame``), newest first; open ones only
+        with ``open_only``."""
+        where = "where cleared_at is null" if open_only else ""
+        return rows_of(self._conn, f"select * from fleet_faults {where} order by id desc")
+
     def bad_host_count(self) -> int:
         return int(self._conn.execute("select count(*) from bad_hosts").fetchone()[0])
 

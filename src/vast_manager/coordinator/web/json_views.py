@@ -134,6 +134,14 @@ def event_view(row: Row) -> dict[str, Any]:
     return out
 
 
+def fault_view(row: Row) -> dict[str, Any]:
+    """A fleet fault (``decisions.blame``): open while ``cleared_at`` is null."""
+    out = dict(row)
+    out["machines"] = loads(out.pop("machines_json", None)) or []
+    out["open"] = out.get("cleared_at") is None
+    return out
+
+
 def scaling_view(row: Row) -> dict[str, Any]:
     out = dict(row)
     out["agent_evidence"] = loads(out.pop("agent_evidence_json", None))

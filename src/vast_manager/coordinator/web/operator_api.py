@@ -23,7 +23,7 @@ from vast_manager.coordinator.exceptions import (
     error_body,
     http_status,
 )
-from vast_manager.coordinator.operations import ingest
+from vast_manager.coordinator.operations import faults, ingest
 from vast_manager.coordinator.operations.deploy import mint_agent_id
 from vast_manager.coordinator.providers.base import ProviderError
 from vast_manager.coordinator.store.migrations import Row, loads
@@ -43,6 +43,7 @@ from vast_manager.coordinator.web.json_views import (
     VIEW_COLUMNS,
     CostBasis,
     event_view,
+    fault_view,
     finish_view,
     fleet_view,
     host_perf_view,
@@ -335,7 +336,11 @@ async def _fleet(core: Core, request: web.Request) -> Any:
         reads.instances_by_state(), production.idle_totals(),
         production.completed_total_per_hour()))
     # The break-even $/proof the minimum rates come from (the offers chart draws it).
+    open_faults = await core.store.read(lambda reads: reads.fleet_faults(open_only=True))
     return {**view, "account": core.monitor.account.view().as_dict(),
+            # Why deploys and the autopilot wait now (the account or a fault), or None.
+            "deploys_paused": faults.pause_reason(core.monitor.account, core.store),
+            "faults": [fault_view(r) for r in open_faults],
             "max_usd_per_proof": core.settings.max_usd_per_proof,
             "max_deploy_dph_total": core.settings.max_deploy_dph_total}
 
@@ -478,17 +483,50 @@ async def _add_bad_host(core: Core, request: web.Request) -> Any:
     machine_id = _text({"machine_id": raw}, "machine_id", required=True,
                        max_chars=MAX_LABEL_CHARS)
     reason = _text(body, "reason", required=False, max_chars=MAX_REASON_CHARS) or "by the operator"
+    # Every block ends (docs/policy.md, "Blame"): unless the operator says, as a strikes block.
+    hours = _number(body, "hours")
+    if hours is not None and hours > 24 * 366:
+        raise InvalidInput("Field 'hours' must be at most 8784 (a year).", field="hours")
+    block_s = core.settings.strike_block_s if hours is None else hours * 3600.0
     assert machine_id is not None
     now = core.clock()
 
     def job(tx: Tx) -> None:
-        tx.add_bad_host(machine_id, reason=reason, source="operator", now=now)
-        tx.insert_event(now, "bad_host", f"{machine_id}: {reason} (operator)",
-                        machine_id=machine_id)
+        tx.add_bad_host(machine_id, reason=reason, source="operator", now=now,
+                        expires_at=now + block_s)
+        tx.insert_event(now, "bad_host", f"{machine_id}: {reason} (operator, for "
+                        f"{block_s / 3600:.0f} h)", machine_id=machine_id)
 
     await core.store.write(job)
-    return {"ok": True, "machine_id": machine_id, "reason": reason,
-            "message": f"Machine {machine_id} is on bad_hosts."}
+    return {"ok": True, "machine_id": machine_id, "reason": reason, "expires_at": now + block_s,
+            "message": f"Machine {machine_id} is on bad_hosts for {block_s / 3600:.0f} h."}
+
+
+async def _forgive_bad_host(core: Core, request: web.Request) -> Any:
+    machine_id = request.match_info["machine_id"]
+    now = core.clock()
+    if not await core.store.write(lambda tx: tx.forgive(machine_id, now)):
+        raise NotFound(f"Machine {machine_id!r} has no block and no strike to forgive.")
+    return {"ok": True, "machine_id": machine_id,
+            "message": f"Machine {machine_id} forgiven: its block lifted, its strikes taken back."}
+
+
+async def _faults(core: Core, request: web.Request) -> Any:
+    return await core.store.read(lambda reads: [fault_view(r) for r in reads.fleet_faults()])
+
+
+async def _clear_fault(core: Core, request: web.Request) -> Any:
+    raw = request.match_info["fault_id"]
+    if not raw.isdigit() or len(raw) > 18:
+        raise InvalidInput(f"Fault id must be a whole number, got {raw[:40]!r}.", field="id")
+    body = await _json_object(request)
+    note = _text(body, "note", required=False, max_chars=MAX_REASON_CHARS) or "fixed"
+    assert note is not None
+    now = core.clock()
+    if not await core.store.write(lambda tx: tx.clear_fault(int(raw), note, now)):
+        raise NotFound(f"No open fault {raw}.")
+    return {"ok": True, "fault_id": int(raw),
+            "message": f"Fault {raw} cleared: deploys and the autopilot resume."}
 
 
 async def _remove_bad_host(core: Core, request: web.Request) -> Any:
@@ -577,6 +615,9 @@ def operators_app() -> web.Application:
     app.router.add_get("/bad-hosts", op(_bad_hosts))
     app.router.add_post("/bad-hosts", op(_add_bad_host))
     app.router.add_delete("/bad-hosts/{machine_id}", op(_remove_bad_host))
+    app.router.add_post("/bad-hosts/{machine_id}/forgive", op(_forgive_bad_host))
+    app.router.add_get("/faults", op(_faults))
+    app.router.add_post("/faults/{fault_id}/clear", op(_clear_fault))
     app.router.add_get("/scaling", op(_scaling))
     app.router.add_post("/deploy", op(_deploy))
     app.router.add_get("/instances/{id}/telemetry-history", op(_telemetry_history))
