@@ -75,3 +75,24 @@ async def test_a_missing_c1_everywhere_strikes_no_host_and_pauses_deploys(fleet:
     await until(past_its_inputs, "the fixed deploy to get past its input checks", 120)
     await api.ok("POST", f"/api/instances/{again['instance_id']}/destroy")
     await fleet.fake.settle()
+
+
+async def test_an_operator_given_minimum_judges_that_deploy_only(tmp_path: Path) -> None:
+    """`deploy 9003 --min-rate 1000` (a typo): the instance ends, the machine does not."""
+    async with vast_fleet(tmp_path, (9003,), terminate_grace_s=1.0) as fleet:
+        api = fleet.api
+        typo = await api.ok("POST", "/api/deploy", {"offer_id": 9003, "min_rate_per_hour": 1000})
+
+        async def ended() -> bool:
+            row = await api.ok("GET", f"/api/instances/{typo['instance_id']}")
+            return row["state"] == "destroyed"
+
+        await until(ended, "the deploy judged on 1000/h to end", 120)
+        row = await api.ok("GET", f"/api/instances/{typo['instance_id']}")
+        assert "below the minimum" in row["terminate_reason"]
+        assert "not blocked" in row["terminate_reason"], row["terminate_reason"]
+        assert await api.ok("GET", "/api/bad-hosts") == []
+        # The machine is as deployable as before.
+        again = await api.ok("POST", "/api/deploy", {"offer_id": 9003})
+        await api.ok("POST", f"/api/instances/{again['instance_id']}/destroy")
+        await fleet.fake.settle()

@@ -109,6 +109,7 @@ class _Terms:
     bid: float | None
     setup_bandwidth: float  # $/h of the setup download over a kept life
     now: float
+    price_min_rate: float | None  # with an operator-given minimum: the one its price sets
 
 
 class Deployer:
@@ -237,9 +238,8 @@ class Deployer:
             prices, setup_down_bytes=self.settings.setup_download_gb * cost.BYTES_PER_GB,
             kept_hours=self.settings.plan_horizon_hours,
         )
-        min_rate = policy.min_rate_per_hour(
-            figure.total, self.settings.max_usd_per_proof, explicit_min_rate
-        )
+        price_min_rate = policy.min_rate_per_hour(figure.total, self.settings.max_usd_per_proof)
+        min_rate = price_min_rate if explicit_min_rate is None else float(explicit_min_rate)
         # An interruptible trial bids a share of the on-demand rent, at least vast.ai's
         # minimum bid; it is judged against the on-demand figure all the same.
         bid = None
@@ -248,7 +248,8 @@ class Deployer:
                       checked.offer.min_bid or 0.0)
         return _Terms(agent_id, agent_label(self.settings.fleet_id, agent_id),
                       signing.derive_agent_key(self.settings.newest_secret, agent_id),
-                      min_rate, bid, figure.bandwidth, self.clock())
+                      min_rate, bid, figure.bandwidth, self.clock(),
+                      None if explicit_min_rate is None else price_min_rate)
 
     def _record(self, tx: Tx, checked: _Checked, terms: _Terms) -> int:
         """The agent and the instance, in `deploying`, before anything is rented."""
@@ -278,6 +279,9 @@ class Deployer:
                 "disk_gb": checked.disk_gb,
                 "bid_per_hour": terms.bid,
                 "min_rate_per_hour": terms.min_rate,
+                # An operator-given minimum judges this deploy only; a block needs a rate
+                # below this one, the minimum its own price sets (docs/policy.md, "Blame").
+                "price_min_rate_per_hour": terms.price_min_rate,
                 "created_at": now,
                 "updated_at": now,
             }
