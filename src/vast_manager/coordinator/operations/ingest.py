@@ -690,7 +690,8 @@ def _terminate_early(
         reason += " (given at deploy; the machine is not blocked)"
     tx.begin_terminating(
         inst["id"], reason, kind="verdict", note=f"terminate: {reason}", data=data,
-        bad_host_source="benchmark" if blocks else None, now=now, destroy_due_at=now + settings.terminate_grace_s,
+        bad_host_source="benchmark" if blocks else None, now=now,
+        destroy_due_at=now + settings.terminate_grace_s,
         **state, rate_per_hour=v.rate_estimate_per_hour, last_seen=now,
     )
     fresh = tx.get_instance(inst["id"])
