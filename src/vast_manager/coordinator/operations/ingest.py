@@ -691,6 +691,7 @@ def _terminate_early(
     tx.begin_terminating(
         inst["id"], reason, kind="verdict", note=f"terminate: {reason}", data=data,
         bad_host_source="benchmark" if blocks else None, now=now,
+        strike=policy.StrikeRule.from_settings(settings) if blocks else None,
         destroy_due_at=now + settings.terminate_grace_s,
         **state, rate_per_hour=v.rate_estimate_per_hour, last_seen=now,
     )
@@ -1011,7 +1012,10 @@ def result_job(
         if terminate and verdict is not None:
             ending = Ending(verdict.reason, "verdict", now + settings.terminate_grace_s,
                             note=f"terminate: {verdict.reason}",
-                            bad_host_source="benchmark" if verdict.bad_host else None)
+                            bad_host_source="benchmark" if verdict.bad_host else None,
+                            # its block lasts VM_STRIKE_BLOCK_S, as a strikes block does
+                            strike=policy.StrikeRule.from_settings(settings)
+                            if verdict.bad_host else None)
         after = _after_result(inst, inst_updates, ending)
         pace_now = pace.answer_s(after["state"], fleet, settings, rng)
         directive = _directive(after, pace_now)
