@@ -420,10 +420,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     idle_destroy_after_s: Annotated[
         float,
         Meta(ge=0, description=(
-            "destroy a deployed instance idle this long (0: only report it; a bring-your-own "
-            "agent is never destroyed)"
+            "destroy a deployed instance idle this long, after a warning when it turns idle "
+            "(so VM_IDLE_AFTER_S + this without a proof; SkyPilot's autostop and dstack's "
+            "idle_duration stop idle machines by default too: docs/operations.md, 'Idle "
+            "instances'); 0: only report it; a bring-your-own agent is never destroyed"
         )),
-    ] = 0.0
+    ] = 900.0
     autopilot: Annotated[
         bool,
         Meta(description=(

@@ -46,7 +46,9 @@ FAST_OFFER = 9003  # 1x RTX 5070 Ti at $0.19/h: well above it
 
 @pytest.fixture
 async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
-    async with vast_fleet(tmp_path, (SLOW_OFFER, FAST_OFFER)) as running:
+    # No work command feeds the fast host: it is kept proving, not stopped idle.
+    async with vast_fleet(tmp_path, (SLOW_OFFER, FAST_OFFER),
+                          idle_destroy_after_s=0.0) as running:
         yield running
 
 

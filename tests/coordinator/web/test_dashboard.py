@@ -264,6 +264,7 @@ async def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
         db_path=str(tmp_path / "coord.db"), config_dir=str(tmp_path / "config"),
         host="127.0.0.1", port=0, next_heartbeat_s=1, monitor_interval_s=1.0,
         heartbeat_history_interval_s=0.5, sim_time_scale=600.0,
+        idle_destroy_after_s=0.0,  # no work command: kept idle, to be shown so
     )
     # An offer whose listing is hostile: markup and bidi characters in its text fields.
     hostile = {**offer, "id": offer["id"] + 1000, "machine_id": 990_001,

@@ -27,6 +27,7 @@ from vast_manager.coordinator.operations.production import (
 from vast_manager.coordinator.operations.production import (
     ProductionTracker,
     duration,
+    idle_warning,
 )
 from vast_manager.coordinator.providers.base import (
     AuthError,
@@ -209,18 +210,19 @@ class Monitor:
         turned = self.production.observe(rows, now)
         current = self.production.current
         if turned:
+            warnings = {i: idle_warning(current[i], now) for i in turned}
+
             def report(tx: Tx) -> None:
                 for instance_id in turned:
                     inst = tx.get_instance(instance_id)
                     if inst is not None:
-                        tx.insert_event(now, "idle", str(current[instance_id].idle_reason),
+                        tx.insert_event(now, "idle", warnings[instance_id],
                                         instance_id=instance_id, agent_id=inst["agent_id"],
                                         machine_id=inst["machine_id"])
 
             await self.store.write(report)
             for instance_id in turned:
-                log.info("instance %s is idle: %s", instance_id,
-                            current[instance_id].idle_reason)
+                log.warning("instance %s is idle: %s", instance_id, warnings[instance_id])
         limit = self.settings.idle_destroy_after_s
         # At zero funds vast.ai stops every instance: no proof moves, and that is no host's fault.
         if limit <= 0 or self.account.at_or_below_zero:
