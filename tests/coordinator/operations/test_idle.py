@@ -90,10 +90,10 @@ async def test_an_instance_with_no_work_shows_idle_everywhere(
     table = await asyncio.to_thread(runner.invoke, cli, ["status"], env=env)
     assert table.exit_code == 0, table.output
     line = next(x for x in table.output.splitlines() if x.startswith(f"{idle_id} "))
-    assert "IDLE" in line
-    assert f"instance {idle_id} is IDLE" in table.output
+    assert " idle " in line
+    assert f"instance {idle_id} is idle" in table.output
     busy_line = next(x for x in table.output.splitlines() if x.startswith(f"{busy_id} "))
-    assert "60.0" in busy_line and "IDLE" not in busy_line
+    assert "60.0" in busy_line and " idle " not in busy_line
     shown = await asyncio.to_thread(runner.invoke, cli, ["instance", str(idle_id)], env=env)
     assert "IDLE: no proof completed in" in shown.output
     shown = await asyncio.to_thread(runner.invoke, cli, ["instance", str(busy_id)], env=env)

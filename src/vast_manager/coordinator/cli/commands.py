@@ -356,17 +356,78 @@ def _account_line(client: OperatorClient) -> None:
     click.echo(textsafe.neutralise("; ".join(parts)))
 
 
+#: Gone instances ``status`` lists without ``--all`` or ``--state``: the last day's.
+RECENT_GONE_S = 24 * 3600.0
+
+
+def shown_state(row: dict[str, Any]) -> str:
+    """The state a table shows: ``idle`` for a proving instance completing nothing (a
+    ``--state`` value like the others), else the instance's state."""
+    return "idle" if row.get("idle") else str(row.get("state"))
+
+
+def provider_cell(row: dict[str, Any]) -> str:
+    """vast.ai's view beside ours: its instance id and its actual_status, as last listed."""
+    pid = row.get("provider_instance_id")
+    if pid is None:
+        return "-"
+    if row.get("provider") == "local":
+        return f"local {pid}"
+    return f"{pid} {row.get('provider_status') or '?'}"
+
+
+def status_row(r: dict[str, Any], now: float) -> tuple[Any, ...]:
+    """One instance as ``status`` shows it: a lost or idle instance proves nothing now, so
+    it has no rate and no $/proof (docs/operations.md, "One reading")."""
+    silent = r.get("idle") or r.get("state") == "lost"
+    seen = r.get("last_seen")
+    billed = (r.get("cost") or {}).get("billed") or {}
+    return (
+        r.get("id"),
+        shown_state(r),
+        # A gone instance's last heartbeat phase (terminating) is history.
+        "-" if r.get("state") in GONE_STATES else r.get("phase"),
+        _progress(r.get("progress")),
+        f"{r.get('num_gpus') or '?'}x {r.get('gpu_name') or '?'}",
+        render.usd(r.get("billing_now_per_hour"), 3),
+        "-" if silent else render.num(r.get("rate_per_hour"))
+        + (" (sim)" if r.get("provider") == "local" and r.get("rate_per_hour") else ""),
+        render.num(r.get("completed_rate_per_hour")),
+        "-" if silent else render.usd(r.get("usd_per_proof")),
+        render.usd(billed.get("total"), 2),
+        render.ago(seen, now)
+        + (" (before restart)" if seen is not None and r.get("heard_since_start") is False
+           else ""),
+        provider_cell(r),
+        r.get("label"),
+    )
+
+
+STATUS_HEADERS = ("ID", "STATE", "PHASE", "PROGRESS", "GPUS", "$/H", "RATE/H", "DONE/H",
+                  "$/PROOF", "SPENT", "LAST SEEN", "VAST.AI", "LABEL")
+#: Priorities at a narrow width: LABEL narrows first, then these leave, GPUS gives way last.
+STATUS_DROP = ("PHASE", "LABEL", "DONE/H", "PROGRESS", "LAST SEEN", "SPENT")
+
+
 @cli.command()
 @click.option("--state", "states", multiple=True, metavar="STATE[,STATE...]",
-              help="Only instances in these states (repeat it, or separate with commas).")
+              help="Only instances in these states (repeat it, or separate with commas); "
+                   "`idle` is a proving instance that completes nothing.")
+@click.option("--all", "show_all", is_flag=True,
+              help="Also instances destroyed or vanished more than a day ago.")
 @json_option
 @operator_options
-def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> None:
-    """The fleet: every instance with state, phase, rate and cost per proof.
+def status(client: OperatorClient, states: tuple[str, ...], show_all: bool,
+           as_json: bool) -> None:
+    """The fleet: every instance with state, phase, rate, cost per proof, what it has
+    cost so far and vast.ai's own view (its instance id and actual_status).
 
     Above the table, one line on the vast.ai account when it matters: its funds, a
-    refused key, and whether deploys are paused. With --json each instance carries
-    "cost": rent, storage and bandwidth per hour, per proof and billed so far.
+    refused key, and whether deploys are paused (and why). $/H is what the instance
+    bills now by vast.ai's last listed status (no rent while stopped). Instances gone
+    more than a day ago are left out unless --all or --state asks for them. With
+    --json each instance carries "cost": rent, storage and bandwidth per hour, per
+    proof and billed so far.
 
     Read a page at a time (5,000 instances), so a large fleet never makes one huge
     answer. With --json: the API's list, indented on a terminal and compact when piped.
@@ -374,9 +435,12 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
     \b
     Example:
       vast-manager status --url http://coordinator:8420
-      vast-manager status --state proving,benchmarking --json
+      vast-manager status --state proving,idle --json
     """
-    query = {"state": ",".join(states)} if states else {}
+    named = [part.strip().lower() for value in states for part in value.split(",")]
+    query: dict[str, Any] = {"state": ",".join(named)} if named else {}
+    if not named and not show_all:
+        query["gone_since"] = int(time.time() - RECENT_GONE_S)
     if as_json:
         if sys.stdout.isatty():
             echo_json(client.get_list("/api/instances", STATUS_PAGE, **query))
@@ -387,43 +451,24 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
     rows = client.get_list("/api/instances", STATUS_PAGE, **query)
     _account_line(client)
     if not rows:
-        click.echo(f"No instances in {', '.join(states)}." if states else "No instances.")
+        click.echo(f"No instances in {', '.join(named)}." if named else "No instances.")
         return
     now = time.time()
-    click.echo(
-        render.table(
-            (
-                (
-                    r.get("id"),
-                    "IDLE" if r.get("idle") else r.get("state"),
-                    # A gone instance's last heartbeat phase (terminating) is history.
-                    "-" if r.get("state") in GONE_STATES else r.get("phase"),
-                    _progress(r.get("progress")),
-                    f"{r.get('num_gpus') or '?'}x {r.get('gpu_name') or '?'}",
-                    render.usd(r.get("dph_total"), 3),
-                    render.num(r.get("rate_per_hour"))
-                    + (" (sim)" if r.get("provider") == "local" else ""),
-                    render.num(r.get("completed_rate_per_hour")),
-                    render.usd(r.get("usd_per_proof")),
-                    render.ago(r.get("last_seen"), now)
-                    + (" (before restart)" if r.get("heard_since_start") is False else ""),
-                    r.get("label"),
-                )
-                for r in rows
-            ),
-            ["ID", "STATE", "PHASE", "PROGRESS", "GPUS", "$/H", "RATE/H", "DONE/H", "$/PROOF",
-             "LAST SEEN", "LABEL"],
-            width=render.terminal_width(), shrink=("LABEL", "GPUS"),
-        )
-    )
+    click.echo(render.table((status_row(r, now) for r in rows), STATUS_HEADERS,
+                            width=render.terminal_width(), shrink=("LABEL",),
+                            drop=STATUS_DROP, keep=("GPUS",)))
     if any(r.get("state") == "proving" for r in rows):
-        click.echo("RATE/H: the benchmark's proofs/hour; DONE/H: what cuzk completed over "
-                   "the last hour of proving.")
+        click.echo(render.wrap("RATE/H: the benchmark's proofs/hour; DONE/H: what cuzk "
+                               "completed over the last hour of proving; SPENT: billed so "
+                               "far.", render.terminal_width()))
     for r in rows:
         if r.get("idle"):
-            click.echo(f"Warning: instance {r.get('id')} is IDLE, billing "
-                       f"{render.usd(r.get('dph_total'), 3)}/h for nothing: "
-                       f"{clean(r.get('idle_reason'))}.", err=True)
+            stop_at = r.get("idle_stop_at")
+            then = (f"; destroyed {render.until(stop_at, now)} unless a proof completes"
+                    if stop_at is not None else "")
+            click.echo(f"Warning: instance {r.get('id')} is idle, billing "
+                       f"{render.usd(r.get('billing_now_per_hour'), 3)}/h for nothing: "
+                       f"{clean(r.get('idle_reason'))}{then}.", err=True)
     if any(r.get("provider") == "local" for r in rows):
         click.echo("(sim): a local-provider instance on the simulated cuzk; its rate is simulated.")
 

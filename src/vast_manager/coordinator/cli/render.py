@@ -70,27 +70,38 @@ def terminal_width() -> int | None:
 MIN_CELL = 6
 
 
-def _fit(widths: list[int], headers: Sequence[str], width: int,
-         shrink: Sequence[str] = ()) -> list[int]:
-    """Narrow the columns named in ``shrink`` first, in that order, then the widest, one
-    character at a time, until the line fits ``width`` (or nothing can narrow further)."""
+def _fit(widths: list[int], headers: Sequence[str], width: int, shrink: Sequence[str] = (),
+         drop: Sequence[str] = (), keep: Sequence[str] = ()) -> tuple[list[int], list[str]]:
+    """The columns' priorities, lowest first, until the line fits ``width``: narrow those
+    named in ``shrink`` (in that order); leave out those in ``drop`` (in that order); narrow
+    the widest of the others one character at a time; the columns in ``keep`` last of
+    all. Returns the widths (0: left out) and the headings left out."""
     widths = list(widths)
     floor = [max(MIN_CELL, len(h)) for h in headers]
+    names = list(headers)
+    dropped: list[str] = []
 
     def over() -> int:
-        return sum(widths) + 2 * (len(widths) - 1) - width
+        shown = [w for w in widths if w > 0]
+        return sum(shown) + 2 * (len(shown) - 1) - width
 
     for name in shrink:
-        if name in headers and over() > 0:
-            i = list(headers).index(name)
+        if name in names and over() > 0:
+            i = names.index(name)
             widths[i] = max(floor[i], widths[i] - over())
-    while over() > 0:
-        shrinkable = [i for i, w in enumerate(widths) if w > floor[i]]
-        if not shrinkable:
-            break
-        widest = max(shrinkable, key=lambda i: widths[i])
-        widths[widest] -= 1
-    return widths
+    for name in drop:
+        if name in names and over() > 0:
+            widths[names.index(name)] = 0
+            dropped.append(name)
+    for last in (False, True):
+        while over() > 0:
+            shrinkable = [i for i, w in enumerate(widths)
+                          if w > floor[i] and (last or names[i] not in keep)]
+            if not shrinkable:
+                break
+            widest = max(shrinkable, key=lambda i: widths[i])
+            widths[widest] -= 1
+    return widths, dropped
 
 
 def _cut(cell: str, w: int) -> str:
@@ -98,22 +109,28 @@ def _cut(cell: str, w: int) -> str:
 
 
 def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], width: int | None = None,
-          shrink: Sequence[str] = ()) -> str:
+          shrink: Sequence[str] = (), drop: Sequence[str] = (),
+          keep: Sequence[str] = ()) -> str:
     """Left-aligned text table; every cell passes through ``clean``. With ``width``, the
-    columns named in ``shrink`` and then the widest are narrowed to fit it, a cut cell
-    ending in ``~``."""
+    columns give way by priority (``_fit``): ``shrink`` narrowed first, ``drop`` left out
+    next (a last line names them), then the widest, ``keep`` last; a cut cell ends in
+    ``~``."""
     body = [[clean(c) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in body:
         for i, cell in enumerate(row):
             widths[i] = max(widths[i], len(cell))
+    dropped: list[str] = []
     if width is not None:
-        widths = _fit(widths, headers, width, shrink)
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
+        widths, dropped = _fit(widths, headers, width, shrink, drop, keep)
+    shown = [i for i, w in enumerate(widths) if w > 0]
+    lines = ["  ".join(headers[i].ljust(widths[i]) for i in shown).rstrip()]
+    lines.append("  ".join("-" * widths[i] for i in shown))
     for row in body:
-        lines.append("  ".join(_cut(c, w).ljust(w)
-                               for c, w in zip(row, widths, strict=True)).rstrip())
+        lines.append("  ".join(_cut(row[i], widths[i]).ljust(widths[i]) for i in shown).rstrip())
+    if dropped:
+        lines.append(f"(left out at {width} columns: {', '.join(dropped)}; a wider terminal "
+                     "or --json shows them)")
     return "\n".join(lines)
 
 

@@ -69,6 +69,39 @@ def production_lines(data: dict[str, Any]) -> list[str]:
             "the next heartbeats)"]
 
 
+def _rate_lines(data: dict[str, Any]) -> list[str]:
+    """The benchmark's rate against the minimum; none while lost or idle (it proves
+    nothing now, docs/operations.md "One reading")."""
+    sim = " (SIMULATED: local provider)" if data.get("provider") == "local" else ""
+    minimum = f"minimum {render.num(data.get('min_rate_per_hour'))}/h"
+    if data.get("idle") or data.get("state") == "lost":
+        return [f"  no rate now ({'idle' if data.get('idle') else 'lost'}; {minimum}){sim}"]
+    return [f"  benchmark rate {render.num(data.get('rate_per_hour'))}/h ({minimum}), "
+            f"{render.usd(data.get('usd_per_proof'))} per proof{sim}"]
+
+
+def provider_lines(data: dict[str, Any]) -> list[str]:
+    """The provider's view beside ours (vast.ai's instance id, actual_status, status_msg,
+    what it bills now) and what the instance has cost so far, by part."""
+    pid = data.get("provider_instance_id")
+    lines = []
+    if data.get("provider") == "local":
+        lines.append(f"  local instance {pid if pid is not None else '-'} (simulated, not "
+                     "vast.ai's)")
+    elif pid is not None:
+        msg = data.get("provider_status_msg")
+        lines.append(f"  vast.ai instance {pid}: {clean(data.get('provider_status') or '?')}"
+                     + (f" ({clean(msg)})" if msg else "") + ", billing "
+                     f"{render.usd(data.get('billing_now_per_hour'), 3)}/h now")
+    billed = (data.get("cost") or {}).get("billed")
+    if billed:
+        lines.append(f"  spent {render.usd(billed.get('total'), 2)} so far (rent "
+                     f"{render.usd(billed.get('rent'), 2)}, storage "
+                     f"{render.usd(billed.get('storage'), 2)}, bandwidth "
+                     f"{render.usd(billed.get('bandwidth'), 2)})")
+    return lines
+
+
 def render_instance(data: dict[str, Any]) -> str:
     now = time.time()
     lines = [
@@ -79,11 +112,9 @@ def render_instance(data: dict[str, Any]) -> str:
         f"  machine {clean(data.get('machine_id'))}: {data.get('num_gpus') or '?'}x "
         f"{clean(data.get('gpu_name'))}, {clean(data.get('geolocation'))}, "
         f"{render.usd(data.get('dph_total'), 3)}/h",
-        f"  benchmark rate {render.num(data.get('rate_per_hour'))}/h (minimum "
-        f"{render.num(data.get('min_rate_per_hour'))}/h), "
-        f"{render.usd(data.get('usd_per_proof'))} per proof"
-        + (" (SIMULATED: local provider)" if data.get("provider") == "local" else ""),
+        *_rate_lines(data),
         *production_lines(data),
+        *provider_lines(data),
         "",
     ]
     tele = data.get("telemetry")

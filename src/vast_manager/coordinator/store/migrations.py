@@ -522,7 +522,8 @@ def _m12_blame(db: sqlite_utils.Database) -> None:
     """Whose fault each failed trial was (docs/policy.md, "Blame"): its party and the
     failure's signature on ``machine_strikes`` (older rows: the host's, as they were
     counted); faults beyond one machine that pause deploys (``fleet_faults``); the
-    minimum an instance's own price sets, beside an operator-given one."""
+    minimum an instance's own price sets, beside an operator-given one; vast.ai's own
+    view of each instance."""
     strikes = db.table("machine_strikes")
     strikes.add_column("fault", str)
     strikes.add_column("signature", str)
@@ -534,7 +535,13 @@ def _m12_blame(db: sqlite_utils.Database) -> None:
         pk="id",
         not_null={"signature", "fault", "cause", "opened_at"},
     )
-    db.table("instances").add_column("price_min_rate_per_hour", float)
+    instances = db.table("instances")
+    instances.add_column("price_min_rate_per_hour", float)
+    # vast.ai's own view, as the monitor last listed it: its actual_status, its status_msg
+    # and what that status bills per hour (rent and storage; null: not listed yet).
+    instances.add_column("provider_status", str)
+    instances.add_column("provider_status_msg", str)
+    instances.add_column("billing_per_hour", float)
 
 
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
@@ -550,7 +557,8 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...]
     (9, "bytes moved, machine strikes, block expiries", _m9_whole_bill),
     (10, "directed benchmarks, held results, declared GPUs", _m10_directed_benchmarks),
     (11, "host_perf computed from measurements", _m11_host_perf_from_measurements),
-    (12, "blame: each failure's party, faults that pause deploys", _m12_blame),
+    (12, "blame: each failure's party, faults that pause deploys; vast.ai's view",
+     _m12_blame),
 )
 
 

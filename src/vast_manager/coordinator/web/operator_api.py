@@ -61,10 +61,13 @@ MAX_LABEL_CHARS = 200
 MAX_REASON_CHARS = 1000
 #: The most instances one page of ``GET /api/instances`` holds.
 MAX_INSTANCE_PAGE = 10_000
-#: The instance states a state filter may name.
-KNOWN_STATES: tuple[str, ...] = tuple(State)
+#: What the tables show for a proving instance that completes nothing (docs/operations.md,
+#: "Idle"): a state filter may name it as it names the states.
+IDLE = "idle"
+#: The instance states a state filter may name, and ``idle``.
+KNOWN_STATES: tuple[str, ...] = (*tuple(State), IDLE)
 #: The parameters ``GET /api/instances`` takes (anything else is refused).
-INSTANCE_LIST_PARAMETERS = ("state", "limit", "after_id")
+INSTANCE_LIST_PARAMETERS = ("state", "limit", "after_id", "gone_since")
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:
@@ -303,27 +306,39 @@ async def _list_instances(core: Core, request: web.Request) -> Any:
     states = _query_states(request)
     limit = _query_int(request, "limit", default=None, minimum=1, maximum=MAX_INSTANCE_PAGE)
     after_id = _query_int(request, "after_id", default=None, minimum=0, maximum=2**63 - 1)
+    # Gone instances only if they went at or after this unix time (status: the last day's).
+    gone_since = _query_int(request, "gone_since", default=None, minimum=0,
+                            maximum=2**40)
     id_at = VIEW_COLUMNS.index("id")
     basis = cost_basis(core)
+
+    # ``idle`` is a proving instance that completes nothing: read as proving, then told
+    # apart (and ``proving`` then means the proving ones that are not idle).
+    read_states = (None if states is None else
+                   tuple(dict.fromkeys(State.PROVING if s == IDLE else s for s in states)))
 
     def page(reads: Reads) -> tuple[bytes, int | None]:
         # One row past the page tells whether another follows. Only the view's columns,
         # and one dict a row built from the row's values.
-        rows = reads.instance_values(VIEW_COLUMNS, states=states, after_id=after_id,
-                                     limit=None if limit is None else limit + 1)
+        rows = reads.instance_values(VIEW_COLUMNS, states=read_states, after_id=after_id,
+                                     limit=None if limit is None else limit + 1,
+                                     gone_since=gone_since)
         more = limit is not None and len(rows) > limit
         if more:
             del rows[limit:]
         produced = core.monitor.production.view
-        body = orjson.dumps([production_view(
+        views = [production_view(
             finish_view(dict(zip(VIEW_COLUMNS, values, strict=True)), basis),
-            produced(values[id_at]), core.started_at) for values in rows])
-        return body, int(rows[-1][id_at]) if more else None
+            produced(values[id_at]), core.started_at) for values in rows]
+        if states is not None:
+            views = [v for v in views if (IDLE if v["idle"] else v["state"]) in states]
+        return orjson.dumps(views), int(rows[-1][id_at]) if more else None
 
     body, last_id = await core.store.read(page)
     response = _json_bytes(body)
     if last_id is not None:
         query = [("state", ",".join(states))] if states else []
+        query += [("gone_since", str(gone_since))] if gone_since is not None else []
         query += [("limit", str(limit)), ("after_id", str(last_id))]
         response.headers["Link"] = (f"<{request.path}?{urllib.parse.urlencode(query)}>; "
                                     'rel="next"')
