@@ -187,7 +187,7 @@ async def test_bad_parameters_are_a_400_naming_them(
 
 def test_the_filter_names_every_state_and_the_document_agrees() -> None:
     # Every state, and ``idle``: every state a table shows is a filter value.
-    assert operator_api.KNOWN_STATES == (*INSTANCE_STATES, "idle")
+    assert (*INSTANCE_STATES, "idle") == operator_api.KNOWN_STATES
     doc = yaml.safe_load((ROOT / "docs" / "openapi.yaml").read_text())
     params = {p["name"]: p for p in doc["paths"]["/api/instances"]["get"]["parameters"]}
     assert params["state"]["schema"]["items"]["enum"] == [*INSTANCE_STATES, "idle"]

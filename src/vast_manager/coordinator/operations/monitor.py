@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
+from vast_manager.common.retry import COORDINATOR_BACKOFF
 from vast_manager.coordinator.decisions import cost, policy, states
 from vast_manager.coordinator.decisions import reconcile as reconcile_rules
 from vast_manager.coordinator.decisions.pace import HeartbeatTracker
@@ -135,7 +136,10 @@ class Monitor:
         agent was last given.
 
         After a coordinator restart nobody could have heard the agents while it
-        was down, so their timers start afresh rather than from ``last_seen``.
+        was down, so their timers start afresh rather than from ``last_seen``, and
+        only after the longest wait an agent's backoff may still hold it to
+        (``retry.COORDINATOR_BACKOFF``): an agent that reports within that window is
+        never called ``lost`` (nor idle) for the restart.
         Synchronous, for ``create_app`` before the loop serves anyone; in the loop
         ``tick`` uses ``seed_async``.
         """
@@ -152,7 +156,8 @@ class Monitor:
             # Checked after the scan: a heartbeat heard meanwhile keeps its own time.
             untracked = self.tracker.last_seen(instance_id) is None
             if inst["state"] in states.ACTIVE_PHASES and untracked:
-                self.tracker.touch(instance_id, now, inst["heartbeat_pace_s"], inst["state"])
+                self.tracker.touch(instance_id, now, inst["heartbeat_pace_s"], inst["state"],
+                                   extra_s=COORDINATOR_BACKOFF.cap_s)
         self._seeded = True
 
     def wake(self) -> None:
@@ -456,6 +461,8 @@ class Monitor:
             listed_instances(provider_instances), our_records(ours), self.settings.fleet_id,
             known, now,
             self.settings.unowned_grace_s,
+            # Local instances are never said to be vast.ai's.
+            "vast.ai" if self.provider.name == "vast" else f"the {self.provider.name} provider",
         )
         # One list that misses an instance (a provider hiccup) must not end a
         # healthy instance: mark vanished only after consecutive rounds agree.

@@ -387,7 +387,11 @@ async def _serve_until_signalled(settings: Settings, provider: Provider) -> None
     try:
         await stop.wait()
         rented = await _billing_instances(server)
-        if rented:
+        if rented and provider.name == "local":
+            # The local provider's instances are this process's children: they end with it.
+            _say(settings, f"stopping: the {len(rented)} local instance(s) ({_ids(rented)}) "
+                           "and their agents stop with this coordinator; nothing bills")
+        elif rented:
             _say(settings, f"stopping: {len(rented)} instance(s) stay rented and keep billing "
                            f"({_ids(rented)}); their agents keep working. Serve this database "
                            "again to manage them, or destroy them (vast-manager destroy ID) "
