@@ -282,3 +282,21 @@ def test_no_import_cycle_in_the_package() -> None:
 def test_the_doors_import_nothing_of_the_package() -> None:
     graph = _every_import()
     assert {door: graph[door] for door in DOORS} == {door: set() for door in DOORS}
+
+
+def test_the_web_builds_no_write_job() -> None:
+    # It decodes, authenticates, calls one operation and encodes: the store's handle
+    # (``Store``, to run an operation's job) is all it takes of the write path, and no
+    # function of its takes a transaction.
+    found = []
+    for path, tree in modules(WEB):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "vast_manager.coordinator.store.writ"):
+                found += [f"{where(path, node)} imports {a.name}" for a in node.names
+                          if a.name != "Store"]
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                found += [f"{where(path, node)} takes a transaction ({a.arg})"
+                          for a in node.args.args if a.arg == "tx"
+                          or (a.annotation is not None and "Tx" in ast.unparse(a.annotation))]
+    assert found == []
