@@ -251,7 +251,8 @@ def test_the_floor_check_fails_on_an_arrow_that_climbs_and_on_a_cycle() -> None:
     # The checks themselves can fail: the arrows the house once had are refused.
     planted = {
         "vast_manager.agent.sampler": {"vast_manager.sim.fake_nvml"},
-        "vast_manager.coordinator.decisions.belief": {"vast_manager.coordinator.discovery.features"},
+        "vast_manager.coordinator.decisions.belief": {
+            "vast_manager.coordinator.discovery.features"},
         "vast_manager.coordinator.discovery.features": {"vast_manager.coordinator.offers"},
         "vast_manager.coordinator.store.reads": {"vast_manager.coordinator.exceptions"},
         "vast_manager.sim.fake_nvml": set(),
