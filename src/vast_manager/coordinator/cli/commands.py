@@ -1007,7 +1007,9 @@ def offers(client: OperatorClient, filter_text: str | None, wide: bool, as_json:
             ),
             ["OFFER", "GPUS", "$/H", "PRED/H (80%)", "$/PROOF", "CPU", "RAM GB", "PCIE GB/S",
              "PLACE", "FLAGS", *(("BASIS",) if wide else ())],
-            width=None if wide else render.terminal_width(), shrink=("PLACE", "GPUS"),
+            # Priorities at a narrow width: PLACE narrows, then these leave; GPUS last.
+            width=None if wide else render.terminal_width(), shrink=("PLACE",),
+            drop=("PCIE GB/S", "PLACE", "CPU"), keep=("GPUS",),
         )
     )
     width = None if wide else render.terminal_width()

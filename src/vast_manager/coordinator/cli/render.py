@@ -73,35 +73,41 @@ MIN_CELL = 6
 def _fit(widths: list[int], headers: Sequence[str], width: int, shrink: Sequence[str] = (),
          drop: Sequence[str] = (), keep: Sequence[str] = ()) -> tuple[list[int], list[str]]:
     """The columns' priorities, lowest first, until the line fits ``width``: narrow those
-    named in ``shrink`` (in that order); leave out those in ``drop`` (in that order); narrow
-    the widest of the others one character at a time; the columns in ``keep`` last of
-    all. Returns the widths (0: left out) and the headings left out."""
-    widths = list(widths)
-    floor = [max(MIN_CELL, len(h)) for h in headers]
+    named in ``shrink`` (in that order); failing that, leave out the fewest of ``drop``
+    (in that order) that makes it fit; failing that too, narrow the widest of the others
+    one character at a time, the columns in ``keep`` last of all. Returns the widths (0:
+    left out) and the headings left out."""
     names = list(headers)
-    dropped: list[str] = []
+    floor = [max(MIN_CELL, len(h)) for h in headers]
 
-    def over() -> int:
-        shown = [w for w in widths if w > 0]
+    def over(ws: list[int]) -> int:
+        shown = [w for w in ws if w > 0]
         return sum(shown) + 2 * (len(shown) - 1) - width
 
-    for name in shrink:
-        if name in names and over() > 0:
-            i = names.index(name)
-            widths[i] = max(floor[i], widths[i] - over())
-    for name in drop:
-        if name in names and over() > 0:
-            widths[names.index(name)] = 0
-            dropped.append(name)
+    def narrowed(ws: list[int]) -> list[int]:
+        ws = list(ws)
+        for name in shrink:
+            if name in names and ws[names.index(name)] > 0 and over(ws) > 0:
+                i = names.index(name)
+                ws[i] = max(floor[i], ws[i] - over(ws))
+        return ws
+
+    droppable = [name for name in drop if name in names]
+    for k in range(len(droppable) + 1):
+        ws = [0 if name in droppable[:k] else w for name, w in zip(names, widths, strict=True)]
+        ws = narrowed(ws)
+        if over(ws) <= 0 or k == len(droppable):
+            break
+    dropped = droppable[:k]
     for last in (False, True):
-        while over() > 0:
-            shrinkable = [i for i, w in enumerate(widths)
+        while over(ws) > 0:
+            shrinkable = [i for i, w in enumerate(ws)
                           if w > floor[i] and (last or names[i] not in keep)]
             if not shrinkable:
                 break
-            widest = max(shrinkable, key=lambda i: widths[i])
-            widths[widest] -= 1
-    return widths, dropped
+            widest = max(shrinkable, key=lambda i: ws[i])
+            ws[widest] -= 1
+    return ws, dropped
 
 
 def _cut(cell: str, w: int) -> str:
@@ -129,8 +135,8 @@ def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], width: int | No
     for row in body:
         lines.append("  ".join(_cut(row[i], widths[i]).ljust(widths[i]) for i in shown).rstrip())
     if dropped:
-        lines.append(f"(left out at {width} columns: {', '.join(dropped)}; a wider terminal "
-                     "or --json shows them)")
+        lines.append(wrap(f"(left out at {width} columns: {', '.join(dropped)}; a wider "
+                          "terminal or --json shows them)", width))
     return "\n".join(lines)
 
 

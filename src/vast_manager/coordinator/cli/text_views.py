@@ -262,7 +262,9 @@ def render_plan(data: dict[str, Any], width: int | None = None) -> str:
             ),
             ["OFFER", "MACHINE", "GPUS", "$/H", "PRED/H (80%)", "EVEN/H", "P(PASS)",
              "P(BEST)", "TRIAL $", "EXPECTED $"],
-            width=width, shrink=("MACHINE", "GPUS"),
+            # Priorities at a narrow width: the GPU column gives way last.
+            width=width, shrink=("MACHINE",), drop=("MACHINE", "P(PASS)", "EVEN/H"),
+            keep=("GPUS",),
         ))
         lines.append(render.wrap(
             "EVEN/H: the break-even rate at the offer's price (its $/h over the reference "
@@ -300,7 +302,7 @@ def render_plan(data: dict[str, Any], width: int | None = None) -> str:
                 for m in measured
             ),
             ["OFFER", "MACHINE", "GPUS", "$/H", "PRED/H (80%)", "$/PROOF", "WORTH IT"],
-            width=width, shrink=("MACHINE", "GPUS"),
+            width=width, shrink=("MACHINE",), drop=("MACHINE",), keep=("GPUS",),
         ))
     if data.get("model_stale"):
         lines.append(render.wrap(f"model stale: {clean(data.get('model_stale_reason'))}", width))
