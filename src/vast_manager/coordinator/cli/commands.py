@@ -24,6 +24,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -33,7 +34,7 @@ from vast_manager.coordinator import textsafe
 from vast_manager.coordinator.cli import render
 from vast_manager.coordinator.cli.api_client import DEFAULT_URL, OperatorClient, OperatorError
 from vast_manager.coordinator.decisions.states import GONE as GONE_STATES
-from vast_manager.coordinator.settings import default_text, settings_help
+from vast_manager.coordinator.settings import DEFAULTS, default_text, settings_help
 from vast_manager.coordinator.textsafe import clean
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -104,6 +105,18 @@ class OneLineErrors(click.Group):
         sys.exit(code if isinstance(code, int) else 0)
 
 
+def stored_admin_token() -> str | None:
+    """The admin token ``serve`` generated and kept beside the database
+    (``<VM_DB_PATH>.admin-token``, docs/operations.md), when VM_ADMIN_TOKEN is unset and
+    the file can be read; None otherwise."""
+    db = os.environ.get("VM_DB_PATH") or DEFAULTS.db_path
+    try:
+        text = Path(db + ".admin-token").read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text or None
+
+
 def operator_options(fn: F) -> F:
     """``--url`` and the admin token, shared by every command that talks to a coordinator."""
 
@@ -119,11 +132,12 @@ def operator_options(fn: F) -> F:
         envvar="VM_ADMIN_TOKEN",
         default=None,
         show_default=False,
-        help="Admin token (env VM_ADMIN_TOKEN; prefer the environment over the flag).",
+        help="Admin token (env VM_ADMIN_TOKEN; prefer the environment over the flag); unset: "
+             "the one `serve` generated beside the database, <VM_DB_PATH>.admin-token.",
     )
     @functools.wraps(fn)
     def wrapper(*args: Any, url: str, token: str | None, **kwargs: Any) -> Any:
-        client = OperatorClient(url, token)
+        client = OperatorClient(url, token or stored_admin_token())
         try:
             return fn(client, *args, **kwargs)
         except OperatorError as err:
