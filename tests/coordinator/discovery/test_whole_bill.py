@@ -265,6 +265,16 @@ async def test_zero_funds_destroy_nothing_pause_deploys_and_resume(tmp_path: Pat
         shown_one = await asyncio.to_thread(CliRunner().invoke, cli,
                                             ["instance", str(data["instance_id"])], env=cli_env)
         assert f"vast.ai instance {vid}: stopped" in shown_one.output, shown_one.output
+        # Spend so far: the instance's bill is the fleet's all-time spend, shown by status
+        # and cost-report.
+        billed = row["cost"]["billed"]["total"]
+        assert billed > 2.0  # seven hours at $0.45/h, less what the stop saved
+        assert fleet["spend"]["all_time"]["total"] == pytest.approx(billed, rel=0.01)
+        assert fleet["spend"]["week"]["total"] == pytest.approx(billed, rel=0.01)
+        assert "Spent:" in table.output and "all time $" in table.output
+        report = await asyncio.to_thread(CliRunner().invoke, cli, ["cost-report"], env=cli_env)
+        assert report.exit_code == 0, report.output
+        assert f"${billed:.2f}" in report.output and "last 7 days" in report.output
         tick = await env.h.core.autopilot._tick()
         assert tick.notes and tick.notes[0].startswith("paused:") and not tick.actions
         # Credit back: started again, deploys allowed.

@@ -137,6 +137,9 @@ async def test_fleet_summary(h: Harness) -> None:
         "auth_ok": True, "auth_error": None, "warning": None, "paused": None}
     # No fault open, nothing paused.
     assert (fleet.pop("deploys_paused"), fleet.pop("faults")) == (None, [])
+    # Nothing deployed here (bring-your-own rigs): nothing spent.
+    assert {w: parts["total"] for w, parts in fleet.pop("spend").items()} == {
+        "today": 0.0, "week": 0.0, "all_time": 0.0}
     assert fleet == {
         "instances": len(FLEET),
         "by_state": {"benchmarking": 1, "deploying": 1, "destroyed": 1, "lost": 2,

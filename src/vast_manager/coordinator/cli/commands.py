@@ -34,6 +34,7 @@ from vast_manager.coordinator import textsafe
 from vast_manager.coordinator.cli import render
 from vast_manager.coordinator.cli.api_client import DEFAULT_URL, OperatorClient, OperatorError
 from vast_manager.coordinator.decisions.states import GONE as GONE_STATES
+from vast_manager.coordinator.operations.spend import spend_line
 from vast_manager.coordinator.settings import DEFAULTS, default_text, settings_help
 from vast_manager.coordinator.textsafe import clean
 
@@ -356,6 +357,8 @@ def _account_line(client: OperatorClient) -> None:
         click.echo(textsafe.neutralise(
             f"FAULT {fault.get('id')}: deploys and the autopilot paused: {fault.get('cause')}. "
             f"Fix: {fault.get('fix')}"), err=True)
+    if ((fleet.get("spend") or {}).get("all_time") or {}).get("total"):
+        click.echo(render.wrap(spend_line(fleet["spend"]), render.terminal_width(), "  "))
     if funds is None and account.get("auth_ok", True):
         return
     # The warning already names the funds: they are said once.
@@ -485,6 +488,58 @@ def status(client: OperatorClient, states: tuple[str, ...], show_all: bool,
                        f"{clean(r.get('idle_reason'))}{then}.", err=True)
     if any(r.get("provider") == "local" for r in rows):
         click.echo("(sim): a local-provider instance on the simulated cuzk; its rate is simulated.")
+
+
+@cli.command("cost-report")
+@click.option("--all", "show_all", is_flag=True,
+              help="Also instances destroyed or vanished more than a day ago.")
+@json_option
+@operator_options
+def cost_report(client: OperatorClient, show_all: bool, as_json: bool) -> None:
+    """What the fleet has spent: today, this week and all time by part (rent, storage,
+    bandwidth), then each instance's bill so far, dearest first.
+
+    The same bills as the autopilot's ledger and /metrics' vm_spend_dollars: rent from
+    the agent's hello while vast.ai runs it, storage from the deploy unless offline,
+    the bytes its agent reported. Like `sky cost-report`.
+
+    \b
+    Example:
+      vast-manager cost-report
+      vast-manager cost-report --all --json
+    """
+    spent = client.get("/api/fleet").get("spend") or {}
+    query: dict[str, Any] = {} if show_all else {
+        "gone_since": int(time.time() - RECENT_GONE_S)}
+    rows = client.get_list("/api/instances", STATUS_PAGE, **query)
+    billed = sorted(((r, (r.get("cost") or {}).get("billed") or {}) for r in rows),
+                    key=lambda rb: -float(rb[1].get("total") or 0.0))
+    if as_json:
+        echo_json({"spend": spent, "instances": [
+            {"id": r.get("id"), "state": shown_state(r), "label": r.get("label"),
+             "provider_instance_id": r.get("provider_instance_id"), "billed": b}
+            for r, b in billed]})
+        return
+    width = render.terminal_width()
+    click.echo(render.table(
+        ((label, *(render.usd((spent.get(key) or {}).get(part), 2)
+                   for part in ("rent", "storage", "bandwidth", "total")))
+         for key, label in (("today", "today (UTC)"), ("week", "last 7 days"),
+                            ("all_time", "all time"))),
+        ["FLEET", "RENT", "STORAGE", "BANDWIDTH", "TOTAL"], width=width))
+    click.echo("")
+    if not billed:
+        click.echo("No instances.")
+        return
+    click.echo(render.table(
+        ((r.get("id"), shown_state(r), f"{r.get('num_gpus') or '?'}x {r.get('gpu_name') or '?'}",
+          *(render.usd(b.get(part), 2) for part in ("rent", "storage", "bandwidth", "total")),
+          r.get("label"))
+         for r, b in billed),
+        ["ID", "STATE", "GPUS", "RENT", "STORAGE", "BANDWIDTH", "TOTAL", "LABEL"],
+        width=width, shrink=("LABEL",), drop=("LABEL",), keep=("GPUS",)))
+    if not show_all:
+        click.echo("(instances gone more than a day ago: --all; the fleet totals count them)")
 
 
 @cli.command()

@@ -23,7 +23,7 @@ from vast_manager.coordinator.exceptions import (
     error_body,
     http_status,
 )
-from vast_manager.coordinator.operations import faults
+from vast_manager.coordinator.operations import faults, spend
 from vast_manager.coordinator.operations import operator_commands as ops
 from vast_manager.coordinator.operations.deploy import mint_agent_id
 from vast_manager.coordinator.operations.hello import LEGACY_MAX_GPUS
@@ -328,7 +328,10 @@ async def _fleet(core: Core, request: web.Request) -> Any:
         production.completed_total_per_hour()))
     # The break-even $/proof the minimum rates come from (the offers chart draws it).
     open_faults = await core.store.read(lambda reads: reads.fleet_faults(open_only=True))
+    now = core.clock()
+    spent = await core.store.read(lambda reads: spend.spend_view(reads, now))
     return {**view, "account": core.monitor.account.view().as_dict(),
+            "spend": spent,
             # Why deploys and the autopilot wait now (the account or a fault), or None.
             "deploys_paused": faults.pause_reason(core.monitor.account, core.store),
             "faults": [fault_view(r) for r in open_faults],
