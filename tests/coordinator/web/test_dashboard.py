@@ -383,6 +383,27 @@ async def _hosts_page(page: Any, offer: dict[str, Any]) -> None:
     await _fits(page, "hosts")
 
 
+async def _autopilot_and_bad_hosts_pages(page: Any, url: str) -> None:
+    """The Autopilot page (its plan table's hypotheses wrap) and the Bad hosts page (why
+    and until when, Remove and Forgive) fit too."""
+    await page.click("#nav a[data-route=autopilot]")
+    await page.wait_for_selector("#autopilot-view:not([hidden])")
+    await until(page, "document.getElementById('plan-summary').textContent !== ''",
+                timeout_s=30)
+    await page.screenshot(path=str(ARTIFACTS / "11-autopilot.png"), full_page=True)
+    await _fits(page, "autopilot")
+    async with aiohttp.ClientSession() as session, session.post(
+            url + "/api/bad-hosts", headers=ADMIN,
+            json={"machine_id": "41999", "reason": "a long reason " * 12, "hours": 48}) as resp:
+        assert resp.status == 200
+    await page.click("#nav a[data-route=bad-hosts]")
+    row = page.locator("#bad-hosts-table tr[data-machine-id='41999']")
+    await row.wait_for(timeout=15_000)
+    assert await row.locator("button.forgive-bad-host").count() == 1
+    await page.screenshot(path=str(ARTIFACTS / "12-bad-hosts.png"), full_page=True)
+    await _fits(page, "bad-hosts")
+
+
 async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) -> None:
     await page.goto(url + "/")
     await page.wait_for_selector("#login-view:not([hidden])")
@@ -434,6 +455,8 @@ async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) 
     await row.wait_for()
     cells = await row.locator("td").all_text_contents()
     assert cells[0] == instance_id and f"2 x {offer['gpu_name']}" in cells
+    # The provider's own view beside ours: a local instance is never said to be vast.ai's.
+    assert cells[-1].startswith("local "), cells
     # Wait until the agent said hello: its state leaves "deploying".
     await until(page,
         f"(() => {{ const r = document.querySelector(\"tr[data-instance-id='{instance_id}']\");"
@@ -460,6 +483,7 @@ async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) 
     await _metrics_carry_the_fleet(url, instance_id, offer)
     await _idle_shown(page, instance_id)
     await _hosts_page(page, offer)
+    await _autopilot_and_bad_hosts_pages(page, url)
 
     # Host-sent markup stays text everywhere it is shown.
     await _hostile_byo_agent(url, start_second)
