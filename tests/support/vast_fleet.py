@@ -94,7 +94,9 @@ async def vast_fleet(tmp_path: Path, offers: tuple[int, ...], *,
                 "db_path": str(tmp_path / "fleet.db"), "config_dir": str(tmp_path / "config"),
                 "host": "127.0.0.1", "port": 0, "next_heartbeat_s": 1,
                 "monitor_interval_s": 1.0, "terminate_grace_s": 3.0,
-                "sim_time_scale": TIME_SCALE, "vast_image": IMAGE, **settings,
+                "sim_time_scale": TIME_SCALE, "vast_image": IMAGE,
+                # Tests reach loopback only: no registry is asked about the image.
+                "preflight_registry": False, **settings,
             }
             config = Settings.from_env(
                 {"VM_ADMIN_TOKEN": TOKEN, "VM_FLEET_SECRET": secrets.token_hex(32)}, **fields)

@@ -136,6 +136,13 @@ class FaultPaused(CoordinatorError):
     code = "fault_paused"
 
 
+class PreflightFailed(CoordinatorError):
+    """A check before the first deploy of a configuration failed: every instance would
+    fail the same way (docs/operations.md, "Preflight")."""
+
+    code = "preflight_failed"
+
+
 class ProviderFailed(CoordinatorError):
     """The provider (vast.ai) failed; nothing of ours changed."""
 
@@ -158,6 +165,7 @@ _STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (InvalidMeasurement, 400),
     (AccountPaused, 409),
     (FaultPaused, 409),
+    (PreflightFailed, 409),
     (ProviderFailed, 502),
     (ProviderOfferGone, 409),
     (ProviderRateLimited, 503),

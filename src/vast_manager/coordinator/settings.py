@@ -250,6 +250,22 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             '`{"VM_PARAMS_CMD": "curio fetch-params 32"}`); the agent\'s own VM_* values win'
         )),
     ] = None
+    preflight_c1: Annotated[
+        str | None,
+        Meta(description=(
+            "preflight: a copy, on the coordinator, of the C1 file the instances read at "
+            "VM_C1_PATH; checked (readable, well-formed as cuzk reads it) before the first "
+            "deploy of a configuration (docs/operations.md, 'Preflight'); unset: not checked"
+        )),
+    ] = None
+    preflight_registry: Annotated[
+        bool,
+        Meta(description=(
+            "preflight: look VM_VAST_IMAGE up in its registry before the first deploy of a "
+            "configuration (Docker Registry API v2, anonymously); false: never ask the "
+            "registry"
+        )),
+    ] = True
     vast_image_login: Annotated[
         str | None,
         Meta(description=(

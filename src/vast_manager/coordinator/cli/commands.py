@@ -819,6 +819,31 @@ def bad_hosts_forgive(client: OperatorClient, machine_id: int) -> None:
     click.echo(clean(answer.get("message")))
 
 
+@cli.command()
+@json_option
+@operator_options
+def preflight(client: OperatorClient, as_json: bool) -> None:
+    """Check the configuration as the first deploy will: the C1 input (VM_PREFLIGHT_C1),
+    the parameter source (a VM_PARAMS_MANIFEST URL), the image in its registry. Each
+    check is ok, FAIL or not checked (with why); exit status 1 when one failed.
+
+    \b
+    Example:
+      vast-manager preflight
+    """
+    answer = client.post("/api/preflight", {})
+    if as_json:
+        echo_json(answer)
+    else:
+        for check in answer.get("checks") or []:
+            mark = {True: "ok  ", False: "FAIL"}.get(check.get("ok"), "--  ")
+            click.echo(render.wrap(clean(f"{mark} {check.get('name')}: {check.get('detail')}"),
+                                   render.terminal_width(), "     "))
+        click.echo(clean(answer.get("message")))
+    if not answer.get("ok"):
+        sys.exit(EXIT_REFUSED)
+
+
 @cli.group("faults")
 def faults() -> None:
     """Failures that are not one host's (the setup's, vast.ai's): they pause deploys."""

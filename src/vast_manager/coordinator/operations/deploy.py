@@ -29,11 +29,12 @@ from vast_manager.coordinator.exceptions import (
     InvalidInput,
     MachineBusy,
     OfferGone,
+    PreflightFailed,
     PriceChanged,
     ProviderFailed,
     TooSmall,
 )
-from vast_manager.coordinator.operations import faults
+from vast_manager.coordinator.operations import faults, preflight
 from vast_manager.coordinator.operations.account import Account
 from vast_manager.coordinator.providers.base import (
     CreatedInstance,
@@ -134,6 +135,19 @@ class Deployer:
         self._destroy = destroy
         self.account = account
         self._lock = asyncio.Lock()
+        # The configurations (``preflight.fingerprint``) whose preflight passed.
+        self._preflighted: set[str] = set()
+
+    async def _preflight(self) -> None:
+        """Before the first deploy of a configuration: its preflight (the C1, the parameter
+        source, the image); a failure refuses the deploy with one line, renting nothing."""
+        key = preflight.fingerprint(self.settings)
+        if key in self._preflighted:
+            return
+        refused = preflight.refusal(await preflight.run(self.settings))
+        if refused is not None:
+            raise PreflightFailed(refused)
+        self._preflighted.add(key)
 
     async def deploy(
         self,
@@ -190,6 +204,7 @@ class Deployer:
         paused = faults.pause_error(self.account, self.store)
         if paused is not None:
             raise paused
+        await self._preflight()
         try:
             offer = await self.provider.get_offer(offer_id)
         except ProviderError as err:

@@ -23,7 +23,7 @@ from vast_manager.coordinator.exceptions import (
     error_body,
     http_status,
 )
-from vast_manager.coordinator.operations import faults, spend
+from vast_manager.coordinator.operations import faults, preflight, spend
 from vast_manager.coordinator.operations import operator_commands as ops
 from vast_manager.coordinator.operations.deploy import mint_agent_id
 from vast_manager.coordinator.operations.hello import LEGACY_MAX_GPUS
@@ -490,6 +490,14 @@ async def _forgive_bad_host(core: Core, request: web.Request) -> Any:
             "message": f"Machine {machine_id} forgiven: its block lifted, its strikes taken back."}
 
 
+async def _preflight(core: Core, request: web.Request) -> Any:
+    """Every preflight check of the configuration as it is now (nothing is deployed)."""
+    checks = await preflight.run(core.settings)
+    refused = preflight.refusal(checks)
+    return {"ok": refused is None, "checks": [c.as_dict() for c in checks],
+            "message": refused or "Preflight passed: nothing checked failed."}
+
+
 async def _faults(core: Core, request: web.Request) -> Any:
     return await core.store.read(lambda reads: [fault_view(r) for r in reads.fleet_faults()])
 
@@ -589,6 +597,7 @@ def operators_app() -> web.Application:
     app.router.add_delete("/bad-hosts/{machine_id}", op(_remove_bad_host))
     app.router.add_post("/bad-hosts/{machine_id}/forgive", op(_forgive_bad_host))
     app.router.add_get("/faults", op(_faults))
+    app.router.add_post("/preflight", op(_preflight))
     app.router.add_post("/faults/{fault_id}/clear", op(_clear_fault))
     app.router.add_get("/scaling", op(_scaling))
     app.router.add_post("/deploy", op(_deploy))
