@@ -162,12 +162,6 @@ def completed_total(status: Mapping[str, Any]) -> int | None:
     return _counter(status, "total_completed")
 
 
-def finished_total(status: Mapping[str, Any]) -> int | None:
-    """Proofs the daemon has finished, completed or failed: when they really finished."""
-    done, failed = _counter(status, "total_completed"), _counter(status, "total_failed")
-    return None if done is None or failed is None else done + failed
-
-
 def has_pce(status: Mapping[str, Any]) -> bool:
     """Whether the daemon holds the PoRep PCE in memory (``allocations.pce``).
 
@@ -319,11 +313,6 @@ class CuzkDaemon:
         if not isinstance(data, dict):
             raise CuzkError("GET /status did not answer a JSON object")
         return data
-
-    async def wait_exit(self) -> int:
-        if self._proc is None:
-            raise DaemonExited("cuzk daemon was never started")
-        return await self._proc.wait()
 
     async def stop(self) -> None:
         """SIGINT (the one signal cuzk handles: its engine stops), then SIGTERM, then SIGKILL."""

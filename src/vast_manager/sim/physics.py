@@ -613,12 +613,6 @@ class Simulation:
             memory_blocked_s=self._memory_blocked_s,
         )
 
-    def current_cpu_demand(self) -> tuple[float, float]:
-        """(cores in use, runnable threads) right now."""
-        demands = self._cpu_demands()
-        alloc = self._allocate_cpu(demands)
-        return sum(alloc), sum(d for _, d in demands)
-
     # ----- the engine -----
 
     def _slowdown(self) -> float:
