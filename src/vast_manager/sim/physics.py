@@ -616,7 +616,7 @@ class Simulation:
     # ----- the engine -----
 
     def _slowdown(self) -> float:
-        """GPU slow-down from heat (``sim.degrade_pct_per_hour``), capped at 2x."""
+        """GPU slow-down from heat (the profile's ``degrade_pct_per_hour``), capped at 2x."""
         pct = self.profile.sim.degrade_pct_per_hour
         if pct <= 0:
             return 1.0
