@@ -226,6 +226,17 @@ class CuzkDaemon:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    async def exit_status(self, within_s: float) -> int | None:
+        """The daemon's exit status once it has exited, waiting up to ``within_s`` for the
+        exit to be seen; None while it runs (or when none was started)."""
+        proc = self._proc
+        if proc is None:
+            return None
+        if proc.running:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), within_s)
+        return proc.returncode
+
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
@@ -238,8 +249,7 @@ class CuzkDaemon:
 
     async def start(self, devices: Sequence[int] | None = None, *, budget_bytes: int) -> None:
         """Write cuzk.toml, start the daemon and wait until GET /status answers."""
-        if self.running:
-            await self.stop()
+        await self.stop()  # a running daemon, or what is left of one that died
         self.devices = list(devices) if devices else None
         self.budget_bytes = budget_bytes
         self.extraction_failed = False
