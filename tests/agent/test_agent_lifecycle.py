@@ -691,59 +691,40 @@ def crash_line(doing: str, n: int) -> str:
     return f"the cuzk daemon failed while {doing} (failure {n} of the 2 allowed in 30 minutes)"
 
 
-async def test_a_daemon_killed_mid_warm_up_is_restarted_and_warmed_again(
-    fleet: FleetFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("proof", "doing", "benchmark_runs"),
+    [(1, "warming up", 1),  # the warm-up proof
+     (3, "benchmarking", 2)],  # the benchmark's second proof
+    ids=["mid-warm-up", "mid-benchmark"],
+)
+async def test_a_daemon_killed_before_the_result_is_restarted_warmed_and_measured_again(
+    fleet: FleetFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    proof: int, doing: str, benchmark_runs: int,
 ) -> None:
     f = await fleet()
-    monkeypatch.setenv("FAKE_DAEMON_DIES_ON", "1")  # the warm-up proof
+    monkeypatch.setenv("FAKE_DAEMON_DIES_ON", str(proof))
     h = await Harness.deploy(tmp_path, f)
     task = asyncio.create_task(h.make_agent().run())
     try:
         await until(lambda: f.sent("/v1/result"), "the benchmark result")
-        await until(logged(f, crash_line("warming up", 1)), "the failure shipped")
+        await until(logged(f, crash_line(doing, 1)), "the failure shipped")
         code = await destroyed_by_the_operator(f, task)
     finally:
         if not task.done():
             task.cancel()
     assert code == EXIT_SIGTERM
-    (result,) = await f.results()
-    assert (result["proofs_completed"], result["verdict"]) == (3, "keep"), result
-    text = await f.log_text()
-    assert "[cuzk] fake cuzk killed as proof 1 arrives" in text
-    assert "(the daemon exited with status -9); restarting it" in text
-    # A second daemon, warmed up (its own warm-up proof) before the benchmark ran in it.
-    assert text.count("fake cuzk up") == 2
-    assert text.count("[cuzk-bench] count:       1") == 2
-    assert "failed" not in f.phases()
-    assert_no_children()
-
-
-async def test_a_daemon_killed_mid_benchmark_runs_the_whole_benchmark_again(
-    fleet: FleetFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    f = await fleet()
-    monkeypatch.setenv("FAKE_DAEMON_DIES_ON", "3")  # the benchmark's second proof
-    h = await Harness.deploy(tmp_path, f)
-    task = asyncio.create_task(h.make_agent().run())
-    try:
-        await until(lambda: f.sent("/v1/result"), "the benchmark result")
-        await until(logged(f, crash_line("benchmarking", 1)), "the failure shipped")
-        code = await destroyed_by_the_operator(f, task)
-    finally:
-        if not task.done():
-            task.cancel()
-    assert code == EXIT_SIGTERM
-    # One result, of a whole run on the new daemon: the killed run measured nothing.
+    # One result, of a whole run on the new daemon: a killed run measured nothing.
     assert len(f.sent("/v1/result")) == 1
     (result,) = await f.results()
     assert (result["proofs_completed"], result["proofs_failed"]) == (3, 0), result
     assert result["verdict"] == "keep", result
     text = await f.log_text()
-    assert "[cuzk] fake cuzk killed as proof 3 arrives" in text
+    assert f"[cuzk] fake cuzk killed as proof {proof} arrives" in text
+    assert "(the daemon exited with status -9); restarting it" in text
+    # A second daemon, warmed up (its own warm-up proof) before the benchmark ran in it.
     assert text.count("fake cuzk up") == 2
-    # The new daemon was warmed up again before the benchmark started over.
     assert text.count("[cuzk-bench] count:       1") == 2
-    assert text.count("[cuzk-bench] count:       3") == 2
+    assert text.count("[cuzk-bench] count:       3") == benchmark_runs
     assert "failed" not in f.phases()
     assert_no_children()
 
