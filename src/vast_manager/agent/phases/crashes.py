@@ -57,7 +57,7 @@ class DaemonCrashes:
 
     async def failed(self, doing: str, exc: CuzkError) -> None:
         """Count one failure of the daemon while ``doing``; log it, or raise
-        ``AgentFailure`` naming every failure of the window when it is the limit."""
+        ``AgentFailure`` (the count and the last failure) when it reaches the limit."""
         what = f"{exc}{await self._exit_text()}"
         now = self.monotonic()
         while self.times and now - self.times[0] >= self.window_s:
