@@ -10,8 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
-from support.vast_fleet import Fleet, until, vast_fleet
+from vast_manager.coordinator.cli.commands import cli
+
+from support.vast_fleet import TOKEN, Fleet, until, vast_fleet
 
 OFFERS = (9001, 9002, 9003)  # three machines: 41001, 41002, 41003
 MISSING_C1 = "/nonexistent/zk/c1.json"
@@ -59,6 +62,13 @@ async def test_a_missing_c1_everywhere_strikes_no_host_and_pauses_deploys(fleet:
     status, refused = await api.call("POST", "/api/deploy", {"offer_id": 9003})
     assert status == 409 and refused["error"] == "fault_paused", refused
     assert MISSING_C1 in refused["message"]
+
+    # The CLI says the same: the fault, its cause and its fix.
+    cli_env = {"VM_URL": fleet.server.url, "VM_ADMIN_TOKEN": TOKEN, "COLUMNS": "200"}
+    listed = await asyncio.to_thread(CliRunner().invoke, cli, ["faults", "list"], env=cli_env)
+    assert listed.exit_code == 0 and "[OPEN] operator's, 3 failure(s)" in listed.output
+    assert MISSING_C1 in listed.output and f"faults clear {fault['id']}" in listed.output
+    print(listed.output)
 
     # The operator fixes the C1 (the image's default again) and says so: deploys resume.
     agents.extra_env.pop("VM_C1_PATH")

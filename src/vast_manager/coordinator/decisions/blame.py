@@ -52,8 +52,8 @@ AGENT_FAILED, TIMEOUT, DEAD_STATUS = "failed", "timeout", "dead"
 _FIXES: tuple[tuple[re.Pattern[str], Fault, str], ...] = (
     (re.compile(r"\bc1\b", re.I), Fault.OPERATOR,
      "put a valid C1 file where VM_C1_PATH points on the instance (in the image, or fetched "
-     "by VM_VAST_ONSTART), check it with `vast-manager preflight --c1 FILE`, then "
-     "`vast-manager faults clear ID`"),
+     "by VM_VAST_ONSTART), check a copy with `vast-manager preflight` (VM_PREFLIGHT_C1), "
+     "then `vast-manager faults clear ID`"),
     (re.compile(r"image|pull|manifest unknown|unauthorized|OCI runtime|exec format", re.I),
      Fault.OPERATOR,
      "check VM_VAST_IMAGE (its tag exists, its registry answers) and VM_VAST_IMAGE_LOGIN, "
