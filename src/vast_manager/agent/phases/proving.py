@@ -20,6 +20,20 @@ from vast_manager.agent.phases.shared import (
 )
 from vast_manager.agent.phases.warmup import Warming
 from vast_manager.agent.procs import ManagedProcess
+from vast_manager.common.curio import CURIO_LISTEN, CURIO_PORT
+
+
+def curio_listen(env: dict[str, str]) -> str | None:
+    """The Curio address unique to this instance: vast.ai's public IP and the public port it
+    mapped to Curio's (``PUBLIC_IPADDR``, ``VAST_TCP_PORT_12300``, set inside every
+    instance: docs/vast.md), unless the operator gave ``CURIO_LISTEN`` already; None when
+    either is missing (not on vast.ai, or the port is not opened)."""
+    if env.get(CURIO_LISTEN):
+        return None
+    ip, port = env.get("PUBLIC_IPADDR", "").strip(), env.get(f"VAST_TCP_PORT_{CURIO_PORT}", "")
+    if not ip or not port.strip().isdigit():
+        return None
+    return f"{ip}:{int(port)}"
 
 
 class Proving:
@@ -76,6 +90,9 @@ class Proving:
         env["VM_CUZK_LISTEN"] = f"127.0.0.1:{daemon.port}"
         env["VM_CUZK_STATUS_URL"] = daemon.status_url
         env["FIL_PROOFS_PARAMETER_CACHE"] = str(self.config.params_dir)
+        listen = curio_listen(env)
+        if listen is not None:
+            env[CURIO_LISTEN] = listen
         for name in ("VM_AGENT_KEY", "CONTAINER_API_KEY"):
             env.pop(name, None)  # the work command needs neither
         return env

@@ -16,11 +16,14 @@ from typing import Any
 
 from vast_manager.coordinator.decisions import cost, policy, states
 from vast_manager.coordinator.decisions import reconcile as reconcile_rules
+from vast_manager.coordinator.decisions.attribution import listed_address
 from vast_manager.coordinator.decisions.pace import HeartbeatTracker
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.plan import TrialCost
 from vast_manager.coordinator.offers import stored_offer
 from vast_manager.coordinator.operations.account import Account
+from vast_manager.coordinator.operations.cluster import COLUMNS as CLUSTER_COLUMNS
+from vast_manager.coordinator.operations.cluster import ClusterWatch
 from vast_manager.coordinator.operations.production import (
     COLUMNS as PRODUCTION_COLUMNS,
 )
@@ -55,6 +58,8 @@ RESUME_ROUNDS = 5
 #: reboot): while the instance's agent still heartbeats to us, it is proving and kept
 #: (docs/operations.md, "Statuses judged with the agent").
 HOST_TROUBLE_STATUSES = frozenset({"offline", "unknown", "rebooting"})
+#: What the production round reads of each active instance (cuzk's counter, the cluster's).
+_WATCHED_COLUMNS = tuple(dict.fromkeys(PRODUCTION_COLUMNS + CLUSTER_COLUMNS))
 #: Agent ids per ``in (...)`` query: below SQLite's oldest bound on query parameters.
 _IDS_PER_QUERY = 500
 
@@ -98,6 +103,7 @@ class Monitor:
         *,
         on_agent_revoked: Callable[[str], None] | None = None,
         account: Account | None = None,
+        cluster: ClusterWatch | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -124,6 +130,8 @@ class Monitor:
         self._wake = asyncio.Event()
         self._seeded = False
         self.production = ProductionTracker(settings)
+        self.cluster = cluster if cluster is not None else ClusterWatch(settings, clock)
+        self._flagged: set[tuple[int, str]] = set()
 
     # --- the loop ------------------------------------------------------------------
 
@@ -205,8 +213,9 @@ class Monitor:
     async def watch_production(self, now: float) -> None:
         """Measure each proving instance's completed rate; report an instance that turned
         idle (an event), and destroy one idle past ``idle_destroy_after_s``."""
-        rows = await self.store.read(lambda r: r.active_instances(PRODUCTION_COLUMNS))
+        rows = await self.store.read(lambda r: r.active_instances(_WATCHED_COLUMNS))
         turned = self.production.observe(rows, now)
+        await self.watch_delivered(rows, now)
         current = self.production.current
         if turned:
             def report(tx: Tx) -> None:
@@ -244,6 +253,42 @@ class Monitor:
 
         await self.store.write(terminate)
         self.wake()
+
+    async def watch_delivered(self, rows: list[Row], now: float) -> None:
+        """What the cluster recorded each proving instance delivered (``operations.cluster``):
+        a new flag is an event; an instance below its minimum is terminated (never while
+        vast.ai's funds are out, nor on the agents' counters alone)."""
+        cuzk = {i: p.completed_rate_per_hour for i, p in self.production.current.items()}
+        found = self.cluster.assess(rows, cuzk, now)
+        self.production.delivered, self.production.fleet_delivered = found.views, found.fleet
+        flags = {(i, name): why for i, j in found.judgements.items()
+                 for name, why in j.flags.items()}
+        fresh = {key: why for key, why in flags.items() if key not in self._flagged}
+        self._flagged = set(flags)
+        ending = {} if self.account.at_or_below_zero else {
+            i: j.terminate for i, j in found.judgements.items() if j.terminate}
+        if not fresh and not ending:
+            return
+        grace = self.settings.terminate_grace_s
+
+        def job(tx: Tx) -> None:
+            for (instance_id, name), why in fresh.items():
+                inst = tx.get_instance(instance_id)
+                if inst is not None:
+                    tx.insert_event(now, f"delivered_{name}", why, instance_id=instance_id,
+                                    agent_id=inst["agent_id"], machine_id=inst["machine_id"])
+            for instance_id, reason in ending.items():
+                inst = tx.get_instance(instance_id)
+                if inst is None or inst["state"] != State.PROVING or inst["terminate_reason"]:
+                    continue
+                tx.begin_terminating(instance_id, reason, kind="underdelivered", now=now,
+                                     destroy_due_at=now + grace)
+
+        await self.store.write(job)
+        for (instance_id, name), why in fresh.items():
+            log.warning("instance %s flagged %s: %s", instance_id, name, why)
+        if ending:
+            self.wake()
 
     # --- silence and timeouts -----------------------------------------------------------
 
@@ -450,6 +495,11 @@ class Monitor:
         by_pid: dict[int, Row] = {
             int(r["provider_instance_id"]): r for r in rows if r["provider_instance_id"] is not None
         }
+        # Where each instance's Curio is reachable, for matching the cluster's rows.
+        self.cluster.addresses = {
+            int(by_pid[int(p["id"])]["id"]): address for p in provider_instances
+            if p.get("id") is not None and int(p["id"]) in by_pid
+            and (address := listed_address(p)) is not None}
         actions = reconcile_rules.plan(
             listed_instances(provider_instances), our_records(ours), self.settings.fleet_id,
             known, now,

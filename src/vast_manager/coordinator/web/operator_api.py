@@ -12,6 +12,7 @@ import orjson
 from aiohttp import web
 
 from vast_manager.coordinator.decisions import states
+from vast_manager.coordinator.decisions.earnings import break_even_usd_per_proof
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.features import GPU_SPECS, canonical_gpu_name
 from vast_manager.coordinator.exceptions import (
@@ -336,7 +337,7 @@ async def _fleet(core: Core, request: web.Request) -> Any:
         production.completed_total_per_hour()))
     # The break-even $/proof the minimum rates come from (the offers chart draws it).
     return {**view, "account": core.monitor.account.view().as_dict(),
-            "max_usd_per_proof": core.settings.max_usd_per_proof,
+            "max_usd_per_proof": break_even_usd_per_proof(core.settings),
             "max_deploy_dph_total": core.settings.max_deploy_dph_total}
 
 
