@@ -46,7 +46,7 @@ SELECT md.machine_name AS machine_name, hm.host_and_port AS address,
        0::bigint AS completed, 0::bigint AS failed, NULL::text AS last_error,
        NULL::float8 AS last_error_at
 FROM harmony_machine_details md JOIN harmony_machines hm ON hm.id = md.machine_id
-WHERE md.machine_name = ANY($3::text[])
+WHERE md.machine_name LIKE $3
 UNION ALL
 SELECT NULL, address, completed, failed, last_error, last_error_at::float8 FROM hist
 """
@@ -76,11 +76,11 @@ class CurioDb:
         self._timeout_s = timeout_s
         self._conn: asyncpg.Connection | None = None
 
-    async def read(self, since: float, tasks: Sequence[str],
-                   node_names: Sequence[str]) -> ClusterRows:
-        """The round's one query, connect included, within the timeout."""
+    async def read(self, since: float, tasks: Sequence[str], name_prefix: str) -> ClusterRows:
+        """The round's one query, connect included, within the timeout: proving tasks of
+        ``tasks`` since ``since`` (Unix seconds), and the nodes named ``name_prefix``..."""
         try:
-            return await asyncio.wait_for(self._read(since, tasks, node_names),
+            return await asyncio.wait_for(self._read(since, tasks, name_prefix),
                                           self._timeout_s)
         except TimeoutError:
             await self.close()
@@ -102,7 +102,7 @@ class CurioDb:
             raise ClusterUnavailable(f"{type(err).__name__}: {_one_line(err)}") from None
 
     async def _read(self, since: float, tasks: Sequence[str],
-                    node_names: Sequence[str]) -> ClusterRows:
+                    name_prefix: str) -> ClusterRows:
         if self._conn is None or self._conn.is_closed():
             self._conn = await asyncpg.connect(
                 self._url, timeout=self._timeout_s,
@@ -111,7 +111,8 @@ class CurioDb:
                                  "default_transaction_read_only": "on",
                                  "application_name": "vast-manager"},
             )
-        rows = await self._conn.fetch(READ_SQL, since, list(tasks), list(node_names))
+        pattern = name_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        rows = await self._conn.fetch(READ_SQL, since, list(tasks), pattern + "%")
         machines: list[tuple[str | None, str]] = []
         tallies: dict[str, Tally] = {}
         for row in rows:

@@ -27,6 +27,7 @@ from vast_manager.coordinator.decisions.attribution import (
     Attribution,
     Claim,
     Matched,
+    NODE_NAME_PREFIX,
     Unattributable,
     attribute,
     node_name,
@@ -94,7 +95,6 @@ class ClusterWatch:
         self.alert: str | None = None
         self.alert_since: float | None = None
         self.reads_failed_total = 0
-        self.node_names: tuple[str, ...] = ()  # the proving instances', set each round
         self.addresses: dict[int, str] = {}  # instance id -> public IP:port (provider list)
         self.reports: dict[int, Report] = {}
 
@@ -117,7 +117,7 @@ class ClusterWatch:
             return
         since = now - self.settings.curio_window_s
         try:
-            rows = await self.db.read(since, curio_tasks(self.settings), self.node_names)
+            rows = await self.db.read(since, curio_tasks(self.settings), NODE_NAME_PREFIX)
         except ClusterUnavailable as err:
             self.failures += 1
             self.reads_failed_total += 1
@@ -165,7 +165,6 @@ class ClusterWatch:
         and (proving ones) the verdict; ``cuzk_rates`` are the agents' completed rates."""
         rows = list(rows)
         proving = [r for r in rows if r.get("state") == State.PROVING]
-        self.node_names = tuple(node_name(int(r["id"])) for r in proving)
         claims = [Claim(int(r["id"]), node_name(int(r["id"])), self.addresses.get(int(r["id"])))
                   for r in proving]
         found = self.attribution(claims)

@@ -336,7 +336,8 @@ async def _fleet(core: Core, request: web.Request) -> Any:
         reads.instances_by_state(), production.idle_totals(),
         production.completed_total_per_hour()))
     # The break-even $/proof the minimum rates come from (the offers chart draws it).
-    return {**view, "account": core.monitor.account.view().as_dict(),
+    return {**view, **production.fleet_delivered, "cluster": core.monitor.cluster.view(),
+            "account": core.monitor.account.view().as_dict(),
             "max_usd_per_proof": break_even_usd_per_proof(core.settings),
             "max_deploy_dph_total": core.settings.max_deploy_dph_total}
 
