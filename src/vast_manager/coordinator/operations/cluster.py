@@ -24,10 +24,10 @@ from vast_manager.common.retry import Backoff
 from vast_manager.coordinator.curio_db import ClusterRows, ClusterUnavailable, CurioDb
 from vast_manager.coordinator.decisions import cost, earnings
 from vast_manager.coordinator.decisions.attribution import (
+    NODE_NAME_PREFIX,
     Attribution,
     Claim,
     Matched,
-    NODE_NAME_PREFIX,
     Unattributable,
     attribute,
     node_name,

@@ -31,7 +31,7 @@ from vast_manager.coordinator.store.migrations import Row, loads
 from vast_manager.coordinator.store.reads import Reads
 from vast_manager.coordinator.store.writer import Tx
 from vast_manager.coordinator.textsafe import has_unsafe
-from vast_manager.coordinator.web import metrics
+from vast_manager.coordinator.web import metrics, production_api
 from vast_manager.coordinator.web.core import CORE, Core
 from vast_manager.coordinator.web.dashboard import authorize_operator
 from vast_manager.coordinator.web.http import (
@@ -52,6 +52,7 @@ from vast_manager.coordinator.web.json_views import (
     result_view,
     scaling_view,
 )
+from vast_manager.coordinator.web.production_api import authorize_production
 from vast_manager.protocol import signing
 
 log = logging.getLogger(__name__)
@@ -530,6 +531,10 @@ async def _deploy(core: Core, request: web.Request) -> Any:
             "agent_id": deployed.agent_id, "message": deployed.message}
 
 
+async def _production(core: Core, request: web.Request) -> Any:
+    return await production_api.report_production(core, request, await _json_object(request))
+
+
 async def _refusal(request: web.Request) -> web.Response | None:
     """The answer refusing a request without the admin token or a dashboard session
     (counted by the guard), or None when it may proceed."""
@@ -549,7 +554,13 @@ async def operator_auth(
     """The operators' sub-application admits only the admin token or a dashboard session,
     checked before routing (an unknown /api path is a 401 to a stranger, as any other).
     ``/api`` alone is no operator path: it is answered as any unknown path."""
-    if request.path.startswith("/api/"):
+    if request.path == production_api.PATH:
+        try:
+            authorize_production(request, request.config_dict[CORE].settings.production_token)
+        except Refusal as err:
+            request.config_dict[CORE].guard.refused(err.code)
+            return refusal_response(err)
+    elif request.path.startswith("/api/"):
         refused = await _refusal(request)
         if refused is not None:
             return refused
@@ -583,6 +594,7 @@ def operators_app() -> web.Application:
     app.router.add_post("/deploy", op(_deploy))
     app.router.add_get("/instances/{id}/telemetry-history", op(_telemetry_history))
     app.router.add_get("/events", op(_recent_events))
+    app.router.add_post("/production", op(_production))
     return app
 
 
