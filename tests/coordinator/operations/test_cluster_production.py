@@ -103,7 +103,7 @@ async def test_delivered_beside_claimed_and_the_under_deliverer_ends(
 
     await _round(h)
 
-    status, rows = await h.admin("GET", "/api/instances")
+    _, rows = await h.admin("GET", "/api/instances")
     by_id = {r["id"]: r for r in rows}
     forged, kept = by_id[liar], by_id[honest]
     assert forged["rate_per_hour"] == BENCH_RATE
@@ -118,12 +118,12 @@ async def test_delivered_beside_claimed_and_the_under_deliverer_ends(
     assert kept["delivered_rate_per_hour"] == pytest.approx(100.0)
     assert kept["state"] == State.PROVING and kept["cluster_flags"] == {}
 
-    status, fleet = await h.admin("GET", "/api/fleet")
+    _, fleet = await h.admin("GET", "/api/fleet")
     assert fleet["cluster"]["configured"] and fleet["cluster"]["alert"] is None
     assert fleet["unattributable_addresses"] == [
         {"host_and_port": "192.0.2.50:12300", "tasks_completed": 7, "tasks_failed": 0}]
 
-    status, events = await h.admin("GET", "/api/events?limit=100")
+    _status, events = await h.admin("GET", "/api/events?limit=100")
     kinds = {(e["instance_id"], e["kind"]) for e in events}
     assert {(liar, "delivered_below_claimed"), (liar, "delivered_task_failures"),
             (liar, "underdelivered")} <= kinds
@@ -164,7 +164,7 @@ async def test_two_instances_on_one_host_and_port_are_unattributable_and_kept(
 
     await _round(h)
 
-    status, rows = await h.admin("GET", "/api/instances")
+    _status, rows = await h.admin("GET", "/api/instances")
     by_id = {r["id"]: r for r in rows}
     for ident, other in ((first, second), (second, first)):
         view = by_id[ident]
@@ -189,18 +189,18 @@ async def test_the_database_stopped_mid_run_alerts_destroys_nothing_and_recovers
     finally:
         await conn.close()
     await _round(h)
-    status, view = await h.admin("GET", f"/api/instances/{ident}")
+    _, view = await h.admin("GET", f"/api/instances/{ident}")
     assert view["delivered_rate_per_hour"] == pytest.approx(90.0)
 
     pg.stop()
     h.clock.advance(30)
     await agent.heartbeat("proving")
     await _round(h)  # one round: the alert is up
-    status, fleet = await h.admin("GET", "/api/fleet")
+    _, fleet = await h.admin("GET", "/api/fleet")
     alert = fleet["cluster"]["alert"]
     assert alert is not None and alert.startswith("cluster database unavailable")
     assert "reader-pass" not in alert  # never the URL's password
-    status, view = await h.admin("GET", f"/api/instances/{ident}")
+    _, view = await h.admin("GET", f"/api/instances/{ident}")
     assert view["state"] == State.PROVING and view["terminate_reason"] is None
     assert view["delivered_rate_per_hour"] is None  # back to the agent's counter
     assert "unavailable" in view["cluster_status"]
@@ -224,9 +224,9 @@ async def test_the_database_stopped_mid_run_alerts_destroys_nothing_and_recovers
         await conn.close()
     await agent.heartbeat("proving")
     await _round(h)
-    status, fleet = await h.admin("GET", "/api/fleet")
+    _, fleet = await h.admin("GET", "/api/fleet")
     assert fleet["cluster"]["alert"] is None
-    status, view = await h.admin("GET", f"/api/instances/{ident}")
+    _status, view = await h.admin("GET", f"/api/instances/{ident}")
     assert view["delivered_rate_per_hour"] == pytest.approx(80.0)
 
 
