@@ -50,10 +50,11 @@ def test_the_listed_address_is_public_ip_and_mapped_port() -> None:
     assert listed_address({"public_ipaddr": "203.0.113.4", "ports": {}}) is None
     assert listed_address({"ports": listed["ports"]}) is None
     assert listed_address({"public_ipaddr": "1.2.3.4", "ports": {"12300/tcp": "x"}}) is None
-    # The agent hands Curio the same address, unless the operator set CURIO_LISTEN.
+    # The agent has Curio listen on that port (every interface: it binds what it is
+    # given), unless the operator set CURIO_LISTEN.
     env = {"PUBLIC_IPADDR": "203.0.113.4", "VAST_TCP_PORT_12300": "41230"}
-    assert curio_listen(env) == "203.0.113.4:41230"
-    assert curio_listen({**env, "CURIO_LISTEN": "0.0.0.0:12300"}) is None
+    assert curio_listen(env) == "0.0.0.0:41230"
+    assert curio_listen({**env, "CURIO_LISTEN": "10.0.0.1:12300"}) is None
     assert curio_listen({"PUBLIC_IPADDR": "203.0.113.4"}) is None
 
 

@@ -24,16 +24,18 @@ from vast_manager.common.curio import CURIO_LISTEN, CURIO_PORT
 
 
 def curio_listen(env: dict[str, str]) -> str | None:
-    """The Curio address unique to this instance: vast.ai's public IP and the public port it
-    mapped to Curio's (``PUBLIC_IPADDR``, ``VAST_TCP_PORT_12300``, set inside every
-    instance: docs/vast.md), unless the operator gave ``CURIO_LISTEN`` already; None when
-    either is missing (not on vast.ai, or the port is not opened)."""
+    """A Curio address unique to this instance, unless the operator gave ``CURIO_LISTEN``:
+    every interface, on the public port vast.ai mapped to Curio's (``VAST_TCP_PORT_12300``,
+    set inside the instance: docs/vast.md). Curio binds this address and writes it, with
+    0.0.0.0 replaced by its database connection's local IP, as ``host_and_port`` on every
+    task it finishes; vast.ai hands each instance on a public IP its own ports, so no two
+    of ours share one there. Not the public IP itself: Curio would have to bind it, and a
+    vast.ai container does not hold it (docs/operations.md, "Production as the cluster
+    records it"). None off vast.ai or when the port is not opened."""
     if env.get(CURIO_LISTEN):
         return None
-    ip, port = env.get("PUBLIC_IPADDR", "").strip(), env.get(f"VAST_TCP_PORT_{CURIO_PORT}", "")
-    if not ip or not port.strip().isdigit():
-        return None
-    return f"{ip}:{int(port)}"
+    port = env.get(f"VAST_TCP_PORT_{CURIO_PORT}", "").strip()
+    return f"0.0.0.0:{int(port)}" if port.isdigit() else None
 
 
 class Proving:

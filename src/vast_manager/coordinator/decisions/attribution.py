@@ -6,8 +6,8 @@ harmony/harmonytask/task_type_handler.go in filecoin-project/curio at e0294b0f),
 node's ``CURIO_NODE_NAME`` to ``harmony_machine_details.machine_name`` beside its
 ``harmony_machines.host_and_port`` (cmd/curio/tasks/tasks.go ``machineDetails``). The
 coordinator names every instance's node (``node_name``) and, on vast.ai, knows the address
-its agent gives Curio (``PUBLIC_IPADDR`` and the port vast.ai mapped); an instance's
-addresses are the one it was given and those its node name holds in the cluster.
+its public Curio port (``public_ipaddr`` and the port vast.ai mapped); an instance's
+addresses are that one and those its node name holds in the cluster.
 
 ``host_and_port`` is not unique (harmony/resources/resources.go says so: NAT'd containers
 can share one), so a row is never guessed: an address two instances claim makes both
@@ -31,7 +31,8 @@ def listed_address(listed: Mapping[str, object], port: int = CURIO_PORT) -> str 
     """The public address vast.ai gives an instance's Curio port: ``public_ipaddr`` and the
     ``HostPort`` mapped to ``<port>/tcp`` in its ``ports`` (vast-cli at 55679830, vast.py
     ``ssh-url`` reads ``ports["22/tcp"][0]["HostPort"]`` beside ``public_ipaddr`` the same
-    way); None when either is missing. The agent hands the same to Curio as CURIO_LISTEN."""
+    way); None when either is missing. It is an instance's when its Curio writes it (an
+    operator's CURIO_LISTEN, or a host that gives the container its public IP)."""
     ip = listed.get("public_ipaddr")
     ports = listed.get("ports")
     if not isinstance(ip, str) or not ip.strip() or not isinstance(ports, Mapping):
