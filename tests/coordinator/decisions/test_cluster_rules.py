@@ -81,3 +81,23 @@ def test_repeated_failures_are_flagged_with_the_clusters_error() -> None:
     assert "serialization failure" in verdict.flags["task_failures"]
     assert "task_failures" not in judge(Delivered(90, 2, 3600.0, CLUSTER), proving_s=3600.0,
                                         **RULES).flags
+
+
+def test_a_round_where_none_of_ours_delivered_ends_nobody() -> None:
+    """A drought in the cluster's work (or its rows not reaching us) is no host's doing."""
+    from vast_manager.coordinator.curio_db import ClusterRows
+    from vast_manager.coordinator.operations.cluster import ClusterWatch
+    from vast_manager.coordinator.settings import DEFAULTS
+
+    settings = DEFAULTS.with_values(curio_db_url="postgresql://r@127.0.0.1:1/x")
+    watch = ClusterWatch(settings, lambda: 10_000.0)
+    rows = [{"id": i, "state": "proving", "state_since": 0.0, "rate_per_hour": 100.0,
+             "min_rate_per_hour": 50.0, "dph_total": 0.5} for i in (1, 2)]
+    machines = (("vm-1", "10.0.0.1:1"), ("vm-2", "10.0.0.2:1"))
+    watch.latest = ClusterRows(0.0, machines, {})
+    dry = watch.assess(rows, {}, 10_000.0)
+    assert all(j.terminate is None for j in dry.judgements.values())
+    assert dry.views[1]["delivered_rate_per_hour"] == 0.0
+    watch.latest = ClusterRows(0.0, machines, {"10.0.0.2:1": Tally(90)})
+    fed = watch.assess(rows, {}, 10_000.0)
+    assert fed.judgements[1].terminate is not None and fed.judgements[2].terminate is None

@@ -17,12 +17,12 @@ import asyncio
 import logging
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vast_manager.common.retry import Backoff
 from vast_manager.coordinator.curio_db import ClusterRows, ClusterUnavailable, CurioDb
-from vast_manager.coordinator.decisions import cost, earnings
+from vast_manager.coordinator.decisions import cost, earnings, policy
 from vast_manager.coordinator.decisions.attribution import (
     NODE_NAME_PREFIX,
     Attribution,
@@ -46,11 +46,10 @@ from vast_manager.coordinator.store.migrations import Row
 
 log = logging.getLogger(__name__)
 
-#: The columns ``assess`` reads of each active instance.
+#: The columns ``assess`` reads of each active instance; with a proof price, the bill's too.
 COLUMNS = ("id", "kind", "state", "state_since", "rate_per_hour", "min_rate_per_hour",
-           "dph_total", "offer_json", "disk_gb", "bid_per_hour", "net_rx_bytes")
-
-Clock = Any  # () -> float
+           "dph_total")
+COST_COLUMNS = ("offer_json", "disk_gb", "bid_per_hour", "net_rx_bytes")
 
 #: What an instance shows with no delivered observation (and before any round).
 NOT_DELIVERED: dict[str, Any] = {
@@ -80,7 +79,7 @@ class Assessment:
 class ClusterWatch:
     """The cluster source: its reads, its alert, the reports posted to the API."""
 
-    def __init__(self, settings: Settings, clock: Clock, db: CurioDb | None = None,
+    def __init__(self, settings: Settings, clock: policy.Clock, db: CurioDb | None = None,
                  backoff: Backoff | None = None) -> None:
         self.settings = settings
         self.clock = clock
@@ -159,56 +158,83 @@ class ClusterWatch:
             return None
         return attribute(claims, self.latest.machines, self.latest.tallies)
 
+    @property
+    def active(self) -> bool:
+        """Whether a round has anything to assess: a source, a report, or a price."""
+        return (self.configured or bool(self.reports)
+                or earnings.proof_price_usd(self.settings) is not None)
+
+    def columns(self) -> tuple[str, ...]:
+        """The instance columns ``assess`` reads: the bill's only with a price (a fleet of
+        50,000 parses no offers a round for nothing)."""
+        priced = earnings.proof_price_usd(self.settings) is not None
+        return COLUMNS + COST_COLUMNS if priced else COLUMNS
+
     def assess(self, rows: Iterable[Row], cuzk_rates: Mapping[int, float | None],
                now: float) -> Assessment:
         """Every active instance's delivered rate beside its claimed ones, its earnings,
         and (proving ones) the verdict; ``cuzk_rates`` are the agents' completed rates."""
-        rows = list(rows)
-        proving = [r for r in rows if r.get("state") == State.PROVING]
-        claims = [Claim(int(r["id"]), node_name(int(r["id"])), self.addresses.get(int(r["id"])))
-                  for r in proving]
-        found = self.attribution(claims)
-        window = self.settings.curio_window_s
-        price = earnings.proof_price_usd(self.settings)
-        out = Assessment()
-        parts: list[earnings.Earnings] = []
         self.reports = {i: r for i, r in self.reports.items()
                         if now - r.received_at < r.delivered.window_s}
+        out = Assessment()
+        if not self.active:
+            out.fleet = self._fleet(None, [], None)
+            return out
+        rows = list(rows)
+        claims = [Claim(int(r["id"]), node_name(int(r["id"])), self.addresses.get(int(r["id"])))
+                  for r in rows if r.get("state") == State.PROVING]
+        found = self.attribution(claims)
+        price = earnings.proof_price_usd(self.settings)
+        parts: list[earnings.Earnings] = []
         for row in rows:
-            ident = int(row["id"])
-            hourly = full_hourly_cost(row, self.settings)
+            hourly = full_hourly_cost(row, self.settings) if price is not None else None
             if row.get("state") != State.PROVING:
                 parts.append(earnings.earnings(price, 0.0, None, hourly))
                 continue
-            proving_s = max(0.0, now - float(row.get("state_since") or now))
-            seen, status = self._delivered(ident, found, min(window, proving_s), now)
-            cuzk = cuzk_rates.get(ident)
-            view: dict[str, Any] = {**NOT_DELIVERED, "cluster_status": status}
-            if seen is not None:
-                view.update(seen.view())
-            elif cuzk is not None:
-                view["delivered_source"] = CUZK  # the agent's counter is all there is
-            rate, basis = earnings.earned_rate(seen.rate_per_hour if seen else None, cuzk,
-                                               row.get("rate_per_hour"))
-            made = earnings.earnings(price, rate, basis, hourly)
+            made = self._proving(row, found, cuzk_rates.get(int(row["id"])), hourly, now, out)
             parts.append(made)
-            view.update(made.view())
-            verdict = judge(seen, proving_s=proving_s, window_s=window,
-                            min_rate=row.get("min_rate_per_hour"),
-                            benchmark_rate=row.get("rate_per_hour"),
-                            tolerance=self.settings.rate_tolerance,
-                            failures_flag=self.settings.curio_failures_flag)
-            view["cluster_flags"] = dict(verdict.flags)
-            out.views[ident] = view
-            out.judgements[ident] = verdict
-        fleet = earnings.fleet_earnings(price, parts).view()
-        fleet.pop("revenue_basis")
-        out.fleet = {**fleet, "cluster": self.view(),
-                     "unattributable_addresses": _unclaimed(found)}
+        if not any(v.get("tasks_completed") for v in out.views.values()):
+            # Nothing of ours delivered anything: a drought in the cluster's work (or its
+            # rows not reaching us) is no host's doing; flags stand, nobody ends for it.
+            out.judgements = {i: replace(j, terminate=None) for i, j in out.judgements.items()}
+        out.fleet = self._fleet(price, parts, found)
         return out
 
-    def _delivered(self, ident: int, found: Attribution | None, window_s: float,
-                   now: float) -> tuple[Delivered | None, str]:
+    def _fleet(self, price: float | None, parts: list[earnings.Earnings],
+               found: Attribution | None) -> dict[str, Any]:
+        fleet = earnings.fleet_earnings(price, parts).view()
+        fleet.pop("revenue_basis")
+        return {**fleet, "cluster": self.view(), "unattributable_addresses": _unclaimed(found)}
+
+    def _proving(self, row: Row, found: Attribution | None, cuzk: float | None,
+                 hourly: float | None, now: float, out: Assessment) -> earnings.Earnings:
+        """One proving instance's view and verdict, into ``out``; its earnings."""
+        ident = int(row["id"])
+        window = self.settings.curio_window_s
+        since = row.get("state_since")
+        proving_s = max(0.0, now - float(now if since is None else since))
+        seen, status = self._delivered(ident, found, min(window, proving_s))
+        view: dict[str, Any] = {**NOT_DELIVERED, "cluster_status": status}
+        if seen is not None:
+            view.update(seen.view())
+        elif cuzk is not None:
+            view["delivered_source"] = CUZK  # the agent's counter is all there is
+        rate, basis = earnings.earned_rate(seen.rate_per_hour if seen else None, cuzk,
+                                           row.get("rate_per_hour"))
+        made = earnings.earnings(earnings.proof_price_usd(self.settings), rate, basis, hourly)
+        view.update(made.view())
+        verdict = judge(seen, proving_s=proving_s, window_s=window,
+                        min_rate=row.get("min_rate_per_hour"),
+                        benchmark_rate=row.get("rate_per_hour"),
+                        tolerance=self.settings.rate_tolerance,
+                        failures_flag=self.settings.curio_failures_flag)
+        view["cluster_flags"] = dict(verdict.flags)
+        out.views[ident] = view
+        out.judgements[ident] = verdict
+        return made
+
+    def _delivered(self, ident: int, found: Attribution | None,
+                   window_s: float) -> tuple[Delivered | None, str]:
         """The cluster's observation of one proving instance, and a word on where it came
         from (or why there is none)."""
         if found is not None:

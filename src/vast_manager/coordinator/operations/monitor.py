@@ -22,7 +22,6 @@ from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.plan import TrialCost
 from vast_manager.coordinator.offers import stored_offer
 from vast_manager.coordinator.operations.account import Account
-from vast_manager.coordinator.operations.cluster import COLUMNS as CLUSTER_COLUMNS
 from vast_manager.coordinator.operations.cluster import ClusterWatch
 from vast_manager.coordinator.operations.production import (
     COLUMNS as PRODUCTION_COLUMNS,
@@ -58,8 +57,6 @@ RESUME_ROUNDS = 5
 #: reboot): while the instance's agent still heartbeats to us, it is proving and kept
 #: (docs/operations.md, "Statuses judged with the agent").
 HOST_TROUBLE_STATUSES = frozenset({"offline", "unknown", "rebooting"})
-#: What the production round reads of each active instance (cuzk's counter, the cluster's).
-_WATCHED_COLUMNS = tuple(dict.fromkeys(PRODUCTION_COLUMNS + CLUSTER_COLUMNS))
 #: Agent ids per ``in (...)`` query: below SQLite's oldest bound on query parameters.
 _IDS_PER_QUERY = 500
 
@@ -213,7 +210,8 @@ class Monitor:
     async def watch_production(self, now: float) -> None:
         """Measure each proving instance's completed rate; report an instance that turned
         idle (an event), and destroy one idle past ``idle_destroy_after_s``."""
-        rows = await self.store.read(lambda r: r.active_instances(_WATCHED_COLUMNS))
+        cols = tuple(dict.fromkeys(PRODUCTION_COLUMNS + self.cluster.columns()))
+        rows = await self.store.read(lambda r: r.active_instances(cols))
         turned = self.production.observe(rows, now)
         await self.watch_delivered(rows, now)
         current = self.production.current
