@@ -58,6 +58,12 @@ NOT_DELIVERED: dict[str, Any] = {
     "last_task_error": None, "cluster_flags": {}, **earnings.NO_EARNINGS.view()}
 
 
+#: What the fleet shows before the first round.
+NO_FLEET_DELIVERED: dict[str, Any] = {
+    "revenue_per_hour": None, "cost_per_hour": None, "profit_per_hour": None,
+    "unattributable_addresses": []}
+
+
 @dataclass(frozen=True, slots=True)
 class Report:
     """A cluster's own counts for one instance (``POST /api/production``)."""

@@ -25,6 +25,7 @@ from vast_manager.coordinator.exceptions import (
     http_status,
 )
 from vast_manager.coordinator.operations import ingest
+from vast_manager.coordinator.operations.cluster import NO_FLEET_DELIVERED
 from vast_manager.coordinator.operations.deploy import mint_agent_id
 from vast_manager.coordinator.providers.base import ProviderError
 from vast_manager.coordinator.store.migrations import Row, loads
@@ -337,7 +338,8 @@ async def _fleet(core: Core, request: web.Request) -> Any:
         reads.instances_by_state(), production.idle_totals(),
         production.completed_total_per_hour()))
     # The break-even $/proof the minimum rates come from (the offers chart draws it).
-    return {**view, **production.fleet_delivered, "cluster": core.monitor.cluster.view(),
+    return {**view, **NO_FLEET_DELIVERED, **production.fleet_delivered,
+            "cluster": core.monitor.cluster.view(),
             "account": core.monitor.account.view().as_dict(),
             "max_usd_per_proof": break_even_usd_per_proof(core.settings),
             "max_deploy_dph_total": core.settings.max_deploy_dph_total}
@@ -554,7 +556,7 @@ async def operator_auth(
     """The operators' sub-application admits only the admin token or a dashboard session,
     checked before routing (an unknown /api path is a 401 to a stranger, as any other).
     ``/api`` alone is no operator path: it is answered as any unknown path."""
-    if request.path == production_api.PATH:
+    if request.path == production_api.PATH and request.method == "POST":
         try:
             authorize_production(request, request.config_dict[CORE].settings.production_token)
         except Refusal as err:
