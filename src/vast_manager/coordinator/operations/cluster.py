@@ -275,8 +275,7 @@ def full_hourly_cost(row: Row, settings: Settings) -> float | None:
     prices = cost.prices_of(offer, row.get("disk_gb"), row.get("bid_per_hour"))
     if prices is None:
         return None
-    rx = float(row.get("net_rx_bytes") or 0)
-    setup = rx if rx > 0 else settings.setup_download_gb * cost.BYTES_PER_GB
+    setup = cost.setup_download_bytes(row.get("net_rx_bytes"), settings.setup_download_gb)
     total = cost.kept_per_hour(prices, setup_down_bytes=setup,
                                kept_hours=settings.plan_horizon_hours).total
     return total if math.isfinite(total) else None
