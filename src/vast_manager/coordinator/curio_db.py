@@ -100,6 +100,10 @@ class CurioDb:
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as err:
             await self.close()
             raise ClusterUnavailable(f"{type(err).__name__}: {_one_line(err)}") from None
+        except ValueError:
+            # The URL did not parse; its text may hold a password, so it is not repeated.
+            await self.close()
+            raise ClusterUnavailable("VM_CURIO_DB_URL is not a URL asyncpg can use") from None
 
     async def _read(self, since: float, tasks: Sequence[str],
                     name_prefix: str) -> ClusterRows:

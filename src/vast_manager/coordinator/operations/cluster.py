@@ -112,7 +112,11 @@ class ClusterWatch:
     async def run(self) -> None:
         """Read every monitor interval (or when the backoff allows) until cancelled."""
         while True:
-            await self.refresh()
+            try:
+                await self.refresh()
+            except Exception as err:  # a fault of ours must not end the reads for good
+                log.exception("cluster read failed")
+                self._failed(self.clock(), f"{type(err).__name__} in the read")
             await asyncio.sleep(self.settings.monitor_interval_s)
 
     async def refresh(self) -> None:
@@ -124,20 +128,24 @@ class ClusterWatch:
         try:
             rows = await self.db.read(since, curio_tasks(self.settings), NODE_NAME_PREFIX)
         except ClusterUnavailable as err:
-            self.failures += 1
-            self.reads_failed_total += 1
-            self.next_read_at = now + self.backoff.after(self.failures)
-            if self.alert is None:
-                self.alert_since = now
-                log.warning("cluster database (VM_CURIO_DB_URL) unavailable: %s; decisions "
-                            "use the agents' counters, nothing is destroyed for it", err)
-            self.alert = f"cluster database unavailable: {err}"
+            self._failed(now, str(err))
             return
         if self.alert is not None:
             log.warning("cluster database readable again after %d failed reads",
                         self.failures)
         self.latest, self.failures, self.next_read_at = rows, 0, 0.0
         self.alert, self.alert_since = None, None
+
+    def _failed(self, now: float, reason: str) -> None:
+        """The alert (logged once until a read succeeds), and the next try on the backoff."""
+        self.failures += 1
+        self.reads_failed_total += 1
+        self.next_read_at = now + self.backoff.after(self.failures)
+        if self.alert is None:
+            self.alert_since = now
+            log.warning("cluster database (VM_CURIO_DB_URL) unavailable: %s; decisions "
+                        "use the agents' counters, nothing is destroyed for it", reason)
+        self.alert = f"cluster database unavailable: {reason}"
 
     async def close(self) -> None:
         if self.db is not None:
