@@ -161,9 +161,15 @@ class ClusterWatch:
     # --- reports from any other cluster ---------------------------------------------
 
     def report(self, counts: Mapping[int, Delivered], now: float) -> None:
-        """Take a cluster's counts (``POST /api/production``), replacing earlier ones."""
-        for instance_id, delivered in counts.items():
-            self.reports[int(instance_id)] = Report(delivered, now)
+        """Take a cluster's counts (``POST /api/production``), replacing earlier ones (on
+        the loop; the whole map is replaced, so a round reading it sees one or the other)."""
+        self.reports = {**self.reports,
+                        **{int(i): Report(d, now) for i, d in counts.items()}}
+
+    def expire_reports(self, now: float) -> None:
+        """Forget the reports older than their own window (on the loop, before a round)."""
+        self.reports = {i: r for i, r in self.reports.items()
+                        if now - r.received_at < r.delivered.window_s}
 
     # --- the monitor's round ---------------------------------------------------------
 
@@ -188,9 +194,9 @@ class ClusterWatch:
     def assess(self, rows: Iterable[Row], cuzk_rates: Mapping[int, float | None],
                now: float) -> Assessment:
         """Every active instance's delivered rate beside its claimed ones, its earnings,
-        and (proving ones) the verdict; ``cuzk_rates`` are the agents' completed rates."""
-        self.reports = {i: r for i, r in self.reports.items()
-                        if now - r.received_at < r.delivered.window_s}
+        and (proving ones) the verdict; ``cuzk_rates`` are the agents' completed rates.
+        Runs on a worker thread: it reads the source's state, never changes what the loop
+        writes (``report``, ``expire_reports``)."""
         out = Assessment()
         if not self.active:
             out.fleet = self._fleet(None, [], None)

@@ -212,6 +212,7 @@ class Monitor:
         cuzk = {i: p.completed_rate_per_hour for i, p in self.production.current.items()}
         # Where vast.ai says each instance's Curio port is, as the last reconciliation saw.
         self.cluster.addresses = self.reconciler.curio_addresses
+        self.cluster.expire_reports(now)
         # Off the loop: a fleet's matching and bills are CPU the heartbeats must not wait on
         # (``assess`` reads only what each read and report replaced whole).
         found = await asyncio.to_thread(self.cluster.assess, rows, cuzk, now)
