@@ -102,6 +102,7 @@ class ClusterWatch:
         self.reads_failed_total = 0
         self.addresses: dict[int, str] = {}  # instance id -> public IP:port (provider list)
         self.reports: dict[int, Report] = {}
+        self._bills: dict[int, tuple[tuple[Any, ...], float | None]] = {}
 
     @property
     def configured(self) -> bool:
@@ -160,9 +161,15 @@ class ClusterWatch:
     # --- reports from any other cluster ---------------------------------------------
 
     def report(self, counts: Mapping[int, Delivered], now: float) -> None:
-        """Take a cluster's counts (``POST /api/production``), replacing earlier ones."""
-        for instance_id, delivered in counts.items():
-            self.reports[int(instance_id)] = Report(delivered, now)
+        """Take a cluster's counts (``POST /api/production``), replacing earlier ones (on
+        the loop; the whole map is replaced, so a round reading it sees one or the other)."""
+        self.reports = {**self.reports,
+                        **{int(i): Report(d, now) for i, d in counts.items()}}
+
+    def expire_reports(self, now: float) -> None:
+        """Forget the reports older than their own window (on the loop, before a round)."""
+        self.reports = {i: r for i, r in self.reports.items()
+                        if now - r.received_at < r.delivered.window_s}
 
     # --- the monitor's round ---------------------------------------------------------
 
@@ -187,9 +194,9 @@ class ClusterWatch:
     def assess(self, rows: Iterable[Row], cuzk_rates: Mapping[int, float | None],
                now: float) -> Assessment:
         """Every active instance's delivered rate beside its claimed ones, its earnings,
-        and (proving ones) the verdict; ``cuzk_rates`` are the agents' completed rates."""
-        self.reports = {i: r for i, r in self.reports.items()
-                        if now - r.received_at < r.delivered.window_s}
+        and (proving ones) the verdict; ``cuzk_rates`` are the agents' completed rates.
+        Runs on a worker thread: it reads the source's state, never changes what the loop
+        writes (``report``, ``expire_reports``)."""
         out = Assessment()
         if not self.active:
             out.fleet = self._fleet(None, [], None)
@@ -200,8 +207,9 @@ class ClusterWatch:
         found = self.attribution(claims)
         price = earnings.proof_price_usd(self.settings)
         parts: list[earnings.Earnings] = []
+        bills: dict[int, tuple[tuple[Any, ...], float | None]] = {}
         for row in rows:
-            hourly = full_hourly_cost(row, self.settings) if price is not None else None
+            hourly = self._bill(row, bills) if price is not None else None
             if row.get("state") != State.PROVING:
                 parts.append(earnings.earnings(price, 0.0, None, hourly))
                 continue
@@ -211,8 +219,22 @@ class ClusterWatch:
             # Nothing of ours delivered anything: a drought in the cluster's work (or its
             # rows not reaching us) is no host's doing; flags stand, nobody ends for it.
             out.judgements = {i: replace(j, terminate=None) for i, j in out.judgements.items()}
+        self._bills = bills
         out.fleet = self._fleet(price, parts, found)
         return out
+
+    def _bill(self, row: Row, bills: dict[int, tuple[tuple[Any, ...], float | None]]
+              ) -> float | None:
+        """``full_hourly_cost``, computed again only when what it reads changed (an
+        instance's offer, disk and bid are fixed at deploy: a fleet parses no offers
+        round after round)."""
+        key = (*(row.get(c) for c in COST_COLUMNS), row.get("dph_total"))
+        ident = int(row["id"])
+        known = self._bills.get(ident)
+        hourly = known[1] if known is not None and known[0] == key else full_hourly_cost(
+            row, self.settings)
+        bills[ident] = (key, hourly)
+        return hourly
 
     def _fleet(self, price: float | None, parts: list[earnings.Earnings],
                found: Attribution | None) -> dict[str, Any]:

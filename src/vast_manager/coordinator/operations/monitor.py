@@ -212,7 +212,10 @@ class Monitor:
         cuzk = {i: p.completed_rate_per_hour for i, p in self.production.current.items()}
         # Where vast.ai says each instance's Curio port is, as the last reconciliation saw.
         self.cluster.addresses = self.reconciler.curio_addresses
-        found = self.cluster.assess(rows, cuzk, now)
+        self.cluster.expire_reports(now)
+        # Off the loop: a fleet's matching and bills are CPU the heartbeats must not wait on
+        # (``assess`` reads only what each read and report replaced whole).
+        found = await asyncio.to_thread(self.cluster.assess, rows, cuzk, now)
         self.production.delivered, self.production.fleet_delivered = found.views, found.fleet
         flags = {(i, name): why for i, j in found.judgements.items()
                  for name, why in j.flags.items()}
