@@ -33,6 +33,7 @@ import orjson
 from vast_manager.coordinator import textsafe
 from vast_manager.coordinator.cli import render
 from vast_manager.coordinator.cli.api_client import DEFAULT_URL, OperatorClient, OperatorError
+from vast_manager.coordinator.cli.text_views import delivered_cell
 from vast_manager.coordinator.decisions.states import GONE as GONE_STATES
 from vast_manager.coordinator.operations.spend import spend_line
 from vast_manager.coordinator.settings import DEFAULTS, default_text, settings_help
@@ -350,7 +351,11 @@ STATUS_PAGE = 5000
 def _account_line(client: OperatorClient) -> None:
     """The vast.ai account in one line, and why deploys wait if they do (docs/operations.md,
     "The account"); nothing with a provider that has no account."""
+    from vast_manager.coordinator.cli import text_views
+
     fleet = client.get("/api/fleet")
+    for line in text_views.fleet_production_lines(fleet):
+        click.echo(line)
     account = fleet.get("account") or {}
     funds = account.get("funds_usd")
     for fault in fleet.get("faults") or []:
@@ -410,7 +415,9 @@ def status_row(r: dict[str, Any], now: float) -> tuple[Any, ...]:
         "-" if silent else render.num(r.get("rate_per_hour"))
         + (" (sim)" if r.get("provider") == "local" and r.get("rate_per_hour") else ""),
         render.num(r.get("completed_rate_per_hour")),
+        delivered_cell(r),
         "-" if silent else render.usd(r.get("usd_per_proof")),
+        render.usd(r.get("profit_per_hour"), 3),
         render.usd(billed.get("total"), 2),
         render.ago(seen, now)
         + (" (before restart)" if seen is not None and r.get("heard_since_start") is False
@@ -421,9 +428,11 @@ def status_row(r: dict[str, Any], now: float) -> tuple[Any, ...]:
 
 
 STATUS_HEADERS = ("ID", "STATE", "PHASE", "PROGRESS", "GPUS", "$/H", "RATE/H", "DONE/H",
-                  "$/PROOF", "SPENT", "LAST SEEN", "VAST.AI", "LABEL")
+                  "DELIVERED/H", "$/PROOF", "PROFIT/H", "SPENT", "LAST SEEN", "VAST.AI",
+                  "LABEL")
 #: Priorities at a narrow width: LABEL narrows first, then these leave, GPUS gives way last.
-STATUS_DROP = ("PHASE", "LABEL", "DONE/H", "PROGRESS", "LAST SEEN", "SPENT")
+STATUS_DROP = ("PHASE", "LABEL", "DONE/H", "PROGRESS", "PROFIT/H", "LAST SEEN", "SPENT",
+               "DELIVERED/H")
 
 
 @cli.command()
@@ -475,9 +484,11 @@ def status(client: OperatorClient, states: tuple[str, ...], show_all: bool,
                             width=render.terminal_width(), shrink=("LABEL",),
                             drop=STATUS_DROP, keep=("GPUS",)))
     if any(r.get("state") == "proving" for r in rows):
-        click.echo(render.wrap("RATE/H: the benchmark's proofs/hour; DONE/H: what cuzk "
-                               "completed over the last hour of proving; SPENT: billed so "
-                               "far.", render.terminal_width()))
+        click.echo(render.wrap(
+            "RATE/H: the benchmark's proofs/hour; DONE/H: what cuzk completed over the last "
+            "hour of proving; DELIVERED/H: what the cluster recorded (Curio's rows), with "
+            "failed tasks after /; PROFIT/H: revenue less the full bill (with a proof price "
+            "set); SPENT: billed so far.", render.terminal_width()))
     for r in rows:
         if r.get("idle"):
             stop_at = r.get("idle_stop_at")
