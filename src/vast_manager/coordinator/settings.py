@@ -248,7 +248,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         str | None,
         Meta(description=(
             'vast.ai: extra environment for every instance, a JSON object (e.g. '
-            '`{"VM_PARAMS_CMD": "curio fetch-params 32"}`); the agent\'s own VM_* values win'
+            '`{"VM_PARAMS_MANIFEST": "https://params.example.org/manifest.json"}`); the '
+            'agent\'s own VM_* values win'
         )),
     ] = None
     preflight_c1: Annotated[

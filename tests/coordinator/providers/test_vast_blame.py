@@ -68,7 +68,6 @@ async def test_a_missing_c1_everywhere_strikes_no_host_and_pauses_deploys(fleet:
     listed = await asyncio.to_thread(CliRunner().invoke, cli, ["faults", "list"], env=cli_env)
     assert listed.exit_code == 0 and "[OPEN] operator's, 3 failure(s)" in listed.output
     assert MISSING_C1 in listed.output and f"faults clear {fault['id']}" in listed.output
-    print(listed.output)
 
     # The operator fixes the C1 (the image's default again) and says so: deploys resume.
     agents.extra_env.pop("VM_C1_PATH")
