@@ -750,7 +750,7 @@ def hosts_export(client: OperatorClient, source: str | None, output: str | None)
 
 @cli.group("bad-hosts")
 def bad_hosts() -> None:
-    """The blocklist of machines never to deploy on again."""
+    """The blocklist: machines not deployed on until their block ends."""
 
 
 @bad_hosts.command("list")

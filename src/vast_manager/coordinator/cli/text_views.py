@@ -240,8 +240,11 @@ def event_lines(events: list[dict[str, Any]], title: str, last: int, clock: str,
     out = ["", title]
     for e in events[-last:]:
         ts = time.strftime(clock, time.localtime(float(e.get("ts") or 0)))
-        what = f"{clean(e.get('kind'))}: " if kind else ""
-        out.append(f"  {ts} {what}{clean(e.get('reason'))}")
+        reason = str(e.get("reason") or "")
+        # A reason that already starts with its kind ("timeout: ...") says it once.
+        said = reason.startswith(f"{e.get('kind')}:")
+        what = f"{clean(e.get('kind'))}: " if kind and not said else ""
+        out.append(f"  {ts} {what}{clean(reason)}")
     return out
 
 

@@ -537,7 +537,9 @@ function renderEvents(list, events) {
     ...events.map((e) =>
       el("li", {},
         el("span", { class: "muted" }, clock(e.ts)), " ",
-        el("span", { class: "event-kind" }, e.kind || ""), " ",
+        // A reason that already starts with its kind ("timeout: ...") says it once.
+        (e.reason || "").startsWith(`${e.kind}:`) ? "" : el("span", { class: "event-kind" },
+          e.kind || ""), " ",
         e.instance_id ? el("a", { href: `#/instance/${e.instance_id}` }, `#${e.instance_id}`) : "",
         e.instance_id ? " " : "",
         e.reason || ""),
