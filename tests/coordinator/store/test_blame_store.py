@@ -74,3 +74,16 @@ def test_forgive_lifts_the_block_and_takes_back_the_strikes(store: Store) -> Non
     assert {s["fault"] for s in store.strikes("41001")} == {"forgiven"}
     assert strike(store, "41001", 3, 200.0) is None  # counting starts again
     assert not store.write_blocking(lambda tx: tx.forgive("49999", 300.0))
+
+
+def test_after_a_fault_is_cleared_its_old_failures_are_not_counted_again(store: Store) -> None:
+    strike(store, "41001", 1, 0.0)
+    strike(store, "41002", 2, 60.0)
+    (fault,) = store.fleet_faults(open_only=True)
+    store.write_blocking(lambda tx: tx.clear_fault(int(fault["id"]), "fixed", 100.0))
+    strike(store, "41003", 3, 200.0)  # the same failure once after the fix: the host's
+    assert store.fleet_faults(open_only=True) == []
+    assert [s["fault"] for s in store.strikes("41003")] == ["host"]
+    strike(store, "41004", 4, 300.0)  # and again elsewhere: not fixed after all
+    (again,) = store.fleet_faults(open_only=True)
+    assert again["id"] != fault["id"] and again["machines_json"] == '["41003","41004"]'

@@ -44,9 +44,15 @@ class BadHostWrites(EventWrites):
         with ``limit`` of them within ``window_s`` it is blocked for ``block_s`` with their
         reasons. Anyone else's strike no one; one beyond a single machine opens (or joins)
         a fleet fault. Returns the block's reason when this strike made one."""
+        # Failures the operator said were fixed (a fault cleared since) are not seen again.
+        (cleared,) = self._exec("select max(cleared_at) from fleet_faults where signature = ?",
+                                (blame.signature(reason),)).fetchone()
+        since = now - blame.FLEET_WINDOW_S
+        if cleared is not None:
+            since = max(since, float(cleared))
         recent = [blame.Failure(str(r[0]), str(r[1]), kind, "", float(r[2])) for r in self._exec(
             "select machine_id, reason, at from machine_strikes where at > ? and "
-            "coalesce(fault, 'host') != 'forgiven'", (now - blame.FLEET_WINDOW_S,)).fetchall()]
+            "coalesce(fault, 'host') != 'forgiven'", (since,)).fetchall()]
         judged = blame.judge(blame.Failure(machine_id, reason, kind, state, now), recent)
         cur = self._exec(
             "insert or ignore into machine_strikes (machine_id, instance_id, reason, at, fault, "
