@@ -893,6 +893,8 @@ def offers(client: OperatorClient, filter_text: str | None, wide: bool, as_json:
     click.echo(render.wrap(
         "CPU and RAM GB: the instance's share of the host (vast.ai lists the whole host's). "
         + ("" if wide else "Each prediction's basis: --wide, or --json."), width))
+    if rows[0].get("offers_label"):
+        click.echo(render.wrap(str(rows[0]["offers_label"]).capitalize() + ".", width))
 
 
 def _flags(offer: dict[str, Any]) -> str:

@@ -35,6 +35,7 @@ from vast_manager.coordinator.exceptions import (
     TooSmall,
 )
 from vast_manager.coordinator.operations.account import Account
+from vast_manager.coordinator.operations.offer_cache import OfferCache
 from vast_manager.coordinator.providers.base import (
     CreatedInstance,
     CreateFailed,
@@ -123,6 +124,7 @@ class Deployer:
         *,
         destroy: Destroy | None = None,
         account: Account | None = None,
+        offers: OfferCache | None = None,
     ) -> None:
         """``destroy``: the monitor's (``Monitor.destroy``), for an instance a failed create
         left behind; without it the monitor's next round destroys it (it is due at once)."""
@@ -132,6 +134,8 @@ class Deployer:
         self.clock = clock
         self._destroy = destroy
         self.account = account
+        # The runtime's shared cache: a re-check is a search on vast.ai's daily budget.
+        self.offers = offers if offers is not None else OfferCache(provider, settings, clock)
         self._lock = asyncio.Lock()
 
     async def deploy(
@@ -190,11 +194,14 @@ class Deployer:
         if paused is not None:
             raise AccountPaused(f"Deploys are paused: {paused}.")
         try:
-            offer = await self.provider.get_offer(offer_id)
+            offer, cached = await self.offers.offer(offer_id)
         except ProviderError as err:
             raise ProviderFailed(f"Could not re-read offer {offer_id}: {err}") from None
         if offer is None:
             raise OfferGone(f"Offer {offer_id} is gone or no longer rentable.")
+        if cached is not None:
+            log.warning("deploy of offer %s re-checked from the cache (%s)", offer_id,
+                        cached.label())
         machine_id = str(offer.machine_id)
         bad = self.store.bad_host(machine_id, self.clock())
         if bad is not None:

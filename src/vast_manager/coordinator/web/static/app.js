@@ -393,6 +393,7 @@ async function renderFleet() {
     ...accountTiles(summary.account),
   );
   accountBanner(summary.account);
+  searchBanner(summary.offer_cache);
   const rows = page.rows;
   fill(
     $("fleet-table").tBodies[0],
@@ -449,6 +450,14 @@ function accountBanner(account) {
     ? safeText((account.auth_ok === false ? "vast.ai refused the API key: " : "") + alert +
       (account.paused ? " — deploys and the autopilot are paused." : ""))
     : "";
+}
+
+// vast.ai's daily search quota (docs/vast.md): while it is spent, offers come from the cache.
+function searchBanner(cache) {
+  const banner = $("search-banner");
+  const alert = cache && cache.alert;
+  banner.hidden = !alert;
+  banner.textContent = alert ? safeText(alert) : "";
 }
 
 function costText(parts) {
@@ -574,6 +583,10 @@ async function renderOffers() {
     }),
   );
   $("offers-empty").hidden = rows.length > 0;
+  // The offer cache's age ("offers as of 4 min ago"; stale while searches are stopped).
+  const age = rows.length ? rows[0].offers_label : null;
+  $("offers-age").hidden = !age;
+  $("offers-age").textContent = age ? safeText(age) : "";
   offersChart($("chart-offers"), rows, fleet.max_usd_per_proof);
 }
 
