@@ -59,10 +59,8 @@ class OfferAnswer:
 
     def label(self) -> str:
         """``offers as of 4 min ago``, and why they are stale when they are."""
-        if self.as_of is None:
-            said = "no offers yet"
-        else:
-            said = f"offers as of {age_text(self.age_s)}"
+        said = ("no offers yet" if self.as_of is None
+                else f"offers as of {age_text(self.age_s)}")
         return f"{said} (stale: {self.why})" if self.stale and self.why else said
 
     def fields(self) -> dict[str, Any]:
