@@ -645,7 +645,7 @@ class FakeVast:
         app.router.add_put("/api/v0/instances/{id}/", self._update)
         app.router.add_delete("/api/v0/instances/{id}/", self._destroy)
         app.router.add_get("/api/v0/users/current", self._user)
-        self._runner = web.AppRunner(app)
+        self._runner = web.AppRunner(app, access_log=None)  # the coordinator logs its calls
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
