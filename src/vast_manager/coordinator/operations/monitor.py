@@ -21,6 +21,7 @@ from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.plan import TrialCost
 from vast_manager.coordinator.offers import stored_offer
 from vast_manager.coordinator.operations.account import Account
+from vast_manager.coordinator.operations.price_increases import PriceIncreases
 from vast_manager.coordinator.operations.production import (
     COLUMNS as PRODUCTION_COLUMNS,
 )
@@ -124,6 +125,11 @@ class Monitor:
         self._wake = asyncio.Event()
         self._seeded = False
         self.production = ProductionTracker(settings)
+        # Hosts' price increases, judged each round (operations.price_increases).
+        self.price_increases = PriceIncreases(settings, store, provider, self.production)
+        # What vast.ai last showed of each instance it lists: vast id -> actual_status,
+        # status_msg and when (a webhook's round updates it within a second).
+        self.vast_seen: dict[int, dict[str, Any]] = {}
 
     # --- the loop ------------------------------------------------------------------
 
@@ -199,6 +205,7 @@ class Monitor:
             await self.finish_destroys(now)
             await self.watch_production(now)
             await self.reconcile_with_provider()
+            await self.price_increases.round(now)
 
     # --- production: what kept instances complete (docs/operations.md) ----------------
 
@@ -417,6 +424,11 @@ class Monitor:
         except ProviderError as err:
             log.warning("could not list provider instances: %s", err)
             return
+        now = self.clock()
+        self.vast_seen = {
+            int(inst["id"]): {"actual_status": inst.get("actual_status"),
+                              "status_msg": inst.get("status_msg"), "seen_at": now}
+            for inst in provider_instances if isinstance(inst.get("id"), int)}
         await self.reconcile(provider_instances)
 
     async def reconcile(self, provider_instances: list[ProviderInstance]) -> list[Any]:
@@ -731,9 +743,12 @@ class Monitor:
         if kind == "destroy_dead":
             reason = f"{reason}, seen in {self._dead_rounds.get(pid, 0)} rounds in a row"
         if row is not None and row["state"] not in states.GONE:
-            if kind == "destroy_dead" and row.get("bid_per_hour") is not None \
-                    and "status stopped" in reason:
-                pass  # an outbid interruptible instance: no fault of its machine
+            if kind == "destroy_dead" and "status stopped" in reason and (
+                    row.get("bid_per_hour") is not None
+                    or pid in self.price_increases.rejected):
+                # An outbid interruptible instance, or a contract ended by our rejection
+                # of its price increase: no fault of its machine.
+                pass
             elif kind == "destroy_dead":
                 # A trial that never ran (exited, a container that could not start): a
                 # strike against its machine.
