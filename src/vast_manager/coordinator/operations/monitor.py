@@ -551,7 +551,20 @@ class Monitor:
         return (f"outbid (interruptible, stopped, storage billed): kept up to "
                 f"{budget / 3600:.1f} h, while waiting costs less than a fresh trial's setup")
 
-    async def _funds_back(self, now: float) -> None:
+    async def _requeue_if_trial(self, row: Row, now: float) -> None:
+        """An interruptible trial outbid before its benchmark ended: neither the host's
+        failure nor a measurement. Said once; its machine stays free to be tried again."""
+        full = self.store.get_instance(int(row["id"]))
+        if full is None or full["rate_per_hour"] is not None or row.get("bid_per_hour") is None:
+            return
+
+        def note(tx: Tx) -> None:
+            tx.insert_event(now, "requeued", "outbid mid-trial and not back in time: "
+                            "destroyed with no strike, no measurement; its machine may be "
+                            "tried again", instance_id=row["id"], agent_id=row["agent_id"],
+                            machine_id=row["machine_id"])
+
+        await self.store.write(note)
         """Funds are back above zero: start the instances vast.ai stopped for them and give
         each a fresh silence clock (docs/operations.md, "The account")."""
         held = [rid for rid, why in self._kept_told.items() if why.startswith("stopped")]
@@ -748,7 +761,7 @@ class Monitor:
                     or pid in self.price_increases.rejected):
                 # An outbid interruptible instance, or a contract ended by our rejection
                 # of its price increase: no fault of its machine.
-                pass
+                await self._requeue_if_trial(row, now)
             elif kind == "destroy_dead":
                 # A trial that never ran (exited, a container that could not start): a
                 # strike against its machine.

@@ -123,9 +123,10 @@ class OfferCache:
         async with self._lock:
             now = self.clock()
             entry = self._entries.get(filter_text)
-            if entry is not None and now - entry.at < self.fresh_for_s:
-                return self._answer(entry, now)
             why = self._no_search(now)
+            if entry is not None and now - entry.at < self.fresh_for_s:
+                # Young enough to serve; still labelled stale while the quota stops searches.
+                return self._answer(entry, now, why if self.quota_until is not None else None)
             if why is None:
                 try:
                     offers = await self._send(lambda: self.provider.search_offers(filter_text))

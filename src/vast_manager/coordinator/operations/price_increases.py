@@ -86,7 +86,7 @@ class PriceIncreases:
             up_bytes_per_hour=float(row["net_tx_bytes"] or 0) / hours if hours > 0 else 0.0,
             max_deploy_dph_total=settings.max_deploy_dph_total, fleet_dph_total=fleet_dph,
             max_fleet_dph_total=settings.autopilot_max_dph_total if settings.autopilot else None)
-        view.update(verdict=verdict.verdict, reason=verdict.reason, **verdict.data())
+        view.update(reason=verdict.reason, **verdict.data())
         if verdict.verdict != "wait":
             answer = getattr(self.provider, "answer_price_increase", None)
             if answer is None:

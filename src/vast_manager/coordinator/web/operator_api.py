@@ -337,6 +337,7 @@ async def _fleet(core: Core, request: web.Request) -> Any:
     # The break-even $/proof the minimum rates come from (the offers chart draws it).
     return {**view, "account": core.monitor.account.view().as_dict(),
             "offer_cache": core.offers.view(),
+            "pending_price_increases": list(core.monitor.price_increases.pending.values()),
             "max_usd_per_proof": core.settings.max_usd_per_proof,
             "max_deploy_dph_total": core.settings.max_deploy_dph_total}
 
