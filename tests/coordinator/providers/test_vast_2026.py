@@ -310,3 +310,44 @@ async def test_a_signed_offline_webhook_moves_the_vast_state_and_bad_ones_change
         await env.tick()
         assert await post(good) == 409  # the same event again: a replay
         assert woken == [True] and monitor.vast_seen[vid]["actual_status"] == "running"
+
+
+async def test_an_outbid_kept_instance_is_raised_within_its_cap_or_waits_then_goes(
+        tmp_path: Any) -> None:
+    async with bill_env(tmp_path, loading=False, interruptible_trials=True,
+                        max_usd_per_proof=0.02) as env:
+        env.fake.add_offer(9961, 83101, dph_total=0.40, min_bid=0.10)
+        env.fake.add_offer(9962, 83102, dph_total=0.40, min_bid=0.10)
+        raised = await env.h.core.deployer.deploy(9961, interruptible=True)
+        capped = await env.h.core.deployer.deploy(9962, interruptible=True)
+        for data, rate in ((raised, 40.0), (capped, 8.0)):  # caps ~$0.75/h and ~$0.11/h
+            now = env.clock.now
+            await env.h.store.write(lambda tx, i=data.instance_id, r=rate: tx.update_instance(
+                i, state=State.PROVING, rate_per_hour=r, hello_at=now, state_since=now))
+        bid = float(env.h.store.get_instance(raised.instance_id)["bid_per_hour"])
+        env.fake.outbid(raised.provider_instance_id, winning_bid=bid * 1.4)
+        env.fake.outbid(capped.provider_instance_id, winning_bid=bid * 1.4)
+        await env.tick()
+        await env.tick()
+        # Raised twice (a quarter each round) until its bid beats the winner's: running.
+        bids = [c.body["price"] for c in env.fake.calls("PUT", "/api/v0/instances/bid_price/")
+                if c.path.endswith(f"/{raised.provider_instance_id}/")]
+        assert bids == [pytest.approx(bid * 1.25, rel=1e-4), pytest.approx(bid * 1.5625,
+                                                                            rel=1e-4)]
+        assert env.fake.instances[raised.provider_instance_id]["actual_status"] == "running"
+        kept = [e["reason"] for e in env.h.store.events(raised.instance_id)
+                if e["kind"] == "kept"]
+        assert kept and "bid raised" in kept[0] and "40.0 proofs/h" in kept[0]
+        # At 8 proofs/h the cap is below its bid: no raise; it waits, then goes, no strike.
+        assert not [c for c in env.fake.calls("PUT", "/api/v0/instances/bid_price/")
+                    if c.path.endswith(f"/{capped.provider_instance_id}/")]
+        told = [e["reason"] for e in env.h.store.events(capped.instance_id)
+                if e["kind"] == "kept"]
+        assert told and "at its cap" in told[0] and "kept up to" in told[0]
+        for _ in range(int(30 * 3600 / MONITOR_INTERVAL_S)):
+            env.clock.advance(MONITOR_INTERVAL_S)
+            await env.tick()
+            if capped.provider_instance_id not in env.fake.instances:
+                break
+        assert capped.provider_instance_id not in env.fake.instances
+        assert env.h.store.strikes("83102") == []

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from vast_manager.coordinator.decisions import cost, policy, states
+from vast_manager.coordinator.decisions import cost, outbid, policy, states
 from vast_manager.coordinator.decisions import reconcile as reconcile_rules
 from vast_manager.coordinator.decisions.pace import HeartbeatTracker
 from vast_manager.coordinator.decisions.states import State
@@ -529,9 +529,10 @@ class Monitor:
 
         await self.store.write(add)
 
-    def _outbid_wait(self, row: Row, now: float) -> str | None:
-        """Why an outbid interruptible trial is kept, or None once waiting for its host
-        has cost what a fresh trial's setup would (``cost.resume_budget_s``)."""
+    async def _outbid_wait(self, row: Row, now: float) -> str | None:
+        """Why an outbid interruptible instance is kept (its bid raised within its cap, or
+        waiting for its host: ``decisions.outbid``), or None once waiting has cost what a
+        fresh trial's setup would (``cost.resume_budget_s``): the dead-status rule ends it."""
         since = self._outbid_since.setdefault(int(row["id"]), now)
         full = self.store.get_instance(int(row["id"]))
         offer = stored_offer(full["offer_json"]) if full is not None else None
@@ -546,10 +547,23 @@ class Monitor:
         setup_s = trial.boot_s + trial.warmup_s + setup_bytes * 8 / (mbps * 1e6)
         budget = cost.resume_budget_s(prices, setup_down_bytes=setup_bytes, setup_s=setup_s,
                                       cap_s=self.settings.lost_timeout_s * 24)
-        if now - since >= budget:
-            return None  # destroyed by the dead-status rule; a fresh trial is cheaper
-        return (f"outbid (interruptible, stopped, storage billed): kept up to "
-                f"{budget / 3600:.1f} h, while waiting costs less than a fresh trial's setup")
+        choice = outbid.choose(
+            prices, bid_per_hour=float(full["bid_per_hour"]), rate_per_hour=full["rate_per_hour"],
+            max_usd_per_proof=self.settings.max_usd_per_proof,
+            max_bid_per_hour=self.settings.max_bid_per_hour,
+            max_deploy_dph_total=self.settings.max_deploy_dph_total,
+            waited_s=now - since, wait_budget_s=budget)
+        change = getattr(self.provider, "change_bid", None)
+        if choice.action == "raise" and change is not None and choice.bid_per_hour is not None:
+            pid, bid = int(full["provider_instance_id"]), choice.bid_per_hour
+            try:
+                await change(pid, bid)
+            except ProviderError as err:
+                return f"{choice.reason}; vast.ai refused the new bid ({err}): tried next round"
+            await self.store.write(lambda tx: tx.update_instance(
+                int(row["id"]), bid_per_hour=bid, updated_at=now))
+            return choice.reason
+        return None if choice.action == "destroy" else choice.reason
 
     async def _requeue_if_trial(self, row: Row, now: float) -> None:
         """An interruptible trial outbid before its benchmark ended: neither the host's
@@ -565,6 +579,8 @@ class Monitor:
                             machine_id=row["machine_id"])
 
         await self.store.write(note)
+
+    async def _funds_back(self, now: float) -> None:
         """Funds are back above zero: start the instances vast.ai stopped for them and give
         each a fresh silence clock (docs/operations.md, "The account")."""
         held = [rid for rid, why in self._kept_told.items() if why.startswith("stopped")]
@@ -622,7 +638,7 @@ class Monitor:
                 elif status == "stopped" and self._resuming.get(int(row["id"]), 0.0) > now:
                     why = "being started again now that the account's funds are back"
                 elif status == "stopped" and row.get("bid_per_hour") is not None:
-                    why = self._outbid_wait(row, now)
+                    why = await self._outbid_wait(row, now)
             if why is None or row is None:
                 out.append(action)
                 continue
