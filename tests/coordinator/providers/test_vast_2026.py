@@ -351,3 +351,19 @@ async def test_an_outbid_kept_instance_is_raised_within_its_cap_or_waits_then_go
                 break
         assert capped.provider_instance_id not in env.fake.instances
         assert env.h.store.strikes("83102") == []
+
+
+async def test_a_blocked_machine_shows_its_renter_reports(tmp_path: Any) -> None:
+    async with bill_env(tmp_path, loading=False) as env:
+        env.fake.add_report(86501, "gpu_error", "GPU fell off the bus")
+        status, _ = await env.h.admin("POST", "/api/bad-hosts",
+                                      {"machine_id": "86501", "reason": "12/h, too slow"})
+        assert status == 200
+        await env.tick()
+        await env.tick()  # read once, not again within the re-read interval
+        assert len(env.fake.calls("GET", "/api/v0/machines/86501/reports/")) == 1
+        _, rows = await env.h.admin("GET", "/api/bad-hosts")
+        assert rows[0]["renter_reports"][0]["problem"] == "gpu_error"
+        events = [e for e in env.h.store.events() if e["kind"] == "machine_reports"]
+        assert len(events) == 1 and "GPU" not in events[0]["reason"]
+        assert "gpu_error" in events[0]["reason"]

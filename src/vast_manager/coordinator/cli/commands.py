@@ -646,6 +646,12 @@ def bad_hosts_list(client: OperatorClient, as_json: bool) -> None:
             width=render.terminal_width(),
         )
     )
+    for r in rows:
+        reports = r.get("renter_reports") or []
+        if reports:
+            said = "; ".join(f"{p.get('problem')} ({p.get('created_at')})" for p in reports[:3])
+            click.echo(clean(f"Machine {r.get('machine_id')}: {len(reports)} renter report(s) "
+                             f"at vast.ai: {said}"))
 
 
 @bad_hosts.command("add")

@@ -21,6 +21,7 @@ from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.plan import TrialCost
 from vast_manager.coordinator.offers import stored_offer
 from vast_manager.coordinator.operations.account import Account
+from vast_manager.coordinator.operations.machine_reports import MachineReports
 from vast_manager.coordinator.operations.price_increases import PriceIncreases
 from vast_manager.coordinator.operations.production import (
     COLUMNS as PRODUCTION_COLUMNS,
@@ -127,6 +128,8 @@ class Monitor:
         self.production = ProductionTracker(settings)
         # Hosts' price increases, judged each round (operations.price_increases).
         self.price_increases = PriceIncreases(settings, store, provider, self.production)
+        # Renters' reports on blocked or struck machines (operations.machine_reports).
+        self.machine_reports = MachineReports(store, provider)
         # What vast.ai last showed of each instance it lists: vast id -> actual_status,
         # status_msg and when (a webhook's round updates it within a second).
         self.vast_seen: dict[int, dict[str, Any]] = {}
@@ -206,6 +209,7 @@ class Monitor:
             await self.watch_production(now)
             await self.reconcile_with_provider()
             await self.price_increases.round(now)
+            await self.machine_reports.round(now)
 
     # --- production: what kept instances complete (docs/operations.md) ----------------
 

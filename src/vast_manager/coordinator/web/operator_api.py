@@ -470,7 +470,10 @@ async def _host_perf(core: Core, request: web.Request) -> Any:
 
 
 async def _bad_hosts(core: Core, request: web.Request) -> Any:
-    return await core.store.read(lambda reads: reads.bad_hosts())
+    rows = await core.store.read(lambda reads: reads.bad_hosts())
+    # vast.ai's renter reports on each blocked machine, as last read: the block's evidence.
+    reports = core.monitor.machine_reports.by_machine
+    return [{**r, "renter_reports": reports.get(str(r["machine_id"]), [])} for r in rows]
 
 
 async def _add_bad_host(core: Core, request: web.Request) -> Any:
