@@ -753,7 +753,8 @@ def parse_listen(text: str) -> tuple[str, int]:
 #: The settings docs/operations.md's vast.ai section shows again (from the same rows).
 VAST_SETTINGS = ("vast_image", "vast_onstart", "vast_runtype", "vast_env", "vast_image_login",
                  "vast_filter", "min_instance_ram_gb", "deploy_disk_gb", "max_deploy_dph_total",
-                 "max_usd_per_proof", "monitor_interval_s", "unowned_grace_s")
+                 "max_usd_per_proof", "monitor_interval_s", "unowned_grace_s",
+                 "vast_searches_per_day", "vast_webhook_secret", "max_bid_per_hour")
 
 
 def settings_markdown(names: tuple[str, ...] | None = None) -> str:

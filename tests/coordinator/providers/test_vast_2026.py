@@ -321,9 +321,9 @@ async def test_an_outbid_kept_instance_is_raised_within_its_cap_or_waits_then_go
         raised = await env.h.core.deployer.deploy(9961, interruptible=True)
         capped = await env.h.core.deployer.deploy(9962, interruptible=True)
         for data, rate in ((raised, 40.0), (capped, 8.0)):  # caps ~$0.75/h and ~$0.11/h
-            now = env.clock.now
-            await env.h.store.write(lambda tx, i=data.instance_id, r=rate: tx.update_instance(
-                i, state=State.PROVING, rate_per_hour=r, hello_at=now, state_since=now))
+            await env.h.store.write(
+                lambda tx, i=data.instance_id, r=rate, t=env.clock.now: tx.update_instance(
+                    i, state=State.PROVING, rate_per_hour=r, hello_at=t, state_since=t))
         bid = float(env.h.store.get_instance(raised.instance_id)["bid_per_hour"])
         env.fake.outbid(raised.provider_instance_id, winning_bid=bid * 1.4)
         env.fake.outbid(capped.provider_instance_id, winning_bid=bid * 1.4)

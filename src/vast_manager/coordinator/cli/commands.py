@@ -1122,7 +1122,12 @@ def _fake_post(client: OperatorClient, name: str, body: dict[str, Any]) -> None:
 @json_option
 @operator_options
 def fake_show(client: OperatorClient, as_json: bool) -> None:
-    """The fake vast.ai's state: funds, quota, pending increases, instances."""
+    """The fake vast.ai's state: funds, quota, pending increases, instances.
+
+    \b
+    Example:
+      vast-manager fake show
+    """
     data = client.get("/api/fake")
     if as_json:
         echo_json(data)
@@ -1143,7 +1148,12 @@ def fake_show(client: OperatorClient, as_json: bool) -> None:
 @click.option("--for", "for_s", type=float, default=None, help="Seconds offline [600].")
 @operator_options
 def fake_offline(client: OperatorClient, instance_id: int, for_s: float | None) -> None:
-    """The host loses vast.ai for a while (and a webhook says so, if one is set)."""
+    """The host loses vast.ai for a while (and a webhook says so, if one is set).
+
+    \b
+    Example:
+      vast-manager fake offline 3 --for 300
+    """
     _fake_post(client, "offline", {"instance_id": instance_id, "for_s": for_s})
 
 
@@ -1154,7 +1164,12 @@ def fake_offline(client: OperatorClient, instance_id: int, for_s: float | None) 
 @operator_options
 def fake_outbid(client: OperatorClient, instance_id: int, for_s: float | None,
                 winning_bid: float | None) -> None:
-    """A higher bid takes an interruptible instance's host: it is stopped."""
+    """A higher bid takes an interruptible instance's host: it is stopped.
+
+    \b
+    Example:
+      vast-manager fake outbid 3 --winning-bid 0.30
+    """
     _fake_post(client, "outbid", {"instance_id": instance_id, "for_s": for_s,
                                   "winning_bid": winning_bid})
 
@@ -1164,7 +1179,12 @@ def fake_outbid(client: OperatorClient, instance_id: int, for_s: float | None,
 @click.argument("status")
 @operator_options
 def fake_status(client: OperatorClient, instance_id: int, status: str) -> None:
-    """vast.ai shows STATUS for the instance (exited, unknown, stopped, ...)."""
+    """vast.ai shows STATUS for the instance (exited, unknown, stopped, ...).
+
+    \b
+    Example:
+      vast-manager fake status 3 exited
+    """
     _fake_post(client, "status", {"instance_id": instance_id, "status": status})
 
 
@@ -1173,7 +1193,12 @@ def fake_status(client: OperatorClient, instance_id: int, status: str) -> None:
 @click.argument("rent_per_hour", type=float)
 @operator_options
 def fake_price_increase(client: OperatorClient, instance_id: int, rent_per_hour: float) -> None:
-    """The host files a price increase: RENT_PER_HOUR from its contract's end."""
+    """The host files a price increase: RENT_PER_HOUR from its contract's end.
+
+    \b
+    Example:
+      vast-manager fake price-increase 3 0.90
+    """
     _fake_post(client, "price-increase", {"instance_id": instance_id,
                                           "rent_per_hour": rent_per_hour})
 
@@ -1182,14 +1207,24 @@ def fake_price_increase(client: OperatorClient, instance_id: int, rent_per_hour:
 @click.argument("add_usd", type=float)
 @operator_options
 def fake_funds(client: OperatorClient, add_usd: float) -> None:
-    """Add (or, negative, take) simulated funds; at zero vast.ai stops every instance."""
+    """Add (or, negative, take) simulated funds; at zero vast.ai stops every instance.
+
+    \b
+    Example:
+      vast-manager fake funds -- -1000
+    """
     _fake_post(client, "funds", {"add_usd": add_usd})
 
 
 @fake.command("revoke-key")
 @operator_options
 def fake_revoke_key(client: OperatorClient) -> None:
-    """The account's API key is deleted: every call is refused from now on."""
+    """The account's API key is deleted: every call is refused from now on.
+
+    \b
+    Example:
+      vast-manager fake revoke-key
+    """
     _fake_post(client, "revoke-key", {})
 
 
@@ -1197,7 +1232,12 @@ def fake_revoke_key(client: OperatorClient) -> None:
 @click.argument("searches_per_day", type=int, required=False)
 @operator_options
 def fake_quota(client: OperatorClient, searches_per_day: int | None) -> None:
-    """vast.ai's daily search quota (no argument: none)."""
+    """vast.ai's daily search quota (no argument: none).
+
+    \b
+    Example:
+      vast-manager fake quota 5
+    """
     _fake_post(client, "quota", {"searches_per_day": searches_per_day})
 
 
@@ -1208,7 +1248,12 @@ def fake_quota(client: OperatorClient, searches_per_day: int | None) -> None:
 @operator_options
 def fake_report(client: OperatorClient, machine_id: int, problem: str,
                 message: str | None) -> None:
-    """A renter files a report against a machine."""
+    """A renter files a report against a machine.
+
+    \b
+    Example:
+      vast-manager fake report 41006 gpu_error --message "GPU fell off the bus"
+    """
     _fake_post(client, "report", {"machine_id": machine_id, "problem": problem,
                                   "message": message})
 

@@ -27,7 +27,7 @@ from aiohttp import web
 
 from vast_manager.coordinator.textsafe import neutralise
 from vast_manager.coordinator.web.core import CORE
-from vast_manager.coordinator.web.http import read_body
+from vast_manager.coordinator.web.http import error_response, read_body
 from vast_manager.protocol.nonces import NonceMemory, NonceVerdict
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def expected_signature(secret: str, timestamp: str, body: bytes) -> str:
 
 
 def _refuse(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"ok": False, "error": code, "message": message}, status=status)
+    return error_response(status, code, message)
 
 
 async def receive(request: web.Request) -> web.Response:
