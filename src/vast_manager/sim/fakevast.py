@@ -1143,7 +1143,7 @@ def _matches(offer: dict[str, Any], query: dict[str, Any]) -> bool:
 
 
 class SimAgents:
-    """A ``Launcher``: each instance runs ``vast-agent run`` on the simulated cuzk.
+    """A ``Launcher``: each instance runs ``vm-sim-agent run`` (the agent on the simulated cuzk).
 
     The environment is what the image would bake in (the simulation's binaries,
     state and parameter folders, the fake NVML, ``VM_PROVIDER=vast``; no
@@ -1194,7 +1194,7 @@ class SimAgents:
         self.envs[instance_id] = child_env
         with open(home / "agent.log", "ab") as log_file:
             self.processes[instance_id] = subprocess.Popen(
-                [sys.executable, "-m", "vast_manager.agent.cli", "run"],
+                [sys.executable, "-m", "vast_manager.sim.agent_run", "run"],
                 env=child_env, cwd=home, stdin=subprocess.DEVNULL, stdout=log_file,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )
