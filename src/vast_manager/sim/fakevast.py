@@ -429,7 +429,9 @@ class FakeVast:
         ``winning_bid`` or more (``PUT bid_price``) runs it again at once."""
         self.set_status(instance_id, "stopped",
                         "outbid: a higher bid took the host (fake vast.ai's text)")
-        self.instances[instance_id]["intended_status"] = "running"
+        # dstack reads an interruption as cur_state == intended_status == next_state ==
+        # "stopped" (its vastai compute.py at 511c318c).
+        self.instances[instance_id].update(intended_status="stopped", next_state="stopped")
         if for_s is not None:
             self._back_at[instance_id] = (self.clock() + for_s, "running")
         if winning_bid is not None:
@@ -573,7 +575,7 @@ class FakeVast:
             if row is not None and iid not in self._stopped_for_funds:
                 row["actual_status"] = st
                 row["status_msg"] = None
-                row["cur_state"] = "running"
+                row.update(cur_state="running", intended_status="running", next_state="running")
         self._bill_until(now)
 
     def _bill_until(self, until: float) -> None:
@@ -920,7 +922,8 @@ class FakeVast:
         if winning is not None and price >= winning and row.get("actual_status") == "stopped":
             self._outbid_by.pop(iid)
             self._back_at.pop(iid, None)
-            row.update(actual_status="running", cur_state="running", status_msg=None)
+            row.update(actual_status="running", cur_state="running", intended_status="running",
+                       next_state="running", status_msg=None)
         return web.json_response({"success": True})
 
     async def _reports(self, request: web.Request) -> web.Response:
@@ -1143,7 +1146,7 @@ def _matches(offer: dict[str, Any], query: dict[str, Any]) -> bool:
 
 
 class SimAgents:
-    """A ``Launcher``: each instance runs ``vm-sim-agent run`` (the agent on the simulated cuzk).
+    """A ``Launcher``: each instance runs ``vm-sim-agent run`` (the agent, simulated cuzk).
 
     The environment is what the image would bake in (the simulation's binaries,
     state and parameter folders, the fake NVML, ``VM_PROVIDER=vast``; no
