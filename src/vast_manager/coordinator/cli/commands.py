@@ -333,10 +333,24 @@ def _progress(p: Any) -> str:
 STATUS_PAGE = 5000
 
 
+def _vast_lines(fleet: dict[str, Any]) -> None:
+    """vast.ai's search quota when it is spent, and each host's pending price increase with
+    the coordinator's verdict (docs/vast.md)."""
+    alert = (fleet.get("offer_cache") or {}).get("alert")
+    if alert:
+        click.echo(textsafe.neutralise(str(alert)))
+    for p in fleet.get("pending_price_increases") or []:
+        click.echo(textsafe.neutralise(
+            f"Instance {p.get('instance_id')}: price increase {p.get('pending_price_increase_id')} "
+            f"({p.get('verdict')}): {p.get('reason')}"))
+
+
 def _account_line(client: OperatorClient) -> None:
     """The vast.ai account in one line, and why deploys wait if they do (docs/operations.md,
     "The account"); nothing with a provider that has no account."""
-    account = client.get("/api/fleet").get("account") or {}
+    fleet = client.get("/api/fleet")
+    account = fleet.get("account") or {}
+    _vast_lines(fleet)
     funds = account.get("funds_usd")
     if funds is None and account.get("auth_ok", True):
         return

@@ -394,6 +394,7 @@ async function renderFleet() {
   );
   accountBanner(summary.account);
   searchBanner(summary.offer_cache);
+  priceBanner(summary.pending_price_increases);
   const rows = page.rows;
   fill(
     $("fleet-table").tBodies[0],
@@ -458,6 +459,16 @@ function searchBanner(cache) {
   const alert = cache && cache.alert;
   banner.hidden = !alert;
   banner.textContent = alert ? safeText(alert) : "";
+}
+
+// Hosts' pending price increases on our instances, each with the coordinator's verdict.
+function priceBanner(pending) {
+  const banner = $("price-banner");
+  const rows = pending || [];
+  banner.hidden = rows.length === 0;
+  banner.replaceChildren(...rows.map((p) => el("div", {},
+    `Instance ${p.instance_id}: price increase ${p.pending_price_increase_id} ` +
+    `(${p.verdict}): ${p.reason}`)));
 }
 
 function costText(parts) {
