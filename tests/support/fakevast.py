@@ -1,13 +1,13 @@
-"""The fake vast.ai lives in the package (``vast_manager.sim.fakevast``: ``vast-manager serve
---provider fake`` runs it); the tests' agents also get the repository on ``PYTHONPATH``."""
+"""The fake vast.ai lives in the package (``coordinator.providers.fakevast``: ``vast-manager
+serve --provider fake`` runs it); the tests' agents also get the repository on PYTHONPATH."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from vast_manager.sim import fakevast as _fake
-from vast_manager.sim.fakevast import (  # noqa: F401  (the tests' names)
+from vast_manager.coordinator.providers import fakevast as _fake
+from vast_manager.coordinator.providers.fakevast import (  # noqa: F401  (the tests' names)
     FAKE_API_KEY,
     MAX_LABEL_CHARS,
     MAX_ONSTART_CHARS,

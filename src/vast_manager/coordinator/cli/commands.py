@@ -886,6 +886,9 @@ def offers(client: OperatorClient, filter_text: str | None, wide: bool, as_json:
         return
     if not rows:
         click.echo("No offers match.")
+        alert = (client.get("/api/fleet").get("offer_cache") or {}).get("alert")
+        if alert:  # the answer may be stale: say why
+            click.echo(clean(str(alert)))
         return
     click.echo(
         render.table(

@@ -130,6 +130,8 @@ class OfferCache:
             if why is None:
                 try:
                     offers = await self._send(lambda: self.provider.search_offers(filter_text))
+                except SearchQuotaExceeded:
+                    why = self._no_search(self.clock())  # the quota's own words, stale
                 except ProviderError as err:
                     if entry is None:
                         raise

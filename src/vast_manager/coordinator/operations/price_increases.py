@@ -79,10 +79,14 @@ class PriceIncreases:
                 "completed_rate_per_hour"), "delivered"
         hours = max(now - float(row["hello_at"] or now), 0.0) / 3600.0
         settings = self.settings
+        # The steady traffic: the one-off setup download (VM_SETUP_DOWNLOAD_GB) is not an
+        # hourly cost of keeping the instance.
+        setup = settings.setup_download_gb * cost.BYTES_PER_GB
+        rx = max(0.0, float(row["net_rx_bytes"] or 0) - setup)
         verdict = judge(
             inc, prices, rate_per_hour=rate, basis=basis,
             max_usd_per_proof=settings.max_usd_per_proof,
-            down_bytes_per_hour=float(row["net_rx_bytes"] or 0) / hours if hours > 0 else 0.0,
+            down_bytes_per_hour=rx / hours if hours > 0 else 0.0,
             up_bytes_per_hour=float(row["net_tx_bytes"] or 0) / hours if hours > 0 else 0.0,
             max_deploy_dph_total=settings.max_deploy_dph_total, fleet_dph_total=fleet_dph,
             max_fleet_dph_total=settings.autopilot_max_dph_total if settings.autopilot else None)

@@ -1,5 +1,5 @@
 """``vast-manager serve --provider fake``: the vast provider, unchanged, talking to the
-project's stateful fake vast.ai (``vast_manager.sim.fakevast``) run in this process.
+project's stateful fake vast.ai (``providers.fakevast``) run in this process.
 
 Everything the coordinator does on vast.ai it does here over HTTP on loopback: searches
 (on the daily quota), creates, lists, destroys, price increases, bids, reports. Each
@@ -13,11 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from vast_manager.coordinator.providers.fakevast import FAKE_API_KEY, FakeVast, SimAgents
 from vast_manager.coordinator.providers.local.catalog import catalog_offers
 from vast_manager.coordinator.providers.vast.client import VastClient
 from vast_manager.coordinator.providers.vast.provider import DEFAULT_ONSTART, VastProvider
 from vast_manager.coordinator.settings import Settings
-from vast_manager.sim.fakevast import FAKE_API_KEY, FakeVast, SimAgents
 
 #: The image name the fake's creates carry (the fake runs the agent from this package).
 FAKE_IMAGE = "vast-manager/agent:fake"

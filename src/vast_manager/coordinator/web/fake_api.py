@@ -1,7 +1,7 @@
 """``/api/fake/*``: the fault controls of ``serve --provider fake`` (``vast-manager fake``).
 
 Each route injects one of vast.ai's faults into the in-process fake vast.ai
-(``vast_manager.sim.fakevast``) so an operator can rehearse a drill of docs/operations.md;
+(``providers.fakevast``) so an operator can rehearse a drill of docs/operations.md;
 the coordinator then meets it over HTTP as it would meet vast.ai. Instances are named by
 the coordinator's own id (what ``status`` shows). On any other provider every route
 answers 404: nothing here touches a real account.
@@ -15,9 +15,9 @@ from typing import Any
 from aiohttp import web
 
 from vast_manager.coordinator.exceptions import InvalidInput, NotFound
+from vast_manager.coordinator.providers.fakevast import STATUSES, FakeVast
 from vast_manager.coordinator.web.core import Core
 from vast_manager.coordinator.web.operator_api import _integer, _json_object, _number, _text
-from vast_manager.sim.fakevast import STATUSES, FakeVast
 
 Handler = Callable[[Core, web.Request], Awaitable[Any]]
 #: The longest a fault may last, in seconds (a week).
