@@ -60,6 +60,10 @@ OFFER_FIELDS = (
 Destroy = Callable[..., Awaitable[bool]]
 # A price may move by this much (relative) before the caller must look again.
 PRICE_EPSILON = 1e-6
+# ...and by this much in dollars an hour: a price read from a search and the same price
+# recomputed from its parts (dph_total less a storage_total_cost rounded to six decimals,
+# plus the storage of the disk) differ by rounding alone.
+PRICE_ROUNDING_USD = 1e-5
 
 
 def mint_agent_id() -> str:
@@ -226,7 +230,8 @@ class Deployer:
             raise PriceChanged(
                 f"Offer {offer_id} costs ${dph_total:.4f}/h, above the ceiling ${ceiling:.4f}/h."
             )
-        if max_dph_total is not None and dph_total > max_dph_total * (1 + PRICE_EPSILON):
+        if max_dph_total is not None and \
+                dph_total > max_dph_total * (1 + PRICE_EPSILON) + PRICE_ROUNDING_USD:
             raise PriceChanged(
                 f"Offer {offer_id} now costs ${dph_total:.4f}/h with a {disk:g} GB disk, above "
                 f"the ${max_dph_total:.4f}/h you saw (--max-price)."

@@ -3,8 +3,9 @@
 ``GET /api/v0/machines/{id}/reports/`` lists what other renters reported against a machine
 (``problem``, ``message``, ``created_at``; OpenAPI ``showReports``, docs/vast.md "Machine
 reports"). Each monitor round reads them for the machines that are blocked or were struck
-lately (a few a round, each at most every ``REREAD_S``), keeps them for ``bad-hosts`` and
-the dashboard, and events a machine's reports once when they change.
+lately (a few a round, each at most every ``REREAD_S``, a machine just blocked at once),
+keeps them for ``bad-hosts`` and the dashboard, and events a machine's reports once when
+they change.
 """
 
 from __future__ import annotations
@@ -36,20 +37,25 @@ class MachineReports:
         #: machine id -> its reports, newest read.
         self.by_machine: dict[str, list[dict[str, Any]]] = {}
         self._read_at: dict[str, float] = {}
+        self._blocked: set[str] = set()
 
     async def round(self, now: float) -> None:
         fetch = getattr(self.provider, "machine_reports", None)
         if fetch is None:
             return
 
-        def troubled(reads: Any) -> list[str]:
+        def troubled(reads: Any) -> tuple[list[str], list[str]]:
             blocked = [str(r["machine_id"]) for r in reads.bad_hosts(now)]
             struck = [str(r["machine_id"]) for r in reads.strikes()
                       if float(r["at"]) >= now - RECENT_STRIKE_S]
-            return list(dict.fromkeys(blocked + struck))
+            return blocked, struck
 
-        due = [m for m in await self.store.read(troubled)
-               if m.isdigit() and now - self._read_at.get(m, -REREAD_S) >= REREAD_S]
+        blocked, struck = await self.store.read(troubled)
+        # A machine just blocked is read at once: its block's evidence.
+        fresh = [m for m in blocked if m not in self._blocked]
+        self._blocked = set(blocked)
+        due = [m for m in dict.fromkeys(fresh + blocked + struck) if m.isdigit() and (
+            m in fresh or now - self._read_at.get(m, -REREAD_S) >= REREAD_S)]
         for machine_id in due[:PER_ROUND]:
             self._read_at[machine_id] = now
             try:
