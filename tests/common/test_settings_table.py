@@ -146,8 +146,7 @@ def test_architecture_md_shows_the_agent_table_with_its_bounds() -> None:
     begin, end = "<!-- agent-settings:begin -->\n", "\n<!-- agent-settings:end -->"
     table = doc[doc.index(begin) + len(begin) : doc.index(end)]
     assert table == agent_config.settings_markdown(), (
-        "docs/architecture.md's agent settings table is stale: paste "
-        "vast_manager.agent.config.settings_markdown() between the agent-settings markers"
+        "docs/architecture.md's agent settings table is stale: python -m vast_manager.docs"
     )
     assert "| `VM_SAMPLE_INTERVAL` | `1.0` | greater than 0 |" in table
 

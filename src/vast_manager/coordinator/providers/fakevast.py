@@ -409,10 +409,6 @@ class FakeVast:
                 out.append("other")
         return out
 
-    def billed_seconds(self, instance_id: int, since: float = 0.0) -> float:
-        """Seconds the instance billed after ``since`` (until its destroy, or now)."""
-        return self.billing[instance_id].seconds(since, self.clock())
-
     # ---- vast.ai as it bills (docs/vast.md "Billing") ---------------------------
 
     def host_trouble(self, instance_id: int, status: str, for_s: float,
