@@ -5,6 +5,8 @@ round by round."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import hmac
 from typing import Any
@@ -274,42 +276,56 @@ def signed(body: bytes, stamp: int, secret: str = SECRET) -> str:
 
 async def test_a_signed_offline_webhook_moves_the_vast_state_and_bad_ones_change_nothing(
         tmp_path: Any) -> None:
+    # The monitor's own loop runs, a round every 60 s: a state that moves within seconds
+    # moved because the webhook asked for a round.
     async with bill_env(tmp_path, loading=False, vast_webhook_secret=SECRET) as env:
         env.fake.add_offer(9501, 85001)
         data = await env.deploy(9501)
         vid = int(data["provider_instance_id"])
-        await env.tick()
         monitor = env.h.core.monitor
-        assert monitor.vast_seen[vid]["actual_status"] == "running"
-        woken: list[bool] = []
-        monitor.wake = lambda: woken.append(True)  # type: ignore[method-assign]
-        env.fake.host_trouble(vid, "offline", 600)
-        body = orjson.dumps({"event_id": "ev-1", "user_id": 1, "notif_type": "instance_offline",
-                             "subject": "offline", "message": "m", "timestamp": 1.0})
-        stamp = int(env.clock.now)
+        loop = asyncio.create_task(monitor.run())
+        try:
+            await until(lambda: vid in monitor.vast_seen)
+            assert monitor.vast_seen[vid]["actual_status"] == "running"
+            env.fake.host_trouble(vid, "offline", 600)
+            body = orjson.dumps({"event_id": "ev-1", "user_id": 1,
+                                 "notif_type": "instance_offline", "subject": "offline",
+                                 "message": "m", "timestamp": 1.0})
+            stamp = int(env.clock.now)
 
-        async def post(headers: dict[str, str], raw: bytes = body) -> int:
-            resp = await env.h.client.post("/v1/vast/webhook", data=raw, headers=headers)
-            return resp.status
+            async def post(headers: dict[str, str], raw: bytes = body) -> int:
+                resp = await env.h.client.post("/v1/vast/webhook", data=raw, headers=headers)
+                return resp.status
 
-        good = {"X-Vast-Event-Id": "ev-1", "X-Vast-Timestamp": str(stamp),
-                "X-Vast-Signature-256": signed(body, stamp), "X-Vast-Delivery-Attempt": "1"}
-        refused = [
-            await post({**good, "X-Vast-Signature-256": signed(body, stamp, "wrong")}),
-            await post({**good, "X-Vast-Timestamp": str(stamp - 301),
-                        "X-Vast-Signature-256": signed(body, stamp - 301)}),
-            await post(good, body + b" "),  # the body changed after signing
-        ]
-        assert refused == [401, 400, 401]
-        assert woken == [] and monitor.vast_seen[vid]["actual_status"] == "running"
-        assert await post(good) == 204
-        assert woken == [True]
-        await env.tick()  # the round the webhook asked for
-        assert monitor.vast_seen[vid]["actual_status"] == "offline"
-        env.fake.set_status(vid, "running")
-        await env.tick()
-        assert await post(good) == 409  # the same event again: a replay
-        assert woken == [True] and monitor.vast_seen[vid]["actual_status"] == "running"
+            good = {"X-Vast-Event-Id": "ev-1", "X-Vast-Timestamp": str(stamp),
+                    "X-Vast-Signature-256": signed(body, stamp), "X-Vast-Delivery-Attempt": "1"}
+            refused = [
+                await post({**good, "X-Vast-Signature-256": signed(body, stamp, "wrong")}),
+                await post({**good, "X-Vast-Timestamp": str(stamp - 301),
+                            "X-Vast-Signature-256": signed(body, stamp - 301)}),
+                await post(good, body + b" "),  # the body changed after signing
+            ]
+            assert refused == [401, 400, 401]
+            await asyncio.sleep(1.0)
+            assert monitor.vast_seen[vid]["actual_status"] == "running"  # no round ran
+            assert await post(good) == 204
+            await until(lambda: monitor.vast_seen[vid]["actual_status"] == "offline")
+            env.fake.set_status(vid, "running")
+            assert await post(good) == 409  # the same event again: a replay
+            await asyncio.sleep(1.0)
+            assert monitor.vast_seen[vid]["actual_status"] == "offline"  # no round ran
+        finally:
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
+
+
+async def until(ok: Any, timeout_s: float = 10.0) -> None:
+    """Wait for ``ok()``, far below the monitor's 60 s interval."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not ok():
+        assert asyncio.get_running_loop().time() < deadline, "no round within 10 s"
+        await asyncio.sleep(0.05)
 
 
 async def test_an_outbid_kept_instance_is_raised_within_its_cap_or_waits_then_goes(
