@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vast_manager.coordinator.offers import Offer
+from vast_manager.coordinator.operations.production import duration
 from vast_manager.coordinator.providers.base import (
     Provider,
     ProviderError,
@@ -39,11 +40,7 @@ OUTCOMES = ("answered", "quota_exceeded", "rate_limited", "failed")
 
 def age_text(age_s: float) -> str:
     """``4 min ago``: an age an operator reads at a glance."""
-    if age_s < 90:
-        return f"{max(0, round(age_s))} s ago"
-    if age_s < 5400:
-        return f"{round(age_s / 60)} min ago"
-    return f"{age_s / 3600:.1f} h ago"
+    return f"{duration(max(0.0, age_s))} ago"
 
 
 @dataclass(frozen=True, slots=True)
