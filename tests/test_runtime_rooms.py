@@ -177,7 +177,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("coordinator/offers", "coordinator/rows", "coordinator/textsafe",
      "coordinator/settings"),
     ("coordinator/decisions",),
-    ("coordinator/discovery", "coordinator/providers"),
+    ("coordinator/discovery", "coordinator/providers", "coordinator/curio_db"),
     ("coordinator/store", "coordinator/exceptions"),
     ("coordinator/operations",),
     ("coordinator/runtime",),

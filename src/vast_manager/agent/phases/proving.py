@@ -19,6 +19,22 @@ from vast_manager.agent.phases.shared import (
 )
 from vast_manager.agent.phases.warmup import Warming
 from vast_manager.agent.procs import ManagedProcess
+from vast_manager.common.curio import CURIO_LISTEN, CURIO_PORT
+
+
+def curio_listen(env: dict[str, str]) -> str | None:
+    """A Curio address unique to this instance, unless the operator gave ``CURIO_LISTEN``:
+    every interface, on the public port vast.ai mapped to Curio's (``VAST_TCP_PORT_12300``,
+    set inside the instance: docs/vast.md). Curio binds this address and writes it, with
+    0.0.0.0 replaced by its database connection's local IP, as ``host_and_port`` on every
+    task it finishes; vast.ai hands each instance on a public IP its own ports, so no two
+    of ours share one there. Not the public IP itself: Curio would have to bind it, and a
+    vast.ai container does not hold it (docs/operations.md, "Production as the cluster
+    records it"). None off vast.ai or when the port is not opened."""
+    if env.get(CURIO_LISTEN):
+        return None
+    port = env.get(f"VAST_TCP_PORT_{CURIO_PORT}", "").strip()
+    return f"0.0.0.0:{int(port)}" if port.isdigit() else None
 
 
 class Proving:
@@ -75,6 +91,9 @@ class Proving:
         env["VM_CUZK_LISTEN"] = f"127.0.0.1:{daemon.port}"
         env["VM_CUZK_STATUS_URL"] = daemon.status_url
         env["FIL_PROOFS_PARAMETER_CACHE"] = str(self.config.params_dir)
+        listen = curio_listen(env)
+        if listen is not None:
+            env[CURIO_LISTEN] = listen
         for name in ("VM_AGENT_KEY", "CONTAINER_API_KEY"):
             env.pop(name, None)  # the work command needs neither
         return env
