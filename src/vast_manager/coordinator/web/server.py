@@ -390,7 +390,11 @@ async def _serve_until_signalled(settings: Settings, provider: Provider) -> None
     try:
         await stop.wait()
         rented = await _billing_instances(server)
-        if rented:
+        if rented and provider.name == "fake":
+            _say(settings, f"stopping: the fake vast.ai stops with the coordinator, and its "
+                           f"{len(rented)} instance(s) with it ({_ids(rented)}); nothing was "
+                           "billed for real")
+        elif rented:
             _say(settings, f"stopping: {len(rented)} instance(s) stay rented and keep billing "
                            f"({_ids(rented)}); their agents keep working. Serve this database "
                            "again to manage them, or destroy them (vast-manager destroy ID) "
