@@ -137,6 +137,9 @@ async def test_fleet_summary(h: Harness) -> None:
         "auth_ok": True, "auth_error": None, "warning": None, "paused": None}
     # No fault open, nothing paused.
     assert (fleet.pop("deploys_paused"), fleet.pop("faults")) == (None, [])
+    # The offer cache's own view (docs/operations.md), no price increase pending.
+    assert fleet.pop("offer_cache")["alert"] is None
+    assert fleet.pop("pending_price_increases") == []
     # Nothing deployed here (bring-your-own rigs): nothing spent.
     assert {w: parts["total"] for w, parts in fleet.pop("spend").items()} == {
         "today": 0.0, "week": 0.0, "all_time": 0.0}
