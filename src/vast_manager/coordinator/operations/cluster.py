@@ -109,6 +109,7 @@ class ClusterWatch:
         self._seq = 0  # good reads so far
         self._handed_seq = 0  # the read whose increments a round last handed out
         self._bills: dict[int, tuple[tuple[Any, ...], float | None]] = {}
+        self._pairs_seen: dict[tuple[str | None, str], float] = {}
 
     @property
     def configured(self) -> bool:
@@ -143,9 +144,23 @@ class ClusterWatch:
             log.warning("cluster database readable again after %d failed reads",
                         self.failures)
         self._seq += 1
-        self.latest = replace(rows, seq=self._seq, read_at=now)
+        self.latest = replace(rows, machines=self._remember(rows.machines, now),
+                              seq=self._seq, read_at=now)
         self.read_upto, self.failures, self.next_read_at = now, 0, 0.0
         self.alert, self.alert_since = None, None
+
+    def _remember(self, machines: tuple[tuple[str | None, str], ...],
+                  now: float) -> tuple[tuple[str | None, str], ...]:
+        """The (name, address) pairs seen within the window, this read's and earlier ones.
+        Curio keeps one ``harmony_machines`` row per ``host_and_port`` and one details row
+        per machine (resources.go's upsert; tasks.go's ``ON CONFLICT (machine_id)``), so a
+        second node on an address overwrites the first's name: only names remembered
+        across reads show that two nodes share it."""
+        horizon = now - self.settings.curio_window_s
+        seen = {pair: at for pair, at in self._pairs_seen.items() if at >= horizon}
+        seen.update(dict.fromkeys(machines, now))
+        self._pairs_seen = seen
+        return tuple(seen)
 
     def _failed(self, now: float, reason: str) -> None:
         """The alert (logged once until a read succeeds), and the next try on the backoff."""
