@@ -272,10 +272,11 @@ def serve(
         raise UserError(flag_named(str(err))) from None
     from vast_manager.coordinator.providers.vast.provider import ProviderConfigError
     from vast_manager.coordinator.store.dbfile import DatabaseFileError
+    from vast_manager.coordinator.store.replica import ReplicaError
 
     try:
         run_server(settings, provider)
-    except (ProviderConfigError, ServeConfigError, DatabaseFileError) as err:
+    except (ProviderConfigError, ServeConfigError, DatabaseFileError, ReplicaError) as err:
         # No API key, an unreadable certificate, a port in use, a database path that
         # cannot work or another coordinator on it: refused before anything is written.
         raise UserError(flag_named(str(err))) from None
@@ -349,6 +350,24 @@ def _account_line(client: OperatorClient) -> None:
     click.echo(textsafe.neutralise("; ".join(parts)))
 
 
+def _replica_line(client: OperatorClient) -> None:
+    """The database's replication in one line (docs/operations.md, "Losing the
+    coordinator"); nothing from a coordinator that does not say."""
+    replica = client.get("/api/fleet").get("replica")
+    if not isinstance(replica, dict):
+        return
+    if not replica.get("configured"):
+        click.echo("replica: none, the fleet's state is on one disk (set VM_REPLICA_URL)")
+        return
+    lag = replica.get("lag_s")
+    synced = "never confirmed" if lag is None else f"last sync {lag:.0f} s ago"
+    trouble = replica.get("error")
+    line = f"replica {replica.get('url')}: {synced}"
+    if trouble or not replica.get("running"):
+        line += f"; NOT replicating: {trouble or 'litestream is not running'}"
+    click.echo(textsafe.neutralise(line))
+
+
 @cli.command()
 @click.option("--state", "states", multiple=True, metavar="STATE[,STATE...]",
               help="Only instances in these states (repeat it, or separate with commas).")
@@ -358,7 +377,8 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
     """The fleet: every instance with state, phase, rate and cost per proof.
 
     Above the table, one line on the vast.ai account when it matters: its funds, a
-    refused key, and whether deploys are paused. With --json each instance carries
+    refused key, and whether deploys are paused; and one on the database's replica
+    (VM_REPLICA_URL): the age of its last confirmed sync. With --json each instance carries
     "cost": rent, storage and bandwidth per hour, per proof and billed so far.
 
     Read a page at a time (5,000 instances), so a large fleet never makes one huge
@@ -379,6 +399,7 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
         return
     rows = client.get_list("/api/instances", STATUS_PAGE, **query)
     _account_line(client)
+    _replica_line(client)
     if not rows:
         click.echo(f"No instances in {', '.join(states)}." if states else "No instances.")
         return

@@ -336,6 +336,7 @@ async def _fleet(core: Core, request: web.Request) -> Any:
         production.completed_total_per_hour()))
     # The break-even $/proof the minimum rates come from (the offers chart draws it).
     return {**view, "account": core.monitor.account.view().as_dict(),
+            "replica": core.runtime.replica_health().as_dict(core.clock()),
             "max_usd_per_proof": core.settings.max_usd_per_proof,
             "max_deploy_dph_total": core.settings.max_deploy_dph_total}
 
@@ -455,8 +456,9 @@ async def _metrics(request: web.Request) -> web.Response:
     paced = metrics.PaceFigures(core.tracker.load(), core.settings)
     bill = metrics.BillFigures(core.monitor.account.view(),
                                core.settings.autopilot_spend_window_h * 3600.0)
+    replica = core.runtime.replica_health()
     body = await core.store.read(lambda reads: metrics.exposition(
-        reads, now, guard, paced, bill, core.monitor.production))
+        reads, now, guard, paced, bill, core.monitor.production, replica))
     return web.Response(body=body, headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
