@@ -283,6 +283,41 @@ def serve(
 
 
 @cli.command()
+@click.option("--from", "source", required=True, metavar="URL",
+              help="The replica: what VM_REPLICA_URL named (a folder, s3://..., sftp://...).")
+@click.option("--db", "db_path", required=True, metavar="PATH",
+              help="Where to write the database (a new path; an existing one needs --force).")
+@click.option("--at", "at", type=click.DateTime(["%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S"]),
+              default=None, metavar="YYYY-MM-DDTHH:MM:SSZ",
+              help="The state at this time (UTC) instead of the newest.")
+@click.option("--force", is_flag=True, help="Replace an existing database that is not live.")
+def restore(source: str, db_path: str, at: Any, force: bool) -> None:
+    """Restore the coordinator's database from its replica (VM_REPLICA_URL).
+
+    Writes the newest state (or the state --at a time) into a new file with
+    Litestream, checks it (PRAGMA integrity_check), then moves it to --db. Refuses a
+    live database: one a coordinator serves, or whose -wal file still holds writes.
+    Then run serve on it at the coordinator's address: agents replay what the
+    replica had not yet received (docs/operations.md, "Losing the coordinator").
+
+    \b
+    Example:
+      vast-manager restore --from s3://bucket/fleet --db /srv/vm/fleet.db
+      vast-manager restore --from /backup/fleet --db fleet.db --at 2026-12-05T16:00:00Z
+    """
+    from vast_manager.coordinator.store.restore import RestoreError
+    from vast_manager.coordinator.store.restore import restore as restore_db
+
+    try:
+        done = restore_db(source, db_path, at=at, force=force)
+    except RestoreError as err:
+        raise UserError(str(err)) from None
+    click.echo(f"restored {done.db_path} from {source} in {done.seconds:.1f} s "
+               f"({done.size_bytes / 1e6:.1f} MB, {done.instances} instances, "
+               f"{done.results} results, integrity ok)")
+
+
+@cli.command()
 @click.option(
     "--time-scale",
     type=click.FloatRange(min=0, min_open=True),

@@ -37,6 +37,10 @@ from vast_manager.coordinator.store.replica import ReplicaError, litestream_bina
 RESTORE_TIMEOUT_S = 3600
 
 
+#: What Litestream says when the replica has nothing for the request (``restore.go``).
+_NO_BACKUP = ("no matching backup", "no backups", "timestamp does not exist")
+
+
 class RestoreError(Exception):
     """The restore was refused or failed; the message is one sentence."""
 
@@ -73,7 +77,7 @@ def _litestream_said(output: str) -> str:
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
     errors = [ln for ln in lines if "error" in ln.lower() or "ERROR" in ln]
     last = (errors or lines or ["no output"])[-1]
-    last = re.sub(r"^time=\S+\s+level=\S+\s+", "", last)
+    last = re.sub(r"^(time=\S+\s+level=\S+\s+|Error:\s*)", "", last)
     return " ".join(last.split())[:300]
 
 
@@ -128,7 +132,7 @@ def restore(source: str, db_path: str, *, at: datetime | None = None,
                                f"{RESTORE_TIMEOUT_S} s") from None
         if done.returncode != 0 or not tmp.exists():
             said = _litestream_said(done.stdout + "\n" + done.stderr)
-            if "no matching backup" in said.lower() or "no backups" in said.lower():
+            if any(m in said.lower() for m in _NO_BACKUP):
                 raise RestoreError(f"the replica at {source} holds no backup"
                                    + (" at that time" if at is not None else "")
                                    + f" ({said})")
