@@ -26,6 +26,7 @@ from vast_manager.coordinator.operations.autopilot_loop import Autopilot
 from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.model_keeper import ModelKeeper
 from vast_manager.coordinator.operations.monitor import Monitor, account_watch
+from vast_manager.coordinator.operations.replay import SpoolMarks
 from vast_manager.coordinator.providers.base import Provider
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.replica import ReplicaHealth, Replicator
@@ -70,6 +71,8 @@ class Runtime:
         self.models = ModelKeeper(store, clock, settings.model_refit_interval_s)
         self.autopilot = Autopilot(settings, store, provider, self.deployer, self.monitor,
                                    self.models, clock)
+        #: Each agent's highest stored spool sequence (``operations.replay``), read at start.
+        self.spool_marks = SpoolMarks()
         self._owns_store = owns_store
         #: Litestream beside the database (``store.replica``), when ``replica_url`` is set
         #: and the runtime opened the store itself.
@@ -139,6 +142,7 @@ class Runtime:
         refits and the autopilot. Without loops, tests drive ``monitor.tick()`` and
         ``autopilot.tick()`` with an injected clock."""
         self._started = True
+        await self.spool_marks.load(self.store)
         line = await self.autopilot.start_up()
         if self.autopilot.configured:
             log.warning("%s", line)

@@ -1,6 +1,12 @@
 """Reporting: hello, the heartbeat loop, the log shipper and delivering results through
 the spool (docs/protocol.md). Every directive the coordinator answers with goes to the
-loop's ``Orders``."""
+loop's ``Orders``.
+
+Replay (docs/protocol.md, "Replay"): each heartbeat says the highest spool sequence the
+coordinator acknowledged that the agent still keeps (``acked_seq``); the answer says
+how far the coordinator's store reaches (``stored_result_seq``, ``stored_logs_seq``),
+and the next flush of the spool sends again, in order, what was acknowledged above it.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from vast_manager.agent.phases.shared import (
     log,
     wait_event,
 )
+from vast_manager.agent.spool import Kind, SpoolEntry
 from vast_manager.protocol import (
     PROTOCOL_VERSION,
     Directive,
@@ -47,6 +54,8 @@ class Reporting:
         self._seq = 0
         self._window: int | None = None  # the sampler's window each heartbeat rolls
         self._spool_lock = asyncio.Lock()
+        #: How far the coordinator said its store reaches, by kind (None: it did not say).
+        self._stored: dict[str, int] | None = None
 
     def open_window(self) -> None:
         """Open the telemetry window the heartbeats report (once the sampler runs)."""
@@ -54,6 +63,9 @@ class Reporting:
         self._window = self.ctx.sampler.open_window()
 
     def on_directive(self, directive: Directive) -> None:
+        if directive.stored_result_seq is not None and directive.stored_logs_seq is not None:
+            self._stored = {"result": directive.stored_result_seq,
+                            "logs": directive.stored_logs_seq}
         self.heartbeat_interval_s = heartbeat_interval_s(directive.next_heartbeat_s,
                                                          self.ctx.config.orphan_timeout_s)
         self.orders.obey(directive, self.ctx.phase)
@@ -92,6 +104,7 @@ class Reporting:
             telemetry=telemetry,
             failure=ctx.failure if ctx.phase == "failed" else None,
             net_bytes_total=_net_bytes(),
+            acked_seq=ctx.spool.acked_seq(),
         )
 
     async def send_heartbeat(self, give_up_after_s: float) -> None:
@@ -122,22 +135,14 @@ class Reporting:
 
     async def flush_spool(self, give_up_after_s: float, logs: bool = True) -> bool:
         """Send what the spool holds, results first. True when it all went."""
-        client, spool = self.ctx.client, self.ctx.spool
+        spool = self.ctx.spool
         async with self._spool_lock:
-            entries = spool.pending("result") + (spool.pending("logs") if logs else [])
+            entries = self._to_replay(logs) + spool.pending("result") + (
+                spool.pending("logs") if logs else [])
             for entry in entries:
                 try:
-                    if entry.kind == "result":
-                        ack = await client.result(entry.read(), give_up_after_s=give_up_after_s)
-                        if entry.result_id is not None:
-                            self.results_sent[entry.result_id] = ack.directive
-                        log.info("result %s delivered%s: %s", entry.result_id,
-                                 " (duplicate)" if ack.duplicate else "", ack.directive.action)
-                        spool.remove(entry)
-                        self.on_directive(ack.directive)
-                    else:
-                        await client.logs(entry.read(), give_up_after_s=give_up_after_s)
-                        spool.remove(entry)
+                    await self._send(entry, give_up_after_s)
+                    spool.acknowledged(entry)
                 except TransientFailure:
                     return False
                 except PermanentFailure as exc:
@@ -146,7 +151,36 @@ class Reporting:
                     spool.remove(entry)
                 except FileNotFoundError:
                     continue
+                if self._stored is not None:  # taken (or refused for good): past it now
+                    self._stored[entry.kind] = max(self._stored[entry.kind], entry.seq)
             return True
+
+    def _to_replay(self, logs: bool) -> list[SpoolEntry]:
+        """Acknowledged entries above what the coordinator said it stores, results first,
+        each kind in sequence order (the order the coordinator took them in)."""
+        stored = self._stored
+        if stored is None:
+            return []
+        spool = self.ctx.spool
+        kinds: tuple[Kind, ...] = ("result", "logs") if logs else ("result",)
+        again = [e for kind in kinds for e in spool.acked(kind) if e.seq > stored[kind]]
+        if again:
+            log.warning("the coordinator lacks %d acknowledged item(s) (its store reaches "
+                        "result %d, logs %d): sending them again", len(again),
+                        stored["result"], stored["logs"])
+        return again
+
+    async def _send(self, entry: SpoolEntry, give_up_after_s: float) -> None:
+        client = self.ctx.client
+        if entry.kind == "result":
+            ack = await client.result(entry.read(), give_up_after_s=give_up_after_s)
+            if entry.result_id is not None:
+                self.results_sent[entry.result_id] = ack.directive
+            log.info("result %s delivered%s: %s", entry.result_id,
+                     " (duplicate)" if ack.duplicate else "", ack.directive.action)
+            self.on_directive(ack.directive)
+        else:
+            await client.logs(entry.read(), give_up_after_s=give_up_after_s)
 
     async def _shipper_loop(self) -> None:
         while True:

@@ -20,7 +20,7 @@ from vast_manager.coordinator.exceptions import (
     http_status,
 )
 from vast_manager.coordinator.offers import Offer
-from vast_manager.coordinator.operations import ingest
+from vast_manager.coordinator.operations import ingest, replay
 from vast_manager.coordinator.providers.base import ProviderError
 from vast_manager.coordinator.web.auth import (
     AuthFailure,
@@ -210,16 +210,19 @@ async def _heartbeat(request: web.Request) -> web.Response:
     core.tracker.touch(instance_id, now, directive.next_heartbeat_s, hb.phase)
     if directive.action == "terminate":
         core.monitor.wake()
-    return answer(directive)  # a dataclass: orjson encodes it without asdict()'s deep copy
+    # A dataclass: orjson encodes it without asdict()'s deep copy.
+    return answer(core.spool_marks.answer(agent.agent_id, directive, hb.acked_seq))
 
 
 async def _result(request: web.Request) -> web.Response:
     core, agent, body = verified(request)
     result = decode(Result, body)
     now = core.clock()
-    outcome = await core.store.write(ingest.result_job(agent.agent_id, result, core.settings, now,
-                                                       core.started_at, core.tracker.load(),
-                                                       expectation(core), core.rng))
+    job = ingest.result_job(agent.agent_id, result, core.settings, now, core.started_at,
+                            core.tracker.load(), expectation(core), core.rng)
+    outcome = await core.store.write(replay.marked(job, agent.agent_id, "result",
+                                                   result.spool_seq))
+    core.spool_marks.raised(agent.agent_id, "result", result.spool_seq)
     core.tracker.touch(outcome.instance_id, now, outcome.directive.next_heartbeat_s)
     if outcome.terminate:
         core.monitor.wake()
@@ -233,7 +236,9 @@ async def _logs(request: web.Request) -> web.Response:
     core, agent, body = verified(request)
     batch = decode(LogBatch, body)
     now = core.clock()
-    await core.store.write(ingest.logs_job(agent.agent_id, batch, core.settings, now))
+    job = ingest.logs_job(agent.agent_id, batch, core.settings, now)
+    await core.store.write(replay.logs_once(job, agent.agent_id, batch.spool_seq))
+    core.spool_marks.raised(agent.agent_id, "logs", batch.spool_seq)
     return answer({"ok": True})
 
 
