@@ -90,7 +90,7 @@ class Spool:
         self.dropped_log_batches = 0
         self.acked_dir.mkdir(parents=True, exist_ok=True)
         # A crash between write and rename leaves a temporary file: never an entry.
-        for leftover in directory.glob("*.tmp"):
+        for leftover in [*directory.glob("*.tmp"), *self.acked_dir.glob("*.tmp")]:
             leftover.unlink(missing_ok=True)
         kept = self.acked()
         self._acked_seq = kept[-1].seq if kept else None
@@ -122,15 +122,16 @@ class Spool:
 
     # -- writing --------------------------------------------------------------
 
-    def _write(self, name: str, data: bytes) -> Path:
-        final = self.directory / name
-        tmp = self.directory / (name + ".tmp")
+    def _write(self, name: str, data: bytes, directory: Path | None = None) -> Path:
+        directory = directory or self.directory
+        final = directory / name
+        tmp = directory / (name + ".tmp")
         with open(tmp, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, final)
-        _fsync_dir(self.directory)
+        _fsync_dir(directory)
         return final
 
     def put_result(self, result: Result) -> SpoolEntry:
@@ -164,14 +165,19 @@ class Spool:
         with contextlib.suppress(OSError):
             _fsync_dir(self.directory)
 
-    def acknowledged(self, entry: SpoolEntry) -> None:
+    def acknowledged(self, entry: SpoolEntry, body: bytes | None = None) -> None:
         """The coordinator verifiably took ``entry``: keep it ``retention_s`` in ``acked/``
-        (its modification time says when), then let it go."""
+        (its modification time says when; ``body``: what to keep instead, a result with
+        the coordinator's receipt), then let it go."""
         if entry.path.parent == self.acked_dir:
             return  # a replayed entry: kept from its first acknowledgement
         target = self.acked_dir / entry.path.name
         try:
-            os.replace(entry.path, target)
+            if body is None:
+                os.replace(entry.path, target)
+            else:
+                self._write(entry.path.name, body, self.acked_dir)
+                entry.path.unlink()
         except FileNotFoundError:
             return
         now = self._clock()

@@ -269,6 +269,9 @@ class Result:
     # extension: the agent's spool sequence number of this result (docs/protocol.md,
     # "Replay"); an older agent leaves it out.
     spool_seq: Count | None = field(default_factory=absent)
+    # extension: the receipt the coordinator answered when it first acknowledged this
+    # result, sent with it again after a restore lost it (docs/protocol.md, "Replay").
+    receipt: Text128 | None = field(default_factory=absent)
 
     def _check(self, prefix: str) -> None:
         if not self.result_id:
@@ -328,6 +331,9 @@ class ResultAck:
     ok: bool
     duplicate: bool
     directive: Directive
+    # extension: the coordinator's receipt for the result (an HMAC only it can make), kept
+    # by the agent with the result to replay it (docs/protocol.md, "Replay").
+    receipt: Text128 | None = field(default_factory=absent)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import secrets
 
 from vast_manager.agent.coordinator_client import (
@@ -37,6 +38,7 @@ from vast_manager.protocol import (
     Hello,
     Result,
 )
+from vast_manager.protocol.codec import decode, encode
 from vast_manager.protocol.messages import MAX_LOG_LINES, NetBytesTotal
 
 
@@ -141,8 +143,8 @@ class Reporting:
                 spool.pending("logs") if logs else [])
             for entry in entries:
                 try:
-                    await self._send(entry, give_up_after_s)
-                    spool.acknowledged(entry)
+                    kept = await self._send(entry, give_up_after_s)
+                    spool.acknowledged(entry, kept)
                 except TransientFailure:
                     return False
                 except PermanentFailure as exc:
@@ -170,17 +172,23 @@ class Reporting:
                         stored["result"], stored["logs"])
         return again
 
-    async def _send(self, entry: SpoolEntry, give_up_after_s: float) -> None:
+    async def _send(self, entry: SpoolEntry, give_up_after_s: float) -> bytes | None:
+        """Send one entry; returns the body to keep for a replay when it changed (a
+        result with the coordinator's receipt), else None."""
         client = self.ctx.client
-        if entry.kind == "result":
-            ack = await client.result(entry.read(), give_up_after_s=give_up_after_s)
-            if entry.result_id is not None:
-                self.results_sent[entry.result_id] = ack.directive
-            log.info("result %s delivered%s: %s", entry.result_id,
-                     " (duplicate)" if ack.duplicate else "", ack.directive.action)
-            self.on_directive(ack.directive)
-        else:
+        if entry.kind != "result":
             await client.logs(entry.read(), give_up_after_s=give_up_after_s)
+            return None
+        body = entry.read()
+        ack = await client.result(body, give_up_after_s=give_up_after_s)
+        if entry.result_id is not None:
+            self.results_sent[entry.result_id] = ack.directive
+        log.info("result %s delivered%s: %s", entry.result_id,
+                 " (duplicate)" if ack.duplicate else "", ack.directive.action)
+        self.on_directive(ack.directive)
+        if ack.receipt is None:
+            return None
+        return encode(dataclasses.replace(decode(Result, body), receipt=ack.receipt))
 
     async def _shipper_loop(self) -> None:
         while True:

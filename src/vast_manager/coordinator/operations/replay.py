@@ -21,14 +21,34 @@ path), loaded from the database at start: how far the restored state reaches.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import hashlib
+import hmac
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from vast_manager.coordinator.store.writer import Store, Tx
 from vast_manager.coordinator.store.writes.spool_marks import SpoolKind
-from vast_manager.protocol import Directive
+from vast_manager.protocol import Directive, Result
+from vast_manager.protocol.codec import encode
 
 T = TypeVar("T")
+_RECEIPT_DOMAIN = b"vast-manager result receipt v1"
+
+
+def receipt_for(fleet_secret: bytes, agent_id: str, result: Result) -> str:
+    """The receipt of ``result`` (its ``receipt`` field left out): an HMAC under a key
+    derived from the fleet secret, which no agent holds."""
+    key = hmac.new(fleet_secret, _RECEIPT_DOMAIN, hashlib.sha256).digest()
+    body = encode(dataclasses.replace(result, receipt=None))
+    return hmac.new(key, agent_id.encode() + b"\n" + body, hashlib.sha256).hexdigest()
+
+
+def receipted(fleet_secrets: Sequence[bytes], agent_id: str, result: Result) -> bool:
+    """The result carries a receipt this fleet's coordinator made for this agent."""
+    if result.receipt is None:
+        return False
+    return any(hmac.compare_digest(receipt_for(s, agent_id, result), result.receipt)
+               for s in fleet_secrets)
 
 
 class SpoolMarks:

@@ -218,8 +218,10 @@ async def _result(request: web.Request) -> web.Response:
     core, agent, body = verified(request)
     result = decode(Result, body)
     now = core.clock()
+    secrets = core.settings.fleet_secrets
     job = ingest.result_job(agent.agent_id, result, core.settings, now, core.started_at,
-                            core.tracker.load(), expectation(core), core.rng)
+                            core.tracker.load(), expectation(core), core.rng,
+                            receipted=replay.receipted(secrets, agent.agent_id, result))
     outcome = await core.store.write(replay.marked(job, agent.agent_id, "result",
                                                    result.spool_seq))
     core.spool_marks.raised(agent.agent_id, "result", result.spool_seq)
@@ -229,7 +231,8 @@ async def _result(request: web.Request) -> web.Response:
     if not outcome.duplicate:
         core.models.wake()  # a counted benchmark is a new measurement for the rate model
     return answer({"ok": True, "duplicate": outcome.duplicate,
-                   "directive": asdict(outcome.directive)})
+                   "directive": asdict(outcome.directive),
+                   "receipt": replay.receipt_for(secrets[0], agent.agent_id, result)})
 
 
 async def _logs(request: web.Request) -> web.Response:
