@@ -6,12 +6,14 @@ Replay (docs/protocol.md, "Replay"): each heartbeat says the highest spool seque
 coordinator acknowledged that the agent still keeps (``acked_seq``); the answer says
 how far the coordinator's store reaches (``stored_result_seq``, ``stored_logs_seq``),
 and the next flush of the spool sends again, in order, what was acknowledged above it.
+After the coordinator went silent (it may come back restored) the spool waits for a
+heartbeat's answer before it sends anything, so nothing new overtakes what is to be sent
+again: per kind, the coordinator stores the items in sequence order.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import secrets
 
@@ -58,6 +60,8 @@ class Reporting:
         self._spool_lock = asyncio.Lock()
         #: How far the coordinator said its store reaches, by kind (None: it did not say).
         self._stored: dict[str, int] | None = None
+        #: A heartbeat was answered since the coordinator last went silent.
+        self._heard = asyncio.Event()
 
     def open_window(self) -> None:
         """Open the telemetry window the heartbeats report (once the sampler runs)."""
@@ -65,9 +69,6 @@ class Reporting:
         self._window = self.ctx.sampler.open_window()
 
     def on_directive(self, directive: Directive) -> None:
-        if directive.stored_result_seq is not None and directive.stored_logs_seq is not None:
-            self._stored = {"result": directive.stored_result_seq,
-                            "logs": directive.stored_logs_seq}
         self.heartbeat_interval_s = heartbeat_interval_s(directive.next_heartbeat_s,
                                                          self.ctx.config.orphan_timeout_s)
         self.orders.obey(directive, self.ctx.phase)
@@ -120,14 +121,25 @@ class Reporting:
             return
         # Proof seconds are dropped only once the coordinator has them.
         del self.ctx.proof_seconds_recent[:sent_recent]
+        if directive.stored_result_seq is not None and directive.stored_logs_seq is not None:
+            self._stored = {"result": directive.stored_result_seq,
+                            "logs": directive.stored_logs_seq}
+        self._heard.set()
         self.on_directive(directive)
+
+    def _went_silent(self) -> None:
+        """No answer: the next coordinator may be one restored with less (the module doc)."""
+        self._heard.clear()
+        self._stored = None
 
     async def _heartbeat_loop(self) -> None:
         wake = self.ctx.phase_changed
         while True:
             wake.clear()
-            with contextlib.suppress(TransientFailure):
+            try:
                 await self.send_heartbeat(give_up_after_s=max(self.heartbeat_interval_s, 5.0))
+            except TransientFailure:
+                self._went_silent()
             await wait_event(wake, self.heartbeat_interval_s)
 
     def spool_logs(self) -> None:
@@ -139,6 +151,11 @@ class Reporting:
         """Send what the spool holds, results first. True when it all went."""
         spool = self.ctx.spool
         async with self._spool_lock:
+            if spool.acked_seq() is not None and not self._heard.is_set():
+                try:
+                    await asyncio.wait_for(self._heard.wait(), give_up_after_s)
+                except TimeoutError:
+                    return False
             entries = self._to_replay(logs) + spool.pending("result") + (
                 spool.pending("logs") if logs else [])
             for entry in entries:
@@ -146,6 +163,7 @@ class Reporting:
                     kept = await self._send(entry, give_up_after_s)
                     spool.acknowledged(entry, kept)
                 except TransientFailure:
+                    self._went_silent()
                     return False
                 except PermanentFailure as exc:
                     # The coordinator will never take it: keeping it would block the rest.
