@@ -60,8 +60,12 @@ class Reporting:
         self._spool_lock = asyncio.Lock()
         #: How far the coordinator said its store reaches, by kind (None: it did not say).
         self._stored: dict[str, int] | None = None
-        #: A heartbeat was answered since the coordinator last went silent.
+        #: A heartbeat was answered since the coordinator last went silent; at start, set
+        #: unless the spool keeps acknowledged entries (then the first answer says what
+        #: the coordinator lacks).
         self._heard = asyncio.Event()
+        if ctx.spool.acked_seq() is None:
+            self._heard.set()
 
     def open_window(self) -> None:
         """Open the telemetry window the heartbeats report (once the sampler runs)."""
@@ -148,32 +152,43 @@ class Reporting:
             spool.put_logs(logs.take(MAX_LOG_LINES))
 
     async def flush_spool(self, give_up_after_s: float, logs: bool = True) -> bool:
-        """Send what the spool holds, results first. True when it all went."""
-        spool = self.ctx.spool
+        """Send what the spool holds, results first. True when it all went.
+
+        Each entry gets one try: after a failure the coordinator is silent, and the flush
+        waits (within ``give_up_after_s``) for a heartbeat's answer, then starts over with
+        what that answer says is to be sent again (the module doc)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + give_up_after_s
         async with self._spool_lock:
-            if spool.acked_seq() is not None and not self._heard.is_set():
+            while True:
                 try:
-                    await asyncio.wait_for(self._heard.wait(), give_up_after_s)
+                    await asyncio.wait_for(self._heard.wait(), max(0.0, deadline - loop.time()))
                 except TimeoutError:
                     return False
-            entries = self._to_replay(logs) + spool.pending("result") + (
-                spool.pending("logs") if logs else [])
-            for entry in entries:
-                try:
-                    kept = await self._send(entry, give_up_after_s)
-                    spool.acknowledged(entry, kept)
-                except TransientFailure:
-                    self._went_silent()
-                    return False
-                except PermanentFailure as exc:
-                    # The coordinator will never take it: keeping it would block the rest.
-                    log.error("coordinator refused spooled %s (%s); dropping it", entry.kind, exc)
-                    spool.remove(entry)
-                except FileNotFoundError:
-                    continue
-                if self._stored is not None:  # taken (or refused for good): past it now
-                    self._stored[entry.kind] = max(self._stored[entry.kind], entry.seq)
-            return True
+                if await self._flush_once(logs):
+                    return True
+
+    async def _flush_once(self, logs: bool) -> bool:
+        """One pass over what is to be sent again and the pending entries; False at the
+        first entry that got no answer."""
+        spool = self.ctx.spool
+        for entry in self._to_replay(logs) + spool.pending("result") + (
+                spool.pending("logs") if logs else []):
+            try:
+                kept = await self._send(entry)
+                spool.acknowledged(entry, kept)
+            except TransientFailure:
+                self._went_silent()
+                return False
+            except PermanentFailure as exc:
+                # The coordinator will never take it: keeping it would block the rest.
+                log.error("coordinator refused spooled %s (%s); dropping it", entry.kind, exc)
+                spool.remove(entry)
+            except FileNotFoundError:
+                continue
+            if self._stored is not None:  # taken (or refused for good): past it now
+                self._stored[entry.kind] = max(self._stored[entry.kind], entry.seq)
+        return True
 
     def _to_replay(self, logs: bool) -> list[SpoolEntry]:
         """Acknowledged entries above what the coordinator said it stores, results first,
@@ -190,15 +205,16 @@ class Reporting:
                         stored["result"], stored["logs"])
         return again
 
-    async def _send(self, entry: SpoolEntry, give_up_after_s: float) -> bytes | None:
-        """Send one entry; returns the body to keep for a replay when it changed (a
+    async def _send(self, entry: SpoolEntry) -> bytes | None:
+        """Send one entry, one try (``give_up_after_s=0``: the client's backoff is the
+        heartbeat's to wait out); returns the body to keep for a replay when it changed (a
         result with the coordinator's receipt), else None."""
         client = self.ctx.client
         if entry.kind != "result":
-            await client.logs(entry.read(), give_up_after_s=give_up_after_s)
+            await client.logs(entry.read(), give_up_after_s=0)
             return None
         body = entry.read()
-        ack = await client.result(body, give_up_after_s=give_up_after_s)
+        ack = await client.result(body, give_up_after_s=0)
         if entry.result_id is not None:
             self.results_sent[entry.result_id] = ack.directive
         log.info("result %s delivered%s: %s", entry.result_id,
