@@ -23,15 +23,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
-from vast_manager.coordinator.store.writer import Store, Tx
+from vast_manager.coordinator.store.writer import Store
 from vast_manager.coordinator.store.writes.spool_marks import SpoolKind
 from vast_manager.protocol import Directive, Result
 from vast_manager.protocol.codec import encode
 
-T = TypeVar("T")
 _RECEIPT_DOMAIN = b"vast-manager result receipt v1"
 
 
@@ -78,34 +76,3 @@ class SpoolMarks:
             return directive
         results, logs = self.of(agent_id)
         return dataclasses.replace(directive, stored_result_seq=results, stored_logs_seq=logs)
-
-
-def marked(job: Callable[[Tx], T], agent_id: str, kind: SpoolKind,
-           seq: int | None) -> Callable[[Tx], T]:
-    """``job``, raising the agent's mark in its transaction (a duplicate too: it was
-    stored before)."""
-    if seq is None:
-        return job
-
-    def with_mark(tx: Tx) -> T:
-        out = job(tx)
-        tx.raise_spool_mark(agent_id, kind, seq)
-        return out
-
-    return with_mark
-
-
-def logs_once(job: Callable[[Tx], int], agent_id: str, seq: int | None) -> Callable[[Tx], int]:
-    """``job`` unless the batch is at or below the agent's stored mark (a replay of a
-    stored batch: 0 lines written)."""
-    if seq is None:
-        return job
-
-    def once(tx: Tx) -> int:
-        if seq <= tx.spool_mark(agent_id, "logs"):
-            return 0
-        written = job(tx)
-        tx.raise_spool_mark(agent_id, "logs", seq)
-        return written
-
-    return once
