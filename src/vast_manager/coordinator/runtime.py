@@ -146,6 +146,8 @@ class Runtime:
         line = await self.autopilot.start_up()
         if self.autopilot.configured:
             log.warning("%s", line)
+        if self.replicator is not None:
+            self.spawn(self.replicator.watch(), "coordinator-replica")
         if loops:
             self.spawn(self.monitor.run(), "coordinator-monitor")
             self.spawn(self.models.run(), "coordinator-rate-model")

@@ -123,8 +123,8 @@ class Replicator:
         self.socket_path = str(self._dir / "control.sock")
         self.config_path = self._dir / "litestream.yml"
         self.log_path = Path(self.db_path + ".litestream.log")
+        self._binary = ""
         self._proc: asyncio.subprocess.Process | None = None
-        self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._health = ReplicaHealth(configured=True, url=url)
 
@@ -137,23 +137,21 @@ class Replicator:
     async def start(self) -> None:
         """Start Litestream and wait for its first confirmed sync (so a replica that
         cannot be written is said at start-up, not found out at the first disaster)."""
-        binary = litestream_binary()
+        self._binary = litestream_binary()
         self.config_path.write_text(config_text(self.db_path, self.url, self.socket_path))
-        await self._spawn(binary)
+        await self._spawn()
         try:
             await self.sync(timeout_s=60)
         except ReplicaError as err:
             await self.stop()
             raise ReplicaError(f"the replica {self.url} could not be written: {err}") from None
-        self._task = asyncio.get_running_loop().create_task(self._watch(binary),
-                                                            name="coordinator-replica")
 
-    async def _spawn(self, binary: str) -> None:
+    async def _spawn(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
         with open(self.log_path, "ab") as out:
             self._proc = await asyncio.create_subprocess_exec(
-                binary, "replicate", "-config", str(self.config_path),
+                self._binary, "replicate", "-config", str(self.config_path),
                 stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
                 preexec_fn=_die_with_parent,
             )
@@ -195,7 +193,9 @@ class Replicator:
         if the replica does not confirm it in time)."""
         await self.sync()
 
-    async def _watch(self, binary: str) -> None:
+    async def watch(self) -> None:
+        """Until ``stop``: a confirmed sync every ``probe_interval_s`` (the health), and
+        Litestream started again if it ended (the runtime runs this as its task)."""
         while not self._stopping:
             await asyncio.sleep(self.probe_interval_s)
             proc = self._proc
@@ -205,19 +205,14 @@ class Replicator:
                 log.error("litestream exited with status %s; restarting it in %.0f s (see %s)",
                           proc.returncode, RESTART_PAUSE_S, self.log_path)
                 await asyncio.sleep(RESTART_PAUSE_S)
-                await self._spawn(binary)
+                await self._spawn()
             with contextlib.suppress(ReplicaError):
                 await self.sync()
 
     async def stop(self) -> None:
-        """Stop probing, then SIGTERM Litestream: it syncs what is left before it ends
-        (its shutdown sync, ``DefaultShutdownSyncTimeout`` in ``db.go``)."""
+        """SIGTERM Litestream (after the runtime ended ``watch``): it syncs what is left
+        before it ends (its shutdown sync, ``DefaultShutdownSyncTimeout`` in ``db.go``)."""
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
         proc, self._proc = self._proc, None
         if proc is not None and proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
