@@ -984,7 +984,7 @@ class SimAgents:
         self.envs[instance_id] = child_env
         with open(home / "agent.log", "ab") as log_file:
             self.processes[instance_id] = subprocess.Popen(
-                [sys.executable, "-m", "vast_manager.agent.cli", "run"],
+                [sys.executable, "-m", "vast_manager.sim.agent_run", "run"],
                 env=child_env, cwd=home, stdin=subprocess.DEVNULL, stdout=log_file,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )
