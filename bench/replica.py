@@ -151,8 +151,8 @@ def restore_time(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     async def replicate() -> float:
         replicator = Replicator(str(db), str(rep), time.time)
         t0 = time.perf_counter()
-        await replicator.start()  # the first confirmed sync: the whole database snapshotted
-        await replicator.durable()
+        await replicator.start()  # the first confirmed sync
+        await replicator.sync(timeout_s=900)  # the whole database in the replica
         took = time.perf_counter() - t0
         await replicator.stop()
         return took
