@@ -200,3 +200,29 @@ async def test_serve_with_a_replica_runs_litestream_and_stops_it(tmp_path: Path)
         await runtime.stop()
     assert not runtime.replica_health().running
     assert list((tmp_path / "replica").rglob("*.ltx"))
+
+
+def test_status_says_the_replica_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from vast_manager.coordinator.cli import commands
+
+    class Client:
+        def __init__(self, replica: dict[str, object] | None) -> None:
+            self.replica = replica
+
+        def get(self, path: str) -> dict[str, object]:
+            assert path == "/api/fleet"
+            return {} if self.replica is None else {"replica": self.replica}
+
+    for replica, said in (
+        ({"configured": False}, "replica: none, the fleet's state is on one disk"),
+        ({"configured": True, "url": "s3://b/f", "running": True, "lag_s": 3.2,
+          "error": None}, "replica s3://b/f: last sync 3 s ago"),
+        ({"configured": True, "url": "/bk", "running": False, "lag_s": None,
+          "error": "litestream exited with status 1; restarting"},
+         "replica /bk: never confirmed; NOT replicating: litestream exited"),
+    ):
+        commands._replica_line(Client(replica))  # type: ignore[arg-type]
+        out = capsys.readouterr().out
+        assert out.count("\n") == 1 and said in out, out
+    commands._replica_line(Client(None))  # type: ignore[arg-type]
+    assert capsys.readouterr().out == ""  # an older coordinator says nothing of it
