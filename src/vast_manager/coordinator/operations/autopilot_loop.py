@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from vast_manager.coordinator.decisions import policy, states
+from vast_manager.coordinator.decisions.earnings import break_even_usd_per_proof
 from vast_manager.coordinator.decisions.share import instance_share, shortfall
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.autopilot_rules import (
@@ -168,10 +169,11 @@ def plan_for(
         supply = [(str(o.machine_id), float(o.dph_total or 0.0), p.rate_per_hour)
                   for o in offers if isinstance(p := memo.by_id[id(o)], Prediction)]
         reference = plan_reference_usd_per_proof(fleet, supply, target,
-                                                 settings.max_usd_per_proof)
+                                                 break_even_usd_per_proof(settings))
     view = FleetView(best_usd_per_proof=best, reference_usd_per_proof=reference,
                      busy_machines=busy, bad_machines=bad)
-    plan_settings = PlanSettings(max_usd_per_proof=settings.max_usd_per_proof, trials=trials,
+    plan_settings = PlanSettings(max_usd_per_proof=break_even_usd_per_proof(settings),
+                                 trials=trials,
                                  budget_usd=budget_usd, horizon_hours=settings.plan_horizon_hours,
                                  trial_cost=TrialCost(download_gb=settings.setup_download_gb),
                                  doubt=belief_tests(settings.plan_belief_test_share))
@@ -204,6 +206,7 @@ class Autopilot:
         self.store = store
         self.provider = provider
         self.deployer = deployer
+        self.offers = deployer.offers  # the one offer cache (operations.offer_cache)
         self.monitor = monitor
         self.models = models
         self.clock = clock
@@ -322,8 +325,10 @@ class Autopilot:
         bad = frozenset(str(b["machine_id"]) for b in self.store.bad_hosts(now))
         notes: list[str] = []
         try:
-            offers = deployable(await self.provider.search_offers(
-                settings.autopilot_filter or settings.vast_filter), settings)
+            answer = await self.offers.search(settings.autopilot_filter or settings.vast_filter)
+            offers = deployable(answer.offers, settings)
+            if answer.stale:
+                notes.append(answer.label())
         except (ProviderError, ValueError) as err:
             offers = []
             notes.append(f"could not search the offers: {err}")

@@ -22,7 +22,8 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from vast_manager.coordinator.decisions import cost, policy
+from vast_manager.coordinator.decisions import cost, earnings, policy
+from vast_manager.coordinator.decisions.attribution import CURIO_NODE_NAME, node_name
 from vast_manager.coordinator.decisions.share import instance_share, shortfall
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.measurements import NOT_OFFER_FIELDS
@@ -37,6 +38,7 @@ from vast_manager.coordinator.exceptions import (
     TooSmall,
 )
 from vast_manager.coordinator.operations.account import Account
+from vast_manager.coordinator.operations.offer_cache import OfferCache
 from vast_manager.coordinator.providers.base import (
     CreatedInstance,
     CreateFailed,
@@ -62,6 +64,10 @@ OFFER_FIELDS = (
 Destroy = Callable[..., Awaitable[bool]]
 # A price may move by this much (relative) before the caller must look again.
 PRICE_EPSILON = 1e-6
+# ...and by this much in dollars an hour: a price read from a search and the same price
+# recomputed from its parts (dph_total less a storage_total_cost rounded to six decimals,
+# plus the storage of the disk) differ by rounding alone.
+PRICE_ROUNDING_USD = 1e-5
 
 
 def mint_agent_id() -> str:
@@ -73,12 +79,19 @@ def agent_label(fleet_id: str, agent_id: str) -> str:
     return f"vm:{fleet_id}:{agent_id}"
 
 
-def agent_env(coordinator_url: str, agent_id: str, agent_key: bytes) -> dict[str, str]:
-    return {
+def agent_env(coordinator_url: str, agent_id: str, agent_key: bytes,
+              instance_id: int | None = None) -> dict[str, str]:
+    """The agent's environment; with ``instance_id``, also the Curio node name its work
+    command runs under (``CURIO_NODE_NAME``: the cluster's rows are matched by it,
+    docs/operations.md "Production as the cluster records it")."""
+    env = {
         "VM_COORDINATOR_URL": coordinator_url,
         "VM_AGENT_ID": agent_id,
         "VM_AGENT_KEY": agent_key.hex(),
     }
+    if instance_id is not None:
+        env[CURIO_NODE_NAME] = node_name(instance_id)
+    return env
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +139,7 @@ class Deployer:
         *,
         destroy: Destroy | None = None,
         account: Account | None = None,
+        offers: OfferCache | None = None,
     ) -> None:
         """``destroy``: the monitor's (``Monitor.destroy``), for an instance a failed create
         left behind; without it the monitor's next round destroys it (it is due at once)."""
@@ -137,6 +151,8 @@ class Deployer:
         self.account = account
         #: Returns once committed writes are in the replica (the runtime sets it).
         self.durable: Callable[[], Awaitable[None]] | None = None
+        # The runtime's shared cache: a re-check is a search on vast.ai's daily budget.
+        self.offers = offers if offers is not None else OfferCache(provider, settings, clock)
         self._lock = asyncio.Lock()
 
     async def deploy(
@@ -195,11 +211,14 @@ class Deployer:
         if paused is not None:
             raise AccountPaused(f"Deploys are paused: {paused}.")
         try:
-            offer = await self.provider.get_offer(offer_id)
+            offer, cached = await self.offers.offer(offer_id)
         except ProviderError as err:
             raise ProviderFailed(f"Could not re-read offer {offer_id}: {err}") from None
         if offer is None:
             raise OfferGone(f"Offer {offer_id} is gone or no longer rentable.")
+        if cached is not None:
+            log.warning("deploy of offer %s re-checked from the cache (%s)", offer_id,
+                        cached.label())
         machine_id = str(offer.machine_id)
         bad = self.store.bad_host(machine_id, self.clock())
         if bad is not None:
@@ -224,7 +243,8 @@ class Deployer:
             raise PriceChanged(
                 f"Offer {offer_id} costs ${dph_total:.4f}/h, above the ceiling ${ceiling:.4f}/h."
             )
-        if max_dph_total is not None and dph_total > max_dph_total * (1 + PRICE_EPSILON):
+        if max_dph_total is not None and \
+                dph_total > max_dph_total * (1 + PRICE_EPSILON) + PRICE_ROUNDING_USD:
             raise PriceChanged(
                 f"Offer {offer_id} now costs ${dph_total:.4f}/h with a {disk:g} GB disk, above "
                 f"the ${max_dph_total:.4f}/h you saw (--max-price)."
@@ -242,8 +262,9 @@ class Deployer:
             prices, setup_down_bytes=self.settings.setup_download_gb * cost.BYTES_PER_GB,
             kept_hours=self.settings.plan_horizon_hours,
         )
+        # The break-even rate of the full bill when a proof's price is set (decisions.earnings).
         min_rate = policy.min_rate_per_hour(
-            figure.total, self.settings.max_usd_per_proof, explicit_min_rate
+            figure.total, earnings.break_even_usd_per_proof(self.settings), explicit_min_rate
         )
         # An interruptible trial bids a share of the on-demand rent, at least vast.ai's
         # minimum bid; it is judged against the on-demand figure all the same.
@@ -313,7 +334,8 @@ class Deployer:
         try:
             return await self.provider.create_instance(
                 checked.offer, label=terms.label,
-                env=agent_env(self.settings.coordinator_url, terms.agent_id, terms.key),
+                env=agent_env(self.settings.coordinator_url, terms.agent_id, terms.key,
+                              instance_id),
                 disk_gb=checked.disk_gb,
                 **({} if terms.bid is None else {"bid_per_hour": terms.bid}),
             )
