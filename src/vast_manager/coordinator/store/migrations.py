@@ -518,7 +518,15 @@ def _m11_host_perf_from_measurements(db: sqlite_utils.Database) -> None:
     db.execute("drop table host_perf")
 
 
-def _m12_blame(db: sqlite_utils.Database) -> None:
+def _m12_spool_marks(db: sqlite_utils.Database) -> None:
+    """The highest spool sequence number of each kind stored for each agent: how far a
+    restored database reaches, so agents replay what came after (docs/protocol.md,
+    "Replay"), and a replayed log batch is stored once."""
+    db.execute("create table spool_marks (agent_id text primary key, "
+               "result_seq integer not null default 0, logs_seq integer not null default 0)")
+
+
+def _m13_blame(db: sqlite_utils.Database) -> None:
     """Whose fault each failed trial was (docs/policy.md, "Blame"): its party and the
     failure's signature on ``machine_strikes`` (older rows: the host's, as they were
     counted); faults beyond one machine that pause deploys (``fleet_faults``); the
@@ -557,8 +565,9 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...]
     (9, "bytes moved, machine strikes, block expiries", _m9_whole_bill),
     (10, "directed benchmarks, held results, declared GPUs", _m10_directed_benchmarks),
     (11, "host_perf computed from measurements", _m11_host_perf_from_measurements),
-    (12, "blame: each failure's party, faults that pause deploys; vast.ai's view",
-     _m12_blame),
+    (12, "the highest spool sequence stored for each agent", _m12_spool_marks),
+    (13, "blame: each failure's party, faults that pause deploys; vast.ai's view",
+     _m13_blame),
 )
 
 
