@@ -37,14 +37,15 @@ from vast_manager.coordinator.discovery.plan import (
 from vast_manager.coordinator.discovery.served import (
     CANDIDATES,
     PLAIN_FIELDS,
+    SHARE_COLUMNS,
     fit_served_model,
-    plain_matrix,
+    plain_share_matrix,
 )
 from vast_manager.coordinator.discovery.structural_model import Prediction
 from vast_manager.coordinator.offers import Offer, parse_offer
 
 RATE_FIELDS = ("true_rate_per_hour", "measured_rate_per_hour", "oracle_rate_per_hour",
-               "oracle_median_rate_per_hour")
+               "oracle_median_rate_per_hour", "true_binding")
 REQUIRED = ("machine_id", "gpu_name", "num_gpus", "dph_total", "true_rate_per_hour",
             "measured_rate_per_hour")
 MARKETS_DIR = Path(__file__).resolve().parent / "markets"
@@ -112,17 +113,24 @@ class AccuracyRow:
 
 
 def untuned_gbm(train: list[dict[str, Any]], test: list[dict[str, Any]]) -> list[float]:
-    """scikit-learn's HistGradientBoostingRegressor with its defaults, on the offer's plain
-    fields and the GPU model (categorical), predicting the log measured rate."""
+    """scikit-learn's HistGradientBoostingRegressor with its defaults, predicting the log
+    measured rate from what the served model's learners read of an offer: its plain fields,
+    the GPU model (categorical) and the instance's share (RAM, vCPUs, share of the host,
+    GPU count, PCIe per GPU; ``served.plain_share_matrix``). A field no training offer
+    reports is a constant (the learner cannot bin a column of only missing values)."""
     from sklearn.ensemble import HistGradientBoostingRegressor
 
     codes = {g: i for i, g in enumerate(sorted({str(r["gpu_name"]) for r in train}))}
-    mask = np.zeros(len(PLAIN_FIELDS) + 1, dtype=bool)
-    mask[-1] = True
+    mask = np.zeros(len(PLAIN_FIELDS) + 1 + len(SHARE_COLUMNS), dtype=bool)
+    mask[len(PLAIN_FIELDS)] = True
     gbm = HistGradientBoostingRegressor(categorical_features=mask, random_state=0)
-    gbm.fit(plain_matrix([offer_of(r) for r in train], codes),
-            np.log([r["measured_rate_per_hour"] for r in train]))
-    return list(np.exp(gbm.predict(plain_matrix([offer_of(r) for r in test], codes))))
+    x = plain_share_matrix([offer_of(r) for r in train], codes)
+    empty = np.all(np.isnan(x), axis=0)
+    x[:, empty] = 0.0
+    gbm.fit(x, np.log([r["measured_rate_per_hour"] for r in train]))
+    xt = plain_share_matrix([offer_of(r) for r in test], codes)
+    xt[:, empty] = 0.0
+    return list(np.exp(gbm.predict(xt)))
 
 
 def gpu_median(train: list[dict[str, Any]], test: list[dict[str, Any]]) -> list[float]:

@@ -221,6 +221,34 @@ def clearing_usd_per_proof(
     return max_usd_per_proof
 
 
+def fleet_margin_usd_per_proof(
+    offers: Sequence[tuple[str | None, float, float]],
+    hosts: int,
+    max_usd_per_proof: float,
+    measured: frozenset[str] = frozenset(),
+) -> tuple[float, int]:
+    """The reference from nothing proving: the best fleet of ``hosts`` machines the
+    offers make by their predicted $/proof (a machine once, at its cheapest slice per
+    proof), and the $/proof of its last host, the dearest the fleet still takes; with
+    how many of those hosts are ``measured`` machines (their rates from their own runs).
+
+    This is what the operator would otherwise get: rent that fleet. A newcomer is worth
+    keeping only if it beats the host it would push out of it. Fewer machines than
+    ``hosts`` on offer: the dearest there is. At most ``max_usd_per_proof``.
+    """
+    best: dict[str, tuple[float, bool]] = {}
+    for n, (machine, dph, rate) in enumerate(offers):
+        if rate <= 0 or dph <= 0:
+            continue
+        key = machine if machine is not None else f"offer {n}"
+        if key not in best or dph / rate < best[key][0]:
+            best[key] = (dph / rate, machine in measured)
+    fleet = sorted(best.values())[:max(1, hosts)]
+    if not fleet:
+        return max_usd_per_proof, 0
+    return min(fleet[-1][0], max_usd_per_proof), sum(known for _, known in fleet)
+
+
 def plan_reference_usd_per_proof(
     instances: Sequence[FleetInstance],
     offers: Sequence[tuple[str | None, float, float]],

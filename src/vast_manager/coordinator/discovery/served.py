@@ -8,7 +8,8 @@ otherwise. So it is one candidate of three, and the evidence picks:
   (scikit-learn's ``HistGradientBoostingRegressor``) learns of the log ratio the physics
   leaves over, from the offer's fields and the structural model's capacities and binding
   resource;
-- ``plain``: the same learner on the offer's plain fields alone (log rate).
+- ``plain``: the same learner on the offer's plain fields and the instance's share
+  (its RAM, vCPUs, share of the host, GPUs, PCIe per GPU) alone (log rate).
 
 Each is scored by cross-validation grouped by machine (scikit-learn's ``GroupKFold``: one
 machine's measurements are never on both sides of a fold), on the median absolute
@@ -90,6 +91,31 @@ def plain_matrix(offers: Sequence[Offer], gpu_codes: dict[str, int]) -> Array:
     return out
 
 
+#: The instance's share as the model reads it (``features.offer_features``), beside
+#: the plain fields: vast.ai's ``cpu_ram`` and ``cpu_cores`` are the whole host's.
+SHARE_COLUMNS = ("ram_share_gib", "cpu_cores_effective", "host_share", "num_gpus",
+                 "pcie_gbps_per_gpu")
+
+
+def share_matrix(offers: Sequence[Offer]) -> Array:
+    """``SHARE_COLUMNS`` of each offer (NaN where its features cannot be read)."""
+    out = np.full((len(offers), len(SHARE_COLUMNS)), np.nan)
+    for i, offer in enumerate(offers):
+        try:
+            f = offer_features(offer)
+        except FeatureError:
+            continue
+        out[i] = (f.ram_share_gib, f.cpu_cores_effective, f.host_share, f.num_gpus,
+                  f.pcie_gbps)
+    return out
+
+
+def plain_share_matrix(offers: Sequence[Offer], gpu_codes: dict[str, int]) -> Array:
+    """The plain fields and the GPU model's code (``plain_matrix``), then the instance's
+    share (``share_matrix``): what the ``plain`` candidate reads."""
+    return np.hstack([plain_matrix(offers, gpu_codes), share_matrix(offers)])
+
+
 def residual_matrix(offers: Sequence[Offer], preds: Sequence[Prediction],
                     gpu_codes: dict[str, int]) -> Array:
     """The plain fields, the instance's share as the model reads it, and the structural
@@ -121,7 +147,7 @@ def _learner(columns: int, categorical: Sequence[int]) -> Any:
 
 
 def _plain_learner() -> Any:
-    return _learner(len(PLAIN_FIELDS) + 1, [len(PLAIN_FIELDS)])
+    return _learner(len(PLAIN_FIELDS) + 1 + len(SHARE_COLUMNS), [len(PLAIN_FIELDS)])
 
 
 def _residual_learner() -> Any:
@@ -211,7 +237,7 @@ class ServedModel:
             x = residual_matrix(sub, sp, self.gpu_codes)  # type: ignore[arg-type]
             logs[ok, 1] = s + self.residual.predict(x)
         if self.plain is not None:
-            logs[ok, 2] = self.plain.predict(plain_matrix(sub, self.gpu_codes))
+            logs[ok, 2] = self.plain.predict(plain_share_matrix(sub, self.gpu_codes))
         return logs
 
     def predict_offers(self, offers: Sequence[Offer], *, explain: bool = True
@@ -234,7 +260,8 @@ class ServedModel:
             if not np.all(np.isfinite(logs[row])):
                 continue
             point = float(logs[row] @ w)
-            lo, hi = self.conformal.get(p.bottleneck, self.conformal["all"])
+            lo, hi = conformal_bounds(self.conformal, p.bottleneck,
+                                      offer_features(offers[i]).num_gpus)
             mean = point + (lo + hi) / 2
             sd = max((hi - lo) / (2 * 1.2815515655446004), 1e-3)
             out[i] = self._label(dataclasses.replace(
@@ -286,11 +313,26 @@ def _blend_weights(step: float = BLEND_STEP) -> list[tuple[float, float, float]]
             if a + b <= n]
 
 
-def _conformal(resid: Array, groups: Sequence[str], noise_sd: float = 0.0
-               ) -> dict[str, tuple[float, float]]:
-    """Split-conformal 10th and 90th percentiles of the log residuals (finite-sample
-    corrected), for all and per group with enough rows, narrowed for the benchmark's
-    noise (``_without_noise``)."""
+def gpu_count_group(num_gpus: int) -> str:
+    """The GPU-count group an interval is calibrated in: one, two, or more GPUs (several
+    GPUs share one host's link, CPU and RAM, where a model errs otherwise)."""
+    return "1" if num_gpus <= 1 else "2" if num_gpus == 2 else "3+"
+
+
+def group_keys(bottleneck: str, num_gpus: int) -> tuple[str, ...]:
+    """The groups an offer's interval may come from, the narrowest first: its binding
+    resource and GPU count together, the binding resource, the GPU count, all."""
+    k = gpu_count_group(num_gpus)
+    return (f"{bottleneck}/{k}", bottleneck, f"gpus {k}", "all")
+
+
+def _conformal(resid: Array, groups: Sequence[tuple[str, int]], machines: Sequence[str],
+               noise_sd: float = 0.0) -> dict[str, tuple[float, float]]:
+    """Split-conformal 10th and 90th percentiles of the log residuals of *machines* (a
+    machine's rows averaged into one: its rows are not independent, and a new host is a
+    new machine), finite-sample corrected, for all and per group (``group_keys``) that
+    has ``MIN_GROUP_ROWS`` machines; narrowed for the benchmark's noise
+    (``_without_noise``)."""
 
     def bounds(r: Array) -> tuple[float, float]:
         n = len(r)
@@ -299,13 +341,29 @@ def _conformal(resid: Array, groups: Sequence[str], noise_sd: float = 0.0
         return _without_noise(r, float(np.quantile(r, lo_q)), float(np.quantile(r, hi_q)),
                               noise_sd)
 
-    out = {"all": bounds(resid)}
-    g = np.asarray(groups)
-    for name in BOTTLENECKS:
-        sel = resid[g == name]
-        if len(sel) >= MIN_GROUP_ROWS:
-            out[name] = bounds(sel)
+    rows_of: dict[str, list[int]] = {}
+    for i, m in enumerate(machines):
+        rows_of.setdefault(m, []).append(i)
+    per_machine = np.array([float(np.mean(resid[ix])) for ix in rows_of.values()])
+    first = [ix[0] for ix in rows_of.values()]
+    out = {"all": bounds(per_machine)}
+    members: dict[str, list[int]] = {}
+    for j, i in enumerate(first):
+        for key in group_keys(*groups[i])[:-1]:
+            members.setdefault(key, []).append(j)
+    for key, ix in members.items():
+        if len(ix) >= MIN_GROUP_ROWS:
+            out[key] = bounds(per_machine[ix])
     return out
+
+
+def conformal_bounds(conformal: Mapping[str, tuple[float, float]], bottleneck: str,
+                     num_gpus: int) -> tuple[float, float]:
+    """The narrowest calibrated group's bounds for an offer (``group_keys``)."""
+    for key in group_keys(bottleneck, num_gpus):
+        if key in conformal:
+            return conformal[key]
+    return conformal["all"]
 
 
 def _without_noise(resid: Array, lo: float, hi: float, noise_sd: float
@@ -345,7 +403,8 @@ def _fit_learners(offers: list[Offer], log_rate: Array,
     residual = _residual_learner().fit(
         _no_empty_columns(residual_matrix(offers, sp, gpu_codes)),
         log_rate - np.log([p.rate_per_hour for p in sp]))
-    plain = _plain_learner().fit(_no_empty_columns(plain_matrix(offers, gpu_codes)), log_rate)
+    plain = _plain_learner().fit(_no_empty_columns(plain_share_matrix(offers, gpu_codes)),
+                                 log_rate)
     return residual, plain, sp
 
 
@@ -377,7 +436,7 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
                                                           for o in offers}))}
     cv_started = time.perf_counter()
     oof = np.full((len(usable), len(CANDIDATES)), np.nan)
-    binding: list[str] = ["all"] * len(usable)
+    binding: list[tuple[str, int]] = [("all", 1)] * len(usable)
     for train, test in GroupKFold(n_splits=min(FOLDS, machines)).split(offers, groups=groups):
         fold_model = fit_rate_model([usable[i] for i in train], now=now)
         tr_offers = [offers[i] for i in train]
@@ -388,9 +447,9 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
         s = np.log([p.rate_per_hour for p in te_preds])
         oof[test, 0] = s
         oof[test, 1] = s + residual.predict(residual_matrix(te_offers, te_preds, gpu_codes))
-        oof[test, 2] = plain.predict(plain_matrix(te_offers, gpu_codes))
+        oof[test, 2] = plain.predict(plain_share_matrix(te_offers, gpu_codes))
         for i, p in zip(test, te_preds, strict=True):
-            binding[i] = p.bottleneck
+            binding[i] = (p.bottleneck, offer_features(offers[i]).num_gpus)
     best_w, best_err = (1.0, 0.0, 0.0), math.inf
     for w in _blend_weights():
         err = mdape_log(oof @ np.asarray(w), log_rate)
@@ -403,8 +462,8 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
     served.served_cv_mdape = best_err
     served.scores = tuple(CandidateScore(n, mdape_log(oof[:, j], log_rate), best_w[j])
                           for j, n in enumerate(CANDIDATES))
-    served.conformal = _conformal(log_rate - oof @ np.asarray(best_w), binding,
-                                   structural.sigma_noise)
+    served.conformal = _conformal(log_rate - oof @ np.asarray(best_w), binding, groups,
+                                  structural.sigma_noise)
     served.cv_seconds = time.perf_counter() - cv_started
     served.fit_seconds = time.perf_counter() - started
     return served
