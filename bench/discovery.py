@@ -273,6 +273,15 @@ class Machine:
             self.rates[k] = rate * h.general * neighbours
         return rate * h.general * neighbours
 
+    def binding(self, k: int) -> str:
+        """The resource that binds a k-GPU slice's true rate: the least of the capacities
+        (the one whose doubling would raise the rate most)."""
+        h = self.hidden
+        caps = capacities(self.profile(k, h))
+        limits = {"gpu": caps.gpu * h.gpu_mult, "cpu": caps.cpu, "pcie": caps.pcie,
+                  "memory": caps.memory}
+        return min(limits, key=lambda r: limits[r])
+
     def profile(self, k: int, h: Hidden) -> Profile:
         """The simulated cuzk's hardware profile of a k-GPU slice (the instance's share)."""
         spec = GPU_SPECS[self.gpu.name]

@@ -7,8 +7,9 @@ model was not written from:
 
 - **GPU speed** is the geometric mean of memory bandwidth and compute (not bandwidth,
   not a table), and several GPUs scale **sub-linearly, Amdahl-like**: k / (1 + 0.1 (k-1));
-- **PCIe** is a smooth **logistic** penalty on the link per GPU, and the GPUs of one
-  host **share** a narrow link (a x8 or narrower host's link divided among its GPUs);
+- **PCIe** feeds the GPUs by an **exponential saturation**, compute x (1 - e^(-supply /
+  compute)), and the GPUs of one host **share** a narrow link (a x8 or narrower host's
+  link divided among its GPUs, which the offer's pcie_bw does not show);
 - **CPU synthesis** rises as vCPUs^0.6 x GHz^1.2, times a vendor factor and a hidden
   per-host factor (lognormal, 0.15): no families, no cores cap;
 - **RAM** helps by a **saturating exponential** of the share above 60 GiB: no staircase,
@@ -68,8 +69,10 @@ def _gpu_rate(bw: float, tflops: float, k: int, gpu_f: float) -> float:
     return per_gpu * k / (1.0 + 0.1 * (k - 1))
 
 
-def _pcie_factor(per_gpu_gbps: float) -> float:
-    return 1.0 / (1.0 + (5.0 / per_gpu_gbps) ** 2.2)
+def _fed(compute: float, supply: float) -> float:
+    """What GPUs that could prove ``compute`` per hour prove when their link can feed
+    ``supply``: an exponential saturation (stalls grow as the supply falls short)."""
+    return compute * (1.0 - math.exp(-supply / compute))
 
 
 def _cpu_rate(vcpus: float, ghz: float, vendor: float, cpu_f: float) -> float:
@@ -84,8 +87,8 @@ def rate(h: dict[str, Any], gpu_f: float, cpu_f: float, general: float,
          double: str | None = None) -> float:
     """The host's steady-state rate; with ``double``, that resource doubled."""
     two = {name: 2.0 if double == name else 1.0 for name in ("gpu", "cpu", "pcie", "memory")}
-    gpu = _gpu_rate(h["bw"], h["tflops"], h["k"], gpu_f * two["gpu"])
-    gpu *= _pcie_factor(h["per_gpu_gbps"] * two["pcie"])
+    gpu = _fed(_gpu_rate(h["bw"], h["tflops"], h["k"], gpu_f * two["gpu"]),
+               8.0 * h["per_gpu_gbps"] * h["k"] * two["pcie"])
     cpu = _cpu_rate(h["vcpus"], h["ghz"], h["vendor"], cpu_f * two["cpu"])
     both = (gpu ** -P_NORM + cpu ** -P_NORM) ** (-1.0 / P_NORM)
     return both * _ram_factor(h["ram_gib"] * two["memory"]) * general
