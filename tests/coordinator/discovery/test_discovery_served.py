@@ -27,7 +27,7 @@ from support.paths import REPO_ROOT
 ROOT = REPO_ROOT
 MARKETS = ROOT / "bench" / "markets"
 RATES = ("true_rate_per_hour", "measured_rate_per_hour", "oracle_rate_per_hour",
-         "oracle_median_rate_per_hour")
+         "oracle_median_rate_per_hour", "true_binding")
 
 
 def market(name: str) -> list[dict[str, Any]]:

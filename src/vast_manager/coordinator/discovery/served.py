@@ -181,6 +181,11 @@ class ServedModel:
     # (10th, 90th percentile) of the blend's out-of-fold log residual, per binding
     # resource and for all ("all").
     conformal: dict[str, tuple[float, float]] = field(default_factory=dict)
+    conformal_mid: dict[str, float] = field(default_factory=dict)  # the scores' medians
+    difficulty: Any = None  # the learner of a new host's residual size (its scale)
+    difficulty_empty: Any = None  # the columns no measured offer reported
+    scale_median: float = 1.0
+    noise_sd: float = 0.0  # one benchmark's, the structural model's fitted
     gpu_codes: dict[str, int] = field(default_factory=dict)
     measurements_used: int = 0
     readable_machines: int = 0
@@ -252,6 +257,9 @@ class ServedModel:
         if not new:
             return [self._label(p, None) for p in own]
         _, logs = self.candidate_points([offers[i] for i in new])
+        scales = self.scales([offers[i] for i in new],
+                             [p.bottleneck if isinstance(p := own[i], Prediction) else ""
+                              for i in new])
         out = [self._label(p, None) for p in own]
         w = np.asarray(self.weights)
         for row, i in enumerate(new):
@@ -260,8 +268,7 @@ class ServedModel:
             if not np.all(np.isfinite(logs[row])):
                 continue
             point = float(logs[row] @ w)
-            lo, hi = conformal_bounds(self.conformal, p.bottleneck,
-                                      offer_features(offers[i]).num_gpus)
+            lo, hi = self.interval(offers[i], p.bottleneck, float(scales[row]))
             mean = point + (lo + hi) / 2
             sd = max((hi - lo) / (2 * 1.2815515655446004), 1e-3)
             out[i] = self._label(dataclasses.replace(
@@ -269,6 +276,26 @@ class ServedModel:
                 rate_high=math.exp(point + hi), log_rate_mean=mean, log_rate_sd=sd,
                 modes=()), self.answered_by)
         return out
+
+    def scales(self, offers: Sequence[Offer], bottlenecks: Sequence[str]) -> Array:
+        """Each new host's difficulty: how much wider than the median host's its interval
+        is (``_machine_scores``)."""
+        if self.difficulty is None or not offers:
+            return np.full(len(offers), self.scale_median)
+        x = _difficulty_matrix([_as_new_host(o) for o in offers], bottlenecks, self.gpu_codes)
+        x[:, self.difficulty_empty] = 0.0
+        lo, hi = (self.scale_median * f for f in DIFFICULTY_RANGE)
+        out: Array = np.clip(np.exp(self.difficulty.predict(x)), lo, hi)
+        return out
+
+    def interval(self, offer: Offer, bottleneck: str, scale: float) -> tuple[float, float]:
+        """The 80% interval of a new host's true log rate about the blend's point: its
+        group's score percentiles times its scale, narrowed for the benchmark's noise
+        (``_without_noise``): the residuals were against one benchmark each."""
+        key = conformal_key(self.conformal, bottleneck, offer_features(offer).num_gpus)
+        lo, hi = self.conformal[key]
+        mid = self.conformal_mid.get(key, (lo + hi) / 2)
+        return _without_noise(mid * scale, lo * scale, hi * scale, self.noise_sd)
 
     def _label(self, p: Prediction | Unpredictable, by: str | None
                ) -> Prediction | Unpredictable:
@@ -326,47 +353,101 @@ def group_keys(bottleneck: str, num_gpus: int) -> tuple[str, ...]:
     return (f"{bottleneck}/{k}", bottleneck, f"gpus {k}", "all")
 
 
-def _conformal(resid: Array, groups: Sequence[tuple[str, int]], machines: Sequence[str],
-               noise_sd: float = 0.0) -> dict[str, tuple[float, float]]:
-    """Split-conformal 10th and 90th percentiles of the log residuals of *machines* (a
-    machine's rows averaged into one: its rows are not independent, and a new host is a
-    new machine), finite-sample corrected, for all and per group (``group_keys``) that
-    has ``MIN_GROUP_ROWS`` machines; narrowed for the benchmark's noise
-    (``_without_noise``)."""
+def _conformal(scores: Array, groups: Sequence[tuple[str, int]]
+               ) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
+    """Split-conformal 10th and 90th percentiles (finite-sample corrected) and the median
+    of the machines' scores (``_machine_scores``), for all and per group
+    (``group_keys``) that has ``MIN_GROUP_ROWS`` machines."""
 
     def bounds(r: Array) -> tuple[float, float]:
         n = len(r)
         lo_q = max(0.0, math.floor(0.1 * (n + 1)) / n - 1e-9)
         hi_q = min(1.0, math.ceil(0.9 * (n + 1)) / n)
-        return _without_noise(r, float(np.quantile(r, lo_q)), float(np.quantile(r, hi_q)),
-                              noise_sd)
+        return float(np.quantile(r, lo_q)), float(np.quantile(r, hi_q))
 
-    rows_of: dict[str, list[int]] = {}
-    for i, m in enumerate(machines):
-        rows_of.setdefault(m, []).append(i)
-    per_machine = np.array([float(np.mean(resid[ix])) for ix in rows_of.values()])
-    first = [ix[0] for ix in rows_of.values()]
-    out = {"all": bounds(per_machine)}
+    out = {"all": bounds(scores)}
+    mids = {"all": float(np.median(scores))}
     members: dict[str, list[int]] = {}
-    for j, i in enumerate(first):
-        for key in group_keys(*groups[i])[:-1]:
+    for j, g in enumerate(groups):
+        for key in group_keys(*g)[:-1]:
             members.setdefault(key, []).append(j)
     for key, ix in members.items():
         if len(ix) >= MIN_GROUP_ROWS:
-            out[key] = bounds(per_machine[ix])
-    return out
+            out[key] = bounds(scores[ix])
+            mids[key] = float(np.median(scores[ix]))
+    return out, mids
 
 
-def conformal_bounds(conformal: Mapping[str, tuple[float, float]], bottleneck: str,
-                     num_gpus: int) -> tuple[float, float]:
-    """The narrowest calibrated group's bounds for an offer (``group_keys``)."""
+def conformal_key(conformal: Mapping[str, tuple[float, float]], bottleneck: str,
+                  num_gpus: int) -> str:
+    """The narrowest calibrated group of an offer (``group_keys``)."""
     for key in group_keys(bottleneck, num_gpus):
         if key in conformal:
-            return conformal[key]
-    return conformal["all"]
+            return key
+    return "all"
 
 
-def _without_noise(resid: Array, lo: float, hi: float, noise_sd: float
+#: How far a host's difficulty may move its interval's width from the median host's.
+DIFFICULTY_RANGE = (0.5, 3.0)
+
+
+def _difficulty_matrix(offers: Sequence[Offer], bottlenecks: Sequence[str],
+                       gpu_codes: dict[str, int]) -> Array:
+    """What the difficulty learner reads: the plain fields and the share, and the binding
+    resource the structural model names (categorical, last column)."""
+    code = np.array([[float(BOTTLENECKS.index(b)) if b in BOTTLENECKS else np.nan]
+                     for b in bottlenecks])
+    return np.hstack([plain_share_matrix(offers, gpu_codes), code])
+
+
+def _difficulty_learner() -> Any:
+    cols = len(PLAIN_FIELDS) + 1 + len(SHARE_COLUMNS) + 1
+    mask = np.zeros(cols, dtype=bool)
+    mask[len(PLAIN_FIELDS)] = mask[-1] = True
+    # Smaller and slower than the rate learners: it reads the size of a few hundred
+    # residuals, noisier still than the residuals themselves.
+    return HistGradientBoostingRegressor(
+        max_iter=100, learning_rate=0.05, max_leaf_nodes=7, min_samples_leaf=20,
+        l2_regularization=1.0, categorical_features=mask, random_state=0)
+
+
+def _machine_scores(resid: Array, x: Array, machines: Sequence[str]
+                    ) -> tuple[Array, Array, list[int], Any, float]:
+    """Normalised conformal scores, one a machine (Papadopoulos et al., "Normalized
+    nonconformity measures for regression conformal prediction", 2008; Lei et al.,
+    "Distribution-free predictive inference for regression", JASA 2018, section 5.2).
+
+    A machine's rows are averaged into one residual: its rows are not independent, and a
+    new host is a new machine. A learner of the residual's size (``_difficulty_learner``,
+    on the log of its distance from the median) says where the blend errs more; its
+    *cross-fitted* reading of each machine (fitted on the other folds, as the residuals
+    were) divides that machine's residual. Where it reads nothing, the scale is the same
+    for every host and this is the plain split-conformal interval.
+
+    Returns the scores, the scales, each machine's first row, the learner fitted on every
+    machine, and the median scale (the learner's readings are bounded about it,
+    ``DIFFICULTY_RANGE``).
+    """
+    rows_of: dict[str, list[int]] = {}
+    for i, m in enumerate(machines):
+        rows_of.setdefault(m, []).append(i)
+    r = np.array([float(np.mean(resid[ix])) for ix in rows_of.values()])
+    first = [ix[0] for ix in rows_of.values()]
+    xm = _no_empty_columns(x[first].copy())
+    target = np.log(np.abs(r - np.median(r)) + 0.01)
+    log_scale = np.full(len(r), float(np.mean(target)))
+    folds = min(FOLDS, len(r) // MIN_GROUP_ROWS)
+    if folds >= 2:
+        ids = np.arange(len(r))
+        for train, test in GroupKFold(n_splits=folds).split(xm, groups=ids):
+            log_scale[test] = _difficulty_learner().fit(xm[train], target[train]).predict(xm[test])
+    learner = _difficulty_learner().fit(xm, target)
+    median = float(np.exp(np.median(log_scale)))
+    scale = np.clip(np.exp(log_scale), median * DIFFICULTY_RANGE[0], median * DIFFICULTY_RANGE[1])
+    return r / scale, scale, first, learner, median
+
+
+def _without_noise(mid: float, lo: float, hi: float, noise_sd: float
                    ) -> tuple[float, float]:
     """The bounds narrowed about the residuals' median so that they bound the true rate,
     not one benchmark of it.
@@ -383,7 +464,6 @@ def _without_noise(resid: Array, lo: float, hi: float, noise_sd: float
         return lo, hi
     var = ((hi - lo) / (2 * 1.2815515655446004)) ** 2
     factor = math.sqrt(max(0.25, 1.0 - noise_sd**2 / var))
-    mid = float(np.median(resid))
     return mid + (lo - mid) * factor, mid + (hi - mid) * factor
 
 
@@ -462,8 +542,12 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
     served.served_cv_mdape = best_err
     served.scores = tuple(CandidateScore(n, mdape_log(oof[:, j], log_rate), best_w[j])
                           for j, n in enumerate(CANDIDATES))
-    served.conformal = _conformal(log_rate - oof @ np.asarray(best_w), binding, groups,
-                                  structural.sigma_noise)
+    x = _difficulty_matrix(offers, [b for b, _ in binding], gpu_codes)
+    scores, _, first, served.difficulty, served.scale_median = _machine_scores(
+        log_rate - oof @ np.asarray(best_w), x, groups)
+    served.difficulty_empty = np.all(np.isnan(x[first]), axis=0)
+    served.conformal, served.conformal_mid = _conformal(scores, [binding[i] for i in first])
+    served.noise_sd = structural.sigma_noise
     served.cv_seconds = time.perf_counter() - cv_started
     served.fit_seconds = time.perf_counter() - started
     return served
