@@ -6,41 +6,22 @@ simulated."""
 
 from __future__ import annotations
 
-import gzip
 import random
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import orjson
 import pytest
 
-from vast_manager.coordinator.discovery.measurements import Measurement
 from vast_manager.coordinator.discovery.served import fit_served_model
 from vast_manager.coordinator.discovery.structural_model import Prediction
-from vast_manager.coordinator.offers import Offer, parse_offer
 
+from support.discovery_support import market, market_measurements, market_offer
 from support.foreign_market import generate
 from support.paths import REPO_ROOT
 
-MARKETS = REPO_ROOT / "bench" / "markets"
-NOT_OFFER = ("true_rate_per_hour", "measured_rate_per_hour", "oracle_rate_per_hour",
-             "oracle_median_rate_per_hour", "true_binding")
-
-
-def market(name: str) -> list[dict[str, Any]]:
-    with gzip.open(MARKETS / f"{name}.jsonl.gz") as fh:
-        return [orjson.loads(line) for line in fh]
-
-
-def offer(row: dict[str, Any]) -> Offer:
-    return parse_offer({k: v for k, v in row.items() if k not in NOT_OFFER})
-
-
-def measured(rows: Sequence[dict[str, Any]]) -> list[Measurement]:
-    return [Measurement(str(r["machine_id"]), offer(r), r["measured_rate_per_hour"], 0.0,
-                        "imported") for r in rows]
+offer = market_offer
+measured = market_measurements
 
 
 def held_out_coverage(rows: list[dict[str, Any]], seed: int, n: int = 240
