@@ -73,10 +73,12 @@ def test_the_honest_baseline_survives_fields_no_offer_reports() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["simulator", "pipeline", "contended", "made here"])
 def test_80pct_intervals_cover_75_to_85pct_on_every_market(name: str) -> None:
-    """240 hosts measured, three seeds: the mean coverage of the held-out hosts' true
-    rates is 75-85%, and no true binding resource's hosts (seeds pooled) below 65%."""
+    """240 hosts measured, five seeds (as the market bench): the mean coverage of the
+    held-out hosts' true rates is 75-85%, and no true binding resource's hosts (seeds
+    pooled, 30 at least) below 65%. One seed's coverage moves by about 3 points (the
+    percentiles of 240 machines' scores), so the bar is on the mean."""
     rows = generate(20261205, 1000) if name == "made here" else market(name)
-    runs = [held_out_coverage(rows, seed) for seed in (1, 2, 3)]
+    runs = [held_out_coverage(rows, seed) for seed in (1, 2, 3, 4, 5)]
     mean = float(np.mean([c for c, _ in runs]))
     assert 0.75 <= mean <= 0.85, (name, [c for c, _ in runs])
     pooled: dict[str, list[int]] = {}
