@@ -213,7 +213,7 @@ def reference_and_source(fleet: FleetView, settings: PlanSettings) -> tuple[floa
     best = fleet.best_usd_per_proof
     if best is not None and best > 0:
         return min(best, cap), "the fleet's best measured $/proof"
-    return cap, "the verdict's cap (VM_MAX_USD_PER_PROOF): nothing to compare with"
+    return cap, "the verdict's break-even $/proof: nothing to compare with"
 
 
 def expected_saving_per_hour(prediction: Prediction, dph_total: float, ref: float) -> float:

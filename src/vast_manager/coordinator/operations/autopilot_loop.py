@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from vast_manager.coordinator.decisions import policy, states
+from vast_manager.coordinator.decisions.earnings import break_even_usd_per_proof
 from vast_manager.coordinator.decisions.share import instance_share, shortfall
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.autopilot_rules import (
@@ -167,7 +168,8 @@ def plan_for(
     best = min((i.usd_per_proof for i in proving), default=None)
     view = FleetView(best_usd_per_proof=best, busy_machines=busy, bad_machines=bad,
                      **_reference(offers, memo, fleet, target_rate_per_hour, settings))
-    plan_settings = PlanSettings(max_usd_per_proof=settings.max_usd_per_proof, trials=trials,
+    plan_settings = PlanSettings(max_usd_per_proof=break_even_usd_per_proof(settings),
+                                 trials=trials,
                                  budget_usd=budget_usd, horizon_hours=settings.plan_horizon_hours,
                                  trial_cost=TrialCost(download_gb=settings.setup_download_gb),
                                  doubt=belief_tests(settings.plan_belief_test_share))
@@ -182,7 +184,7 @@ def _reference(offers: Sequence[Offer], memo: _Memo, fleet: Sequence[FleetInstan
     proving = [i for i in fleet if i.rate_per_hour and not i.leaving]
     rate = sum(i.rate_per_hour or 0.0 for i in proving)
     target = target_rate_per_hour or rate
-    cap = settings.max_usd_per_proof
+    cap = break_even_usd_per_proof(settings)
     if target > 0:
         usd = plan_reference_usd_per_proof(fleet, supply, target, cap)
         at_target = bool(proving) and rate >= target

@@ -1,0 +1,132 @@
+"""A benchmark result's belief (docs/reliability.md): samples count only when the
+coordinator asked for them, and a rate beyond belief for the hardware is held until a
+directed re-benchmark confirms it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from vast_manager.common.hardware_facts import canonical_gpu_name
+from vast_manager.coordinator.decisions import belief, policy
+from vast_manager.coordinator.discovery.measurements import instance_offer
+from vast_manager.coordinator.offers import Offer, OfferError, parse_offer, stored_offer
+from vast_manager.coordinator.operations.directives import (
+    CONFIRM,
+    MAX_CONFIRM_TRIES,
+    directed,
+    new_benchmark_id,
+    watched_whole,
+)
+from vast_manager.coordinator.rows import instance_row
+from vast_manager.coordinator.settings import Settings
+from vast_manager.coordinator.store.migrations import Row, loads
+from vast_manager.coordinator.store.writer import Tx
+from vast_manager.protocol.messages import Result
+
+log = logging.getLogger(__name__)
+
+Expectation = Callable[[Offer], float | None]
+
+
+def _twin_best_per_gpu(tx: Tx, inst: Row, offer: Offer | None, gpus: int) -> float | None:
+    """The best rate per GPU the fleet measured on the same hardware (this machine's own
+    confirmed rates included): the same GPU model and count, the same CPU and within a
+    quarter of the RAM (docs/reliability.md, "No rate on a host's word alone")."""
+    model = canonical_gpu_name(str((offer and offer.gpu_name) or inst.get("gpu_name") or ""))
+    cpu = offer.cpu_name if offer else None
+    ram = offer.cpu_ram if offer else None
+    best: float | None = None
+    for row in tx.fleet_measurements_of(gpus):
+        other = stored_offer(row["offer_json"]) or Offer()
+        if canonical_gpu_name(other.gpu_name or "") != model:
+            continue
+        if cpu and other.cpu_name and other.cpu_name != cpu:
+            continue
+        their_ram = other.cpu_ram
+        if ram is not None and their_ram is not None and ram > 0 \
+                and not 0.8 <= their_ram / ram <= 1.25:
+            continue
+        per_gpu = float(row["rate_per_hour"]) / gpus
+        best = per_gpu if best is None else max(best, per_gpu)
+    return best
+
+
+def _readable(raw: dict[str, object]) -> Offer | None:
+    """The instance's offer JSON as an ``Offer``; None (logged) when it is malformed."""
+    try:
+        return parse_offer(raw)
+    except OfferError as exc:
+        log.warning("offer of machine %s unreadable: %s", raw.get("machine_id"), exc.message)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Belief:
+    counts: bool  # the result may enter host_perf, the model, the ranking and a verdict
+    terminate: str | None = None  # a held claim that could not be confirmed
+
+
+def judge_belief(
+    tx: Tx, inst: Row, result: Result, check: policy.Plausibility, rate: float,
+    settings: Settings, now: float, expect: Expectation | None, updates: dict[str, Any],
+    events: list[tuple[str, str]],
+) -> Belief:
+    """Samples only when asked, beyond belief held (docs/reliability.md): flags
+    ``check``, fills ``updates`` (the directed benchmark consumed, a confirmation
+    opened) and ``events``. Reads (the fleet's measurements) but writes nothing."""
+    confirming = inst["directed_benchmark_kind"] == CONFIRM and inst["directed_benchmark_id"]
+    claimed = inst["unconfirmed_rate_per_hour"]
+    asked, why = directed(result, inst)
+    failed: str | None = None
+    if asked:
+        updates.update(directed_benchmark_id=None, directed_benchmark_kind=None)
+        if confirming:
+            failed = watched_whole(result, inst, settings, now)
+    elif not confirming:
+        check.flag(policy.UNDIRECTED, why)
+        return Belief(False)
+    else:
+        failed = why
+    offer = _readable(instance_offer(
+        loads(inst.get("offer_json")),
+        loads(inst.get("host_json")) if inst["kind"] == "byo" else None,
+        instance_row({**inst, "machine_id": inst["machine_id"] or inst["label"]})))
+    held: str | None = None
+    if failed is None:
+        if confirming and claimed is not None and belief.agrees(rate, float(claimed)):
+            updates.update(unconfirmed_rate_per_hour=None, confirm_tries=0)
+            events.append(("confirmed", f"a directed re-benchmark measured {rate:.2f} "
+                           f"proofs/h, agreeing with the held {float(claimed):.2f}/h"))
+            return Belief(True)
+        expected: float | None = None
+        if expect is not None and offer is not None:
+            try:
+                expected = expect(offer)
+            except Exception:  # a model bug must not lose the agent's result
+                log.exception("rate expectation failed for instance %s", inst["id"])
+        held = belief.beyond_belief(
+            rate, check.gpus, expected_high=expected,
+            best_per_gpu=_twin_best_per_gpu(tx, inst, offer, check.gpus))
+        if held is None:
+            if confirming:  # an ordinary rate after all: counted, the claim dropped
+                updates.update(unconfirmed_rate_per_hour=None, confirm_tries=0)
+            return Belief(True)
+    else:
+        held = f"the re-benchmark does not confirm the held claim: {failed}"
+    tries = int(inst["confirm_tries"] or 0) + (1 if confirming else 0)
+    check.flag(policy.UNCONFIRMED, held)
+    if tries >= MAX_CONFIRM_TRIES:
+        updates.update(directed_benchmark_id=None, directed_benchmark_kind=None)
+        return Belief(False, f"{tries} directed re-benchmarks did not confirm a rate beyond "
+                              f"belief ({held})")
+    updates.update(unconfirmed_rate_per_hour=float(claimed) if confirming and claimed
+                   else rate, confirm_tries=tries)
+    confirm_id = new_benchmark_id()
+    updates.update(directed_benchmark_id=confirm_id, directed_benchmark_at=now,
+                   directed_benchmark_kind=CONFIRM, confirm_watch_at=now,
+                   confirm_watch_gap_s=0.0, rebenchmark_pending=1)
+    events.append(("held", f"unconfirmed: {held}; a directed re-benchmark was asked for"))
+    return Belief(False)
