@@ -94,12 +94,6 @@ class Priors:
     # (45 GiB of parameters do not fit a 16-32 GB card).
     pcie_rate_per_gbps_hour: float = 3600.0 / (10 * 48.0)  # = 3600 / (10 x upload GB)
     pcie_scale_sd: float = 0.5
-    # A narrow link (x8 or fewer lanes) may be shared by the instance's GPUs (a switch or
-    # a riser behind one uplink), which the offer's one pcie_bw figure does not show: the
-    # PCIe capacity then grows as GPUs^(1 - pcie_sharing). Centred on no sharing (each
-    # GPU its own link); the measured multi-GPU hosts on narrow links move it.
-    pcie_sharing_sd: float = 0.5
-    narrow_link_lanes: int = 8
     # Memory (Little's law): partitions in flight / how long each holds its RAM. cuzk's
     # budget is MemTotal less a 5 GiB safety margin, of which the SRS keeps 45 GiB and
     # the PCE 25 (docs/cuzk.md, the memory budget); its memory "scales linearly as ~69 +
@@ -153,7 +147,7 @@ FIXED = (
     "gpu_scale", "cpu_scale", "pcie_scale", "ram_scale", "ram_resident", "ram_partition",
     "ghz_exponent", "log_sharpness", "multi_gpu", "host_share", "mem_bw_deviation",
     "dlperf_deviation",
-    "disk_bw", "inet_down", "reliability", "log_step_sharpness", "pcie_sharing",
+    "disk_bw", "inet_down", "reliability", "log_step_sharpness",
 )
 _I = {name: i for i, name in enumerate(FIXED)}
 
@@ -172,7 +166,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("GPU count", ("n_log",)),
     ("CPU share", ("cores_log", "ghz_log", "fam")),
     ("RAM share", ("ram_gib",)),
-    ("PCIe", ("pcie_log", "narrow")),
+    ("PCIe", ("pcie_log",)),
     ("sharing, disk, network", ("share_log", "z_disk", "z_inet", "z_rel")),
 )
 
@@ -263,22 +257,11 @@ class _Design:
     fam: NDArray[np.int64]  # CPU family index, -1 when unmeasured
     ram_gib: Array
     pcie_log: Array
-    narrow: Array  # 1 where the GPUs' link is narrow (pcie_sharing applies), else 0
     share_log: Array
     z_disk: Array
     z_inet: Array
     z_rel: Array
     bw_assumed: NDArray[np.bool_]
-
-
-def _narrow(f: OfferFeatures, priors: Priors) -> bool:
-    """Whether several GPUs may share the offer's link: it has few lanes (or, lanes not
-    reported, carries less than a PCIe 4 x8 link's 15.8 GB/s)."""
-    if f.num_gpus < 2:
-        return False
-    if f.gpu_lanes is not None:
-        return f.gpu_lanes <= priors.narrow_link_lanes
-    return f.pcie_gbps < 15.8
 
 
 def _design(
@@ -309,7 +292,6 @@ def _design(
         fam=np.asarray([fam_index.get(f.cpu_family, -1) for f in feats], dtype=np.int64),
         ram_gib=col([f.ram_share_gib for f in feats]),
         pcie_log=col([math.log(max(f.pcie_gbps, 0.25)) for f in feats]),
-        narrow=col([float(_narrow(f, priors)) for f in feats]),
         share_log=col([math.log(max(f.host_share, 1e-3)) for f in feats]),
         z_disk=col([math.log(f.disk_bw_mbps / 2000.0) if f.disk_bw_mbps else 0.0 for f in feats]),
         z_inet=col([math.log(f.inet_down_mbps / 1000.0) if f.inet_down_mbps else 0.0
@@ -449,8 +431,8 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
     caps[:, 0] = (d.n_log + d.g0 + t[_I["gpu_scale"]] + delta_gpu[d.gpu]
                   + t[_I["mem_bw_deviation"]] * d.bwdev + t[_I["dlperf_deviation"]] * d.dldev)
     caps[:, 1] = d.cores_log + math.log(priors.cpu_rate_per_vcpu_hour) + t[_I["cpu_scale"]] + speed
-    caps[:, 2] = (d.n_log * (1.0 - t[_I["pcie_sharing"]] * d.narrow) + d.pcie_log
-                  + math.log(priors.pcie_rate_per_gbps_hour) + t[_I["pcie_scale"]])
+    caps[:, 2] = (d.n_log + d.pcie_log + math.log(priors.pcie_rate_per_gbps_hour)
+                  + t[_I["pcie_scale"]])
     synth_s = priors.synth_seconds_per_partition * np.exp(-speed)
     upload_s = priors.upload_gb_per_partition * math.exp(-t[_I["pcie_scale"]]) / np.exp(d.pcie_log)
     hold_s = synth_s + upload_s
@@ -482,7 +464,6 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
         jac[:, _I["cpu_scale"]] = w[:, 1]
         jac[:, _I["pcie_scale"]] = w[:, 2] + w[:, 3] * (1.0 - synth_share)
         jac[:, _I["ram_scale"]] = w[:, 3]
-        jac[:, _I["pcie_sharing"]] = -w[:, 2] * d.narrow * d.n_log
         jac[:, _I["ram_resident"]] = w[:, 3] * d_in_flight * (-10.0 / partition)
         jac[:, _I["ram_partition"]] = w[:, 3] * d_in_flight * (-(d.ram_gib - resident) / partition)
         jac[:, _I["ghz_exponent"]] = w_speed * d.ghz_log
@@ -921,7 +902,6 @@ def _prior_arrays(priors: Priors, n_gpu: int, n_fam: int) -> tuple[Array, Array]
         "mem_bw_deviation": p.deviation_coef_sd, "dlperf_deviation": p.deviation_coef_sd,
         "disk_bw": p.other_sd, "inet_down": p.other_sd, "reliability": p.other_sd,
         "log_step_sharpness": p.partition_step_sharpness_sd,
-        "pcie_sharing": p.pcie_sharing_sd,
     }
     mu = np.array([mean[k] for k in FIXED] + [0.0] * (n_gpu + n_fam))
     sds = np.array([sd[k] for k in FIXED] + [p.gpu_model_sd] * n_gpu + [p.cpu_family_sd] * n_fam)
