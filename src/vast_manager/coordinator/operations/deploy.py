@@ -7,9 +7,11 @@ less RAM than cuzk needs (its share of the host, ``vast_manager.coordinator.deci
 agent row and the instance row are written before the provider creates
 anything, so an instance that boots is always one we know of (the monitor and
 reconciliation watch it), even if the coordinator dies before the provider
-answers. A create that failed but left an instance (vast.ai answers
-``success: false`` with a ``new_contract``) gets that instance recorded and
-destroyed.
+answers; with a replica (``VM_REPLICA_URL``) they are in the replica too before the
+provider is asked (``durable``), so a coordinator restored from it knows the new
+agent's key and never takes its instance for a leak. A create that failed but left an
+instance (vast.ai answers ``success: false`` with a ``new_contract``) gets that instance
+recorded and destroyed.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from vast_manager.coordinator.exceptions import (
     TooSmall,
 )
 from vast_manager.coordinator.operations.account import Account
+from vast_manager.coordinator.operations.offer_cache import OfferCache
 from vast_manager.coordinator.providers.base import (
     CreatedInstance,
     CreateFailed,
@@ -46,6 +49,7 @@ from vast_manager.coordinator.providers.base import (
 from vast_manager.coordinator.providers.base import OfferGone as ProviderOfferGone
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.migrations import dumps
+from vast_manager.coordinator.store.replica import ReplicaError
 from vast_manager.coordinator.store.writer import Store, Tx
 from vast_manager.protocol import signing
 
@@ -60,6 +64,10 @@ OFFER_FIELDS = (
 Destroy = Callable[..., Awaitable[bool]]
 # A price may move by this much (relative) before the caller must look again.
 PRICE_EPSILON = 1e-6
+# ...and by this much in dollars an hour: a price read from a search and the same price
+# recomputed from its parts (dph_total less a storage_total_cost rounded to six decimals,
+# plus the storage of the disk) differ by rounding alone.
+PRICE_ROUNDING_USD = 1e-5
 
 
 def mint_agent_id() -> str:
@@ -131,6 +139,7 @@ class Deployer:
         *,
         destroy: Destroy | None = None,
         account: Account | None = None,
+        offers: OfferCache | None = None,
     ) -> None:
         """``destroy``: the monitor's (``Monitor.destroy``), for an instance a failed create
         left behind; without it the monitor's next round destroys it (it is due at once)."""
@@ -140,6 +149,10 @@ class Deployer:
         self.clock = clock
         self._destroy = destroy
         self.account = account
+        #: Returns once committed writes are in the replica (the runtime sets it).
+        self.durable: Callable[[], Awaitable[None]] | None = None
+        # The runtime's shared cache: a re-check is a search on vast.ai's daily budget.
+        self.offers = offers if offers is not None else OfferCache(provider, settings, clock)
         self._lock = asyncio.Lock()
 
     async def deploy(
@@ -198,11 +211,14 @@ class Deployer:
         if paused is not None:
             raise AccountPaused(f"Deploys are paused: {paused}.")
         try:
-            offer = await self.provider.get_offer(offer_id)
+            offer, cached = await self.offers.offer(offer_id)
         except ProviderError as err:
             raise ProviderFailed(f"Could not re-read offer {offer_id}: {err}") from None
         if offer is None:
             raise OfferGone(f"Offer {offer_id} is gone or no longer rentable.")
+        if cached is not None:
+            log.warning("deploy of offer %s re-checked from the cache (%s)", offer_id,
+                        cached.label())
         machine_id = str(offer.machine_id)
         bad = self.store.bad_host(machine_id, self.clock())
         if bad is not None:
@@ -227,7 +243,8 @@ class Deployer:
             raise PriceChanged(
                 f"Offer {offer_id} costs ${dph_total:.4f}/h, above the ceiling ${ceiling:.4f}/h."
             )
-        if max_dph_total is not None and dph_total > max_dph_total * (1 + PRICE_EPSILON):
+        if max_dph_total is not None and \
+                dph_total > max_dph_total * (1 + PRICE_EPSILON) + PRICE_ROUNDING_USD:
             raise PriceChanged(
                 f"Offer {offer_id} now costs ${dph_total:.4f}/h with a {disk:g} GB disk, above "
                 f"the ${max_dph_total:.4f}/h you saw (--max-price)."
@@ -306,6 +323,14 @@ class Deployer:
     async def _create(self, checked: _Checked, terms: _Terms, instance_id: int) -> CreatedInstance:
         """Rent it; a failure is recorded on the instance and raised as the core's error."""
         offer_id = checked.offer_id
+        if self.durable is not None:
+            try:
+                await self.durable()
+            except ReplicaError as err:
+                reason = f"the replica did not confirm the new agent's key ({err})"
+                await self.store.write(
+                    lambda tx: self._abandon(tx, instance_id, terms.agent_id, reason))
+                raise ProviderFailed(f"Not deploying offer {offer_id}: {reason}.") from None
         try:
             return await self.provider.create_instance(
                 checked.offer, label=terms.label,

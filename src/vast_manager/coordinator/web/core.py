@@ -14,6 +14,8 @@ from vast_manager.coordinator.operations.autopilot_loop import Autopilot
 from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.model_keeper import ModelKeeper
 from vast_manager.coordinator.operations.monitor import Monitor
+from vast_manager.coordinator.operations.offer_cache import OfferCache
+from vast_manager.coordinator.operations.replay import SpoolMarks
 from vast_manager.coordinator.providers.base import Provider
 from vast_manager.coordinator.runtime import Runtime
 from vast_manager.coordinator.settings import Settings
@@ -36,10 +38,12 @@ class Core:
         "guard",
         "models",
         "monitor",
+        "offers",
         "provider",
         "rng",
         "runtime",
         "settings",
+        "spool_marks",
         "started_at",
         "store",
         "tracker",
@@ -59,7 +63,9 @@ class Core:
         self.deployer: Deployer = runtime.deployer
         self.models: ModelKeeper = runtime.models  # the rate model's latest fit
         self.autopilot: Autopilot = runtime.autopilot
+        self.offers: OfferCache = runtime.offers
         self.started_at: float = runtime.started_at  # when this process started watching
+        self.spool_marks: SpoolMarks = runtime.spool_marks  # docs/protocol.md, "Replay"
 
 
 CORE = web.AppKey("core", Core)

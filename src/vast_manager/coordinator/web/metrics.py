@@ -35,6 +35,7 @@ from vast_manager.coordinator.operations.production import ProductionTracker
 from vast_manager.coordinator.rows import instance_row
 from vast_manager.coordinator.store.migrations import loads
 from vast_manager.coordinator.store.reads import Reads
+from vast_manager.coordinator.store.replica import ReplicaHealth
 from vast_manager.coordinator.textsafe import neutralise
 from vast_manager.coordinator.web.guard import Guard
 from vast_manager.coordinator.web.json_views import fleet_view
@@ -429,6 +430,8 @@ class BillFigures:
 
     account: AccountView
     spend_window_s: float
+    #: The offer cache's ``view()`` (operations.offer_cache): searches and the quota.
+    offer_cache: dict[str, Any] | None = None
 
 
 class BillCollector(Collector):
@@ -474,12 +477,62 @@ class BillCollector(Collector):
         yield GaugeMetricFamily("vm_deploys_paused",
                                 "1 while deploys and the autopilot are paused by the account.",
                                 value=1.0 if account.paused else 0.0)
+        yield from _search_metrics(self.figures.offer_cache)
+
+
+def _search_metrics(view: dict[str, Any] | None) -> Iterator[Metric]:
+    """vast.ai's offer searches by outcome, today's count and the quota's stop."""
+    if view is None:
+        return
+    searches = CounterMetricFamily(
+        "vm_vast_searches", "Offer searches sent to the provider since start, by outcome "
+        "(answered, quota_exceeded, rate_limited, failed).", labels=("outcome",))
+    for outcome, count in sorted(view["counts"].items()):
+        searches.add_metric([outcome], float(count))
+    yield searches
+    yield GaugeMetricFamily("vm_vast_searches_today", "Offer searches sent this UTC day "
+                            "(budget VM_VAST_SEARCHES_PER_DAY).",
+                            value=float(view["searches_today"]))
+    yield GaugeMetricFamily("vm_vast_search_quota_exceeded", "1 while vast.ai's daily search "
+                            "quota is spent: no search until its reset, offers from the cache.",
+                            value=1.0 if view["quota_until"] is not None else 0.0)
+    if view.get("oldest_answer_age_s") is not None:
+        yield GaugeMetricFamily("vm_vast_offer_cache_age_seconds",
+                                "Age of the oldest answer in the offer cache.",
+                                value=float(view["oldest_answer_age_s"]))
+
+
+class ReplicaCollector(Collector):
+    """The database's replication (``store.replica``): configured, running, its lag."""
+
+    def __init__(self, health: ReplicaHealth, now: float) -> None:
+        self.health, self.now = health, now
+
+    def collect(self) -> Iterator[Metric]:
+        health = self.health
+        yield GaugeMetricFamily(
+            "vm_replica_configured", "1 when VM_REPLICA_URL is set; 0: the state is on one disk.",
+            value=1.0 if health.configured else 0.0)
+        if not health.configured:
+            return
+        yield GaugeMetricFamily("vm_replica_up", "1 while Litestream runs and its last sync "
+                                "request was confirmed.",
+                                value=1.0 if health.running and health.error is None else 0.0)
+        lag = health.lag_s(self.now)
+        if lag is not None and health.last_sync_at is not None:
+            yield GaugeMetricFamily(
+                "vm_replica_lag_seconds", "Seconds since the replica last confirmed it held "
+                "every write: what losing the disk now could cost.", value=lag)
+            yield GaugeMetricFamily("vm_replica_last_sync_timestamp_seconds",
+                                    "When the replica last confirmed a sync (Unix time).",
+                                    value=health.last_sync_at)
 
 
 def registry(reads: Reads, now: float, guard: GuardCounts | None = None,
              paced: PaceFigures | None = None,
              bill: BillFigures | None = None,
-             production: ProductionTracker | None = None) -> CollectorRegistry:
+             production: ProductionTracker | None = None,
+             replica: ReplicaHealth | None = None) -> CollectorRegistry:
     """One scrape's registry: the fleet, the guard's counts, the pace, and
     prometheus_client's own process (CPU, memory, file descriptors) and Python (version,
     garbage collector) collectors, on a registry of its own rather than the library's
@@ -492,6 +545,8 @@ def registry(reads: Reads, now: float, guard: GuardCounts | None = None,
         out.register(PaceCollector(paced))
     if bill is not None:
         out.register(BillCollector(reads, now, bill))
+    if replica is not None:
+        out.register(ReplicaCollector(replica, now))
     ProcessCollector(registry=out)
     PlatformCollector(registry=out)
     GCCollector(registry=out)
@@ -500,6 +555,7 @@ def registry(reads: Reads, now: float, guard: GuardCounts | None = None,
 
 def exposition(reads: Reads, now: float, guard: GuardCounts | None = None,
                paced: PaceFigures | None = None, bill: BillFigures | None = None,
-               production: ProductionTracker | None = None) -> bytes:
+               production: ProductionTracker | None = None,
+               replica: ReplicaHealth | None = None) -> bytes:
     """The whole exposition text of one scrape (run it with ``Store.read``)."""
-    return generate_latest(registry(reads, now, guard, paced, bill, production))
+    return generate_latest(registry(reads, now, guard, paced, bill, production, replica))
