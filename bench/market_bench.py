@@ -8,8 +8,12 @@ optionally, ``oracle_rate_per_hour`` (a physics oracle's guess: knows the hardwa
 the host's own effects). docs/discovery.md ("Markets") describes it.
 
 The first 60% of lines are the pool measurements come from (a seed picks which); the
-rest are held out and predicted. The planners run on the whole file. Every figure is
-simulated: the markets' rates are.
+rest are held out and predicted. The planning runs on the whole file (or a seeded 80%
+of it) the operator's way: a real coordinator with the market as its offers, ``plan``
+and ``hosts import`` over HTTP (``Coordinator``). A line may carry ``true_binding``
+(the resource whose doubling raises its true rate most): the bench then reports the
+intervals' coverage per binding resource and how often a prediction names it. Every
+figure is simulated: the markets' rates are.
 """
 
 from __future__ import annotations

@@ -17,9 +17,10 @@ percentage error of its out-of-fold points. The served point is the blend of the
 points, weights on a grid of the simplex, with the least cross-validated error; the
 single candidates are the grid's corners, so on the folds the blend is never worse than
 the best of them. The 80% interval is split-conformal on the blend's out-of-fold log
-residuals, per binding resource (Mondrian) where one has enough machines, else pooled,
-and narrowed by the benchmark's noise: it bounds the true rate, the residuals a
-measurement.
+residuals, one a machine, normalised by a cross-fitted learner of how large the
+residual is where the host is (``_machine_scores``), per binding resource and GPU count
+(Mondrian) where a group has enough machines, else pooled, and narrowed by the
+benchmark's noise: it bounds the true rate, the residuals a measurement.
 
 A machine the fleet measured keeps the structural model's prediction: that one reads the
 machine's own runs, which no learner of the offer's fields sees. docs/discovery.md
@@ -178,8 +179,8 @@ class ServedModel:
     weights: tuple[float, float, float] = (1.0, 0.0, 0.0)
     scores: tuple[CandidateScore, ...] = ()
     served_cv_mdape: float | None = None
-    # (10th, 90th percentile) of the blend's out-of-fold log residual, per binding
-    # resource and for all ("all").
+    # (10th, 90th percentile) of the machines' normalised scores (``_machine_scores``),
+    # per group (``group_keys``) and for all ("all").
     conformal: dict[str, tuple[float, float]] = field(default_factory=dict)
     conformal_mid: dict[str, float] = field(default_factory=dict)  # the scores' medians
     difficulty: Any = None  # the learner of a new host's residual size (its scale)
@@ -321,7 +322,9 @@ class ServedModel:
             "served_by": self.answered_by if self.residual is not None else "structural",
             "served_cv_mdape": self.served_cv_mdape,
             "candidates": [dataclasses.asdict(s) for s in self.scores],
-            "conformal_log_interval": {k: [round(v[0], 4), round(v[1], 4)]
+            # The median host's (a host's scale times its group's score percentiles).
+            "conformal_log_interval": {k: [round(v[0] * self.scale_median, 4),
+                                           round(v[1] * self.scale_median, 4)]
                                        for k, v in self.conformal.items()},
             "measurements_used": self.measurements_used,
             "cv_seconds": round(self.cv_seconds, 3),
@@ -412,7 +415,7 @@ def _difficulty_learner() -> Any:
 
 
 def _machine_scores(resid: Array, x: Array, machines: Sequence[str]
-                    ) -> tuple[Array, Array, list[int], Any, float]:
+                    ) -> tuple[Array, list[int], Any, float]:
     """Normalised conformal scores, one a machine (Papadopoulos et al., "Normalized
     nonconformity measures for regression conformal prediction", 2008; Lei et al.,
     "Distribution-free predictive inference for regression", JASA 2018, section 5.2).
@@ -424,8 +427,8 @@ def _machine_scores(resid: Array, x: Array, machines: Sequence[str]
     were) divides that machine's residual. Where it reads nothing, the scale is the same
     for every host and this is the plain split-conformal interval.
 
-    Returns the scores, the scales, each machine's first row, the learner fitted on every
-    machine, and the median scale (the learner's readings are bounded about it,
+    Returns the scores, each machine's first row, the learner fitted on every machine,
+    and the median scale (the learner's readings are bounded about it,
     ``DIFFICULTY_RANGE``).
     """
     rows_of: dict[str, list[int]] = {}
@@ -444,7 +447,7 @@ def _machine_scores(resid: Array, x: Array, machines: Sequence[str]
     learner = _difficulty_learner().fit(xm, target)
     median = float(np.exp(np.median(log_scale)))
     scale = np.clip(np.exp(log_scale), median * DIFFICULTY_RANGE[0], median * DIFFICULTY_RANGE[1])
-    return r / scale, scale, first, learner, median
+    return r / scale, first, learner, median
 
 
 def _without_noise(mid: float, lo: float, hi: float, noise_sd: float
@@ -543,7 +546,7 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
     served.scores = tuple(CandidateScore(n, mdape_log(oof[:, j], log_rate), best_w[j])
                           for j, n in enumerate(CANDIDATES))
     x = _difficulty_matrix(offers, [b for b, _ in binding], gpu_codes)
-    scores, _, first, served.difficulty, served.scale_median = _machine_scores(
+    scores, first, served.difficulty, served.scale_median = _machine_scores(
         log_rate - oof @ np.asarray(best_w), x, groups)
     served.difficulty_empty = np.all(np.isnan(x[first]), axis=0)
     served.conformal, served.conformal_mid = _conformal(scores, [binding[i] for i in first])
