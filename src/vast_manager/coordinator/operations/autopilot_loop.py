@@ -51,6 +51,7 @@ from vast_manager.coordinator.discovery.served import ServedModel
 from vast_manager.coordinator.discovery.structural_model import Prediction, Unpredictable
 from vast_manager.coordinator.exceptions import AutopilotNotConfigured, CoordinatorError
 from vast_manager.coordinator.offers import Offer, parse_offer, positive, stored_offer
+from vast_manager.coordinator.operations import faults
 from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.model_keeper import ModelKeeper
 from vast_manager.coordinator.operations.monitor import Monitor
@@ -335,7 +336,7 @@ class Autopilot:
         assert caps is not None
         settings = self.settings
         now = self.clock()
-        paused = self.monitor.account.pause_reason()
+        paused = faults.pause_reason(self.monitor.account, self.store)
         if paused is not None:
             # Nothing deployed or ended while the account cannot pay or is not ours to use.
             tick = Tick(at=now, notes=[f"paused: {paused}"])
