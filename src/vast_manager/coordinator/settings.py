@@ -446,6 +446,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "saving over this pays for its trial)"
         )),
     ] = 168.0
+    plan_fleet_hosts: Annotated[
+        int,
+        Meta(ge=1, le=1000, description=(
+            "plan: with nothing proving and no autopilot target, a newcomer is judged against "
+            "the best fleet of this many hosts the model can build from the offers (the $/proof "
+            "of its last host, predicted; a measured machine at its runs) (docs/discovery.md, "
+            "'The reference')"
+        )),
+    ] = 10
     plan_belief_test_share: Annotated[
         float,
         Meta(ge=0, le=0.5, description=(
