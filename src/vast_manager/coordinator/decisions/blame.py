@@ -9,8 +9,9 @@ A trial fails for one of four parties:
   hardware was touched;
 - **vast.ai**: its statuses and its API, when a status that never runs names
   no image problem and is seen on several machines;
-- the **coordinator** itself: its restart, its bugs (a silence that began while
-  it was down is not the host's).
+- the **coordinator** itself: its restart. That one never reaches this module:
+  after a restart silence is timed from the restart plus the agents' backoff
+  (``Monitor.seed``), so its downtime ends no instance.
 
 Only the host's count as strikes (``policy.StrikeRule``). A fault that is not
 the host's and reaches beyond one machine (``Blame.fleet_wide``) pauses deploys
@@ -32,7 +33,6 @@ class Fault(StrEnum):
     HOST = "host"
     OPERATOR = "operator"
     VAST = "vast"
-    COORDINATOR = "coordinator"
 
 
 #: The same failure on this many machines is the setup's, not theirs.
