@@ -82,7 +82,10 @@ def judge_belief(
     asked, why = directed(result, inst)
     failed: str | None = None
     if asked:
-        updates.update(directed_benchmark_id=None, directed_benchmark_kind=None)
+        # The result of the benchmark asked for: it is answered, and asked for no more
+        # (a confirmation below asks again).
+        updates.update(directed_benchmark_id=None, directed_benchmark_kind=None,
+                       rebenchmark_pending=0)
         if confirming:
             failed = watched_whole(result, inst, settings, now)
     elif not confirming:

@@ -38,20 +38,14 @@ def agent_pace_s(inst: Row, settings: Settings) -> int:
     return int(inst.get("heartbeat_pace_s") or settings.next_heartbeat_s)
 
 
-def take_directive(tx: Tx, inst: Row, settings: Settings, now: float,
-                    next_heartbeat_s: int) -> Directive:
-    """The directive for an instance now; a pending rebenchmark is delivered once."""
-    directive = policy.directive_for(
-        instance_row(inst),
-        next_heartbeat_s=next_heartbeat_s,
-        min_rate=inst.get("min_rate_per_hour"),
-    )
-    if directive.action == "benchmark":
-        tx.deliver_rebenchmark(inst["id"], inst["agent_id"], inst["machine_id"], now)
-    return directive
-
-
 def directive_for_row(inst: Row, pace_now: int) -> Directive:
+    """The directive an instance's row answers, at the pace ``pace_now``.
+
+    An open ``benchmark`` (``rebenchmark_pending``) is answered in every answer, a
+    retried message's included, until the agent's own messages show it acted on it:
+    its phase moved to benchmarking (``heartbeat.started_asked_benchmark``) or the
+    result of the benchmark asked for arrived (``beliefs.judge_belief``). An answer
+    lost on the way is so never a directive lost."""
     return policy.directive_for(instance_row(inst), next_heartbeat_s=pace_now,
                                 min_rate=inst.get("min_rate_per_hour"))
 

@@ -15,7 +15,6 @@ from vast_manager.coordinator.operations.directives import (
     CONFIRM,
     directive_for_row,
     require_instance,
-    take_directive,
 )
 from vast_manager.coordinator.operations.verdict_tracking import judge_early
 from vast_manager.coordinator.settings import Settings
@@ -87,15 +86,13 @@ def heartbeat_job(
         inst = require_instance(tx, agent_id)
         write, after = decide_heartbeat(inst, agent_id, hb, fields, settings, now, fleet, rng)
         pace_now = int(after["heartbeat_pace_s"])
-        if not _judged_early(inst, hb, settings):
-            directive = directive_for_row(after, pace_now)
-            tx.write_heartbeat(write._replace(benchmark_delivered=directive.action == "benchmark"))
-            return inst["id"], directive
         tx.write_heartbeat(write)
+        if not _judged_early(inst, hb, settings):
+            return inst["id"], directive_for_row(after, pace_now)
         judge_early(tx, inst, hb, settings, now)
         fresh = tx.get_instance(inst["id"])
         assert fresh is not None
-        return inst["id"], take_directive(tx, fresh, settings, now, pace_now)
+        return inst["id"], directive_for_row(fresh, pace_now)
 
     return job
 
@@ -125,7 +122,6 @@ def decide_steady(
         telemetry_json=f.telemetry_json, history=_history(agent_id, instance_id, f, now),
         history_interval_s=settings.heartbeat_history_interval_s,
         history_keep_rows=settings.heartbeat_history_rows,
-        benchmark_delivered=directive.action == "benchmark",
     )
     return write, directive
 
@@ -177,6 +173,10 @@ def decide_heartbeat(
         if state == State.LOST:
             events.append(("recovered", "the agent spoke again after silence"))
         events.append(("phase", f"{state} -> {hb.phase}"))
+        if hb.phase == State.BENCHMARKING and inst["rebenchmark_pending"]:
+            # The agent acted on the benchmark it was asked for: it is asked no more.
+            updates["rebenchmark_pending"] = 0
+            events.append(("rebenchmark", "the agent began the benchmark it was asked for"))
     updates["heartbeat_pace_s"] = pace.answer_s(updates.get("state", state), fleet, settings,
                                                 rng)
     after = {**inst, **updates}

@@ -12,9 +12,9 @@ from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.exceptions import InvalidInput
 from vast_manager.coordinator.operations.directives import (
     FIRST,
+    directive_for_row,
     open_directed_benchmark,
     require_agent,
-    take_directive,
 )
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.migrations import Row, dumps
@@ -79,7 +79,7 @@ def hello_job(
         _check_gpu_count(tx, inst, len(host.gpus), now)
         fresh = tx.get_instance(inst["id"])
         assert fresh is not None
-        return fresh["id"], take_directive(tx, fresh, settings, now, pace_now)
+        return fresh["id"], directive_for_row(fresh, pace_now)
 
     return job
 

@@ -192,7 +192,6 @@ def result_job(
             inst["id"], agent_id, inst["machine_id"], now, inst_updates, tuple(events), row,
             ending=ending,
             pace_s=pace_now if pace_now != after["heartbeat_pace_s"] else None,
-            benchmark_delivered=directive.action == "benchmark",
             measurement=measurement, scaling=scaling,
         ))
         return ResultOutcome(inst["id"], False, directive, terminate)

@@ -32,8 +32,6 @@ class HeartbeatWrite(NamedTuple):
     """A ``heartbeat_history`` row (``HISTORY_ROW`` order), kept if its interval is up."""
     history_interval_s: float = 0.0
     history_keep_rows: int = 0
-    benchmark_delivered: bool = False
-    """The answer carries the pending rebenchmark: it is pending no more."""
 
 
 class HeartbeatWrites(InstanceWrites, AgentWrites):
@@ -50,7 +48,7 @@ class HeartbeatWrites(InstanceWrites, AgentWrites):
     def write_heartbeat(self, w: HeartbeatWrite) -> None:
         """Everything a heartbeat decided, in the order it is read back: the instance's
         columns (a steady heartbeat's held), its events, its end, its telemetry and
-        history, the delivered rebenchmark."""
+        history."""
         if w.gauges is not None:
             self.hold_heartbeat(w.instance_id, w.gauges)
         if w.updates:
@@ -66,8 +64,6 @@ class HeartbeatWrites(InstanceWrites, AgentWrites):
             self.upsert_telemetry(w.instance_id, w.now, w.telemetry_json)
         if w.history is not None:
             self._hold_history(w.history, w.history_interval_s, w.history_keep_rows)
-        if w.benchmark_delivered:
-            self.deliver_rebenchmark(w.instance_id, w.agent_id, w.machine_id, w.now)
 
     def heartbeat_view(self, agent_id: str) -> Row | None:
         """The agent's instance (``HOT_COLUMNS``, cached) when the agent is issued and not

@@ -90,9 +90,3 @@ class InstanceWrites(BadHostWrites):
                    "storage_paused_s = coalesce(storage_paused_s, 0) + ? where id = ?",
                    (rent_s, storage_s, instance_id))
 
-    def deliver_rebenchmark(self, instance_id: int, agent_id: str | None,
-                            machine_id: str | None, now: float) -> None:
-        """A pending rebenchmark went out in a directive: it is pending no more."""
-        self.update_instance(instance_id, rebenchmark_pending=0, updated_at=now)
-        self.insert_event(now, "rebenchmark", "benchmark directive delivered to the agent",
-                          instance_id=instance_id, agent_id=agent_id, machine_id=machine_id)

@@ -26,7 +26,6 @@ class ResultWrite(NamedTuple):
     ending: Ending | None = None
     pace_s: int | None = None
     """The pace answered, when it is not the one stored."""
-    benchmark_delivered: bool = False
     measurement: dict[str, Any] | None = None
     """The ``measurements`` row (its result's row id filled in here), for a result that
     counts: the one record of its rate (``host_perf`` is computed from them)."""
@@ -40,7 +39,7 @@ class ResultWrites(InstanceWrites):
 
     def write_result(self, w: ResultWrite) -> int:
         """Everything a result decided, in the order it is read back: its events, the
-        instance (ended, or updated), the pace, the delivered rebenchmark, the result,
+        instance (ended, or updated), the pace, the result,
         the measurement it makes, the scaling reading. Returns the result's row id."""
         for kind, reason in w.events:
             self.insert_event(w.now, kind, reason, instance_id=w.instance_id,
@@ -54,8 +53,6 @@ class ResultWrites(InstanceWrites):
             self.update_instance(w.instance_id, **w.updates)
         if w.pace_s is not None:
             self.update_instance(w.instance_id, heartbeat_pace_s=w.pace_s)
-        if w.benchmark_delivered:
-            self.deliver_rebenchmark(w.instance_id, w.agent_id, w.machine_id, w.now)
         row_id = self.insert_result(w.result)
         if w.measurement is not None:
             self.insert_measurement({**w.measurement, "result_row_id": row_id})
