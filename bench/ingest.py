@@ -6,7 +6,7 @@ Run: ``python bench/ingest.py`` (``--quick`` for a seconds-long smoke run;
 What it does, in one command:
 
 1. Builds a fresh database and provisions a fleet: most agents are inserted
-   through the store's own write path (``Tx.insert_agent``, then the real
+   through the store's own write path (``Tx.agents.add``, then the real
    ``operations.hello.hello_job`` and ``operations.heartbeat.heartbeat_job``, answered the pace a
    coordinator sets for the fleet), and ``--http-agents`` of them are issued
    through ``POST /api/agents`` and say hello over HTTP. Each agent has 1 to
@@ -211,7 +211,7 @@ def provision(db_path: str, env: dict[str, str], ids: list[str], first_seq: int 
             def job(tx: Tx, part: list[tuple[int, str]] = part, now: float = now) -> None:
                 for index, agent_id in part:
                     gpus = gpus_of(index)
-                    tx.insert_agent(agent_id, label=f"bench-{index}", kind="byo",
+                    tx.agents.add(agent_id, label=f"bench-{index}", kind="byo",
                                     min_rate_per_hour=None, issued_at=now)
                     hello = from_obj(Hello, hello_body(agent_id, gpus))
                     instance_id, _ = hello_job(agent_id, hello, settings, now, fleet)(tx)
@@ -221,7 +221,7 @@ def provision(db_path: str, env: dict[str, str], ids: list[str], first_seq: int 
                     # The next history row of this agent is due somewhere in the coming
                     # interval, as in a fleet that has been running for a while.
                     at = now - rng.uniform(0, settings.heartbeat_history_interval_s)
-                    tx.append_heartbeat_history(
+                    tx.heartbeats.append_history(
                         {"agent_id": agent_id, "instance_id": instance_id, "received_at": at,
                          "seq": 0, "phase": "proving", "proofs_completed_total": 100,
                          "telemetry_json": None},

@@ -120,7 +120,7 @@ async def test_reconcile_knows_agents_without_reading_them_all(
     fleet = h.core.settings.fleet_id
     known = (await h.issue("rig-a")).agent_id
     revoked = (await h.issue("rig-b")).agent_id
-    await h.store.write(lambda tx: tx.revoke_agent(revoked, now=h.clock(), reason="test"))
+    await h.store.write(lambda tx: tx.agents.revoke(revoked, now=h.clock(), reason="test"))
 
     def boom(self: Reads) -> Any:
         raise AssertionError("reconciliation read every agent")

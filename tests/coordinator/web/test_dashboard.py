@@ -513,7 +513,7 @@ async def _fleet_pages(page: Any, store: Any) -> None:
 
     def gone(tx: Any) -> None:
         for i in range(150):
-            tx.insert_instance({"label": f"gone-{i}", "kind": "byo", "state": "destroyed",
+            tx.instances.add({"label": f"gone-{i}", "kind": "byo", "state": "destroyed",
                                 "created_at": now, "destroyed_at": now})
 
     await store.write(gone)

@@ -15,8 +15,8 @@ def logs_job(
 ) -> Callable[[Tx], int]:
     def job(tx: Tx) -> int:
         inst = require_instance(tx, agent_id)
-        tx.update_instance(inst["id"], last_seen=now)
-        return tx.insert_logs(
+        tx.instances.update(inst["id"], last_seen=now)
+        return tx.audit.add_logs(
             inst["id"], agent_id, now,
             ((line.ts, line.source, line.text) for line in batch.lines),
             keep_lines=settings.log_lines_per_instance,

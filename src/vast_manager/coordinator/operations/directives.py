@@ -80,7 +80,7 @@ def open_directed_benchmark(tx: Tx, inst: Row, kind: str, now: float) -> str:
     }
     if kind != FIRST:
         updates["rebenchmark_pending"] = 1
-    tx.update_instance(inst["id"], **updates)
+    tx.instances.update(inst["id"], **updates)
     return benchmark_id
 
 

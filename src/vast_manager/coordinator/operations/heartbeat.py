@@ -1,4 +1,4 @@
-"""A heartbeat: the instance's gauges, phase and pace written in one ``Tx.write_heartbeat``
+"""A heartbeat: the instance's gauges, phase and pace written in one ``Tx.heartbeats.write``
 and answered; a steady heartbeat (most of a fleet's) from the writer's cached view alone, a
 benchmarking one also judged for an early verdict (``verdict_tracking``)."""
 
@@ -68,7 +68,7 @@ def heartbeat_job(
     fleet: pace.FleetLoad = pace.NO_AGENTS, rng: pace.RandomSource | None = None,
 ) -> Callable[[Tx], tuple[int, Directive]]:
     """One pass: read the instance, decide everything (``decide_steady``, else
-    ``decide_heartbeat``), write it in one ``Tx.write_heartbeat``, answer.
+    ``decide_heartbeat``), write it in one ``Tx.heartbeats.write``, answer.
 
     ``fleet``: the agents heard from, which set the pace (none: the base pace); ``rng``:
     its jitter (None: none). A benchmarking heartbeat of a fleet with early verdicts is
@@ -77,16 +77,16 @@ def heartbeat_job(
     fields = steady_fields(hb)
 
     def job(tx: Tx) -> tuple[int, Directive]:
-        hot = tx.heartbeat_view(agent_id)
+        hot = tx.heartbeats.view(agent_id)
         if hot is not None and _steady(hot, fields):
             pace_now = pace.answer_s(hot["state"], fleet, settings, rng)
             write, directive = decide_steady(hot, agent_id, fields, settings, now, pace_now)
-            tx.write_heartbeat(write)
+            tx.heartbeats.write(write)
             return hot["id"], directive
         inst = require_instance(tx, agent_id)
         write, after = decide_heartbeat(inst, agent_id, hb, fields, settings, now, fleet, rng)
         pace_now = int(after["heartbeat_pace_s"])
-        tx.write_heartbeat(write)
+        tx.heartbeats.write(write)
         if not _judged_early(inst, hb, settings):
             return inst["id"], directive_for_row(after, pace_now)
         judge_early(tx, inst, hb, settings, now)
@@ -193,7 +193,7 @@ def decide_heartbeat(
                         # A trial that failed (a crash, a download or container failure)
                         # counts against its machine (docs/policy.md, "Strikes").
                         policy.StrikeRule.from_settings(settings) if failed else None)
-        # As ``Tx.begin_terminating`` leaves it: the first reason given stands.
+        # As ``Tx.instances.begin_terminating`` leaves it: the first reason given stands.
         after["terminate_reason"] = after["terminate_reason"] or reason
     write = HeartbeatWrite(
         *ids, updates=updates, events=tuple(events), ending=ending,

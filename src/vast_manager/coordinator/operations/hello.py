@@ -65,14 +65,14 @@ def hello_job(
             updates["state_since"] = now
         pace_now = updates["heartbeat_pace_s"] = pace.answer_s(
             updates.get("state", inst["state"]), fleet, settings, rng)
-        tx.update_instance(inst["id"], **updates)
+        tx.instances.update(inst["id"], **updates)
         if new_boot:
-            tx.insert_event(
+            tx.audit.add(
                 now, "hello", f"agent {hello.agent_version} started (boot {hello.boot_id})",
                 instance_id=inst["id"], agent_id=agent_id, machine_id=inst["machine_id"],
             )
         if inst["state"] == State.LOST:
-            tx.insert_event(
+            tx.audit.add(
                 now, "recovered", "the agent spoke again after silence",
                 instance_id=inst["id"], agent_id=agent_id, machine_id=inst["machine_id"],
             )
@@ -89,7 +89,7 @@ def _byo_instance(tx: Tx, agent: Row, host: HostInfo, now: float) -> Row:
     agent's, its machine_id the label."""
     agent_id = agent["agent_id"]
     machine_id = agent["label"] if agent["kind"] == "byo" else None
-    instance_id = tx.insert_instance(
+    instance_id = tx.instances.add(
         {
             "agent_id": agent_id,
             "label": agent["label"],
@@ -104,7 +104,7 @@ def _byo_instance(tx: Tx, agent: Row, host: HostInfo, now: float) -> Row:
             "updated_at": now,
         }
     )
-    tx.insert_event(
+    tx.audit.add(
         now, "hello", f"bring-your-own agent registered its machine {machine_id!r}",
         instance_id=instance_id, agent_id=agent_id, machine_id=machine_id,
     )
@@ -117,7 +117,7 @@ def _check_gpu_count(tx: Tx, inst: Row, seen: int, now: float) -> None:
     """An event when a deployed instance's agent sees other than the offer's GPU count."""
     expected = inst["num_gpus"]
     if inst["kind"] == "deployed" and expected is not None and expected != seen:
-        tx.insert_event(
+        tx.audit.add(
             now, "hardware_mismatch",
             f"the offer promised {expected} GPUs, the agent sees {seen}",
             instance_id=inst["id"], agent_id=inst["agent_id"], machine_id=inst["machine_id"],

@@ -210,7 +210,7 @@ class Reconciler:
 
         def add(tx: Tx) -> None:
             for instance_id, rent, storage in paused:
-                tx.add_paused(instance_id, rent_s=rent, storage_s=storage)
+                tx.instances.add_paused(instance_id, rent_s=rent, storage_s=storage)
 
         await self.store.write(add)
 
@@ -254,8 +254,8 @@ class Reconciler:
                 updates: dict[str, Any] = {"updated_at": now}
                 if row["state"] == State.LOST:
                     updates["state_since"] = now  # the lost timeout starts afresh
-                tx.update_instance(row["id"], **updates)
-                tx.insert_event(now, "resumed", "the account's funds are back above zero: "
+                tx.instances.update(row["id"], **updates)
+                tx.audit.add(now, "resumed", "the account's funds are back above zero: "
                                 "started again", instance_id=row["id"],
                                 agent_id=row["agent_id"], machine_id=row["machine_id"])
 
@@ -318,8 +318,8 @@ class Reconciler:
                     if inst is None or inst["state"] in states.ENDING:
                         continue
                     if inst["state"] == State.LOST:
-                        tx.update_instance(instance_id, state_since=now, updated_at=now)
-                    tx.insert_event(now, "resumed", "no longer outbid: running again",
+                        tx.instances.update(instance_id, state_since=now, updated_at=now)
+                    tx.audit.add(now, "resumed", "no longer outbid: running again",
                                     instance_id=instance_id, agent_id=inst["agent_id"],
                                     machine_id=inst["machine_id"])
 
@@ -327,7 +327,7 @@ class Reconciler:
         if kept:
             def note(tx: Tx) -> None:
                 for row, why in kept:
-                    tx.insert_event(now, "kept", why, instance_id=row["id"],
+                    tx.audit.add(now, "kept", why, instance_id=row["id"],
                                     agent_id=row["agent_id"], machine_id=row["machine_id"])
             await self.store.write(note)
             for row, why in kept:
@@ -396,8 +396,8 @@ class Reconciler:
                 current = tx.get_instance(int(row["id"]))
                 if current is None or current["provider_instance_id"] is not None:
                     continue
-                tx.update_instance(row["id"], provider_instance_id=pid, updated_at=now)
-                tx.insert_event(
+                tx.instances.update(row["id"], provider_instance_id=pid, updated_at=now)
+                tx.audit.add(
                     now, "adopted",
                     f"{self.provider.name} instance {pid} carries this agent's label",
                     instance_id=row["id"], agent_id=row["agent_id"],
@@ -414,11 +414,11 @@ class Reconciler:
                 return
 
             def vanish(tx: Tx) -> None:
-                tx.update_instance(
+                tx.instances.update(
                     row["id"], state=State.VANISHED, state_since=now, destroyed_at=now,
                     terminate_reason=row["terminate_reason"] or reason, updated_at=now,
                 )
-                tx.insert_event(now, "vanished", reason, instance_id=row["id"],
+                tx.audit.add(now, "vanished", reason, instance_id=row["id"],
                                 agent_id=row["agent_id"], machine_id=row["machine_id"])
 
             await self.store.write(vanish)
@@ -437,7 +437,7 @@ class Reconciler:
                 rule = self.strike_rule
 
                 def strike(tx: Tx) -> None:
-                    tx.begin_terminating(int(row["id"]), reason, kind="dead", now=now,
+                    tx.instances.begin_terminating(int(row["id"]), reason, kind="dead", now=now,
                                          destroy_due_at=now, strike=rule)
 
                 await self.store.write(strike)
@@ -445,7 +445,7 @@ class Reconciler:
             return
         await self.provider.destroy_instance(pid)
         await self.store.write(
-            lambda tx: tx.insert_event(
+            lambda tx: tx.audit.add(
                 now, kind, f"{self.provider.name} instance {pid}: {reason}",
                 instance_id=row["id"] if row else None,
                 agent_id=row["agent_id"] if row else None,

@@ -1,5 +1,5 @@
 """A result: checked (plausibility, belief), judged (the benchmark's verdict), written in
-one ``Tx.write_result`` with its measurement and scaling reading, answered; a replayed
+one ``Tx.results.write`` with its measurement and scaling reading, answered; a replayed
 result gets the answer it got the first time."""
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def result_job(
             # The same directive again, its pace included: the agent's silence is timed
             # on the pace it is given.
             replayed = directive_from_json(existing["directive_json"])
-            tx.update_instance(inst["id"], heartbeat_pace_s=replayed.next_heartbeat_s)
+            tx.instances.update(inst["id"], heartbeat_pace_s=replayed.next_heartbeat_s)
             return ResultOutcome(inst["id"], True, replayed, False)
         machine_id = inst["machine_id"] or inst["label"]
         gpu_name = inst["gpu_name"] or "unknown"
@@ -188,7 +188,7 @@ def result_job(
             inst, machine_id, gpu_name, num_gpus, rate, now)
         scaling = scaling_of(result, after, (machine_id, gpu_name, num_gpus), check, watch,
                               terminate, now)
-        tx.write_result(ResultWrite(
+        tx.results.write(ResultWrite(
             inst["id"], agent_id, inst["machine_id"], now, inst_updates, tuple(events), row,
             ending=ending,
             pace_s=pace_now if pace_now != after["heartbeat_pace_s"] else None,
@@ -291,7 +291,7 @@ def _fleet_measurement(inst: Row, machine_id: str, gpu_name: str, num_gpus: int,
 
 def _after_result(inst: Row, updates: dict[str, Any], ending: Ending | None) -> Row:
     """The instance as it reads once a result's write is done (what its answer is decided
-    on): as ``Tx.begin_terminating`` leaves it when the result ends it."""
+    on): as ``Tx.instances.begin_terminating`` leaves it when the result ends it."""
     if ending is None:
         return {**inst, **updates}
     if inst["state"] in states.GONE:

@@ -154,20 +154,20 @@ def _track_benchmark(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: 
     min_rate = inst["min_rate_per_hour"]
     max_concurrency = settings.max_concurrency_per_gpu * max(1, inst["num_gpus"] or 1)
     if min_rate is None or not min_rate > 0 or concurrency > max_concurrency:
-        tx.update_instance(inst["id"], **state)  # nothing to judge against, or not believable
+        tx.instances.update(inst["id"], **state)  # nothing to judge against, or not believable
         return
     vs = verdict_settings(settings, progress.total)
     v = assess(proofs, concurrency, elapsed_s, float(min_rate), vs, proofs_failed=failed)
     if v.decision == "undecided":
-        tx.update_instance(inst["id"], **state)
+        tx.instances.update(inst["id"], **state)
         return
     ids = {"instance_id": inst["id"], "agent_id": inst["agent_id"],
            "machine_id": inst["machine_id"]}
     data = _verdict_numbers(v, vs, concurrency, elapsed_s, failed, float(min_rate))
     if v.decision == "pass":
         state["bench_status"] = BENCH_PASSED
-        tx.update_instance(inst["id"], **state)
-        tx.insert_event(now, "verdict", f"early pass: {v.reason}", data=data, **ids)
+        tx.instances.update(inst["id"], **state)
+        tx.audit.add(now, "verdict", f"early pass: {v.reason}", data=data, **ids)
         return
     _terminate_early(tx, inst, v, data, state, proofs, settings, now)
 
@@ -219,7 +219,7 @@ def _terminate_early(
     machine_id = inst["machine_id"] or inst["label"]
     reason = f"early verdict: {v.reason}"
     state["bench_status"] = BENCH_TERMINATED
-    tx.begin_terminating(
+    tx.instances.begin_terminating(
         inst["id"], reason, kind="verdict", note=f"terminate: {reason}", data=data,
         bad_host_source="benchmark", now=now, destroy_due_at=now + settings.terminate_grace_s,
         **state, rate_per_hour=v.rate_estimate_per_hour, last_seen=now,
@@ -236,7 +236,7 @@ def _terminate_early(
         f"{state['bench_total']} proofs ({failed} failed)",
         f"{policy.EARLY_VERDICT}: {v.reason}",
     ]
-    tx.insert_result(
+    tx.results.add(
         {
             "agent_id": inst["agent_id"],
             # One early verdict per benchmark run; the agent's own ids start "res_".

@@ -4,12 +4,17 @@ counted against them."""
 from __future__ import annotations
 
 from vast_manager.coordinator.store.writes.events import EventWrites
+from vast_manager.coordinator.store.writes.tx_base import TxBase
 
 
-class BadHostWrites(EventWrites):
+class BadHostWrites:
     """A machine listed or unlisted, a strike counted (each with its event)."""
 
-    def add_bad_host(
+    def __init__(self, tx: TxBase, events: EventWrites) -> None:
+        self._tx = tx
+        self._events = events
+
+    def add(
         self,
         machine_id: str,
         *,
@@ -19,7 +24,7 @@ class BadHostWrites(EventWrites):
         instance_id: int | None = None,
         expires_at: float | None = None,
     ) -> None:
-        self._exec(
+        self._tx._exec(
             "insert into bad_hosts (machine_id, reason, added_at, source, instance_id, "
             "expires_at) values (?, ?, ?, ?, ?, ?) on conflict (machine_id) do update set "
             "reason = excluded.reason, source = excluded.source, "
@@ -28,31 +33,32 @@ class BadHostWrites(EventWrites):
             (machine_id, reason, now, source, instance_id, expires_at),
         )
 
-    def add_strike(self, machine_id: str, reason: str, *, now: float, instance_id: int | None,
+    def strike(self, machine_id: str, reason: str, *, now: float, instance_id: int | None,
                    limit: int, window_s: float, block_s: float) -> str | None:
         """Count a failed trial against its machine (once per instance); with ``limit``
         strikes within ``window_s`` the machine is blocked for ``block_s`` with their
         reasons. Returns the block's reason when this strike made one."""
-        cur = self._exec(
+        cur = self._tx._exec(
             "insert or ignore into machine_strikes (machine_id, instance_id, reason, at) "
             "values (?, ?, ?, ?)", (machine_id, instance_id, reason, now))
         if cur.rowcount == 0:
             return None
-        recent = [str(r[0]) for r in self._exec(
+        recent = [str(r[0]) for r in self._tx._exec(
             "select reason from machine_strikes where machine_id = ? and at > ? "
             "order by at, id", (machine_id, now - window_s)).fetchall()]
-        self.insert_event(now, "strike", f"{machine_id}: {reason} ({len(recent)} of {limit} "
+        self._events.add(now, "strike", f"{machine_id}: {reason} ({len(recent)} of {limit} "
                           f"within {window_s / 3600:.0f} h)", instance_id=instance_id,
                           machine_id=machine_id)
         if len(recent) < limit:
             return None
         why = f"{len(recent)} failed trials: " + "; ".join(recent)
-        self.add_bad_host(machine_id, reason=why[:1000], source="strikes", now=now,
+        self.add(machine_id, reason=why[:1000], source="strikes", now=now,
                           instance_id=instance_id, expires_at=now + block_s)
-        self.insert_event(now, "bad_host", f"{machine_id}: {why[:1000]} (blocked for "
+        self._events.add(now, "bad_host", f"{machine_id}: {why[:1000]} (blocked for "
                           f"{block_s / 3600:.0f} h)", instance_id=instance_id,
                           machine_id=machine_id)
         return why
 
-    def remove_bad_host(self, machine_id: str) -> bool:
-        return self._exec("delete from bad_hosts where machine_id = ?", (machine_id,)).rowcount > 0
+    def remove(self, machine_id: str) -> bool:
+        cur = self._tx._exec("delete from bad_hosts where machine_id = ?", (machine_id,))
+        return cur.rowcount > 0

@@ -25,7 +25,7 @@ class TxBase(Reads):
 
     Only the writer thread ever holds one; it also keeps the writer's small caches
     (hot instance columns, revoked flags, heartbeat history pacing) so they need no lock.
-    The writes of each table are the subclasses' (``store.writes``), composed in ``Tx``.
+    The writes of each table are its writers' (``store.writes``), held by ``Tx``.
     """
 
     def __init__(self, db: sqlite_utils.Database) -> None:
