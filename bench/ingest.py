@@ -212,7 +212,7 @@ def provision(db_path: str, env: dict[str, str], ids: list[str], first_seq: int 
                 for index, agent_id in part:
                     gpus = gpus_of(index)
                     tx.agents.add(agent_id, label=f"bench-{index}", kind="byo",
-                                    min_rate_per_hour=None, issued_at=now)
+                                  min_rate_per_hour=None, issued_at=now)
                     hello = from_obj(Hello, hello_body(agent_id, gpus))
                     instance_id, _ = hello_job(agent_id, hello, settings, now, fleet)(tx)
                     hb = from_obj(Heartbeat, heartbeat_body(

@@ -68,7 +68,7 @@ class Fleet:
         def job(tx: Tx) -> None:
             for i, agent_id in enumerate(self.ids):
                 tx.agents.add(agent_id, label=f"sim-{i}", kind="byo", min_rate_per_hour=None,
-                                issued_at=t0)
+                              issued_at=t0)
                 hello = from_obj(Hello, hello_body(agent_id, gpus_of(i)))
                 hello_job(agent_id, hello, self.settings, t0)(tx)
 

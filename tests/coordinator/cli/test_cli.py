@@ -185,7 +185,7 @@ def test_hosts_shows_early_verdicts_flagged(server: ServerThread) -> None:
     def job(tx: Any) -> None:
         tx.audit.add(1_800_000_000.0, "verdict", reason, instance_id=7, machine_id="41006")
         tx.audit.add(1_800_000_001.0, "verdict", "keep: measured 70.0 proofs/h",
-                        instance_id=8, machine_id="41004")
+                     instance_id=8, machine_id="41004")
 
     asyncio.run_coroutine_threadsafe(server.server.store.write(job), server.loop).result(10)
     shown = run(server, "hosts").output

@@ -148,8 +148,8 @@ def store(tmp_path: Path) -> Any:
 def _instance(store: Store, state: State, **cols: Any) -> int:
     def job(tx: Tx) -> int:
         return tx.instances.add({"agent_id": f"ag_{state.value}", "label": "rig",
-                                   "kind": "deployed", "machine_id": "m1", "state": state,
-                                   "state_since": 1.0, "created_at": 1.0, **cols})
+                                "kind": "deployed", "machine_id": "m1", "state": state,
+                                "state_since": 1.0, "created_at": 1.0, **cols})
     return store.write_blocking(job)
 
 
@@ -158,8 +158,8 @@ def test_begin_terminating_sends_an_instance_to_terminating_with_its_event(store
     assert store.write_blocking(lambda tx: (
         tx.hot_instance("ag_proving"),  # cached: the operation must keep it current
         tx.instances.begin_terminating(iid, "too slow", kind="verdict", note="terminate: too slow",
-                             now=50.0, destroy_due_at=60.0, bad_host_source="benchmark",
-                             rate_per_hour=3.0),
+                                       now=50.0, destroy_due_at=60.0, bad_host_source="benchmark",
+                                       rate_per_hour=3.0),
     )[1]) is True
     inst = store.get_instance(iid)
     assert inst is not None

@@ -41,7 +41,7 @@ def _issue(settings: Any, ids: list[str], now: float = NOW) -> Callable[[Tx], li
         instances = []
         for agent_id in ids:
             tx.agents.add(agent_id, label=agent_id, kind="byo", min_rate_per_hour=None,
-                            issued_at=now)
+                          issued_at=now)
             instance_id, _ = hello_job(agent_id, from_obj(Hello, hello_msg()), settings,
                                               now)(tx)
             instances.append(instance_id)

@@ -29,7 +29,7 @@ async def _proving(h: Harness, label: str) -> tuple[Agent, int]:
     status, rows = await h.admin("GET", "/api/instances")
     ident = next(r["id"] for r in rows if r["label"] == label)
     await h.store.write(lambda tx: tx.instances.update(ident, rate_per_hour=BENCH_RATE,
-                                                      dph_total=0.5))
+                                                       dph_total=0.5))
     return agent, ident
 
 

@@ -39,8 +39,8 @@ FLEET = [
 
 def add_fleet(tx: Tx) -> list[int]:
     return [tx.instances.add({"label": f"rig-{i}", "kind": "byo", "state": state,
-                                "dph_total": dph, "rate_per_hour": rate, "created_at": 1.0,
-                                "machine_id": f"m{i}", "gpu_name": "RTX 4090", "num_gpus": 1})
+                             "dph_total": dph, "rate_per_hour": rate, "created_at": 1.0,
+                             "machine_id": f"m{i}", "gpu_name": "RTX 4090", "num_gpus": 1})
             for i, (state, dph, rate) in enumerate(FLEET)]
 
 

@@ -418,10 +418,10 @@ class Autopilot:
 
         def job(tx: Tx) -> None:
             tx.audit.add(now, EVENT, f"{what} offer {action.offer_id} as instance "
-                            f"{deployed.instance_id}: {action.reason}",
-                            instance_id=deployed.instance_id, agent_id=deployed.agent_id,
-                            machine_id=action.machine_id,
-                            data={**data, "instance_id": deployed.instance_id})
+                         f"{deployed.instance_id}: {action.reason}",
+                         instance_id=deployed.instance_id, agent_id=deployed.agent_id,
+                         machine_id=action.machine_id,
+                         data={**data, "instance_id": deployed.instance_id})
             if action.exploration:
                 tx.autopilot.note_exploration(now)
 

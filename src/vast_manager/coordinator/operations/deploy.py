@@ -332,8 +332,8 @@ class Deployer:
 
         def record(tx: Tx) -> None:
             tx.instances.begin_terminating(instance_id, reason, kind="deploy_failed", now=now,
-                                 destroy_due_at=now, data={"provider_instance_id": pid},
-                                 provider_instance_id=pid)
+                                           destroy_due_at=now, data={"provider_instance_id": pid},
+                                           provider_instance_id=pid)
 
         await self.store.write(record)
         log.warning("deploy: %s; destroying it", reason)

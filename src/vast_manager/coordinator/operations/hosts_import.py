@@ -36,7 +36,7 @@ def import_job(measurements: Sequence[Measurement], now: float,
         message = (f"imported {added} measurement(s) of {len(touched)} host configuration(s) "
                    f"from {lines} line(s); {len(measurements) - added} already known")
         tx.audit.add(now, "hosts_import", message,
-                        data={"imported": added, "duplicates": len(measurements) - added})
+                     data={"imported": added, "duplicates": len(measurements) - added})
         return {"ok": True, "imported": added, "duplicates": len(measurements) - added,
                 "hosts": len(touched), "message": message[0].upper() + message[1:] + "."}
 

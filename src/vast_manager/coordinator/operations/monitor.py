@@ -168,8 +168,8 @@ class Monitor:
                     inst = tx.get_instance(instance_id)
                     if inst is not None:
                         tx.audit.add(now, "idle", str(current[instance_id].idle_reason),
-                                        instance_id=instance_id, agent_id=inst["agent_id"],
-                                        machine_id=inst["machine_id"])
+                                     instance_id=instance_id, agent_id=inst["agent_id"],
+                                     machine_id=inst["machine_id"])
 
             await self.store.write(report)
             for instance_id in turned:
@@ -350,7 +350,7 @@ class Monitor:
             if agent_id:
                 tx.agents.revoke(agent_id, now=now, reason=f"instance destroyed: {reason}")
             tx.audit.add(now, "destroy", what, instance_id=instance_id, agent_id=agent_id,
-                            machine_id=inst["machine_id"])
+                         machine_id=inst["machine_id"])
             return True
 
         changed = await self.store.write(done)

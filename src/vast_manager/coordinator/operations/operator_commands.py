@@ -16,6 +16,7 @@ from vast_manager.coordinator.operations.directives import (
     OPERATOR,
     open_directed_benchmark,
 )
+from vast_manager.coordinator.rows import instance_row
 from vast_manager.coordinator.store.migrations import Row
 from vast_manager.coordinator.store.writer import Tx
 
@@ -30,9 +31,9 @@ def issue_agent_job(agent_id: str, *, label: str, min_rate_per_hour: float | Non
 
     def job(tx: Tx) -> None:
         tx.agents.add(agent_id, label=label, kind="byo", min_rate_per_hour=min_rate_per_hour,
-                        issued_at=now, max_gpus=max_gpus, gpu_model=gpu_model)
+                      issued_at=now, max_gpus=max_gpus, gpu_model=gpu_model)
         tx.audit.add(now, "agent_issued", f"bring-your-own agent for {label!r} issued",
-                        agent_id=agent_id, machine_id=label)
+                     agent_id=agent_id, machine_id=label)
 
     return job
 
@@ -48,14 +49,14 @@ def revoke_agent_job(agent_id: str, now: float) -> Callable[[Tx], bool]:
             if inst["kind"] != "byo":
                 # (The revoke's event is recorded with the instance's ending.)
                 tx.instances.begin_terminating(inst["id"], REVOKED, kind="revoke", now=now,
-                                     destroy_due_at=now)
+                                               destroy_due_at=now)
                 return changed
             # Not ours to destroy: the machine simply stops counting as our instance.
             tx.instances.update(inst["id"], state=State.DESTROYED, state_since=now,
-                               destroyed_at=now, terminate_reason=REVOKED, updated_at=now)
+                                destroyed_at=now, terminate_reason=REVOKED, updated_at=now)
         if changed:
             tx.audit.add(now, "revoke", REVOKED, agent_id=agent_id,
-                            instance_id=inst["id"] if inst else None)
+                         instance_id=inst["id"] if inst else None)
         return changed
 
     return job
@@ -70,11 +71,11 @@ def rebenchmark_job(inst: Row, now: float) -> Callable[[Tx], None]:
     def job(tx: Tx) -> None:
         fresh = tx.get_instance(instance_id)
         if fresh is not None and fresh["directed_benchmark_kind"] != CONFIRM:
-            open_directed_benchmark(tx, fresh, OPERATOR, now)
+            open_directed_benchmark(tx, instance_row(fresh), OPERATOR, now)
         tx.instances.update(instance_id, rebenchmark_pending=1, updated_at=now)
         tx.audit.add(now, "rebenchmark", "the operator asked for a new benchmark",
-                        instance_id=instance_id, agent_id=inst["agent_id"],
-                        machine_id=inst["machine_id"])
+                     instance_id=instance_id, agent_id=inst["agent_id"],
+                     machine_id=inst["machine_id"])
 
     return job
 
@@ -83,7 +84,7 @@ def add_bad_host_job(machine_id: str, reason: str, now: float) -> Callable[[Tx],
     def job(tx: Tx) -> None:
         tx.blocklist.add(machine_id, reason=reason, source="operator", now=now)
         tx.audit.add(now, "bad_host", f"{machine_id}: {reason} (operator)",
-                        machine_id=machine_id)
+                     machine_id=machine_id)
 
     return job
 
@@ -93,7 +94,7 @@ def remove_bad_host_job(machine_id: str, now: float) -> Callable[[Tx], bool]:
         removed = tx.blocklist.remove(machine_id)
         if removed:
             tx.audit.add(now, "bad_host_removed", f"{machine_id} removed by the operator",
-                            machine_id=machine_id)
+                         machine_id=machine_id)
         return removed
 
     return job

@@ -256,8 +256,8 @@ class Reconciler:
                     updates["state_since"] = now  # the lost timeout starts afresh
                 tx.instances.update(row["id"], **updates)
                 tx.audit.add(now, "resumed", "the account's funds are back above zero: "
-                                "started again", instance_id=row["id"],
-                                agent_id=row["agent_id"], machine_id=row["machine_id"])
+                             "started again", instance_id=row["id"],
+                             agent_id=row["agent_id"], machine_id=row["machine_id"])
 
         if rows:
             await self.store.write(resume)
@@ -320,15 +320,15 @@ class Reconciler:
                     if inst["state"] == State.LOST:
                         tx.instances.update(instance_id, state_since=now, updated_at=now)
                     tx.audit.add(now, "resumed", "no longer outbid: running again",
-                                    instance_id=instance_id, agent_id=inst["agent_id"],
-                                    machine_id=inst["machine_id"])
+                                 instance_id=instance_id, agent_id=inst["agent_id"],
+                                 machine_id=inst["machine_id"])
 
             await self.store.write(resumed)
         if kept:
             def note(tx: Tx) -> None:
                 for row, why in kept:
                     tx.audit.add(now, "kept", why, instance_id=row["id"],
-                                    agent_id=row["agent_id"], machine_id=row["machine_id"])
+                                 agent_id=row["agent_id"], machine_id=row["machine_id"])
             await self.store.write(note)
             for row, why in kept:
                 self._kept_told[int(row["id"])] = why
@@ -419,7 +419,7 @@ class Reconciler:
                     terminate_reason=row["terminate_reason"] or reason, updated_at=now,
                 )
                 tx.audit.add(now, "vanished", reason, instance_id=row["id"],
-                                agent_id=row["agent_id"], machine_id=row["machine_id"])
+                             agent_id=row["agent_id"], machine_id=row["machine_id"])
 
             await self.store.write(vanish)
             self.tracker.forget(int(row["id"]))
@@ -438,7 +438,7 @@ class Reconciler:
 
                 def strike(tx: Tx) -> None:
                     tx.instances.begin_terminating(int(row["id"]), reason, kind="dead", now=now,
-                                         destroy_due_at=now, strike=rule)
+                                                   destroy_due_at=now, strike=rule)
 
                 await self.store.write(strike)
             await self.destroy(int(row["id"]), reason, source=kind)

@@ -50,14 +50,14 @@ from vast_manager.coordinator.store.writes.autopilot import AutopilotWrites
 from vast_manager.coordinator.store.writes.bad_hosts import BadHostWrites
 from vast_manager.coordinator.store.writes.events import EventWrites
 from vast_manager.coordinator.store.writes.heartbeats import HeartbeatWrite, HeartbeatWrites
-from vast_manager.coordinator.store.writes.held import HEARTBEAT_COLUMNS, HISTORY_ROW
+from vast_manager.coordinator.store.writes.held import HEARTBEAT_COLUMNS, HISTORY_ROW, Gauges
 from vast_manager.coordinator.store.writes.instances import Ending, InstanceWrites
 from vast_manager.coordinator.store.writes.results import ResultWrite, ResultWrites
 from vast_manager.coordinator.store.writes.tx_base import HOT_COLUMNS, TxBase
 
 # The names callers import from here: the writer's parts live in ``store.writes``.
 __all__ = ["HEARTBEAT_COLUMNS", "HISTORY_ROW", "HOT_COLUMNS", "WINDOW_FULL_JOBS", "Ending",
-           "HeartbeatWrite", "ResultWrite", "Row", "Store", "Tx"]
+           "Gauges", "HeartbeatWrite", "ResultWrite", "Row", "Store", "Tx"]
 
 log = logging.getLogger(__name__)
 

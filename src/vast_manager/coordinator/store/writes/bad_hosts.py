@@ -47,16 +47,16 @@ class BadHostWrites:
             "select reason from machine_strikes where machine_id = ? and at > ? "
             "order by at, id", (machine_id, now - window_s)).fetchall()]
         self._events.add(now, "strike", f"{machine_id}: {reason} ({len(recent)} of {limit} "
-                          f"within {window_s / 3600:.0f} h)", instance_id=instance_id,
-                          machine_id=machine_id)
+                         f"within {window_s / 3600:.0f} h)", instance_id=instance_id,
+                         machine_id=machine_id)
         if len(recent) < limit:
             return None
         why = f"{len(recent)} failed trials: " + "; ".join(recent)
         self.add(machine_id, reason=why[:1000], source="strikes", now=now,
                           instance_id=instance_id, expires_at=now + block_s)
         self._events.add(now, "bad_host", f"{machine_id}: {why[:1000]} (blocked for "
-                          f"{block_s / 3600:.0f} h)", instance_id=instance_id,
-                          machine_id=machine_id)
+                         f"{block_s / 3600:.0f} h)", instance_id=instance_id,
+                         machine_id=machine_id)
         return why
 
     def remove(self, machine_id: str) -> bool:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from vast_manager.coordinator.store.migrations import Row
+from vast_manager.coordinator.rows import InstanceRow, instance_row
 from vast_manager.coordinator.store.reads import one_row
 from vast_manager.coordinator.store.writes.events import EventWrites
-from vast_manager.coordinator.store.writes.held import HISTORY_ROW
+from vast_manager.coordinator.store.writes.held import HISTORY_ROW, Gauges
 from vast_manager.coordinator.store.writes.instances import Ending, InstanceWrites
 from vast_manager.coordinator.store.writes.tx_base import TxBase
 
@@ -21,8 +21,8 @@ class HeartbeatWrite(NamedTuple):
     agent_id: str
     machine_id: str | None
     now: float
-    gauges: tuple[Any, ...] | None = None
-    """A steady heartbeat's instance columns (``HEARTBEAT_COLUMNS`` order), held."""
+    gauges: Gauges | None = None
+    """A steady heartbeat's instance columns, held."""
     updates: dict[str, Any] | None = None
     """Any other heartbeat's instance columns, written at once."""
     events: tuple[tuple[str, str], ...] = ()
@@ -43,13 +43,13 @@ class HeartbeatWrites:
         self._instances = instances
         self._events = events
 
-    def hold(self, instance_id: int, gauges: tuple[Any, ...]) -> None:
-        """A steady heartbeat's instance columns (``HEARTBEAT_COLUMNS`` order), held (see
+    def hold(self, instance_id: int, gauges: Gauges) -> None:
+        """A steady heartbeat's instance columns, held (see
         ``__init__``)."""
         self._tx._held_job.gauges[instance_id] = gauges
         hot = self._tx._hot_by_id.get(instance_id)
         if hot is not None:
-            hot["last_seq"] = gauges[0]
+            hot["last_seq"] = gauges.last_seq
 
     def write(self, w: HeartbeatWrite) -> None:
         """Everything a heartbeat decided, in the order it is read back: the instance's
@@ -61,21 +61,22 @@ class HeartbeatWrites:
             self._instances.update(w.instance_id, **w.updates)
         for kind, reason in w.events:
             self._events.add(w.now, kind, reason, instance_id=w.instance_id,
-                              agent_id=w.agent_id, machine_id=w.machine_id)
+                             agent_id=w.agent_id, machine_id=w.machine_id)
         if w.ending is not None:
             self._instances.begin_terminating(w.instance_id, w.ending.reason, kind=w.ending.kind,
-                                   now=w.now, destroy_due_at=w.ending.destroy_due_at,
-                                   strike=w.ending.strike)
+                                              now=w.now, destroy_due_at=w.ending.destroy_due_at,
+                                              strike=w.ending.strike)
         if w.telemetry_json is not None:
             self.upsert_telemetry(w.instance_id, w.now, w.telemetry_json)
         if w.history is not None:
             self._hold_history(w.history, w.history_interval_s, w.history_keep_rows)
 
-    def view(self, agent_id: str) -> Row | None:
+    def view(self, agent_id: str) -> InstanceRow | None:
         """The agent's instance (``HOT_COLUMNS``, cached) when the agent is issued and not
         revoked; None otherwise (the heartbeat then reads the whole row, which says why)."""
         tx = self._tx
-        return tx.hot_instance(agent_id) if tx.agent_revoked(agent_id) is False else None
+        hot = tx.hot_instance(agent_id) if tx.agent_revoked(agent_id) is False else None
+        return None if hot is None else instance_row(hot)
 
     def append_history(
         self, row: dict[str, Any], *, interval_s: float, keep_rows: int

@@ -82,7 +82,7 @@ class InstanceWrites:
         if bad_host_source is not None:
             machine_id = inst["machine_id"] or inst["label"]
             self._bad_hosts.add(machine_id, reason=reason, source=bad_host_source, now=now,
-                              instance_id=instance_id)
+                                instance_id=instance_id)
             self._events.add(now, "bad_host", f"{machine_id}: {reason}", **ids)
         elif strike is not None and inst["machine_id"] and inst["kind"] == "deployed":
             # A failed trial (``policy.StrikeRule``): counted against its machine.

@@ -50,12 +50,12 @@ class ResultWrites:
         the measurement it makes, the scaling reading. Returns the result's row id."""
         for kind, reason in w.events:
             self._events.add(w.now, kind, reason, instance_id=w.instance_id,
-                              agent_id=w.agent_id, machine_id=w.machine_id)
+                             agent_id=w.agent_id, machine_id=w.machine_id)
         if w.ending is not None:
-            self._instances.begin_terminating(w.instance_id, w.ending.reason, kind=w.ending.kind,
-                                   now=w.now, destroy_due_at=w.ending.destroy_due_at,
-                                   note=w.ending.note, bad_host_source=w.ending.bad_host_source,
-                                   strike=w.ending.strike, **w.updates)
+            e = w.ending
+            self._instances.begin_terminating(
+                w.instance_id, e.reason, kind=e.kind, now=w.now, destroy_due_at=e.destroy_due_at,
+                note=e.note, bad_host_source=e.bad_host_source, strike=e.strike, **w.updates)
         else:
             self._instances.update(w.instance_id, **w.updates)
         if w.pace_s is not None:
@@ -67,7 +67,7 @@ class ResultWrites:
             row, reason, machine_id = w.scaling
             self.add_scaling({"result_row_id": row_id, **row})
             self._events.add(w.now, "scaling", reason, instance_id=w.instance_id,
-                              agent_id=w.agent_id, machine_id=machine_id)
+                             agent_id=w.agent_id, machine_id=machine_id)
         return row_id
 
     def add(self, row: dict[str, Any]) -> int:
