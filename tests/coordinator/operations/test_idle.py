@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vast_manager.coordinator.cli.commands import cli
 from vast_manager.coordinator.operations.autopilot_loop import fleet_instances
+from vast_manager.coordinator.operations.cluster import NOT_DELIVERED
 
 from support.coord_support import ADMIN, ADMIN_TOKEN, Agent, Harness, heartbeat_msg, start
 
@@ -177,4 +178,4 @@ def test_the_completed_rate_follows_the_last_hour_in_constant_memory(tmp_path: P
     # An agent that restarts its counter starts afresh, not idle, not negative.
     tracker.observe([{**row, "proofs_completed_total": 0}], now + 60)
     assert tracker.view(1) == {"completed_rate_per_hour": None, "idle": False,
-                               "idle_since": None, "idle_reason": None}
+                               "idle_since": None, "idle_reason": None, **NOT_DELIVERED}

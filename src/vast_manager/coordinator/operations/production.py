@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vast_manager.coordinator.decisions.states import State
+from vast_manager.coordinator.operations.cluster import NOT_DELIVERED
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.migrations import Row
 
@@ -61,7 +62,7 @@ class Production:
 
 #: What an instance that is not proving shows (nothing measured, not idle).
 NOT_PROVING: dict[str, Any] = {"completed_rate_per_hour": None, "idle": False,
-                               "idle_since": None, "idle_reason": None}
+                               "idle_since": None, "idle_reason": None, **NOT_DELIVERED}
 
 
 def duration(seconds: float) -> str:
@@ -80,6 +81,10 @@ class ProductionTracker:
         self.settings = settings
         self._tracks: dict[int, _Track] = {}
         self.current: dict[int, Production] = {}
+        # What the cluster says each proving instance delivered and earned
+        # (``operations.cluster``), and the fleet's; replaced whole each round.
+        self.delivered: dict[int, dict[str, Any]] = {}
+        self.fleet_delivered: dict[str, Any] = {}
 
     def scale(self, row: Row) -> float:
         # The local fleet's heartbeats are in simulated time (directives.time_scale's rule).
@@ -137,7 +142,9 @@ class ProductionTracker:
 
     def view(self, instance_id: int) -> dict[str, Any]:
         found = self.current.get(int(instance_id))
-        return found.view() if found is not None else dict(NOT_PROVING)
+        out = found.view() if found is not None else dict(NOT_PROVING)
+        out.update(self.delivered.get(int(instance_id), NOT_DELIVERED))
+        return out
 
     def idle_ids(self) -> set[int]:
         return {i for i, p in self.current.items() if p.idle}
