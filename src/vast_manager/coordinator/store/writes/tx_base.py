@@ -147,7 +147,7 @@ class TxBase(Reads):
 
     def hot_instance(self, agent_id: str) -> Row | None:
         """The agent's instance, ``HOT_COLUMNS`` only, cached. Read-only for callers:
-        ``update_instance`` is what changes it."""
+        ``Tx.instances.update`` is what changes it."""
         hot = self._hot_by_agent.get(agent_id)
         if hot is None:
             hot = one_row(self._conn, _HOT_SELECT, (agent_id,))
