@@ -12,7 +12,8 @@ from vast_manager.coordinator.store.writes.tx_base import TxBase
 
 
 class Ending(NamedTuple):
-    """An instance sent to ``terminating`` by what its agent said (``Tx.instances.begin_terminating``)."""
+    """An instance sent to ``terminating`` by what its agent said
+    (``Tx.instances.begin_terminating``)."""
 
     reason: str
     kind: str
