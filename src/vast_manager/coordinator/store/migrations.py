@@ -517,6 +517,14 @@ def _m11_host_perf_from_measurements(db: sqlite_utils.Database) -> None:
     db.execute("drop table host_perf")
 
 
+def _m12_spool_marks(db: sqlite_utils.Database) -> None:
+    """The highest spool sequence number of each kind stored for each agent: how far a
+    restored database reaches, so agents replay what came after (docs/protocol.md,
+    "Replay"), and a replayed log batch is stored once."""
+    db.execute("create table spool_marks (agent_id text primary key, "
+               "result_seq integer not null default 0, logs_seq integer not null default 0)")
+
+
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
     (1, "initial tables", _m1_initial),
     (2, "benchmark state for early verdicts", _m2_benchmark_verdict_state),
@@ -530,6 +538,7 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...]
     (9, "bytes moved, machine strikes, block expiries", _m9_whole_bill),
     (10, "directed benchmarks, held results, declared GPUs", _m10_directed_benchmarks),
     (11, "host_perf computed from measurements", _m11_host_perf_from_measurements),
+    (12, "the highest spool sequence stored for each agent", _m12_spool_marks),
 )
 
 

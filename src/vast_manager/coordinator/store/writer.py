@@ -53,6 +53,7 @@ from vast_manager.coordinator.store.writes.heartbeats import HeartbeatWrite, Hea
 from vast_manager.coordinator.store.writes.held import HEARTBEAT_COLUMNS, HISTORY_ROW, Gauges
 from vast_manager.coordinator.store.writes.instances import Ending, InstanceWrites
 from vast_manager.coordinator.store.writes.results import ResultWrite, ResultWrites
+from vast_manager.coordinator.store.writes.spool_marks import SpoolMarkWrites
 from vast_manager.coordinator.store.writes.tx_base import HOT_COLUMNS, TxBase
 
 # The names callers import from here: the writer's parts live in ``store.writes``.
@@ -82,6 +83,7 @@ class Tx(TxBase):
         self.heartbeats = HeartbeatWrites(self, self.instances, self.audit)
         self.results = ResultWrites(self, self.instances, self.audit)
         self.autopilot = AutopilotWrites(self)
+        self.replay = SpoolMarkWrites(self)  # spool_marks (docs/protocol.md, "Replay")
 
 
 # --- the store -------------------------------------------------------------------
