@@ -45,6 +45,7 @@ class InstanceRow(TypedDict, total=False):
     rent_paused_s: float | None
     storage_paused_s: float | None
     min_rate_per_hour: float | None
+    price_min_rate_per_hour: float | None  # the minimum the machine's own price sets
     host_json: str | None  # the hello's HostInfo
     # The agent's process and its latest heartbeat.
     boot_id: str | None

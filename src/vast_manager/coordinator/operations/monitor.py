@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from vast_manager.common.retry import COORDINATOR_BACKOFF
 from vast_manager.coordinator.decisions import policy, states
 from vast_manager.coordinator.decisions.pace import HeartbeatTracker
 from vast_manager.coordinator.decisions.states import State
@@ -27,6 +28,7 @@ from vast_manager.coordinator.operations.production import (
 from vast_manager.coordinator.operations.production import (
     ProductionTracker,
     duration,
+    idle_warning,
 )
 from vast_manager.coordinator.operations.reconciliation import Reconciler
 from vast_manager.coordinator.providers.base import (
@@ -99,7 +101,10 @@ class Monitor:
         agent was last given.
 
         After a coordinator restart nobody could have heard the agents while it
-        was down, so their timers start afresh rather than from ``last_seen``.
+        was down, so their timers start afresh rather than from ``last_seen``, and
+        only after the longest wait an agent's backoff may still hold it to
+        (``retry.COORDINATOR_BACKOFF``): an agent that reports within that window is
+        never called ``lost`` (nor idle) for the restart.
         Synchronous, for ``create_app`` before the loop serves anyone; in the loop
         ``tick`` uses ``seed_async``.
         """
@@ -116,7 +121,8 @@ class Monitor:
             # Checked after the scan: a heartbeat heard meanwhile keeps its own time.
             untracked = self.tracker.last_seen(instance_id) is None
             if inst["state"] in states.ACTIVE_PHASES and untracked:
-                self.tracker.touch(instance_id, now, inst["heartbeat_pace_s"], inst["state"])
+                self.tracker.touch(instance_id, now, inst["heartbeat_pace_s"], inst["state"],
+                                   extra_s=COORDINATOR_BACKOFF.cap_s)
         self._seeded = True
 
     def wake(self) -> None:
@@ -178,18 +184,19 @@ class Monitor:
         await self.watch_delivered(rows, now)
         current = self.production.current
         if turned:
+            warnings = {i: idle_warning(current[i], now) for i in turned}
+
             def report(tx: Tx) -> None:
                 for instance_id in turned:
                     inst = tx.get_instance(instance_id)
                     if inst is not None:
-                        tx.audit.add(now, "idle", str(current[instance_id].idle_reason),
+                        tx.audit.add(now, "idle", warnings[instance_id],
                                      instance_id=instance_id, agent_id=inst["agent_id"],
                                      machine_id=inst["machine_id"])
 
             await self.store.write(report)
             for instance_id in turned:
-                log.info("instance %s is idle: %s", instance_id,
-                            current[instance_id].idle_reason)
+                log.warning("instance %s is idle: %s", instance_id, warnings[instance_id])
         limit = self.settings.idle_destroy_after_s
         # At zero funds vast.ai stops every instance: no proof moves, and that is no host's fault.
         if limit <= 0 or self.account.at_or_below_zero:
@@ -241,13 +248,13 @@ class Monitor:
                 inst = tx.get_instance(instance_id)
                 if inst is not None:
                     tx.audit.add(now, f"delivered_{name}", why, instance_id=instance_id,
-                                    agent_id=inst["agent_id"], machine_id=inst["machine_id"])
+                                 agent_id=inst["agent_id"], machine_id=inst["machine_id"])
             for instance_id, reason in ending.items():
                 inst = tx.get_instance(instance_id)
                 if inst is None or inst["state"] != State.PROVING or inst["terminate_reason"]:
                     continue
                 tx.instances.begin_terminating(instance_id, reason, kind="underdelivered", now=now,
-                                     destroy_due_at=now + grace)
+                                               destroy_due_at=now + grace)
 
         await self.store.write(job)
         for (instance_id, name), why in fresh.items():

@@ -54,15 +54,18 @@ class Production:
     idle_reason: str | None
     rate_per_hour: float | None  # the benchmark's, to take out of the fleet's sum when idle
     dph_total: float | None
+    idle_stop_at: float | None = None  # when the monitor destroys it, idle (None: never)
 
     def view(self) -> dict[str, Any]:
         return {"completed_rate_per_hour": self.completed_rate_per_hour, "idle": self.idle,
-                "idle_since": self.idle_since, "idle_reason": self.idle_reason}
+                "idle_since": self.idle_since, "idle_reason": self.idle_reason,
+                "idle_stop_at": self.idle_stop_at}
 
 
 #: What an instance that is not proving shows (nothing measured, not idle).
 NOT_PROVING: dict[str, Any] = {"completed_rate_per_hour": None, "idle": False,
-                               "idle_since": None, "idle_reason": None, **NOT_DELIVERED}
+                               "idle_since": None, "idle_reason": None, "idle_stop_at": None,
+                               **NOT_DELIVERED}
 
 
 def duration(seconds: float) -> str:
@@ -71,6 +74,15 @@ def duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def idle_warning(p: Production, now: float) -> str:
+    """The idle event's text: why, and when the instance will be destroyed (the warning
+    before it happens) unless a proof completes first."""
+    if p.idle_stop_at is None:
+        return f"{p.idle_reason}; reported only (VM_IDLE_DESTROY_AFTER_S)"
+    return (f"{p.idle_reason}; it will be destroyed in {duration(max(p.idle_stop_at - now, 0))}"
+            " unless a proof completes first (VM_IDLE_DESTROY_AFTER_S)")
 
 
 class ProductionTracker:
@@ -126,10 +138,19 @@ class ProductionTracker:
                 if idle else None,
                 rate_per_hour=row.get("rate_per_hour"),
                 dph_total=row.get("dph_total"),
+                idle_stop_at=self._stop_at(since, row, scale),
             )
         self._tracks = tracks
         self.current = current
         return turned
+
+    def _stop_at(self, idle_since: float | None, row: Row, scale: float) -> float | None:
+        """When an idle instance we rented is destroyed (its clock; a bring-your-own machine
+        never is, nor anything while ``idle_destroy_after_s`` is 0)."""
+        limit = self.settings.idle_destroy_after_s
+        if idle_since is None or limit <= 0 or row.get("kind") != "deployed":
+            return None
+        return idle_since + limit / scale
 
     def _rate(self, track: _Track, now: float, scale: float) -> float | None:
         """Proofs per (simulated) hour since the anchor (half a window to a window ago);
