@@ -522,8 +522,8 @@ async def _fleet_pages(page: Any, store: Any) -> None:
 
     def gone(tx: Any) -> None:
         for i in range(150):
-            tx.insert_instance({"label": f"gone-{i}", "kind": "byo", "state": "destroyed",
-                                "created_at": now, "destroyed_at": now})
+            tx.instances.add({"label": f"gone-{i}", "kind": "byo", "state": "destroyed",
+                             "created_at": now, "destroyed_at": now})
 
     await store.write(gone)
     total = before + 150

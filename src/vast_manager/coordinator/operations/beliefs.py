@@ -20,9 +20,9 @@ from vast_manager.coordinator.operations.directives import (
     new_benchmark_id,
     watched_whole,
 )
-from vast_manager.coordinator.rows import instance_row
+from vast_manager.coordinator.rows import InstanceRow, instance_row
 from vast_manager.coordinator.settings import Settings
-from vast_manager.coordinator.store.migrations import Row, loads
+from vast_manager.coordinator.store.migrations import loads
 from vast_manager.coordinator.store.writer import Tx
 from vast_manager.protocol.messages import Result
 
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 Expectation = Callable[[Offer], float | None]
 
 
-def _twin_best_per_gpu(tx: Tx, inst: Row, offer: Offer | None, gpus: int) -> float | None:
+def _twin_best_per_gpu(tx: Tx, inst: InstanceRow, offer: Offer | None, gpus: int) -> float | None:
     """The best rate per GPU the fleet measured on the same hardware (this machine's own
     confirmed rates included): the same GPU model and count, the same CPU and within a
     quarter of the RAM (docs/reliability.md, "No rate on a host's word alone")."""
@@ -70,7 +70,7 @@ class Belief:
 
 
 def judge_belief(
-    tx: Tx, inst: Row, result: Result, check: policy.Plausibility, rate: float,
+    tx: Tx, inst: InstanceRow, result: Result, check: policy.Plausibility, rate: float,
     settings: Settings, now: float, expect: Expectation | None, updates: dict[str, Any],
     events: list[tuple[str, str]],
 ) -> Belief:
@@ -82,7 +82,10 @@ def judge_belief(
     asked, why = directed(result, inst)
     failed: str | None = None
     if asked:
-        updates.update(directed_benchmark_id=None, directed_benchmark_kind=None)
+        # The result of the benchmark asked for: it is answered, and asked for no more
+        # (a confirmation below asks again).
+        updates.update(directed_benchmark_id=None, directed_benchmark_kind=None,
+                       rebenchmark_pending=0)
         if confirming:
             failed = watched_whole(result, inst, settings, now)
     elif not confirming:

@@ -190,9 +190,9 @@ class Monitor:
                 for instance_id in turned:
                     inst = tx.get_instance(instance_id)
                     if inst is not None:
-                        tx.insert_event(now, "idle", warnings[instance_id],
-                                        instance_id=instance_id, agent_id=inst["agent_id"],
-                                        machine_id=inst["machine_id"])
+                        tx.audit.add(now, "idle", warnings[instance_id],
+                                     instance_id=instance_id, agent_id=inst["agent_id"],
+                                     machine_id=inst["machine_id"])
 
             await self.store.write(report)
             for instance_id in turned:
@@ -213,7 +213,7 @@ class Monitor:
                 inst = tx.get_instance(instance_id)
                 if inst is None or inst["state"] != State.PROVING or inst["terminate_reason"]:
                     continue
-                tx.begin_terminating(
+                tx.instances.begin_terminating(
                     instance_id, f"idle for {duration(limit)} (VM_IDLE_DESTROY_AFTER_S): "
                     f"{current[instance_id].idle_reason}", kind="idle", now=now,
                     destroy_due_at=now + self.settings.terminate_grace_s)
@@ -247,14 +247,14 @@ class Monitor:
             for (instance_id, name), why in fresh.items():
                 inst = tx.get_instance(instance_id)
                 if inst is not None:
-                    tx.insert_event(now, f"delivered_{name}", why, instance_id=instance_id,
-                                    agent_id=inst["agent_id"], machine_id=inst["machine_id"])
+                    tx.audit.add(now, f"delivered_{name}", why, instance_id=instance_id,
+                                 agent_id=inst["agent_id"], machine_id=inst["machine_id"])
             for instance_id, reason in ending.items():
                 inst = tx.get_instance(instance_id)
                 if inst is None or inst["state"] != State.PROVING or inst["terminate_reason"]:
                     continue
-                tx.begin_terminating(instance_id, reason, kind="underdelivered", now=now,
-                                     destroy_due_at=now + grace)
+                tx.instances.begin_terminating(instance_id, reason, kind="underdelivered", now=now,
+                                               destroy_due_at=now + grace)
 
         await self.store.write(job)
         for (instance_id, name), why in fresh.items():
@@ -287,8 +287,8 @@ class Monitor:
                     spoke.append((instance_id, float(seen), pace_s, inst["state"]))
                     continue
                 silent = "never heard" if seen is None else f"silent for {now - float(seen):.0f} s"
-                tx.update_instance(instance_id, state=State.LOST, state_since=now, updated_at=now)
-                tx.insert_event(
+                tx.instances.update(instance_id, state=State.LOST, state_since=now, updated_at=now)
+                tx.audit.add(
                     now, "lost", f"{silent} (TTL {ttl:.0f} s = 3 heartbeats at its "
                     f"{pace_s:.0f} s pace + grace)",
                     instance_id=instance_id, agent_id=inst["agent_id"],
@@ -338,7 +338,7 @@ class Monitor:
                     continue  # moved on meanwhile
                 # An agent that is not listening (no hello, silent) gets no grace.
                 listening = inst["state"] not in states.UNHEARD
-                tx.begin_terminating(
+                tx.instances.begin_terminating(
                     inst["id"], reason, kind="timeout", now=now,
                     destroy_due_at=now + (grace if listening else 0.0),
                     strike=self.strike_rule,
@@ -390,8 +390,8 @@ class Monitor:
                 msg = f"destroy through {self.provider.name} failed ({err}); retrying"
 
                 def failed(tx: Tx) -> None:
-                    tx.begin_terminating(instance_id, reason, kind="destroy_failed", note=msg,
-                                         now=now, destroy_due_at=retry_at)
+                    tx.instances.begin_terminating(instance_id, reason, kind="destroy_failed",
+                                                   note=msg, now=now, destroy_due_at=retry_at)
 
                 await self.store.write(failed)
                 raise
@@ -406,14 +406,14 @@ class Monitor:
             current = tx.get_instance(instance_id)
             if current is None or current["state"] in states.GONE:
                 return False
-            tx.update_instance(
+            tx.instances.update(
                 instance_id, state=State.DESTROYED, state_since=now, destroyed_at=now,
                 terminate_reason=current["terminate_reason"] or reason, updated_at=now,
             )
             if agent_id:
-                tx.revoke_agent(agent_id, now=now, reason=f"instance destroyed: {reason}")
-            tx.insert_event(now, "destroy", what, instance_id=instance_id, agent_id=agent_id,
-                            machine_id=inst["machine_id"])
+                tx.agents.revoke(agent_id, now=now, reason=f"instance destroyed: {reason}")
+            tx.audit.add(now, "destroy", what, instance_id=instance_id, agent_id=agent_id,
+                         machine_id=inst["machine_id"])
             return True
 
         changed = await self.store.write(done)

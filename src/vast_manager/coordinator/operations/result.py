@@ -1,5 +1,5 @@
 """A result: checked (plausibility, belief), judged (the benchmark's verdict), written in
-one ``Tx.write_result`` with its measurement and scaling reading, answered; a replayed
+one ``Tx.results.write`` with its measurement and scaling reading, answered; a replayed
 result gets the answer it got the first time."""
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from vast_manager.coordinator.operations.verdict_tracking import (
     BENCH_OPEN,
     BENCH_PASSED,
 )
-from vast_manager.coordinator.rows import instance_row
+from vast_manager.coordinator.rows import InstanceRow, instance_row, with_columns
 from vast_manager.coordinator.settings import Settings
-from vast_manager.coordinator.store.migrations import Row, dumps, loads
+from vast_manager.coordinator.store.migrations import dumps, loads
 from vast_manager.coordinator.store.writer import Ending, ResultWrite, Tx
 from vast_manager.protocol.messages import Directive, Result
 
@@ -45,7 +45,7 @@ class ResultOutcome:
 
 
 def _steady_rate(
-    result: Result, inst: Row, settings: Settings, gpus: int
+    result: Result, inst: InstanceRow, settings: Settings, gpus: int
 ) -> tuple[float | None, int | None]:
     """The steady-state rate of a finished benchmark (early verdicts on), and its concurrency.
 
@@ -66,7 +66,7 @@ def _steady_rate(
     return (rate, j) if rate is not None else (None, None)
 
 
-def reported_gpus(inst: Row) -> frozenset[int] | None:
+def reported_gpus(inst: InstanceRow) -> frozenset[int] | None:
     """The GPU indexes of the instance's hello (None before its first hello)."""
     host = loads(inst.get("host_json"))
     if not isinstance(host, dict) or not isinstance(host.get("gpus"), list):
@@ -78,7 +78,7 @@ def reported_gpus(inst: Row) -> frozenset[int] | None:
     )
 
 
-def measured_rates(tx: Tx, inst: Row) -> dict[int, float]:
+def measured_rates(tx: Tx, inst: InstanceRow) -> dict[int, float]:
     """GPU count -> the recomputed rate of the instance's latest counted benchmark result
     on that many GPUs (the coordinator's own figures for a scaling diagnosis)."""
     rates: dict[int, float] = {}
@@ -89,14 +89,14 @@ def measured_rates(tx: Tx, inst: Row) -> dict[int, float]:
     return rates
 
 
-def watch_of(inst: Row, settings: Settings, now: float,
+def watch_of(inst: InstanceRow, settings: Settings, now: float,
              measured: dict[int, float] | None = None,
              watching_since: float | None = None, receipted: bool = False) -> policy.Watch:
     """What the coordinator saw of an instance, for judging its next result."""
     entered = inst["last_non_benchmark_at"] or inst["hello_at"]
     used = inst["result_window_at"]
     after_result = entered is not None and used is not None and float(used) >= float(entered)
-    window_start = float(used) if after_result else entered
+    window_start = float(used) if used is not None and after_result else entered
     seen = inst["benchmarking_seen_at"]
     state = inst["state"]
     terminated = inst["terminate_reason"] or (
@@ -141,7 +141,7 @@ def result_job(
     def job(tx: Tx) -> ResultOutcome:
         outcome = judged_and_written(tx)
         if result.spool_seq is not None:
-            tx.raise_spool_mark(agent_id, "result", result.spool_seq)
+            tx.replay.raise_to(agent_id, "result", result.spool_seq)
         return outcome
 
     def judged_and_written(tx: Tx) -> ResultOutcome:
@@ -151,9 +151,10 @@ def result_job(
             # The same directive again, its pace included: the agent's silence is timed
             # on the pace it is given.
             replayed = directive_from_json(existing["directive_json"])
-            tx.update_instance(inst["id"], heartbeat_pace_s=replayed.next_heartbeat_s)
+            tx.instances.update(inst["id"], heartbeat_pace_s=replayed.next_heartbeat_s)
             return ResultOutcome(inst["id"], True, replayed, False)
-        machine_id = inst["machine_id"] or inst["label"]
+        # A deployed instance has its machine, a bring-your-own agent its label.
+        machine_id = inst["machine_id"] or inst["label"] or "unknown"
         gpu_name = inst["gpu_name"] or "unknown"
         num_gpus = inst["num_gpus"] or max(len(set(result.gpus_used)), 1)
         watch = watch_of(inst, settings, now,
@@ -201,11 +202,10 @@ def result_job(
             inst, machine_id, gpu_name, num_gpus, rate, now)
         scaling = scaling_of(result, after, (machine_id, gpu_name, num_gpus), check, watch,
                               terminate, now)
-        tx.write_result(ResultWrite(
+        tx.results.write(ResultWrite(
             inst["id"], agent_id, inst["machine_id"], now, inst_updates, tuple(events), row,
             ending=ending,
             pace_s=pace_now if pace_now != after["heartbeat_pace_s"] else None,
-            benchmark_delivered=directive.action == "benchmark",
             measurement=measurement, scaling=scaling,
         ))
         return ResultOutcome(inst["id"], False, directive, terminate)
@@ -213,7 +213,7 @@ def result_job(
     return job
 
 
-def _contended_with(tx: Tx, inst: Row, machine_id: str) -> list[int]:
+def _contended_with(tx: Tx, inst: InstanceRow, machine_id: str) -> list[int]:
     """Ours on the same machine at any time since this benchmark began (still active, or
     destroyed meanwhile, e.g. a doubly sold offer reconciled away); an instance that never
     said hello never ran a proof."""
@@ -229,8 +229,9 @@ def _contended_with(tx: Tx, inst: Row, machine_id: str) -> list[int]:
 
 
 def _benchmark_verdict(
-    result: Result, inst: Row, settings: Settings, check: policy.Plausibility, judged: Belief,
-    already_ending: bool, inst_updates: dict[str, Any], events: list[tuple[str, str]],
+    result: Result, inst: InstanceRow, settings: Settings, check: policy.Plausibility,
+    judged: Belief, already_ending: bool, inst_updates: dict[str, Any],
+    events: list[tuple[str, str]],
 ) -> policy.Verdict | None:
     """A benchmark's verdict (None: on its way out, or held: the result is evidence only);
     the instance's rate when it counts, and the keep event, go to ``inst_updates`` and
@@ -255,7 +256,7 @@ def _benchmark_verdict(
     return verdict
 
 
-def _result_row(agent_id: str, result: Result, inst: Row, check: policy.Plausibility,
+def _result_row(agent_id: str, result: Result, inst: InstanceRow, check: policy.Plausibility,
                 verdict: policy.Verdict | None, directive: Directive, counts: bool,
                 now: float) -> dict[str, Any]:
     """The ``results`` row, its hardware columns aside."""
@@ -290,8 +291,8 @@ def _result_row(agent_id: str, result: Result, inst: Row, check: policy.Plausibi
     }
 
 
-def _fleet_measurement(inst: Row, machine_id: str, gpu_name: str, num_gpus: int, rate: float,
-                       now: float) -> dict[str, Any]:
+def _fleet_measurement(inst: InstanceRow, machine_id: str, gpu_name: str, num_gpus: int,
+                       rate: float, now: float) -> dict[str, Any]:
     """The rate with the hardware it ran on: what the rate model learns from, and what
     host_perf is computed from."""
     offer = instance_offer(loads(inst.get("offer_json")),
@@ -304,14 +305,14 @@ def _fleet_measurement(inst: Row, machine_id: str, gpu_name: str, num_gpus: int,
     }
 
 
-def _after_result(inst: Row, updates: dict[str, Any], ending: Ending | None) -> Row:
+def _after_result(inst: InstanceRow, updates: dict[str, Any], ending: Ending | None) -> InstanceRow:
     """The instance as it reads once a result's write is done (what its answer is decided
-    on): as ``Tx.begin_terminating`` leaves it when the result ends it."""
+    on): as ``Tx.instances.begin_terminating`` leaves it when the result ends it."""
     if ending is None:
-        return {**inst, **updates}
+        return with_columns(inst, updates)
     if inst["state"] in states.GONE:
         return inst  # nothing is written for an instance that is gone
-    after = {**inst, **updates, "terminate_reason": inst["terminate_reason"] or ending.reason}
+    ended = {**updates, "terminate_reason": inst["terminate_reason"] or ending.reason}
     if inst["state"] not in states.ENDING:
-        after["state"] = State.TERMINATING
-    return after
+        ended["state"] = State.TERMINATING
+    return with_columns(inst, ended)
