@@ -7,7 +7,8 @@ half to whole ``WINDOW_S`` (simulated seconds on the local fleet), and ``idle`` 
 completed for ``idle_after_s`` of proving: no work command (``VM_WORK_CMD``) feeds the
 daemon, or the work dried up. An idle instance bills without producing, so it is not
 counted as fleet output (``/api/fleet``, ``/metrics``, the autopilot) and is reported,
-or destroyed after ``idle_destroy_after_s`` (docs/operations.md, "Idle instances").
+or destroyed after ``idle_destroy_after_s`` (docs/operations.md, "The work command and
+idle instances").
 
 Derived on the coordinator from the heartbeats it already receives: no wire change.
 Kept in memory and rebuilt after a restart: until ``idle_after_s`` has passed since

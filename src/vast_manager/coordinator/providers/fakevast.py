@@ -39,7 +39,8 @@ destroys (``refuse_destroys``) or accept them and leave the instance
 messages vast.ai does not publish (e.g. why a create failed) are the fake's
 own, and say so.
 
-Of 2026 (docs/vast.md, "Changes of 2026"): ``search_quota_per_day`` answers the search
+Of 2026 (docs/vast.md, from "Searches: the daily quota, and the one offer cache" to
+"Machine reports"): ``search_quota_per_day`` answers the search
 ``429 {"error": "search_quota_exceeded"}`` with ``X-RateLimit-Reset`` (the next UTC
 midnight) once that many searches were made this UTC day (the ``vastai`` 1.9.1 client's
 reading; the quota's size and the body's other words are the fake's); ``retry_after_s``
