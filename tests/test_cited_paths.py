@@ -13,6 +13,8 @@ Read: README.md, docs/*.md, and the text (docstrings and comments) of src/ and b
   (or comment block, or table row) names that project (``OUTSIDE_PROJECTS``, backquotes
   aside) or the commit it was read at; so does a file this repository removed ("removed in
   f458c70").
+- A section of the repository's docs cited by its words (``docs/operations.md, "Spend"``,
+  ``policy.md 'Blame'``) is words that doc has (a heading, a bold lead), case aside.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ PY_PATH = re.compile(r"(?<![\w./%-])([\w./-]*\w\.py)\b")
 DOTTED = re.compile(rf"(?:(?<=`)|(?<=\n)|^)(?:vast_manager\.)?((?:{'|'.join(ROOMS)})(?:\.\w+)+)")
 COMMIT = re.compile(r"\b[0-9a-f]{7,40}\b")
 OUTSIDE = re.compile("|".join(re.escape(p) for p in OUTSIDE_PROJECTS), re.IGNORECASE)
+SECTION = re.compile(r"""\b(\w+\.md),? (?:"([^"]{3,80}?)"|'([^']{3,80}?)'(?=[),.;: ]))""")
 
 
 def tracked() -> list[Path]:
@@ -104,6 +107,44 @@ def stale_citations(texts: dict[str, str], names: set[str]) -> list[str]:
                     number = first_line + para[: match.start()].count("\n")
                     found.append(f"{path}:{number}: {match.group(1)}")
     return found
+
+
+def _flat(text: str) -> str:
+    """One line: a string literal split over lines joined, comment markers dropped."""
+    text = re.sub(r'"\s*\n\s*"', "", text)
+    return re.sub(r"\s*\n\s*(?:#+:?|//|\*|-|\|)?\s*", " ", text)
+
+
+def _words(text: str) -> str:
+    return re.sub(r"\s+", " ", text).lower()
+
+
+def stale_sections(texts: dict[str, str], docs: dict[str, str]) -> list[str]:
+    """``file: doc "words"`` for each cited section of ``docs`` (name -> text) not there."""
+    found = []
+    for path, text in texts.items():
+        for match in SECTION.finditer(_flat(text)):
+            doc, words = match.group(1), (match.group(2) or match.group(3)).strip()
+            if doc in docs and _words(words) not in _words(docs[doc]):
+                found.append(f"{path}: {doc} {words!r}")
+    return found
+
+
+def test_every_cited_section_exists() -> None:
+    read = cited_in(tracked())
+    texts = {str(p.relative_to(REPO_ROOT)): p.read_text() for p in read}
+    docs = {p.name: p.read_text() for p in read if p.parent == REPO_ROOT / "docs"}
+    assert "operations.md" in docs
+    found = stale_sections(texts, docs)
+    assert found == [], "cited sections the doc does not have:\n" + "\n".join(found)
+
+
+def test_the_section_rule_reads_comments_and_split_strings() -> None:
+    docs = {"ops.md": "# Ops\n\n## Spend\n\n**Quiet restarts.** Text.\n"}
+    texts = {"a.py": '# the bill (docs/ops.md, "Spend")\n# and ops.md "Quiet\n# restarts"\n',
+             "b.py": 'HELP = ("(see docs/ops.md, \'Changes of "\n        "2026\')")\n',
+             "c.md": "As ops.md, \"Spend\" says; ops.md's own words.\n"}
+    assert stale_sections(texts, docs) == ["b.py: ops.md 'Changes of 2026'"]
 
 
 def test_every_cited_path_and_module_exists() -> None:

@@ -218,3 +218,11 @@ def test_at_80_columns_no_gpu_cell_is_cut(server: ServerThread) -> None:
         assert shown, (args, result.output)
         if args[0] != "plan":  # the plan proposes some of them, each shown whole
             assert sorted(shown) == sorted(gpus), (args, result.output)
+
+
+def test_cost_report_says_whose_dollars_are_simulated(server: ServerThread) -> None:
+    # The test's provider is named as the fake vast.ai is ("fake"): its dollars are not real.
+    assert run(server, "deploy", "9001").exit_code == 0
+    report = run(server, "cost-report")
+    assert report.exit_code == 0, report.output
+    assert report.output.rstrip().endswith("(simulated dollars: the fake vast.ai's instances)")

@@ -569,8 +569,8 @@ def status(client: OperatorClient, states: tuple[str, ...], show_all: bool,
                        f"{render.usd(r.get('billing_now_per_hour'), 3)}/h for nothing: "
                        f"{clean(r.get('idle_reason'))}{then}.", err=True)
     if any(render.simulated(r) for r in rows):
-        click.echo("(sim): an instance on the simulated cuzk (the local provider, or the fake "
-                   "vast.ai, whose dollars are simulated too); its rate is simulated.")
+        click.echo("(sim): an instance on the simulated cuzk (the local provider or the fake "
+                   "vast.ai): its rate and its bill are simulated.")
 
 
 @cli.command("cost-report")
@@ -623,6 +623,9 @@ def cost_report(client: OperatorClient, show_all: bool, as_json: bool) -> None:
         width=width, shrink=("LABEL",), drop=("LABEL",), keep=("GPUS",)))
     if not show_all:
         click.echo("(instances gone more than a day ago: --all; the fleet totals count them)")
+    sources = sorted({source for r, _ in billed if (source := render.simulated(r))})
+    if sources:
+        click.echo(f"(simulated dollars: the {' and the '.join(sources)}'s instances)")
 
 
 @cli.command()

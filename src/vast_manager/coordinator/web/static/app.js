@@ -408,7 +408,10 @@ async function renderFleet() {
     api("GET", "/api/events?limit=30"),
   ]);
   show("fleet-view");
+  // On the local fleet or the fake vast.ai every rate and dollar is simulated: said once.
+  const simulated = page.rows.some((r) => SIMULATED_PROVIDERS[r.provider]);
   $("fleet-tiles").replaceChildren(
+    ...(simulated ? [tile("rates and dollars (local provider or fake vast.ai)", "simulated")] : []),
     tile("instances billing", String(summary.billing)),
     tile("proving", String(summary.proving)),
     tile("idle (billing, proving nothing)", String(summary.idle ?? 0)),
