@@ -603,7 +603,10 @@ def hosts_export(client: OperatorClient, source: str | None, output: str | None)
     query = f"?source={source}" if source else ""
     data = client.request_raw("GET", "/api/hosts/export" + query)
     if output is None:
-        sys.stdout.buffer.write(data)
+        # On a terminal, host text in the JSON is shown as JSON escapes (the same data,
+        # inert); piped or written to a file, the bytes stay exact.
+        sys.stdout.buffer.write(textsafe.json_safe(data.decode()).encode()
+                                if sys.stdout.isatty() else data)
         sys.stdout.flush()
         return
     try:
