@@ -173,7 +173,7 @@ async def test_four_times_its_twin_is_held_until_a_directed_rebenchmark_agrees(
     row = stored(h, agent, "claim")
     assert row["flags"] == "unconfirmed", row
     assert row["counts_for_host_perf"] == 0 and row["verdict"] is None
-    assert any("best confirmed rate of the same GPU model (60.0/h per GPU)" in r
+    assert any("median confirmed rate of other machines with the same hardware (60.0/h per GPU)" in r
                or "90th percentile" in r for r in reasons(row)), reasons(row)
     # Held: no keep verdict, no rate on the instance, nothing moved.
     inst = h.store.instance_by_agent(agent.agent_id)
@@ -360,9 +360,15 @@ def test_the_floors_and_ceilings_follow_memory_bandwidth() -> None:
     assert belief.ceiling_per_gpu("RTX 5060 Ti", 300.0) == pytest.approx(120.0)
     assert belief.ceiling_per_gpu("NVIDIA GeForce RTX 4090", 300.0) == pytest.approx(270.0)
     assert belief.ceiling_per_gpu("H100 SXM", 300.0) == 300.0  # the global cap still holds
-    assert belief.ceiling_per_gpu("Unknown 9000", 300.0) == 300.0
     assert belief.min_proof_seconds("RTX 5070 Ti") == pytest.approx(7.5)
-    assert belief.min_proof_seconds("Unknown 9000") == belief.UNKNOWN_GPU_FLOOR_S
+    # A model the table lacks: the offer's gpu_mem_bw through the same formula (at most
+    # the fastest known card's), else the slowest known card, never the global 300/h.
+    assert belief.ceiling_per_gpu("Unknown 9000", 300.0, 448.0) == pytest.approx(120.0)
+    assert belief.ceiling_per_gpu("Unknown 9000", 300.0, 1e9) == 300.0
+    assert belief.ceiling_per_gpu("Unknown 9000", 300.0) == pytest.approx(
+        2 * 120 * belief.MIN_KNOWN_MEM_BW_GBPS / 896)
+    assert belief.ceiling_per_gpu("Unknown 9000", 300.0) < 100.0
+    assert belief.min_proof_seconds("Unknown 9000") == pytest.approx(2.0, rel=0.01)  # H100 SXM
 
 
 # --- attack 6: imports ---------------------------------------------------------------------
@@ -479,11 +485,21 @@ async def test_a_spawned_local_agent_holds_none_of_the_coordinators_secrets(
 
 
 def test_beyond_belief_reasons_quote_their_numbers() -> None:
-    assert belief.beyond_belief(100.0, 1, expected_high=40.0, best_per_gpu=None) == (
-        "100.0 proofs/h is more than 2x the rate model's 90th percentile for this "
+    refs = belief.References
+    assert belief.beyond_belief(100.0, 1, refs(expected_high=40.0)) == (
+        "100.0 proofs/h is more than 1.5x the rate model's 90th percentile for this "
         "hardware (40.0/h)")
-    assert belief.beyond_belief(79.0, 1, expected_high=40.0, best_per_gpu=40.0) is None
-    assert belief.beyond_belief(240.0, 1, expected_high=None, best_per_gpu=60.0) is not None
+    assert belief.beyond_belief(59.0, 1, refs(expected_high=40.0)) is None
+    assert belief.beyond_belief(59.0, 1, refs(expected_high=40.0,
+                                              twin_median_per_gpu=40.0)) is None
+    assert belief.beyond_belief(61.0, 1, refs(twin_median_per_gpu=40.0)) is not None
+    assert belief.beyond_belief(61.0, 1, refs(own_first_per_gpu=40.0)) is not None
+    # No confident basis: above the interval itself.
+    assert belief.beyond_belief(41.0, 1, refs(expected_high=40.0,
+                                              novel=("no L4 measured yet",))) is not None
+    assert belief.agrees(100.0, 100.0) and belief.agrees(81.0, 100.0)
+    assert not belief.agrees(121.0, 100.0) and not belief.agrees(79.0, 100.0)
+    assert belief.counted_rate(110.0, 100.0) == 100.0
     assert math.isclose(belief.REFERENCE_RATE_PER_GPU, 120.0)
 
 

@@ -162,6 +162,9 @@ class Watch:
     many GPUs: what a scaling result's runs must agree with."""
     gpu_name: str | None = None
     """The instance's GPU model: its ceiling and its proof-time floor (``belief``)."""
+    gpu_mem_bw_gbps: float | None = None
+    """The offer's ``gpu_mem_bw`` (vast.ai's per-host figure): the ceiling and floor of a
+    GPU model the spec table lacks (``belief.bandwidth``)."""
 
 
 @dataclass(slots=True)
@@ -214,8 +217,10 @@ def check_gpus(gpus_used: list[int], watch: Watch | None, out: Plausibility,
 
 def ceiling_per_gpu(watch: Watch | None, limits: PolicyLimits) -> float:
     """The rate ceiling of one GPU of the watched instance's model (``belief``)."""
-    return belief.ceiling_per_gpu(watch.gpu_name if watch is not None else None,
-                                  limits.max_rate_per_gpu_per_hour)
+    if watch is None:
+        return belief.ceiling_per_gpu(None, limits.max_rate_per_gpu_per_hour)
+    return belief.ceiling_per_gpu(watch.gpu_name, limits.max_rate_per_gpu_per_hour,
+                                  watch.gpu_mem_bw_gbps)
 
 
 def _check_arithmetic(result: Result, rate: float, gpus: int, limits: PolicyLimits,
@@ -241,7 +246,8 @@ def _check_arithmetic(result: Result, rate: float, gpus: int, limits: PolicyLimi
             f"({per_gpu:.0f}/h a GPU{model})",
         )
     proof_seconds = result.proof_seconds
-    floor = belief.min_proof_seconds(watch.gpu_name if watch is not None else None)
+    floor = (belief.min_proof_seconds(watch.gpu_name, watch.gpu_mem_bw_gbps)
+             if watch is not None else belief.min_proof_seconds(None))
     # proof_seconds count in the run's own (a simulation's simulated) seconds, as wall_seconds.
     if proof_seconds and min(proof_seconds) < floor:
         out.flag(

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hmac
 import logging
+import math
 import secrets
+import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
@@ -844,23 +846,44 @@ def watch_of(inst: Row, settings: Settings, now: float,
         watching_since=watching_since,
         measured_rates=measured or {},
         gpu_name=inst.get("gpu_name"),
+        gpu_mem_bw_gbps=_offer_mem_bw(inst),
     )
 
 
-#: The model's 90th percentile for an offer (None: no model, or it cannot read the
-#: offer); passed in by the HTTP layer, which holds the fitted model.
-Expectation = Callable[[Offer], float | None]
+def _offer_mem_bw(inst: Row) -> float | None:
+    """A deployed instance's offer's ``gpu_mem_bw`` (vast.ai's per-host figure); a
+    bring-your-own agent has no offer of vast.ai's."""
+    if inst.get("kind") != "deployed":
+        return None
+    raw = loads(inst.get("offer_json"))
+    value = raw.get("gpu_mem_bw") if isinstance(raw, dict) else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value) and value > 0 else None
 
 
-def _twin_best_per_gpu(tx: Tx, inst: Row, offer: Offer | None, gpus: int) -> float | None:
-    """The best rate per GPU the fleet measured on the same hardware (this machine's own
-    confirmed rates included): the same GPU model and count, the same CPU and within a
-    quarter of the RAM (docs/reliability.md, "No rate on a host's word alone")."""
+#: The model's view of an offer's hardware as a new host's (its 90th percentile and what
+#: it never measured; None: no model, or it cannot read the offer); passed in by the HTTP
+#: layer, which holds the fitted model.
+Expectation = Callable[[Offer], belief.Expected | None]
+
+
+def _references(tx: Tx, inst: Row, offer: Offer | None, gpus: int,
+                expected: belief.Expected | None) -> belief.References:
+    """What a claim is compared with (docs/reliability.md, "No rate on a host's word
+    alone"): the model's view, the median rate per GPU of *other* machines' counted
+    measurements on the same hardware (the same GPU model and count, the same CPU,
+    within a quarter of the RAM), and this machine's own first counted rate."""
+    machine = str(inst["machine_id"] or inst["label"] or "")
     model = canonical_gpu_name(str((offer and offer.gpu_name) or inst.get("gpu_name") or ""))
     cpu = offer.cpu_name if offer else None
     ram = offer.cpu_ram if offer else None
-    best: float | None = None
-    for row in tx.fleet_measurements_of(gpus):
+    others: list[float] = []
+    own_first: float | None = None
+    for row in tx.fleet_measurements_of(gpus):  # oldest first
+        per_gpu = float(row["rate_per_hour"]) / gpus
+        if str(row["machine_id"]) == machine:
+            own_first = per_gpu if own_first is None else own_first
+            continue
         other = stored_offer(row["offer_json"]) or Offer()
         if canonical_gpu_name(other.gpu_name or "") != model:
             continue
@@ -870,9 +893,12 @@ def _twin_best_per_gpu(tx: Tx, inst: Row, offer: Offer | None, gpus: int) -> flo
         if ram is not None and their_ram is not None and ram > 0 \
                 and not 0.8 <= their_ram / ram <= 1.25:
             continue
-        per_gpu = float(row["rate_per_hour"]) / gpus
-        best = per_gpu if best is None else max(best, per_gpu)
-    return best
+        others.append(per_gpu)
+    return belief.References(
+        expected_high=expected.high if expected is not None else None,
+        novel=expected.novel if expected is not None else (),
+        twin_median_per_gpu=statistics.median(others) if others else None,
+        own_first_per_gpu=own_first)
 
 
 def _readable(raw: dict[str, object]) -> Offer | None:
@@ -888,6 +914,7 @@ def _readable(raw: dict[str, object]) -> Offer | None:
 class _Belief:
     counts: bool  # the result may enter host_perf, the model, the ranking and a verdict
     terminate: str | None = None  # a held claim that could not be confirmed
+    counted_rate: float | None = None  # a confirmation's: the lower of it and the claim
 
 
 def _judge_belief(
@@ -919,18 +946,19 @@ def _judge_belief(
     if failed is None:
         if confirming and claimed is not None and belief.agrees(rate, float(claimed)):
             updates.update(unconfirmed_rate_per_hour=None, confirm_tries=0)
+            counted = belief.counted_rate(rate, float(claimed))
             events.append(("confirmed", f"a directed re-benchmark measured {rate:.2f} "
-                           f"proofs/h, agreeing with the held {float(claimed):.2f}/h"))
-            return _Belief(True)
-        expected: float | None = None
+                           f"proofs/h, agreeing with the held {float(claimed):.2f}/h "
+                           f"(counted: {counted:.2f}/h, the lower)"))
+            return _Belief(True, counted_rate=counted)
+        expected: belief.Expected | None = None
         if expect is not None and offer is not None:
             try:
                 expected = expect(offer)
             except Exception:  # a model bug must not lose the agent's result
                 log.exception("rate expectation failed for instance %s", inst["id"])
         held = belief.beyond_belief(
-            rate, check.gpus, expected_high=expected,
-            best_per_gpu=_twin_best_per_gpu(tx, inst, offer, check.gpus))
+            rate, check.gpus, _references(tx, inst, offer, check.gpus, expected))
         if held is None:
             if confirming:  # an ordinary rate after all: counted, the claim dropped
                 updates.update(unconfirmed_rate_per_hour=None, confirm_tries=0)
@@ -993,6 +1021,9 @@ def result_job(
                 and rate is not None:
             judged = _judge_belief(tx, inst, result, check, rate, settings, now, expect,
                                    inst_updates, events)
+            if judged.counted_rate is not None:
+                # A confirmation counts the lower of the claim and itself.
+                rate = check.recomputed_rate_per_hour = judged.counted_rate
         # Everything read: from here on only decisions, then one write.
         if check.reasons:
             events.append(("flagged", "; ".join(check.reasons)))

@@ -9,9 +9,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
+import msgspec
 import orjson
 from aiohttp import web
 
+from vast_manager.coordinator.decisions import belief
 from vast_manager.coordinator.discovery.structural_model import Prediction
 from vast_manager.coordinator.exceptions import (
     CoordinatorError,
@@ -172,16 +174,20 @@ def _signed(core: Core, response: web.StreamResponse, agent: VerifiedAgent) -> w
 
 
 def expectation(core: Core) -> ingest.Expectation | None:
-    """The fitted rate model's 90th percentile for an offer (None without a model), what a
-    benchmark result is held against (docs/reliability.md, "No rate on a host's word alone")."""
+    """The fitted rate model's 90th percentile for an offer's hardware and what it never
+    measured of it (None without a model), what a benchmark result is held against
+    (docs/reliability.md, "No rate on a host's word alone")."""
     fitted = core.models.latest
     if fitted is None:
         return None
     model = fitted.model
 
-    def high(offer: Offer) -> float | None:
-        (p,) = model.predict_offers([offer], explain=False)
-        return float(p.rate_high) if isinstance(p, Prediction) else None
+    def high(offer: Offer) -> belief.Expected | None:
+        # As a new host's: the machine's own runs never raise its own line.
+        (p,) = model.predict_offers([msgspec.structs.replace(offer, machine_id=None)],
+                                    explain=False)
+        return belief.Expected(float(p.rate_high), p.novelty) \
+            if isinstance(p, Prediction) else None
 
     return high
 
