@@ -1,0 +1,153 @@
+"""Hostile hosts, third round: no lie under the line ratchets it, spreads, or outlives
+what the host delivers.
+
+Each attack of the third probe is replayed against the real app (``create_app`` under
+aiohttp's test client, an injected clock) by agents holding their own, legitimately
+issued keys, beside an honest control that is counted at once. docs/reliability.md
+lists each attack with its rule and numbers. Every rate here is simulated.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vast_manager.coordinator.decisions import belief
+
+from support.belief_support import deploy, reasons, run_watched, send_result, standing, stored
+from support.coord_support import Agent, Harness, start
+from support.fakes_provider import FakeProvider, offer
+
+HONEST_5060 = 12.3  # the probe's honest 1x RTX 5060 Ti (its minimum: 13.75/h at $0.11)
+#: The probe's chain: each liar claimed 97% of the line the previous one left (the old
+#: rule: twice the best of every earlier measurement), up to the 5060 Ti's ceiling.
+CHAIN = (23.9, 46.3, 67.8, 89.6, 112.1, 118.8, 118.8, 118.8)
+
+
+def fivesixty(offer_id: int, machine_id: int, **fields: Any) -> dict[str, Any]:
+    return {**offer(offer_id, machine_id, gpu_name="RTX 5060 Ti", dph_total=0.11), **fields}
+
+
+OFFERS = [
+    offer(9001, 4242, dph_total=0.40),  # a 1x RTX 4090, measured honestly at 60/h
+    offer(9003, 4244, num_gpus=2, dph_total=0.80),  # the 2x RTX 4090 whose prediction is read
+    fivesixty(9100, 5100),  # the honest 5060 Ti
+    *(fivesixty(9101 + i, 5101 + i) for i in range(len(CHAIN))),  # the chain's liars
+    fivesixty(9120, 5120),  # the honest control beside the chain
+    # A CPU family the fleet never measured (no confident basis): the four liars and
+    # their honest control.
+    *(fivesixty(9130 + i, 5130 + i, cpu_name="Xeon Phi 7290") for i in range(5)),
+]
+
+
+async def benchmark(h: Harness, agent: Agent, rate: float, result_id: str,
+                    proofs: int = 8) -> dict[str, Any]:
+    """One watched benchmark at ``rate`` answering the open directed benchmark."""
+    wall = await run_watched(h, agent, proofs, 2 * 3600 / rate)
+    data = await send_result(h, agent, result_id, rate=rate, wall=wall,
+                             benchmark_id=agent.benchmark_id)  # type: ignore[attr-defined]
+    agent.benchmark_id = data["directive"].get("benchmark_id")  # type: ignore[attr-defined]
+    await agent.heartbeat("proving")
+    return data
+
+
+async def fleet(aiohttp_client: Any, tmp_path: Path) -> Harness:
+    h = await start(aiohttp_client, tmp_path, provider=FakeProvider(OFFERS))
+    agent = await deploy(h, 9001, min_rate=10.0)
+    assert (await benchmark(h, agent, 60.0, "honest-4090", 24))["directive"]["action"] \
+        == "continue"
+    honest = await deploy(h, 9100, min_rate=10.0)
+    await benchmark(h, honest, HONEST_5060, "honest-5060")
+    assert stored(h, honest, "honest-5060")["counts_for_host_perf"] == 1
+    await h.core.models.refresh()
+    return h
+
+
+@pytest.fixture
+async def h(aiohttp_client: Any, tmp_path: Path) -> Harness:
+    return await fleet(aiohttp_client, tmp_path)
+
+
+def counted(h: Harness, agent: Agent, result_id: str) -> bool:
+    return bool(stored(h, agent, result_id)["counts_for_host_perf"])
+
+
+# --- 1: a lie under the line needs confirmation and never ratchets ------------------------
+
+
+async def test_a_ratchet_chain_of_eight_is_held_and_the_honest_control_counted(
+    h: Harness,
+) -> None:
+    before = await standing(h)
+    for i, claim in enumerate(CHAIN):
+        liar = await deploy(h, 9101 + i, min_rate=10.0)
+        await benchmark(h, liar, claim, f"chain-{i}")
+        row = stored(h, liar, f"chain-{i}")
+        assert row["flags"] == "unconfirmed" and not row["counts_for_host_perf"], (claim, row)
+        assert any("other machines with the same hardware (12.3/h per GPU)" in r
+                   for r in reasons(row)), reasons(row)
+        await h.core.models.refresh()
+    after = await standing(h)
+    assert after.perf == before.perf and after.predictions == before.predictions
+    # The honest control beside the chain: counted at once.
+    control = await deploy(h, 9120, min_rate=10.0)
+    await benchmark(h, control, 12.9, "control")
+    assert counted(h, control, "control")
+    assert stored(h, control, "control")["flags"] == ""
+
+
+async def test_an_adaptive_chain_climbs_at_most_the_twin_factor_over_the_median(
+    h: Harness,
+) -> None:
+    """Liars that each claim 97% of the line the previous ones left are counted (no one
+    of them is beyond belief), but the line is 1.5x the *median* of the others: eight of
+    them end at about 3.3x the honest rate (the old rule: 9.7x), where the delivered
+    rate (``test_delivered_beats_claimed``) demotes them."""
+    counted_rates = [HONEST_5060]
+    for i in range(len(CHAIN)):
+        ordered = sorted(counted_rates)
+        n = len(ordered)
+        median = (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
+        claim = 0.97 * belief.TWIN_FACTOR * median
+        liar = await deploy(h, 9101 + i, min_rate=10.0)
+        await benchmark(h, liar, claim, f"adaptive-{i}", proofs=12)
+        row = stored(h, liar, f"adaptive-{i}")
+        if row["counts_for_host_perf"]:
+            counted_rates.append(float(row["recomputed_rate_per_hour"]))
+    assert max(counted_rates) < 3.5 * HONEST_5060, counted_rates
+
+
+async def test_a_machine_drifting_over_five_rebenchmarks_is_held_at_its_first_rate(
+    h: Harness,
+) -> None:
+    """The probe's drift: x1.4 a re-benchmark (12.3 -> 65.6/h over 5). Its own samples
+    never raise its own line: past 1.5x its first counted rate each claim is held."""
+    drifter = await deploy(h, 9120, min_rate=10.0)
+    await benchmark(h, drifter, HONEST_5060, "drift-0")
+    assert counted(h, drifter, "drift-0")  # an honest first benchmark: counted at once
+    claim = HONEST_5060
+    sent = 0
+    for step in range(1, 6):
+        claim *= 1.4
+        inst = h.store.instance_by_agent(drifter.agent_id)
+        assert inst is not None
+        if inst["state"] == "terminating":
+            break  # held claims that no re-benchmark confirmed end it (bad_hosts)
+        if drifter.benchmark_id is None:  # type: ignore[attr-defined]
+            await h.rebenchmark(drifter)
+            _, directive = await drifter.heartbeat("proving")
+            drifter.benchmark_id = directive["benchmark_id"]  # type: ignore[attr-defined]
+        await benchmark(h, drifter, claim, f"drift-{step}")
+        sent = step
+        row = stored(h, drifter, f"drift-{step}")
+        if claim > belief.TWIN_FACTOR * HONEST_5060 * 1.05:
+            assert not row["counts_for_host_perf"], (step, claim, row)
+            assert any("this machine's first counted rate" in r or "other machines" in r
+                       for r in reasons(row)), reasons(row)
+    assert sent < 5  # terminated before its fifth: two held claims went unconfirmed
+    _, perf = await h.admin("GET", "/api/host-perf")
+    mine = [p for p in perf if p["machine_id"] == "5120"]
+    assert mine and all(p["best_rate_per_hour"] <= belief.TWIN_FACTOR * HONEST_5060 * 1.05
+                        for p in mine), mine
