@@ -409,8 +409,8 @@ async def test_a_spawned_local_agent_holds_none_of_the_coordinators_secrets(
 def test_beyond_belief_reasons_quote_their_numbers() -> None:
     refs = belief.References
     assert belief.beyond_belief(100.0, 1, refs(expected_high=40.0)) == (
-        "100.0 proofs/h is more than 1.5x the rate model's 90th percentile for this "
-        "hardware (40.0/h)")
+        "100.0 proofs/h is above 1.5x the rate model's 90th percentile for this "
+        "hardware (40.0/h): 60.0/h")
     assert belief.beyond_belief(59.0, 1, refs(expected_high=40.0)) is None
     assert belief.beyond_belief(59.0, 1, refs(expected_high=40.0,
                                               twin_median_per_gpu=40.0)) is None

@@ -12,12 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from vast_manager.coordinator.decisions import belief
 
 from support.belief_support import deploy, reasons, run_watched, send_result, standing, stored
-from support.coord_support import Agent, Harness, start
+from support.coord_support import ADMIN, Agent, Harness, start
+from support.discovery_support import measurements
 from support.fakes_provider import FakeProvider, offer
 
 HONEST_5060 = 12.3  # the probe's honest 1x RTX 5060 Ti (its minimum: 13.75/h at $0.11)
@@ -43,18 +45,31 @@ OFFERS = [
 
 
 async def benchmark(h: Harness, agent: Agent, rate: float, result_id: str,
-                    proofs: int = 8) -> dict[str, Any]:
-    """One watched benchmark at ``rate`` answering the open directed benchmark."""
+                    proofs: int = 8, gpus: int = 1) -> dict[str, Any]:
+    """One watched benchmark at ``rate`` on ``gpus`` GPUs answering the open directed
+    benchmark."""
     wall = await run_watched(h, agent, proofs, 2 * 3600 / rate)
     data = await send_result(h, agent, result_id, rate=rate, wall=wall,
-                             benchmark_id=agent.benchmark_id)  # type: ignore[attr-defined]
+                             benchmark_id=agent.benchmark_id,  # type: ignore[attr-defined]
+                             gpus_used=list(range(gpus)))
     agent.benchmark_id = data["directive"].get("benchmark_id")  # type: ignore[attr-defined]
     await agent.heartbeat("proving")
     return data
 
 
 async def fleet(aiohttp_client: Any, tmp_path: Path) -> Harness:
+    """An honest fleet's record: 40 simulated measurements of other machines (imported,
+    so the model's interval is a fleet's, not three points'), a 1x RTX 4090 at 60/h and a
+    5060 Ti at 12.3/h measured by the fleet itself."""
     h = await start(aiohttp_client, tmp_path, provider=FakeProvider(OFFERS))
+    now = h.clock()
+    body = b"".join(orjson.dumps({"machine_id": m.machine_id, "offer": dict(m.offer.raw),
+                                  "rate_per_hour": m.rate_per_hour,
+                                  "measured_at": now - 86400 + i}) + b"\n"
+                    for i, m in enumerate(measurements(40, seed=3)))
+    resp = await h.client.post("/api/hosts/import", data=body, headers={
+        **ADMIN, "Content-Type": "application/x-ndjson"})
+    assert resp.status == 200, await resp.text()
     agent = await deploy(h, 9001, min_rate=10.0)
     assert (await benchmark(h, agent, 60.0, "honest-4090", 24))["directive"]["action"] \
         == "continue"
@@ -151,3 +166,63 @@ async def test_a_machine_drifting_over_five_rebenchmarks_is_held_at_its_first_ra
     mine = [p for p in perf if p["machine_id"] == "5120"]
     assert mine and all(p["best_rate_per_hour"] <= belief.TWIN_FACTOR * HONEST_5060 * 1.05
                         for p in mine), mine
+
+
+# --- 2: a lie cannot spread -----------------------------------------------------------------
+
+
+def prediction_of(offers: list[dict[str, Any]], offer_id: int) -> float:
+    return float(next(o for o in offers if o["id"] == offer_id)["predicted_rate_per_hour"])
+
+
+async def test_four_liars_on_a_cpu_family_never_measured_move_no_other_offer(
+    h: Harness,
+) -> None:
+    """The probe: four 5060 Ti hosts on an unmeasured CPU family claiming ~118/h moved the
+    2x RTX 4090's prediction from 60 to 202/h. No confident basis: each claim is held
+    (the model's 90th percentile itself is the line), and even confirmed by a watched
+    re-benchmark their influence on hardware they do not share stays under 25%."""
+    control = await deploy(h, 9134, min_rate=10.0)  # honest, same unmeasured family
+    await benchmark(h, control, HONEST_5060, "phi-control")
+    assert counted(h, control, "phi-control")
+    await h.core.models.refresh()
+    _, offers = await h.admin("GET", "/api/offers")
+    before = last = prediction_of(offers, 9003)
+    for i in range(4):
+        liar = await deploy(h, 9130 + i, min_rate=10.0)
+        await benchmark(h, liar, 118.0, f"phi-{i}")
+        row = stored(h, liar, f"phi-{i}")
+        assert row["flags"] == "unconfirmed" and not row["counts_for_host_perf"], row
+        await h.core.models.refresh()
+        _, offers = await h.admin("GET", "/api/offers")
+        assert prediction_of(offers, 9003) == last  # held: nothing reached the model
+        # They forge the watched confirmation too (what cannot be closed without the
+        # cluster's record): counted now, and still bounded on hardware not shared.
+        await benchmark(h, liar, 116.0, f"phi-confirm-{i}")
+        assert counted(h, liar, f"phi-confirm-{i}"), reasons(stored(h, liar, f"phi-confirm-{i}"))
+        await h.core.models.refresh()
+        _, offers = await h.admin("GET", "/api/offers")
+        last = prediction_of(offers, 9003)
+    _, offers = await h.admin("GET", "/api/offers")
+    after = prediction_of(offers, 9003)
+    print(f"four liars: 2x RTX 4090 {before:.1f} -> {after:.1f}/h")
+    assert abs(after / before - 1) < 0.25, (before, after)
+
+
+async def test_a_claim_with_no_twin_is_held_above_the_models_interval(h: Harness) -> None:
+    """The probe: a 2x RTX 4090 (no twin: only a 1x was measured) kept at 199/h with its
+    prediction at 60/h. Above 1.5x the model's 90th percentile it is held; the honest
+    control at its predicted rate is counted at once."""
+    _, offers = await h.admin("GET", "/api/offers")
+    predicted = prediction_of(offers, 9003)
+    high = next(o for o in offers if o["id"] == 9003)["predicted_rate_high"]
+    print(f"no twin: 2x RTX 4090 predicted {predicted:.1f}/h, 90th percentile {high:.1f}/h")
+    liar = await deploy(h, 9003, min_rate=10.0, gpus=2)
+    await benchmark(h, liar, 199.0, "no-twin", proofs=24, gpus=2)
+    row = stored(h, liar, "no-twin")
+    assert row["flags"] == "unconfirmed" and not row["counts_for_host_perf"], row
+    assert any("rate model's 90th percentile" in r for r in reasons(row)), reasons(row)
+    h.provider.offers[9004] = offer(9004, 4250, num_gpus=2, dph_total=0.80)
+    honest = await deploy(h, 9004, min_rate=10.0, gpus=2)
+    await benchmark(h, honest, predicted, "no-twin-control", proofs=24, gpus=2)
+    assert counted(h, honest, "no-twin-control"), reasons(stored(h, honest, "no-twin-control"))

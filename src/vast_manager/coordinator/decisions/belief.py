@@ -138,34 +138,45 @@ class References:
     own_first_per_gpu: float | None = None
 
 
+def line_of(gpus: int, refs: References) -> tuple[float, str] | None:
+    """The rate above which a claim on ``gpus`` GPUs is beyond belief, and what sets it
+    (None: nothing to compare with): the lowest of ``TWIN_FACTOR`` x a twin's median
+    and x the machine's own first rate, ``MODEL_FACTOR`` x the model's 90th percentile,
+    or, with no confident basis (no twin, hardware never measured), the 90th percentile
+    itself. A confirmed claim reaches the model at most at this line (its influence on
+    other hardware bounded by what the model already believed)."""
+    n = max(1, gpus)
+    lines: list[tuple[float, str]] = []
+    twin = refs.twin_median_per_gpu
+    if twin is not None and twin > 0:
+        lines.append((TWIN_FACTOR * twin * n,
+                      f"{TWIN_FACTOR:g}x the median confirmed rate of other machines with "
+                      f"the same hardware ({twin:.1f}/h per GPU)"))
+    own = refs.own_first_per_gpu
+    if own is not None and own > 0:
+        lines.append((TWIN_FACTOR * own * n,
+                      f"{TWIN_FACTOR:g}x this machine's first counted rate ({own:.1f}/h "
+                      "per GPU)"))
+    high = refs.expected_high
+    if high is not None and high > 0:
+        if twin is None and refs.novel:
+            lines.append((NOVEL_FACTOR * high,
+                          f"the rate model's 90th percentile for this hardware ({high:.1f}/h), "
+                          "nothing like it measured (" + "; ".join(refs.novel) + ")"))
+        else:
+            lines.append((MODEL_FACTOR * high,
+                          f"{MODEL_FACTOR:g}x the rate model's 90th percentile for this "
+                          f"hardware ({high:.1f}/h)"))
+    return min(lines, key=lambda x: x[0]) if lines else None
+
+
 def beyond_belief(rate: float, gpus: int, refs: References) -> str | None:
     """Why ``rate`` on ``gpus`` GPUs is beyond belief (held for a watched re-benchmark),
-    or None: above ``TWIN_FACTOR`` x a twin's median or x the machine's own first
-    rate, above ``MODEL_FACTOR`` x the model's 90th percentile, or, with no confident
-    basis (no twin, hardware never measured), above the 90th percentile itself."""
-    per_gpu = rate / max(1, gpus)
-    twin = refs.twin_median_per_gpu
-    if twin is not None and twin > 0 and per_gpu > TWIN_FACTOR * twin:
-        return (f"{per_gpu:.1f} proofs/h per GPU is more than {TWIN_FACTOR:g}x the median "
-                f"confirmed rate of other machines with the same hardware ({twin:.1f}/h "
-                "per GPU)")
-    own = refs.own_first_per_gpu
-    if own is not None and own > 0 and per_gpu > TWIN_FACTOR * own:
-        return (f"{per_gpu:.1f} proofs/h per GPU is more than {TWIN_FACTOR:g}x this "
-                f"machine's first counted rate ({own:.1f}/h per GPU)")
-    high = refs.expected_high
-    if high is None or not high > 0:
+    or None: above ``line_of``."""
+    found = line_of(gpus, refs)
+    if found is None or rate <= found[0]:
         return None
-    if twin is None and refs.novel:
-        if rate > NOVEL_FACTOR * high:
-            return (f"{rate:.1f} proofs/h is above the rate model's 90th percentile for "
-                    f"this hardware ({high:.1f}/h) and nothing like it was measured ("
-                    + "; ".join(refs.novel) + ")")
-        return None
-    if rate > MODEL_FACTOR * high:
-        return (f"{rate:.1f} proofs/h is more than {MODEL_FACTOR:g}x the rate model's 90th "
-                f"percentile for this hardware ({high:.1f}/h)")
-    return None
+    return f"{rate:.1f} proofs/h is above {found[1]}: {found[0]:.1f}/h"
 
 
 def agrees(confirmed: float, claimed: float, band: float = AGREE_BAND) -> bool:

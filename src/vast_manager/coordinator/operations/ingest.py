@@ -880,7 +880,8 @@ def _references(tx: Tx, inst: Row, offer: Offer | None, gpus: int,
     others: list[float] = []
     own_first: float | None = None
     for row in tx.fleet_measurements_of(gpus):  # oldest first
-        per_gpu = float(row["rate_per_hour"]) / gpus
+        cap = row["model_cap_per_hour"]
+        per_gpu = min(float(row["rate_per_hour"]), float(cap) if cap else math.inf) / gpus
         if str(row["machine_id"]) == machine:
             own_first = per_gpu if own_first is None else own_first
             continue
@@ -915,6 +916,7 @@ class _Belief:
     counts: bool  # the result may enter host_perf, the model, the ranking and a verdict
     terminate: str | None = None  # a held claim that could not be confirmed
     counted_rate: float | None = None  # a confirmation's: the lower of it and the claim
+    model_cap: float | None = None  # the most the rate model reads of a confirmed claim
 
 
 def _judge_belief(
@@ -944,21 +946,27 @@ def _judge_belief(
         instance_row({**inst, "machine_id": inst["machine_id"] or inst["label"]})))
     held: str | None = None
     if failed is None:
-        if confirming and claimed is not None and belief.agrees(rate, float(claimed)):
-            updates.update(unconfirmed_rate_per_hour=None, confirm_tries=0)
-            counted = belief.counted_rate(rate, float(claimed))
-            events.append(("confirmed", f"a directed re-benchmark measured {rate:.2f} "
-                           f"proofs/h, agreeing with the held {float(claimed):.2f}/h "
-                           f"(counted: {counted:.2f}/h, the lower)"))
-            return _Belief(True, counted_rate=counted)
         expected: belief.Expected | None = None
         if expect is not None and offer is not None:
             try:
                 expected = expect(offer)
             except Exception:  # a model bug must not lose the agent's result
                 log.exception("rate expectation failed for instance %s", inst["id"])
-        held = belief.beyond_belief(
-            rate, check.gpus, _references(tx, inst, offer, check.gpus, expected))
+        refs = _references(tx, inst, offer, check.gpus, expected)
+        if confirming and claimed is not None and belief.agrees(rate, float(claimed)):
+            updates.update(unconfirmed_rate_per_hour=None, confirm_tries=0)
+            counted = belief.counted_rate(rate, float(claimed))
+            # Believed for this instance; its influence on the model (and on other
+            # machines' twins) stays bounded by what was believed before it.
+            line = belief.line_of(check.gpus, refs)
+            cap = line[0] if line is not None and line[0] < counted else None
+            events.append(("confirmed", f"a directed re-benchmark measured {rate:.2f} "
+                           f"proofs/h, agreeing with the held {float(claimed):.2f}/h "
+                           f"(counted: {counted:.2f}/h, the lower" + (
+                               f"; the rate model reads at most {cap:.2f}/h)" if cap
+                               else ")")))
+            return _Belief(True, counted_rate=counted, model_cap=cap)
+        held = belief.beyond_belief(rate, check.gpus, refs)
         if held is None:
             if confirming:  # an ordinary rate after all: counted, the claim dropped
                 updates.update(unconfirmed_rate_per_hour=None, confirm_tries=0)
@@ -1046,7 +1054,8 @@ def result_job(
         row = _result_row(agent_id, result, inst, check, verdict, directive, counts, now) | {
             "machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus}
         measurement = None if not counts or rate is None else _fleet_measurement(
-            inst, machine_id, gpu_name, num_gpus, rate, now)
+            inst, machine_id, gpu_name, num_gpus, rate, now) | {
+                "model_cap_per_hour": judged.model_cap}
         scaling = _scaling_of(result, after, (machine_id, gpu_name, num_gpus), check, watch,
                               terminate, now)
         tx.write_result(ResultWrite(

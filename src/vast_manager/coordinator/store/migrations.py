@@ -517,6 +517,13 @@ def _m11_host_perf_from_measurements(db: sqlite_utils.Database) -> None:
     db.execute("drop table host_perf")
 
 
+def _m12_bounded_influence(db: sqlite_utils.Database) -> None:
+    """A claim confirmed beyond belief reaches the rate model (and other machines' twin
+    references) at most at the line it was held at (docs/reliability.md, "A lie cannot
+    spread"); null: read as measured."""
+    db.table("measurements").add_column("model_cap_per_hour", float)
+
+
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
     (1, "initial tables", _m1_initial),
     (2, "benchmark state for early verdicts", _m2_benchmark_verdict_state),
@@ -530,6 +537,8 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...]
     (9, "bytes moved, machine strikes, block expiries", _m9_whole_bill),
     (10, "directed benchmarks, held results, declared GPUs", _m10_directed_benchmarks),
     (11, "host_perf computed from measurements", _m11_host_perf_from_measurements),
+    (12, "the most the rate model reads of a claim confirmed beyond belief",
+     _m12_bounded_influence),
 )
 
 
