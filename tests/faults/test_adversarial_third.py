@@ -175,38 +175,48 @@ def prediction_of(offers: list[dict[str, Any]], offer_id: int) -> float:
     return float(next(o for o in offers if o["id"] == offer_id)["predicted_rate_per_hour"])
 
 
-async def test_four_liars_on_a_cpu_family_never_measured_move_no_other_offer(
-    h: Harness,
-) -> None:
-    """The probe: four 5060 Ti hosts on an unmeasured CPU family claiming ~118/h moved the
-    2x RTX 4090's prediction from 60 to 202/h. No confident basis: each claim is held
-    (the model's 90th percentile itself is the line), and even confirmed by a watched
-    re-benchmark their influence on hardware they do not share stays under 25%."""
+async def four_on_phi(h: Harness, claim: float, confirm: float | None) -> float:
+    """Four 5060 Ti hosts on the CPU family the fleet never measured, each claiming
+    ``claim`` (and confirming at ``confirm`` when held); the 2x RTX 4090's prediction
+    after them."""
     control = await deploy(h, 9134, min_rate=10.0)  # honest, same unmeasured family
     await benchmark(h, control, HONEST_5060, "phi-control")
     assert counted(h, control, "phi-control")
+    for i in range(4):
+        host = await deploy(h, 9130 + i, min_rate=10.0)
+        version = h.store.measurements_version()
+        await benchmark(h, host, claim, f"phi-{i}")
+        if confirm is None:
+            assert counted(h, host, f"phi-{i}")
+            continue
+        row = stored(h, host, f"phi-{i}")
+        assert row["flags"] == "unconfirmed" and not row["counts_for_host_perf"], row
+        assert h.store.measurements_version() == version  # held: nothing reached the model
+        # They forge the watched confirmation too (what cannot be closed without the
+        # cluster's record): counted now, read by the model at most at the line.
+        await benchmark(h, host, confirm, f"phi-confirm-{i}")
+        assert counted(h, host, f"phi-confirm-{i}"), reasons(stored(h, host, f"phi-confirm-{i}"))
     await h.core.models.refresh()
     _, offers = await h.admin("GET", "/api/offers")
-    before = last = prediction_of(offers, 9003)
-    for i in range(4):
-        liar = await deploy(h, 9130 + i, min_rate=10.0)
-        await benchmark(h, liar, 118.0, f"phi-{i}")
-        row = stored(h, liar, f"phi-{i}")
-        assert row["flags"] == "unconfirmed" and not row["counts_for_host_perf"], row
-        await h.core.models.refresh()
-        _, offers = await h.admin("GET", "/api/offers")
-        assert prediction_of(offers, 9003) == last  # held: nothing reached the model
-        # They forge the watched confirmation too (what cannot be closed without the
-        # cluster's record): counted now, and still bounded on hardware not shared.
-        await benchmark(h, liar, 116.0, f"phi-confirm-{i}")
-        assert counted(h, liar, f"phi-confirm-{i}"), reasons(stored(h, liar, f"phi-confirm-{i}"))
-        await h.core.models.refresh()
-        _, offers = await h.admin("GET", "/api/offers")
-        last = prediction_of(offers, 9003)
-    _, offers = await h.admin("GET", "/api/offers")
-    after = prediction_of(offers, 9003)
-    print(f"four liars: 2x RTX 4090 {before:.1f} -> {after:.1f}/h")
-    assert abs(after / before - 1) < 0.25, (before, after)
+    return prediction_of(offers, 9003)
+
+
+async def test_four_liars_on_a_cpu_family_never_measured_move_no_other_offer(
+    aiohttp_client: Any, tmp_path: Path,
+) -> None:
+    """The probe: four 5060 Ti hosts on an unmeasured CPU family claiming ~118/h moved the
+    2x RTX 4090's prediction from 60 to 202/h. No confident basis: each claim is held
+    (the model's 90th percentile itself is the line); confirmed by a watched
+    re-benchmark, each reaches the model at most at that line. Against the same fleet
+    with four honest hosts there, the 2x RTX 4090 moves less than 25%."""
+    (tmp_path / "honest").mkdir()
+    (tmp_path / "liars").mkdir()
+    honest = await four_on_phi(await fleet(aiohttp_client, tmp_path / "honest"),
+                               HONEST_5060, None)
+    lied = await four_on_phi(await fleet(aiohttp_client, tmp_path / "liars"), 118.0, 116.0)
+    print(f"four liars: 2x RTX 4090 {honest:.1f}/h beside honest hosts, {lied:.1f}/h beside "
+          "the liars")
+    assert abs(lied / honest - 1) < 0.25, (honest, lied)
 
 
 async def test_a_claim_with_no_twin_is_held_above_the_models_interval(h: Harness) -> None:

@@ -871,7 +871,7 @@ def _references(tx: Tx, inst: Row, offer: Offer | None, gpus: int,
                 expected: belief.Expected | None) -> belief.References:
     """What a claim is compared with (docs/reliability.md, "No rate on a host's word
     alone"): the model's view, the median rate per GPU of *other* machines' counted
-    measurements on the same hardware (the same GPU model and count, the same CPU,
+    measurements (none confirmed beyond belief) on the same hardware (the same GPU model and count, the same CPU,
     within a quarter of the RAM), and this machine's own first counted rate."""
     machine = str(inst["machine_id"] or inst["label"] or "")
     model = canonical_gpu_name(str((offer and offer.gpu_name) or inst.get("gpu_name") or ""))
@@ -885,6 +885,8 @@ def _references(tx: Tx, inst: Row, offer: Offer | None, gpus: int,
         if str(row["machine_id"]) == machine:
             own_first = per_gpu if own_first is None else own_first
             continue
+        if cap is not None:
+            continue  # believed beyond belief on its host's re-benchmark alone: no twin
         other = stored_offer(row["offer_json"]) or Offer()
         if canonical_gpu_name(other.gpu_name or "") != model:
             continue
