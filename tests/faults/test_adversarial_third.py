@@ -216,7 +216,8 @@ async def test_four_liars_on_a_cpu_family_never_measured_move_no_other_offer(
     lied = await four_on_phi(await fleet(aiohttp_client, tmp_path / "liars"), 118.0, 116.0)
     print(f"four liars: 2x RTX 4090 {honest:.1f}/h beside honest hosts, {lied:.1f}/h beside "
           "the liars")
-    assert abs(lied / honest - 1) < 0.25, (honest, lied)
+    # The issue asks < 25%; without the cap this replay moved it 22.5%, with it 1.5%.
+    assert abs(lied / honest - 1) < 0.15, (honest, lied)
 
 
 async def test_a_claim_with_no_twin_is_held_above_the_models_interval(h: Harness) -> None:
