@@ -39,11 +39,14 @@ UNDIRECTED = "undirected"
 # A rate beyond belief for its hardware (docs/reliability.md, "No rate on a host's word
 # alone"): held, not counted and no verdict, until a directed re-benchmark agrees.
 UNCONFIRMED = "unconfirmed"
+# A counted benchmark whose instance then delivered far below it (docs/reliability.md,
+# "Delivered beats claimed"): taken back out of host_perf and the model.
+DEMOTED = "demoted"
 HOST_PERF_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED, EARLY_VERDICT, AFTER_TERMINATE,
-                                       UNDIRECTED, UNCONFIRMED})
+                                       UNDIRECTED, UNCONFIRMED, DEMOTED})
 #: Every flag a stored result can carry (docs/openapi.yaml's StoredResult lists them).
 RESULT_FLAGS = (IMPLAUSIBLE, CONTENDED, PARTIAL, EARLY_VERDICT, AFTER_TERMINATE, UNDIRECTED,
-                UNCONFIRMED)
+                UNCONFIRMED, DEMOTED)
 
 
 @dataclass(frozen=True, slots=True)

@@ -871,8 +871,9 @@ def _references(tx: Tx, inst: Row, offer: Offer | None, gpus: int,
                 expected: belief.Expected | None) -> belief.References:
     """What a claim is compared with (docs/reliability.md, "No rate on a host's word
     alone"): the model's view, the median rate per GPU of *other* machines' counted
-    measurements (none confirmed beyond belief) on the same hardware (the same GPU model and count, the same CPU,
-    within a quarter of the RAM), and this machine's own first counted rate."""
+    measurements (none confirmed beyond belief) on the same hardware (the same GPU model
+    and count, the same CPU, within a quarter of the RAM), and this machine's own first
+    counted rate."""
     machine = str(inst["machine_id"] or inst["label"] or "")
     model = canonical_gpu_name(str((offer and offer.gpu_name) or inst.get("gpu_name") or ""))
     cpu = offer.cpu_name if offer else None

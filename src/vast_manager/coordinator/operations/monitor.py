@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from vast_manager.coordinator.decisions import cost, policy, states
+from vast_manager.coordinator.decisions import cost, delivered, policy, states
 from vast_manager.coordinator.decisions import reconcile as reconcile_rules
 from vast_manager.coordinator.decisions.pace import HeartbeatTracker
 from vast_manager.coordinator.decisions.states import State
@@ -208,6 +208,8 @@ class Monitor:
         rows = await self.store.read(lambda r: r.active_instances(PRODUCTION_COLUMNS))
         turned = self.production.observe(rows, now)
         current = self.production.current
+        if self.production.turned_short and not self.account.at_or_below_zero:
+            await self.demote_short(now)
         if turned:
             def report(tx: Tx) -> None:
                 for instance_id in turned:
@@ -243,6 +245,64 @@ class Monitor:
                     destroy_due_at=now + self.settings.terminate_grace_s)
 
         await self.store.write(terminate)
+        self.wake()
+
+    async def demote_short(self, now: float) -> None:
+        """Delivered beats claimed (docs/reliability.md): an instance whose delivery test
+        found it short, while another instance delivers its rate (the work flows), has its
+        measurements demoted from host_perf and the model, is re-judged on what it
+        delivers (its rate; terminated below its minimum) and its machine gets a strike
+        with the numbers. With no instance delivering its rate the shortfall is the
+        work's, not the host's: idle, nothing demoted."""
+        current = self.production.current
+        short = [i for i in self.production.turned_short if i in current]
+        flowing = any(
+            p.short is None and p.settled and p.rate_per_hour
+            and (p.completed_rate_per_hour or 0.0)
+            >= delivered.HONEST_SHARE * float(p.rate_per_hour)
+            for i, p in current.items() if i not in short)
+        strike = self.strike_rule
+        grace = self.settings.terminate_grace_s
+
+        def demote(tx: Tx) -> list[int]:
+            done = []
+            for instance_id in short:
+                inst = tx.get_instance(instance_id)
+                p = current[instance_id]
+                if inst is None or inst["state"] != State.PROVING or inst["terminate_reason"] \
+                        or p.short is None:
+                    continue
+                ids = {"instance_id": instance_id, "agent_id": inst["agent_id"],
+                       "machine_id": inst["machine_id"]}
+                if not flowing:
+                    tx.insert_event(now, "idle", f"{p.short}; no other instance delivers its "
+                                    "rate either: read as the work's shortfall, not the "
+                                    "host's", **ids)
+                    continue
+                rate = float(p.short_rate_per_hour or 0.0)
+                taken = tx.demote(instance_id, p.short)
+                tx.update_instance(instance_id, rate_per_hour=rate, updated_at=now)
+                tx.insert_event(now, "demoted", f"{p.short}; {taken} measurement(s) taken out "
+                                f"of host_perf and the model, re-judged at {rate:.1f}/h",
+                                data={"delivered_rate_per_hour": rate,
+                                      "kept_rate_per_hour": inst["rate_per_hour"],
+                                      "measurements_demoted": taken}, **ids)
+                if inst["kind"] == "deployed" and inst["machine_id"]:
+                    tx.add_strike(str(inst["machine_id"]), f"delivered short: {p.short}",
+                                  now=now, instance_id=instance_id, limit=strike.limit,
+                                  window_s=strike.window_s, block_s=strike.block_s)
+                minimum = inst["min_rate_per_hour"]
+                if minimum is not None and rate < float(minimum):
+                    tx.begin_terminating(
+                        instance_id, f"delivers {rate:.1f}/h, below its minimum of "
+                        f"{float(minimum):.1f}/h: {p.short}", kind="verdict", now=now,
+                        destroy_due_at=now + grace)
+                done.append(instance_id)
+            return done
+
+        for instance_id in await self.store.write(demote):
+            self.production.rejudged(instance_id)
+            log.warning("instance %s demoted: %s", instance_id, current[instance_id].short)
         self.wake()
 
     # --- silence and timeouts -----------------------------------------------------------

@@ -9,6 +9,12 @@ daemon, or the work dried up. An idle instance bills without producing, so it is
 counted as fleet output (``/api/fleet``, ``/metrics``, the autopilot) and is reported,
 or destroyed after ``idle_destroy_after_s`` (docs/operations.md, "Idle instances").
 
+Idle also means delivering far below the rate it was kept on: each round's count feeds
+the sequential test of ``decisions.delivered`` (one proof every 14 minutes from a host
+kept at 431/h is short, not busy); a host found short is demoted by the monitor
+(docs/reliability.md, "Delivered beats claimed"). A cluster's record of delivered proofs
+(``deliver``) takes the place of cuzk's counter for the instances it covers.
+
 Derived on the coordinator from the heartbeats it already receives: no wire change.
 Kept in memory and rebuilt after a restart: until ``idle_after_s`` has passed since
 this coordinator first saw an instance proving, it is not called idle.
@@ -17,9 +23,10 @@ this coordinator first saw an instance proving, it is not called idle.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from vast_manager.coordinator.decisions import delivered
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.migrations import Row
@@ -41,6 +48,10 @@ class _Track:
     changed_at: float | None = None  # when that total last grew
     anchor: tuple[float, int] = (0.0, 0)  # the older reading the rate is taken from
     middle: tuple[float, int] = (0.0, 0)  # the next anchor, half a window on
+    checked: tuple[float, int] = (0.0, 0)  # the reading the delivery test last took
+    test: delivered.DeliveryTest = field(default_factory=delivered.DeliveryTest)
+    short: str | None = None  # why the delivery test found it short (None: it has not)
+    short_rate: float | None = None  # the delivered rate it was found short on
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +64,9 @@ class Production:
     idle_reason: str | None
     rate_per_hour: float | None  # the benchmark's, to take out of the fleet's sum when idle
     dph_total: float | None
+    short: str | None = None  # delivering far below its rate (``decisions.delivered``)
+    short_rate_per_hour: float | None = None  # the delivered rate it was found short on
+    settled: bool = False  # the completed rate spans at least half a window
 
     def view(self) -> dict[str, Any]:
         return {"completed_rate_per_hour": self.completed_rate_per_hour, "idle": self.idle,
@@ -80,6 +94,14 @@ class ProductionTracker:
         self.settings = settings
         self._tracks: dict[int, _Track] = {}
         self.current: dict[int, Production] = {}
+        #: Instances the delivery test found short this round (the monitor demotes them).
+        self.turned_short: list[int] = []
+        self._cluster: dict[int, list[delivered.Delivered]] = {}
+
+    def deliver(self, instance_id: int, obs: delivered.Delivered) -> None:
+        """An observation of the cluster's record for an instance: folded at the next round
+        in place of cuzk's counter (the outside truth takes precedence)."""
+        self._cluster.setdefault(int(instance_id), []).append(obs)
 
     def scale(self, row: Row) -> float:
         # The local fleet's heartbeats are in simulated time (ingest.time_scale's rule).
@@ -90,6 +112,7 @@ class ProductionTracker:
         tracks: dict[int, _Track] = {}
         current: dict[int, Production] = {}
         turned: list[int] = []
+        self.turned_short = []
         idle_after = self.settings.idle_after_s
         for row in rows:
             if row.get("state") != State.PROVING:
@@ -99,15 +122,19 @@ class ProductionTracker:
             track = self._tracks.get(ident)
             if track is None or total < track.total:  # first seen, or the agent restarted
                 track = _Track(since=now, total=total, anchor=(now, total),
-                               middle=(now, total))
+                               middle=(now, total), checked=(now, total),
+                               test=track.test if track else delivered.DeliveryTest(),
+                               short=track.short if track else None)
             elif total > track.total:
                 track.total, track.changed_at = total, now
             scale = self.scale(row)
             if (now - track.middle[0]) * scale >= WINDOW_S / 2:
                 track.anchor, track.middle = track.middle, (now, total)
             tracks[ident] = track
+            if self._check_delivery(ident, track, row, now, scale):
+                self.turned_short.append(ident)
             quiet_s = (now - (track.changed_at or track.since)) * scale
-            idle = idle_after > 0 and quiet_s >= idle_after
+            idle = (idle_after > 0 and quiet_s >= idle_after) or track.short is not None
             before = self.current.get(ident)
             if idle and not (before and before.idle):
                 turned.append(ident)
@@ -116,15 +143,50 @@ class ProductionTracker:
                 completed_rate_per_hour=self._rate(track, now, scale),
                 idle=idle,
                 idle_since=since,
-                idle_reason=(f"no proof completed in {duration(quiet_s)} of proving: no work "
-                             "command (VM_WORK_CMD) feeds cuzk, or its work ran out")
-                if idle else None,
+                idle_reason=(f"no proof completed in {duration(quiet_s)} of proving: no "
+                             "work command (VM_WORK_CMD) feeds cuzk, or its work ran out")
+                if idle and quiet_s >= idle_after > 0 else track.short,
                 rate_per_hour=row.get("rate_per_hour"),
                 dph_total=row.get("dph_total"),
+                short=track.short,
+                short_rate_per_hour=track.short_rate,
+                settled=(now - track.anchor[0]) * scale >= WINDOW_S / 2,
             )
         self._tracks = tracks
         self.current = current
+        self._cluster = {}
         return turned
+
+    def _check_delivery(self, ident: int, track: _Track, row: Row, now: float,
+                        scale: float) -> bool:
+        """Fold what the instance delivered since the last round into its delivery test;
+        True when the test found it short just now."""
+        kept = row.get("rate_per_hour")
+        cluster = self._cluster.get(ident)
+        t0, n0 = track.checked
+        track.checked = (now, track.total)
+        if not kept or track.short is not None:
+            return False
+        observations = cluster or [delivered.Delivered(track.total - n0, 0, (now - t0) * scale)]
+        for obs in observations:
+            track.test, verdict = delivered.step(track.test, obs, float(kept))
+            if verdict.short:
+                track.short, track.short_rate = verdict.reason, verdict.delivered_rate_per_hour
+                return True
+        return False
+
+    def rejudged(self, instance_id: int) -> None:
+        """The instance was re-judged on what it delivers (its rate is now that): its
+        delivery test starts afresh against the new rate."""
+        track = self._tracks.get(int(instance_id))
+        if track is not None:
+            track.short, track.short_rate, track.test = None, None, delivered.DeliveryTest()
+
+    def settled_rates(self) -> dict[int, float]:
+        """Instance id -> the completed rate of those measured over at least half a window
+        (what the autopilot counts a proving instance at: docs/reliability.md)."""
+        return {i: p.completed_rate_per_hour for i, p in self.current.items()
+                if p.settled and p.completed_rate_per_hour is not None}
 
     def _rate(self, track: _Track, now: float, scale: float) -> float | None:
         """Proofs per (simulated) hour since the anchor (half a window to a window ago);
