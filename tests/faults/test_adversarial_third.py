@@ -41,6 +41,7 @@ OFFERS = [
     # A CPU family the fleet never measured (no confident basis): the four liars and
     # their honest control.
     *(fivesixty(9130 + i, 5130 + i, cpu_name="Xeon Phi 7290") for i in range(5)),
+    offer(9140, 5140, dph_total=0.40),  # the host kept at 431/h that delivers 1%
 ]
 
 
@@ -237,3 +238,83 @@ async def test_a_claim_with_no_twin_is_held_above_the_models_interval(h: Harness
     honest = await deploy(h, 9004, min_rate=10.0, gpus=2)
     await benchmark(h, honest, predicted, "no-twin-control", proofs=24, gpus=2)
     assert counted(h, honest, "no-twin-control"), reasons(stored(h, honest, "no-twin-control"))
+
+
+# --- 3: delivered beats claimed -------------------------------------------------------------
+
+
+async def prove(h: Harness, agents: dict[str, tuple[Agent, float]], minutes: int,
+                totals: dict[str, float]) -> None:
+    """``minutes`` of proving, a heartbeat a minute each, cuzk's counter growing at each
+    agent's true rate; the monitor runs every minute."""
+    for _ in range(minutes):
+        h.clock.advance(60)
+        for name, (agent, true_rate) in agents.items():
+            totals[name] += true_rate / 60
+            agent.seq += 1
+            status, _ = await agent.post("/v1/heartbeat", {
+                "seq": agent.seq, "phase": "proving", "phase_started_at": 1_800_000_000.0,
+                "progress": None, "proofs_completed_total": int(totals[name]),
+                "proof_seconds_recent": [], "telemetry": None})
+            assert status in (200, 401)  # 401: its instance was ended and its key revoked
+        await h.core.monitor.tick()
+
+
+async def test_six_hours_of_one_percent_production_is_demoted_struck_and_ended(
+    h: Harness,
+) -> None:
+    """The probe: a host kept at 431/h whose cuzk counter grew by one proof every 14
+    minutes for 6 hours, still in host_perf at 431/h and never idle. Now found short
+    within minutes beside an honest host delivering its rate: its measurement leaves
+    host_perf and the model, it is re-judged at what it delivers (below its minimum:
+    terminated), its machine gets a strike with the numbers; the honest one is untouched,
+    and the autopilot counts each at what it delivers."""
+    liar = await deploy(h, 9140, min_rate=10.0)
+    await benchmark(h, liar, 60.0, "kept", proofs=24)
+    inst = h.store.instance_by_agent(liar.agent_id)
+    assert inst is not None
+    # Kept at 431/h, as the probe's host was (a forged confirmation this test does not
+    # replay): its instance's rate and its measurement say so.
+    await h.store.write(lambda tx: (tx.update_instance(inst["id"], rate_per_hour=431.0),
+                                    tx._exec("update measurements set rate_per_hour = 431.0 "
+                                             "where instance_id = ?", (inst["id"],))))
+    honest = await deploy(h, 9120, min_rate=10.0)
+    await benchmark(h, honest, HONEST_5060, "honest-kept")
+    honest_inst = h.store.instance_by_agent(honest.agent_id)
+    assert honest_inst is not None
+    totals = {"liar": 0.0, "honest": 0.0}
+    agents = {"liar": (liar, 60 / 14), "honest": (honest, HONEST_5060)}
+    await prove(h, agents, 45, totals)  # the honest one's rate settles (half an hour)
+    settled = h.core.monitor.production.settled_rates()
+    assert settled[honest_inst["id"]] == pytest.approx(HONEST_5060, rel=0.15)
+    ended = h.store.instance_by_agent(liar.agent_id)
+    assert ended is not None and ended["state"] in ("terminating", "destroyed"), ended["state"]
+    assert "below its minimum of 10.0/h" in ended["terminate_reason"]
+    demoted = h.store.events_of_kind("demoted")
+    assert [e["instance_id"] for e in demoted] == [inst["id"]]
+    assert "of the 431.0/h it was kept on" in demoted[0]["reason"]
+    _, perf = await h.admin("GET", "/api/host-perf")
+    assert not any(p["machine_id"] == "5140" for p in perf)  # out of host_perf
+    assert any(p["machine_id"] == "5120" for p in perf)  # the honest one stays
+    row = stored(h, liar, "kept")
+    assert "demoted" in row["flags"] and not row["counts_for_host_perf"]
+    strikes = h.store.strikes("5140")
+    assert strikes and "delivered short" in strikes[0]["reason"]
+    assert h.store.strikes("5120") == []
+    kept = h.store.instance_by_agent(honest.agent_id)
+    assert kept is not None and kept["state"] == "proving" and not kept["terminate_reason"]
+    assert kept["rate_per_hour"] == pytest.approx(HONEST_5060, rel=0.05)
+
+
+async def test_a_lone_instance_short_of_work_is_idle_not_struck(h: Harness) -> None:
+    """With no instance delivering its rate the shortfall is the work's (no work command,
+    a dry queue): idle, nothing demoted, no strike."""
+    agent = await deploy(h, 9120, min_rate=10.0)
+    await benchmark(h, agent, HONEST_5060, "starved")
+    totals = {"a": 0.0}
+    await prove(h, {"a": (agent, 0.0)}, 240, totals)  # short after about 3.7 h
+    inst = h.store.instance_by_agent(agent.agent_id)
+    assert inst is not None and inst["state"] == "proving"
+    assert h.core.monitor.production.view(inst["id"])["idle"]
+    assert h.store.events_of_kind("demoted") == [] and h.store.strikes("5120") == []
+    assert counted(h, agent, "starved")

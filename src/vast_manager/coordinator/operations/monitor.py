@@ -208,7 +208,7 @@ class Monitor:
         rows = await self.store.read(lambda r: r.active_instances(PRODUCTION_COLUMNS))
         turned = self.production.observe(rows, now)
         current = self.production.current
-        if self.production.turned_short and not self.account.at_or_below_zero:
+        if self.production.short_ids() and not self.account.at_or_below_zero:
             await self.demote_short(now)
         if turned:
             def report(tx: Tx) -> None:
@@ -252,15 +252,17 @@ class Monitor:
         found it short, while another instance delivers its rate (the work flows), has its
         measurements demoted from host_perf and the model, is re-judged on what it
         delivers (its rate; terminated below its minimum) and its machine gets a strike
-        with the numbers. With no instance delivering its rate the shortfall is the
-        work's, not the host's: idle, nothing demoted."""
+        with the numbers. With no instance delivering its rate the shortfall may be the
+        work's, not the host's: idle (its event says why), nothing demoted yet."""
         current = self.production.current
-        short = [i for i in self.production.turned_short if i in current]
+        short = self.production.short_ids()
         flowing = any(
             p.short is None and p.settled and p.rate_per_hour
             and (p.completed_rate_per_hour or 0.0)
             >= delivered.HONEST_SHARE * float(p.rate_per_hour)
             for i, p in current.items() if i not in short)
+        if not flowing:
+            return
         strike = self.strike_rule
         grace = self.settings.terminate_grace_s
 
@@ -274,11 +276,6 @@ class Monitor:
                     continue
                 ids = {"instance_id": instance_id, "agent_id": inst["agent_id"],
                        "machine_id": inst["machine_id"]}
-                if not flowing:
-                    tx.insert_event(now, "idle", f"{p.short}; no other instance delivers its "
-                                    "rate either: read as the work's shortfall, not the "
-                                    "host's", **ids)
-                    continue
                 rate = float(p.short_rate_per_hour or 0.0)
                 taken = tx.demote(instance_id, p.short)
                 tx.update_instance(instance_id, rate_per_hour=rate, updated_at=now)

@@ -94,8 +94,6 @@ class ProductionTracker:
         self.settings = settings
         self._tracks: dict[int, _Track] = {}
         self.current: dict[int, Production] = {}
-        #: Instances the delivery test found short this round (the monitor demotes them).
-        self.turned_short: list[int] = []
         self._cluster: dict[int, list[delivered.Delivered]] = {}
 
     def deliver(self, instance_id: int, obs: delivered.Delivered) -> None:
@@ -112,7 +110,6 @@ class ProductionTracker:
         tracks: dict[int, _Track] = {}
         current: dict[int, Production] = {}
         turned: list[int] = []
-        self.turned_short = []
         idle_after = self.settings.idle_after_s
         for row in rows:
             if row.get("state") != State.PROVING:
@@ -131,8 +128,7 @@ class ProductionTracker:
             if (now - track.middle[0]) * scale >= WINDOW_S / 2:
                 track.anchor, track.middle = track.middle, (now, total)
             tracks[ident] = track
-            if self._check_delivery(ident, track, row, now, scale):
-                self.turned_short.append(ident)
+            self._check_delivery(ident, track, row, now, scale)
             quiet_s = (now - (track.changed_at or track.since)) * scale
             idle = (idle_after > 0 and quiet_s >= idle_after) or track.short is not None
             before = self.current.get(ident)
@@ -158,22 +154,25 @@ class ProductionTracker:
         return turned
 
     def _check_delivery(self, ident: int, track: _Track, row: Row, now: float,
-                        scale: float) -> bool:
-        """Fold what the instance delivered since the last round into its delivery test;
-        True when the test found it short just now."""
+                        scale: float) -> None:
+        """Fold what the instance delivered since the last round into its delivery test."""
         kept = row.get("rate_per_hour")
         cluster = self._cluster.get(ident)
         t0, n0 = track.checked
         track.checked = (now, track.total)
         if not kept or track.short is not None:
-            return False
+            return
         observations = cluster or [delivered.Delivered(track.total - n0, 0, (now - t0) * scale)]
         for obs in observations:
             track.test, verdict = delivered.step(track.test, obs, float(kept))
             if verdict.short:
                 track.short, track.short_rate = verdict.reason, verdict.delivered_rate_per_hour
-                return True
-        return False
+                return
+
+    def short_ids(self) -> list[int]:
+        """Instances the delivery test found short, not yet re-judged (the monitor demotes
+        them once another instance shows the work flows)."""
+        return [i for i, p in self.current.items() if p.short is not None]
 
     def rejudged(self, instance_id: int) -> None:
         """The instance was re-judged on what it delivers (its rate is now that): its
