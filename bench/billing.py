@@ -49,7 +49,7 @@ from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
 from vast_manager.coordinator.decisions import policy  # noqa: E402
 from vast_manager.coordinator.decisions import reconcile as reconcile_module  # noqa: E402
 from vast_manager.coordinator.operations import deploy as deploy_module  # noqa: E402
-from vast_manager.coordinator.operations import monitor as monitor_module  # noqa: E402
+from vast_manager.coordinator.operations import reconciliation as monitor_module  # noqa: E402
 from vast_manager.coordinator.providers.vast.client import VastClient  # noqa: E402
 from vast_manager.coordinator.providers.vast.provider import DEFAULT_ONSTART, VastProvider  # noqa: E402
 from vast_manager.coordinator.store.writer import Store  # noqa: E402

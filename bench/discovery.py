@@ -56,6 +56,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from vast_manager.common.hardware_facts import GPU_SPECS
 from vast_manager.coordinator.decisions.early_verdict import steady_state_rate_per_hour
 from vast_manager.coordinator.decisions.share import instance_share, ram_class
 from vast_manager.coordinator.discovery.autopilot_rules import (
@@ -65,7 +66,6 @@ from vast_manager.coordinator.discovery.autopilot_rules import (
     decide,
     plan_reference_usd_per_proof,
 )
-from vast_manager.coordinator.discovery.features import GPU_SPECS
 from vast_manager.coordinator.discovery.measurements import Measurement
 from vast_manager.coordinator.discovery.plan import (
     FleetView,

@@ -7,7 +7,7 @@ What it does, in one command:
 
 1. Builds a fresh database and provisions a fleet: most agents are inserted
    through the store's own write path (``Tx.insert_agent``, then the real
-   ``ingest.hello_job`` and ``ingest.heartbeat_job``, answered the pace a
+   ``operations.hello.hello_job`` and ``operations.heartbeat.heartbeat_job``, answered the pace a
    coordinator sets for the fleet), and ``--http-agents`` of them are issued
    through ``POST /api/agents`` and say hello over HTTP. Each agent has 1 to
    8 GPUs; one history row per agent is placed at a random point of the
@@ -190,7 +190,8 @@ def provision(db_path: str, env: dict[str, str], ids: list[str], first_seq: int 
     and one history row placed at a random point of the history interval. ``first_index``:
     the index of ``ids[0]`` in the whole fleet. Returns seconds taken."""
     from vast_manager.coordinator.decisions.pace import FleetLoad
-    from vast_manager.coordinator.operations import ingest
+    from vast_manager.coordinator.operations.heartbeat import heartbeat_job
+    from vast_manager.coordinator.operations.hello import hello_job
     from vast_manager.coordinator.settings import Settings
     from vast_manager.coordinator.store.writer import Store, Tx
     from vast_manager.protocol.codec import from_obj
@@ -213,10 +214,10 @@ def provision(db_path: str, env: dict[str, str], ids: list[str], first_seq: int 
                     tx.insert_agent(agent_id, label=f"bench-{index}", kind="byo",
                                     min_rate_per_hour=None, issued_at=now)
                     hello = from_obj(Hello, hello_body(agent_id, gpus))
-                    instance_id, _ = ingest.hello_job(agent_id, hello, settings, now, fleet)(tx)
+                    instance_id, _ = hello_job(agent_id, hello, settings, now, fleet)(tx)
                     hb = from_obj(Heartbeat, heartbeat_body(
                         first_seq, now - 3600, 100, telemetry(gpus, rng), []))
-                    ingest.heartbeat_job(agent_id, hb, settings, now, fleet)(tx)
+                    heartbeat_job(agent_id, hb, settings, now, fleet)(tx)
                     # The next history row of this agent is due somewhere in the coming
                     # interval, as in a fleet that has been running for a while.
                     at = now - rng.uniform(0, settings.heartbeat_history_interval_s)

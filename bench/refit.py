@@ -78,8 +78,8 @@ def store_measurements(db_path: str, body: bytes) -> None:
     """The measurements written as ``hosts import`` writes them, before the coordinator
     starts: its first refit is then the one on all of them."""
     from vast_manager.coordinator.discovery.measurements import parse_lines
+    from vast_manager.coordinator.operations.hosts_import import import_job
     from vast_manager.coordinator.store.writer import Store
-    from vast_manager.coordinator.web.discovery_api import import_job
 
     found = parse_lines(body, now=time.time(), max_rate_per_gpu_per_hour=10_000.0,
                         is_unsafe_text=lambda _text: False)

@@ -4,10 +4,10 @@ Run: ``python bench/storage.py`` (1,000 agents, 24 h then 25 h; ``--quick`` for 
 smoke run; ``--help``).
 
 The simulation drives the store's real write path on a simulated clock: the
-real ``ingest.hello_job``, ``ingest.heartbeat_job`` (with its heartbeat
+real ``hello.hello_job``, ``heartbeat.heartbeat_job`` (with its heartbeat
 history downsampling and trimming, ``Tx.append_heartbeat_history``),
-``ingest.logs_job`` (with its per-instance trimming) and one
-``ingest.result_job`` per agent, at the default settings
+``agent_logs.logs_job`` (with its per-instance trimming) and one
+``result_op.result_job`` per agent, at the default settings
 (``heartbeat_history_interval_s`` 300, ``heartbeat_history_rows`` 288,
 ``log_lines_per_instance`` 20,000, heartbeats every ``next_heartbeat_s`` 15 s).
 
@@ -40,7 +40,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from ingest import gpus_of, heartbeat_body, hello_body, telemetry  # noqa: E402
 
-from vast_manager.coordinator.operations import ingest  # noqa: E402
+from vast_manager.coordinator.operations import agent_logs, heartbeat  # noqa: E402
+from vast_manager.coordinator.operations import result as result_op  # noqa: E402
+from vast_manager.coordinator.operations.hello import hello_job  # noqa: E402
 from vast_manager.coordinator.settings import Settings  # noqa: E402
 from vast_manager.coordinator.store.writer import Store, Tx  # noqa: E402
 from vast_manager.protocol.codec import from_obj  # noqa: E402
@@ -68,7 +70,7 @@ class Fleet:
                 tx.insert_agent(agent_id, label=f"sim-{i}", kind="byo", min_rate_per_hour=None,
                                 issued_at=t0)
                 hello = from_obj(Hello, hello_body(agent_id, gpus_of(i)))
-                ingest.hello_job(agent_id, hello, self.settings, t0)(tx)
+                hello_job(agent_id, hello, self.settings, t0)(tx)
 
         self.store.write_blocking(job)
 
@@ -79,7 +81,7 @@ class Fleet:
             hb = from_obj(Heartbeat, heartbeat_body(
                 self.seq[agent_id], now - 3600, self.seq[agent_id],
                 self.teles[gpus_of(i)], []))
-            jobs.append(ingest.heartbeat_job(agent_id, hb, self.settings, now))
+            jobs.append(heartbeat.heartbeat_job(agent_id, hb, self.settings, now))
         self.store.write_blocking(lambda tx: [j(tx) for j in jobs])
 
     def logs(self, now: float, lines: int) -> None:
@@ -92,7 +94,7 @@ class Fleet:
             batch = from_obj(LogBatch, {"lines": [
                 {"ts": now, "source": "cuzk", "text": LOG_TEXT.format(n=n, g=i % 8)}
                 for n in range(start, start + lines)]})
-            jobs.append(ingest.logs_job(agent_id, batch, self.settings, now))
+            jobs.append(agent_logs.logs_job(agent_id, batch, self.settings, now))
         self.store.write_blocking(lambda tx: [j(tx) for j in jobs])
 
     def results(self, now: float) -> None:
@@ -106,7 +108,7 @@ class Fleet:
                 "gpus_used": list(range(gpus)), "proofs_completed": 10, "proofs_failed": 0,
                 "wall_seconds": 3000.0, "rate_per_hour": 12.0, "proof_seconds": proofs,
                 "telemetry": self.teles[gpus]})
-            jobs.append(ingest.result_job(agent_id, result, self.settings, now))
+            jobs.append(result_op.result_job(agent_id, result, self.settings, now))
         self.store.write_blocking(lambda tx: [j(tx) for j in jobs])
 
     def counts(self) -> dict[str, int]:

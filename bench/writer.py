@@ -9,7 +9,7 @@ What it does, in one command:
    history row each), then sends every agent one more heartbeat, so the
    writer's caches are warm as in a fleet that has been running.
 2. Runs rounds of ``--per-commit`` steady heartbeats of random agents (the
-   real ``ingest.heartbeat_job`` through ``Store.write``; one transaction a
+   real ``operations.heartbeat.heartbeat_job`` through ``Store.write``; one transaction a
    round, as a 20 ms commit window holds at ~3,000 heartbeats/s), with
    realistic telemetry for 1 to 8 GPUs.
 3. Alternates two ways, round by round, on the same store: **as written**
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import ingest as load  # noqa: E402  (bench/ingest.py: provisioning, bodies)
 
-from vast_manager.coordinator.operations import ingest  # noqa: E402
+from vast_manager.coordinator.operations.heartbeat import heartbeat_job  # noqa: E402
 from vast_manager.coordinator.settings import Settings  # noqa: E402
 from vast_manager.coordinator.store.writer import Store  # noqa: E402
 from vast_manager.coordinator.store.writes import held as held_module  # noqa: E402
@@ -99,7 +99,7 @@ def main() -> None:
                 seq[0] += 1
                 hb = bodies[seq[0] % len(bodies)]
                 hb.seq = seq[0]
-                jobs.append(store.write(ingest.heartbeat_job(agent_id, hb, settings,
+                jobs.append(store.write(heartbeat_job(agent_id, hb, settings,
                                                              time.time())))
             await asyncio.gather(*jobs)
 

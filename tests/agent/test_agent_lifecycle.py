@@ -46,7 +46,6 @@ from vast_manager.agent.lifecycle import (
     EXIT_ORPHANED,
     EXIT_TERMINATED,
     Agent,
-    default_memory_probe,
     default_sampler_factory,
 )
 from vast_manager.coordinator.providers.base import CreatedInstance, Offer, ProviderError
@@ -64,6 +63,7 @@ from vast_manager.protocol import (
     Telemetry,
     decode,
 )
+from vast_manager.sim.agent_run import sim_memory_probe, sim_sampler_factory
 from vast_manager.sim.fake_c1 import write_c1
 
 from support import cuzk_surface
@@ -891,9 +891,8 @@ async def test_lifecycle_on_the_simulated_cuzk_with_the_real_sampler(
                                           "vast_manager.sim.bench"),
         VM_NVML="sim", VM_SAMPLE_INTERVAL="0.1", VM_BENCH_PROOFS="6",
     )
-    # The real sampler factory and memory probe.
-    agent = h.make_agent(sampler_factory=default_sampler_factory,
-                         memory_probe=default_memory_probe)
+    # The simulator's sampler factory and memory probe, as vm-sim-agent plugs them in.
+    agent = h.make_agent(sampler_factory=sim_sampler_factory, memory_probe=sim_memory_probe)
     task = asyncio.create_task(agent.run())
     try:
         await until(lambda: len(f.sent("/v1/result")) == 2, "the benchmark and scaling results",
@@ -980,6 +979,23 @@ def test_cli_run_with_bad_config_exits_2_naming_the_variable(
     result = CliRunner().invoke(cli, ["run"])
     assert result.exit_code == 2
     assert "VM_AGENT_KEY" in result.output
+
+
+def test_the_agent_alone_refuses_the_simulated_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """VM_NVML=sim needs the simulator's entry point: the agent never imports it."""
+    from click.testing import CliRunner
+
+    from vast_manager.agent.cli import cli
+
+    for name in [n for n in os.environ if n.startswith("VM_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("VM_COORDINATOR_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("VM_AGENT_ID", AGENT_ID)
+    monkeypatch.setenv("VM_AGENT_KEY", "ab" * 32)
+    monkeypatch.setenv("VM_NVML", "sim")
+    result = CliRunner().invoke(cli, ["run"])
+    assert result.exit_code == 2
+    assert "vm-sim-agent run" in result.output
 
 
 

@@ -13,6 +13,7 @@ import pytest
 from vast_manager.agent.gpu import Device, Nvml, inventory, open_devices
 from vast_manager.agent.sampler import NvmlUnavailable, describe_host, open_sources
 from vast_manager.sim import fake_nvml
+from vast_manager.sim.agent_run import sim_sources
 from vast_manager.sim.fake_nvml import FUNCTIONS, NVML_ERROR_LIBRARY_NOT_FOUND, FakeNvml
 from vast_manager.sim.hardware import Profile
 
@@ -355,7 +356,7 @@ def test_sim_sources_from_the_environment(tmp_path: Path, monkeypatch: pytest.Mo
         ),
     )
     monkeypatch.setenv("VM_SIM_STATE_FILE", str(state))
-    sources = open_sources("sim", str(tmp_path))
+    sources = sim_sources(str(tmp_path))
     try:
         host = describe_host(sources)
         assert len(host.gpus) == 2 and host.cpu_model == "AMD EPYC 7543"

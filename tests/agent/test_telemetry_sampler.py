@@ -359,9 +359,9 @@ async def test_end_to_end_sim_sources_from_a_state_file(
         ),
     )
     monkeypatch.setenv("VM_SIM_STATE_FILE", str(state))
-    from vast_manager.agent.sampler import open_sources
+    from vast_manager.sim.agent_run import sim_sources
 
-    sources = open_sources("sim", str(tmp_path))
+    sources = sim_sources(str(tmp_path))
     s = Sampler(sources, interval_s=0.1, max_samples=3)
     wid = s.open_window()
     await s.start()

@@ -386,7 +386,7 @@ async def test_a_spawned_local_agent_holds_none_of_the_coordinators_secrets(
     real_popen = subprocess.Popen
 
     def popen(args: Any, *rest: Any, **kw: Any) -> Any:
-        if "vast_manager.agent.cli" not in list(args):
+        if "vast_manager.sim.agent_run" not in list(args):
             return real_popen(args, *rest, **kw)  # the simulator's helpers run as they are
         seen.append(dict(kw["env"]))  # the agent itself is not needed: a sleeper stands in
         return real_popen([sys.executable, "-c", "import time; time.sleep(30)"], **kw)

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from vast_manager.sim.hardware import Profile, cpu_core_speed, pcie_link_gbps
+from vast_manager.common.hardware_facts import pcie_link_gbps
+from vast_manager.sim.hardware import Profile, cpu_core_speed
 from vast_manager.sim.physics import (
     GIB,
     PCE_EXTRACTION_TRANSIENT_BYTES,

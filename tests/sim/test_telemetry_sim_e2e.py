@@ -19,8 +19,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from vast_manager.agent.sampler import Sampler, open_sources
+from vast_manager.agent.sampler import Sampler
 from vast_manager.common.scaling import diagnose
+from vast_manager.sim.agent_run import sim_sources
 from vast_manager.sim.fake_c1 import write_c1
 
 pytestmark = pytest.mark.slow
@@ -72,7 +73,7 @@ async def test_sim_daemon_verdicts(
                              "-c", str(config)],
                             env=dict(os.environ), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
-    sources = open_sources("sim", str(tmp_path))
+    sources = sim_sources(str(tmp_path))
     sampler = Sampler(sources, interval_s=0.05)
     c1 = write_c1(tmp_path / "c1.json")
     status_url = f"http://127.0.0.1:{status}/status"

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import sys
+from typing import Any, NoReturn
 
 import click
 
@@ -19,6 +20,7 @@ from vast_manager.agent.lifecycle import (
     Agent,
     state_dir_writable,
 )
+from vast_manager.agent.sampler import SIM_ONLY
 
 RUN_HELP = f"""Run the agent: hello, fetch parameters, warm cuzk, benchmark, report, then
 keep proving or terminate, as the coordinator directs. Configured from the
@@ -55,12 +57,17 @@ async def _run_agent(agent: Agent) -> int:
             loop.remove_signal_handler(signum)
 
 
-@cli.command("run", help=RUN_HELP)
-def run_command() -> None:
+def run(**seams: Any) -> NoReturn:
+    """``vast-agent run``: the agent configured from the environment, on ``seams`` (the
+    ``Agent``'s: the simulator plugs its sampler and memory probe in here); exits with
+    the agent's status."""
     try:
         config = load_config()
     except ConfigError as exc:
         click.echo(f"vast-agent: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    if config.nvml == "sim" and "sampler_factory" not in seams:
+        click.echo(f"vast-agent: {SIM_ONLY}", err=True)
         sys.exit(EXIT_CONFIG)
     logging.basicConfig(
         level=getattr(logging, config.log_level),
@@ -73,11 +80,16 @@ def run_command() -> None:
         click.echo(f"vast-agent: VM_STATE_DIR cannot be used: {exc.strerror}", err=True)
         sys.exit(EXIT_CONFIG)
     try:
-        code = asyncio.run(_run_agent(Agent(config)))
+        code = asyncio.run(_run_agent(Agent(config, **seams)))
     except Exception:
         logging.getLogger("vast_manager.agent").exception("the agent crashed")
         code = EXIT_FAILED
     sys.exit(code)
+
+
+@cli.command("run", help=RUN_HELP)
+def run_command() -> None:
+    run()
 
 
 def main() -> None:

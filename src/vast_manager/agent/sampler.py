@@ -50,6 +50,10 @@ from vast_manager.protocol.messages import (
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "real", "sim", "off")
+#: Why the agent alone cannot run ``VM_NVML=sim``: the simulated machine is plugged in
+#: by the simulator's own entry point, which runs this agent.
+SIM_ONLY = ("VM_NVML=sim runs the agent on the simulated machine: start it as "
+            "`vm-sim-agent run` (python -m vast_manager.sim.agent_run run)")
 MAX_OPEN_WINDOWS = 16  # a caller that forgets close_window cannot grow memory
 MAX_CUZK_WORKERS = 256  # CuzkTelemetry.workers max_len
 STOP_JOIN_S = 2.0
@@ -85,28 +89,21 @@ def open_sources(
     mode: str,
     params_dir: str,
     *,
-    environ: dict[str, str] | None = None,
     nvml_module: Any | None = None,
 ) -> Sources:
     """Open the telemetry sources for ``VM_NVML`` = ``mode``.
 
     ``auto``: real NVML if it loads, else no GPUs (logged once); ``real``:
-    real NVML or `NvmlUnavailable`; ``sim``: the fake NVML and fake host fed
-    by VM_SIM_PROFILE / VM_SIM_STATE_FILE; ``off``: no GPUs, real host.
+    real NVML or `NvmlUnavailable`; ``off``: no GPUs, real host. ``sim`` is the
+    simulator's (``vast_manager.sim.agent_run.sim_sources``, plugged in by
+    ``vm-sim-agent``): the agent never imports the simulation.
     Blocking (nvmlInit): call it before the loop runs or in a thread.
     ``nvml_module`` replaces ``pynvml`` (tests).
     """
     if mode not in MODES:
         raise ValueError(f"VM_NVML must be one of {', '.join(MODES)}, not {mode!r}")
     if mode == "sim":
-        from vast_manager.sim.fake_host import FakeHostProbe
-        from vast_manager.sim.fake_nvml import FakeNvml
-
-        fake = FakeNvml(environ=environ)
-        nvml = Nvml(fake)
-        host: HostSource = FakeHostProbe(params_dir, reader=fake.reader)
-        devices = open_devices(nvml)
-        return Sources(mode, host, nvml, devices, nvml.unavailable_reason)
+        raise ValueError(SIM_ONLY)
     host = HostProbe(params_dir)
     if mode == "off":
         reason = "VM_NVML=off"

@@ -3,7 +3,8 @@
 The agent sends `diagnose`'s verdict in a ``scaling`` result; the coordinator
 runs the same function on the reported runs and shows its own verdict beside
 it, since hosts are untrusted. Evidence strings quote the numbers they rest
-on. PCIe capacities per lane are the usable figures from docs/nvml.md.
+on. PCIe capacities per lane are the usable figures of ``common/hardware_facts.py``
+(docs/nvml.md).
 """
 
 from __future__ import annotations
@@ -11,10 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from vast_manager.common.hardware_facts import PCIE_GBPS_PER_LANE
 from vast_manager.protocol.messages import Gpu, GpuTelemetry, Telemetry
-
-# Usable bandwidth per lane and direction, GB/s (10^9 bytes), by generation.
-PCIE_LANE_GBPS: dict[int, float] = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
 CPU_BUSY_PCT = 90.0  # "CPU busy above 90%"
 GPU_IDLE_PCT = 40.0  # "GPUs idle about half the time": 40% idle or more counts
@@ -58,7 +57,7 @@ def link_capacity_gbps(gen: int | None, width: int | None) -> float | None:
     """Usable GB/s per direction of a PCIe link (e.g. Gen4 x16 -> 31.5); None if unknown."""
     if gen is None or width is None or width <= 0:
         return None
-    per_lane = PCIE_LANE_GBPS.get(gen)
+    per_lane = PCIE_GBPS_PER_LANE.get(gen)
     return per_lane * width if per_lane is not None else None
 
 

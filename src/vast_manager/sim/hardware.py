@@ -21,39 +21,23 @@ from typing import Any
 import orjson
 
 from vast_manager.agent.config import SIM_DEFAULTS
+from vast_manager.common.hardware_facts import GPU_SPECS, GpuSpec, pcie_link_gbps
 
 ENV_PROFILE = "VM_SIM_PROFILE"
 ENV_STATE_FILE = "VM_SIM_STATE_FILE"
 ENV_TIME_SCALE = "VM_SIM_TIME_SCALE"
 
 
-# Usable bandwidth per PCIe lane and direction, GB/s (docs/nvml.md).
-PCIE_GBPS_PER_LANE: dict[int, float] = {
-    1: 0.25,
-    2: 0.5,
-    3: 0.985,
-    4: 1.969,
-    5: 3.938,
-    6: 7.563,
-}
-
-
-def pcie_link_gbps(generation: int, width: int) -> float:
-    """Capacity of a PCIe link in GB/s per direction: generation x width x per-lane rate."""
-    per_lane = PCIE_GBPS_PER_LANE.get(generation, PCIE_GBPS_PER_LANE[4])
-    return per_lane * max(1, width)
-
-
 @dataclass(frozen=True, slots=True)
 class GpuModel:
-    """Static facts of a GPU model (public spec sheets, rounded)."""
+    """A simulated card: its spec sheet (``common/hardware_facts.py``, the one copy) and
+    what the simulation adds to it."""
 
     name: str
-    memory_mb: int
-    tdp_w: float
+    spec: GpuSpec
+    tdp_w: float  # board power (vendor figure)
     idle_w: float
-    boost_clock_mhz: int
-    pcie_gen_max: int
+    boost_clock_mhz: int  # vendor figure
     # Seconds of GPU kernel time for one PoRep C2 32G proof (10 partitions)
     # when nothing else limits it. Simulated: scaled from the upstream note
     # "GPU takes ~3 s/partition" on cuzk's reference rig (an RTX 5070 Ti
@@ -61,23 +45,42 @@ class GpuModel:
     # bandwidth-bound), then nudged so the operator's observed hosts land
     # near their rates (see sim/physics.py for the calibration).
     gpu_seconds_per_proof: float
-    pcie_width_max: int = 16  # lanes the card itself has (the 5060 Ti is an x8 card)
+
+    @property
+    def memory_mb(self) -> int:
+        return self.spec.memory_mb
+
+    @property
+    def pcie_gen_max(self) -> int:
+        return self.spec.pcie_gen_max
+
+    @property
+    def pcie_width_max(self) -> int:
+        """Lanes the card itself has (the 5060 Ti is an x8 card)."""
+        return self.spec.pcie_lanes_max
+
+
+def _card(name: str, tdp_w: float, idle_w: float, boost_clock_mhz: int,
+          gpu_seconds_per_proof: float) -> GpuModel:
+    return GpuModel(name, GPU_SPECS[name], tdp_w, idle_w, boost_clock_mhz,
+                    gpu_seconds_per_proof)
 
 
 GPU_MODELS: dict[str, GpuModel] = {
     m.name: m
     for m in (
-        GpuModel("RTX 5090", 32607, 575, 30, 2407, 5, 19.0),
-        GpuModel("RTX 4090", 24564, 450, 25, 2520, 4, 30.0),
-        GpuModel("RTX 5070 Ti", 16303, 300, 18, 2452, 5, 34.0),
-        GpuModel("RTX 4080 Super", 16376, 320, 20, 2550, 4, 52.0),
-        GpuModel("RTX 3090", 24576, 350, 25, 1695, 4, 48.0),
-        GpuModel("RTX 5060 Ti", 16311, 180, 12, 2572, 5, 80.0, pcie_width_max=8),
-        GpuModel("RTX A6000", 49140, 300, 22, 1800, 4, 46.0),
+        _card("RTX 5090", 575, 30, 2407, 19.0),
+        _card("RTX 4090", 450, 25, 2520, 30.0),
+        _card("RTX 5070 Ti", 300, 18, 2452, 34.0),
+        _card("RTX 4080 Super", 320, 20, 2550, 52.0),
+        _card("RTX 3090", 350, 25, 1695, 48.0),
+        _card("RTX 5060 Ti", 180, 12, 2572, 80.0),
+        _card("RTX A6000", 300, 22, 1800, 46.0),
     )
 }
 
-UNKNOWN_GPU = GpuModel("Unknown GPU", 16000, 250, 20, 2000, 4, 60.0)
+#: A card the spec sheets do not list (simulated figures).
+UNKNOWN_GPU = GpuModel("Unknown GPU", GpuSpec(600, 20.0, 16000, 0, 4), 250, 20, 2000, 60.0)
 
 # Synthesis throughput of one logical core relative to a Zen 3 EPYC core
 # (simulated; rounded from public per-thread integer benchmarks, since

@@ -311,7 +311,7 @@ def text_lists(text: str, name: str = "<snippet>") -> list[str]:
 
 def test_no_second_list_of_states_in_the_tree() -> None:
     files = _tree(*SUFFIXES)
-    assert any(p.name == "app.js" for p in files) and any(p.name == "ingest.py" for p in files)
+    assert any(p.name == "app.js" for p in files) and any(p.name == "heartbeat.py" for p in files)
     found: list[str] = []
     for path in files:
         rel = _rel(path)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from vast_manager.common.hardware_facts import cpu_family
 from vast_manager.coordinator.discovery.features import (
     GIB,
     FeatureError,
-    cpu_family,
     offer_features,
     offer_from_host_info,
 )

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from vast_manager.coordinator.operations.monitor import known_agent_ids
+from vast_manager.coordinator.operations.reconciliation import known_agent_ids
 from vast_manager.coordinator.store.reads import Reads
 
 from support.coord_support import Harness, start

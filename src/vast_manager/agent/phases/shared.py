@@ -87,7 +87,7 @@ SamplerFactory = Callable[[AgentConfig], tuple[HostInfo, SamplerLike]]
 
 
 def default_sampler_factory(config: AgentConfig) -> tuple[HostInfo, SamplerLike]:
-    """The real sampler (NVML / psutil, or the simulation's fakes with VM_NVML=sim)."""
+    """The real sampler (NVML / psutil); the simulator plugs in its own."""
     import vast_manager.agent.sampler as sampler_mod  # lazily: it loads NVML
 
     sources = sampler_mod.open_sources(config.nvml, str(config.params_dir))
@@ -101,14 +101,8 @@ MemoryProbe = Callable[[AgentConfig], MemoryLimit]
 
 
 def default_memory_probe(config: AgentConfig) -> MemoryLimit:
-    """The memory this container may use (cgroup limit, MemTotal); the simulation's own
-    with ``VM_NVML=sim``, whose machine is the simulated one."""
-    if config.nvml == "sim":
-        from vast_manager.sim.fake_host import (
-            FakeHostProbe,  # lazily: the simulator is optional
-        )
-
-        return FakeHostProbe(str(config.params_dir)).memory_limit()
+    """The memory this container may use (cgroup limit, MemTotal); the simulator plugs in
+    its own (its machine is the simulated one)."""
     return read_memory_limit()
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vast_manager.coordinator.discovery.features import GPU_SPECS, canonical_gpu_name
+from vast_manager.common.hardware_facts import GPU_SPECS, canonical_gpu_name
 
 #: The calibration card: an RTX 5070 Ti's memory bandwidth, GB/s (its spec sheet).
 REFERENCE_MEM_BW_GBPS = 896.0

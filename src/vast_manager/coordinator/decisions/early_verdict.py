@@ -53,7 +53,7 @@ does) and is skipped once a proof failed (a failed proof's slot time is not in
 the list) or when fewer than J proofs remain; ``elapsed_s`` must not run
 ahead of the true batch time (the coordinator measures it from the latest start
 its own clock and the completed proofs vouch for, so the error is on the host's
-side: ``vast_manager.coordinator.operations.ingest``); the
+side: ``vast_manager.coordinator.operations.verdict_tracking``); the
 lognormal bound on the median is slightly on the host's side for a
 terminate (the median is below the mean by ``sigma**2 / 2``, at most 1.1%).
 """

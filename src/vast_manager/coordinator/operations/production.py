@@ -102,7 +102,7 @@ class ProductionTracker:
         self._cluster.setdefault(int(instance_id), []).append(obs)
 
     def scale(self, row: Row) -> float:
-        # The local fleet's heartbeats are in simulated time (ingest.time_scale's rule).
+        # The local fleet's heartbeats are in simulated time (directives.time_scale's rule).
         return self.settings.sim_time_scale if row.get("kind") == "deployed" else 1.0
 
     def observe(self, rows: Iterable[Row], now: float) -> list[int]:

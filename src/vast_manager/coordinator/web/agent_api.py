@@ -1,5 +1,5 @@
 """The agent endpoints (docs/protocol.md): signed requests screened before their bodies are
-read, decoded, written through ``operations.ingest``, answered signed."""
+read, decoded, written through ``operations`` (one module per message), answered signed."""
 
 from __future__ import annotations
 
@@ -22,7 +22,11 @@ from vast_manager.coordinator.exceptions import (
     http_status,
 )
 from vast_manager.coordinator.offers import Offer
-from vast_manager.coordinator.operations import ingest
+from vast_manager.coordinator.operations.agent_logs import logs_job
+from vast_manager.coordinator.operations.beliefs import Expectation
+from vast_manager.coordinator.operations.heartbeat import heartbeat_job
+from vast_manager.coordinator.operations.hello import hello_job
+from vast_manager.coordinator.operations.result import result_job
 from vast_manager.coordinator.providers.base import ProviderError
 from vast_manager.coordinator.web.auth import (
     AuthFailure,
@@ -173,7 +177,7 @@ def _signed(core: Core, response: web.StreamResponse, agent: VerifiedAgent) -> w
     return response
 
 
-def expectation(core: Core) -> ingest.Expectation | None:
+def expectation(core: Core) -> Expectation | None:
     """The fitted rate model's 90th percentile for an offer's hardware and what it never
     measured of it (None without a model), what a benchmark result is held against
     (docs/reliability.md, "No rate on a host's word alone")."""
@@ -197,8 +201,7 @@ async def _hello(request: web.Request) -> web.Response:
     hello = decode(Hello, body)
     now = core.clock()
     instance_id, directive = await core.store.write(
-        ingest.hello_job(agent.agent_id, hello, core.settings, now, core.tracker.load(),
-                         core.rng)
+        hello_job(agent.agent_id, hello, core.settings, now, core.tracker.load(), core.rng)
     )
     # A hello changes no phase but an unheard instance's (to booting, paced steady).
     core.tracker.touch(instance_id, now, directive.next_heartbeat_s)
@@ -210,8 +213,7 @@ async def _heartbeat(request: web.Request) -> web.Response:
     hb = decode(Heartbeat, body)
     now = core.clock()
     instance_id, directive = await core.store.write(
-        ingest.heartbeat_job(agent.agent_id, hb, core.settings, now, core.tracker.load(),
-                             core.rng)
+        heartbeat_job(agent.agent_id, hb, core.settings, now, core.tracker.load(), core.rng)
     )
     core.tracker.touch(instance_id, now, directive.next_heartbeat_s, hb.phase)
     if directive.action == "terminate":
@@ -223,9 +225,9 @@ async def _result(request: web.Request) -> web.Response:
     core, agent, body = verified(request)
     result = decode(Result, body)
     now = core.clock()
-    outcome = await core.store.write(ingest.result_job(agent.agent_id, result, core.settings, now,
-                                                       core.started_at, core.tracker.load(),
-                                                       expectation(core), core.rng))
+    outcome = await core.store.write(result_job(agent.agent_id, result, core.settings, now,
+                                                core.started_at, core.tracker.load(),
+                                                expectation(core), core.rng))
     core.tracker.touch(outcome.instance_id, now, outcome.directive.next_heartbeat_s)
     if outcome.terminate:
         core.monitor.wake()
@@ -239,7 +241,7 @@ async def _logs(request: web.Request) -> web.Response:
     core, agent, body = verified(request)
     batch = decode(LogBatch, body)
     now = core.clock()
-    await core.store.write(ingest.logs_job(agent.agent_id, batch, core.settings, now))
+    await core.store.write(logs_job(agent.agent_id, batch, core.settings, now))
     return answer({"ok": True})
 
 

@@ -9,7 +9,7 @@ are one transaction, and the autopilot's actions are its own (``operations.autop
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -27,11 +27,11 @@ from vast_manager.coordinator.discovery.plan import MeasuredOffer, Plan, Proposa
 from vast_manager.coordinator.discovery.ranking import prediction_fields, rank_offers
 from vast_manager.coordinator.exceptions import InvalidInput, InvalidMeasurement
 from vast_manager.coordinator.operations.autopilot_loop import deployable, fleet_instances, plan_for
+from vast_manager.coordinator.operations.hosts_import import import_job, measurement_row
 from vast_manager.coordinator.operations.model_keeper import fit_rows
 from vast_manager.coordinator.providers.base import Offer
 from vast_manager.coordinator.providers.vast.filters import parse_filter
-from vast_manager.coordinator.store.migrations import Row, dumps, loads
-from vast_manager.coordinator.store.writer import Tx
+from vast_manager.coordinator.store.migrations import Row, loads
 from vast_manager.coordinator.textsafe import has_unsafe
 from vast_manager.coordinator.web.core import Core
 from vast_manager.coordinator.web.http import read_body
@@ -174,37 +174,6 @@ async def model(core: Core, request: web.Request) -> Any:
 # --- measurements in and out ---------------------------------------------------------------
 
 
-def _measurement_row(m: Measurement, now: float) -> dict[str, Any]:
-    f = m.features()  # the offer's fields as the model reads them ("2.0" GPUs is 2)
-    return {
-        "machine_id": m.machine_id, "gpu_name": f.gpu_name,
-        "num_gpus": f.num_gpus, "rate_per_hour": m.rate_per_hour, "measured_at": m.measured_at,
-        "source": "imported", "offer_json": dumps(m.offer.raw), "recorded_at": now,
-    }
-
-
-def import_job(measurements: Sequence[Measurement], now: float,
-               lines: int) -> Callable[[Tx], dict[str, Any]]:
-    """One transaction: every new measurement (host_perf is computed from them)."""
-
-    def job(tx: Tx) -> dict[str, Any]:
-        touched: set[tuple[str, str, int]] = set()
-        added = 0
-        for m in measurements:
-            row = _measurement_row(m, now)
-            if tx.insert_measurement(row):
-                added += 1
-                touched.add((row["machine_id"], row["gpu_name"], row["num_gpus"]))
-        message = (f"imported {added} measurement(s) of {len(touched)} host configuration(s) "
-                   f"from {lines} line(s); {len(measurements) - added} already known")
-        tx.insert_event(now, "hosts_import", message,
-                        data={"imported": added, "duplicates": len(measurements) - added})
-        return {"ok": True, "imported": added, "duplicates": len(measurements) - added,
-                "hosts": len(touched), "message": message[0].upper() + message[1:] + "."}
-
-    return job
-
-
 #: Offers a dry run lists (those whose rank moves most).
 DRY_RUN_MOVES = 20
 
@@ -238,7 +207,7 @@ async def _dry_run(core: Core, found: list[Measurement], now: float) -> dict[str
     rows = await core.store.read(lambda r: r.measurements())
     bad = [str(b["machine_id"]) for b in core.store.bad_hosts()]
     known = core.store.measured_machines()
-    extra = [{**_measurement_row(m, now), "id": None} for m in found]
+    extra = [{**measurement_row(m, now), "id": None} for m in found]
 
     def work() -> dict[str, Any]:
         after = fit_rows([*rows, *extra], fitted.version, now)

@@ -11,9 +11,9 @@ from typing import Any, overload
 import orjson
 from aiohttp import web
 
+from vast_manager.common.hardware_facts import GPU_SPECS, canonical_gpu_name
 from vast_manager.coordinator.decisions import states
 from vast_manager.coordinator.decisions.states import State
-from vast_manager.coordinator.discovery.features import GPU_SPECS, canonical_gpu_name
 from vast_manager.coordinator.exceptions import (
     CoordinatorError,
     InstanceGone,
@@ -23,12 +23,12 @@ from vast_manager.coordinator.exceptions import (
     error_body,
     http_status,
 )
-from vast_manager.coordinator.operations import ingest
+from vast_manager.coordinator.operations import operator_commands as ops
 from vast_manager.coordinator.operations.deploy import mint_agent_id
+from vast_manager.coordinator.operations.hello import LEGACY_MAX_GPUS
 from vast_manager.coordinator.providers.base import ProviderError
 from vast_manager.coordinator.store.migrations import Row, loads
 from vast_manager.coordinator.store.reads import Reads
-from vast_manager.coordinator.store.writer import Tx
 from vast_manager.coordinator.textsafe import has_unsafe
 from vast_manager.coordinator.web import metrics
 from vast_manager.coordinator.web.core import CORE, Core
@@ -234,7 +234,7 @@ async def _issue_agent(core: Core, request: web.Request) -> Any:
     min_rate = _number(body, "min_rate_per_hour")
     # The GPUs its hello may list, declared once (docs/reliability.md, "No rate on a
     # host's word alone").
-    gpus = _integer(body, "gpus", maximum=ingest.LEGACY_MAX_GPUS) or 1
+    gpus = _integer(body, "gpus", maximum=LEGACY_MAX_GPUS) or 1
     gpu_model_text = _text(body, "gpu_model", required=False, max_chars=64)
     gpu_model = canonical_gpu_name(gpu_model_text) if gpu_model_text else None
     if gpu_model is not None and gpu_model not in GPU_SPECS:
@@ -245,13 +245,8 @@ async def _issue_agent(core: Core, request: web.Request) -> Any:
     key = signing.derive_agent_key(core.settings.newest_secret, agent_id)
     now = core.clock()
 
-    def job(tx: Tx) -> None:
-        tx.insert_agent(agent_id, label=label, kind="byo", min_rate_per_hour=min_rate,
-                        issued_at=now, max_gpus=gpus, gpu_model=gpu_model)
-        tx.insert_event(now, "agent_issued", f"bring-your-own agent for {label!r} issued",
-                        agent_id=agent_id, machine_id=label)
-
-    await core.store.write(job)
+    await core.store.write(ops.issue_agent_job(agent_id, label=label, min_rate_per_hour=min_rate,
+                                               max_gpus=gpus, gpu_model=gpu_model, now=now))
     # The one answer that carries a key: it is the operator's to hand over.
     return {"agent_id": agent_id, "agent_key": key.hex(),
             "coordinator_url": core.settings.coordinator_url}
@@ -262,27 +257,7 @@ async def _revoke_agent(core: Core, request: web.Request) -> Any:
     if not signing.is_agent_id(agent_id) or core.store.get_agent(agent_id) is None:
         raise NotFound(f"No agent {agent_id!r}.")
     now = core.clock()
-    reason = "revoked by the operator"
-
-    def job(tx: Tx) -> bool:
-        changed = tx.revoke_agent(agent_id, now=now, reason=reason)
-        inst = tx.instance_by_agent(agent_id)
-        if inst is not None and inst["state"] not in states.GONE:
-            if inst["kind"] != "byo":
-                # A deployed instance whose agent may not speak is destroyed now: it bills.
-                # (The revoke's event is recorded with it.)
-                tx.begin_terminating(inst["id"], reason, kind="revoke", now=now,
-                                     destroy_due_at=now)
-                return changed
-            # Not ours to destroy: the machine simply stops counting as our instance.
-            tx.update_instance(inst["id"], state=State.DESTROYED, state_since=now,
-                               destroyed_at=now, terminate_reason=reason, updated_at=now)
-        if changed:
-            tx.insert_event(now, "revoke", reason, agent_id=agent_id,
-                            instance_id=inst["id"] if inst else None)
-        return changed
-
-    changed = await core.store.write(job)
+    changed = await core.store.write(ops.revoke_agent_job(agent_id, now))
     core.auth.mark_revoked(agent_id)
     core.monitor.wake()
     message = f"Agent {agent_id} revoked." if changed else f"Agent {agent_id} was already revoked."
@@ -385,16 +360,7 @@ async def _rebenchmark(core: Core, request: web.Request) -> Any:
         raise InstanceGone(f"Instance {instance_id} is {inst['state']}; it cannot re-benchmark.")
     now = core.clock()
 
-    def job(tx: Tx) -> None:
-        fresh = tx.get_instance(instance_id)
-        if fresh is not None and fresh["directed_benchmark_kind"] != ingest.CONFIRM:
-            ingest.open_directed_benchmark(tx, fresh, ingest.OPERATOR, now)
-        tx.update_instance(instance_id, rebenchmark_pending=1, updated_at=now)
-        tx.insert_event(now, "rebenchmark", "the operator asked for a new benchmark",
-                        instance_id=instance_id, agent_id=inst["agent_id"],
-                        machine_id=inst["machine_id"])
-
-    await core.store.write(job)
+    await core.store.write(ops.rebenchmark_job(inst, now))
     return {"ok": True,
             "message": f"Instance {instance_id} will re-benchmark at its next heartbeat."}
 
@@ -481,12 +447,7 @@ async def _add_bad_host(core: Core, request: web.Request) -> Any:
     assert machine_id is not None
     now = core.clock()
 
-    def job(tx: Tx) -> None:
-        tx.add_bad_host(machine_id, reason=reason, source="operator", now=now)
-        tx.insert_event(now, "bad_host", f"{machine_id}: {reason} (operator)",
-                        machine_id=machine_id)
-
-    await core.store.write(job)
+    await core.store.write(ops.add_bad_host_job(machine_id, reason, now))
     return {"ok": True, "machine_id": machine_id, "reason": reason,
             "message": f"Machine {machine_id} is on bad_hosts."}
 
@@ -497,14 +458,7 @@ async def _remove_bad_host(core: Core, request: web.Request) -> Any:
         raise NotFound(f"Machine {machine_id!r} is not on bad_hosts.")
     now = core.clock()
 
-    def job(tx: Tx) -> bool:
-        removed = tx.remove_bad_host(machine_id)
-        if removed:
-            tx.insert_event(now, "bad_host_removed", f"{machine_id} removed by the operator",
-                            machine_id=machine_id)
-        return removed
-
-    await core.store.write(job)
+    await core.store.write(ops.remove_bad_host_job(machine_id, now))
     return {"ok": True, "machine_id": machine_id,
             "message": f"Machine {machine_id} removed from bad_hosts."}
 

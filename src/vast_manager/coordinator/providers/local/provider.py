@@ -1,10 +1,11 @@
 """LocalProvider: a stand-in for vast.ai that rents machines from the local catalog.
 
-"Creating an instance" spawns ``vast-agent run`` as a child process on this
-machine, with the simulated cuzk (``vm-sim-cuzk``, ``vm-sim-cuzk-bench``), the
-fake NVML and the offer's hardware profile, so the agent goes through its real
-lifecycle over the real wire contract. "Destroying" ends that process and
-every process under it. A small loopback file server stands in for the proof
+"Creating an instance" spawns ``vm-sim-agent run`` (the agent on the simulated
+machine) as a child process on this machine, with the simulated cuzk
+(``vm-sim-cuzk``, ``vm-sim-cuzk-bench``), the fake NVML and the offer's hardware
+profile, so the agent goes through its real lifecycle over the real wire contract.
+"Destroying" ends that process and every process under it. A small loopback file
+server stands in for the proof
 parameter download (a few MiB of generated files labelled simulated, served
 at a rate scaled from the offer's ``inet_down``).
 
@@ -338,7 +339,7 @@ class LocalProvider:
             child_env[MARKER_ENV] = f"{self._token}:{instance_id}"
             log_file = (workdir / "agent.log").open("ab")
             process = subprocess.Popen(
-                [sys.executable, "-m", "vast_manager.agent.cli", "run"],
+                [sys.executable, "-m", "vast_manager.sim.agent_run", "run"],
                 env=child_env,
                 cwd=workdir,
                 stdin=subprocess.DEVNULL,

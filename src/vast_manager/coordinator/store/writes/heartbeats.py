@@ -14,7 +14,7 @@ from vast_manager.coordinator.store.writes.instances import Ending, InstanceWrit
 
 class HeartbeatWrite(NamedTuple):
     """Everything one heartbeat writes, decided before any of it is written
-    (``operations.ingest``): one ``Tx.write_heartbeat`` call."""
+    (``operations.heartbeat``): one ``Tx.write_heartbeat`` call."""
 
     instance_id: int
     agent_id: str

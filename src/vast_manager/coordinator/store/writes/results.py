@@ -11,7 +11,7 @@ from vast_manager.coordinator.store.writes.instances import Ending, InstanceWrit
 
 class ResultWrite(NamedTuple):
     """Everything one result writes, decided before any of it is written
-    (``operations.ingest.result_job``): one ``Tx.write_result`` call."""
+    (``operations.result.result_job``): one ``Tx.write_result`` call."""
 
     instance_id: int
     agent_id: str

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from vast_manager.coordinator.operations import ingest
+from vast_manager.coordinator.operations import directives, heartbeat
+from vast_manager.coordinator.operations.hello import hello_job
+from vast_manager.coordinator.operations.result import result_job
 from vast_manager.coordinator.store.writer import Store, Tx
 from vast_manager.coordinator.store.writes import held as held_module
 from vast_manager.protocol.codec import from_obj
@@ -36,7 +38,7 @@ def _issue(settings: Any, ids: list[str], now: float = NOW) -> Callable[[Tx], li
         for agent_id in ids:
             tx.insert_agent(agent_id, label=agent_id, kind="byo", min_rate_per_hour=None,
                             issued_at=now)
-            instance_id, _ = ingest.hello_job(agent_id, from_obj(Hello, hello_msg()), settings,
+            instance_id, _ = hello_job(agent_id, from_obj(Hello, hello_msg()), settings,
                                               now)(tx)
             instances.append(instance_id)
         return instances
@@ -62,7 +64,7 @@ async def _drive(path: Path, *, fast: bool, monkeypatch: pytest.MonkeyPatch) -> 
     """Hello, then heartbeats through the phases, at fixed times; the rows they leave."""
     with monkeypatch.context() as m:
         if not fast:
-            m.setattr(ingest, "_steady", lambda *a: False)
+            m.setattr(heartbeat, "_steady", lambda *a: False)
         settings = make_settings(path.parent)
         store = Store(path)
         try:
@@ -74,10 +76,10 @@ async def _drive(path: Path, *, fast: bool, monkeypatch: pytest.MonkeyPatch) -> 
             for seq, phase in enumerate(phases, start=1):
                 now += 15.0
                 answers.append(await store.write(
-                    ingest.heartbeat_job(AGENT, _heartbeat(seq, phase), settings, now)))
+                    heartbeat.heartbeat_job(AGENT, _heartbeat(seq, phase), settings, now)))
             # Late and repeated heartbeats must not move anything back.
             answers.append(await store.write(
-                ingest.heartbeat_job(AGENT, _heartbeat(3, "warming"), settings, now + 1)))
+                heartbeat.heartbeat_job(AGENT, _heartbeat(3, "warming"), settings, now + 1)))
             rows = _fleet_rows(store)
             rows["answers"] = answers
             return rows
@@ -89,15 +91,15 @@ async def test_fast_path_leaves_the_rows_the_full_path_leaves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[bool] = []
-    steady = ingest._steady
+    steady = heartbeat._steady
 
     def counting(*args: Any) -> bool:
         calls.append(steady(*args))
         return calls[-1]
 
-    monkeypatch.setattr(ingest, "_steady", counting)
+    monkeypatch.setattr(heartbeat, "_steady", counting)
     # The first benchmark's id is random: the same one in both runs.
-    monkeypatch.setattr(ingest, "new_benchmark_id", lambda: "bm_" + "0" * 32)
+    monkeypatch.setattr(directives, "new_benchmark_id", lambda: "bm_" + "0" * 32)
     (tmp_path / "fast").mkdir()
     (tmp_path / "full").mkdir()
     fast = await _drive(tmp_path / "fast" / "c.db", fast=True, monkeypatch=monkeypatch)
@@ -146,10 +148,10 @@ async def test_the_writer_refuses_a_revoked_agent_even_with_a_warm_cache(tmp_pat
         now = NOW
         await store.write(_issue(settings, [AGENT]))
         for seq in (1, 2):
-            await store.write(ingest.heartbeat_job(AGENT, _heartbeat(seq), settings, now))
+            await store.write(heartbeat.heartbeat_job(AGENT, _heartbeat(seq), settings, now))
         await store.write(lambda tx: tx.revoke_agent(AGENT, now=now, reason="test"))
         with pytest.raises(Exception, match="unknown or revoked"):
-            await store.write(ingest.heartbeat_job(AGENT, _heartbeat(3), settings, now))
+            await store.write(heartbeat.heartbeat_job(AGENT, _heartbeat(3), settings, now))
     finally:
         store.close()
 
@@ -161,7 +163,7 @@ async def test_a_rolled_back_job_cannot_leave_the_cache_behind(tmp_path: Path) -
         now = NOW
         (instance_id,) = await store.write(_issue(settings, [AGENT]))
         for seq in (1, 2):
-            await store.write(ingest.heartbeat_job(AGENT, _heartbeat(seq), settings, now))
+            await store.write(heartbeat.heartbeat_job(AGENT, _heartbeat(seq), settings, now))
 
         def doomed(tx: Tx) -> None:
             tx.update_instance(instance_id, terminate_reason="never committed")
@@ -170,7 +172,7 @@ async def test_a_rolled_back_job_cannot_leave_the_cache_behind(tmp_path: Path) -
         with pytest.raises(RuntimeError):
             await store.write(doomed)
         _, directive = await store.write(
-            ingest.heartbeat_job(AGENT, _heartbeat(3), settings, now))
+            heartbeat.heartbeat_job(AGENT, _heartbeat(3), settings, now))
         assert directive.action == "continue"
         row = store.get_instance(instance_id)
         assert row is not None and row["terminate_reason"] is None
@@ -187,7 +189,7 @@ async def test_concurrent_heartbeats_of_many_agents_all_land(tmp_path: Path) -> 
         await store.write(_issue(settings, ids))
         for seq in (1, 2, 3):
             answers = await asyncio.gather(*(
-                store.write(ingest.heartbeat_job(a, _heartbeat(seq), settings, now + seq))
+                store.write(heartbeat.heartbeat_job(a, _heartbeat(seq), settings, now + seq))
                 for a in ids))
             assert {d.action for _, d in answers} == {"continue"}
         assert {r["seq"] for r in (store.latest_heartbeat(a) for a in ids) if r} == {3}
@@ -202,7 +204,7 @@ async def _warm_store(tmp_path: Path, **store_kw: Any) -> tuple[Store, Any, floa
     await store.write(_issue(settings, [AGENT]))
     for seq in (1, 2):  # booting, then proving: the cache is warm and the state proving
         phase = "booting" if seq == 1 else "proving"
-        await store.write(ingest.heartbeat_job(AGENT, _heartbeat(seq, phase), settings, now))
+        await store.write(heartbeat.heartbeat_job(AGENT, _heartbeat(seq, phase), settings, now))
     return store, settings, now
 
 
@@ -217,7 +219,7 @@ async def test_a_failing_job_in_the_same_transaction_keeps_held_heartbeats(
 
         commits = store.commits
         outcomes = await asyncio.gather(
-            store.write(ingest.heartbeat_job(AGENT, _heartbeat(3), settings, now + 15)),
+            store.write(heartbeat.heartbeat_job(AGENT, _heartbeat(3), settings, now + 15)),
             store.write(doomed),
             return_exceptions=True,
         )
@@ -238,8 +240,8 @@ async def test_a_late_heartbeat_behind_a_held_one_sees_it(tmp_path: Path) -> Non
         # seq 4 is held; seq 3 arrives after it in the same transaction and must be
         # recognised as late (it reads the instance, which writes the held rows first).
         await asyncio.gather(
-            store.write(ingest.heartbeat_job(AGENT, _heartbeat(4), settings, now + 15)),
-            store.write(ingest.heartbeat_job(AGENT, _heartbeat(3, "warming"), settings,
+            store.write(heartbeat.heartbeat_job(AGENT, _heartbeat(4), settings, now + 15)),
+            store.write(heartbeat.heartbeat_job(AGENT, _heartbeat(3, "warming"), settings,
                                              now + 16)),
         )
         inst = store.instance_by_agent(AGENT)
@@ -260,7 +262,7 @@ async def _four_rounds(store: Store, settings: Any,
     for seq, phase in ((1, "booting"), (2, "proving"), (3, "proving"), (4, "proving")):
         commits = store.commits
         await asyncio.gather(*(
-            store.write(ingest.heartbeat_job(a, _heartbeat(seq, phase), settings, at(seq, i)))
+            store.write(heartbeat.heartbeat_job(a, _heartbeat(seq, phase), settings, at(seq, i)))
             for i, a in enumerate(ids)))
         assert store.commits - commits == 1
     return ids
@@ -317,7 +319,7 @@ async def test_a_failed_job_loses_only_its_own_history_row(tmp_path: Path) -> No
 
         later = now + settings.heartbeat_history_interval_s + 1
         outcomes = await asyncio.gather(
-            store.write(ingest.heartbeat_job(AGENT, _heartbeat(3), settings, later)),
+            store.write(heartbeat.heartbeat_job(AGENT, _heartbeat(3), settings, later)),
             store.write(doomed),
             return_exceptions=True,
         )
@@ -326,7 +328,7 @@ async def test_a_failed_job_loses_only_its_own_history_row(tmp_path: Path) -> No
         assert store.heartbeat_history(other) == []
         # The failed job's row was never written, and the writer did not remember it:
         # the agent's next heartbeat is still due a history row.
-        await store.write(ingest.heartbeat_job(other, _heartbeat(1), settings, later + 1))
+        await store.write(heartbeat.heartbeat_job(other, _heartbeat(1), settings, later + 1))
         assert [h["seq"] for h in store.heartbeat_history(other)] == [1]
     finally:
         store.close()
@@ -390,14 +392,14 @@ async def test_a_heartbeat_and_a_result_write_in_one_call(
         # A phase change (the full path), steady ones, a late one, then the agent failing.
         for seq, phase in enumerate(["warming", "proving", "proving"], start=1):
             now += 15.0
-            await store.write(ingest.heartbeat_job(AGENT, _heartbeat(seq, phase), settings, now))
-        await store.write(ingest.heartbeat_job(AGENT, _heartbeat(2), settings, now + 1))
+            await store.write(heartbeat.heartbeat_job(AGENT, _heartbeat(seq, phase), settings, now))
+        await store.write(heartbeat.heartbeat_job(AGENT, _heartbeat(2), settings, now + 1))
         assert whole == ["write_heartbeat"] * 4 and stray == []
         # A result, counted or not, and a heartbeat that ends the instance.
-        await store.write(ingest.result_job(AGENT, from_obj(Result, result_msg(
+        await store.write(result_job(AGENT, from_obj(Result, result_msg(
             "res-1", finished_at=now)), settings, now + 2))
         assert whole[-1] == "write_result" and stray == []
-        await store.write(ingest.heartbeat_job(AGENT, _heartbeat(4, "failed"), settings,
+        await store.write(heartbeat.heartbeat_job(AGENT, _heartbeat(4, "failed"), settings,
                                                now + 3))
         assert whole[-1] == "write_heartbeat" and stray == []
         assert len(whole) == 6

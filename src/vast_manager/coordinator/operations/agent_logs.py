@@ -1,0 +1,25 @@
+"""An agent's log batch: its lines kept, bounded per instance."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vast_manager.coordinator.operations.directives import require_instance
+from vast_manager.coordinator.settings import Settings
+from vast_manager.coordinator.store.writer import Tx
+from vast_manager.protocol.messages import LogBatch
+
+
+def logs_job(
+    agent_id: str, batch: LogBatch, settings: Settings, now: float
+) -> Callable[[Tx], int]:
+    def job(tx: Tx) -> int:
+        inst = require_instance(tx, agent_id)
+        tx.update_instance(inst["id"], last_seen=now)
+        return tx.insert_logs(
+            inst["id"], agent_id, now,
+            ((line.ts, line.source, line.text) for line in batch.lines),
+            keep_lines=settings.log_lines_per_instance,
+        )
+
+    return job
