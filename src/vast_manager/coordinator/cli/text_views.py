@@ -114,7 +114,13 @@ def render_instance(data: dict[str, Any]) -> str:
             )
     results = data.get("results") or []
     if results:
-        lines += ["", "Results:"]
+        total = data.get("results_total") or len(results)
+        older = data.get("results_next")
+        header = "Results:"
+        if older or total != len(results):
+            more = f"; older ones: --before {older}" if older else ""
+            header = f"Results ({len(results)} of {total}, newest{more}):"
+        lines += ["", header]
         lines.append(
             render.table(
                 (

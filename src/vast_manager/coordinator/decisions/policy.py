@@ -44,6 +44,30 @@ UNCONFIRMED = "unconfirmed"
 DEMOTED = "demoted"
 HOST_PERF_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED, EARLY_VERDICT, AFTER_TERMINATE,
                                        UNDIRECTED, UNCONFIRMED, DEMOTED})
+#: Results nobody asked for: kept as a small summary (docs/reliability.md, "Bounded
+#: storage"), counted against their agent's flood allowance.
+UNREQUESTED_FLAGS = frozenset({UNDIRECTED, AFTER_TERMINATE})
+#: The flood allowance: results nobody asked for within ``FLOOD_WINDOW_S`` from one agent.
+#: An honest agent sends one result per directed benchmark (and its scaling run); from
+#: the ``FLOOD_THROTTLE_AT``-th the answer is ``429`` (the summary is stored; a retry of
+#: the same result is a duplicate), at the ``FLOOD_REVOKE_AT``-th its key is revoked and
+#: its instance ended, with one event each. Stored at most: 50 summaries of ~1 KB.
+FLOOD_WINDOW_S = 3600.0
+FLOOD_THROTTLE_AT = 10
+FLOOD_REVOKE_AT = 50
+THROTTLED, REVOKED = "throttled", "revoked"
+
+
+def flood_action(unrequested_in_window: int) -> str | None:
+    """What the ``n``-th result nobody asked for within the window brings its agent:
+    ``REVOKED``, ``THROTTLED`` or None."""
+    if unrequested_in_window >= FLOOD_REVOKE_AT:
+        return REVOKED
+    if unrequested_in_window >= FLOOD_THROTTLE_AT:
+        return THROTTLED
+    return None
+
+
 #: Every flag a stored result can carry (docs/openapi.yaml's StoredResult lists them).
 RESULT_FLAGS = (IMPLAUSIBLE, CONTENDED, PARTIAL, EARLY_VERDICT, AFTER_TERMINATE, UNDIRECTED,
                 UNCONFIRMED, DEMOTED)

@@ -43,6 +43,40 @@ class ResultOutcome:
     duplicate: bool
     directive: Directive
     terminate: bool  # a destroy was scheduled by this result
+    flood: str | None = None  # policy.THROTTLED or policy.REVOKED: too many unasked results
+
+
+def _unrequested(tx: Tx, inst: Row, check: policy.Plausibility, row: dict[str, Any],
+                 now: float) -> str | None:
+    """A result nobody asked for (undirected, after a terminate) is kept as a summary:
+    its counts, rates, flags and reasons, not its proof times, telemetry, runs or
+    evidence (``row`` is changed in place). Returns what the flood allowance says
+    (``policy.flood_action``); a throttle and a revoke each write one event, the
+    revoke revokes the agent's key."""
+    if not set(check.flags) & policy.UNREQUESTED_FLAGS:
+        return None
+    left_out = [c for c in ("proof_seconds_json", "telemetry_json", "runs_json",
+                            "evidence_json") if row.get(c) is not None]
+    for col in left_out:
+        row[col] = None
+    reasons = list(loads(row["flag_reasons_json"]) or [])
+    reasons.append("stored as a summary (nobody asked for it): " + ", ".join(
+        c.removesuffix("_json").replace("_", " ") for c in left_out) + " left out")
+    row["flag_reasons_json"] = dumps(reasons)
+    agent_id = str(inst["agent_id"])
+    count = tx.unrequested_results_since(agent_id, now - policy.FLOOD_WINDOW_S) + 1
+    action = policy.flood_action(count)
+    ids = {"instance_id": inst["id"], "agent_id": agent_id, "machine_id": inst["machine_id"]}
+    window = f"{policy.FLOOD_WINDOW_S / 3600:.0f} h"
+    if count == policy.FLOOD_THROTTLE_AT:
+        tx.insert_event(now, "throttled", f"{count} results nobody asked for within {window}: "
+                        f"answered 429 from now on; its key is revoked at "
+                        f"{policy.FLOOD_REVOKE_AT}", **ids)
+    if action == policy.REVOKED and tx.revoke_agent(
+            agent_id, now=now, reason=f"{count} results nobody asked for within {window}"):
+        tx.insert_event(now, "revoked", f"{count} results nobody asked for within {window}: "
+                        "its key is revoked and its instance ended", **ids)
+    return action
 
 
 def _steady_rate(
@@ -196,6 +230,12 @@ def result_job(
         )
         row = _result_row(agent_id, result, inst, check, verdict, directive, counts, now) | {
             "machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus}
+        flood = _unrequested(tx, inst, check, row, now)
+        if flood == policy.REVOKED and ending is None:
+            ending = Ending(f"its agent sent {policy.FLOOD_REVOKE_AT} results nobody asked "
+                            f"for within {policy.FLOOD_WINDOW_S / 3600:.0f} h",
+                            "flood", now + settings.terminate_grace_s,
+                            bad_host_source="flood")
         measurement = None if not counts or rate is None else _fleet_measurement(
             inst, machine_id, gpu_name, num_gpus, rate, now) | {
                 "model_cap_per_hour": judged.model_cap}
@@ -208,7 +248,8 @@ def result_job(
             benchmark_delivered=directive.action == "benchmark",
             measurement=measurement, scaling=scaling,
         ))
-        return ResultOutcome(inst["id"], False, directive, terminate)
+        return ResultOutcome(inst["id"], False, directive, terminate or ending is not None,
+                             flood)
 
     return job
 

@@ -13,11 +13,12 @@ import msgspec
 import orjson
 from aiohttp import web
 
-from vast_manager.coordinator.decisions import belief
+from vast_manager.coordinator.decisions import belief, policy
 from vast_manager.coordinator.discovery.structural_model import Prediction
 from vast_manager.coordinator.exceptions import (
     CoordinatorError,
     Refusal,
+    UnknownAgent,
     error_body,
     http_status,
 )
@@ -66,6 +67,8 @@ def agent_failure(err: BaseException, agent_id: str, path: str,
     """The status and body for an agent handler's exception (docs/protocol.md, Errors)."""
     if isinstance(err, ProtocolError):
         return 400, err.to_body()
+    if isinstance(err, Refusal):  # a flood's throttle (operations/result.py)
+        return err.status, err.to_body()
     if isinstance(err, (CoordinatorError, ProviderError)):
         return http_status(err), error_body(err)
     if quiet is None:
@@ -231,6 +234,15 @@ async def _result(request: web.Request) -> web.Response:
     core.tracker.touch(outcome.instance_id, now, outcome.directive.next_heartbeat_s)
     if outcome.terminate:
         core.monitor.wake()
+    if outcome.flood == policy.REVOKED:
+        core.auth.mark_revoked(agent.agent_id)
+        raise UnknownAgent("This agent's key was revoked: it sent "
+                           f"{policy.FLOOD_REVOKE_AT} results nobody asked for within "
+                           f"{policy.FLOOD_WINDOW_S / 3600:.0f} h.")
+    if outcome.flood == policy.THROTTLED:
+        raise Refusal(429, "throttled", "Too many results nobody asked for; this one is "
+                      "stored as a summary. Send results only for the benchmarks the "
+                      "coordinator directs.", retry_after_s=60)
     if not outcome.duplicate:
         core.models.wake()  # a counted benchmark is a new measurement for the rate model
     return answer({"ok": True, "duplicate": outcome.duplicate,
