@@ -318,3 +318,50 @@ async def test_a_lone_instance_short_of_work_is_idle_not_struck(h: Harness) -> N
     assert h.core.monitor.production.view(inst["id"])["idle"]
     assert h.store.events_of_kind("demoted") == [] and h.store.strikes("5120") == []
     assert counted(h, agent, "starved")
+
+
+# --- 7: bounded metrics ---------------------------------------------------------------------
+
+
+async def test_telemetry_cannot_mint_prometheus_series(h: Harness) -> None:
+    """The probe: per-GPU gauges labelled with any telemetry index and any cuzk worker
+    ordinal, and ``gpu_name`` the hello's text: 20 heartbeats exposed 19,219 series for
+    one host. Now a GPU label is an index the hello listed, a name is the spec table's (or
+    ``other``), and an instance has at most 16 GPU series a gauge; the honest control's
+    series are all there."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from support.coord_support import hello_msg, telemetry_msg
+
+    agent = await h.issue("churn", gpus=16)
+    honest = await h.issue("honest-telemetry")
+    for i in range(20):
+        hello = hello_msg(f"boot-{i}", gpus=2)
+        hello["host"]["gpus"][0]["name"] = f"RTX 4090 rev{i}"  # a new name each hello
+        assert (await agent.post("/v1/hello", hello))[0] == 200
+        tele = telemetry_msg()
+        tele["gpus"] = [{**tele["gpus"][0], "index": 1000 * i + g} for g in range(64)]
+        tele["cuzk"] = {"samples": 1, "workers": [{"gpu_ordinal": 1000 * i + w,
+                                                   "busy_pct": 50.0} for w in range(256)],
+                        "synthesis_active_mean": 1.0, "synthesis_max": 1,
+                        "queue_depth_mean": 1.0, "memory_used_bytes_max": 1,
+                        "memory_total_bytes": 2}
+        agent.seq += 1
+        msg = {"seq": agent.seq, "phase": "proving", "phase_started_at": 1_800_000_000.0,
+               "progress": None, "proofs_completed_total": 0, "proof_seconds_recent": [],
+               "telemetry": tele}
+        assert (await agent.post("/v1/heartbeat", msg))[0] == 200
+        assert (await honest.hello())[0] == 200
+        assert (await honest.heartbeat("proving", telemetry=True))[0] == 200
+        resp = await h.client.get("/metrics", headers=ADMIN)
+        text = await resp.text()
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples
+               if s.labels.get("machine_id") == "churn"]
+    gpu_series = {(s.name, s.labels.get("gpu")) for s in samples if "gpu" in s.labels}
+    assert len({g for _, g in gpu_series}) <= 2  # the hello's two GPUs, nothing else
+    assert {s.labels.get("gpu_name") for s in samples if "gpu_name" in s.labels} <= {
+        "RTX 4090", "other"}
+    assert len(samples) < 60, len(samples)
+    theirs = [s for f in text_string_to_metric_families(text) for s in f.samples
+              if s.labels.get("machine_id") == "honest-telemetry" and "gpu" in s.labels]
+    assert {s.labels["gpu"] for s in theirs} == {"0"}
