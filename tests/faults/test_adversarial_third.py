@@ -62,7 +62,9 @@ async def fleet(aiohttp_client: Any, tmp_path: Path) -> Harness:
     """An honest fleet's record: 40 simulated measurements of other machines (imported,
     so the model's interval is a fleet's, not three points'), a 1x RTX 4090 at 60/h and a
     5060 Ti at 12.3/h measured by the fleet itself."""
-    h = await start(aiohttp_client, tmp_path, provider=FakeProvider(OFFERS))
+    # Production watching on (the default's hour), as a deployment has it.
+    h = await start(aiohttp_client, tmp_path, provider=FakeProvider(OFFERS),
+                    idle_after_s=3600.0)
     now = h.clock()
     body = b"".join(orjson.dumps({"machine_id": m.machine_id, "offer": dict(m.offer.raw),
                                   "rate_per_hour": m.rate_per_hour,

@@ -313,7 +313,9 @@ def test_migration_6_keeps_earlier_results_as_measurements_with_their_hardware(
         store.close()
 
 
-async def test_a_bring_your_own_result_is_kept_with_its_hosts_hardware(h: Harness) -> None:
+async def test_a_bring_your_own_result_is_kept_with_its_hosts_hardware_out_of_the_model(
+    h: Harness,
+) -> None:
     agent = await h.issue("garage-rig", min_rate=1.0)
     assert (await agent.hello())[0] == 200
     await agent.heartbeat("benchmarking")
@@ -327,8 +329,12 @@ async def test_a_bring_your_own_result_is_kept_with_its_hosts_hardware(h: Harnes
     assert (m["machine_id"], m["source"], m["rate_per_hour"]) == ("garage-rig", "fleet", 60.0)
     assert (offer["gpu_name"], offer["num_gpus"], offer["cpu_cores_effective"],
             offer["cpu_ram"]) == ("RTX 4090", 1, 96, 257000.0)
+    # Its CPU and RAM are its hello's word: host_perf shows it, the rate model leaves it
+    # out (docs/reliability.md, "Bring-your-own hardware").
+    assert m["host_reported"] == 1
+    assert [p["machine_id"] for p in h.store.host_perf()] == ["garage-rig"]
     fitted = await h.core.models.refresh()
-    assert fitted.model.n_measurements == 1 and "garage-rig" in fitted.model.machines
+    assert fitted.model.n_measurements == 0 and "garage-rig" not in fitted.model.machines
 
 
 async def test_numbers_given_as_text_are_read_as_the_model_reads_them(h: Harness) -> None:

@@ -55,8 +55,8 @@ def _references(tx: Tx, inst: Row, offer: Offer | None, gpus: int,
         if str(row["machine_id"]) == machine:
             own_first = per_gpu if own_first is None else own_first
             continue
-        if cap is not None:
-            continue  # believed beyond belief on its host's re-benchmark alone: no twin
+        if cap is not None or row["host_reported"]:
+            continue  # believed beyond belief on its host's word, or hardware it named: no twin
         other = stored_offer(row["offer_json"]) or Offer()
         if canonical_gpu_name(other.gpu_name or "") != model:
             continue

@@ -80,6 +80,8 @@ def fit_rows(rows: list[Row], version: tuple[int, int], now: float) -> FittedMod
     usable: list[Measurement] = []
     skipped = 0
     for row in rows:
+        if row.get("host_reported"):
+            continue  # a bring-your-own agent's hardware is its own word: not the model's
         try:
             usable.append(measurement_of(row))
         except MeasurementError:

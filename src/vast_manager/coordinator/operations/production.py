@@ -158,6 +158,8 @@ class ProductionTracker:
         """Fold what the instance delivered since the last round into its delivery test."""
         kept = row.get("rate_per_hour")
         cluster = self._cluster.get(ident)
+        if self.settings.idle_after_s <= 0:
+            return  # production watching is off (VM_IDLE_AFTER_S = 0), this test with it
         t0, n0 = track.checked
         track.checked = (now, track.total)
         if not kept or track.short is not None:
@@ -183,7 +185,10 @@ class ProductionTracker:
 
     def settled_rates(self) -> dict[int, float]:
         """Instance id -> the completed rate of those measured over at least half a window
-        (what the autopilot counts a proving instance at: docs/reliability.md)."""
+        (what the autopilot counts a proving instance at: docs/reliability.md); none with
+        production watching off (``VM_IDLE_AFTER_S`` = 0)."""
+        if self.settings.idle_after_s <= 0:
+            return {}
         return {i: p.completed_rate_per_hour for i, p in self.current.items()
                 if p.settled and p.completed_rate_per_hour is not None}
 

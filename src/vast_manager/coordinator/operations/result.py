@@ -333,14 +333,19 @@ def _result_row(agent_id: str, result: Result, inst: Row, check: policy.Plausibi
 def _fleet_measurement(inst: Row, machine_id: str, gpu_name: str, num_gpus: int, rate: float,
                        now: float) -> dict[str, Any]:
     """The rate with the hardware it ran on: what the rate model learns from, and what
-    host_perf is computed from."""
+    host_perf is computed from. A bring-your-own agent names its own CPU and RAM in its
+    hello: its measurement is ``host_reported``, shown in host_perf but kept out of the
+    rate model and of other machines' twins (docs/reliability.md, "Bring-your-own
+    hardware")."""
+    byo = inst["kind"] == "byo"
     offer = instance_offer(loads(inst.get("offer_json")),
-                           loads(inst.get("host_json")) if inst["kind"] == "byo" else None,
+                           loads(inst.get("host_json")) if byo else None,
                            instance_row({**inst, "machine_id": machine_id}))
     return {
         "machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus,
         "rate_per_hour": rate, "measured_at": now, "source": "fleet",
         "offer_json": dumps(offer), "instance_id": inst["id"], "recorded_at": now,
+        "host_reported": int(byo),
     }
 
 

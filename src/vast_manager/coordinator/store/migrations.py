@@ -520,8 +520,11 @@ def _m11_host_perf_from_measurements(db: sqlite_utils.Database) -> None:
 def _m12_bounded_influence(db: sqlite_utils.Database) -> None:
     """A claim confirmed beyond belief reaches the rate model (and other machines' twin
     references) at most at the line it was held at (docs/reliability.md, "A lie cannot
-    spread"); null: read as measured."""
+    spread"); null: read as measured. A bring-your-own agent's measurement is
+    ``host_reported`` (its hardware is its hello's word): kept out of the model and of
+    other machines' twins."""
     db.table("measurements").add_column("model_cap_per_hour", float)
+    db.table("measurements").add_column("host_reported", int)
 
 
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
@@ -537,7 +540,7 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...]
     (9, "bytes moved, machine strikes, block expiries", _m9_whole_bill),
     (10, "directed benchmarks, held results, declared GPUs", _m10_directed_benchmarks),
     (11, "host_perf computed from measurements", _m11_host_perf_from_measurements),
-    (12, "the most the rate model reads of a claim confirmed beyond belief",
+    (12, "the most the rate model reads of a claim beyond belief; host-reported hardware",
      _m12_bounded_influence),
 )
 

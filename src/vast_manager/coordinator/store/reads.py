@@ -284,9 +284,8 @@ class Reads:
         """The fleet's own measurements on ``num_gpus`` GPUs (rate and offer): where a
         result's twins on the same hardware are looked for (docs/reliability.md)."""
         return rows_of(self._conn, "select machine_id, rate_per_hour, model_cap_per_hour, "
-                       "offer_json from measurements where source = 'fleet' and num_gpus = ? "
-                       "order by id",
-                       (num_gpus,))
+                       "host_reported, offer_json from measurements where source = 'fleet' "
+                       "and num_gpus = ? order by id", (num_gpus,))
 
     def measured_machines(self) -> set[str]:
         """Every machine with a measurement (a host_perf row)."""
