@@ -367,3 +367,29 @@ async def test_telemetry_cannot_mint_prometheus_series(h: Harness) -> None:
     theirs = [s for f in text_string_to_metric_families(text) for s in f.samples
               if s.labels.get("machine_id") == "honest-telemetry" and "gpu" in s.labels]
     assert {s.labels["gpu"] for s in theirs} == {"0"}
+
+
+# --- 9: the smaller ones ----------------------------------------------------------------
+
+
+async def test_a_concurrency_above_the_cap_is_judged_as_the_cap(h: Harness) -> None:
+    """The probe: a benchmark announcing 64 proofs in flight on one GPU (the cap is 8)
+    switched the early verdict off. Now read as 8: a run that completes nothing is
+    stopped by the stall test; an honest run's early pass is unchanged (the suite's
+    early-verdict tests)."""
+    agent = await deploy(h, 9120, min_rate=13.75)
+    inst = h.store.instance_by_agent(agent.agent_id)
+    assert inst is not None
+    for minute in range(300):
+        h.clock.advance(60)
+        agent.seq += 1
+        status, directive = await agent.post("/v1/heartbeat", {
+            "seq": agent.seq, "phase": "benchmarking", "phase_started_at": 1_800_000_000.0,
+            "progress": {"done": 0, "total": 64, "unit": "proofs", "concurrency": 64},
+            "proofs_completed_total": 0, "proof_seconds_recent": [], "telemetry": None})
+        assert status == 200
+        if directive["action"] == "terminate":
+            break
+    ended = h.store.get_instance(inst["id"])
+    assert ended is not None and ended["state"] == "terminating", minute
+    assert "early verdict" in ended["terminate_reason"]

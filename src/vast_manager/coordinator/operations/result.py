@@ -91,9 +91,8 @@ def _steady_rate(
     if (not settings.verdict_early or not concurrency
             or inst["bench_status"] not in (BENCH_OPEN, BENCH_PASSED)):
         return None, None
-    j = int(concurrency)
-    if j > settings.max_concurrency_per_gpu * gpus:
-        return None, None
+    # Above the cap is read as the cap, as the early verdict reads it.
+    j = min(int(concurrency), settings.max_concurrency_per_gpu * gpus)
     rate = steady_state_rate_per_hour(
         list(result.proof_seconds), j, result.wall_seconds,
         proofs_failed=result.proofs_failed, tolerance=settings.rate_tolerance,
