@@ -177,7 +177,8 @@ def render_scaling(rows: list[dict[str, Any]], width: int | None = None) -> str:
             f"machine {clean(r.get('machine_id'))} ({r.get('num_gpus')}x "
             f"{clean(r.get('gpu_name'))}): {render.num(r.get('rate_all_per_hour'))}/h with "
             f"all GPUs, {one_text}; efficiency {render.num(r.get('efficiency'), 2)}; "
-            f"bottleneck {clean(r.get('bottleneck')).upper()} (coordinator)"
+            f"bottleneck {clean(r.get('bottleneck')).upper()} (coordinator, on the host's "
+            "own telemetry)"
             + (
                 f", {clean(r.get('agent_bottleneck')).upper()} (agent says)"
                 if r.get("agent_bottleneck")
