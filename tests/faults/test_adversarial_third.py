@@ -380,7 +380,7 @@ async def test_a_concurrency_above_the_cap_is_judged_as_the_cap(h: Harness) -> N
     agent = await deploy(h, 9120, min_rate=13.75)
     inst = h.store.instance_by_agent(agent.agent_id)
     assert inst is not None
-    for minute in range(300):
+    for _ in range(300):
         h.clock.advance(60)
         agent.seq += 1
         status, directive = await agent.post("/v1/heartbeat", {
@@ -391,5 +391,5 @@ async def test_a_concurrency_above_the_cap_is_judged_as_the_cap(h: Harness) -> N
         if directive["action"] == "terminate":
             break
     ended = h.store.get_instance(inst["id"])
-    assert ended is not None and ended["state"] == "terminating", minute
+    assert ended is not None and ended["state"] == "terminating", ended
     assert "early verdict" in ended["terminate_reason"]
