@@ -683,6 +683,103 @@ async def test_crashing_bench_reports_failed_then_obeys_terminate(
     assert_no_children()
 
 
+# --- the daemon-crash rule (docs/reliability.md, "When the cuzk daemon dies") ------------
+
+
+def crash_line(doing: str, n: int) -> str:
+    """What the agent logs (and ships) when the daemon fails for the ``n``-th time."""
+    return f"the cuzk daemon failed while {doing} (failure {n} of the 2 allowed in 30 minutes)"
+
+
+@pytest.mark.parametrize(
+    ("proof", "doing", "benchmark_runs"),
+    [(1, "warming up", 1),  # the warm-up proof
+     (3, "benchmarking", 2)],  # the benchmark's second proof
+    ids=["mid-warm-up", "mid-benchmark"],
+)
+async def test_a_daemon_killed_before_the_result_is_restarted_warmed_and_measured_again(
+    fleet: FleetFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    proof: int, doing: str, benchmark_runs: int,
+) -> None:
+    f = await fleet()
+    monkeypatch.setenv("FAKE_DAEMON_DIES_ON", str(proof))
+    h = await Harness.deploy(tmp_path, f)
+    task = asyncio.create_task(h.make_agent().run())
+    try:
+        await until(lambda: f.sent("/v1/result"), "the benchmark result")
+        await until(logged(f, crash_line(doing, 1)), "the failure shipped")
+        code = await destroyed_by_the_operator(f, task)
+    finally:
+        if not task.done():
+            task.cancel()
+    assert code == EXIT_SIGTERM
+    # One result, of a whole run on the new daemon: a killed run measured nothing.
+    assert len(f.sent("/v1/result")) == 1
+    (result,) = await f.results()
+    assert (result["proofs_completed"], result["proofs_failed"]) == (3, 0), result
+    assert result["verdict"] == "keep", result
+    text = await f.log_text()
+    assert f"[cuzk] fake cuzk killed as proof {proof} arrives" in text
+    assert "(the daemon exited with status -9); restarting it" in text
+    # A second daemon, warmed up (its own warm-up proof) before the benchmark ran in it.
+    assert text.count("fake cuzk up") == 2
+    assert text.count("[cuzk-bench] count:       1") == 2
+    assert text.count("[cuzk-bench] count:       3") == benchmark_runs
+    assert "failed" not in f.phases()
+    assert_no_children()
+
+
+async def test_a_daemon_killed_while_proving_is_restarted_and_proving_goes_on(
+    fleet: FleetFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = await fleet()
+    monkeypatch.setenv("FAKE_DAEMON_DIES_ON", "6")  # the work command's second proof
+    work = write_script(tmp_path / "fake-work", FAKE_WORK)
+    h = await Harness.deploy(tmp_path, f, VM_WORK_CMD=f"{work} {tmp_path / 'work-marker'}")
+    task = asyncio.create_task(h.make_agent().run())
+    try:
+        await until(logged(f, crash_line("proving", 1)), "the failure shipped")
+
+        async def proving_on_the_new_daemon() -> bool:
+            inst = await f.instance()
+            return inst["state"] == "proving" and inst["proofs_completed_total"] >= 10
+
+        await until(proving_on_the_new_daemon, "proofs counted from the new daemon")
+        code = await destroyed_by_the_operator(f, task)
+    finally:
+        if not task.done():
+            task.cancel()
+    assert code == EXIT_SIGTERM
+    text = await f.log_text()
+    assert "[cuzk] fake cuzk killed as proof 6 arrives" in text
+    assert "the cuzk daemon exited while proving (the daemon exited with status -9)" in text
+    assert text.count("fake cuzk up") == 2
+    assert len(f.sent("/v1/result")) == 1  # proving restarts no benchmark
+    assert "failed" not in f.phases()
+    assert_no_children()
+
+
+async def test_the_third_daemon_failure_in_30_minutes_fails_the_agent_whatever_the_phases(
+    fleet: FleetFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = await fleet()
+    # Killed in the warm-up (1), in the benchmark on the second daemon (3), and while
+    # proving on the third (9: the warm-up is 4, the benchmark 5 to 7, the work's 8, 9).
+    monkeypatch.setenv("FAKE_DAEMON_DIES_ON", "1,3,9")
+    work = write_script(tmp_path / "fake-work", FAKE_WORK)
+    h = await Harness.deploy(tmp_path, f, VM_WORK_CMD=f"{work} {tmp_path / 'work-marker'}")
+    reason = await failed_reason(f, asyncio.create_task(h.make_agent().run()))
+    assert reason == (
+        "the cuzk daemon failed 3 times in 30 minutes, the last while proving: the cuzk "
+        "daemon exited while proving (the daemon exited with status -9)"), reason
+    text = await f.log_text()
+    assert crash_line("warming up", 1) in text and crash_line("benchmarking", 2) in text
+    assert text.count("fake cuzk up") == 3  # no fourth daemon
+    assert len(await f.results()) == 1  # the second daemon's benchmark was reported
+    assert h.destroyed == ["local"]
+    assert_no_children()
+
+
 async def test_a_budget_under_one_partition_fails_before_anything_runs(
     fleet: FleetFactory, tmp_path: Path
 ) -> None:

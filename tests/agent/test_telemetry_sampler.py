@@ -16,7 +16,7 @@ from aiohttp import web
 
 from vast_manager.agent.gpu import GpuSnapshot, Nvml, open_devices
 from vast_manager.agent.host import HostSample
-from vast_manager.agent.sampler import MAX_OPEN_WINDOWS, Sampler, Sources, sample_interval_from_env
+from vast_manager.agent.sampler import MAX_OPEN_WINDOWS, Sampler, Sources
 from vast_manager.protocol.codec import decode, encode
 from vast_manager.protocol.messages import Telemetry
 from vast_manager.sim.fake_host import FakeHostProbe
@@ -419,10 +419,6 @@ def test_memory_flat_over_100000_samples(tmp_path: Path) -> None:
     assert after - before < 16 * 1024, (before, after)
 
 
-def test_sample_interval_from_env() -> None:
-    assert sample_interval_from_env({}) == 1.0
-    assert sample_interval_from_env({"VM_SAMPLE_INTERVAL": "0.5"}) == 0.5
-    assert sample_interval_from_env({"VM_SAMPLE_INTERVAL": "-1"}) == 1.0
-    assert sample_interval_from_env({"VM_SAMPLE_INTERVAL": "x"}) == 1.0
+def test_a_sampler_refuses_a_non_positive_interval() -> None:
     with pytest.raises(ValueError):
         Sampler(Sources("off", FakeHostProbe(".", PROFILE, "")), interval_s=0)

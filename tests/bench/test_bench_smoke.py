@@ -99,3 +99,16 @@ def test_decode_quick() -> None:
         assert "faster than the previous decoder" in text
     else:
         assert "previous decoder not timed" in text
+
+
+@pytest.mark.slow  # a PostgreSQL server and a bench process of their own (~10 s)
+def test_cluster_read_quick() -> None:
+    from support.postgres import find_bin_dir
+    from support.tools import skip_or_fail
+
+    if find_bin_dir() is None:
+        skip_or_fail("postgresql is not installed (apt-get install -y postgresql)")
+    text = _run("cluster_read.py")
+    assert "100 instances matched" in text
+    assert "one round: 1,800 proving tasks in the window" in text
+    assert "baseline: SELECT 1" in text and "bar: one round's read under 200 ms" in text

@@ -97,9 +97,15 @@ def bounded(rows: tuple[Any, ...]) -> list[Any]:
     return [r for r in rows if settings_table.describe(r)]
 
 
+#: Settings that go in pairs: each is tried at its edges with its partner set.
+PARTNERS = {"VM_PROOF_PRICE_FIL": {"VM_FIL_USD": "3.5"},
+            "VM_FIL_USD": {"VM_PROOF_PRICE_FIL": "0.005"}}
+
+
 @pytest.mark.parametrize("row", bounded(coord_settings.SETTINGS), ids=lambda r: r.env)
 def test_every_coordinator_bound_holds_at_its_edges(row: Any, tmp_path: Path) -> None:
-    env = {"VM_FLEET_SECRET": "11" * 32, "VM_ADMIN_TOKEN": "admin-token-0123456789"}
+    env = {"VM_FLEET_SECRET": "11" * 32, "VM_ADMIN_TOKEN": "admin-token-0123456789",
+           **PARTNERS.get(row.env, {})}
     inside, outside = edges(row)
     for value in inside:
         coord_settings.Settings.from_env({**env, row.env: str(value)}, config_dir=str(tmp_path))
@@ -146,8 +152,7 @@ def test_architecture_md_shows_the_agent_table_with_its_bounds() -> None:
     begin, end = "<!-- agent-settings:begin -->\n", "\n<!-- agent-settings:end -->"
     table = doc[doc.index(begin) + len(begin) : doc.index(end)]
     assert table == agent_config.settings_markdown(), (
-        "docs/architecture.md's agent settings table is stale: paste "
-        "vast_manager.agent.config.settings_markdown() between the agent-settings markers"
+        "docs/architecture.md's agent settings table is stale: python -m vast_manager.docs"
     )
     assert "| `VM_SAMPLE_INTERVAL` | `1.0` | greater than 0 |" in table
 

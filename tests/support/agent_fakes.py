@@ -13,7 +13,10 @@ and says so as cuzk logs it), FAKE_BENCH_CRASH (die mid-batch),
 FAKE_BENCH_MARKER (file touched when a
 batch of more than one proof starts), FAKE_PROOF_DELAY (real seconds per proof),
 FAKE_PROOF_SECONDS (the seconds the bench reports a proof took; default: the daemon's
-simulated ones, which a coordinator watching in real time finds implausible).
+simulated ones, which a coordinator watching in real time finds implausible),
+FAKE_DAEMON_DIES_ON (comma-separated proof numbers, counted over every daemon the test's
+agent starts: the daemon is SIGKILLed as that proof arrives, as the OOM killer or a GPU
+fault ends cuzk; the warm-up proof is 1, a 3-proof benchmark's are 2 to 4).
 """
 
 from __future__ import annotations
@@ -69,6 +72,14 @@ class H(BaseHTTPRequestHandler):
         if self.path == "/preload":
             self._json({"ok": True})
         elif self.path == "/prove":
+            with lock:
+                counter = os.path.join(cfg["srs"]["param_cache"], "fake-proofs-arrived")
+                number = 1 + (int(open(counter).read()) if os.path.exists(counter) else 0)
+                with open(counter, "w") as fh:
+                    fh.write(str(number))
+            if str(number) in os.environ.get("FAKE_DAEMON_DIES_ON", "").split(","):
+                print(f"fake cuzk killed as proof {number} arrives", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(0.01)
             # More GPUs prove faster, not quite linearly.
             seconds = 60.0 if gpus == 1 else 60.0 / (gpus * 0.75)

@@ -372,10 +372,6 @@ class FakeVast:
                 out.append("other")
         return out
 
-    def billed_seconds(self, instance_id: int, since: float = 0.0) -> float:
-        """Seconds the instance billed after ``since`` (until its destroy, or now)."""
-        return self.billing[instance_id].seconds(since, self.clock())
-
     # ---- vast.ai as it bills (docs/vast.md "Billing") ---------------------------
 
     def host_trouble(self, instance_id: int, status: str, for_s: float,
@@ -933,7 +929,7 @@ def _matches(offer: dict[str, Any], query: dict[str, Any]) -> bool:
 
 
 class SimAgents:
-    """A ``Launcher``: each instance runs ``vast-agent run`` on the simulated cuzk.
+    """A ``Launcher``: each instance runs ``vm-sim-agent run`` (the agent on the simulated cuzk).
 
     The environment is what the image would bake in (the simulation's binaries,
     state and parameter folders, the fake NVML, ``VM_PROVIDER=vast``; no
@@ -984,7 +980,7 @@ class SimAgents:
         self.envs[instance_id] = child_env
         with open(home / "agent.log", "ab") as log_file:
             self.processes[instance_id] = subprocess.Popen(
-                [sys.executable, "-m", "vast_manager.agent.cli", "run"],
+                [sys.executable, "-m", "vast_manager.sim.agent_run", "run"],
                 env=child_env, cwd=home, stdin=subprocess.DEVNULL, stdout=log_file,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )

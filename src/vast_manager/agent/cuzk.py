@@ -162,12 +162,6 @@ def completed_total(status: Mapping[str, Any]) -> int | None:
     return _counter(status, "total_completed")
 
 
-def finished_total(status: Mapping[str, Any]) -> int | None:
-    """Proofs the daemon has finished, completed or failed: when they really finished."""
-    done, failed = _counter(status, "total_completed"), _counter(status, "total_failed")
-    return None if done is None or failed is None else done + failed
-
-
 def has_pce(status: Mapping[str, Any]) -> bool:
     """Whether the daemon holds the PoRep PCE in memory (``allocations.pce``).
 
@@ -232,6 +226,17 @@ class CuzkDaemon:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    async def exit_status(self, within_s: float) -> int | None:
+        """The daemon's exit status once it has exited, waiting up to ``within_s`` for the
+        exit to be seen; None while it runs (or when none was started)."""
+        proc = self._proc
+        if proc is None:
+            return None
+        if proc.running:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), within_s)
+        return proc.returncode
+
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
@@ -244,8 +249,7 @@ class CuzkDaemon:
 
     async def start(self, devices: Sequence[int] | None = None, *, budget_bytes: int) -> None:
         """Write cuzk.toml, start the daemon and wait until GET /status answers."""
-        if self.running:
-            await self.stop()
+        await self.stop()  # a running daemon, or what is left of one that died
         self.devices = list(devices) if devices else None
         self.budget_bytes = budget_bytes
         self.extraction_failed = False
@@ -319,11 +323,6 @@ class CuzkDaemon:
         if not isinstance(data, dict):
             raise CuzkError("GET /status did not answer a JSON object")
         return data
-
-    async def wait_exit(self) -> int:
-        if self._proc is None:
-            raise DaemonExited("cuzk daemon was never started")
-        return await self._proc.wait()
 
     async def stop(self) -> None:
         """SIGINT (the one signal cuzk handles: its engine stops), then SIGTERM, then SIGKILL."""

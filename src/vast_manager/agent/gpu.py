@@ -172,10 +172,6 @@ class Nvml:
         """True once ``fn_name`` is known to be absent from this driver."""
         return fn_name in self._missing
 
-    def const(self, name: str, fallback: int) -> int:
-        value = getattr(self._module, name, fallback)
-        return int(value) if isinstance(value, int) else fallback
-
     # --- system ------------------------------------------------------------
 
     def driver_version(self) -> str | None:
@@ -192,17 +188,6 @@ class Nvml:
     def device_count(self) -> int:
         count = self.query("nvmlDeviceGetCount", default=0)
         return int(count) if isinstance(count, int) else 0
-
-
-_process_nvml: Nvml | None = None
-
-
-def nvml_query(fn_name: str, *args: Any, default: Any = None) -> Any:
-    """`Nvml.query` on the process-wide real NVML (lazily created)."""
-    global _process_nvml
-    if _process_nvml is None:
-        _process_nvml = Nvml()
-    return _process_nvml.query(fn_name, *args, default=default)
 
 
 def _text(value: Any) -> str | None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -687,13 +686,3 @@ def _join_all(threads: list[threading.Thread], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     for th in threads:
         th.join(max(0.0, deadline - time.monotonic()))
-
-
-def sample_interval_from_env(environ: dict[str, str] | None = None) -> float:
-    """``VM_SAMPLE_INTERVAL`` seconds (default 1.0; bad or non-positive values give 1.0)."""
-    env = os.environ if environ is None else environ
-    try:
-        value = float(env.get("VM_SAMPLE_INTERVAL", "1.0"))
-    except ValueError:
-        return 1.0
-    return value if value > 0 else 1.0

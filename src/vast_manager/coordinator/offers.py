@@ -268,8 +268,3 @@ def stored_offer(offer_json: object) -> Offer | None:
     except OfferError as exc:
         log.warning("stored offer %s ignored: %s", raw.get("id"), exc.message)
         return None
-
-
-def with_fields(offer: Offer, **changes: object) -> Offer:
-    """The offer with vast.ai fields changed, in its typed attributes and its ``raw`` alike."""
-    return parse_offer({**offer.raw, **changes})

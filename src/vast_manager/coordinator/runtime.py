@@ -23,6 +23,7 @@ from vast_manager.coordinator.decisions import policy
 from vast_manager.coordinator.decisions.pace import HeartbeatTracker, RandomSource
 from vast_manager.coordinator.operations.account import Account
 from vast_manager.coordinator.operations.autopilot_loop import Autopilot
+from vast_manager.coordinator.operations.cluster import ClusterWatch
 from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.model_keeper import ModelKeeper
 from vast_manager.coordinator.operations.monitor import Monitor, account_watch
@@ -61,8 +62,10 @@ class Runtime:
         self.tracker = HeartbeatTracker(settings.silence_grace_s, settings.next_heartbeat_s)
         self._revoked_listeners: list[Callable[[str], None]] = []
         self.account: Account = account_watch(provider, settings)
+        self.cluster = ClusterWatch(settings, clock)
         self.monitor = Monitor(settings, store, provider, clock, self.tracker,
-                               on_agent_revoked=self._agent_revoked, account=self.account)
+                               on_agent_revoked=self._agent_revoked, account=self.account,
+                               cluster=self.cluster)
         self.monitor.seed(clock())
         self.deployer = Deployer(settings, store, provider, clock, destroy=self.monitor.destroy,
                                  account=self.account)
@@ -120,6 +123,9 @@ class Runtime:
         if loops:
             self.spawn(self.monitor.run(), "coordinator-monitor")
             self.spawn(self.models.run(), "coordinator-rate-model")
+            if self.cluster.configured:
+                # Its own task: a slow cluster database never holds a monitor round.
+                self.spawn(self.cluster.run(), "coordinator-cluster-read")
             if self.autopilot.configured:
                 self.spawn(self.autopilot.run(), "coordinator-autopilot")
 
@@ -132,6 +138,7 @@ class Runtime:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.models.close()  # the rate model's worker process, if one was started
+        await self.cluster.close()
         if self._owns_store:
             await asyncio.to_thread(self.store.close)
 

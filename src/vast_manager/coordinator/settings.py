@@ -12,6 +12,7 @@ the variable, never a secret's value. docs/architecture.md, "Settings", says why
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
@@ -424,6 +425,78 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "agent is never destroyed)"
         )),
     ] = 0.0
+    curio_db_url: Annotated[
+        str | None,
+        Meta(description=(
+            "production as the cluster records it: a PostgreSQL URL of Curio's HarmonyDB "
+            "(read-only role; e.g. postgresql://vm_reader:PASS@db:5433/yugabyte), read once a "
+            "monitor round; unset: the agents' cuzk counters only (docs/operations.md, "
+            "Production as the cluster records it)"
+        )),
+    ] = None
+    curio_db_schema: Annotated[
+        str,
+        Meta(description=(
+            "the schema Curio's tables live in (Curio's default: curio): letters, digits "
+            "and _"
+        )),
+    ] = "curio"
+    curio_tasks: Annotated[
+        str,
+        Meta(description=(
+            "the Curio task names that count as proofs, comma-separated (each at most 16 "
+            "letters, digits or _: Curio's varchar(16))"
+        )),
+    ] = "PSProve,PoRep,UpdateProve"
+    curio_read_timeout_s: Annotated[
+        float,
+        Meta(gt=0, le=300, description=(
+            "longest a read of the cluster's database may take (connect and query), seconds; "
+            "longer counts as the source unavailable"
+        )),
+    ] = 10.0
+    curio_window_s: Annotated[
+        float,
+        Meta(ge=600, description=(
+            "the delivered rate is taken over this much of the latest proving, seconds; an "
+            "instance is judged on it once it has proved for half of it"
+        )),
+    ] = 3600.0
+    curio_failures_flag: Annotated[
+        int,
+        Meta(ge=1, description=(
+            "failed proving tasks within the window that flag an instance, with the cluster's "
+            "last error"
+        )),
+    ] = 3
+    proof_price_usd: Annotated[
+        float | None,
+        Meta(gt=0, description=(
+            "what one delivered proof earns, US dollars; with it (or VM_PROOF_PRICE_FIL and "
+            "VM_FIL_USD) every view shows revenue and profit and the minimum rate is the "
+            "break-even rate of the full bill instead of VM_MAX_USD_PER_PROOF's"
+        )),
+    ] = None
+    proof_price_fil: Annotated[
+        float | None,
+        Meta(gt=0, description=(
+            "what one delivered proof earns, FIL (the Snark Market's Price FIL/p); needs "
+            "VM_FIL_USD"
+        )),
+    ] = None
+    fil_usd: Annotated[
+        float | None,
+        Meta(gt=0, description=(
+            "US dollars per FIL, for VM_PROOF_PRICE_FIL"
+        )),
+    ] = None
+    production_token: Annotated[
+        str,
+        Meta(description=(
+            "the bearer token of POST /api/production alone (a cluster's own counts; never "
+            "the admin token), rules as VM_ADMIN_TOKEN's; unset: the endpoint is refused"
+        )),
+    ] = ""
     autopilot: Annotated[
         bool,
         Meta(description=(
@@ -594,6 +667,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             parse_listen(values["admin_listen"])  # raises with the variable's name
 
         _check_discovery(values)
+        _check_earnings(values)
+        _check_curio(values)
+        if values["production_token"]:
+            check_admin_token(values["production_token"], "VM_PRODUCTION_TOKEN")
+            if values["production_token"] == values["admin_token"]:
+                raise ValueError("VM_PRODUCTION_TOKEN must differ from VM_ADMIN_TOKEN")
 
         config_dir = (
             Path(values["config_dir"]) if values["config_dir"] else default_config_dir(env)
@@ -704,17 +783,50 @@ def _check_discovery(values: dict[str, Any]) -> None:
                              "(its caps are hard limits, with no default)")
 
 
-def check_admin_token(token: str) -> None:
+_SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_TASK_NAME = re.compile(r"[A-Za-z0-9_]{1,16}")
+
+
+def _check_curio(values: dict[str, Any]) -> None:
+    """The cluster source's names go into SQL as parameters or a search_path: refuse
+    anything but plain names."""
+    if not _SQL_NAME.fullmatch(values["curio_db_schema"] or ""):
+        raise ValueError("VM_CURIO_DB_SCHEMA must be letters, digits and _ (at most 63), "
+                         "starting with a letter or _")
+    if not all(_TASK_NAME.fullmatch(t) for t in (values["curio_tasks"] or "").split(",")):
+        raise ValueError("VM_CURIO_TASKS must be task names (letters, digits, _; at most 16 "
+                         "each), comma-separated")
+    url = values["curio_db_url"]
+    if url and not url.startswith(("postgresql://", "postgres://")):
+        raise ValueError("VM_CURIO_DB_URL must be a postgresql:// URL")
+
+
+def curio_tasks(settings: Settings) -> tuple[str, ...]:
+    """VM_CURIO_TASKS as a tuple of task names."""
+    return tuple(t for t in settings.curio_tasks.split(",") if t)
+
+
+def _check_earnings(values: dict[str, Any]) -> None:
+    """A proof's price: in dollars, or in FIL with the exchange rate; never both ways."""
+    fil, rate, usd = values["proof_price_fil"], values["fil_usd"], values["proof_price_usd"]
+    if (fil is None) != (rate is None):
+        raise ValueError("VM_PROOF_PRICE_FIL and VM_FIL_USD go together: set both or neither")
+    if fil is not None and usd is not None:
+        raise ValueError("set VM_PROOF_PRICE_USD or VM_PROOF_PRICE_FIL with VM_FIL_USD, "
+                         "not both")
+
+
+def check_admin_token(token: str, variable: str = "VM_ADMIN_TOKEN") -> None:
     """Refuse a token too weak to stand guessing (ValueError naming the rule, never the
     token): with failed attempts throttled per address (``vast_manager.coordinator.web.guard``), 16
     random hex characters (64 bits) take longer than the universe's age to guess."""
     if len(token) < MIN_ADMIN_TOKEN_CHARS:
-        raise ValueError(f"VM_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_CHARS} characters")
+        raise ValueError(f"{variable} must be at least {MIN_ADMIN_TOKEN_CHARS} characters")
     if not all("!" <= c <= "~" for c in token):
-        raise ValueError("VM_ADMIN_TOKEN must be printable ASCII without spaces")
+        raise ValueError(f"{variable} must be printable ASCII without spaces")
     if len(set(token)) < MIN_ADMIN_TOKEN_DISTINCT_CHARS:
         raise ValueError(
-            f"VM_ADMIN_TOKEN must hold at least {MIN_ADMIN_TOKEN_DISTINCT_CHARS} different "
+            f"{variable} must hold at least {MIN_ADMIN_TOKEN_DISTINCT_CHARS} different "
             "characters (generate one: openssl rand -hex 24)"
         )
 

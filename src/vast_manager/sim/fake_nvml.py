@@ -347,12 +347,6 @@ class FakeNvml:
         else:
             raise ValueError(f"unknown failure kind {kind!r}")
 
-    def clear_failures(self) -> None:
-        for name in list(vars(self)):
-            if name.startswith("nvml") and vars(self)[name] is None:
-                delattr(self, name)
-        self._failures.clear()
-
     def hang_device(self, index: int) -> None:
         """Every call on GPU ``index`` blocks until `release_device`."""
         self._hung[index] = threading.Event()

@@ -613,16 +613,10 @@ class Simulation:
             memory_blocked_s=self._memory_blocked_s,
         )
 
-    def current_cpu_demand(self) -> tuple[float, float]:
-        """(cores in use, runnable threads) right now."""
-        demands = self._cpu_demands()
-        alloc = self._allocate_cpu(demands)
-        return sum(alloc), sum(d for _, d in demands)
-
     # ----- the engine -----
 
     def _slowdown(self) -> float:
-        """GPU slow-down from heat (``sim.degrade_pct_per_hour``), capped at 2x."""
+        """GPU slow-down from heat (the profile's ``degrade_pct_per_hour``), capped at 2x."""
         pct = self.profile.sim.degrade_pct_per_hour
         if pct <= 0:
             return 1.0

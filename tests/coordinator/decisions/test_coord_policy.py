@@ -237,8 +237,7 @@ def test_every_setting_is_documented_in_operations_md() -> None:
     begin, end = "<!-- settings:begin -->\n", "\n<!-- settings:end -->"
     table = doc[doc.index(begin) + len(begin) : doc.index(end)]
     assert table == settings_markdown(), (
-        "docs/operations.md's settings table is stale: paste settings_markdown() between "
-        "the settings markers"
+        "docs/operations.md's settings table is stale: python -m vast_manager.docs"
     )
     for s in SETTINGS:
         assert s.help, f"{s.env} has no help text"

@@ -7,7 +7,8 @@ import math
 import random
 
 from vast_manager.coordinator.decisions import delivered
-from vast_manager.coordinator.decisions.delivered import Delivered, DeliveryTest
+from vast_manager.coordinator.decisions.cluster_verdict import Delivered
+from vast_manager.coordinator.decisions.delivered import DeliveryTest
 
 ROUND_S = 60.0
 
@@ -26,7 +27,7 @@ def hours_to_short(kept: float, true_rate: float, hours: float, seed: int) -> fl
     rng = random.Random(seed)
     state = DeliveryTest()
     for i in range(int(hours * 3600 / ROUND_S)):
-        obs = Delivered(poisson(rng, true_rate * ROUND_S / 3600), 0, ROUND_S)
+        obs = Delivered(poisson(rng, true_rate * ROUND_S / 3600), 0, ROUND_S, "cuzk")
         state, verdict = delivered.step(state, obs, kept)
         if verdict.short:
             return (i + 1) * ROUND_S / 3600

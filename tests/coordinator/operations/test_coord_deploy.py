@@ -32,6 +32,8 @@ async def test_deploy_creates_labelled_instance_with_agent_env(
         "VM_COORDINATOR_URL": "https://c.example",
         "VM_AGENT_ID": data["agent_id"],
         "VM_AGENT_KEY": agent_key(data["agent_id"]).hex(),
+        # The Curio node name its work command runs under (docs/operations.md).
+        "CURIO_NODE_NAME": f"vm-{data['instance_id']}",
     }
     assert signing.is_agent_id(data["agent_id"])
     inst = h.store.get_instance(data["instance_id"])

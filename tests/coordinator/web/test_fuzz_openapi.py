@@ -36,11 +36,7 @@ from support.paths import REPO_ROOT
 ROOT = REPO_ROOT
 DOCS_YAML = ROOT / "docs" / "openapi.yaml"
 PACKAGED = ROOT / "src" / "vast_manager" / "coordinator" / "web" / "data" / "openapi.json"
-REGENERATE = (
-    "regenerate the packaged copy: python -c \"import json, yaml; "
-    "json.dump(yaml.safe_load(open('docs/openapi.yaml')), "
-    "open('src/vast_manager/coordinator/web/data/openapi.json', 'w'), indent=1)\""
-)
+REGENERATE = "regenerate the packaged copy: python -m vast_manager.docs"
 HTTP_METHODS = ("get", "put", "post", "delete", "patch", "options", "head", "trace")
 
 

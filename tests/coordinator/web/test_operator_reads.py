@@ -135,7 +135,12 @@ async def test_fleet_summary(h: Harness) -> None:
     assert fleet.pop("account") == {
         "balance_usd": None, "credit_usd": None, "funds_usd": None, "checked_at": None,
         "auth_ok": True, "auth_error": None, "warning": None, "paused": None}
+    # No cluster source, no proof price: nothing of theirs to show.
+    assert fleet.pop("cluster") == {"configured": False, "alert": None, "alert_since": None,
+                                    "reads_failed_total": 0, "read_since": None}
     assert fleet == {
+        "revenue_per_hour": None, "cost_per_hour": None, "profit_per_hour": None,
+        "unattributable_addresses": [],
         "instances": len(FLEET),
         "by_state": {"benchmarking": 1, "deploying": 1, "destroyed": 1, "lost": 2,
                      "proving": 4, "vanished": 1},

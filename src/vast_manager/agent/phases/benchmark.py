@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from vast_manager.agent.benchparse import BenchRun
 from vast_manager.agent.benchwatch import BenchWatch
 from vast_manager.agent.cuzk import (
-    BenchFailed,
     CuzkError,
 )
 from vast_manager.agent.phases.context import AgentContext, Orders
@@ -61,7 +60,13 @@ class Benchmarking:
         self._reporting = reporting  # delivers the results
 
     async def _measure(self, devices: list[int] | None) -> _Measured:
-        """One benchmark run on the running, warm daemon; retried once on a fresh daemon."""
+        """One benchmark run on the running daemon, warmed first; run again from its start
+        on a new daemon when the daemon fails (``AgentContext.crashes``: the one rule)."""
+        return await self.ctx.crashes.run(
+            "benchmarking", lambda: self._measure_once(devices),
+            lambda: self._warming.start_daemon(devices))
+
+    async def _measure_once(self, devices: list[int] | None) -> _Measured:
         ctx = self.ctx
         assert ctx.sampler is not None
         cfg = self.config
@@ -71,49 +76,39 @@ class Benchmarking:
         # GPU keep each fed while the next proof synthesises.
         concurrency = cfg.bench_concurrency or 2 * max(1, len(gpus_used))
         sampler = ctx.sampler
-        for attempt in (1, 2):
-            await self._warming.ensure_warm()
-            # The concurrency is announced once the daemon has the batch (_take_finished).
-            ctx.progress = Progress(done=0, total=cfg.bench_proofs, unit="proofs")
-            steady: list[int] = []
-            watch = await self._bench_watch()
-            watcher = asyncio.create_task(self._watch_benchmark(watch, steady, concurrency))
-            wid = sampler.open_window()
-            started_at = ctx.client.now()
-            try:
-                run = await ctx.bench.batch(
-                    ctx.daemon.addr, c1_path=c1.path, count=cfg.bench_proofs,
-                    concurrency=concurrency, sector_num=c1.sector_num,
-                    miner_id=cfg.c1_miner_id,
-                )
-                await self._stop_watcher(watcher)
-                await self._take_finished(watch, None, concurrency)  # the last ones
-            except BenchFailed as exc:
-                for w in (wid, *steady):
-                    sampler.close_window(w)
-                if attempt == 2:
-                    raise
-                log.warning("benchmark run failed (%s); restarting the daemon and retrying", exc)
-                await self._warming.start_daemon(devices)
-                continue
-            except BaseException:
-                for w in (wid, *steady):
-                    sampler.close_window(w)
-                raise
-            finally:
-                await self._stop_watcher(watcher)
-            full_run = sampler.close_window(wid)
-            steady_state = sampler.close_window(steady[0]) if steady else None
-            # A steady window opened moments before the end says less than the whole run.
-            enough = steady_state is not None and steady_state.samples >= MIN_STEADY_SAMPLES
-            telemetry = steady_state if enough else full_run
-            finished_at = ctx.client.now()
-            log.info(
-                "benchmark on GPUs %s: %d completed, %d failed in %.1f s: %.1f proofs/h",
-                gpus_used, run.completed, run.failed, run.total_seconds, run.rate_per_hour,
+        await self._warming.ensure_warm()
+        # The concurrency is announced once the daemon has the batch (_take_finished).
+        ctx.progress = Progress(done=0, total=cfg.bench_proofs, unit="proofs")
+        steady: list[int] = []
+        watch = await self._bench_watch()
+        watcher = asyncio.create_task(self._watch_benchmark(watch, steady, concurrency))
+        wid = sampler.open_window()
+        started_at = ctx.client.now()
+        try:
+            run = await ctx.bench.batch(
+                ctx.daemon.addr, c1_path=c1.path, count=cfg.bench_proofs,
+                concurrency=concurrency, sector_num=c1.sector_num,
+                miner_id=cfg.c1_miner_id,
             )
-            return _Measured(run, telemetry, started_at, finished_at, gpus_used)
-        raise AssertionError("unreachable")
+            await self._stop_watcher(watcher)
+            await self._take_finished(watch, None, concurrency)  # the last ones
+        except BaseException:
+            for w in (wid, *steady):
+                sampler.close_window(w)
+            raise
+        finally:
+            await self._stop_watcher(watcher)
+        full_run = sampler.close_window(wid)
+        steady_state = sampler.close_window(steady[0]) if steady else None
+        # A steady window opened moments before the end says less than the whole run.
+        enough = steady_state is not None and steady_state.samples >= MIN_STEADY_SAMPLES
+        telemetry = steady_state if enough else full_run
+        finished_at = ctx.client.now()
+        log.info(
+            "benchmark on GPUs %s: %d completed, %d failed in %.1f s: %.1f proofs/h",
+            gpus_used, run.completed, run.failed, run.total_seconds, run.rate_per_hour,
+        )
+        return _Measured(run, telemetry, started_at, finished_at, gpus_used)
 
     @staticmethod
     async def _stop_watcher(task: asyncio.Task[None]) -> None:

@@ -11,6 +11,7 @@ from vast_manager.agent.config import AgentConfig
 from vast_manager.agent.coordinator_client import CoordinatorClient
 from vast_manager.agent.cuzk import CuzkBench, CuzkDaemon
 from vast_manager.agent.logbuffer import LogBuffer
+from vast_manager.agent.phases.crashes import DaemonCrashes
 from vast_manager.agent.phases.shared import REBENCHMARK_PLANS, SamplerLike, log
 from vast_manager.agent.spool import Spool
 from vast_manager.protocol import Directive, HostInfo, Progress
@@ -40,6 +41,8 @@ class AgentContext:
             start_timeout_s=config.cuzk_start_timeout_s,
         )
         self.bench = CuzkBench(config.cuzk_bench_bin, sink=self.logs.child_line)
+        #: The daemon's failures, whatever the phase, and the one rule on them.
+        self.crashes = DaemonCrashes(self.daemon, monotonic)
         # Known once the loop has opened the telemetry (``Agent._start``).
         self.host: HostInfo | None = None
         self.sampler: SamplerLike | None = None

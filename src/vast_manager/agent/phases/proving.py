@@ -4,22 +4,37 @@ proofs counted for the heartbeats and the orphan rule."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import os
 
 from vast_manager.agent.cuzk import (
     CuzkError,
+    DaemonExited,
     completed_total,
 )
 from vast_manager.agent.phases.context import AgentContext
 from vast_manager.agent.phases.shared import (
     PROVING_POLL_S,
-    AgentFailure,
     log,
 )
 from vast_manager.agent.phases.warmup import Warming
 from vast_manager.agent.procs import ManagedProcess
+from vast_manager.common.curio import CURIO_LISTEN, CURIO_PORT
+
+
+def curio_listen(env: dict[str, str]) -> str | None:
+    """A Curio address unique to this instance, unless the operator gave ``CURIO_LISTEN``:
+    every interface, on the public port vast.ai mapped to Curio's (``VAST_TCP_PORT_12300``,
+    set inside the instance: docs/vast.md). Curio binds this address and writes it, with
+    0.0.0.0 replaced by its database connection's local IP, as ``host_and_port`` on every
+    task it finishes; vast.ai hands each instance on a public IP its own ports, so no two
+    of ours share one there. Not the public IP itself: Curio would have to bind it, and a
+    vast.ai container does not hold it (docs/operations.md, "Production as the cluster
+    records it"). None off vast.ai or when the port is not opened."""
+    if env.get(CURIO_LISTEN):
+        return None
+    port = env.get(f"VAST_TCP_PORT_{CURIO_PORT}", "").strip()
+    return f"0.0.0.0:{int(port)}" if port.isdigit() else None
 
 
 class Proving:
@@ -41,32 +56,32 @@ class Proving:
             await self._warming.start_daemon(None)
         self.since = monotonic()
         self.last_proof_mono = self.since
-        last_count: int | None = None
-        restarts: collections.deque[float] = collections.deque(maxlen=5)
         if self.config.work_cmd:
             self._work_task = asyncio.create_task(self._supervise_work(self.config.work_cmd))
         else:
             log.info("no VM_WORK_CMD: the daemon stays up, ready")
         try:
-            while True:
-                if not daemon.running:
-                    now = monotonic()
-                    if len(restarts) == restarts.maxlen and now - restarts[0] < 600:
-                        raise AgentFailure("the cuzk daemon died 5 times in 10 minutes")
-                    log.error("the cuzk daemon exited while proving; restarting it")
-                    restarts.append(monotonic())
-                    await self._warming.start_daemon(None)
-                    last_count = None
-                with contextlib.suppress(CuzkError):
-                    count = completed_total(await daemon.status())
-                    if count is not None:
-                        if last_count is not None and count > last_count:
-                            ctx.proofs_completed_total += count - last_count
-                            self.last_proof_mono = monotonic()
-                        last_count = count
-                await asyncio.sleep(PROVING_POLL_S)
+            await ctx.crashes.run("proving", self._count_proofs,
+                                  lambda: self._warming.start_daemon(None))
         finally:
             await self.stop_work()
+        raise AssertionError("unreachable: proving ends by an interruption or a failure")
+
+    async def _count_proofs(self) -> None:
+        """The daemon's completed proofs into the heartbeats' counter, until it exits."""
+        ctx, daemon = self.ctx, self.ctx.daemon
+        last_count: int | None = None  # a new daemon counts from 0
+        while True:
+            if not daemon.running:
+                raise DaemonExited("the cuzk daemon exited while proving")
+            with contextlib.suppress(CuzkError):
+                count = completed_total(await daemon.status())
+                if count is not None:
+                    if last_count is not None and count > last_count:
+                        ctx.proofs_completed_total += count - last_count
+                        self.last_proof_mono = ctx.monotonic()
+                    last_count = count
+            await asyncio.sleep(PROVING_POLL_S)
 
     def _work_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -76,6 +91,9 @@ class Proving:
         env["VM_CUZK_LISTEN"] = f"127.0.0.1:{daemon.port}"
         env["VM_CUZK_STATUS_URL"] = daemon.status_url
         env["FIL_PROOFS_PARAMETER_CACHE"] = str(self.config.params_dir)
+        listen = curio_listen(env)
+        if listen is not None:
+            env[CURIO_LISTEN] = listen
         for name in ("VM_AGENT_KEY", "CONTAINER_API_KEY"):
             env.pop(name, None)  # the work command needs neither
         return env

@@ -71,7 +71,8 @@ class Warming:
 
     async def _warm(self) -> None:
         await self.start_daemon(None)
-        await self.ensure_warm()
+        await self.ctx.crashes.run("warming up", self.ensure_warm,
+                                   lambda: self.start_daemon(None))
         self.ctx.progress = None
 
     async def ensure_warm(self) -> None:
@@ -93,6 +94,8 @@ class Warming:
             sector_num=c1.sector_num, miner_id=self.config.c1_miner_id,
         )
         if run.completed < 1:
+            if not ctx.daemon.running:
+                raise DaemonExited("the cuzk daemon exited during the warm-up proof")
             status = run.proofs[0].status if run.proofs else "did not complete"
             raise AgentFailure(
                 f"the warm-up proof {status}: cuzk cannot prove C1 file {c1.path} as sector "

@@ -1,7 +1,7 @@
 """Generate docs/cli.md from the commands' own --help, so the reference cannot drift.
 
-Run ``python -m vast_manager.coordinator.cli.clidoc > docs/cli.md``; a test fails when the
-file is stale.
+``python -m vast_manager.docs`` writes it with the other generated docs; its ``--check``
+(CI, and a test) fails when the file is stale.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import click
 
 HEADER = """# `vast-manager` command reference
 
-Generated from `--help` by `python -m vast_manager.coordinator.cli.clidoc > docs/cli.md`; a
-test fails when this file is stale. Commands that talk to a running
+Generated from `--help` by `python -m vast_manager.docs` (with the other generated docs);
+`python -m vast_manager.docs --check` fails when this file is stale. Commands that talk to a running
 coordinator take `--url` (env `VM_URL`, default `http://127.0.0.1:8420`)
 and read the admin token from `VM_ADMIN_TOKEN`.
 """
@@ -55,12 +55,3 @@ def render(root: click.Command, prog: str = "vast-manager") -> str:
         parts.append(f"## `{title}`\n\n```text\n{help_text(command, path)}\n```\n")
     return "\n".join(parts)
 
-
-def main() -> None:
-    from vast_manager.coordinator.cli.commands import cli
-
-    print(render(cli), end="")
-
-
-if __name__ == "__main__":
-    main()

@@ -335,7 +335,12 @@ STATUS_PAGE = 5000
 def _account_line(client: OperatorClient) -> None:
     """The vast.ai account in one line, and why deploys wait if they do (docs/operations.md,
     "The account"); nothing with a provider that has no account."""
-    account = client.get("/api/fleet").get("account") or {}
+    from vast_manager.coordinator.cli import text_views
+
+    fleet = client.get("/api/fleet")
+    for line in text_views.fleet_production_lines(fleet):
+        click.echo(line)
+    account = fleet.get("account") or {}
     funds = account.get("funds_usd")
     if funds is None and account.get("auth_ok", True):
         return
@@ -369,6 +374,8 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
       vast-manager status --url http://coordinator:8420
       vast-manager status --state proving,benchmarking --json
     """
+    from vast_manager.coordinator.cli import text_views
+
     query = {"state": ",".join(states)} if states else {}
     if as_json:
         if sys.stdout.isatty():
@@ -397,21 +404,25 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
                     render.num(r.get("rate_per_hour"))
                     + (" (sim)" if r.get("provider") == "local" else ""),
                     render.num(r.get("completed_rate_per_hour")),
+                    text_views.delivered_cell(r),
                     render.usd(r.get("usd_per_proof")),
+                    render.usd(r.get("profit_per_hour"), 3),
                     render.ago(r.get("last_seen"), now)
                     + (" (before restart)" if r.get("heard_since_start") is False else ""),
                     r.get("label"),
                 )
                 for r in rows
             ),
-            ["ID", "STATE", "PHASE", "PROGRESS", "GPUS", "$/H", "RATE/H", "DONE/H", "$/PROOF",
-             "LAST SEEN", "LABEL"],
+            ["ID", "STATE", "PHASE", "PROGRESS", "GPUS", "$/H", "RATE/H", "DONE/H",
+             "DELIVERED/H", "$/PROOF", "PROFIT/H", "LAST SEEN", "LABEL"],
             width=render.terminal_width(), shrink=("LABEL", "GPUS"),
         )
     )
     if any(r.get("state") == "proving" for r in rows):
         click.echo("RATE/H: the benchmark's proofs/hour; DONE/H: what cuzk completed over "
-                   "the last hour of proving.")
+                   "the last hour of proving; DELIVERED/H: what the cluster recorded (Curio's "
+                   "rows), with failed tasks after /; PROFIT/H: revenue less the full bill "
+                   "(with a proof price set).")
     for r in rows:
         if r.get("idle"):
             click.echo(f"Warning: instance {r.get('id')} is IDLE, billing "

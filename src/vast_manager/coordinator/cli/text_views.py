@@ -57,16 +57,76 @@ def gpu_table(telemetry: dict[str, Any] | None, host_gpus: list[dict[str, Any]])
 
 def production_lines(data: dict[str, Any]) -> list[str]:
     """What a proving instance completed (cuzk's counter between heartbeats), or IDLE
-    with the reason: the benchmark says what it can do, this what it does."""
+    with the reason: the benchmark says what it can do, this what it does; and what the
+    cluster recorded it delivered, with its failures and earnings."""
     if data.get("idle"):
         return [f"  IDLE: {clean(data.get('idle_reason'))}; it bills and proves nothing "
-                "(not counted in the fleet's rate)"]
+                "(not counted in the fleet's rate)", *delivered_lines(data)]
     if data.get("state") != "proving":
-        return []
+        return delivered_lines(data)  # the round's last word on one that just ended
     done = data.get("completed_rate_per_hour")
     return [f"  completed {render.num(done)}/h (cuzk's finished proofs over the last hour)"
             if done is not None else "  completed: measuring (cuzk's finished proofs, from "
-            "the next heartbeats)"]
+            "the next heartbeats)", *delivered_lines(data)]
+
+
+def _rate(value: Any) -> str:
+    """A rate without a useless decimal: 10/h, 2.5/h."""
+    return "-" if value is None else f"{round(float(value), 1):g}"
+
+
+def delivered_cell(row: dict[str, Any]) -> str:
+    """The status table's DELIVERED/H: the cluster's rate and its failed tasks."""
+    if row.get("delivered_source") != "cluster":
+        status = str(row.get("cluster_status") or "")
+        return "unattributable" if status.startswith("unattributable") else "-"
+    return f"{_rate(row.get('delivered_rate_per_hour'))} / {row.get('tasks_failed') or 0} failed"
+
+
+def delivered_lines(data: dict[str, Any]) -> list[str]:
+    """Delivered beside claimed, the cluster's failures and last error, the flags, and
+    revenue against the full bill (docs/operations.md, "Production as the cluster records
+    it"); nothing without a cluster source or a proof price."""
+    lines = []
+    if data.get("delivered_source") == "cluster":
+        lines.append(
+            f"  delivered {_rate(data.get('delivered_rate_per_hour'))}/h as the cluster "
+            f"records it (benchmark {_rate(data.get('rate_per_hour'))}/h, cuzk counted "
+            f"{_rate(data.get('completed_rate_per_hour'))}/h): {data.get('tasks_completed')} "
+            f"proofs, {data.get('tasks_failed')} failed in "
+            f"{render.num((data.get('delivered_window_s') or 0) / 60, 0)} min")
+        if data.get("last_task_error"):
+            lines.append(f"  last failed task: {clean(data.get('last_task_error'))}")
+    elif data.get("cluster_status"):
+        lines.append(f"  cluster: {clean(data.get('cluster_status'))}")
+    for name, why in sorted((data.get("cluster_flags") or {}).items()):
+        lines.append(f"  FLAGGED {clean(name)}: {clean(why)}")
+    if data.get("revenue_per_hour") is not None:
+        lines.append(
+            f"  earns {render.usd(data.get('revenue_per_hour'), 3)}/h "
+            f"(at its {clean(data.get('revenue_basis'))} rate), costs "
+            f"{render.usd(data.get('cost_per_hour'), 3)}/h in full: profit "
+            f"{render.usd(data.get('profit_per_hour'), 3)}/h")
+    return lines
+
+
+def fleet_production_lines(fleet: dict[str, Any]) -> list[str]:
+    """The fleet's earnings and the cluster source's alert, above the status table."""
+    lines = []
+    cluster = fleet.get("cluster") or {}
+    if cluster.get("alert"):
+        lines.append(f"ALERT: {clean(cluster['alert'])} (decisions use the agents' counters; "
+                     "nothing is destroyed for it)")
+    if fleet.get("revenue_per_hour") is not None:
+        lines.append(f"Fleet earns {render.usd(fleet.get('revenue_per_hour'), 2)}/h, costs "
+                     f"{render.usd(fleet.get('cost_per_hour'), 2)}/h in full: profit "
+                     f"{render.usd(fleet.get('profit_per_hour'), 2)}/h")
+    unclaimed = fleet.get("unattributable_addresses") or []
+    if unclaimed:
+        lines.append(f"{len(unclaimed)} Curio address(es) with proving tasks no instance "
+                     "holds (unattributable): " + ", ".join(
+                         clean(u.get("host_and_port")) for u in unclaimed[:5]))
+    return lines
 
 
 def render_instance(data: dict[str, Any]) -> str:

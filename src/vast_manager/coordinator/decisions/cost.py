@@ -145,6 +145,13 @@ def accrued(prices: Prices, *, running_s: float, existing_s: float, offline_s: f
     )
 
 
+def setup_download_bytes(net_rx_bytes: float | None, setup_download_gb: float) -> float:
+    """An instance's setup download: the bytes its agent reported receiving, else the
+    setting's estimate (VM_SETUP_DOWNLOAD_GB)."""
+    rx = float(net_rx_bytes or 0)
+    return rx if rx > 0 else setup_download_gb * BYTES_PER_GB
+
+
 def setup_bytes(params_bytes: float, image_bytes: float = 0.0) -> float:
     """Bytes a fresh instance downloads before it proves: its image and the parameters."""
     return max(0.0, params_bytes) + max(0.0, image_bytes)

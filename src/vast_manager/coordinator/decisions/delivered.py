@@ -2,10 +2,11 @@
 
 A benchmark says what a host *can* do, on its own report; the proofs it completes while
 proving say what it *does*. Each monitor round brings an observation of what one
-instance delivered since the last (``Delivered``: cuzk's completed-proof counter from
-its heartbeats today, ``source = "cuzk"``; the cluster's record of delivered proofs where
-one is configured, ``source = "cluster"``, which is the outside truth and takes
-precedence). ``step`` folds it into a sequential test (Wald's SPRT on a Poisson count,
+instance delivered since the last (``decisions.cluster_verdict.Delivered``, the one
+observation type: proofs completed and failed, the window, the source, the last error;
+here cuzk's completed-proof counter from its heartbeats, ``source = "cuzk"``; the
+cluster's record, ``source = "cluster"``, is judged by ``cluster_verdict`` where a source
+is configured). ``step`` folds it into a sequential test (Wald's SPRT on a Poisson count,
 the early verdict's kind of test: docs/policy.md) of two hypotheses about the delivered
 rate:
 
@@ -33,6 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from vast_manager.coordinator.decisions.cluster_verdict import CLUSTER, Delivered
+
 #: The share of its kept rate an honest host delivers at least (H0).
 HONEST_SHARE = 0.7
 #: The share below which a host is short (H1): it delivers at most half its rate.
@@ -44,23 +47,6 @@ ALPHA = 1e-6
 #: Misses: the chance that a host delivering half its rate is called honest (each time
 #: the test starts afresh; it keeps watching).
 BETA = 0.01
-#: The sources an observation may come from (the cluster's record takes precedence).
-SOURCES = ("cuzk", "cluster")
-
-
-@dataclass(frozen=True, slots=True)
-class Delivered:
-    """What one instance delivered over ``window_s`` seconds (its own clock: simulated
-    seconds on the local fleet): proofs completed and failed, where the count comes
-    from, and the latest error its source reported (None: none)."""
-
-    completed: int
-    failed: int
-    window_s: float
-    source: str = "cuzk"
-    last_error: str | None = None
-
-
 @dataclass(frozen=True, slots=True)
 class DeliveryTest:
     """The sequential test's running state for one instance (O(1), kept by the caller):
@@ -114,7 +100,7 @@ def step(state: DeliveryTest, obs: Delivered, kept_rate_per_hour: float
     state = DeliveryTest(llr, completed, window_s)
     if llr < upper_bound() or rate is None:
         return state, Verdict(False, rate)
-    source = "the cluster's record" if obs.source == "cluster" else "cuzk's counter"
+    source = "the cluster's record" if obs.source == CLUSTER else "cuzk's counter"
     reason = (f"delivered {completed} proofs in {window_s / 3600.0:.2f} h ({rate:.1f}/h, "
               f"{source}): {rate / kept_rate_per_hour:.0%} of the {kept_rate_per_hour:.1f}/h "
               f"it was kept on, below the {crossover_share():.0%} the sequential test allows "

@@ -1,6 +1,6 @@
 """The served rate model: candidates chosen and blended by grouped cross-validation.
 
-The structural model (``model.py``) encodes cuzk's physics; a market can behave
+The structural model (``structural_model.py``) encodes cuzk's physics; a market can behave
 otherwise. So it is one candidate of three, and the evidence picks:
 
 - ``structural``: the structural model's point;

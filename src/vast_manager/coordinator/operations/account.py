@@ -86,10 +86,6 @@ class Account:
         self._next_try_at = 0.0
         self._warned = False
 
-    @property
-    def readable(self) -> bool:
-        return self._read is not None
-
     def refused(self, err: AuthError) -> None:
         """Any vast.ai call answered 401/403: the key is refused from now on."""
         if self.auth_error is None:

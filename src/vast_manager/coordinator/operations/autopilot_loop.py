@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from vast_manager.coordinator.decisions import policy, states
+from vast_manager.coordinator.decisions.earnings import break_even_usd_per_proof
 from vast_manager.coordinator.decisions.share import instance_share, shortfall
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.autopilot_rules import (
@@ -173,10 +174,11 @@ def plan_for(
         supply = [(str(o.machine_id), float(o.dph_total or 0.0), p.rate_per_hour)
                   for o in offers if isinstance(p := memo.by_id[id(o)], Prediction)]
         reference = plan_reference_usd_per_proof(fleet, supply, target,
-                                                 settings.max_usd_per_proof)
+                                                 break_even_usd_per_proof(settings))
     view = FleetView(best_usd_per_proof=best, reference_usd_per_proof=reference,
                      busy_machines=busy, bad_machines=bad)
-    plan_settings = PlanSettings(max_usd_per_proof=settings.max_usd_per_proof, trials=trials,
+    plan_settings = PlanSettings(max_usd_per_proof=break_even_usd_per_proof(settings),
+                                 trials=trials,
                                  budget_usd=budget_usd, horizon_hours=settings.plan_horizon_hours,
                                  trial_cost=TrialCost(download_gb=settings.setup_download_gb),
                                  doubt=belief_tests(settings.plan_belief_test_share))

@@ -20,7 +20,8 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from vast_manager.coordinator.decisions import cost, policy
+from vast_manager.coordinator.decisions import cost, earnings, policy
+from vast_manager.coordinator.decisions.attribution import CURIO_NODE_NAME, node_name
 from vast_manager.coordinator.decisions.share import instance_share, shortfall
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.measurements import NOT_OFFER_FIELDS
@@ -70,12 +71,19 @@ def agent_label(fleet_id: str, agent_id: str) -> str:
     return f"vm:{fleet_id}:{agent_id}"
 
 
-def agent_env(coordinator_url: str, agent_id: str, agent_key: bytes) -> dict[str, str]:
-    return {
+def agent_env(coordinator_url: str, agent_id: str, agent_key: bytes,
+              instance_id: int | None = None) -> dict[str, str]:
+    """The agent's environment; with ``instance_id``, also the Curio node name its work
+    command runs under (``CURIO_NODE_NAME``: the cluster's rows are matched by it,
+    docs/operations.md "Production as the cluster records it")."""
+    env = {
         "VM_COORDINATOR_URL": coordinator_url,
         "VM_AGENT_ID": agent_id,
         "VM_AGENT_KEY": agent_key.hex(),
     }
+    if instance_id is not None:
+        env[CURIO_NODE_NAME] = node_name(instance_id)
+    return env
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,8 +245,9 @@ class Deployer:
             prices, setup_down_bytes=self.settings.setup_download_gb * cost.BYTES_PER_GB,
             kept_hours=self.settings.plan_horizon_hours,
         )
+        # The break-even rate of the full bill when a proof's price is set (decisions.earnings).
         min_rate = policy.min_rate_per_hour(
-            figure.total, self.settings.max_usd_per_proof, explicit_min_rate
+            figure.total, earnings.break_even_usd_per_proof(self.settings), explicit_min_rate
         )
         # An interruptible trial bids a share of the on-demand rent, at least vast.ai's
         # minimum bid; it is judged against the on-demand figure all the same.
@@ -300,7 +309,8 @@ class Deployer:
         try:
             return await self.provider.create_instance(
                 checked.offer, label=terms.label,
-                env=agent_env(self.settings.coordinator_url, terms.agent_id, terms.key),
+                env=agent_env(self.settings.coordinator_url, terms.agent_id, terms.key,
+                              instance_id),
                 disk_gb=checked.disk_gb,
                 **({} if terms.bid is None else {"bid_per_hour": terms.bid}),
             )

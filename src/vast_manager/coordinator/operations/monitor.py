@@ -18,6 +18,7 @@ from vast_manager.coordinator.decisions import delivered, policy, states
 from vast_manager.coordinator.decisions.pace import HeartbeatTracker
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.operations.account import Account
+from vast_manager.coordinator.operations.cluster import ClusterWatch
 from vast_manager.coordinator.operations.production import (
     COLUMNS as PRODUCTION_COLUMNS,
 )
@@ -61,6 +62,7 @@ class Monitor:
         *,
         on_agent_revoked: Callable[[str], None] | None = None,
         account: Account | None = None,
+        cluster: ClusterWatch | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -78,6 +80,8 @@ class Monitor:
         self.production = ProductionTracker(settings)
         self.reconciler = Reconciler(settings, store, provider, clock, tracker, self.account,
                                      self.destroy)
+        self.cluster = cluster if cluster is not None else ClusterWatch(settings, clock)
+        self._flagged: set[tuple[int, str]] = set()
 
     # --- the loop ------------------------------------------------------------------
 
@@ -159,8 +163,10 @@ class Monitor:
     async def watch_production(self, now: float) -> None:
         """Measure each proving instance's completed rate; report an instance that turned
         idle (an event), and destroy one idle past ``idle_destroy_after_s``."""
-        rows = await self.store.read(lambda r: r.active_instances(PRODUCTION_COLUMNS))
+        cols = tuple(dict.fromkeys(PRODUCTION_COLUMNS + self.cluster.columns()))
+        rows = await self.store.read(lambda r: r.active_instances(cols))
         turned = self.production.observe(rows, now)
+        await self.watch_delivered(rows, now)
         current = self.production.current
         if self.production.short_ids() and not self.account.at_or_below_zero:
             await self.demote_short(now)
@@ -255,6 +261,47 @@ class Monitor:
             self.production.rejudged(instance_id)
             log.warning("instance %s demoted: %s", instance_id, current[instance_id].short)
         self.wake()
+
+    async def watch_delivered(self, rows: list[Row], now: float) -> None:
+        """What the cluster recorded each proving instance delivered (``operations.cluster``):
+        a new flag is an event; an instance below its minimum is terminated (never while
+        vast.ai's funds are out, nor on the agents' counters alone)."""
+        cuzk = {i: p.completed_rate_per_hour for i, p in self.production.current.items()}
+        # Where vast.ai says each instance's Curio port is, as the last reconciliation saw.
+        self.cluster.addresses = self.reconciler.curio_addresses
+        self.cluster.expire_reports(now)
+        # Off the loop: a fleet's matching and bills are CPU the heartbeats must not wait on
+        # (``assess`` reads only what each read and report replaced whole).
+        found = await asyncio.to_thread(self.cluster.assess, rows, cuzk, now)
+        self.production.delivered, self.production.fleet_delivered = found.views, found.fleet
+        flags = {(i, name): why for i, j in found.judgements.items()
+                 for name, why in j.flags.items()}
+        fresh = {key: why for key, why in flags.items() if key not in self._flagged}
+        self._flagged = set(flags)
+        ending = {} if self.account.at_or_below_zero else {
+            i: j.terminate for i, j in found.judgements.items() if j.terminate}
+        if not fresh and not ending:
+            return
+        grace = self.settings.terminate_grace_s
+
+        def job(tx: Tx) -> None:
+            for (instance_id, name), why in fresh.items():
+                inst = tx.get_instance(instance_id)
+                if inst is not None:
+                    tx.insert_event(now, f"delivered_{name}", why, instance_id=instance_id,
+                                    agent_id=inst["agent_id"], machine_id=inst["machine_id"])
+            for instance_id, reason in ending.items():
+                inst = tx.get_instance(instance_id)
+                if inst is None or inst["state"] != State.PROVING or inst["terminate_reason"]:
+                    continue
+                tx.begin_terminating(instance_id, reason, kind="underdelivered", now=now,
+                                     destroy_due_at=now + grace)
+
+        await self.store.write(job)
+        for (instance_id, name), why in fresh.items():
+            log.warning("instance %s flagged %s: %s", instance_id, name, why)
+        if ending:
+            self.wake()
 
     # --- silence and timeouts -----------------------------------------------------------
 

@@ -12,8 +12,9 @@ or destroyed after ``idle_destroy_after_s`` (docs/operations.md, "Idle instances
 Idle also means delivering far below the rate it was kept on: each round's count feeds
 the sequential test of ``decisions.delivered`` (one proof every 14 minutes from a host
 kept at 431/h is short, not busy); a host found short is demoted by the monitor
-(docs/reliability.md, "Delivered beats claimed"). A cluster's record of delivered proofs
-(``deliver``) takes the place of cuzk's counter for the instances it covers.
+(docs/reliability.md, "Delivered beats claimed"). The cluster's record, where a source is
+configured, is judged by ``operations.cluster`` (``decisions.cluster_verdict``), which
+ends an instance below its minimum on it.
 
 Derived on the coordinator from the heartbeats it already receives: no wire change.
 Kept in memory and rebuilt after a restart: until ``idle_after_s`` has passed since
@@ -27,7 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vast_manager.coordinator.decisions import delivered
+from vast_manager.coordinator.decisions.cluster_verdict import CUZK, Delivered
 from vast_manager.coordinator.decisions.states import State
+from vast_manager.coordinator.operations.cluster import NOT_DELIVERED
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.migrations import Row
 
@@ -75,7 +78,7 @@ class Production:
 
 #: What an instance that is not proving shows (nothing measured, not idle).
 NOT_PROVING: dict[str, Any] = {"completed_rate_per_hour": None, "idle": False,
-                               "idle_since": None, "idle_reason": None}
+                               "idle_since": None, "idle_reason": None, **NOT_DELIVERED}
 
 
 def duration(seconds: float) -> str:
@@ -94,12 +97,10 @@ class ProductionTracker:
         self.settings = settings
         self._tracks: dict[int, _Track] = {}
         self.current: dict[int, Production] = {}
-        self._cluster: dict[int, list[delivered.Delivered]] = {}
-
-    def deliver(self, instance_id: int, obs: delivered.Delivered) -> None:
-        """An observation of the cluster's record for an instance: folded at the next round
-        in place of cuzk's counter (the outside truth takes precedence)."""
-        self._cluster.setdefault(int(instance_id), []).append(obs)
+        # What the cluster says each proving instance delivered and earned
+        # (``operations.cluster``), and the fleet's; replaced whole each round.
+        self.delivered: dict[int, dict[str, Any]] = {}
+        self.fleet_delivered: dict[str, Any] = {}
 
     def scale(self, row: Row) -> float:
         # The local fleet's heartbeats are in simulated time (directives.time_scale's rule).
@@ -150,26 +151,22 @@ class ProductionTracker:
             )
         self._tracks = tracks
         self.current = current
-        self._cluster = {}
         return turned
 
     def _check_delivery(self, ident: int, track: _Track, row: Row, now: float,
                         scale: float) -> None:
         """Fold what the instance delivered since the last round into its delivery test."""
         kept = row.get("rate_per_hour")
-        cluster = self._cluster.get(ident)
         if self.settings.idle_after_s <= 0:
             return  # production watching is off (VM_IDLE_AFTER_S = 0), this test with it
         t0, n0 = track.checked
         track.checked = (now, track.total)
         if not kept or track.short is not None:
             return
-        observations = cluster or [delivered.Delivered(track.total - n0, 0, (now - t0) * scale)]
-        for obs in observations:
-            track.test, verdict = delivered.step(track.test, obs, float(kept))
-            if verdict.short:
-                track.short, track.short_rate = verdict.reason, verdict.delivered_rate_per_hour
-                return
+        obs = Delivered(track.total - n0, 0, (now - t0) * scale, CUZK)
+        track.test, verdict = delivered.step(track.test, obs, float(kept))
+        if verdict.short:
+            track.short, track.short_rate = verdict.reason, verdict.delivered_rate_per_hour
 
     def short_ids(self) -> list[int]:
         """Instances the delivery test found short, not yet re-judged (the monitor demotes
@@ -203,7 +200,9 @@ class ProductionTracker:
 
     def view(self, instance_id: int) -> dict[str, Any]:
         found = self.current.get(int(instance_id))
-        return found.view() if found is not None else dict(NOT_PROVING)
+        out = found.view() if found is not None else dict(NOT_PROVING)
+        out.update(self.delivered.get(int(instance_id), NOT_DELIVERED))
+        return out
 
     def idle_ids(self) -> set[int]:
         return {i for i, p in self.current.items() if p.idle}

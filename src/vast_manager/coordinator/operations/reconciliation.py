@@ -14,6 +14,7 @@ from typing import Any
 
 from vast_manager.coordinator.decisions import cost, policy, states
 from vast_manager.coordinator.decisions import reconcile as reconcile_rules
+from vast_manager.coordinator.decisions.attribution import listed_address
 from vast_manager.coordinator.decisions.pace import HeartbeatTracker
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.plan import TrialCost
@@ -89,6 +90,9 @@ class Reconciler:
         self.strike_rule = policy.StrikeRule.from_settings(settings)
         self._missing_rounds: dict[int, int] = {}
         self._dead_rounds: dict[int, int] = {}
+        # Where vast.ai says each of our instances' Curio port is (instance id -> public
+        # IP:port, ``decisions.attribution.listed_address``), as of the last list.
+        self.curio_addresses: dict[int, str] = {}
         # Instances kept although vast.ai showed a status that never runs: told once.
         self._kept_told: dict[int, str] = {}
         # Instances started again after the funds came back: until when a `stopped` still
@@ -147,6 +151,10 @@ class Reconciler:
         by_pid: dict[int, Row] = {
             int(r["provider_instance_id"]): r for r in rows if r["provider_instance_id"] is not None
         }
+        self.curio_addresses = {
+            int(by_pid[int(p["id"])]["id"]): address for p in provider_instances
+            if p.get("id") is not None and int(p["id"]) in by_pid
+            and (address := listed_address(p)) is not None}
         actions = reconcile_rules.plan(
             listed_instances(provider_instances), our_records(ours), self.settings.fleet_id,
             known, now,

@@ -67,9 +67,6 @@ class Reads:
         """Every agent id with whether it is revoked (the auth cache's start)."""
         return [(a, bool(r)) for a, r in self._conn.execute("select agent_id, revoked from agents")]
 
-    def list_agents(self) -> list[Row]:
-        return rows_of(self._conn, "select * from agents order by issued_at")
-
     def get_instance(self, instance_id: int) -> Row | None:
         return one_row(self._conn, "select * from instances where id = ?", (instance_id,))
 

@@ -129,7 +129,7 @@ def authorize_operator(request: web.Request, admin_token: str) -> None:
     """Raise ``Refusal`` unless the request carries the Bearer token or a live session.
 
     A request that names an Authorization header is judged by it alone, and a wrong
-    token counts against its address (``coordinator.guard.CredentialThrottle``). A
+    token counts against its address (``coordinator.web.guard.CredentialThrottle``). A
     session-authenticated request that can change state must also carry the
     session's CSRF token (a cross-site page can make the browser send the
     cookie, SameSite aside, but cannot read the token).

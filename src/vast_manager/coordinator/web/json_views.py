@@ -56,7 +56,7 @@ def cost_view(row: Row, basis: CostBasis) -> dict[str, Any] | None:
         return None
     rx = float(row.get("net_rx_bytes") or 0)
     tx = float(row.get("net_tx_bytes") or 0)
-    setup = rx if rx > 0 else basis.setup_download_gb * cost.BYTES_PER_GB
+    setup = cost.setup_download_bytes(rx, basis.setup_download_gb)
     rent_h, storage_h = prices.rent_per_hour, prices.storage_per_hour
     band_h = prices.bandwidth_usd(setup, 0.0) / max(basis.kept_hours, 1.0)
     rate = row.get("rate_per_hour")

@@ -161,6 +161,25 @@ def _scaled(value: Any, factor: float) -> float | None:
     return value * factor
 
 
+#: Per instance, delivered beside claimed and its earnings (``operations.cluster``): the
+#: view's field, the gauge, its help.
+_DELIVERED = (
+    ("delivered_rate_per_hour", "vm_instance_delivered_proofs_per_hour",
+     "Proofs per hour the cluster recorded the instance delivered (Curio's "
+     "harmony_task_history or POST /api/production; absent without it)."),
+    ("tasks_completed", "vm_instance_tasks_completed",
+     "Proving tasks the cluster recorded as succeeded within the window."),
+    ("tasks_failed", "vm_instance_tasks_failed",
+     "Proving tasks the cluster recorded as failed within the window."),
+    ("revenue_per_hour", "vm_instance_revenue_dollars_per_hour",
+     "What the instance earns per hour at VM_PROOF_PRICE_* (absent without a price)."),
+    ("cost_per_hour", "vm_instance_cost_dollars_per_hour",
+     "The instance's full bill per hour (absent without a price)."),
+    ("profit_per_hour", "vm_instance_profit_dollars_per_hour",
+     "Revenue less the full bill per hour (absent without a price)."),
+)
+
+
 class FleetCollector(Collector):
     """The fleet's gauges from the store as it is now: counts by state, the fleet's price
     and rate, each instance's, and each live instance's latest telemetry (hosts, GPUs,
@@ -207,11 +226,36 @@ class FleetCollector(Collector):
              "Fleet price per hour over proofs per hour (absent while nothing proves).",
              fleet["dollars_per_proof"]),
             ("vm_bad_hosts", "Machines on the blocklist.", self.reads.bad_host_count()),
+            *self._delivered_fleet(),
         )
         for name, documentation, value in families:
             family = _Gauge(name, documentation)
             family.sample(value)
             yield family
+
+    def _delivered_fleet(self) -> tuple[tuple[str, str, Any], ...]:
+        """The fleet's earnings (with a proof price) and the cluster source's state."""
+        made = self.production.fleet_delivered if self.production else {}
+        cluster = made.get("cluster") or {}
+        up = None if not cluster.get("configured") else (0 if cluster.get("alert") else 1)
+        return (
+            ("vm_fleet_revenue_dollars_per_hour",
+             "What the proving instances earn per hour at VM_PROOF_PRICE_* (absent without "
+             "a price).", made.get("revenue_per_hour")),
+            ("vm_fleet_cost_dollars_per_hour",
+             "The full bill per hour of every instance that bills (rent, storage, setup "
+             "bandwidth over a kept life; absent without a price).", made.get("cost_per_hour")),
+            ("vm_fleet_profit_dollars_per_hour",
+             "Fleet revenue less its full bill per hour (absent without a price).",
+             made.get("profit_per_hour")),
+            ("vm_cluster_source_up",
+             "1 when the last read of VM_CURIO_DB_URL succeeded, 0 while it is unavailable "
+             "(absent when unset).", up),
+            ("vm_cluster_unattributable_addresses",
+             "Curio addresses with proving tasks that no instance holds, or two do.",
+             len(made.get("unattributable_addresses") or []) if cluster.get("configured")
+             else None),
+        )
 
     def _instances(self) -> Iterator[Metric]:
         fams = {
@@ -237,6 +281,7 @@ class FleetCollector(Collector):
                            "1 when a proving instance completed no proof for "
                            "VM_IDLE_AFTER_S (billing, producing nothing), else 0.",
                            INSTANCE_LABELS),
+            **{key: _Gauge(name, text, INSTANCE_LABELS) for key, name, text in _DELIVERED},
         }
         produced = self.production.view if self.production else None
         for inst in self.reads.active_instances(_INSTANCE_COLUMNS):
@@ -253,6 +298,8 @@ class FleetCollector(Collector):
                 made = produced(inst["id"])
                 fams["completed"].sample(made["completed_rate_per_hour"], labels)
                 fams["idle"].sample(1 if made["idle"] else 0, labels)
+                for key, _name, _text in _DELIVERED:
+                    fams[key].sample(made[key], labels)
         yield from fams.values()
 
     def _telemetry(self) -> Iterator[Metric]:

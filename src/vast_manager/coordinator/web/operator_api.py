@@ -13,6 +13,7 @@ from aiohttp import web
 
 from vast_manager.common.hardware_facts import GPU_SPECS, canonical_gpu_name
 from vast_manager.coordinator.decisions import states
+from vast_manager.coordinator.decisions.earnings import break_even_usd_per_proof
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.exceptions import (
     CoordinatorError,
@@ -24,13 +25,14 @@ from vast_manager.coordinator.exceptions import (
     http_status,
 )
 from vast_manager.coordinator.operations import operator_commands as ops
+from vast_manager.coordinator.operations.cluster import NO_FLEET_DELIVERED
 from vast_manager.coordinator.operations.deploy import mint_agent_id
 from vast_manager.coordinator.operations.hello import LEGACY_MAX_GPUS
 from vast_manager.coordinator.providers.base import ProviderError
 from vast_manager.coordinator.store.migrations import Row, loads
 from vast_manager.coordinator.store.reads import Reads
 from vast_manager.coordinator.textsafe import has_unsafe
-from vast_manager.coordinator.web import metrics
+from vast_manager.coordinator.web import metrics, production_api
 from vast_manager.coordinator.web.core import CORE, Core
 from vast_manager.coordinator.web.dashboard import authorize_operator
 from vast_manager.coordinator.web.http import (
@@ -51,6 +53,7 @@ from vast_manager.coordinator.web.json_views import (
     result_view,
     scaling_view,
 )
+from vast_manager.coordinator.web.production_api import authorize_production
 from vast_manager.protocol import signing
 
 log = logging.getLogger(__name__)
@@ -310,8 +313,10 @@ async def _fleet(core: Core, request: web.Request) -> Any:
         reads.instances_by_state(), production.idle_totals(),
         production.completed_total_per_hour()))
     # The break-even $/proof the minimum rates come from (the offers chart draws it).
-    return {**view, "account": core.monitor.account.view().as_dict(),
-            "max_usd_per_proof": core.settings.max_usd_per_proof,
+    return {**view, **NO_FLEET_DELIVERED, **production.fleet_delivered,
+            "cluster": core.monitor.cluster.view(),
+            "account": core.monitor.account.view().as_dict(),
+            "max_usd_per_proof": break_even_usd_per_proof(core.settings),
             "max_deploy_dph_total": core.settings.max_deploy_dph_total}
 
 
@@ -495,6 +500,10 @@ async def _deploy(core: Core, request: web.Request) -> Any:
             "agent_id": deployed.agent_id, "message": deployed.message}
 
 
+async def _production(core: Core, request: web.Request) -> Any:
+    return await production_api.report_production(core, request, await _json_object(request))
+
+
 async def _refusal(request: web.Request) -> web.Response | None:
     """The answer refusing a request without the admin token or a dashboard session
     (counted by the guard), or None when it may proceed."""
@@ -514,7 +523,13 @@ async def operator_auth(
     """The operators' sub-application admits only the admin token or a dashboard session,
     checked before routing (an unknown /api path is a 401 to a stranger, as any other).
     ``/api`` alone is no operator path: it is answered as any unknown path."""
-    if request.path.startswith("/api/"):
+    if request.path == production_api.PATH and request.method == "POST":
+        try:
+            authorize_production(request, request.config_dict[CORE].settings.production_token)
+        except Refusal as err:
+            request.config_dict[CORE].guard.refused(err.code)
+            return refusal_response(err)
+    elif request.path.startswith("/api/"):
         refused = await _refusal(request)
         if refused is not None:
             return refused
@@ -548,6 +563,7 @@ def operators_app() -> web.Application:
     app.router.add_post("/deploy", op(_deploy))
     app.router.add_get("/instances/{id}/telemetry-history", op(_telemetry_history))
     app.router.add_get("/events", op(_recent_events))
+    app.router.add_post("/production", op(_production))
     return app
 
 

@@ -391,8 +391,10 @@ async function renderFleet() {
     tile("$ / hour", usd(summary.dollars_per_hour, 3)),
     tile("$ / proof", summary.dollars_per_proof === null ? "-" : usd(summary.dollars_per_proof)),
     ...accountTiles(summary.account),
+    ...earningsTiles(summary),
   );
   accountBanner(summary.account);
+  clusterBanner(summary.cluster);
   const rows = page.rows;
   fill(
     $("fleet-table").tBodies[0],
@@ -408,7 +410,10 @@ async function renderFleet() {
         td(usd(r.dph_total, 3)),
         td(num(r.rate_per_hour), simulatedTag(r)),
         td(num(r.completed_rate_per_hour)),
+        tdText(deliveredText(r)),
         td(usd(r.usd_per_proof)),
+        td(r.profit_per_hour === null || r.profit_per_hour === undefined
+          ? "-" : usd(r.profit_per_hour, 3)),
         td(ago(r.last_seen) + (r.heard_since_start === false ? " (before restart)" : "")),
       ),
     ),
@@ -449,6 +454,30 @@ function accountBanner(account) {
     ? safeText((account.auth_ok === false ? "vast.ai refused the API key: " : "") + alert +
       (account.paused ? " — deploys and the autopilot are paused." : ""))
     : "";
+}
+
+// Production as the cluster records it (docs/operations.md): delivered beside claimed,
+// the source's alert, and earnings with a proof price set.
+function deliveredText(r) {
+  if (r.delivered_source !== "cluster") {
+    return (r.cluster_status || "").startsWith("unattributable") ? "unattributable" : "-";
+  }
+  return `${num(r.delivered_rate_per_hour)} (${r.tasks_failed ?? 0} failed)`;
+}
+
+function earningsTiles(summary) {
+  if (summary.revenue_per_hour === null || summary.revenue_per_hour === undefined) return [];
+  return [tile("revenue / hour", usd(summary.revenue_per_hour, 2)),
+    tile("full cost / hour", usd(summary.cost_per_hour, 2)),
+    tile("profit / hour", usd(summary.profit_per_hour, 2))];
+}
+
+function clusterBanner(cluster) {
+  const banner = $("cluster-alert");
+  const alert = cluster && cluster.alert;
+  banner.hidden = !alert;
+  banner.textContent = alert ? safeText(alert +
+    " — decisions use the agents' counters; nothing is destroyed for it.") : "";
 }
 
 function costText(parts) {
@@ -874,6 +903,16 @@ async function renderInstance(id) {
       : inst.state === "proving" ? (inst.completed_rate_per_hour === null
         ? "measuring (cuzk's finished proofs)" : num(inst.completed_rate_per_hour) +
           " / h (cuzk's finished proofs, last hour)") : "-"],
+    ["delivered", inst.delivered_source === "cluster"
+      ? `${num(inst.delivered_rate_per_hour)} / h as the cluster records it (` +
+        `${inst.tasks_completed} proofs, ${inst.tasks_failed} failed)`
+      : (inst.cluster_status || "-")],
+    ["last failed task", inst.last_task_error || "-"],
+    ["flags", Object.entries(inst.cluster_flags || {}).map(([k, v]) => `${k}: ${v}`)
+      .join("; ") || "-"],
+    ["revenue / profit per hour", inst.revenue_per_hour === null ||
+      inst.revenue_per_hour === undefined ? "-" : `${usd(inst.revenue_per_hour, 3)} / ` +
+      `${usd(inst.profit_per_hour, 3)} (at its ${inst.revenue_basis} rate)`],
     ["$ / proof", usd(inst.usd_per_proof)],
     ["cost / hour", costText(inst.cost && inst.cost.per_hour)],
     ["cost / proof", costText(inst.cost && inst.cost.per_proof)],
