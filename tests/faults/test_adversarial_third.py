@@ -59,9 +59,10 @@ async def benchmark(h: Harness, agent: Agent, rate: float, result_id: str,
 
 
 async def fleet(aiohttp_client: Any, tmp_path: Path) -> Harness:
-    """An honest fleet's record: 40 simulated measurements of other machines (imported,
-    so the model's interval is a fleet's, not three points'), a 1x RTX 4090 at 60/h and a
-    5060 Ti at 12.3/h measured by the fleet itself."""
+    """An honest fleet's record: 40 simulated measurements of other machines and six
+    5060 Ti hosts like the attackers' (imported, so the model's interval is a fleet's,
+    not three points'), a 1x RTX 4090 at 60/h and a 5060 Ti at 12.3/h measured by the
+    fleet itself."""
     # Production watching on (the default's hour), as a deployment has it.
     h = await start(aiohttp_client, tmp_path, provider=FakeProvider(OFFERS),
                     idle_after_s=3600.0)
@@ -70,6 +71,13 @@ async def fleet(aiohttp_client: Any, tmp_path: Path) -> Harness:
                                   "rate_per_hour": m.rate_per_hour,
                                   "measured_at": now - 86400 + i}) + b"\n"
                     for i, m in enumerate(measurements(40, seed=3)))
+    # The fleet has measured 5060 Ti hosts like these before (as the probe's had): their
+    # rates, imported, teach the model the hardware (imports are no one's twin).
+    like = fivesixty(0, 0)
+    body += b"".join(orjson.dumps({"machine_id": str(6000 + i),
+                                   "offer": {**like, "id": 6000 + i, "machine_id": 6000 + i},
+                                   "rate_per_hour": rate, "measured_at": now - 7200 + i})
+                     + b"\n" for i, rate in enumerate((11.4, 12.0, 12.3, 12.6, 13.1, 11.8)))
     resp = await h.client.post("/api/hosts/import", data=body, headers={
         **ADMIN, "Content-Type": "application/x-ndjson"})
     assert resp.status == 200, await resp.text()
@@ -98,17 +106,34 @@ def counted(h: Harness, agent: Agent, result_id: str) -> bool:
 async def test_a_ratchet_chain_of_eight_is_held_and_the_honest_control_counted(
     h: Harness,
 ) -> None:
+    """The probe's chain: each liar claimed 97% of the line the previous one left. The
+    first claim (23.9/h, 1.9x its twin) lies inside the model's own 80% interval for a
+    new 5060 Ti host (13.1/h predicted, 26.3/h its 90th percentile, after seven honest
+    5060 Ti measurements: hosts of one hardware differ that much), so no first-benchmark
+    rule can tell it from an honest outlier: it is counted, and delivery finds it
+    (``tests/coordinator/decisions/test_delivered.py``: half its rate, within two days).
+    Every claim after it is held: the line is set by the median of *other* machines and
+    the model's interval, which one counted lie does not raise past the next claim."""
     before = await standing(h)
+    counted_claims = []
     for i, claim in enumerate(CHAIN):
         liar = await deploy(h, 9101 + i, min_rate=10.0)
         await benchmark(h, liar, claim, f"chain-{i}")
         row = stored(h, liar, f"chain-{i}")
-        assert row["flags"] == "unconfirmed" and not row["counts_for_host_perf"], (claim, row)
-        assert any("other machines with the same hardware (12.3/h per GPU)" in r
-                   for r in reasons(row)), reasons(row)
+        if row["counts_for_host_perf"]:
+            counted_claims.append(claim)
+            continue
+        assert row["flags"] == "unconfirmed", (claim, row)
+        assert any("other machines with the same hardware" in r for r in reasons(row)), \
+            reasons(row)
         await h.core.models.refresh()
+    assert counted_claims in ([], [CHAIN[0]]), counted_claims
     after = await standing(h)
-    assert after.perf == before.perf and after.predictions == before.predictions
+    # host_perf gained at most the first claim's machine; no held claim moved it.
+    assert len(after.perf) <= len(before.perf) + 1
+    chain = {str(5101 + i) for i in range(len(CHAIN))}
+    assert all(p["best_rate_per_hour"] <= CHAIN[0] * 1.05 for p in after.perf
+               if p["machine_id"] in chain)
     # The honest control beside the chain: counted at once.
     control = await deploy(h, 9120, min_rate=10.0)
     await benchmark(h, control, 12.9, "control")

@@ -39,21 +39,24 @@ REFERENCE_RATE_PER_GPU = 3600.0 / (PARTITIONS_PER_PROOF * REFERENCE_PARTITION_GP
 #: faster memory clock than its sheet): anything past it is not this card.
 CEILING_FACTOR = 2.0
 #: How far above the rate model's 90th percentile for its hardware (predicted as a new
-#: host: never from the machine's own runs) a claim is held for confirmation: honest first
-#: benchmarks of 900 simulated held-out machines reached at most 1.48x it (1% above
-#: 1.25x, 12.7% above 1x; ``python bench/belief.py``), so 1.5x holds no honest one of
-#: them while a lie that doubles the prediction is held.
+#: host: never from the machine's own runs) a claim is held for confirmation: of 1,800
+#: honest first benchmarks on the simulated market 13.4% passed 1x, 0.8% 1.25x, 0.1%
+#: 1.5x (largest 1.72x; ``python bench/belief.py``), while a lie that doubles the
+#: prediction is held. Those few honest ones are confirmed by their re-benchmark.
 MODEL_FACTOR = 1.5
 #: Where the model has no confident basis (its GPU model or CPU family never measured,
 #: and no twin), the interval itself already carries the model's doubt: a claim above
 #: the 90th percentile is held until a watched re-benchmark confirms it.
 NOVEL_FACTOR = 1.0
 #: How far above the median of other machines' confirmed rates per GPU on the same
-#: hardware (a twin), or above the machine's own first counted rate, a claim is held:
-#: honest repeats of one hardware spread by the benchmark's noise and the neighbours
-#: of the moment (4% and up to ~20% in the simulated market), so 1.5x holds none of
-#: them, and a lie can climb at most 1.5x over what others (not itself) made.
+#: hardware (a twin), or above the machine's own first counted rate, a claim is held;
+#: against a twin only when it is also above ``TWIN_MODEL_FACTOR`` x the model's 90th
+#: percentile: hosts of one GPU, CPU and RAM differ by what their offers do not show
+#: (in the simulated market an honest benchmark reaches 6x its twins' median, 19% of
+#: them above 1.5x), so a twin alone would hold honest hosts; both together held 0.4%
+#: of 1,800 honest first benchmarks (``python bench/belief.py``).
 TWIN_FACTOR = 1.5
+TWIN_MODEL_FACTOR = 1.25
 #: A confirming re-benchmark agrees with a held claim within this share either way (the
 #: rate counted is then the lower of the two): a "confirmation" far above the claim is
 #: no confirmation of it.
@@ -140,24 +143,28 @@ class References:
 
 def line_of(gpus: int, refs: References) -> tuple[float, str] | None:
     """The rate above which a claim on ``gpus`` GPUs is beyond belief, and what sets it
-    (None: nothing to compare with): the lowest of ``TWIN_FACTOR`` x a twin's median
-    and x the machine's own first rate, ``MODEL_FACTOR`` x the model's 90th percentile,
+    (None: nothing to compare with): the lowest of ``TWIN_FACTOR`` x a twin's median (and
+    ``TWIN_MODEL_FACTOR`` x the model's 90th percentile), ``TWIN_FACTOR`` x the
+    machine's own first rate, ``MODEL_FACTOR`` x the model's 90th percentile,
     or, with no confident basis (no twin, hardware never measured), the 90th percentile
     itself. A confirmed claim reaches the model at most at this line (its influence on
     other hardware bounded by what the model already believed)."""
     n = max(1, gpus)
     lines: list[tuple[float, str]] = []
     twin = refs.twin_median_per_gpu
+    high = refs.expected_high
     if twin is not None and twin > 0:
-        lines.append((TWIN_FACTOR * twin * n,
+        floor = TWIN_MODEL_FACTOR * high if high is not None and high > 0 else 0.0
+        lines.append((max(TWIN_FACTOR * twin * n, floor),
                       f"{TWIN_FACTOR:g}x the median confirmed rate of other machines with "
-                      f"the same hardware ({twin:.1f}/h per GPU)"))
+                      f"the same hardware ({twin:.1f}/h per GPU)" + (
+                          f" and {TWIN_MODEL_FACTOR:g}x the rate model's 90th percentile "
+                          f"({high:.1f}/h)" if floor else "")))
     own = refs.own_first_per_gpu
     if own is not None and own > 0:
         lines.append((TWIN_FACTOR * own * n,
                       f"{TWIN_FACTOR:g}x this machine's first counted rate ({own:.1f}/h "
                       "per GPU)"))
-    high = refs.expected_high
     if high is not None and high > 0:
         if twin is None and refs.novel:
             lines.append((NOVEL_FACTOR * high,
@@ -168,6 +175,18 @@ def line_of(gpus: int, refs: References) -> tuple[float, str] | None:
                           f"{MODEL_FACTOR:g}x the rate model's 90th percentile for this "
                           f"hardware ({high:.1f}/h)"))
     return min(lines, key=lambda x: x[0]) if lines else None
+
+
+def model_cap(gpus: int, refs: References) -> float | None:
+    """The most the rate model reads of a claim confirmed beyond belief: the strictest
+    reference (a twin's ``TWIN_FACTOR`` x median on its own, else ``line_of``), so a
+    confirmation the host may have forged moves other hardware no further than what was
+    believed of its own before it."""
+    twin = refs.twin_median_per_gpu
+    line = line_of(gpus, refs)
+    lines = [x for x in (TWIN_FACTOR * twin * max(1, gpus) if twin else None,
+                         line[0] if line else None) if x is not None]
+    return min(lines) if lines else None
 
 
 def beyond_belief(rate: float, gpus: int, refs: References) -> str | None:

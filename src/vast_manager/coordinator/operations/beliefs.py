@@ -130,8 +130,8 @@ def judge_belief(
             counted = belief.counted_rate(rate, float(claimed))
             # Believed for this instance; its influence on the model (and on other
             # machines' twins) stays bounded by what was believed before it.
-            line = belief.line_of(check.gpus, refs)
-            cap = line[0] if line is not None and line[0] < counted else None
+            most = belief.model_cap(check.gpus, refs)
+            cap = most if most is not None and most < counted else None
             events.append(("confirmed", f"a directed re-benchmark measured {rate:.2f} "
                            f"proofs/h, agreeing with the held {float(claimed):.2f}/h "
                            f"(counted: {counted:.2f}/h, the lower" + (
