@@ -22,7 +22,10 @@ CORE_CLASSES = frozenset({"Monitor", "Deployer", "ModelKeeper", "Autopilot",
 TASK_STARTERS = frozenset({"create_task", "ensure_future", "TaskGroup"})
 #: A task started outside the runtime, and why it is not a loop: the keeper's one refit
 #: at a time, awaited (shielded) by whoever asked for the model.
-ONE_OFF_TASKS = {COORDINATOR / "operations" / "model_keeper.py"}
+ONE_OFF_TASKS = {COORDINATOR / "operations" / "model_keeper.py",
+                 # The fake vast.ai tears a destroyed instance down after answering, as
+                 # vast.ai does; ``FakeVast.settle`` awaits each teardown.
+                 COORDINATOR / "providers" / "fakevast.py"}
 #: aiohttp's lifecycle hooks.
 LIFECYCLE_HOOKS = frozenset({"on_startup", "cleanup_ctx", "on_cleanup", "on_shutdown"})
 

@@ -7,6 +7,7 @@ set (``-m slow``, which CI runs too).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -112,3 +113,15 @@ def test_cluster_read_quick() -> None:
     assert "100 instances matched" in text
     assert "one round: 1,800 proving tasks in the window" in text
     assert "baseline: SELECT 1" in text and "bar: one round's read under 200 ms" in text
+
+
+@pytest.mark.slow  # a PostgreSQL server and three coordinators in turn (~30 s)
+def test_cluster_heartbeats_quick() -> None:
+    from support.postgres import find_bin_dir
+    from support.tools import skip_or_fail
+
+    if find_bin_dir() is None:
+        skip_or_fail("postgresql is not installed (apt-get install -y postgresql)")
+    text = _run("cluster_heartbeats.py")
+    for variant in ("none", "reading", "slow"):
+        assert re.search(rf"^{variant} +\d+ heartbeats +p50 .* p99/baseline", text, re.M), text

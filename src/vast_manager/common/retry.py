@@ -5,6 +5,8 @@ coordinator, the parameter downloader and the self-destroy on the agent's side, 
 vast.ai REST client on the coordinator's. Each keeps its own numbers (``Backoff``) and
 its own judgement of which failures are worth another try; the waiting, counting and
 giving up are tenacity's (``retrying``), and tests pass a ``sleep`` that returns at once.
+A server that says how long to wait (HTTP ``Retry-After``) is believed instead of the
+backoff (``server_wait``): the ``vastai`` 1.9.1 client does the same (docs/vast.md).
 
 Wait *n* (after the *n*-th failure in a row) is drawn in ``[ceiling / 2, ceiling]``,
 ``ceiling = min(cap_s, base_s * factor ** (n - 1))``: half fixed, so the delay really
@@ -58,10 +60,18 @@ def retrying(
     sleep: Sleep,
     log: logging.Logger,
     what: str,
+    server_wait: Callable[[BaseException], float | None] | None = None,
 ) -> AsyncRetrying:
     """A tenacity loop under ``backoff``: a failure ``retry_on`` accepts is tried again,
     up to ``attempts`` tries in all (None: until it succeeds); any other failure, and
-    the last one, is raised as it is. Each retry is logged as a warning naming ``what``."""
+    the last one, is raised as it is. Each retry is logged as a warning naming ``what``.
+    ``server_wait`` reads the wait a failure itself names (a ``Retry-After``), used in
+    place of the backoff's when it gives one."""
+
+    def wait(state: RetryCallState) -> float:
+        failure = state.outcome.exception() if state.outcome is not None else None
+        told = server_wait(failure) if server_wait is not None and failure is not None else None
+        return told if told is not None else backoff(state)
 
     def log_retry(state: RetryCallState) -> None:
         failure = state.outcome.exception() if state.outcome is not None else None
@@ -71,7 +81,7 @@ def retrying(
 
     return AsyncRetrying(
         stop=stop_never if attempts is None else stop_after_attempt(attempts),
-        wait=backoff,
+        wait=wait,
         retry=retry_if_exception(retry_on),
         sleep=sleep,
         before_sleep=log_retry,

@@ -27,6 +27,7 @@ from vast_manager.coordinator.operations.cluster import ClusterWatch
 from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.model_keeper import ModelKeeper
 from vast_manager.coordinator.operations.monitor import Monitor, account_watch
+from vast_manager.coordinator.operations.offer_cache import OfferCache
 from vast_manager.coordinator.providers.base import Provider
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.writer import Store
@@ -67,8 +68,11 @@ class Runtime:
                                on_agent_revoked=self._agent_revoked, account=self.account,
                                cluster=self.cluster)
         self.monitor.seed(clock())
+        # One offer cache for the autopilot, the operator's offers and plan, the dashboard
+        # and the deploys' re-checks: vast.ai's searches are counted by the day.
+        self.offers = OfferCache(provider, settings, clock)
         self.deployer = Deployer(settings, store, provider, clock, destroy=self.monitor.destroy,
-                                 account=self.account)
+                                 account=self.account, offers=self.offers)
         self.models = ModelKeeper(store, clock, settings.model_refit_interval_s)
         self.autopilot = Autopilot(settings, store, provider, self.deployer, self.monitor,
                                    self.models, clock)

@@ -263,6 +263,27 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "vast.ai: default offer filter in the CLI's syntax; unset: the original manager's"
         )),
     ] = None
+    vast_searches_per_day: Annotated[
+        int,
+        Meta(ge=1, le=100_000, description=(
+            "vast.ai: offer searches a UTC day at most (the daily quota, docs/vast.md); "
+            "the offer cache answers between them, each answer with its age"
+        )),
+    ] = 480
+    vast_webhook_secret: Annotated[
+        str | None,
+        Meta(description=(
+            "vast.ai: the signing secret of a notification webhook; set, POST "
+            "/v1/vast/webhook accepts vast.ai's signed events (docs/vast.md, Webhooks)"
+        )),
+    ] = None
+    max_bid_per_hour: Annotated[
+        float | None,
+        Meta(gt=0, description=(
+            "interruptible: the highest bid ($/h) an outbid kept instance is raised to; "
+            "unset: the break-even rent at its measured rate, capped by max_deploy_dph_total"
+        )),
+    ] = None
     max_concurrency_per_gpu: Annotated[
         int,
         Meta(ge=1, description=(
@@ -844,7 +865,8 @@ def parse_listen(text: str) -> tuple[str, int]:
 #: The settings docs/operations.md's vast.ai section shows again (from the same rows).
 VAST_SETTINGS = ("vast_image", "vast_onstart", "vast_runtype", "vast_env", "vast_image_login",
                  "vast_filter", "min_instance_ram_gb", "deploy_disk_gb", "max_deploy_dph_total",
-                 "max_usd_per_proof", "monitor_interval_s", "unowned_grace_s")
+                 "max_usd_per_proof", "monitor_interval_s", "unowned_grace_s",
+                 "vast_searches_per_day", "vast_webhook_secret", "max_bid_per_hour")
 
 
 def settings_markdown(names: tuple[str, ...] | None = None) -> str:

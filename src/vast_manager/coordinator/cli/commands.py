@@ -182,10 +182,11 @@ SERVE_EPILOG = "\b\nSettings (environment, or the flag named above):\n" + "\n".j
               help=f"Listen port{default_text('port')} (env VM_PORT).")
 @click.option(
     "--provider",
-    type=click.Choice(["local", "vast"]),
+    type=click.Choice(["local", "vast", "fake"]),
     default="local",
     show_default=True,
-    help="Where instances come from: the local simulated fleet, or vast.ai (VAST_API_KEY).",
+    help="Where instances come from: the local simulated fleet, vast.ai (VAST_API_KEY), or "
+    "the project's fake vast.ai in this process, for drills (`vast-manager fake --help`).",
 )
 @click.option("--tls-cert", default=None,
               help="PEM certificate chain: serve HTTPS directly (env VM_TLS_CERT; with --tls-key).")
@@ -332,6 +333,18 @@ def _progress(p: Any) -> str:
 STATUS_PAGE = 5000
 
 
+def _vast_lines(fleet: dict[str, Any]) -> None:
+    """vast.ai's search quota when it is spent, and each host's pending price increase with
+    the coordinator's verdict (docs/vast.md)."""
+    alert = (fleet.get("offer_cache") or {}).get("alert")
+    if alert:
+        click.echo(textsafe.neutralise(str(alert)))
+    for p in fleet.get("pending_price_increases") or []:
+        click.echo(textsafe.neutralise(
+            f"Instance {p.get('instance_id')}: price increase {p.get('pending_price_increase_id')} "
+            f"({p.get('verdict')}): {p.get('reason')}"))
+
+
 def _account_line(client: OperatorClient) -> None:
     """The vast.ai account in one line, and why deploys wait if they do (docs/operations.md,
     "The account"); nothing with a provider that has no account."""
@@ -340,6 +353,7 @@ def _account_line(client: OperatorClient) -> None:
     fleet = client.get("/api/fleet")
     for line in text_views.fleet_production_lines(fleet):
         click.echo(line)
+    _vast_lines(fleet)
     account = fleet.get("account") or {}
     funds = account.get("funds_usd")
     if funds is None and account.get("auth_ok", True):
@@ -667,6 +681,12 @@ def bad_hosts_list(client: OperatorClient, as_json: bool) -> None:
             width=render.terminal_width(),
         )
     )
+    for r in rows:
+        reports = r.get("renter_reports") or []
+        if reports:
+            said = "; ".join(f"{p.get('problem')} ({p.get('created_at')})" for p in reports[:3])
+            click.echo(clean(f"Machine {r.get('machine_id')}: {len(reports)} renter report(s) "
+                             f"at vast.ai: {said}"))
 
 
 @bad_hosts.command("add")
@@ -887,6 +907,9 @@ def offers(client: OperatorClient, filter_text: str | None, wide: bool, as_json:
         return
     if not rows:
         click.echo("No offers match.")
+        alert = (client.get("/api/fleet").get("offer_cache") or {}).get("alert")
+        if alert:  # the answer may be stale: say why
+            click.echo(clean(str(alert)))
         return
     click.echo(
         render.table(
@@ -915,6 +938,8 @@ def offers(client: OperatorClient, filter_text: str | None, wide: bool, as_json:
     click.echo(render.wrap(
         "CPU and RAM GB: the instance's share of the host (vast.ai lists the whole host's). "
         + ("" if wide else "Each prediction's basis: --wide, or --json."), width))
+    if rows[0].get("offers_label"):
+        click.echo(render.wrap(str(rows[0]["offers_label"]).capitalize() + ".", width))
 
 
 def _flags(offer: dict[str, Any]) -> str:
@@ -1118,6 +1143,157 @@ def scaling(client: OperatorClient, as_json: bool) -> None:
         echo_json(rows)
         return
     click.echo(render_scaling(rows, render.terminal_width()))
+
+
+@cli.group()
+def fake() -> None:
+    """Inject vast.ai's faults into `serve --provider fake` (docs/operations.md, "Rehearsing
+    on the fake vast.ai"); INSTANCE_ID is the id `status` shows. Everything is simulated."""
+
+
+def _fake_post(client: OperatorClient, name: str, body: dict[str, Any]) -> None:
+    answer = client.post(f"/api/fake/{name}", {k: v for k, v in body.items() if v is not None})
+    click.echo(clean((answer or {}).get("message") or "Done."))
+
+
+@fake.command("show")
+@json_option
+@operator_options
+def fake_show(client: OperatorClient, as_json: bool) -> None:
+    """The fake vast.ai's state: funds, quota, pending increases, instances.
+
+    \b
+    Example:
+      vast-manager fake show
+    """
+    data = client.get("/api/fake")
+    if as_json:
+        echo_json(data)
+        return
+    quota = data.get("search_quota_per_day")
+    click.echo(f"Simulated funds ${data.get('credit_usd')}; searches today "
+               f"{data.get('searches_today')} of {quota if quota is not None else 'no quota'}; "
+               f"key {'revoked' if data.get('key_revoked') else 'accepted'}; "
+               f"{len(data.get('pending_price_increases') or [])} pending price increase(s).")
+    click.echo(render.table(
+        ((i.get("vast_id"), i.get("actual_status"), i.get("dph_total"), i.get("bid_price"),
+          i.get("status_msg")) for i in data.get("instances") or []),
+        ["VAST ID", "STATUS", "$/H", "BID", "MESSAGE"], width=render.terminal_width()))
+
+
+@fake.command("offline")
+@click.argument("instance_id", type=int)
+@click.option("--for", "for_s", type=float, default=None, help="Seconds offline [600].")
+@operator_options
+def fake_offline(client: OperatorClient, instance_id: int, for_s: float | None) -> None:
+    """The host loses vast.ai for a while (and a webhook says so, if one is set).
+
+    \b
+    Example:
+      vast-manager fake offline 3 --for 300
+    """
+    _fake_post(client, "offline", {"instance_id": instance_id, "for_s": for_s})
+
+
+@fake.command("outbid")
+@click.argument("instance_id", type=int)
+@click.option("--for", "for_s", type=float, default=None, help="Seconds until it runs again.")
+@click.option("--winning-bid", type=float, default=None, help="$/h a raised bid must reach.")
+@operator_options
+def fake_outbid(client: OperatorClient, instance_id: int, for_s: float | None,
+                winning_bid: float | None) -> None:
+    """A higher bid takes an interruptible instance's host: it is stopped.
+
+    \b
+    Example:
+      vast-manager fake outbid 3 --winning-bid 0.30
+    """
+    _fake_post(client, "outbid", {"instance_id": instance_id, "for_s": for_s,
+                                  "winning_bid": winning_bid})
+
+
+@fake.command("status")
+@click.argument("instance_id", type=int)
+@click.argument("status")
+@operator_options
+def fake_status(client: OperatorClient, instance_id: int, status: str) -> None:
+    """vast.ai shows STATUS for the instance (exited, unknown, stopped, ...).
+
+    \b
+    Example:
+      vast-manager fake status 3 exited
+    """
+    _fake_post(client, "status", {"instance_id": instance_id, "status": status})
+
+
+@fake.command("price-increase")
+@click.argument("instance_id", type=int)
+@click.argument("rent_per_hour", type=float)
+@operator_options
+def fake_price_increase(client: OperatorClient, instance_id: int, rent_per_hour: float) -> None:
+    """The host files a price increase: RENT_PER_HOUR from its contract's end.
+
+    \b
+    Example:
+      vast-manager fake price-increase 3 0.90
+    """
+    _fake_post(client, "price-increase", {"instance_id": instance_id,
+                                          "rent_per_hour": rent_per_hour})
+
+
+@fake.command("funds")
+@click.argument("add_usd", type=float)
+@operator_options
+def fake_funds(client: OperatorClient, add_usd: float) -> None:
+    """Add (or, negative, take) simulated funds; at zero vast.ai stops every instance.
+
+    \b
+    Example:
+      vast-manager fake funds -- -1000
+    """
+    _fake_post(client, "funds", {"add_usd": add_usd})
+
+
+@fake.command("revoke-key")
+@operator_options
+def fake_revoke_key(client: OperatorClient) -> None:
+    """The account's API key is deleted: every call is refused from now on.
+
+    \b
+    Example:
+      vast-manager fake revoke-key
+    """
+    _fake_post(client, "revoke-key", {})
+
+
+@fake.command("quota")
+@click.argument("searches_per_day", type=int, required=False)
+@operator_options
+def fake_quota(client: OperatorClient, searches_per_day: int | None) -> None:
+    """vast.ai's daily search quota (no argument: none).
+
+    \b
+    Example:
+      vast-manager fake quota 5
+    """
+    _fake_post(client, "quota", {"searches_per_day": searches_per_day})
+
+
+@fake.command("report")
+@click.argument("machine_id", type=int)
+@click.argument("problem")
+@click.option("--message", default=None, help="The renter's words.")
+@operator_options
+def fake_report(client: OperatorClient, machine_id: int, problem: str,
+                message: str | None) -> None:
+    """A renter files a report against a machine.
+
+    \b
+    Example:
+      vast-manager fake report 41006 gpu_error --message "GPU fell off the bus"
+    """
+    _fake_post(client, "report", {"machine_id": machine_id, "problem": problem,
+                                  "message": message})
 
 
 def main() -> None:

@@ -273,7 +273,9 @@ def render_plan(data: dict[str, Any], width: int | None = None) -> str:
     target = data.get("target_rate_per_hour")
     reference = render.usd(data.get("reference_usd_per_proof"))
     horizon = data.get("horizon_hours")
-    lines = [render.wrap(
+    label = data.get("offers_label")
+    lines = [] if not label else [render.wrap(str(label).capitalize() + ".", width, "  ")]
+    lines += [render.wrap(
         f"Reference: a newcomer is worth keeping below {reference}/proof (the best $/proof "
         f"among kept, proving instances: {render.usd(best) if best else 'none proving yet'}"
         + (f"; autopilot target {render.num(target)}/h" if target else "") + ")", width, "  "),

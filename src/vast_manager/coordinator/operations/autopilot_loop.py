@@ -211,6 +211,7 @@ class Autopilot:
         self.store = store
         self.provider = provider
         self.deployer = deployer
+        self.offers = deployer.offers  # the one offer cache (operations.offer_cache)
         self.monitor = monitor
         self.models = models
         self.clock = clock
@@ -330,8 +331,10 @@ class Autopilot:
         bad = frozenset(str(b["machine_id"]) for b in self.store.bad_hosts(now))
         notes: list[str] = []
         try:
-            offers = deployable(await self.provider.search_offers(
-                settings.autopilot_filter or settings.vast_filter), settings)
+            answer = await self.offers.search(settings.autopilot_filter or settings.vast_filter)
+            offers = deployable(answer.offers, settings)
+            if answer.stale:
+                notes.append(answer.label())
         except (ProviderError, ValueError) as err:
             offers = []
             notes.append(f"could not search the offers: {err}")

@@ -36,6 +36,7 @@ from vast_manager.coordinator.exceptions import (
     TooSmall,
 )
 from vast_manager.coordinator.operations.account import Account
+from vast_manager.coordinator.operations.offer_cache import OfferCache
 from vast_manager.coordinator.providers.base import (
     CreatedInstance,
     CreateFailed,
@@ -60,6 +61,10 @@ OFFER_FIELDS = (
 Destroy = Callable[..., Awaitable[bool]]
 # A price may move by this much (relative) before the caller must look again.
 PRICE_EPSILON = 1e-6
+# ...and by this much in dollars an hour: a price read from a search and the same price
+# recomputed from its parts (dph_total less a storage_total_cost rounded to six decimals,
+# plus the storage of the disk) differ by rounding alone.
+PRICE_ROUNDING_USD = 1e-5
 
 
 def mint_agent_id() -> str:
@@ -131,6 +136,7 @@ class Deployer:
         *,
         destroy: Destroy | None = None,
         account: Account | None = None,
+        offers: OfferCache | None = None,
     ) -> None:
         """``destroy``: the monitor's (``Monitor.destroy``), for an instance a failed create
         left behind; without it the monitor's next round destroys it (it is due at once)."""
@@ -140,6 +146,8 @@ class Deployer:
         self.clock = clock
         self._destroy = destroy
         self.account = account
+        # The runtime's shared cache: a re-check is a search on vast.ai's daily budget.
+        self.offers = offers if offers is not None else OfferCache(provider, settings, clock)
         self._lock = asyncio.Lock()
 
     async def deploy(
@@ -198,11 +206,14 @@ class Deployer:
         if paused is not None:
             raise AccountPaused(f"Deploys are paused: {paused}.")
         try:
-            offer = await self.provider.get_offer(offer_id)
+            offer, cached = await self.offers.offer(offer_id)
         except ProviderError as err:
             raise ProviderFailed(f"Could not re-read offer {offer_id}: {err}") from None
         if offer is None:
             raise OfferGone(f"Offer {offer_id} is gone or no longer rentable.")
+        if cached is not None:
+            log.warning("deploy of offer %s re-checked from the cache (%s)", offer_id,
+                        cached.label())
         machine_id = str(offer.machine_id)
         bad = self.store.bad_host(machine_id, self.clock())
         if bad is not None:
@@ -227,7 +238,8 @@ class Deployer:
             raise PriceChanged(
                 f"Offer {offer_id} costs ${dph_total:.4f}/h, above the ceiling ${ceiling:.4f}/h."
             )
-        if max_dph_total is not None and dph_total > max_dph_total * (1 + PRICE_EPSILON):
+        if max_dph_total is not None and \
+                dph_total > max_dph_total * (1 + PRICE_EPSILON) + PRICE_ROUNDING_USD:
             raise PriceChanged(
                 f"Offer {offer_id} now costs ${dph_total:.4f}/h with a {disk:g} GB disk, above "
                 f"the ${max_dph_total:.4f}/h you saw (--max-price)."

@@ -19,6 +19,8 @@ from vast_manager.coordinator.decisions.pace import HeartbeatTracker
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.operations.account import Account
 from vast_manager.coordinator.operations.cluster import ClusterWatch
+from vast_manager.coordinator.operations.machine_reports import MachineReports
+from vast_manager.coordinator.operations.price_increases import PriceIncreases
 from vast_manager.coordinator.operations.production import (
     COLUMNS as PRODUCTION_COLUMNS,
 )
@@ -78,8 +80,13 @@ class Monitor:
         self._wake = asyncio.Event()
         self._seeded = False
         self.production = ProductionTracker(settings)
+        # Hosts' price increases, judged each round (operations.price_increases).
+        self.price_increases = PriceIncreases(settings, store, provider, self.production)
+        # Renters' reports on blocked or struck machines (operations.machine_reports).
+        self.machine_reports = MachineReports(store, provider)
         self.reconciler = Reconciler(settings, store, provider, clock, tracker, self.account,
-                                     self.destroy)
+                                     self.destroy,
+                                     ended_by_us=self.price_increases.rejected)
         self.cluster = cluster if cluster is not None else ClusterWatch(settings, clock)
         self._flagged: set[tuple[int, str]] = set()
 
@@ -157,6 +164,8 @@ class Monitor:
             await self.finish_destroys(now)
             await self.watch_production(now)
             await self.reconciler.reconcile_with_provider()
+            await self.price_increases.round(now)
+            await self.machine_reports.round(now)
 
     # --- production: what kept instances complete (docs/operations.md) ----------------
 
@@ -462,6 +471,11 @@ class Monitor:
         if agent_id:
             self.on_agent_revoked(agent_id)
         return changed
+
+    @property
+    def vast_seen(self) -> dict[int, dict[str, Any]]:
+        """What vast.ai last showed of each instance it lists (``Reconciler.vast_seen``)."""
+        return self.reconciler.vast_seen
 
     async def reconcile(self, provider_instances: list[ProviderInstance]) -> list[Any]:
         """One reconciliation with ``provider_instances`` (``Reconciler.reconcile``)."""

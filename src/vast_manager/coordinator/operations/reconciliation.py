@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
-from vast_manager.coordinator.decisions import cost, policy, states
+from vast_manager.coordinator.decisions import cost, outbid, policy, states
 from vast_manager.coordinator.decisions import reconcile as reconcile_rules
 from vast_manager.coordinator.decisions.attribution import listed_address
 from vast_manager.coordinator.decisions.pace import HeartbeatTracker
@@ -79,8 +79,14 @@ class Reconciler:
 
     def __init__(self, settings: Settings, store: Store, provider: Provider,
                  clock: policy.Clock, tracker: HeartbeatTracker, account: Account,
-                 destroy: Destroy) -> None:
+                 destroy: Destroy, *, ended_by_us: Collection[int] = ()) -> None:
         self.settings = settings
+        # Provider instance ids whose contract our own answer ended (a rejected price
+        # increase): their stop is no fault of the machine.
+        self.ended_by_us = ended_by_us
+        # What vast.ai last showed of each instance it lists: vast id -> actual_status,
+        # status_msg and when (a webhook's round updates it within a second).
+        self.vast_seen: dict[int, dict[str, Any]] = {}
         self.store = store
         self.provider = provider
         self.clock = clock
@@ -118,6 +124,11 @@ class Reconciler:
         except ProviderError as err:
             log.warning("could not list provider instances: %s", err)
             return
+        now = self.clock()
+        self.vast_seen = {
+            int(inst["id"]): {"actual_status": inst.get("actual_status"),
+                              "status_msg": inst.get("status_msg"), "seen_at": now}
+            for inst in provider_instances if isinstance(inst.get("id"), int)}
         await self.reconcile(provider_instances)
 
     async def reconcile(self, provider_instances: list[ProviderInstance]) -> list[Any]:
@@ -222,9 +233,10 @@ class Reconciler:
 
         await self.store.write(add)
 
-    def _outbid_wait(self, row: Row, now: float) -> str | None:
-        """Why an outbid interruptible trial is kept, or None once waiting for its host
-        has cost what a fresh trial's setup would (``cost.resume_budget_s``)."""
+    async def _outbid_wait(self, row: Row, now: float) -> str | None:
+        """Why an outbid interruptible instance is kept (its bid raised within its cap, or
+        waiting for its host: ``decisions.outbid``), or None once waiting has cost what a
+        fresh trial's setup would (``cost.resume_budget_s``): the dead-status rule ends it."""
         since = self._outbid_since.setdefault(int(row["id"]), now)
         full = self.store.get_instance(int(row["id"]))
         offer = stored_offer(full["offer_json"]) if full is not None else None
@@ -239,10 +251,38 @@ class Reconciler:
         setup_s = trial.boot_s + trial.warmup_s + setup_bytes * 8 / (mbps * 1e6)
         budget = cost.resume_budget_s(prices, setup_down_bytes=setup_bytes, setup_s=setup_s,
                                       cap_s=self.settings.lost_timeout_s * 24)
-        if now - since >= budget:
-            return None  # destroyed by the dead-status rule; a fresh trial is cheaper
-        return (f"outbid (interruptible, stopped, storage billed): kept up to "
-                f"{budget / 3600:.1f} h, while waiting costs less than a fresh trial's setup")
+        choice = outbid.choose(
+            prices, bid_per_hour=float(full["bid_per_hour"]), rate_per_hour=full["rate_per_hour"],
+            max_usd_per_proof=self.settings.max_usd_per_proof,
+            max_bid_per_hour=self.settings.max_bid_per_hour,
+            max_deploy_dph_total=self.settings.max_deploy_dph_total,
+            waited_s=now - since, wait_budget_s=budget)
+        change = getattr(self.provider, "change_bid", None)
+        if choice.action == "raise" and change is not None and choice.bid_per_hour is not None:
+            pid, bid = int(full["provider_instance_id"]), choice.bid_per_hour
+            try:
+                await change(pid, bid)
+            except ProviderError as err:
+                return f"{choice.reason}; vast.ai refused the new bid ({err}): tried next round"
+            await self.store.write(lambda tx: tx.update_instance(
+                int(row["id"]), bid_per_hour=bid, updated_at=now))
+            return choice.reason
+        return None if choice.action == "destroy" else choice.reason
+
+    async def _requeue_if_trial(self, row: Row, now: float) -> None:
+        """An interruptible trial outbid before its benchmark ended: neither the host's
+        failure nor a measurement. Said once; its machine stays free to be tried again."""
+        full = self.store.get_instance(int(row["id"]))
+        if full is None or full["rate_per_hour"] is not None or row.get("bid_per_hour") is None:
+            return
+
+        def note(tx: Tx) -> None:
+            tx.insert_event(now, "requeued", "outbid mid-trial and not back in time: "
+                            "destroyed with no strike, no measurement; its machine may be "
+                            "tried again", instance_id=row["id"], agent_id=row["agent_id"],
+                            machine_id=row["machine_id"])
+
+        await self.store.write(note)
 
     async def funds_back(self, now: float) -> None:
         """Funds are back above zero: start the instances vast.ai stopped for them and give
@@ -302,7 +342,7 @@ class Reconciler:
                 elif status == "stopped" and self._resuming.get(int(row["id"]), 0.0) > now:
                     why = "being started again now that the account's funds are back"
                 elif status == "stopped" and row.get("bid_per_hour") is not None:
-                    why = self._outbid_wait(row, now)
+                    why = await self._outbid_wait(row, now)
             if why is None or row is None:
                 out.append(action)
                 continue
@@ -436,9 +476,11 @@ class Reconciler:
         if kind == "destroy_dead":
             reason = f"{reason}, seen in {self._dead_rounds.get(pid, 0)} rounds in a row"
         if row is not None and row["state"] not in states.GONE:
-            if kind == "destroy_dead" and row.get("bid_per_hour") is not None \
-                    and "status stopped" in reason:
-                pass  # an outbid interruptible instance: no fault of its machine
+            if kind == "destroy_dead" and "status stopped" in reason and (
+                    row.get("bid_per_hour") is not None or pid in self.ended_by_us):
+                # An outbid interruptible instance, or a contract ended by our rejection
+                # of its price increase: no fault of its machine.
+                await self._requeue_if_trial(row, now)
             elif kind == "destroy_dead":
                 # A trial that never ran (exited, a container that could not start): a
                 # strike against its machine.

@@ -28,6 +28,16 @@ class RateLimited(ProviderError):
     """The provider kept answering 429 after bounded retries."""
 
 
+class SearchQuotaExceeded(RateLimited):
+    """vast.ai's daily search quota is spent (HTTP 429 ``search_quota_exceeded``): never
+    retried, it "only resets at UTC midnight" (``vastai`` 1.9.1, docs/vast.md).
+    ``reset_at`` is ``X-RateLimit-Reset`` (epoch seconds), None when it was not sent."""
+
+    def __init__(self, message: str, reset_at: float | None) -> None:
+        super().__init__(message)
+        self.reset_at = reset_at
+
+
 class AuthError(ProviderError):
     """The provider refused our credentials."""
 

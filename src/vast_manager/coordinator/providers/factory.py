@@ -22,4 +22,9 @@ def make_provider(settings: Settings, provider_name: str) -> Provider:
         # the image, the onstart script and the rest of VM_VAST_*; a missing key
         # or image is a ProviderConfigError (a ValueError) naming what to set.
         return from_settings(settings)
-    raise ValueError(f"unknown provider {provider_name!r} (local or vast)")
+    if provider_name == "fake":
+        from vast_manager.coordinator.providers.fake import fake_provider
+
+        # The project's fake vast.ai in this process, for rehearsals (docs/operations.md).
+        return fake_provider(settings)
+    raise ValueError(f"unknown provider {provider_name!r} (local, vast or fake)")

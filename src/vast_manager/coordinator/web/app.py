@@ -29,7 +29,13 @@ from vast_manager.coordinator.runtime import Runtime
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.reads import Reads
 from vast_manager.coordinator.store.writer import Store
-from vast_manager.coordinator.web import agent_api, discovery_api, operator_api
+from vast_manager.coordinator.web import (
+    agent_api,
+    discovery_api,
+    fake_api,
+    operator_api,
+    vast_webhook,
+)
 from vast_manager.coordinator.web.auth import (
     MAX_BODY_BYTES,
     AgentAuth,
@@ -89,6 +95,8 @@ def serve(runtime: Runtime, *, outer: Middleware | None = None) -> web.Applicati
     agents = agent_api.agents_app()
     operators = operator_api.operators_app()
     discovery_api.add_routes(operators, operator_api.operator_endpoint)
+    fake_api.add_routes(operators, operator_api.operator_endpoint)
+    vast_webhook.add_routes(app)  # before /v1, which answers every other /v1 path
     app.add_subapp("/v1", agents)
     app.add_subapp("/api", operators)
     app.router.add_get("/metrics", operator_api.metrics_handler(core))

@@ -14,6 +14,7 @@ from vast_manager.coordinator.operations.autopilot_loop import Autopilot
 from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.model_keeper import ModelKeeper
 from vast_manager.coordinator.operations.monitor import Monitor
+from vast_manager.coordinator.operations.offer_cache import OfferCache
 from vast_manager.coordinator.providers.base import Provider
 from vast_manager.coordinator.runtime import Runtime
 from vast_manager.coordinator.settings import Settings
@@ -36,6 +37,7 @@ class Core:
         "guard",
         "models",
         "monitor",
+        "offers",
         "provider",
         "rng",
         "runtime",
@@ -59,6 +61,7 @@ class Core:
         self.deployer: Deployer = runtime.deployer
         self.models: ModelKeeper = runtime.models  # the rate model's latest fit
         self.autopilot: Autopilot = runtime.autopilot
+        self.offers: OfferCache = runtime.offers
         self.started_at: float = runtime.started_at  # when this process started watching
 
 

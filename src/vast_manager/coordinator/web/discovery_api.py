@@ -29,7 +29,7 @@ from vast_manager.coordinator.exceptions import InvalidInput, InvalidMeasurement
 from vast_manager.coordinator.operations.autopilot_loop import deployable, fleet_instances, plan_for
 from vast_manager.coordinator.operations.hosts_import import import_job, measurement_row
 from vast_manager.coordinator.operations.model_keeper import fit_rows
-from vast_manager.coordinator.providers.base import Offer
+from vast_manager.coordinator.operations.offer_cache import OfferAnswer
 from vast_manager.coordinator.providers.vast.filters import parse_filter
 from vast_manager.coordinator.store.migrations import Row, loads
 from vast_manager.coordinator.textsafe import has_unsafe
@@ -59,11 +59,12 @@ def _query_number(request: web.Request, name: str, *, integer: bool,
     return value
 
 
-async def _search(core: Core, filter_text: str | None) -> list[Offer]:
+async def _search(core: Core, filter_text: str | None) -> OfferAnswer:
+    """The offers through the one cache (``operations.offer_cache``), with their age."""
     try:
         if filter_text:
             parse_filter(filter_text)  # refused alike whichever provider answers
-        return await core.provider.search_offers(filter_text)
+        return await core.offers.search(filter_text)
     except ValueError as err:  # the filter parser's FilterError
         raise InvalidInput(f"Bad filter: {err}", field="filter") from None
 
@@ -72,7 +73,8 @@ async def _search(core: Core, filter_text: str | None) -> list[Offer]:
 
 
 async def offers(core: Core, request: web.Request) -> Any:
-    found = await _search(core, request.query.get("filter") or None)
+    answer = await _search(core, request.query.get("filter") or None)
+    found = answer.offers
     fitted = await core.models.current()
     bad = [str(b["machine_id"]) for b in core.store.bad_hosts(core.clock())]
     known = core.store.measured_machines()
@@ -80,7 +82,8 @@ async def offers(core: Core, request: web.Request) -> Any:
                                      min_instance_ram_gb=core.settings.min_instance_ram_gb,
                                      setup_download_gb=core.settings.setup_download_gb,
                                      kept_hours=core.settings.plan_horizon_hours)
-    fresh = core.models.freshness(fitted)
+    # Each row says how old the offers are (a list answer has no room for one label).
+    fresh = {**core.models.freshness(fitted), **answer.fields()}
     return [{**row, **fresh} for row in ranked]
 
 
@@ -143,7 +146,8 @@ async def plan(core: Core, request: web.Request) -> Any:
     trials = _query_number(request, "trials", integer=True, minimum=1, maximum=MAX_TRIALS)
     budget = _query_number(request, "budget_usd", integer=False, minimum=0.0,
                            maximum=1_000_000.0)
-    found = deployable(await _search(core, request.query.get("filter") or None), core.settings)
+    answer = await _search(core, request.query.get("filter") or None)
+    found = deployable(answer.offers, core.settings)
     fitted = await core.models.current()
     rows = await core.store.read(lambda r: r.active_instances())
     busy = frozenset(str(r["machine_id"]) for r in rows if r["machine_id"] is not None)
@@ -161,7 +165,7 @@ async def plan(core: Core, request: web.Request) -> Any:
                    default=None)
         return {**plan_view(made, best, target), "model": fitted.summary(),
                 "horizon_hours": core.settings.plan_horizon_hours,
-                **core.models.freshness(fitted)}
+                **core.models.freshness(fitted), **answer.fields()}
 
     return await asyncio.to_thread(work)
 
@@ -202,7 +206,7 @@ def ranking_moves(before: list[dict[str, Any]], after: list[dict[str, Any]],
 
 async def _dry_run(core: Core, found: list[Measurement], now: float) -> dict[str, Any]:
     """How the ranking would move with ``found`` imported, nothing written."""
-    offers_now = await _search(core, None)
+    offers_now = (await _search(core, None)).offers
     fitted = await core.models.current()
     rows = await core.store.read(lambda r: r.measurements())
     bad = [str(b["machine_id"]) for b in core.store.bad_hosts()]

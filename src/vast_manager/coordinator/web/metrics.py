@@ -461,6 +461,8 @@ class BillFigures:
 
     account: AccountView
     spend_window_s: float
+    #: The offer cache's ``view()`` (operations.offer_cache): searches and the quota.
+    offer_cache: dict[str, Any] | None = None
 
 
 class BillCollector(Collector):
@@ -506,6 +508,29 @@ class BillCollector(Collector):
         yield GaugeMetricFamily("vm_deploys_paused",
                                 "1 while deploys and the autopilot are paused by the account.",
                                 value=1.0 if account.paused else 0.0)
+        yield from _search_metrics(self.figures.offer_cache)
+
+
+def _search_metrics(view: dict[str, Any] | None) -> Iterator[Metric]:
+    """vast.ai's offer searches by outcome, today's count and the quota's stop."""
+    if view is None:
+        return
+    searches = CounterMetricFamily(
+        "vm_vast_searches", "Offer searches sent to the provider since start, by outcome "
+        "(answered, quota_exceeded, rate_limited, failed).", labels=("outcome",))
+    for outcome, count in sorted(view["counts"].items()):
+        searches.add_metric([outcome], float(count))
+    yield searches
+    yield GaugeMetricFamily("vm_vast_searches_today", "Offer searches sent this UTC day "
+                            "(budget VM_VAST_SEARCHES_PER_DAY).",
+                            value=float(view["searches_today"]))
+    yield GaugeMetricFamily("vm_vast_search_quota_exceeded", "1 while vast.ai's daily search "
+                            "quota is spent: no search until its reset, offers from the cache.",
+                            value=1.0 if view["quota_until"] is not None else 0.0)
+    if view.get("oldest_answer_age_s") is not None:
+        yield GaugeMetricFamily("vm_vast_offer_cache_age_seconds",
+                                "Age of the oldest answer in the offer cache.",
+                                value=float(view["oldest_answer_age_s"]))
 
 
 def registry(reads: Reads, now: float, guard: GuardCounts | None = None,

@@ -316,6 +316,8 @@ async def _fleet(core: Core, request: web.Request) -> Any:
     return {**view, **NO_FLEET_DELIVERED, **production.fleet_delivered,
             "cluster": core.monitor.cluster.view(),
             "account": core.monitor.account.view().as_dict(),
+            "offer_cache": core.offers.view(),
+            "pending_price_increases": list(core.monitor.price_increases.pending.values()),
             "max_usd_per_proof": break_even_usd_per_proof(core.settings),
             "max_deploy_dph_total": core.settings.max_deploy_dph_total}
 
@@ -438,7 +440,8 @@ async def _metrics(request: web.Request) -> web.Response:
     now, guard = core.clock(), metrics.GuardCounts.of(core.guard)
     paced = metrics.PaceFigures(core.tracker.load(), core.settings)
     bill = metrics.BillFigures(core.monitor.account.view(),
-                               core.settings.autopilot_spend_window_h * 3600.0)
+                               core.settings.autopilot_spend_window_h * 3600.0,
+                               core.offers.view())
     body = await core.store.read(lambda reads: metrics.exposition(
         reads, now, guard, paced, bill, core.monitor.production))
     return web.Response(body=body, headers={"Content-Type": metrics.CONTENT_TYPE})
@@ -451,7 +454,10 @@ async def _host_perf(core: Core, request: web.Request) -> Any:
 
 
 async def _bad_hosts(core: Core, request: web.Request) -> Any:
-    return await core.store.read(lambda reads: reads.bad_hosts())
+    rows = await core.store.read(lambda reads: reads.bad_hosts())
+    # vast.ai's renter reports on each blocked machine, as last read: the block's evidence.
+    reports = core.monitor.machine_reports.by_machine
+    return [{**r, "renter_reports": reports.get(str(r["machine_id"]), [])} for r in rows]
 
 
 async def _add_bad_host(core: Core, request: web.Request) -> Any:

@@ -242,7 +242,7 @@ async def start_server(
 ) -> RunningServer:
     """Open the store, bind ``settings.host:port`` and serve; returns once listening."""
     scale = getattr(provider, "time_scale", None)
-    if provider.name == "local" and settings.sim_time_scale == 1.0 and scale:
+    if provider.name in ("local", "fake") and settings.sim_time_scale == 1.0 and scale:
         # The local fleet reports simulated seconds; its own scale is the truth.
         settings = settings.with_values(sim_time_scale=float(scale))
     ssl_context = (
@@ -370,6 +370,9 @@ async def _serve_until_signalled(settings: Settings, provider: Provider) -> None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    start = getattr(provider, "start", None)
+    if start is not None:
+        await start()  # the fake vast.ai listens before the first search
     server = await start_server(settings, provider)
     if settings.admin_token_generated:
         _announce_new_token(settings)
@@ -387,7 +390,11 @@ async def _serve_until_signalled(settings: Settings, provider: Provider) -> None
     try:
         await stop.wait()
         rented = await _billing_instances(server)
-        if rented:
+        if rented and provider.name == "fake":
+            _say(settings, f"stopping: the fake vast.ai stops with the coordinator, and its "
+                           f"{len(rented)} instance(s) with it ({_ids(rented)}); nothing was "
+                           "billed for real")
+        elif rented:
             _say(settings, f"stopping: {len(rented)} instance(s) stay rented and keep billing "
                            f"({_ids(rented)}); their agents keep working. Serve this database "
                            "again to manage them, or destroy them (vast-manager destroy ID) "

@@ -16,7 +16,11 @@ tenacity); everything else maps to the named errors of
 - a create answering ``success: false`` with a ``new_contract`` made an
   instance anyway: ``CreateFailed`` carries its id;
 - a destroy is done when ``success`` says so (or the instance is already gone)
-  and a lookup no longer finds it.
+  and a lookup no longer finds it;
+- a 429 ``search_quota_exceeded`` is ``SearchQuotaExceeded`` at once, never retried (the
+  quota "only resets at UTC midnight"); another 429's ``Retry-After`` is waited out when
+  it is at most ``MAX_RETRY_AFTER_S``, and not retried when longer (``vastai`` 1.9.1
+  ``vastai/api/client.py`` ``retry_delay``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from vast_manager.coordinator.providers.base import (
     OfferGone,
     ProviderError,
     RateLimited,
+    SearchQuotaExceeded,
 )
 
 log = logging.getLogger(__name__)
@@ -56,6 +61,11 @@ _RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 #: The most of one answer read: an offers search of the whole market is a few MB; a
 #: larger answer (a broken or hostile endpoint) is refused, never held in memory.
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
+#: The longest ``Retry-After`` waited out inline; a longer one ends the call (``vastai``
+#: 1.9.1 ``_MAX_RETRY_AFTER_SECONDS``).
+MAX_RETRY_AFTER_S = 60.0
+#: The 429 ``error`` of the daily search quota (``vastai`` 1.9.1 ``is_search_quota_exceeded``).
+SEARCH_QUOTA_ERROR = "search_quota_exceeded"
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 #: What vast.ai says of a key it does not accept, whatever the status code: a deleted
 #: or wrong key ("Invalid user key", as 401 or, on the search and the v1 list, 404),
@@ -300,6 +310,55 @@ class VastClient:
             raise ProviderError(f"vast.ai instance {instance_id} not found") from None
         self._check_success(body, f"{field} of instance {instance_id}")
 
+    # ---- price increases, bids, machine reports (docs/vast.md, "2026") -----------
+
+    async def pending_price_increases(self) -> list[dict[str, Any]]:
+        """GET /api/v0/instances/pending-price-increases/: the rows of
+        ``pending_price_increases`` (vast-cli ``vastai/api/price_increase.py``)."""
+        body = await self._request("GET", "/api/v0/instances/pending-price-increases/")
+        self._check_success(body, "pending price increases")
+        rows = body.get("pending_price_increases")
+        if rows is None:
+            return []
+        if not isinstance(rows, list):
+            raise ProviderError("vast.ai pending price increases answered without a list")
+        return [r for r in rows if isinstance(r, dict)]
+
+    async def answer_price_increase(self, pending_id: int, *, accept: bool) -> None:
+        """PUT accept-price-increase/ or reject-price-increase/ with exactly
+        ``{"pending_price_increase_id": N}`` (any other key is a 400)."""
+        verb = "accept" if accept else "reject"
+        try:
+            body = await self._request(
+                "PUT", f"/api/v0/instances/{verb}-price-increase/",
+                json_body={"pending_price_increase_id": int(pending_id)})
+        except _NotFound:
+            # A stale row: 404 no_pending_price_increase (older backends 409).
+            raise ProviderError(f"vast.ai has no pending price increase {pending_id} "
+                                "any more") from None
+        self._check_success(body, f"{verb} of price increase {pending_id}")
+
+    async def change_bid(self, instance_id: int, price_per_hour: float) -> None:
+        """PUT /api/v0/instances/bid_price/{id}/ ``{"client_id": "me", "price": P}``
+        (vast-cli ``change_bid``; OpenAPI: 0.001 to 32 $/h)."""
+        try:
+            body = await self._request(
+                "PUT", f"/api/v0/instances/bid_price/{int(instance_id)}/",
+                json_body={"client_id": "me", "price": round(float(price_per_hour), 6)})
+        except _NotFound:
+            raise ProviderError(f"vast.ai instance {instance_id} not found") from None
+        self._check_success(body, f"bid of instance {instance_id}")
+
+    async def machine_reports(self, machine_id: int) -> list[dict[str, Any]]:
+        """GET /api/v0/machines/{id}/reports/: renters' reports ``{problem, message,
+        created_at}`` (OpenAPI ``showReports``)."""
+        body: Any = await self._request(
+            "GET", f"/api/v0/machines/{int(machine_id)}/reports/", allow_list=True)
+        rows = body.get("reports") if isinstance(body, dict) else body
+        if not isinstance(rows, list):
+            raise ProviderError("vast.ai machine reports answered without a list")
+        return [r for r in rows if isinstance(r, dict)]
+
     # ---- transport -------------------------------------------------------
 
     def _get_session(self) -> aiohttp.ClientSession:
@@ -323,8 +382,10 @@ class VastClient:
         params: Mapping[str, str] | None = None,
         json_body: Any = None,
         idempotent: bool = True,
+        allow_list: bool = False,
     ) -> dict[str, Any]:
-        """One call with retries; returns the JSON object answered.
+        """One call with retries; returns the JSON object answered (or, with
+        ``allow_list``, the JSON array: typed as the object for the callers that need none).
 
         Raises ``_NotFound`` for a plain 404/410 (callers decide what gone means),
         ``OfferGone`` for ``no_such_ask``, and the named errors otherwise.
@@ -337,11 +398,13 @@ class VastClient:
             sleep=self._sleep,
             log=log,
             what=f"vast.ai {what}",
+            server_wait=lambda exc: exc.retry_after_s if isinstance(exc, _Transient) else None,
         )
         try:
             async for attempt in attempts:
                 with attempt:
-                    return await self._request_once(method, path, params, json_body, idempotent)
+                    return await self._request_once(method, path, params, json_body, idempotent,
+                                                    allow_list)
         except _Transient as last:
             if last.status == 429:
                 raise RateLimited(
@@ -360,6 +423,7 @@ class VastClient:
         params: Mapping[str, str] | None,
         json_body: Any,
         idempotent: bool,
+        allow_list: bool = False,
     ) -> dict[str, Any]:
         """One try: the JSON object answered, ``_Transient`` for a failure worth another
         try, ``OutcomeUnknown`` for one that is not (a create that may have happened)."""
@@ -375,6 +439,7 @@ class VastClient:
             ) as resp:
                 status = resp.status
                 text = await read_bounded(resp, MAX_ANSWER_BYTES, what)
+                headers = resp.headers
         except aiohttp.ClientConnectorError as exc:
             # Never connected: the request did not reach vast.ai, so even a create
             # may be retried.
@@ -389,8 +454,13 @@ class VastClient:
             raise _Transient(problem) from None
         log.debug("vast.ai %s -> %d", what, status)
         body = _parse_json(text)
+        if status == 429 and isinstance(body, dict) and body.get("error") == SEARCH_QUOTA_ERROR:
+            raise SearchQuotaExceeded(
+                f"vast.ai {what}: the daily search quota is spent (HTTP 429 "
+                f"{SEARCH_QUOTA_ERROR}); it resets at UTC midnight",
+                _epoch(headers.get("X-RateLimit-Reset")))
         if status in _RETRYABLE_STATUS:
-            # 429 bodies are plain text or {"detail": ...}, with no Retry-After.
+            # 429 bodies are plain text or {"detail": ...}; a Retry-After is believed.
             if status != 429 and not idempotent:
                 raise OutcomeUnknown(
                     f"vast.ai {what}: answered {status}, outcome unknown; "
@@ -400,8 +470,14 @@ class VastClient:
             detail = _message(body, text)
             if detail:
                 problem += f": {_clean(self._scrub(detail))[:120]}"
-            raise _Transient(problem, status)
+            retry_after = _epoch(headers.get("Retry-After"))
+            if retry_after is not None and retry_after > MAX_RETRY_AFTER_S:
+                raise RateLimited(f"vast.ai {what}: {problem}; Retry-After {retry_after:g} s "
+                                  f"is longer than {MAX_RETRY_AFTER_S:g} s, not waited out")
+            raise _Transient(problem, status, retry_after)
         if 200 <= status < 300:
+            if allow_list and isinstance(body, list):
+                return body  # type: ignore[return-value]
             if not isinstance(body, dict):
                 raise ProviderError(f"vast.ai {what}: answered {status} without a JSON object")
             return body
@@ -477,9 +553,11 @@ class _Transient(ProviderError):
     """One try failed in a way another may not (429, 502-504, no connection, a timeout):
     the message says how, never the key."""
 
-    def __init__(self, problem: str, status: int | None = None) -> None:
+    def __init__(self, problem: str, status: int | None = None,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(problem)
         self.status = status
+        self.retry_after_s = retry_after_s
 
 
 class _NotFound(ProviderError):
@@ -505,6 +583,16 @@ def _message(body: Any, text: str) -> str:
                 return str(body[key])
         return ""
     return text if isinstance(text, str) else ""
+
+
+def _epoch(text: str | None) -> float | None:
+    """A header's number of seconds (``Retry-After``, ``X-RateLimit-Reset``), None when
+    absent or not a finite number at or above zero (an HTTP date is not read)."""
+    try:
+        value = float(text) if text is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and 0 <= value < float("inf") else None
 
 
 def _parse_json(text: str) -> Any:

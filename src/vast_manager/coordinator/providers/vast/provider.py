@@ -235,6 +235,23 @@ class VastProvider:
         """Start a stopped instance again (``vastai start instance``: PUT state running)."""
         await self.client.set_state(instance_id, "running")
 
+    #: vast.ai meters searches (a daily quota, docs/vast.md): the offer cache keeps to
+    #: ``VM_VAST_SEARCHES_PER_DAY`` for this provider.
+    searches_metered = True
+
+    async def pending_price_increases(self) -> list[dict[str, Any]]:
+        """Hosts' pending price increases on our running contracts (docs/vast.md)."""
+        return await self.client.pending_price_increases()
+
+    async def answer_price_increase(self, pending_id: int, *, accept: bool) -> None:
+        await self.client.answer_price_increase(pending_id, accept=accept)
+
+    async def change_bid(self, instance_id: int, price_per_hour: float) -> None:
+        await self.client.change_bid(instance_id, price_per_hour)
+
+    async def machine_reports(self, machine_id: int) -> list[dict[str, Any]]:
+        return await self.client.machine_reports(machine_id)
+
     async def destroy_instance(self, instance_id: int) -> None:
         """Destroy and confirm; idempotent. ``DestroyUnconfirmed`` when vast.ai still
         lists the instance afterwards (the monitor records it and destroys it again)."""

@@ -394,6 +394,8 @@ async function renderFleet() {
     ...earningsTiles(summary),
   );
   accountBanner(summary.account);
+  searchBanner(summary.offer_cache);
+  priceBanner(summary.pending_price_increases);
   clusterBanner(summary.cluster);
   const rows = page.rows;
   fill(
@@ -454,6 +456,24 @@ function accountBanner(account) {
     ? safeText((account.auth_ok === false ? "vast.ai refused the API key: " : "") + alert +
       (account.paused ? " — deploys and the autopilot are paused." : ""))
     : "";
+}
+
+// vast.ai's daily search quota (docs/vast.md): while it is spent, offers come from the cache.
+function searchBanner(cache) {
+  const banner = $("search-banner");
+  const alert = cache && cache.alert;
+  banner.hidden = !alert;
+  banner.textContent = alert ? safeText(alert) : "";
+}
+
+// Hosts' pending price increases on our instances, each with the coordinator's verdict.
+function priceBanner(pending) {
+  const banner = $("price-banner");
+  const rows = pending || [];
+  banner.hidden = rows.length === 0;
+  banner.replaceChildren(...rows.map((p) => el("div", {},
+    `Instance ${p.instance_id}: price increase ${p.pending_price_increase_id} ` +
+    `(${p.verdict}): ${p.reason}`)));
 }
 
 // Production as the cluster records it (docs/operations.md): delivered beside claimed,
@@ -603,6 +623,10 @@ async function renderOffers() {
     }),
   );
   $("offers-empty").hidden = rows.length > 0;
+  // The offer cache's age ("offers as of 4 min ago"; stale while searches are stopped).
+  const age = rows.length ? rows[0].offers_label : null;
+  $("offers-age").hidden = !age;
+  $("offers-age").textContent = age ? safeText(age) : "";
   offersChart($("chart-offers"), rows, fleet.max_usd_per_proof);
 }
 
