@@ -46,6 +46,15 @@ class ResultOutcome:
     flood: str | None = None  # policy.THROTTLED or policy.REVOKED: too many unasked results
 
 
+def _flood_ending(flood: str | None, settings: Settings, now: float) -> Ending | None:
+    """The end of an instance whose agent's key a flood revoked (None: no such flood)."""
+    if flood != policy.REVOKED:
+        return None
+    return Ending(f"its agent sent {policy.FLOOD_REVOKE_AT} results nobody asked for within "
+                  f"{policy.FLOOD_WINDOW_S / 3600:.0f} h", "flood",
+                  now + settings.terminate_grace_s, bad_host_source="flood")
+
+
 def _unrequested(tx: Tx, inst: Row, check: policy.Plausibility, row: dict[str, Any],
                  now: float) -> str | None:
     """A result nobody asked for (undirected, after a terminate) is kept as a summary:
@@ -205,8 +214,7 @@ def result_job(
                 and rate is not None:
             judged = judge_belief(tx, inst, result, check, rate, settings, now, expect,
                                    inst_updates, events)
-            if judged.counted_rate is not None:
-                # A confirmation counts the lower of the claim and itself.
+            if judged.counted_rate is not None:  # the lower of a claim and its confirmation
                 rate = check.recomputed_rate_per_hour = judged.counted_rate
         # Everything read: from here on only decisions, then one write.
         if check.reasons:
@@ -230,14 +238,9 @@ def result_job(
         row = _result_row(agent_id, result, inst, check, verdict, directive, counts, now) | {
             "machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus}
         flood = _unrequested(tx, inst, check, row, now)
-        if flood == policy.REVOKED and ending is None:
-            ending = Ending(f"its agent sent {policy.FLOOD_REVOKE_AT} results nobody asked "
-                            f"for within {policy.FLOOD_WINDOW_S / 3600:.0f} h",
-                            "flood", now + settings.terminate_grace_s,
-                            bad_host_source="flood")
+        ending = ending or _flood_ending(flood, settings, now)
         measurement = None if not counts or rate is None else _fleet_measurement(
-            inst, machine_id, gpu_name, num_gpus, rate, now) | {
-                "model_cap_per_hour": judged.model_cap}
+            inst, machine_id, gpu_name, num_gpus, rate, now, judged.model_cap)
         scaling = scaling_of(result, after, (machine_id, gpu_name, num_gpus), check, watch,
                               terminate, now)
         tx.write_result(ResultWrite(
@@ -330,7 +333,7 @@ def _result_row(agent_id: str, result: Result, inst: Row, check: policy.Plausibi
 
 
 def _fleet_measurement(inst: Row, machine_id: str, gpu_name: str, num_gpus: int, rate: float,
-                       now: float) -> dict[str, Any]:
+                       now: float, model_cap: float | None = None) -> dict[str, Any]:
     """The rate with the hardware it ran on: what the rate model learns from, and what
     host_perf is computed from. A bring-your-own agent names its own CPU and RAM in its
     hello: its measurement is ``host_reported``, shown in host_perf but kept out of the
@@ -344,7 +347,7 @@ def _fleet_measurement(inst: Row, machine_id: str, gpu_name: str, num_gpus: int,
         "machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus,
         "rate_per_hour": rate, "measured_at": now, "source": "fleet",
         "offer_json": dumps(offer), "instance_id": inst["id"], "recorded_at": now,
-        "host_reported": int(byo),
+        "host_reported": int(byo), "model_cap_per_hour": model_cap,
     }
 
 
