@@ -52,7 +52,7 @@ NOVEL_FACTOR = 1.0
 #: hardware (a twin), or above the machine's own first counted rate, a claim is held;
 #: against a twin only when it is also above ``TWIN_MODEL_FACTOR`` x the model's 90th
 #: percentile: hosts of one GPU, CPU and RAM differ by what their offers do not show
-#: (in the simulated market an honest benchmark reaches 6x its twins' median, 19% of
+#: (in the simulated market an honest benchmark reaches 6x its twins' median, 20% of
 #: them above 1.5x), so a twin alone would hold honest hosts; both together held 0.4%
 #: of 1,800 honest first benchmarks (``python bench/belief.py``).
 TWIN_FACTOR = 1.5
