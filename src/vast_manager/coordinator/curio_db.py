@@ -37,18 +37,24 @@ WITH hist AS (
            (array_agg(left(err, {MAX_ERROR_CHARS}) ORDER BY work_end DESC)
                FILTER (WHERE NOT result AND err IS DISTINCT FROM 'preempted'))[1] AS last_error,
            extract(epoch FROM max(work_end)
-               FILTER (WHERE NOT result AND err IS DISTINCT FROM 'preempted')) AS last_error_at
+               FILTER (WHERE NOT result AND err IS DISTINCT FROM 'preempted')) AS last_error_at,
+           count(*) FILTER (WHERE result AND work_end > to_timestamp($4::float8))
+               AS completed_new,
+           count(*) FILTER (WHERE NOT result AND err IS DISTINCT FROM 'preempted'
+                            AND work_end > to_timestamp($4::float8)) AS failed_new
     FROM harmony_task_history
     WHERE work_end > to_timestamp($1::float8) AND name = ANY($2::text[])
     GROUP BY completed_by_host_and_port
 )
 SELECT md.machine_name AS machine_name, hm.host_and_port AS address,
        0::bigint AS completed, 0::bigint AS failed, NULL::text AS last_error,
-       NULL::float8 AS last_error_at
+       NULL::float8 AS last_error_at, 0::bigint AS completed_new, 0::bigint AS failed_new
 FROM harmony_machine_details md JOIN harmony_machines hm ON hm.id = md.machine_id
 WHERE md.machine_name LIKE $3
 UNION ALL
-SELECT NULL, address, completed, failed, last_error, last_error_at::float8 FROM hist
+SELECT NULL, address, completed, failed, last_error, last_error_at::float8, completed_new,
+       failed_new
+FROM hist
 """
 
 
@@ -59,12 +65,17 @@ class ClusterUnavailable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ClusterRows:
-    """One round's read: the (machine_name, host_and_port) of our nodes, and each
-    address's tally of proving tasks since ``since``."""
+    """One read: the (machine_name, host_and_port) of our nodes, and each address's tally
+    of proving tasks since ``since`` (the window), those since ``since_new`` (the previous
+    read) counted apart; ``seq`` tells one read from the next, ``read_at`` is its time (the
+    coordinator's clock; both set by the caller)."""
 
     since: float
     machines: tuple[tuple[str | None, str], ...]
     tallies: dict[str, Tally]
+    since_new: float = 0.0
+    seq: int = 0
+    read_at: float = 0.0
 
 
 class CurioDb:
@@ -76,11 +87,14 @@ class CurioDb:
         self._timeout_s = timeout_s
         self._conn: asyncpg.Connection | None = None
 
-    async def read(self, since: float, tasks: Sequence[str], name_prefix: str) -> ClusterRows:
+    async def read(self, since: float, tasks: Sequence[str], name_prefix: str,
+                   since_new: float | None = None) -> ClusterRows:
         """The round's one query, connect included, within the timeout: proving tasks of
-        ``tasks`` since ``since`` (Unix seconds), and the nodes named ``name_prefix``..."""
+        ``tasks`` since ``since`` (Unix seconds; those since ``since_new`` also apart), and
+        the nodes named ``name_prefix``..."""
         try:
-            return await asyncio.wait_for(self._read(since, tasks, name_prefix),
+            return await asyncio.wait_for(
+                self._read(since, tasks, name_prefix, since if since_new is None else since_new),
                                           self._timeout_s)
         except TimeoutError:
             await self.close()
@@ -105,8 +119,8 @@ class CurioDb:
             await self.close()
             raise ClusterUnavailable("VM_CURIO_DB_URL is not a URL asyncpg can use") from None
 
-    async def _read(self, since: float, tasks: Sequence[str],
-                    name_prefix: str) -> ClusterRows:
+    async def _read(self, since: float, tasks: Sequence[str], name_prefix: str,
+                    since_new: float) -> ClusterRows:
         if self._conn is None or self._conn.is_closed():
             self._conn = await asyncpg.connect(
                 self._url, timeout=self._timeout_s,
@@ -116,7 +130,7 @@ class CurioDb:
                                  "application_name": "vast-manager"},
             )
         pattern = name_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        rows = await self._conn.fetch(READ_SQL, since, list(tasks), pattern + "%")
+        rows = await self._conn.fetch(READ_SQL, since, list(tasks), pattern + "%", since_new)
         machines: list[tuple[str | None, str]] = []
         tallies: dict[str, Tally] = {}
         for row in rows:
@@ -125,8 +139,9 @@ class CurioDb:
             else:
                 tallies[row["address"]] = Tally(
                     int(row["completed"]), int(row["failed"]), row["last_error"],
-                    None if row["last_error_at"] is None else float(row["last_error_at"]))
-        return ClusterRows(since, tuple(machines), tallies)
+                    None if row["last_error_at"] is None else float(row["last_error_at"]),
+                    int(row["completed_new"]), int(row["failed_new"]))
+        return ClusterRows(since, tuple(machines), tallies, since_new)
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None

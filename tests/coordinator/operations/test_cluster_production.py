@@ -238,3 +238,34 @@ async def test_a_read_only_session_cannot_write(pg: PostgresServer) -> None:
             await conn.execute("DELETE FROM harmony_task_history")
     finally:
         await conn.close()
+
+
+async def test_a_second_node_that_takes_over_an_address_makes_both_unattributable(
+    aiohttp_client: Any, tmp_path: Path, pg: PostgresServer
+) -> None:
+    """As Curio really registers a node: one harmony_machines row per host_and_port, its
+    details row overwritten by the next node there (resources.go's upsert, tasks.go's
+    ON CONFLICT (machine_id)). The name seen before is remembered, so the rows are no one's."""
+    h = await start(aiohttp_client, tmp_path, curio_db_url=pg.reader_url,
+                    curio_window_s=WINDOW_S)
+    _, first = await _proving(h, "first")
+    _, second = await _proving(h, "second")
+    conn = await pg.admin()
+    try:
+        machine = await register_node(conn, node_name(first), "172.17.0.2:12300")
+        await record_tasks(conn, "172.17.0.2:12300", _hourly(60, h.clock()))
+        await _round(h)
+        _, view = await h.admin("GET", f"/api/instances/{first}")
+        assert view["delivered_rate_per_hour"] == pytest.approx(60.0)
+        await conn.execute("UPDATE harmony_machine_details SET machine_name = $1 "
+                           "WHERE machine_id = $2", node_name(second), machine)
+    finally:
+        await conn.close()
+    h.clock.advance(60)
+    await _round(h)
+    _, rows = await h.admin("GET", "/api/instances")
+    by_id = {r["id"]: r for r in rows}
+    for ident in (first, second):
+        assert by_id[ident]["cluster_status"].startswith("unattributable")
+        assert by_id[ident]["delivered_rate_per_hour"] is None
+        assert by_id[ident]["state"] == State.PROVING

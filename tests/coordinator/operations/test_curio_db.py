@@ -14,7 +14,7 @@ import pytest
 from vast_manager.coordinator.curio_db import READ_SQL, ClusterUnavailable, CurioDb
 
 from support.coord_support import start
-from support.postgres import PostgresServer, postgres_server, register_node
+from support.postgres import PostgresServer, postgres_server, record_tasks, register_node
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ async def test_the_query_reads_curios_index(pg: PostgresServer) -> None:
             "FROM generate_series(1, 50000) g")
         await conn.execute("ANALYZE harmony_task_history")
         plan = "\n".join(r[0] for r in await conn.fetch(
-            "EXPLAIN " + READ_SQL, 1_800_000_000.0, ["PSProve"], "vm-%"))
+            "EXPLAIN " + READ_SQL, 1_800_000_000.0, ["PSProve"], "vm-%", 1_800_000_000.0))
     finally:
         await conn.close()
     assert "harmony_task_history_work_index" in plan or \
@@ -81,3 +81,36 @@ async def test_the_query_reads_curios_index(pg: PostgresServer) -> None:
     assert rows.tallies["203.0.113.1:1"].completed == 50000
 
 
+
+
+async def test_each_read_hands_out_the_tasks_since_the_previous_one_once(
+    pg: PostgresServer,
+) -> None:
+    """The observation a round-by-round delivered test folds: each task in one read's
+    increments only, beside the window's totals."""
+    from vast_manager.coordinator.operations.cluster import ClusterWatch
+    from vast_manager.coordinator.settings import DEFAULTS
+
+    clock = [1_800_000_000.0]
+    watch = ClusterWatch(DEFAULTS.with_values(curio_db_url=pg.reader_url), lambda: clock[0])
+    rows = [{"id": 1, "state": "proving", "state_since": clock[0] - 3600,
+             "rate_per_hour": 100.0, "min_rate_per_hour": 50.0, "dph_total": 0.5}]
+    conn = await pg.admin()
+    try:
+        await register_node(conn, "vm-1", "203.0.113.1:1")
+        await record_tasks(conn, "203.0.113.1:1", [clock[0] - 600 * k for k in range(6)])
+        await watch.refresh()
+        first = watch.assess(rows, {}, clock[0])
+        assert first.increments[1].completed == 6  # the first read: the whole window
+        assert watch.assess(rows, {}, clock[0]).increments == {}  # once per read
+        clock[0] += 60
+        await record_tasks(conn, "203.0.113.1:1", [clock[0] - 30, clock[0] - 10])
+        await record_tasks(conn, "203.0.113.1:1", [clock[0] - 20], result=False, err="error: x")
+        await watch.refresh()
+        second = watch.assess(rows, {}, clock[0])
+    finally:
+        await conn.close()
+        await watch.close()
+    got = second.increments[1]
+    assert (got.completed, got.failed, got.window_s, got.source) == (2, 1, 60.0, "cluster")
+    assert second.views[1]["tasks_completed"] == 8  # the window's, as the views show

@@ -52,17 +52,21 @@ def node_name(instance_id: int) -> str:
 @dataclass(frozen=True, slots=True)
 class Tally:
     """Proving tasks one address finished in the window: succeeded, failed (``result`` false,
-    not preempted), and the newest failure's ``err``."""
+    not preempted), the newest failure's ``err``; and of them, those since the previous read."""
 
     completed: int = 0
     failed: int = 0
     last_error: str | None = None
     last_error_at: float | None = None
+    new_completed: int = 0
+    new_failed: int = 0
 
     def __add__(self, other: Tally) -> Tally:
         newest = self if (self.last_error_at or 0.0) >= (other.last_error_at or 0.0) else other
         return Tally(self.completed + other.completed, self.failed + other.failed,
-                     newest.last_error, newest.last_error_at)
+                     newest.last_error, newest.last_error_at,
+                     self.new_completed + other.new_completed,
+                     self.new_failed + other.new_failed)
 
 
 @dataclass(frozen=True, slots=True)

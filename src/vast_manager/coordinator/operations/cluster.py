@@ -80,6 +80,9 @@ class Assessment:
     views: dict[int, dict[str, Any]] = field(default_factory=dict)
     fleet: dict[str, Any] = field(default_factory=dict)
     judgements: dict[int, Judgement] = field(default_factory=dict)
+    # What each matched instance delivered since the previous read, once per read: the
+    # observation a sequential delivered-beats-claimed test folds round by round.
+    increments: dict[int, Delivered] = field(default_factory=dict)
 
 
 class ClusterWatch:
@@ -102,7 +105,11 @@ class ClusterWatch:
         self.reads_failed_total = 0
         self.addresses: dict[int, str] = {}  # instance id -> public IP:port (provider list)
         self.reports: dict[int, Report] = {}
+        self.read_upto: float | None = None  # the clock at the last good read
+        self._seq = 0  # good reads so far
+        self._handed_seq = 0  # the read whose increments a round last handed out
         self._bills: dict[int, tuple[tuple[Any, ...], float | None]] = {}
+        self._pairs_seen: dict[tuple[str | None, str], float] = {}
 
     @property
     def configured(self) -> bool:
@@ -126,16 +133,34 @@ class ClusterWatch:
         if self.db is None or now < self.next_read_at:
             return
         since = now - self.settings.curio_window_s
+        since_new = since if self.read_upto is None else max(since, self.read_upto)
         try:
-            rows = await self.db.read(since, curio_tasks(self.settings), NODE_NAME_PREFIX)
+            rows = await self.db.read(since, curio_tasks(self.settings), NODE_NAME_PREFIX,
+                                      since_new)
         except ClusterUnavailable as err:
             self._failed(now, str(err))
             return
         if self.alert is not None:
             log.warning("cluster database readable again after %d failed reads",
                         self.failures)
-        self.latest, self.failures, self.next_read_at = rows, 0, 0.0
+        self._seq += 1
+        self.latest = replace(rows, machines=self._remember(rows.machines, now),
+                              seq=self._seq, read_at=now)
+        self.read_upto, self.failures, self.next_read_at = now, 0, 0.0
         self.alert, self.alert_since = None, None
+
+    def _remember(self, machines: tuple[tuple[str | None, str], ...],
+                  now: float) -> tuple[tuple[str | None, str], ...]:
+        """The (name, address) pairs seen within the window, this read's and earlier ones.
+        Curio keeps one ``harmony_machines`` row per ``host_and_port`` and one details row
+        per machine (resources.go's upsert; tasks.go's ``ON CONFLICT (machine_id)``), so a
+        second node on an address overwrites the first's name: only names remembered
+        across reads show that two nodes share it."""
+        horizon = now - self.settings.curio_window_s
+        seen = {pair: at for pair, at in self._pairs_seen.items() if at >= horizon}
+        seen.update(dict.fromkeys(machines, now))
+        self._pairs_seen = seen
+        return tuple(seen)
 
     def _failed(self, now: float, reason: str) -> None:
         """The alert (logged once until a read succeeds), and the next try on the backoff."""
@@ -215,6 +240,7 @@ class ClusterWatch:
                 continue
             made = self._proving(row, found, cuzk_rates.get(int(row["id"])), hourly, now, out)
             parts.append(made)
+        self._increments(found, out)
         if not any(v.get("tasks_completed") for v in out.views.values()):
             # Nothing of ours delivered anything: a drought in the cluster's work (or its
             # rows not reaching us) is no host's doing; flags stand, nobody ends for it.
@@ -222,6 +248,20 @@ class ClusterWatch:
         self._bills = bills
         out.fleet = self._fleet(price, parts, found)
         return out
+
+    def _increments(self, found: Attribution | None, out: Assessment) -> None:
+        """The tasks since the previous read of each matched instance, the first round
+        after each read only (a test folding them must see each task once)."""
+        latest = self.latest
+        if found is None or latest is None or latest.seq == self._handed_seq:
+            return
+        self._handed_seq = latest.seq
+        span = latest.read_at - latest.since_new
+        for ident, got in found.instances.items():
+            if isinstance(got, Matched) and span > 0:
+                t = got.tally
+                out.increments[ident] = Delivered(t.new_completed, t.new_failed, span,
+                                                  CLUSTER, t.last_error)
 
     def _bill(self, row: Row, bills: dict[int, tuple[tuple[Any, ...], float | None]]
               ) -> float | None:

@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from vast_manager.coordinator.decisions import cost
+from vast_manager.coordinator.decisions.earnings import break_even_usd_per_proof
 from vast_manager.coordinator.decisions.price_increase import Increase, judge
 from vast_manager.coordinator.offers import stored_offer
 from vast_manager.coordinator.operations.production import ProductionTracker
@@ -85,7 +86,8 @@ class PriceIncreases:
         rx = max(0.0, float(row["net_rx_bytes"] or 0) - setup)
         verdict = judge(
             inc, prices, rate_per_hour=rate, basis=basis,
-            max_usd_per_proof=settings.max_usd_per_proof,
+            # The break-even of a proof's price when one is set (decisions.earnings).
+            max_usd_per_proof=break_even_usd_per_proof(settings),
             down_bytes_per_hour=rx / hours if hours > 0 else 0.0,
             up_bytes_per_hour=float(row["net_tx_bytes"] or 0) / hours if hours > 0 else 0.0,
             max_deploy_dph_total=settings.max_deploy_dph_total, fleet_dph_total=fleet_dph,

@@ -15,6 +15,7 @@ from typing import Any
 from vast_manager.coordinator.decisions import cost, outbid, policy, states
 from vast_manager.coordinator.decisions import reconcile as reconcile_rules
 from vast_manager.coordinator.decisions.attribution import listed_address
+from vast_manager.coordinator.decisions.earnings import break_even_usd_per_proof
 from vast_manager.coordinator.decisions.pace import HeartbeatTracker
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.plan import TrialCost
@@ -253,7 +254,7 @@ class Reconciler:
                                       cap_s=self.settings.lost_timeout_s * 24)
         choice = outbid.choose(
             prices, bid_per_hour=float(full["bid_per_hour"]), rate_per_hour=full["rate_per_hour"],
-            max_usd_per_proof=self.settings.max_usd_per_proof,
+            max_usd_per_proof=break_even_usd_per_proof(self.settings),
             max_bid_per_hour=self.settings.max_bid_per_hour,
             max_deploy_dph_total=self.settings.max_deploy_dph_total,
             waited_s=now - since, wait_budget_s=budget)
