@@ -40,7 +40,7 @@ UNDIRECTED = "undirected"
 # alone"): held, not counted and no verdict, until a directed re-benchmark agrees.
 UNCONFIRMED = "unconfirmed"
 # A counted benchmark whose instance then delivered far below it (docs/reliability.md,
-# "Delivered beats claimed"): taken back out of host_perf and the model.
+# "Judged by what it delivers"): taken back out of host_perf and the model.
 DEMOTED = "demoted"
 HOST_PERF_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED, EARLY_VERDICT, AFTER_TERMINATE,
                                        UNDIRECTED, UNCONFIRMED, DEMOTED})

@@ -109,7 +109,7 @@ def fleet_instances(rows: Sequence[Row], model: ServedModel,
                     delivered: Mapping[int, float] | None = None) -> list[FleetInstance]:
     """Our deployed instances still on a machine, as the decision core sees them: proving
     at the rate they deliver (``delivered``: instance id -> the completed rate over at
-    least half an hour, docs/reliability.md "Delivered beats claimed"), else their
+    least half an hour, docs/reliability.md "Judged by what it delivers"), else their
     measured rate; on trial at the model's predicted rate for their offer; or leaving
     (terminating, silent, failed, or idle (``idle``: proving, completing nothing or far
     below their rate): billing, not proving)."""

@@ -283,6 +283,7 @@ class Monitor:
         # (``assess`` reads only what each read and report replaced whole).
         found = await asyncio.to_thread(self.cluster.assess, rows, cuzk, now)
         self.production.delivered, self.production.fleet_delivered = found.views, found.fleet
+        self.production.fold_cluster(found.increments)  # the delivery test's outside truth
         flags = {(i, name): why for i, j in found.judgements.items()
                  for name, why in j.flags.items()}
         fresh = {key: why for key, why in flags.items() if key not in self._flagged}

@@ -12,9 +12,9 @@ or destroyed after ``idle_destroy_after_s`` (docs/operations.md, "Idle instances
 Idle also means delivering far below the rate it was kept on: each round's count feeds
 the sequential test of ``decisions.delivered`` (one proof every 14 minutes from a host
 kept at 431/h is short, not busy); a host found short is demoted by the monitor
-(docs/reliability.md, "Delivered beats claimed"). The cluster's record, where a source is
-configured, is judged by ``operations.cluster`` (``decisions.cluster_verdict``), which
-ends an instance below its minimum on it.
+(docs/reliability.md, "Judged by what it delivers"). Where the cluster's record covers an
+instance, its per-read increments feed the test instead (``fold_cluster``), and
+``decisions.cluster_verdict`` ends an instance below its minimum on it.
 
 Derived on the coordinator from the heartbeats it already receives: no wire change.
 Kept in memory and rebuilt after a restart: until ``idle_after_s`` has passed since
@@ -23,6 +23,7 @@ this coordinator first saw an instance proving, it is not called idle.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,7 @@ class _Track:
     test: delivered.DeliveryTest = field(default_factory=delivered.DeliveryTest)
     short: str | None = None  # why the delivery test found it short (None: it has not)
     short_rate: float | None = None  # the delivered rate it was found short on
+    kept: float | None = None  # the rate it was kept on, as of the last round
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,8 @@ class ProductionTracker:
         # (``operations.cluster``), and the fleet's; replaced whole each round.
         self.delivered: dict[int, dict[str, Any]] = {}
         self.fleet_delivered: dict[str, Any] = {}
+        #: Instances whose delivery test the cluster's record feeds (``fold_cluster``).
+        self._cluster_fed: set[int] = set()
 
     def scale(self, row: Row) -> float:
         # The local fleet's heartbeats are in simulated time (directives.time_scale's rule).
@@ -155,8 +159,14 @@ class ProductionTracker:
 
     def _check_delivery(self, ident: int, track: _Track, row: Row, now: float,
                         scale: float) -> None:
-        """Fold what the instance delivered since the last round into its delivery test."""
+        """Fold what cuzk's counter says the instance delivered since the last round into
+        its delivery test (not for an instance the cluster's record covers: ``fold_cluster``
+        folds that instead, the outside truth taking precedence)."""
         kept = row.get("rate_per_hour")
+        track.kept = float(kept) if kept else None
+        if ident in self._cluster_fed:
+            track.checked = (now, track.total)
+            return
         if self.settings.idle_after_s <= 0:
             return  # production watching is off (VM_IDLE_AFTER_S = 0), this test with it
         t0, n0 = track.checked
@@ -167,6 +177,25 @@ class ProductionTracker:
         track.test, verdict = delivered.step(track.test, obs, float(kept))
         if verdict.short:
             track.short, track.short_rate = verdict.reason, verdict.delivered_rate_per_hour
+
+    def fold_cluster(self, increments: dict[int, Delivered]) -> None:
+        """Fold what the cluster recorded each instance delivered since its previous read
+        (``operations.cluster.Assessment.increments``) into its delivery test; from then on
+        cuzk's counter is not folded for it."""
+        self._cluster_fed = set(increments) | self._cluster_fed & set(self._tracks)
+        for ident, obs in increments.items():
+            track = self._tracks.get(ident)
+            if track is None or not track.kept or track.short is not None \
+                    or self.settings.idle_after_s <= 0:
+                continue
+            track.test, verdict = delivered.step(track.test, obs, track.kept)
+            if verdict.short:
+                track.short, track.short_rate = verdict.reason, verdict.delivered_rate_per_hour
+                current = self.current.get(ident)
+                if current is not None:
+                    self.current[ident] = dataclasses.replace(
+                        current, short=track.short, short_rate_per_hour=track.short_rate,
+                        idle=True, idle_reason=current.idle_reason or track.short)
 
     def short_ids(self) -> list[int]:
         """Instances the delivery test found short, not yet re-judged (the monitor demotes

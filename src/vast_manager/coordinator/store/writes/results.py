@@ -71,7 +71,7 @@ class ResultWrites(InstanceWrites):
 
     def demote(self, instance_id: int, reason: str) -> int:
         """An instance found delivering far below the rate it was kept on (docs/reliability.md,
-        "Delivered beats claimed"): its fleet measurements leave host_perf and the model, its
+        "Judged by what it delivers"): its fleet measurements leave host_perf and the model, its
         counted results are flagged ``demoted`` with ``reason``. Returns the measurements
         taken out."""
         taken = self._exec("delete from measurements where instance_id = ? and source = 'fleet'",
