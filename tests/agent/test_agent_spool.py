@@ -92,3 +92,48 @@ def test_result_id_must_be_a_safe_file_name(tmp_path: Path) -> None:
         pass
     else:
         raise AssertionError("a result_id with a path was accepted")
+
+
+class _Clock:
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_acknowledged_entries_are_kept_for_the_retention_then_go(tmp_path: Path) -> None:
+    clock = _Clock()
+    spool = Spool(tmp_path / "spool", retention_s=600.0, clock=clock)
+    first = spool.put_logs(_lines(2))
+    assert first is not None
+    # A fresh spool numbers from the clock (milliseconds), so a spool made again on the
+    # same instance never reuses a number the coordinator stored.
+    assert first.seq == 1_800_000_000_000 + 1
+    result = spool.put_result(_result("res_a"))
+    assert orjson.loads(result.read())["spool_seq"] == result.seq
+    assert orjson.loads(first.read())["spool_seq"] == first.seq
+    spool.acknowledged(first)
+    spool.acknowledged(result, b'{"kept": "with its receipt"}')
+    assert spool.pending() == []
+    assert [e.seq for e in spool.acked()] == [first.seq, result.seq]
+    assert spool.acked("result")[0].read() == b'{"kept": "with its receipt"}'
+    assert spool.acked_seq() == result.seq
+    # Across a restart the numbers go on from what is kept.
+    again = Spool(tmp_path / "spool", retention_s=600.0, clock=clock)
+    assert again.acked_seq() == result.seq
+    assert again.put_logs(_lines(1)).seq == result.seq + 1  # type: ignore[union-attr]
+    clock.now += 601
+    again.prune_acked()
+    assert again.acked() == [] and again.acked_seq() is None
+
+
+def test_acknowledged_entries_are_bounded_oldest_first(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool", max_bytes=1_048_576, retention_s=3600.0)
+    for _ in range(30):
+        entry = spool.put_logs(_lines(500))  # about 60 kB a batch
+        assert entry is not None
+        spool.acknowledged(entry)
+    kept = spool.acked()
+    assert sum(e.size_bytes for e in kept) <= 1_048_576
+    assert kept[-1].seq == spool.acked_seq() and len(kept) < 30

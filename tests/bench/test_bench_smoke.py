@@ -125,3 +125,20 @@ def test_cluster_heartbeats_quick() -> None:
     text = _run("cluster_heartbeats.py")
     for variant in ("none", "reading", "slow"):
         assert re.search(rf"^{variant} +\d+ heartbeats +p50 .* p99/baseline", text, re.M), text
+
+
+@pytest.mark.slow  # a bench process of its own (about 40 s on 2 cores)
+def test_replica_quick(tmp_path: Path) -> None:
+    out_file = tmp_path / "replica.json"
+    text = _run("replica.py", "--json-out", str(out_file))
+    assert "replication off" in text and "replication on" in text
+    assert "ratio on/off: CPU per heartbeat" in text
+    figures = orjson.loads(out_file.read_bytes())
+    for side in ("off", "on"):
+        run = figures["saturation"][side]
+        assert run["accepted"] > 0 and run["counts"].get("lost", 0) == 0
+    # Litestream ran beside the coordinator with replication on, and only then.
+    assert figures["saturation"]["on"]["litestream_cpu_s"] > 0
+    assert figures["saturation"]["off"]["litestream_cpu_s"] == 0
+    restored = figures["restore"]
+    assert restored["results"] == 20_000 and restored["restore_s"] > 0

@@ -165,6 +165,13 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         description="spool bound (results and log batches waiting for a verified `200`); the "
         "oldest log batches are dropped first, never a result",
         extra=_env("VM_SPOOL_MAX_BYTES"))] = 67108864
+    ack_retention_s: Annotated[float, Meta(
+        ge=0,
+        description="seconds results and log batches are kept after the coordinator "
+        "acknowledged them, to send again to a coordinator restored from its replica "
+        "(docs/protocol.md, \"Replay\"); at least the orphan timeout, so a coordinator "
+        "restored within it finds them",
+        extra=_env("VM_ACK_RETENTION"))] = 7200.0
     log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], Meta(
         description="the agent's own log level (`DEBUG` also echoes child output to stderr)",
         extra=_env("VM_LOG_LEVEL", parse=_upper))] = "INFO"

@@ -28,8 +28,10 @@ from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.model_keeper import ModelKeeper
 from vast_manager.coordinator.operations.monitor import Monitor, account_watch
 from vast_manager.coordinator.operations.offer_cache import OfferCache
+from vast_manager.coordinator.operations.replay import SpoolMarks
 from vast_manager.coordinator.providers.base import Provider
 from vast_manager.coordinator.settings import Settings
+from vast_manager.coordinator.store.replica import ReplicaHealth, Replicator
 from vast_manager.coordinator.store.writer import Store
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,12 @@ class Runtime:
         self.models = ModelKeeper(store, clock, settings.model_refit_interval_s)
         self.autopilot = Autopilot(settings, store, provider, self.deployer, self.monitor,
                                    self.models, clock)
+        #: Each agent's highest stored spool sequence (``operations.replay``), read at start.
+        self.spool_marks = SpoolMarks()
         self._owns_store = owns_store
+        #: Litestream beside the database (``store.replica``), when ``replica_url`` is set
+        #: and the runtime opened the store itself.
+        self.replicator: Replicator | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._started = False
 
@@ -91,10 +98,31 @@ class Runtime:
                                         batch_max=settings.write_batch_max,
                                         commit_window_s=settings.commit_window_ms / 1000)
         try:
-            return cls(settings, store, provider, clock, rng=rng, owns_store=True)
+            runtime = cls(settings, store, provider, clock, rng=rng, owns_store=True)
+            if settings.replica_url:
+                runtime.replicator = Replicator(settings.db_path, settings.replica_url, clock)
+                await runtime.replicator.start()
+                log.info("replicating %s to %s", settings.db_path, settings.replica_url)
+            else:
+                log.warning("the fleet's state is on one disk (%s): set VM_REPLICA_URL to "
+                            "replicate it (docs/operations.md, \"Losing the coordinator\")",
+                            settings.db_path)
+            runtime.deployer.durable = runtime.durable
+            return runtime
         except BaseException:
             await asyncio.to_thread(store.close)
             raise
+
+    def replica_health(self) -> ReplicaHealth:
+        """The replication's health (``configured`` False without ``replica_url``)."""
+        if self.replicator is None:
+            return ReplicaHealth(configured=False)
+        return self.replicator.health()
+
+    async def durable(self) -> None:
+        """Return once every committed write is in the replica (at once without one)."""
+        if self.replicator is not None:
+            await self.replicator.durable()
 
     # --- who else hears of the core's decisions ---------------------------------------
 
@@ -121,9 +149,12 @@ class Runtime:
         refits and the autopilot. Without loops, tests drive ``monitor.tick()`` and
         ``autopilot.tick()`` with an injected clock."""
         self._started = True
+        await self.spool_marks.load(self.store)
         line = await self.autopilot.start_up()
         if self.autopilot.configured:
             log.warning("%s", line)
+        if self.replicator is not None:
+            self.spawn(self.replicator.watch(), "coordinator-replica")
         if loops:
             self.spawn(self.monitor.run(), "coordinator-monitor")
             self.spawn(self.models.run(), "coordinator-rate-model")
@@ -145,6 +176,10 @@ class Runtime:
         await self.cluster.close()
         if self._owns_store:
             await asyncio.to_thread(self.store.close)
+        if self.replicator is not None:
+            # After the store: the last writes are committed, and Litestream's shutdown
+            # sync carries them to the replica.
+            await self.replicator.stop()
 
     def hosted(self, *, loops: bool) -> Callable[[object], AsyncIterator[None]]:
         """``start`` and ``stop`` as one context for a host's lifecycle (aiohttp's

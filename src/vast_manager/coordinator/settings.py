@@ -48,6 +48,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "SQLite database file"
         )),
     ] = "./vast-manager.db"
+    replica_url: Annotated[
+        str | None,
+        Meta(description=(
+            "where Litestream replicates the database (a folder, `s3://BUCKET/PATH`, "
+            "`sftp://HOST/PATH`: any replica URL Litestream takes; docs/operations.md, "
+            "\"Losing the coordinator\"); unset: the state is on one disk"
+        )),
+    ] = None
     host: Annotated[
         str,
         Meta(description=(

@@ -229,6 +229,9 @@ class Heartbeat:
     failure: Text1024 | None = field(default_factory=absent)
     # extension: the interfaces' cumulative byte counts (docs/protocol.md), for the bill.
     net_bytes_total: NetBytesTotal | None = field(default_factory=absent)
+    # extension: the highest spool sequence number the coordinator acknowledged (results
+    # and log batches the agent still keeps, docs/protocol.md, "Replay"); absent: none kept.
+    acked_seq: Count | None = field(default_factory=absent)
 
 
 # --- results -----------------------------------------------------------------
@@ -263,6 +266,12 @@ class Result:
     # extension: the ``benchmark_id`` of the directive that asked for this benchmark
     # (docs/protocol.md, "Directed benchmarks"); an older agent leaves it out.
     benchmark_id: Text64 | None = field(default_factory=absent)
+    # extension: the agent's spool sequence number of this result (docs/protocol.md,
+    # "Replay"); an older agent leaves it out.
+    spool_seq: Count | None = field(default_factory=absent)
+    # extension: the receipt the coordinator answered when it first acknowledged this
+    # result, sent with it again after a restore lost it (docs/protocol.md, "Replay").
+    receipt: Text128 | None = field(default_factory=absent)
 
     def _check(self, prefix: str) -> None:
         if not self.result_id:
@@ -293,6 +302,9 @@ class LogLine:
 @dataclass
 class LogBatch:
     lines: Annotated[list[LogLine], Meta(max_length=MAX_LOG_LINES)]
+    # extension: the agent's spool sequence number of this batch: a batch at or below the
+    # highest one stored for the agent is a replay, stored once (docs/protocol.md, "Replay").
+    spool_seq: Count | None = field(default_factory=absent)
 
 
 # --- answers -----------------------------------------------------------------
@@ -307,6 +319,11 @@ class Directive:
     # extension: a benchmark the coordinator directs (a fresh id, docs/protocol.md,
     # "Directed benchmarks"): the agent's next benchmark result carries it back.
     benchmark_id: Text64 | None = field(default_factory=absent)
+    # extension: to an agent whose heartbeat carried ``acked_seq``, the highest spool
+    # sequence number of its results and of its log batches this coordinator holds; the
+    # agent sends again what it was acknowledged above them (docs/protocol.md, "Replay").
+    stored_result_seq: Count | None = field(default_factory=absent)
+    stored_logs_seq: Count | None = field(default_factory=absent)
 
 
 @dataclass
@@ -314,6 +331,9 @@ class ResultAck:
     ok: bool
     duplicate: bool
     directive: Directive
+    # extension: the coordinator's receipt for the result (an HMAC only it can make), kept
+    # by the agent with the result to replay it (docs/protocol.md, "Replay").
+    receipt: Text128 | None = field(default_factory=absent)
 
 
 @dataclass

@@ -116,3 +116,32 @@ async def test_explicit_min_rate(aiohttp_client: Any, tmp_path: Path) -> None:
     assert status == 200
     inst = h.store.get_instance(data["instance_id"])
     assert inst is not None and inst["min_rate_per_hour"] == 12.5
+
+
+async def test_a_deploy_waits_for_the_replica_and_is_not_made_without_it(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """With a replica (docs/operations.md, "Losing the coordinator") the new agent's rows
+    are in it before the provider is asked: a restored coordinator knows every key."""
+    from vast_manager.coordinator.store.replica import ReplicaError
+
+    provider = FakeProvider([offer(9001, 4242), offer(9002, 4343)])
+    h = await start(aiohttp_client, tmp_path, provider=provider)
+    seen: list[tuple[int, int]] = []  # (instances recorded, creates made) at each sync
+
+    async def durable() -> None:
+        rows = h.store.db.query("select count(*) as n from instances")
+        seen.append((next(iter(rows))["n"], len(provider.created)))
+
+    h.core.deployer.durable = durable
+    status, data = await deploy(h, offer_id=9001)
+    assert status == 200, data
+    assert seen == [(1, 0)]  # recorded, synced, then created
+
+    async def unconfirmed() -> None:
+        raise ReplicaError("TimeoutError")
+
+    h.core.deployer.durable = unconfirmed
+    status, data = await deploy(h, offer_id=9002)
+    assert status != 200 and "replica did not confirm" in data["message"], data
+    assert len(provider.created) == 1  # nothing rented without its key replicated

@@ -32,7 +32,8 @@ class AgentContext:
         self.client = client
         self.monotonic = monotonic
         self.logs = LogBuffer(config.secrets(), client.now)
-        self.spool = Spool(config.state_dir / "spool", config.spool_max_bytes)
+        self.spool = Spool(config.state_dir / "spool", config.spool_max_bytes,
+                           retention_s=config.ack_retention_s)
         self.daemon = CuzkDaemon(
             config.cuzk_bin,
             state_dir=config.state_dir,

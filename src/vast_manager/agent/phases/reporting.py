@@ -1,11 +1,20 @@
 """Reporting: hello, the heartbeat loop, the log shipper and delivering results through
 the spool (docs/protocol.md). Every directive the coordinator answers with goes to the
-loop's ``Orders``."""
+loop's ``Orders``.
+
+Replay (docs/protocol.md, "Replay"): each heartbeat says the highest spool sequence the
+coordinator acknowledged that the agent still keeps (``acked_seq``); the answer says
+how far the coordinator's store reaches (``stored_result_seq``, ``stored_logs_seq``),
+and the next flush of the spool sends again, in order, what was acknowledged above it.
+After the coordinator went silent (it may come back restored) the spool waits for a
+heartbeat's answer before it sends anything, so nothing new overtakes what is to be sent
+again: per kind, the coordinator stores the items in sequence order.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import secrets
 
 from vast_manager.agent.coordinator_client import (
@@ -23,6 +32,7 @@ from vast_manager.agent.phases.shared import (
     log,
     wait_event,
 )
+from vast_manager.agent.spool import Kind, SpoolEntry
 from vast_manager.protocol import (
     PROTOCOL_VERSION,
     Directive,
@@ -30,6 +40,7 @@ from vast_manager.protocol import (
     Hello,
     Result,
 )
+from vast_manager.protocol.codec import decode, encode
 from vast_manager.protocol.messages import MAX_LOG_LINES, NetBytesTotal
 
 
@@ -47,6 +58,14 @@ class Reporting:
         self._seq = 0
         self._window: int | None = None  # the sampler's window each heartbeat rolls
         self._spool_lock = asyncio.Lock()
+        #: How far the coordinator said its store reaches, by kind (None: it did not say).
+        self._stored: dict[str, int] | None = None
+        #: A heartbeat was answered since the coordinator last went silent; at start, set
+        #: unless the spool keeps acknowledged entries (then the first answer says what
+        #: the coordinator lacks).
+        self._heard = asyncio.Event()
+        if ctx.spool.acked_seq() is None:
+            self._heard.set()
 
     def open_window(self) -> None:
         """Open the telemetry window the heartbeats report (once the sampler runs)."""
@@ -92,6 +111,7 @@ class Reporting:
             telemetry=telemetry,
             failure=ctx.failure if ctx.phase == "failed" else None,
             net_bytes_total=_net_bytes(),
+            acked_seq=ctx.spool.acked_seq(),
         )
 
     async def send_heartbeat(self, give_up_after_s: float) -> None:
@@ -105,14 +125,25 @@ class Reporting:
             return
         # Proof seconds are dropped only once the coordinator has them.
         del self.ctx.proof_seconds_recent[:sent_recent]
+        if directive.stored_result_seq is not None and directive.stored_logs_seq is not None:
+            self._stored = {"result": directive.stored_result_seq,
+                            "logs": directive.stored_logs_seq}
+        self._heard.set()
         self.on_directive(directive)
+
+    def _went_silent(self) -> None:
+        """No answer: the next coordinator may be one restored with less (the module doc)."""
+        self._heard.clear()
+        self._stored = None
 
     async def _heartbeat_loop(self) -> None:
         wake = self.ctx.phase_changed
         while True:
             wake.clear()
-            with contextlib.suppress(TransientFailure):
+            try:
                 await self.send_heartbeat(give_up_after_s=max(self.heartbeat_interval_s, 5.0))
+            except TransientFailure:
+                self._went_silent()
             await wait_event(wake, self.heartbeat_interval_s)
 
     def spool_logs(self) -> None:
@@ -121,32 +152,77 @@ class Reporting:
             spool.put_logs(logs.take(MAX_LOG_LINES))
 
     async def flush_spool(self, give_up_after_s: float, logs: bool = True) -> bool:
-        """Send what the spool holds, results first. True when it all went."""
-        client, spool = self.ctx.client, self.ctx.spool
+        """Send what the spool holds, results first. True when it all went.
+
+        Each entry gets one try: after a failure the coordinator is silent, and the flush
+        waits (within ``give_up_after_s``) for a heartbeat's answer, then starts over with
+        what that answer says is to be sent again (the module doc)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + give_up_after_s
         async with self._spool_lock:
-            entries = spool.pending("result") + (spool.pending("logs") if logs else [])
-            for entry in entries:
+            while True:
                 try:
-                    if entry.kind == "result":
-                        ack = await client.result(entry.read(), give_up_after_s=give_up_after_s)
-                        if entry.result_id is not None:
-                            self.results_sent[entry.result_id] = ack.directive
-                        log.info("result %s delivered%s: %s", entry.result_id,
-                                 " (duplicate)" if ack.duplicate else "", ack.directive.action)
-                        spool.remove(entry)
-                        self.on_directive(ack.directive)
-                    else:
-                        await client.logs(entry.read(), give_up_after_s=give_up_after_s)
-                        spool.remove(entry)
-                except TransientFailure:
+                    await asyncio.wait_for(self._heard.wait(), max(0.0, deadline - loop.time()))
+                except TimeoutError:
                     return False
-                except PermanentFailure as exc:
-                    # The coordinator will never take it: keeping it would block the rest.
-                    log.error("coordinator refused spooled %s (%s); dropping it", entry.kind, exc)
-                    spool.remove(entry)
-                except FileNotFoundError:
-                    continue
-            return True
+                if await self._flush_once(logs):
+                    return True
+
+    async def _flush_once(self, logs: bool) -> bool:
+        """One pass over what is to be sent again and the pending entries; False at the
+        first entry that got no answer."""
+        spool = self.ctx.spool
+        for entry in self._to_replay(logs) + spool.pending("result") + (
+                spool.pending("logs") if logs else []):
+            try:
+                kept = await self._send(entry)
+                spool.acknowledged(entry, kept)
+            except TransientFailure:
+                self._went_silent()
+                return False
+            except PermanentFailure as exc:
+                # The coordinator will never take it: keeping it would block the rest.
+                log.error("coordinator refused spooled %s (%s); dropping it", entry.kind, exc)
+                spool.remove(entry)
+            except FileNotFoundError:
+                continue
+            if self._stored is not None:  # taken (or refused for good): past it now
+                self._stored[entry.kind] = max(self._stored[entry.kind], entry.seq)
+        return True
+
+    def _to_replay(self, logs: bool) -> list[SpoolEntry]:
+        """Acknowledged entries above what the coordinator said it stores, results first,
+        each kind in sequence order (the order the coordinator took them in)."""
+        stored = self._stored
+        if stored is None:
+            return []
+        spool = self.ctx.spool
+        kinds: tuple[Kind, ...] = ("result", "logs") if logs else ("result",)
+        again = [e for kind in kinds for e in spool.acked(kind) if e.seq > stored[kind]]
+        if again:
+            log.warning("the coordinator lacks %d acknowledged item(s) (its store reaches "
+                        "result %d, logs %d): sending them again", len(again),
+                        stored["result"], stored["logs"])
+        return again
+
+    async def _send(self, entry: SpoolEntry) -> bytes | None:
+        """Send one entry, one try (``give_up_after_s=0``: the client's backoff is the
+        heartbeat's to wait out); returns the body to keep for a replay when it changed (a
+        result with the coordinator's receipt), else None."""
+        client = self.ctx.client
+        if entry.kind != "result":
+            await client.logs(entry.read(), give_up_after_s=0)
+            return None
+        body = entry.read()
+        ack = await client.result(body, give_up_after_s=0)
+        if entry.result_id is not None:
+            self.results_sent[entry.result_id] = ack.directive
+        log.info("result %s delivered%s: %s", entry.result_id,
+                 " (duplicate)" if ack.duplicate else "", ack.directive.action)
+        self.on_directive(ack.directive)
+        if ack.receipt is None:
+            return None
+        return encode(dataclasses.replace(decode(Result, body), receipt=ack.receipt))
 
     async def _shipper_loop(self) -> None:
         while True:

@@ -273,13 +273,49 @@ def serve(
         raise UserError(flag_named(str(err))) from None
     from vast_manager.coordinator.providers.vast.provider import ProviderConfigError
     from vast_manager.coordinator.store.dbfile import DatabaseFileError
+    from vast_manager.coordinator.store.replica import ReplicaError
 
     try:
         run_server(settings, provider)
-    except (ProviderConfigError, ServeConfigError, DatabaseFileError) as err:
+    except (ProviderConfigError, ServeConfigError, DatabaseFileError, ReplicaError) as err:
         # No API key, an unreadable certificate, a port in use, a database path that
         # cannot work or another coordinator on it: refused before anything is written.
         raise UserError(flag_named(str(err))) from None
+
+
+@cli.command()
+@click.option("--from", "source", required=True, metavar="URL",
+              help="The replica: what VM_REPLICA_URL named (a folder, s3://..., sftp://...).")
+@click.option("--db", "db_path", required=True, metavar="PATH",
+              help="Where to write the database (a new path; an existing one needs --force).")
+@click.option("--at", "at", type=click.DateTime(["%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S"]),
+              default=None, metavar="YYYY-MM-DDTHH:MM:SSZ",
+              help="The state at this time (UTC) instead of the newest.")
+@click.option("--force", is_flag=True, help="Replace an existing database that is not live.")
+def restore(source: str, db_path: str, at: Any, force: bool) -> None:
+    """Restore the coordinator's database from its replica (VM_REPLICA_URL).
+
+    Writes the newest state (or the state --at a time) into a new file with
+    Litestream, checks it (PRAGMA integrity_check), then moves it to --db. Refuses a
+    live database: one a coordinator serves, or whose -wal file still holds writes.
+    Then run serve on it at the coordinator's address: agents replay what the
+    replica had not yet received (docs/operations.md, "Losing the coordinator").
+
+    \b
+    Example:
+      vast-manager restore --from s3://bucket/fleet --db /srv/vm/fleet.db
+      vast-manager restore --from /backup/fleet --db fleet.db --at 2026-12-05T16:00:00Z
+    """
+    from vast_manager.coordinator.store.restore import RestoreError
+    from vast_manager.coordinator.store.restore import restore as restore_db
+
+    try:
+        done = restore_db(source, db_path, at=at, force=force)
+    except RestoreError as err:
+        raise UserError(str(err)) from None
+    click.echo(f"restored {done.db_path} from {source} in {done.seconds:.1f} s "
+               f"({done.size_bytes / 1e6:.1f} MB, {done.instances} instances, "
+               f"{done.results} results, integrity ok)")
 
 
 @cli.command()
@@ -368,6 +404,24 @@ def _account_line(client: OperatorClient) -> None:
     click.echo(textsafe.neutralise("; ".join(parts)))
 
 
+def _replica_line(client: OperatorClient) -> None:
+    """The database's replication in one line (docs/operations.md, "Losing the
+    coordinator"); nothing from a coordinator that does not say."""
+    replica = client.get("/api/fleet").get("replica")
+    if not isinstance(replica, dict):
+        return
+    if not replica.get("configured"):
+        click.echo("replica: none, the fleet's state is on one disk (set VM_REPLICA_URL)")
+        return
+    lag = replica.get("lag_s")
+    synced = "never confirmed" if lag is None else f"last sync {lag:.0f} s ago"
+    trouble = replica.get("error")
+    line = f"replica {replica.get('url')}: {synced}"
+    if trouble or not replica.get("running"):
+        line += f"; NOT replicating: {trouble or 'litestream is not running'}"
+    click.echo(textsafe.neutralise(line))
+
+
 @cli.command()
 @click.option("--state", "states", multiple=True, metavar="STATE[,STATE...]",
               help="Only instances in these states (repeat it, or separate with commas).")
@@ -377,7 +431,8 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
     """The fleet: every instance with state, phase, rate and cost per proof.
 
     Above the table, one line on the vast.ai account when it matters: its funds, a
-    refused key, and whether deploys are paused. With --json each instance carries
+    refused key, and whether deploys are paused; and one on the database's replica
+    (VM_REPLICA_URL): the age of its last confirmed sync. With --json each instance carries
     "cost": rent, storage and bandwidth per hour, per proof and billed so far.
 
     Read a page at a time (5,000 instances), so a large fleet never makes one huge
@@ -400,6 +455,7 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
         return
     rows = client.get_list("/api/instances", STATUS_PAGE, **query)
     _account_line(client)
+    _replica_line(client)
     if not rows:
         click.echo(f"No instances in {', '.join(states)}." if states else "No instances.")
         return

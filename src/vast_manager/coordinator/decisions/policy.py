@@ -179,6 +179,10 @@ class Watch:
     """The terminate verdict the instance already has, if any."""
     pace_s: float | None = None
     """The heartbeat pace the instance's agent was last given (None: the base pace)."""
+    receipted: bool = False
+    """The result carries this fleet's receipt: a coordinator judged it whole and
+    acknowledged it, and is replaying it after a restore lost it (docs/protocol.md,
+    "Replay"); the stretch that coordinator saw is not this one's to judge again."""
     watching_since: float | None = None
     """When this coordinator process started watching: a window that began before it
     could not have been watched whole, so no benchmarking heartbeat is required then
@@ -330,7 +334,7 @@ def _check_timestamps(result: Result, watch: Watch, limits: PolicyLimits,
     if result.finished_at > watch.now + CLOCK_SKEW_S:
         out.flag(IMPLAUSIBLE, f"finished_at is {result.finished_at - watch.now:.0f} s in the "
                  "future of the coordinator's clock")
-    if watch.window_start is not None:
+    if watch.window_start is not None and not watch.receipted:
         slack = _window_slack_s(watch, limits)
         if result.started_at < watch.window_start - slack:
             out.flag(IMPLAUSIBLE, f"started_at is {watch.window_start - result.started_at:.0f} "
@@ -347,6 +351,8 @@ def _window_slack_s(watch: Watch, limits: PolicyLimits) -> float:
 def _check_window(result: Result, watch: Watch, gpus: int, limits: PolicyLimits,
                   out: Plausibility) -> None:
     """The run against the stretch of benchmarking the coordinator saw (docs/reliability.md)."""
+    if watch.receipted:
+        return
     if watch.window_start is None:
         out.flag(IMPLAUSIBLE, "the coordinator never saw this instance before the result")
         return

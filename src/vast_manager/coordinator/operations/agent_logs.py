@@ -1,4 +1,5 @@
-"""An agent's log batch: its lines kept, bounded per instance."""
+"""An agent's log batch: its lines kept, bounded per instance; a batch sent again after a
+restore (at or below the agent's stored mark, ``operations.replay``) is stored once."""
 
 from __future__ import annotations
 
@@ -13,13 +14,20 @@ from vast_manager.protocol.messages import LogBatch
 def logs_job(
     agent_id: str, batch: LogBatch, settings: Settings, now: float
 ) -> Callable[[Tx], int]:
+    seq = batch.spool_seq
+
     def job(tx: Tx) -> int:
         inst = require_instance(tx, agent_id)
         tx.update_instance(inst["id"], last_seen=now)
-        return tx.insert_logs(
+        if seq is not None and seq <= tx.spool_mark(agent_id, "logs"):
+            return 0  # stored before: the agent sends it again (docs/protocol.md, "Replay")
+        written = tx.insert_logs(
             inst["id"], agent_id, now,
             ((line.ts, line.source, line.text) for line in batch.lines),
             keep_lines=settings.log_lines_per_instance,
         )
+        if seq is not None:
+            tx.raise_spool_mark(agent_id, "logs", seq)
+        return written
 
     return job

@@ -7,9 +7,11 @@ less RAM than cuzk needs (its share of the host, ``vast_manager.coordinator.deci
 agent row and the instance row are written before the provider creates
 anything, so an instance that boots is always one we know of (the monitor and
 reconciliation watch it), even if the coordinator dies before the provider
-answers. A create that failed but left an instance (vast.ai answers
-``success: false`` with a ``new_contract``) gets that instance recorded and
-destroyed.
+answers; with a replica (``VM_REPLICA_URL``) they are in the replica too before the
+provider is asked (``durable``), so a coordinator restored from it knows the new
+agent's key and never takes its instance for a leak. A create that failed but left an
+instance (vast.ai answers ``success: false`` with a ``new_contract``) gets that instance
+recorded and destroyed.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from vast_manager.coordinator.providers.base import (
 from vast_manager.coordinator.providers.base import OfferGone as ProviderOfferGone
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.store.migrations import dumps
+from vast_manager.coordinator.store.replica import ReplicaError
 from vast_manager.coordinator.store.writer import Store, Tx
 from vast_manager.protocol import signing
 
@@ -146,6 +149,8 @@ class Deployer:
         self.clock = clock
         self._destroy = destroy
         self.account = account
+        #: Returns once committed writes are in the replica (the runtime sets it).
+        self.durable: Callable[[], Awaitable[None]] | None = None
         # The runtime's shared cache: a re-check is a search on vast.ai's daily budget.
         self.offers = offers if offers is not None else OfferCache(provider, settings, clock)
         self._lock = asyncio.Lock()
@@ -318,6 +323,14 @@ class Deployer:
     async def _create(self, checked: _Checked, terms: _Terms, instance_id: int) -> CreatedInstance:
         """Rent it; a failure is recorded on the instance and raised as the core's error."""
         offer_id = checked.offer_id
+        if self.durable is not None:
+            try:
+                await self.durable()
+            except ReplicaError as err:
+                reason = f"the replica did not confirm the new agent's key ({err})"
+                await self.store.write(
+                    lambda tx: self._abandon(tx, instance_id, terms.agent_id, reason))
+                raise ProviderFailed(f"Not deploying offer {offer_id}: {reason}.") from None
         try:
             return await self.provider.create_instance(
                 checked.offer, label=terms.label,

@@ -134,7 +134,7 @@ def measured_rates(tx: Tx, inst: Row) -> dict[int, float]:
 
 def watch_of(inst: Row, settings: Settings, now: float,
              measured: dict[int, float] | None = None,
-             watching_since: float | None = None) -> policy.Watch:
+             watching_since: float | None = None, receipted: bool = False) -> policy.Watch:
     """What the coordinator saw of an instance, for judging its next result."""
     entered = inst["last_non_benchmark_at"] or inst["hello_at"]
     used = inst["result_window_at"]
@@ -157,6 +157,7 @@ def watch_of(inst: Row, settings: Settings, now: float,
         terminated=terminated,
         pace_s=agent_pace_s(inst, settings),
         watching_since=watching_since,
+        receipted=receipted,
         measured_rates=measured or {},
         gpu_name=inst.get("gpu_name"),
         gpu_mem_bw_gbps=_offer_mem_bw(inst),
@@ -178,14 +179,23 @@ def result_job(
     agent_id: str, result: Result, settings: Settings, now: float,
     watching_since: float | None = None, fleet: pace.FleetLoad = pace.NO_AGENTS,
     expect: Expectation | None = None, rng: pace.RandomSource | None = None,
+    receipted: bool = False,
 ) -> Callable[[Tx], ResultOutcome]:
     """``watching_since``: when this coordinator process started (``policy.Watch``);
     ``fleet``: the agents heard from, which set the pace (none: the base pace), ``rng``
     its jitter (None: none);
-    ``expect``: the rate model's 90th percentile for the instance's hardware."""
+    ``expect``: the rate model's 90th percentile for the instance's hardware;
+    ``receipted``: it carries this fleet's receipt, a result sent again after a restore
+    (``operations.replay``). Its spool sequence raises the agent's mark, a duplicate's too."""
     limits = policy.PolicyLimits.from_settings(settings)
 
     def job(tx: Tx) -> ResultOutcome:
+        outcome = judged_and_written(tx)
+        if result.spool_seq is not None:
+            tx.raise_spool_mark(agent_id, "result", result.spool_seq)
+        return outcome
+
+    def judged_and_written(tx: Tx) -> ResultOutcome:
         inst = require_instance(tx, agent_id)
         existing = tx.find_result(agent_id, result.result_id)
         if existing is not None:
@@ -199,7 +209,7 @@ def result_job(
         num_gpus = inst["num_gpus"] or max(len(set(result.gpus_used)), 1)
         watch = watch_of(inst, settings, now,
                          measured_rates(tx, inst) if result.kind == "scaling" else None,
-                         watching_since)
+                         watching_since, receipted)
         check = policy.check_result(result, watch=watch, limits=limits,
                                     contended_with=_contended_with(tx, inst, machine_id))
         rate = check.recomputed_rate_per_hour

@@ -517,10 +517,18 @@ def _m11_host_perf_from_measurements(db: sqlite_utils.Database) -> None:
     db.execute("drop table host_perf")
 
 
-def _m12_bounded_influence(db: sqlite_utils.Database) -> None:
+def _m12_spool_marks(db: sqlite_utils.Database) -> None:
+    """The highest spool sequence number of each kind stored for each agent: how far a
+    restored database reaches, so agents replay what came after (docs/protocol.md,
+    "Replay"), and a replayed log batch is stored once."""
+    db.execute("create table spool_marks (agent_id text primary key, "
+               "result_seq integer not null default 0, logs_seq integer not null default 0)")
+
+
+def _m13_bounded_influence(db: sqlite_utils.Database) -> None:
     """A claim confirmed beyond belief reaches the rate model (and other machines' twin
-    references) at most at the line it was held at (docs/reliability.md, "A lie cannot
-    spread"); null: read as measured. A bring-your-own agent's measurement is
+    references) at most at the line it was held at (docs/reliability.md, "Judged by what it
+    delivers"); null: read as measured. A bring-your-own agent's measurement is
     ``host_reported`` (its hardware is its hello's word): kept out of the model and of
     other machines' twins."""
     db.table("measurements").add_column("model_cap_per_hour", float)
@@ -540,8 +548,9 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...]
     (9, "bytes moved, machine strikes, block expiries", _m9_whole_bill),
     (10, "directed benchmarks, held results, declared GPUs", _m10_directed_benchmarks),
     (11, "host_perf computed from measurements", _m11_host_perf_from_measurements),
-    (12, "the most the rate model reads of a claim beyond belief; host-reported hardware",
-     _m12_bounded_influence),
+    (12, "the highest spool sequence stored for each agent", _m12_spool_marks),
+    (13, "the most the rate model reads of a claim beyond belief; host-reported hardware",
+     _m13_bounded_influence),
 )
 
 

@@ -313,6 +313,11 @@ class Reads:
             (since,),
         )
 
+    def spool_marks(self) -> dict[str, tuple[int, int]]:
+        """Each agent's highest stored spool sequence: (results, log batches)."""
+        return {r[0]: (int(r[1]), int(r[2])) for r in self._conn.execute(
+            "select agent_id, result_seq, logs_seq from spool_marks")}
+
     def bad_hosts(self, now: float | None = None) -> list[Row]:
         """Blocked machines; with ``now``, only blocks that have not expired."""
         if now is None:

@@ -51,6 +51,7 @@ from vast_manager.coordinator.store.writes.heartbeats import HeartbeatWrite, Hea
 from vast_manager.coordinator.store.writes.held import HEARTBEAT_COLUMNS, HISTORY_ROW
 from vast_manager.coordinator.store.writes.instances import Ending
 from vast_manager.coordinator.store.writes.results import ResultWrite, ResultWrites
+from vast_manager.coordinator.store.writes.spool_marks import SpoolMarkWrites
 from vast_manager.coordinator.store.writes.tx_base import HOT_COLUMNS
 
 # The names callers import from here: the writer's parts live in ``store.writes``.
@@ -62,7 +63,7 @@ log = logging.getLogger(__name__)
 # --- writes ---------------------------------------------------------------------
 
 
-class Tx(HeartbeatWrites, ResultWrites, AutopilotWrites):
+class Tx(HeartbeatWrites, ResultWrites, AutopilotWrites, SpoolMarkWrites):
     """The writer's view inside one job: reads see the transaction, writes join it.
 
     Composed of the writes of each table (``store.writes``: agents, instances, bad hosts,

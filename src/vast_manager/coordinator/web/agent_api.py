@@ -23,6 +23,7 @@ from vast_manager.coordinator.exceptions import (
     http_status,
 )
 from vast_manager.coordinator.offers import Offer
+from vast_manager.coordinator.operations import replay
 from vast_manager.coordinator.operations.agent_logs import logs_job
 from vast_manager.coordinator.operations.beliefs import Expectation
 from vast_manager.coordinator.operations.heartbeat import heartbeat_job
@@ -221,16 +222,20 @@ async def _heartbeat(request: web.Request) -> web.Response:
     core.tracker.touch(instance_id, now, directive.next_heartbeat_s, hb.phase)
     if directive.action == "terminate":
         core.monitor.wake()
-    return answer(directive)  # a dataclass: orjson encodes it without asdict()'s deep copy
+    # A dataclass: orjson encodes it without asdict()'s deep copy.
+    return answer(core.spool_marks.answer(agent.agent_id, directive, hb.acked_seq))
 
 
 async def _result(request: web.Request) -> web.Response:
     core, agent, body = verified(request)
     result = decode(Result, body)
     now = core.clock()
-    outcome = await core.store.write(result_job(agent.agent_id, result, core.settings, now,
-                                                core.started_at, core.tracker.load(),
-                                                expectation(core), core.rng))
+    secrets = core.settings.fleet_secrets
+    outcome = await core.store.write(result_job(
+        agent.agent_id, result, core.settings, now, core.started_at, core.tracker.load(),
+        expectation(core), core.rng,
+        receipted=replay.receipted(secrets, agent.agent_id, result)))
+    core.spool_marks.raised(agent.agent_id, "result", result.spool_seq)
     core.tracker.touch(outcome.instance_id, now, outcome.directive.next_heartbeat_s)
     if outcome.terminate:
         core.monitor.wake()
@@ -246,7 +251,8 @@ async def _result(request: web.Request) -> web.Response:
     if not outcome.duplicate:
         core.models.wake()  # a counted benchmark is a new measurement for the rate model
     return answer({"ok": True, "duplicate": outcome.duplicate,
-                   "directive": asdict(outcome.directive)})
+                   "directive": asdict(outcome.directive),
+                   "receipt": replay.receipt_for(secrets[0], agent.agent_id, result)})
 
 
 async def _logs(request: web.Request) -> web.Response:
@@ -254,6 +260,7 @@ async def _logs(request: web.Request) -> web.Response:
     batch = decode(LogBatch, body)
     now = core.clock()
     await core.store.write(logs_job(agent.agent_id, batch, core.settings, now))
+    core.spool_marks.raised(agent.agent_id, "logs", batch.spool_seq)
     return answer({"ok": True})
 
 

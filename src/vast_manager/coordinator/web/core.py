@@ -15,6 +15,7 @@ from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.model_keeper import ModelKeeper
 from vast_manager.coordinator.operations.monitor import Monitor
 from vast_manager.coordinator.operations.offer_cache import OfferCache
+from vast_manager.coordinator.operations.replay import SpoolMarks
 from vast_manager.coordinator.providers.base import Provider
 from vast_manager.coordinator.runtime import Runtime
 from vast_manager.coordinator.settings import Settings
@@ -42,6 +43,7 @@ class Core:
         "rng",
         "runtime",
         "settings",
+        "spool_marks",
         "started_at",
         "store",
         "tracker",
@@ -63,6 +65,7 @@ class Core:
         self.autopilot: Autopilot = runtime.autopilot
         self.offers: OfferCache = runtime.offers
         self.started_at: float = runtime.started_at  # when this process started watching
+        self.spool_marks: SpoolMarks = runtime.spool_marks  # docs/protocol.md, "Replay"
 
 
 CORE = web.AppKey("core", Core)

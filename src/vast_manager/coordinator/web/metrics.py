@@ -37,6 +37,7 @@ from vast_manager.coordinator.operations.production import ProductionTracker
 from vast_manager.coordinator.rows import instance_row
 from vast_manager.coordinator.store.migrations import loads
 from vast_manager.coordinator.store.reads import Reads
+from vast_manager.coordinator.store.replica import ReplicaHealth
 from vast_manager.coordinator.textsafe import neutralise
 from vast_manager.coordinator.web.guard import Guard
 from vast_manager.coordinator.web.json_views import fleet_view
@@ -533,10 +534,37 @@ def _search_metrics(view: dict[str, Any] | None) -> Iterator[Metric]:
                                 value=float(view["oldest_answer_age_s"]))
 
 
+class ReplicaCollector(Collector):
+    """The database's replication (``store.replica``): configured, running, its lag."""
+
+    def __init__(self, health: ReplicaHealth, now: float) -> None:
+        self.health, self.now = health, now
+
+    def collect(self) -> Iterator[Metric]:
+        health = self.health
+        yield GaugeMetricFamily(
+            "vm_replica_configured", "1 when VM_REPLICA_URL is set; 0: the state is on one disk.",
+            value=1.0 if health.configured else 0.0)
+        if not health.configured:
+            return
+        yield GaugeMetricFamily("vm_replica_up", "1 while Litestream runs and its last sync "
+                                "request was confirmed.",
+                                value=1.0 if health.running and health.error is None else 0.0)
+        lag = health.lag_s(self.now)
+        if lag is not None and health.last_sync_at is not None:
+            yield GaugeMetricFamily(
+                "vm_replica_lag_seconds", "Seconds since the replica last confirmed it held "
+                "every write: what losing the disk now could cost.", value=lag)
+            yield GaugeMetricFamily("vm_replica_last_sync_timestamp_seconds",
+                                    "When the replica last confirmed a sync (Unix time).",
+                                    value=health.last_sync_at)
+
+
 def registry(reads: Reads, now: float, guard: GuardCounts | None = None,
              paced: PaceFigures | None = None,
              bill: BillFigures | None = None,
-             production: ProductionTracker | None = None) -> CollectorRegistry:
+             production: ProductionTracker | None = None,
+             replica: ReplicaHealth | None = None) -> CollectorRegistry:
     """One scrape's registry: the fleet, the guard's counts, the pace, and
     prometheus_client's own process (CPU, memory, file descriptors) and Python (version,
     garbage collector) collectors, on a registry of its own rather than the library's
@@ -549,6 +577,8 @@ def registry(reads: Reads, now: float, guard: GuardCounts | None = None,
         out.register(PaceCollector(paced))
     if bill is not None:
         out.register(BillCollector(reads, now, bill))
+    if replica is not None:
+        out.register(ReplicaCollector(replica, now))
     ProcessCollector(registry=out)
     PlatformCollector(registry=out)
     GCCollector(registry=out)
@@ -557,6 +587,7 @@ def registry(reads: Reads, now: float, guard: GuardCounts | None = None,
 
 def exposition(reads: Reads, now: float, guard: GuardCounts | None = None,
                paced: PaceFigures | None = None, bill: BillFigures | None = None,
-               production: ProductionTracker | None = None) -> bytes:
+               production: ProductionTracker | None = None,
+               replica: ReplicaHealth | None = None) -> bytes:
     """The whole exposition text of one scrape (run it with ``Store.read``)."""
-    return generate_latest(registry(reads, now, guard, paced, bill, production))
+    return generate_latest(registry(reads, now, guard, paced, bill, production, replica))

@@ -316,6 +316,7 @@ async def _fleet(core: Core, request: web.Request) -> Any:
     return {**view, **NO_FLEET_DELIVERED, **production.fleet_delivered,
             "cluster": core.monitor.cluster.view(),
             "account": core.monitor.account.view().as_dict(),
+            "replica": core.runtime.replica_health().as_dict(core.clock()),
             "offer_cache": core.offers.view(),
             "pending_price_increases": list(core.monitor.price_increases.pending.values()),
             "max_usd_per_proof": break_even_usd_per_proof(core.settings),
@@ -442,8 +443,9 @@ async def _metrics(request: web.Request) -> web.Response:
     bill = metrics.BillFigures(core.monitor.account.view(),
                                core.settings.autopilot_spend_window_h * 3600.0,
                                core.offers.view())
+    replica = core.runtime.replica_health()
     body = await core.store.read(lambda reads: metrics.exposition(
-        reads, now, guard, paced, bill, core.monitor.production))
+        reads, now, guard, paced, bill, core.monitor.production, replica))
     return web.Response(body=body, headers={"Content-Type": metrics.CONTENT_TYPE})
 
 

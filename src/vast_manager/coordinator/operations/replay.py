@@ -1,0 +1,78 @@
+"""Replay: what a coordinator restored from an asynchronous replica lost, the agents send again.
+
+Replication runs behind the writes (``store.replica``): a coordinator restored from its
+replica may lack the last results and log batches it acknowledged. The agents keep
+what was acknowledged for a while (``agent.spool``, ``VM_ACK_RETENTION``), numbered by
+their spool's sequence (``spool_seq`` on each result and log batch). The coordinator
+stores, in the transaction of each item, the highest sequence of each kind it holds for
+the agent (``spool_marks``), and answers every heartbeat that says what the agent keeps
+(``acked_seq``) with those marks; the agent sends again, in order, what it was
+acknowledged above them (docs/protocol.md, "Replay").
+
+Stored once: a result by its ``result_id`` (as ever); a log batch by its sequence, since
+an agent sends the batches of each kind in sequence order and the database is a prefix
+of its commits (what Litestream restores), so a batch at or below the agent's mark was
+stored.
+
+``SpoolMarks`` keeps the marks in memory for the heartbeat answers (no read on the hot
+path), loaded from the database at start: how far the restored state reaches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+from collections.abc import Sequence
+
+from vast_manager.coordinator.store.writer import Store
+from vast_manager.coordinator.store.writes.spool_marks import SpoolKind
+from vast_manager.protocol import Directive, Result
+from vast_manager.protocol.codec import encode
+
+_RECEIPT_DOMAIN = b"vast-manager result receipt v1"
+
+
+def receipt_for(fleet_secret: bytes, agent_id: str, result: Result) -> str:
+    """The receipt of ``result`` (its ``receipt`` field left out): an HMAC under a key
+    derived from the fleet secret, which no agent holds."""
+    key = hmac.new(fleet_secret, _RECEIPT_DOMAIN, hashlib.sha256).digest()
+    body = encode(dataclasses.replace(result, receipt=None))
+    return hmac.new(key, agent_id.encode() + b"\n" + body, hashlib.sha256).hexdigest()
+
+
+def receipted(fleet_secrets: Sequence[bytes], agent_id: str, result: Result) -> bool:
+    """The result carries a receipt this fleet's coordinator made for this agent."""
+    if result.receipt is None:
+        return False
+    return any(hmac.compare_digest(receipt_for(s, agent_id, result), result.receipt)
+               for s in fleet_secrets)
+
+
+class SpoolMarks:
+    """Each agent's highest stored spool sequence, (results, log batches), in memory."""
+
+    def __init__(self, marks: dict[str, tuple[int, int]] | None = None) -> None:
+        self._marks = dict(marks or {})
+
+    async def load(self, store: Store) -> None:
+        """Read the marks the database holds (at start: how far a restored one reaches)."""
+        self._marks = await store.read(lambda reads: reads.spool_marks())
+
+    def of(self, agent_id: str) -> tuple[int, int]:
+        return self._marks.get(agent_id, (0, 0))
+
+    def raised(self, agent_id: str, kind: SpoolKind, seq: int | None) -> None:
+        """Note a committed item's sequence (after its write returned)."""
+        if seq is None:
+            return
+        results, logs = self.of(agent_id)
+        self._marks[agent_id] = (max(results, seq), logs) if kind == "result" \
+            else (results, max(logs, seq))
+
+    def answer(self, agent_id: str, directive: Directive, acked_seq: int | None) -> Directive:
+        """``directive`` with the agent's marks, when its heartbeat said it keeps items."""
+        if acked_seq is None:
+            return directive
+        results, logs = self.of(agent_id)
+        return dataclasses.replace(directive, stored_result_seq=results, stored_logs_seq=logs)
