@@ -273,6 +273,15 @@ class Machine:
             self.rates[k] = rate * h.general * neighbours
         return rate * h.general * neighbours
 
+    def binding(self, k: int) -> str:
+        """The resource that binds a k-GPU slice's true rate: the least of the capacities
+        (the one whose doubling would raise the rate most)."""
+        h = self.hidden
+        caps = capacities(self.profile(k, h))
+        limits = {"gpu": caps.gpu * h.gpu_mult, "cpu": caps.cpu, "pcie": caps.pcie,
+                  "memory": caps.memory}
+        return min(limits, key=lambda r: limits[r])
+
     def profile(self, k: int, h: Hidden) -> Profile:
         """The simulated cuzk's hardware profile of a k-GPU slice (the instance's share)."""
         spec = GPU_SPECS[self.gpu.name]
@@ -1058,6 +1067,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json-out", type=Path, default=None, help="write the figures as JSON")
     ap.add_argument("--market", type=Path, action="append", default=None,
                     help="a market file (JSON Lines, docs/discovery.md 'Markets'); repeatable")
+    ap.add_argument("--sizes", default=None, metavar="N,N",
+                    help="with --market(s): how many hosts are measured, each size "
+                         "(default 40,240,1000; quick 40,240)")
     ap.add_argument("--plan-only", action="store_true",
                     help="with --market(s): the planning figures alone (a few minutes)")
     ap.add_argument("--belief-test-share", type=float, default=None,
@@ -1246,6 +1258,12 @@ def markets_main(args: argparse.Namespace) -> int:
         return 2
     seeds = list(range(1, 1 + (args.seeds or (1 if args.quick else 5))))
     sizes: tuple[int, ...] = (40, 240) if args.quick else (40, 240, 1000)
+    if args.sizes:
+        try:
+            sizes = tuple(int(x) for x in args.sizes.split(","))
+        except ValueError:
+            print("error: --sizes takes measured counts, e.g. 40,240", file=sys.stderr)
+            return 2
     if args.plan_only:
         sizes = ()
     started = time.perf_counter()

@@ -8,8 +8,12 @@ optionally, ``oracle_rate_per_hour`` (a physics oracle's guess: knows the hardwa
 the host's own effects). docs/discovery.md ("Markets") describes it.
 
 The first 60% of lines are the pool measurements come from (a seed picks which); the
-rest are held out and predicted. The planners run on the whole file. Every figure is
-simulated: the markets' rates are.
+rest are held out and predicted. The planning runs on the whole file (or a seeded 80%
+of it) the operator's way: a real coordinator with the market as its offers, ``plan``
+and ``hosts import`` over HTTP (``Coordinator``). A line may carry ``true_binding``
+(the resource whose doubling raises its true rate most): the bench then reports the
+intervals' coverage per binding resource and how often a prediction names it. Every
+figure is simulated: the markets' rates are.
 """
 
 from __future__ import annotations
@@ -28,23 +32,19 @@ import numpy as np
 import orjson
 
 from vast_manager.coordinator.discovery.measurements import Measurement
-from vast_manager.coordinator.discovery.plan import (
-    FleetView,
-    PlanSettings,
-    belief_tests,
-    plan_trials,
-)
+from vast_manager.coordinator.discovery.plan import PlanSettings, belief_tests
 from vast_manager.coordinator.discovery.served import (
     CANDIDATES,
     PLAIN_FIELDS,
+    SHARE_COLUMNS,
     fit_served_model,
-    plain_matrix,
+    plain_share_matrix,
 )
 from vast_manager.coordinator.discovery.structural_model import Prediction
 from vast_manager.coordinator.offers import Offer, parse_offer
 
 RATE_FIELDS = ("true_rate_per_hour", "measured_rate_per_hour", "oracle_rate_per_hour",
-               "oracle_median_rate_per_hour")
+               "oracle_median_rate_per_hour", "true_binding")
 REQUIRED = ("machine_id", "gpu_name", "num_gpus", "dph_total", "true_rate_per_hour",
             "measured_rate_per_hour")
 MARKETS_DIR = Path(__file__).resolve().parent / "markets"
@@ -109,20 +109,32 @@ class AccuracyRow:
     gbm_baseline: float
     coverage: float
     fit_s: float
+    # The market's true binding resource (``true_binding``, where the file has it) ->
+    # [held-out hosts covered by their 80% interval, hosts]; and the hosts whose
+    # prediction named it.
+    coverage_by_binding: dict[str, list[int]]
+    named_right: int | None
 
 
 def untuned_gbm(train: list[dict[str, Any]], test: list[dict[str, Any]]) -> list[float]:
-    """scikit-learn's HistGradientBoostingRegressor with its defaults, on the offer's plain
-    fields and the GPU model (categorical), predicting the log measured rate."""
+    """scikit-learn's HistGradientBoostingRegressor with its defaults, predicting the log
+    measured rate from what the served model's learners read of an offer: its plain fields,
+    the GPU model (categorical) and the instance's share (RAM, vCPUs, share of the host,
+    GPU count, PCIe per GPU; ``served.plain_share_matrix``). A field no training offer
+    reports is a constant (the learner cannot bin a column of only missing values)."""
     from sklearn.ensemble import HistGradientBoostingRegressor
 
     codes = {g: i for i, g in enumerate(sorted({str(r["gpu_name"]) for r in train}))}
-    mask = np.zeros(len(PLAIN_FIELDS) + 1, dtype=bool)
-    mask[-1] = True
+    mask = np.zeros(len(PLAIN_FIELDS) + 1 + len(SHARE_COLUMNS), dtype=bool)
+    mask[len(PLAIN_FIELDS)] = True
     gbm = HistGradientBoostingRegressor(categorical_features=mask, random_state=0)
-    gbm.fit(plain_matrix([offer_of(r) for r in train], codes),
-            np.log([r["measured_rate_per_hour"] for r in train]))
-    return list(np.exp(gbm.predict(plain_matrix([offer_of(r) for r in test], codes))))
+    x = plain_share_matrix([offer_of(r) for r in train], codes)
+    empty = np.all(np.isnan(x), axis=0)
+    x[:, empty] = 0.0
+    gbm.fit(x, np.log([r["measured_rate_per_hour"] for r in train]))
+    xt = plain_share_matrix([offer_of(r) for r in test], codes)
+    xt[:, empty] = 0.0
+    return list(np.exp(gbm.predict(xt)))
 
 
 def gpu_median(train: list[dict[str, Any]], test: list[dict[str, Any]]) -> list[float]:
@@ -173,7 +185,22 @@ def accuracy(rows: list[dict[str, Any]], n_measured: int, seed: int) -> Accuracy
         coverage=sum(p.rate_low <= t <= p.rate_high for p, t in zip(ok, true, strict=True))
         / len(true),
         fit_s=fit_s,
+        **_by_binding(held, ok),
     )
+
+
+def _by_binding(held: list[dict[str, Any]], preds: list[Prediction]) -> dict[str, Any]:
+    """Coverage per true binding resource, and how often the prediction names it."""
+    if not all("true_binding" in r for r in held):
+        return {"coverage_by_binding": {}, "named_right": None}
+    groups: dict[str, list[int]] = {}
+    named = 0
+    for r, p in zip(held, preds, strict=True):
+        g = groups.setdefault(str(r["true_binding"]), [0, 0])
+        g[0] += p.rate_low <= r["true_rate_per_hour"] <= p.rate_high
+        g[1] += 1
+        named += p.bottleneck == r["true_binding"]
+    return {"coverage_by_binding": groups, "named_right": named}
 
 
 # --- planning ----------------------------------------------------------------------
@@ -192,6 +219,8 @@ class PlanningRow:
     trial_usd: dict[int, float]  # the planner's trial spend after that many trials
     cheapest_trial_usd: dict[int, float]
     trials_used: dict[int, int]
+    ten_cheapest: float  # the 10 cheapest offers rented untried
+    references: list[str]  # the reference each plan said it used
 
 
 def _top_fleet(rows: list[dict[str, Any]], rates: list[float]) -> list[dict[str, Any]]:
@@ -202,7 +231,7 @@ def _top_fleet(rows: list[dict[str, Any]], rates: list[float]) -> list[dict[str,
 #: The share of a market's hosts a planning seed keeps on offer: seed 0 is the whole file;
 #: another seed is another day's market, the same hosts but a fifth of them rented away.
 PLAN_SAMPLE = 0.8
-PLAN_SEEDS = (0, 1, 2)
+PLAN_SEEDS = (0, 1, 2, 3, 4)
 #: The plan's belief tests (docs/discovery.md, section 3), on here as an operator turns
 #: them on; the coordinator's default has them off (the simulated live market's regret
 #: rose with them).
@@ -216,52 +245,151 @@ def market_on_offer(rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any
     return random.Random(1000 + seed).sample(rows, int(len(rows) * PLAN_SAMPLE))
 
 
+class Coordinator:
+    """A real coordinator (``start_server``, as ``vast-manager serve`` runs it) on its own
+    event loop in a thread, its provider the project's local one with the market's offers
+    as its catalog, and the operator's client (``cli.api_client``): the bench plans the
+    way an operator does, through ``plan`` and ``hosts import``."""
+
+    def __init__(self, rows: list[dict[str, Any]], workdir: Path) -> None:
+        import asyncio
+        import secrets
+        import threading
+
+        from vast_manager.coordinator.cli.api_client import OperatorClient
+        from vast_manager.coordinator.providers.local.provider import LocalProvider
+        from vast_manager.coordinator.settings import Settings
+
+        token = secrets.token_hex(16)
+        self.settings = Settings.from_env(
+            {"VM_FLEET_SECRET": secrets.token_hex(32), "VM_ADMIN_TOKEN": token},
+            db_path=str(workdir / "coord.db"), config_dir=str(workdir / "config"), port=0,
+            plan_belief_test_share=PLAN_DOUBT.share)
+        self.provider = LocalProvider(workdir / "local", offers=[
+            {k: v for k, v in r.items() if k not in RATE_FIELDS} for r in rows])
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.server: Any = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        if not self.ready.wait(60):
+            raise MarketError("the coordinator did not start")
+        self.client = OperatorClient(self.server.url, token, timeout_s=900.0)
+
+    def _run(self) -> None:
+        import asyncio
+
+        from vast_manager.coordinator.web.server import start_server
+
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(start_server(self.settings, self.provider))
+        self.ready.set()
+        self.loop.run_forever()
+
+    def close(self) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(60)
+        asyncio.run_coroutine_threadsafe(self.provider.close(), self.loop).result(60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(60)
+
+    def plan(self) -> dict[str, Any]:
+        """``vast-manager plan --trials 1 --json``."""
+        answer: dict[str, Any] = self.client.get("/api/plan", trials=1)
+        return answer
+
+    def offers(self) -> list[dict[str, Any]]:
+        """``vast-manager offers --json``."""
+        answer: list[dict[str, Any]] = self.client.get("/api/offers")
+        return answer
+
+    def hosts_import(self, rows: Sequence[dict[str, Any]]) -> None:
+        """``vast-manager hosts import`` of one benchmark of each host (the file's)."""
+        from vast_manager.coordinator.discovery.measurements import NDJSON
+
+        now = time.time() - 60.0
+        data = b"".join(orjson.dumps({
+            "machine_id": r["machine_id"],
+            "offer": {k: v for k, v in r.items() if k not in RATE_FIELDS},
+            "rate_per_hour": r["measured_rate_per_hour"], "measured_at": now}) + b"\n"
+            for r in rows)
+        self.client.request_raw("POST", "/api/hosts/import", data=data, content_type=NDJSON)
+
+
+def fleet_from_offers(rows: list[dict[str, Any]], offers: list[dict[str, Any]]
+                      ) -> list[dict[str, Any]]:
+    """The operator's fleet: the top of ``offers --json`` by predicted $/proof (a measured
+    machine's prediction is from its runs), one offer a machine, 10 of them."""
+    by_id = {r["id"]: r for r in rows}
+    ranked = sorted((o["dph_total"] / o["predicted_rate_per_hour"], o["id"]) for o in offers
+                    if o.get("predicted_rate_per_hour") and o["id"] in by_id
+                    and not o.get("bad_host") and not o.get("too_small"))
+    fleet: list[dict[str, Any]] = []
+    seen: set[Any] = set()
+    for _, oid in ranked:
+        row = by_id[oid]
+        if row["machine_id"] not in seen:
+            seen.add(row["machine_id"])
+            fleet.append(row)
+        if len(fleet) == FLEET:
+            break
+    return fleet
+
+
 def planning(rows: list[dict[str, Any]], checkpoints: Sequence[int] = (10, 20)
              ) -> PlanningRow:
-    """From nothing measured: the planner proposes one trial at a time (``plan_trials``
-    on the served model), each measurement is handed back and the model refitted; at each
-    checkpoint a fleet of 10 is taken from the top of the predictions ($/proof, a measured
-    machine at its measurement) and scored at true rates. Cheapest-first tries the
-    cheapest offers and keeps the 10 best measured. The oracle ranks by the physics
+    """From nothing measured, the operator's path: a real coordinator with the market's
+    offers, ``plan --trials 1``, the proposed host's benchmark (the file's) through
+    ``hosts import`` (which returns once the model is refitted), again; at each
+    checkpoint the fleet is the top 10 of ``offers`` by predicted $/proof, scored at true
+    rates. Only offers a deploy would take count (``deployable``: RAM share, price cap),
+    for every policy. Cheapest-first tries the cheapest offers and keeps the 10 best
+    measured; the 10 cheapest offers are rented untried; the oracle ranks by the physics
     oracle's rate (no host's own effect). Deterministic: the plan depends on the offers,
-    not on their order, and each host's benchmark is the file's."""
-    offers = [offer_of(r) for r in rows]
-    by_machine = {str(r["machine_id"]): r for r in rows}
+    not their order, and each host's benchmark is the file's."""
+    import tempfile
+
+    from vast_manager.coordinator.operations.autopilot_loop import deployable
+    from vast_manager.coordinator.settings import DEFAULTS
+
+    ok_ids = {o.id for o in deployable([offer_of(r) for r in rows], DEFAULTS)}
+    rows = [r for r in rows if r["id"] in ok_ids]
     settings = PlanSettings(trials=1, doubt=PLAN_DOUBT)
-    measured: list[dict[str, Any]] = []
     planner: dict[int, float] = {}
     spend: dict[int, float] = {}
     used: dict[int, int] = {}
+    references: list[str] = []
+    measured: set[str] = set()
     spent = 0.0
-    last = max(checkpoints)
-    for t in range(last + 1):
-        model = fit_served_model([measurement_of(r) for r in measured], now=0.0)
-        preds = model.predict_offers(offers, explain=False)
-        rates = [p.rate_per_hour if isinstance(p, Prediction) else 1e-9 for p in preds]
-        if t in checkpoints:
-            planner[t] = fleet_usd_per_proof(_top_fleet(rows, rates))
-            spend[t] = spent
-            used[t] = len(measured)
-        if t == last:
-            break
-        # The reference a newcomer must beat: the predicted margin of a fleet of 10.
-        margin = sorted(r["dph_total"] / x for r, x in zip(rows, rates, strict=True))[FLEET - 1]
-        best = min((r["dph_total"] / r["measured_rate_per_hour"] for r in measured),
-                   default=None)
-        plan = plan_trials(offers, model, FleetView(best_usd_per_proof=best,
-                                                    reference_usd_per_proof=margin), settings)
-        if any(p.machine_id in {str(r["machine_id"]) for r in measured}
-               for p in plan.proposals):
-            raise AssertionError("the plan proposed a machine already measured")
-        if not plan.proposals:
-            for c in checkpoints:
-                if c > t:
-                    planner[c] = fleet_usd_per_proof(_top_fleet(rows, rates))
-                    spend[c], used[c] = spent, len(measured)
-            break
-        chosen = by_machine[str(plan.proposals[0].machine_id)]
-        spent += plan.proposals[0].trial_cost_usd
-        measured.append(chosen)
+    with tempfile.TemporaryDirectory(prefix="market-bench-") as tmp:
+        coord = Coordinator(rows, Path(tmp))
+        try:
+            last = max(checkpoints)
+            by_machine = {str(r["machine_id"]): r for r in rows}
+            for t in range(last + 1):
+                if t in checkpoints:
+                    planner[t] = fleet_usd_per_proof(fleet_from_offers(rows, coord.offers()))
+                    spend[t], used[t] = spent, len(measured)
+                if t == last:
+                    break
+                plan = coord.plan()
+                references.append(str(plan.get("reference_source")))
+                if not plan["proposals"]:
+                    for c in checkpoints:
+                        if c > t:
+                            planner[c] = fleet_usd_per_proof(
+                                fleet_from_offers(rows, coord.offers()))
+                            spend[c], used[c] = spent, len(measured)
+                    break
+                top = plan["proposals"][0]
+                if str(top["machine_id"]) in measured:
+                    raise AssertionError("the plan proposed a machine already measured")
+                measured.add(str(top["machine_id"]))
+                spent += top["trial_cost_usd"]
+                coord.hosts_import([by_machine[str(top["machine_id"])]])
+        finally:
+            coord.close()
     cheapest: dict[int, float] = {}
     cheap_spend: dict[int, float] = {}
     by_price = sorted(rows, key=lambda r: r["dph_total"])
@@ -274,7 +402,8 @@ def planning(rows: list[dict[str, Any]], checkpoints: Sequence[int] = (10, 20)
     oracle = None
     if all("oracle_rate_per_hour" in r for r in rows):
         oracle = fleet_usd_per_proof(_top_fleet(rows, [r["oracle_rate_per_hour"] for r in rows]))
-    return PlanningRow(oracle, planner, cheapest, spend, cheap_spend, used)
+    return PlanningRow(oracle, planner, cheapest, spend, cheap_spend, used,
+                       fleet_usd_per_proof(by_price[:FLEET]), references)
 
 
 # --- the report --------------------------------------------------------------------
@@ -329,70 +458,103 @@ def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int
 
 def _print_planning(plans: list[PlanningRow], seeds: Sequence[int]) -> None:
     """One line per planning seed and checkpoint: the planner's fleet against the oracle,
-    the trials it used and their spend, and both against cheapest-first."""
-    print(f"  planning a fleet of {FLEET} from nothing measured, one trial at a time "
-          f"(deterministic per seed; seed 0 the whole file, others {PLAN_SAMPLE:.0%} of it "
-          f"on offer); $/proof at true rates:")
+    the trials it used and their spend, against cheapest-first and the 10 cheapest."""
+    print(f"  planning a fleet of {FLEET} from nothing measured, the operator's path (a real "
+          f"coordinator: plan --trials 1, hosts import, offers; deterministic per seed; seed 0 "
+          f"the whole file, others {PLAN_SAMPLE:.0%} of it on offer); $/proof at true rates:")
     for seed, p in zip(seeds, plans, strict=True):
         o = p.oracle
         print(f"    seed {seed}: oracle (physics, no host effects) "
-              + (f"{o:.5f}" if o is not None else "- (the file has no oracle rate)"))
+              + (f"{o:.5f}" if o is not None else "- (the file has no oracle rate)")
+              + f"; the 10 cheapest offers {p.ten_cheapest:.5f}"
+              + (f" (the oracle {1 - o / p.ten_cheapest:.1%} cheaper)" if o else ""))
+        print(f"      first reference: {p.references[0] if p.references else '-'}; "
+              f"last: {p.references[-1] if p.references else '-'}")
         for c in (10, 20):
             print(f"      after <= {c} trials: planner {p.planner[c]:.5f}"
-                  + (f" ({p.planner[c] / o - 1:+.1%} vs oracle)" if o else "")
+                  + (f" ({p.planner[c] / o - 1:+.1%} vs oracle; {_captured(p, c):.0%} of its "
+                     f"margin over the 10 cheapest)" if o else "")
                   + f", trials {p.trials_used[c]}, spend ${p.trial_usd[c]:.2f}; "
-                  f"cheapest-first {p.cheapest[c]:.5f} (spend ${p.cheapest_trial_usd[c]:.2f}); "
-                  f"planner {1 - p.planner[c] / p.cheapest[c]:.1%} cheaper"
-                  + (f" (the oracle {1 - o / p.cheapest[c]:.1%})" if o else ""))
+                  f"cheapest-first {p.cheapest[c]:.5f} (spend ${p.cheapest_trial_usd[c]:.2f})")
+
+
+def _captured(p: PlanningRow, c: int) -> float:
+    """The share of the oracle's margin over the 10 cheapest offers the planner took."""
+    gap = p.ten_cheapest - (p.oracle or p.ten_cheapest)
+    return (p.ten_cheapest - p.planner[c]) / gap if gap > 0 else math.nan
 
 
 def _row(obj: Any) -> dict[str, Any]:
     return {k: getattr(obj, k) for k in obj.__slots__}
 
 
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
 def _acceptance(name: str, acc: dict[int, list[AccuracyRow]], plans: list[PlanningRow]
                 ) -> None:
     if 240 in acc:
-        rs = acc[240]
-        gbm_ok = all(r.served <= 0.9 * r.gbm_baseline for r in rs)
-        med_ok = all(r.served <= 0.5 * r.gpu_median for r in rs)
-        # Coverage is judged on the seeds' mean: at 240 measured one seed's coverage
-        # has a sd of about 3 points (the 10th and 90th percentiles of 240 residuals, and
-        # fewer per binding resource), so a sound 80% interval leaves 75-85% on single
-        # seeds now and then; the mean of 5 has a sd of about 1.3.
-        cov_mean = statistics.mean(r.coverage for r in rs)
-        cov_ok = 0.75 <= cov_mean <= 0.85
-        line = (f"  acceptance at 240 measured: every seed: served <= 0.9x untuned GBM "
-                f"({', '.join(f'{r.served / r.gbm_baseline:.2f}' for r in rs)}) "
-                f"{'PASS' if gbm_ok else 'FAIL'}; <= 0.5x GPU median "
-                f"({', '.join(f'{r.served / r.gpu_median:.2f}' for r in rs)}) "
-                f"{'PASS' if med_ok else 'FAIL'}; coverage, {len(rs)}-seed mean in 75-85% "
-                f"({', '.join(f'{r.coverage:.1%}' for r in rs)}; mean {cov_mean:.1%}) "
-                f"{'PASS' if cov_ok else 'FAIL'}")
-        if name == "simulator" and all(r.floor for r in rs):
-            floor_ok = all(r.served <= 1.5 * (r.floor or 0) for r in rs)
-            line += (f"; within 1.5x the noise floor "
-                     f"({', '.join(f'{r.served / (r.floor or 1):.2f}' for r in rs)}) "
-                     f"{'PASS' if floor_ok else 'FAIL'}")
-        print(line)
+        _accuracy_acceptance(acc[240])
     if plans and all(p.oracle for p in plans):
-        rel = {c: [p.planner[c] / (p.oracle or 1) - 1 for p in plans] for c in (10, 20)}
-        w20 = all(x <= 0.05 for x in rel[20])
-        w10 = all(x <= 0.10 for x in rel[10])
-        parts = [f"every seed within 5% of the oracle after <= 20 trials "
-                 f"({', '.join(f'{x:+.1%}' for x in rel[20])}) {'PASS' if w20 else 'FAIL'}",
-                 f"within 10% after <= 10 ({', '.join(f'{x:+.1%}' for x in rel[10])}) "
-                 f"{'PASS' if w10 else 'FAIL'}"]
-        # Cheapest-first keeps the best 10 of the hosts it measured, own effects known;
-        # where even the oracle is not 25% cheaper than it, no planner ranking by the
-        # physics can be, and the line says so with the oracle's own margin.
-        mean = statistics.mean
-        for c in (10, 20):
-            ours = 1 - mean(p.planner[c] / p.cheapest[c] for p in plans)
-            theirs = 1 - mean((p.oracle or 0) / p.cheapest[c] for p in plans)
-            verdict = ("PASS" if ours >= 0.25 else
-                       "FAIL (the oracle itself only " f"{theirs:.1%})" if theirs < 0.25
-                       else "FAIL")
-            parts.append(f">= 25% cheaper than cheapest-first after {c} (seeds' mean): "
-                         f"{ours:.1%} {verdict}")
-        print("  acceptance, planning: " + "; ".join(parts))
+        _planning_acceptance(plans)
+
+
+def _accuracy_acceptance(rs: list[AccuracyRow]) -> None:
+    """Issue's bars 2-4 at 240 measured: every seed's figure, and the verdict."""
+    gbm = [r.served / r.gbm_baseline for r in rs]
+    med = [r.served / r.gpu_median for r in rs]
+    floor = [r.served / r.floor for r in rs if r.floor]
+    # Coverage is judged on the seeds' mean: at 240 measured one seed's coverage has a sd
+    # of about 3 points (the 10th and 90th percentiles of 240 machines' residuals).
+    cov = statistics.mean(r.coverage for r in rs)
+    parts = [
+        f"served <= 0.85x the GBM on the same features ({', '.join(f'{x:.2f}' for x in gbm)}) "
+        f"{_verdict(all(x <= 0.85 for x in gbm))}",
+        f"<= 0.5x the GPU median ({', '.join(f'{x:.2f}' for x in med)}) "
+        f"{_verdict(all(x <= 0.5 for x in med))}",
+        f"coverage, seeds' mean in 75-85% ({', '.join(f'{r.coverage:.1%}' for r in rs)}; "
+        f"mean {cov:.1%}) {_verdict(0.75 <= cov <= 0.85)}",
+    ]
+    if floor:
+        parts.append(f"<= 1.5x the noise floor ({', '.join(f'{x:.2f}' for x in floor)}) "
+                     f"{_verdict(all(x <= 1.5 for x in floor))}")
+    groups: dict[str, list[int]] = {}
+    for r in rs:
+        for g, (hit, n) in r.coverage_by_binding.items():
+            total = groups.setdefault(g, [0, 0])
+            total[0] += hit
+            total[1] += n
+    if groups:
+        worst = min(hit / n for hit, n in groups.values())
+        parts.append("coverage per true binding resource, seeds pooled ("
+                     + ", ".join(f"{g} {hit / n:.0%} of {n}" for g, (hit, n)
+                                 in sorted(groups.items()))
+                     + f") none below 65% {_verdict(worst >= 0.65)}")
+        named = [r.named_right / r.held_out for r in rs if r.named_right is not None]
+        parts.append(f"binding resource named right ({', '.join(f'{x:.0%}' for x in named)}) "
+                     f">= 75% {_verdict(all(x >= 0.75 for x in named))}")
+    print("  acceptance at 240 measured, every seed: " + "; ".join(parts))
+
+
+def _planning_acceptance(plans: list[PlanningRow]) -> None:
+    """Issue's bar 1, every run: within 5% of the oracle after 20 trials and 10% after 10;
+    75% of the oracle's margin over the 10 cheapest offers taken after 20 where that margin
+    is 10% or more; never worse than the 10 cheapest offers."""
+    rel = {c: [p.planner[c] / (p.oracle or 1) - 1 for p in plans] for c in (10, 20)}
+    big = [p for p in plans if 1 - (p.oracle or 0) / p.ten_cheapest >= 0.10]
+    captured = [_captured(p, 20) for p in big]
+    worse = [p.planner[c] / p.ten_cheapest - 1 for p in plans for c in (10, 20)]
+    parts = [
+        f"within 5% of the oracle after <= 20 trials ({', '.join(f'{x:+.1%}' for x in rel[20])})"
+        f" {_verdict(all(x <= 0.05 for x in rel[20]))}",
+        f"within 10% after <= 10 ({', '.join(f'{x:+.1%}' for x in rel[10])}) "
+        f"{_verdict(all(x <= 0.10 for x in rel[10]))}",
+        (f">= 75% of the oracle's margin over the 10 cheapest after 20, where it is >= 10% "
+         f"({', '.join(f'{x:.0%}' for x in captured)}) "
+         f"{_verdict(all(x >= 0.75 for x in captured))}") if big else
+        "the oracle's margin over the 10 cheapest is under 10% on every run: nothing to take",
+        f"never worse than the 10 cheapest (worst {max(worse):+.1%} against them) "
+        f"{_verdict(max(worse) <= 0)}",
+    ]
+    print("  acceptance, planning, every run: " + "; ".join(parts))

@@ -61,6 +61,9 @@ CPUS = (
     ("Intel(R) Core(TM) i9-14900K", 32, 3.2, 1.2, 5),
 )
 PER_LANE = {3: 0.985, 4: 1.969, 5: 3.938}
+#: The resources a host's rate may be bound by; ``true_binding`` is the one whose doubling
+#: raises the true rate most.
+BINDING = ("gpu", "cpu", "pcie", "memory")
 
 
 def main() -> int:
@@ -105,7 +108,11 @@ def main() -> int:
 
         def rate(cpu_host: float, neighbours: float, gpu_f: float, offer=offer, ram=ram,
                  k=k, family=family, ghz=ghz, pcie=pcie, bw=bw, tflops=tflops,
-                 arch=arch) -> float:
+                 arch=arch, double: str = "") -> float:
+            # ``double``: that resource doubled (which one binds: the one that raises most).
+            two = {r: 2.0 if double == r else 1.0 for r in BINDING}
+            gpu_f, cpu_host, pcie, ram = (gpu_f * two["gpu"], cpu_host * two["cpu"],
+                                          pcie * two["pcie"], ram * two["memory"])
             class_dl = tflops**0.55 * (bw / 10) ** 0.45
             gpu_rate = 4.0 * (class_dl * gpu_f) ** 0.8 * ARCH[arch] * k**0.9
             if k >= 8:
@@ -122,6 +129,8 @@ def main() -> int:
         neighbours = rng.uniform(0, neighbours_scale)
         true = rate(cpu_host, neighbours, gpu_own)
         offer["true_rate_per_hour"] = round(true, 3)
+        offer["true_binding"] = max(
+            BINDING, key=lambda r, a=cpu_host, b=neighbours, c=gpu_own: rate(a, b, c, double=r))
         offer["measured_rate_per_hour"] = round(true * math.exp(rng.gauss(0, 0.03)), 3)
         draws = sorted(rate(math.exp(rng.gauss(0, 0.2)), rng.uniform(0, neighbours_scale),
                             math.exp(rng.gauss(0, 0.07))) for _ in range(63))

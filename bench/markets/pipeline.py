@@ -69,6 +69,9 @@ SRS_GIB, PCE_GIB, MARGIN_GIB, PARTITION_GIB = 45.0, 14.0, 5.0, 14.0
 GPU_S_5070TI = 3.0  # seconds a partition on an RTX 5070 Ti (docs/cuzk.md)
 SYNTH_CORE_S = 29.0 * 3  # thread-seconds of one partition's synthesis at 3.5 GHz-equivalent
 SRS_GB_PER_PARTITION = 4.8  # the 48 GB SRS streamed once per proof's partitions
+#: The resources a host's rate may be bound by; ``true_binding`` is the one whose doubling
+#: raises the true rate most.
+BINDING = ("gpu", "cpu", "pcie", "memory")
 
 
 def pick(rng: random.Random, items: list[tuple[object, float]]) -> object:
@@ -130,11 +133,14 @@ def host(rng: random.Random, machine_id: int) -> dict[str, object] | None:
         return None
     ram_gib = ram_share_gb(offer) * 1e9 / 2**30
 
-    def rate(gpu_f: float, cpu_f: float, gen_f: float) -> float:
+    def rate(gpu_f: float, cpu_f: float, gen_f: float, double: str = "") -> float:
+        # ``double``: that resource doubled (which one binds: the one that raises most).
+        gpu_f *= 2.0 if double == "gpu" else 1.0
+        cpu_f *= 2.0 if double == "cpu" else 1.0
         t_gpu = GPU_S_5070TI * (0.6 * 896 / bw + 0.4 * 43.9 / tflops) / gpu_f
-        t_pcie = SRS_GB_PER_PARTITION / (pcie_bw / 1.0)
+        t_pcie = SRS_GB_PER_PARTITION / (pcie_bw * (2.0 if double == "pcie" else 1.0))
         gpu_stage = (t_gpu + 0.7 * t_pcie) / (k**0.85)  # seconds per partition, all GPUs
-        budget = ram_gib - MARGIN_GIB - SRS_GIB - PCE_GIB
+        budget = ram_gib * (2.0 if double == "memory" else 1.0) - MARGIN_GIB - SRS_GIB - PCE_GIB
         slots = max(1.0, min(18.0, budget / PARTITION_GIB))
         need = max(2.0, 2.0 * k)  # slots that keep k GPUs fed
         swap = min(1.0, (budget / PARTITION_GIB) / need) ** 2 if budget > 0 else 0.05
@@ -148,6 +154,7 @@ def host(rng: random.Random, machine_id: int) -> dict[str, object] | None:
 
     true = rate(gpu_hidden, boost, general)
     offer["true_rate_per_hour"] = round(true, 3)
+    offer["true_binding"] = max(BINDING, key=lambda r: rate(gpu_hidden, boost, general, r))
     noise = math.exp(rng.gauss(0, 0.05)) * (0.75 if rng.random() < 0.04 else 1.0)
     offer["measured_rate_per_hour"] = round(true * noise, 3)
     # The oracle knows the physics and how the hidden effects are distributed, not this

@@ -41,6 +41,7 @@ def main() -> int:
         draws = [m.true_rate(k, Hidden.draw(floor_rng)) for _ in range(FLOOR_DRAWS)]
         row = {key: offer[key] for key in KEEP if key in offer}
         row["true_rate_per_hour"] = round(m.true_rate(k), 3)
+        row["true_binding"] = m.binding(k)
         row["measured_rate_per_hour"] = round(m.measure(k, rng), 3)
         row["oracle_rate_per_hour"] = round(ape_point(draws), 3)
         row["oracle_median_rate_per_hour"] = round(statistics.median(draws), 3)

@@ -257,6 +257,8 @@ async def test_the_image_builds_with_podman_and_a_deployed_container_stores_a_re
                 vast_env=json.dumps({"VM_BENCH_PROOFS": "3"}),
                 # A simulated fleet: the plausibility checks count its time so.
                 sim_time_scale=TIME_SCALE,
+                idle_destroy_after_s=0.0,  # no work command: kept idle
+                preflight_registry=False,  # the image is local to podman, in no registry
             )
             provider = from_settings(
                 settings, environ={"VAST_API_KEY": FAKE_API_KEY, "VAST_URL": fake.url},

@@ -8,9 +8,13 @@ under test, times a hidden per-machine factor.
 
 from __future__ import annotations
 
+import gzip
 import math
 import random
+from collections.abc import Sequence
 from typing import Any
+
+import orjson
 
 from vast_manager.coordinator.discovery.features import offer_features
 from vast_manager.coordinator.discovery.measurements import Measurement
@@ -18,6 +22,30 @@ from vast_manager.coordinator.offers import Offer, parse_offer
 from vast_manager.coordinator.providers.local.catalog import local_offers
 from vast_manager.sim.hardware import Profile
 from vast_manager.sim.physics import capacities
+
+from support.paths import REPO_ROOT
+
+MARKETS = REPO_ROOT / "bench" / "markets"
+#: A market line's fields that are not the offer's (docs/discovery.md, "Market files").
+NOT_OFFER = ("true_rate_per_hour", "measured_rate_per_hour", "oracle_rate_per_hour",
+             "oracle_median_rate_per_hour", "true_binding")
+
+
+def market(name: str) -> list[dict[str, Any]]:
+    """A shipped market file's lines (bench/markets/NAME.jsonl.gz)."""
+    with gzip.open(MARKETS / f"{name}.jsonl.gz") as fh:
+        return [orjson.loads(line) for line in fh]
+
+
+def market_offer(row: dict[str, Any]) -> Offer:
+    """A market line's offer, parsed as the providers parse vast.ai's."""
+    return parse_offer({k: v for k, v in row.items() if k not in NOT_OFFER})
+
+
+def market_measurements(rows: Sequence[dict[str, Any]], copies: int = 1) -> list[Measurement]:
+    """Each line's one benchmark as an imported measurement (``copies`` times)."""
+    return [Measurement(str(r["machine_id"]), market_offer(r), r["measured_rate_per_hour"],
+                        0.0, "imported") for r in rows for _ in range(copies)]
 
 
 def synthetic_offer(rng: random.Random, machine_id: int) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from vast_manager.common.retry import Backoff
+from vast_manager.common.retry import COORDINATOR_BACKOFF, Backoff
 from vast_manager.protocol import (
     Directive,
     Heartbeat,
@@ -105,7 +105,7 @@ class CoordinatorClient:
         self.base_url = base_url.rstrip("/")
         self.agent_id = agent_id
         self._key = agent_key
-        backoff = backoff or Backoff()
+        backoff = backoff or COORDINATOR_BACKOFF
         self.backoff = dataclasses.replace(backoff, rng=rng.random) if rng else backoff
         self.request_timeout_s = request_timeout_s
         self._clock = clock

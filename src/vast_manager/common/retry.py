@@ -52,6 +52,12 @@ class Backoff:
         return self.after(retry_state.attempt_number)
 
 
+#: How an agent retries its coordinator (``agent.coordinator_client``): after a
+#: coordinator restart an agent may still be waiting out up to ``cap_s`` of it, so the
+#: coordinator times no silence before that has passed too (``Monitor.seed``).
+COORDINATOR_BACKOFF = Backoff()
+
+
 def retrying(
     backoff: Backoff,
     *,

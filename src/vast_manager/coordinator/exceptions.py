@@ -129,6 +129,20 @@ class AccountPaused(CoordinatorError):
     code = "account_paused"
 
 
+class FaultPaused(CoordinatorError):
+    """Deploys wait: a failure seen beyond one machine is the setup's or vast.ai's, not a
+    host's (docs/policy.md, "Blame"), until the operator clears it."""
+
+    code = "fault_paused"
+
+
+class PreflightFailed(CoordinatorError):
+    """A check before the first deploy of a configuration failed: every instance would
+    fail the same way (docs/operations.md, "Preflight")."""
+
+    code = "preflight_failed"
+
+
 class ProviderFailed(CoordinatorError):
     """The provider (vast.ai) failed; nothing of ours changed."""
 
@@ -150,6 +164,8 @@ _STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (AutopilotNotConfigured, 409),
     (InvalidMeasurement, 400),
     (AccountPaused, 409),
+    (FaultPaused, 409),
+    (PreflightFailed, 409),
     (ProviderFailed, 502),
     (ProviderOfferGone, 409),
     (ProviderRateLimited, 503),

@@ -256,9 +256,26 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         str | None,
         Meta(description=(
             'vast.ai: extra environment for every instance, a JSON object (e.g. '
-            '`{"VM_PARAMS_CMD": "curio fetch-params 32"}`); the agent\'s own VM_* values win'
+            '`{"VM_PARAMS_MANIFEST": "https://params.example.org/manifest.json"}`); the '
+            'agent\'s own VM_* values win'
         )),
     ] = None
+    preflight_c1: Annotated[
+        str | None,
+        Meta(description=(
+            "preflight: a copy, on the coordinator, of the C1 file the instances read at "
+            "VM_C1_PATH; checked (readable, well-formed as cuzk reads it) before the first "
+            "deploy of a configuration (docs/operations.md, 'Preflight'); unset: not checked"
+        )),
+    ] = None
+    preflight_registry: Annotated[
+        bool,
+        Meta(description=(
+            "preflight: look VM_VAST_IMAGE up in its registry before the first deploy of a "
+            "configuration (Docker Registry API v2, anonymously); false: never ask the "
+            "registry"
+        )),
+    ] = True
     vast_image_login: Annotated[
         str | None,
         Meta(description=(
@@ -429,6 +446,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "saving over this pays for its trial)"
         )),
     ] = 168.0
+    plan_fleet_hosts: Annotated[
+        int,
+        Meta(ge=1, le=1000, description=(
+            "plan: with nothing proving and no autopilot target, a newcomer is judged against "
+            "the best fleet of this many hosts the model can build from the offers (the $/proof "
+            "of its last host, predicted; a measured machine at its runs) (docs/discovery.md, "
+            "'The reference')"
+        )),
+    ] = 10
     plan_belief_test_share: Annotated[
         float,
         Meta(ge=0, le=0.5, description=(
@@ -450,10 +476,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     idle_destroy_after_s: Annotated[
         float,
         Meta(ge=0, description=(
-            "destroy a deployed instance idle this long (0: only report it; a bring-your-own "
-            "agent is never destroyed)"
+            "destroy a deployed instance idle this long, after a warning when it turns idle "
+            "(so VM_IDLE_AFTER_S + this without a proof; SkyPilot's autostop and dstack's "
+            "idle_duration stop idle machines by default too: docs/operations.md, 'Idle "
+            "instances'); 0: only report it; a bring-your-own agent is never destroyed"
         )),
-    ] = 0.0
+    ] = 900.0
     curio_db_url: Annotated[
         str | None,
         Meta(description=(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -186,3 +187,34 @@ def test_hosts_shows_early_verdicts_flagged(server: ServerThread) -> None:
     (line,) = [x for x in shown.splitlines() if x.startswith("41006 ")]
     assert "EARLY" in line and "at most 39.6/h" in line
     assert "41004" not in shown  # a full benchmark's verdict is not listed there
+
+
+def test_at_80_columns_no_gpu_cell_is_cut(server: ServerThread) -> None:
+    """Every table's columns give way by priority, the GPU column last: at 80 columns
+    `offers`, `plan` and `status` fit and show each GPU cell whole."""
+    import asyncio
+
+    env = {"VM_URL": server.server.url, "VM_ADMIN_TOKEN": ADMIN_TOKEN, "COLUMNS": "80"}
+    offers = CliRunner().invoke(cli, ["offers", "--json"], env=env, catch_exceptions=False)
+    gpus = {f"{o['num_gpus']}x {o['gpu_name']}" for o in orjson.loads(offers.output)}
+
+    def job(tx: Any) -> None:
+        for i, gpu in enumerate(sorted(gpus)):
+            n, name = gpu.split("x ", 1)
+            tx.insert_instance({"label": f"a-long-label-for-rig-{i:02d}", "kind": "byo",
+                                "state": "proving", "created_at": 1.0, "num_gpus": int(n),
+                                "gpu_name": name, "dph_total": 0.4, "rate_per_hour": 61.5,
+                                "machine_id": f"4100{i}", "last_seen": 1.0})
+
+    asyncio.run_coroutine_threadsafe(server.server.store.write(job), server.loop).result(10)
+    for args in (["offers"], ["plan", "--trials", "3"], ["status"]):
+        result = CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        lines = result.output.splitlines()
+        assert max(map(len, lines)) <= 80, (args, result.output)
+        # A cut GPU cell ends in "~" before the next column (a price, "$...").
+        assert not re.search(r"\dx [A-Za-z0-9 ]*~", result.output), (args, result.output)
+        shown = [g for g in gpus if g in result.output]
+        assert shown, (args, result.output)
+        if args[0] != "plan":  # the plan proposes some of them, each shown whole
+            assert sorted(shown) == sorted(gpus), (args, result.output)

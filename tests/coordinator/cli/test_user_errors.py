@@ -188,7 +188,18 @@ def test_serve_says_what_keeps_billing_and_keeps_its_token(tmp_path: Path) -> No
     proc, lines, seen = _serve(db, tmp_path)
     try:
         wait_for_line(lines, f"admin token read from {token_file}", seen)
-        wait_for_line(lines, "coordinator on", seen)
+        started = wait_for_line(lines, "coordinator on", seen)
+        # The CLI, with no VM_ADMIN_TOKEN, reads the token kept beside the database.
+        url = started.split("coordinator on ", 1)[1].split()[0]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VM_")}
+        env.update({"VM_URL": url, "VM_DB_PATH": str(db)})
+        shown = subprocess.run([*CLI, "status", "--json"], env=env, capture_output=True,
+                               timeout=60, check=False)
+        assert shown.returncode == 0, shown.stderr
+        env["VM_DB_PATH"] = str(tmp_path / "other.db")  # no token kept there
+        refused = subprocess.run([*CLI, "status"], env=env, capture_output=True, timeout=60,
+                                 check=False)
+        assert refused.returncode == 3 and b"admin-token" in refused.stderr
     finally:
         _stop(proc)
     assert not any("VM_ADMIN_TOKEN=" in line for line in seen)  # not printed again

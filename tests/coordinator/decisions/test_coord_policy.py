@@ -241,3 +241,15 @@ def test_every_setting_is_documented_in_operations_md() -> None:
     )
     for s in SETTINGS:
         assert s.help, f"{s.env} has no help text"
+
+
+def test_an_operator_given_minimum_blocks_only_below_the_machines_own_price() -> None:
+    check = policy.check_result(result(), watch=None, limits=LIMITS)
+    rate = check.recomputed_rate_per_hour
+    assert rate is not None
+    typo = policy.benchmark_verdict(check, 1000.0, own_min_rate=rate / 2)
+    assert typo.action == "terminate" and not typo.bad_host
+    assert "not blocked" in typo.reason
+    slow = policy.benchmark_verdict(check, 1000.0, own_min_rate=rate * 2)
+    assert slow.action == "terminate" and slow.bad_host
+    assert policy.benchmark_verdict(check, 1000.0).bad_host  # its price's minimum: blocks

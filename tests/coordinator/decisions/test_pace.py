@@ -13,6 +13,7 @@ import pytest
 
 from vast_manager.agent import config as agent_config
 from vast_manager.agent.lifecycle import HEARTBEATS_PER_ORPHAN_TIMEOUT, heartbeat_interval_s
+from vast_manager.common.retry import COORDINATOR_BACKOFF
 from vast_manager.coordinator import settings as coord_settings
 from vast_manager.coordinator.decisions import pace, policy
 from vast_manager.coordinator.decisions.pace import FleetLoad, HeartbeatTracker, PaceLimits
@@ -248,11 +249,47 @@ async def test_after_a_restart_silence_is_timed_on_the_pace_stored(
     monitor = Monitor(settings, h.store, FakeProvider(), h.clock, tracker)
     monitor.seed(h.clock())
     assert tracker.pace_s(slow_id) == 40
-    h.clock.advance(150)
+    # Its TTL (3 x 40 + 30 s), after the longest wait an agent's backoff may still hold it.
+    h.clock.advance(150 + COORDINATOR_BACKOFF.cap_s)
     await monitor.expire_silent(h.clock())
     assert instance_of(h, slow)["state"] == "proving"
     h.clock.advance(1)
     assert await monitor.expire_silent(h.clock()) == [slow_id, instance_of(h, other)["id"]]
+
+
+async def test_a_restart_with_40_s_of_downtime_fires_no_lost_event(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """The coordinator is down 40 s: its agents retry with the backoff they use
+    (``retry.COORDINATOR_BACKOFF``), so after the restart one may wait out up to its cap
+    before its next heartbeat. Silence is timed from the restart plus that wait: an
+    agent reporting within it is never ``lost``; one silent past it is."""
+    h = await start(aiohttp_client, tmp_path, next_heartbeat_s=10)
+    quick, late, dead = await fleet_of(h, ["proving", "proving", "proving"])
+    ids = {a: instance_of(h, a)["id"] for a in (quick, late, dead)}
+    ttl = 3 * 10 + h.core.settings.silence_grace_s
+    # The agents' last heartbeats, then 40 s with no coordinator.
+    h.clock.advance(40)
+    settings = h.core.settings
+    tracker = HeartbeatTracker(settings.silence_grace_s, settings.next_heartbeat_s)
+    monitor = Monitor(settings, h.store, FakeProvider(), h.clock, tracker)
+    monitor.seed(h.clock())
+    restart = h.clock()
+    # One reports at once, one as late as a backoff at its cap allows; both then keep
+    # their pace. The third never reports again.
+    window_end = restart + COORDINATOR_BACKOFF.cap_s + ttl
+    first = {quick: restart + 5, late: window_end - 5}
+    lost_at: dict[int, float] = {}
+    while h.clock() < window_end + 20:
+        h.clock.advance(5)
+        for agent, since in first.items():
+            if h.clock() >= since and (h.clock() - since) % 10 == 0:
+                assert (await agent.heartbeat("proving"))[0] == 200
+                tracker.touch(ids[agent], h.clock(), 10, "proving")
+        for instance_id in await monitor.expire_silent(h.clock()):
+            lost_at[instance_id] = h.clock()
+    assert list(lost_at) == [ids[dead]] and lost_at[ids[dead]] > window_end
+    assert [e["instance_id"] for e in h.store.events() if e["kind"] == "lost"] == [ids[dead]]
 
 
 def test_migration_8_gives_older_instances_the_base_pace(tmp_path: Path) -> None:
@@ -281,8 +318,9 @@ def test_migration_8_gives_older_instances_the_base_pace(tmp_path: Path) -> None
         tracker = HeartbeatTracker(settings.silence_grace_s, settings.next_heartbeat_s)
         Monitor(settings, store, FakeProvider(), lambda: 0.0, tracker).seed(100.0)
         assert tracker.pace_s(1) == 15
-        assert tracker.expire_stale(175.0) == []
-        assert tracker.expire_stale(176.0) == [(1, 15)]
+        grace = COORDINATOR_BACKOFF.cap_s  # the agents' backoff after a restart
+        assert tracker.expire_stale(175.0 + grace) == []
+        assert tracker.expire_stale(176.0 + grace) == [(1, 15)]
     finally:
         store.close()
 

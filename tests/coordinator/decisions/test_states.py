@@ -169,7 +169,8 @@ def test_begin_terminating_sends_an_instance_to_terminating_with_its_event(store
     hot = store.write_blocking(lambda tx: tx.hot_instance("ag_proving"))
     assert hot is not None and hot["state"] == "terminating"
     events = [(e["kind"], e["reason"], e["machine_id"]) for e in store.events(iid)]
-    assert events == [("verdict", "terminate: too slow", "m1"), ("bad_host", "m1: too slow", "m1")]
+    assert events == [("verdict", "terminate: too slow", "m1"),
+                      ("bad_host", "m1: blocked for 168 h: too slow", "m1")]
     assert [(b["machine_id"], b["source"]) for b in store.bad_hosts()] == [("m1", "benchmark")]
 
 

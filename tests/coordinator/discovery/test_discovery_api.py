@@ -160,6 +160,33 @@ async def test_the_plan_proposes_trials_with_their_numbers_and_stops_when_none_p
         assert (await h.admin("GET", "/api/plan?" + bad))[0] == 400
 
 
+async def test_from_nothing_proving_the_plan_judges_against_the_best_fleet_on_offer(
+    aiohttp_client: Any, tmp_path: Path,
+) -> None:
+    """With no fleet and no autopilot the reference is what renting the best hosts on
+    offer would cost per proof (the last of them; the local catalog is small, so a fleet
+    of 3), by the model's predictions: not the verdict's cap, which is several times any
+    good host's and favours big machines."""
+    h = await start(aiohttp_client, tmp_path, provider=FakeProvider(catalog_offers()),
+                    plan_fleet_hosts=3)
+    await post_import(h, jsonl(lines_of(40)))
+    await h.core.models.refresh()
+    status, plan = await h.admin("GET", "/api/plan?trials=3")
+    assert status == 200, plan
+    status, offers = await h.admin("GET", "/api/offers")
+    assert status == 200
+    per_machine: dict[str, float] = {}
+    for o in offers:
+        if o.get("predicted_rate_per_hour") and not o.get("bad_host") and not o.get("too_small"):
+            usd = o["dph_total"] / o["predicted_rate_per_hour"]
+            key = str(o["machine_id"])
+            per_machine[key] = min(usd, per_machine.get(key, usd))
+    third = sorted(per_machine.values())[2]
+    assert plan["reference_usd_per_proof"] == pytest.approx(third, rel=1e-4)  # rates rounded
+    assert plan["reference_usd_per_proof"] < 0.008
+    assert plan["reference_source"].startswith("the last host of the best 3-host fleet")
+
+
 async def test_nothing_worth_its_cost_proposes_nothing(aiohttp_client: Any,
                                                         tmp_path: Path) -> None:
     dear = [{**o, "dph_total": 4.5} for o in catalog_offers()]
@@ -221,6 +248,7 @@ def test_cli_hosts_import_export_plan(server: ServerThread, tmp_path: Path) -> N
     plan = run_cli(server, "plan", "--trials", "2")
     assert plan.exit_code == 0, plan.output
     assert "PRED/H (80%)" in plan.output and "break-even" in plan.output
+    assert "-host fleet on offer" in " ".join(plan.output.split())
     offers = run_cli(server, "offers")
     assert offers.exit_code == 0 and "PRED/H (80%)" in offers.output
     data = orjson.loads(run_cli(server, "offers", "--json").output)

@@ -16,6 +16,7 @@ from vast_manager.coordinator.discovery.autopilot_rules import (
     Ledger,
     clearing_usd_per_proof,
     decide,
+    fleet_margin_usd_per_proof,
     plan_reference_usd_per_proof,
 )
 from vast_manager.coordinator.discovery.plan import (
@@ -143,6 +144,19 @@ def test_bad_caps_are_named() -> None:
         AutopilotCaps(300, 3, 6, max_explore_share=1.5).validate()
     with pytest.raises(ValueError, match="max_instances"):
         decide([], _plan(()), AutopilotCaps(300, 3, 0), Ledger(), now=0.0)
+
+
+def test_from_nothing_the_reference_is_the_last_host_of_the_best_fleet_on_offer() -> None:
+    offers = [("a", 0.2, 100.0), ("a", 0.9, 400.0), ("b", 0.3, 100.0), ("c", 0.5, 100.0),
+              ("d", 0.0, 100.0), ("e", 0.4, 0.0)]  # no price, no rate: never in a fleet
+    # Two hosts: a's cheaper slice (0.002) and b (0.003); b is the last of them.
+    assert fleet_margin_usd_per_proof(offers, 2, 0.008) == (pytest.approx(0.003), 0)
+    # b measured: one of the fleet's hosts is known from its runs.
+    assert fleet_margin_usd_per_proof(offers, 2, 0.008, frozenset({"b"}))[1] == 1
+    # More hosts than machines on offer: the dearest there is; never above the cap.
+    assert fleet_margin_usd_per_proof(offers, 10, 0.008)[0] == pytest.approx(0.005)
+    assert fleet_margin_usd_per_proof(offers, 10, 0.004)[0] == 0.004
+    assert fleet_margin_usd_per_proof([], 10, 0.008) == (0.008, 0)
 
 
 def test_the_clearing_cost_counts_a_machine_once_and_prices_the_next_host() -> None:

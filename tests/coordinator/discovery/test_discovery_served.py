@@ -4,7 +4,6 @@ files the bench reads. Every rate here is simulated."""
 
 from __future__ import annotations
 
-import gzip
 import subprocess
 import sys
 from pathlib import Path
@@ -13,35 +12,19 @@ from typing import Any
 import orjson
 import pytest
 
-from vast_manager.coordinator.discovery.measurements import Measurement
 from vast_manager.coordinator.discovery.served import (
     CANDIDATES,
     MIN_CV_MACHINES,
     fit_served_model,
 )
 from vast_manager.coordinator.discovery.structural_model import Prediction
-from vast_manager.coordinator.offers import Offer, parse_offer
 
+from support.discovery_support import MARKETS, market, market_measurements, market_offer
 from support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
-MARKETS = ROOT / "bench" / "markets"
-RATES = ("true_rate_per_hour", "measured_rate_per_hour", "oracle_rate_per_hour",
-         "oracle_median_rate_per_hour")
-
-
-def market(name: str) -> list[dict[str, Any]]:
-    with gzip.open(MARKETS / f"{name}.jsonl.gz") as fh:
-        return [orjson.loads(line) for line in fh]
-
-
-def offer(row: dict[str, Any]) -> Offer:
-    return parse_offer({k: v for k, v in row.items() if k not in RATES})
-
-
-def measured(rows: list[dict[str, Any]], copies: int = 1) -> list[Measurement]:
-    return [Measurement(str(r["machine_id"]), offer(r), r["measured_rate_per_hour"],
-                        0.0, "imported") for r in rows for _ in range(copies)]
+offer = market_offer
+measured = market_measurements
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,16 @@ agent; the account's funds and key; strikes per machine. On the fake vast.ai of
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from vast_manager.coordinator.cli.commands import cli
 from vast_manager.coordinator.decisions import cost
 from vast_manager.coordinator.discovery.autopilot_rules import ledger_of, rental_of
 from vast_manager.coordinator.discovery.plan import PlanSettings, TrialCost, trial_cost
@@ -246,12 +249,46 @@ async def test_zero_funds_destroy_nothing_pause_deploys_and_resume(tmp_path: Pat
         assert "VM_BALANCE_PAUSE_USD" in refused["message"]
         _, fleet = await env.h.admin("GET", "/api/fleet")
         assert fleet["account"]["paused"] and fleet["account"]["funds_usd"] <= 0
+        # vast.ai's view beside ours: its id and status, and the fleet's $/h is what
+        # vast.ai bills now (storage only while stopped), in the API, /metrics and status.
+        _, row = await env.h.admin("GET", f"/api/instances/{data['instance_id']}")
+        assert (row["provider_instance_id"], row["provider_status"]) == (vid, "stopped")
+        stopped_dph = row["billing_now_per_hour"]
+        assert 0 <= stopped_dph < 0.1 < row["dph_total"]
+        assert fleet["dollars_per_hour"] == pytest.approx(stopped_dph)
+        text = await (await env.h.client.get(
+            "/metrics", headers={"Authorization": "Bearer " + env.h.core.settings.admin_token}
+        )).text()
+        shown = re.search(r"^vm_fleet_dollars_per_hour (\S+)$", text, re.M)
+        assert shown and float(shown.group(1)) == pytest.approx(stopped_dph)
+        assert f'provider_instance_id="{vid}",provider_status="stopped"' in text
+        url = str(env.h.client.make_url("")).rstrip("/")
+        cli_env = {"VM_URL": url, "VM_ADMIN_TOKEN": env.h.core.settings.admin_token,
+                   "COLUMNS": "200"}
+        table = await asyncio.to_thread(CliRunner().invoke, cli, ["status"], env=cli_env)
+        assert f"{vid} stopped" in table.output, table.output
+        shown_one = await asyncio.to_thread(CliRunner().invoke, cli,
+                                            ["instance", str(data["instance_id"])], env=cli_env)
+        assert f"vast.ai instance {vid}: stopped" in shown_one.output, shown_one.output
+        # Spend so far: the instance's bill is the fleet's all-time spend, shown by status
+        # and cost-report.
+        billed = row["cost"]["billed"]["total"]
+        assert billed > 2.0  # seven hours at $0.45/h, less what the stop saved
+        assert fleet["spend"]["all_time"]["total"] == pytest.approx(billed, rel=0.01)
+        assert fleet["spend"]["week"]["total"] == pytest.approx(billed, rel=0.01)
+        assert "Spent:" in table.output and "all time $" in table.output
+        report = await asyncio.to_thread(CliRunner().invoke, cli, ["cost-report"], env=cli_env)
+        assert report.exit_code == 0, report.output
+        assert f"${billed:.2f}" in report.output and "last 7 days" in report.output
         tick = await env.h.core.autopilot._tick()
         assert tick.notes and tick.notes[0].startswith("paused:") and not tick.actions
         # Credit back: started again, deploys allowed.
         env.fake.add_credit(50.0)
         await env.tick()
         assert env.fake.instances[vid]["actual_status"] == "running"
+        await env.tick()
+        _, fleet = await env.h.admin("GET", "/api/fleet")
+        assert fleet["dollars_per_hour"] > 0.1  # billing rent again
         assert any(e["kind"] == "resumed" for e in env.h.store.events(data["instance_id"]))
         assert env.h.core.monitor.account.pause_reason() is None
         assert (await env.h.admin("POST", "/api/deploy", {"offer_id": 9702}))[0] == 200
@@ -305,10 +342,11 @@ async def test_three_failed_trials_block_the_machine_with_their_reasons(
         await env.tick()
         await env.tick()
         assert int(first["provider_instance_id"]) not in env.fake.instances
-        # 2: its agent crashes (phase failed).
+        # 2: its cuzk crashes warming up, on the hardware (phase failed).
         second = await env.deploy(9901)
         agent = env.h.agent(second["agent_id"])
         await agent.hello()
+        assert (await env.heartbeat(agent, "warming"))[0] == 200
         agent.seq += 1
         from support.coord_support import heartbeat_msg
         msg = heartbeat_msg(agent.seq, "failed")

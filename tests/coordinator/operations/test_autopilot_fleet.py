@@ -41,7 +41,9 @@ def peak_billing(rows: list[dict[str, Any]], now: float) -> tuple[float, int]:
 async def test_the_autopilot_rents_real_agents_within_its_caps(tmp_path: Path) -> None:
     provider = LocalProvider(tmp_path / "instances", time_scale=240.0, offers=catalog_offers())
     settings = make_settings(tmp_path, port=0, next_heartbeat_s=1, monitor_interval_s=1.0,
-                             terminate_grace_s=3.0, model_refit_interval_s=1.0, **CAPS)
+                             terminate_grace_s=3.0, model_refit_interval_s=1.0,
+                             idle_destroy_after_s=0.0,  # no work command: kept idle
+                             **CAPS)
     server = await start_server(settings, provider)
     try:
         async with aiohttp.ClientSession(headers=ADMIN) as http:

@@ -90,10 +90,10 @@ async def test_an_instance_with_no_work_shows_idle_everywhere(
     table = await asyncio.to_thread(runner.invoke, cli, ["status"], env=env)
     assert table.exit_code == 0, table.output
     line = next(x for x in table.output.splitlines() if x.startswith(f"{idle_id} "))
-    assert "IDLE" in line
-    assert f"instance {idle_id} is IDLE" in table.output
+    assert " idle " in line
+    assert f"instance {idle_id} is idle" in table.output
     busy_line = next(x for x in table.output.splitlines() if x.startswith(f"{busy_id} "))
-    assert "60.0" in busy_line and "IDLE" not in busy_line
+    assert "60.0" in busy_line and " idle " not in busy_line
     shown = await asyncio.to_thread(runner.invoke, cli, ["instance", str(idle_id)], env=env)
     assert "IDLE: no proof completed in" in shown.output
     shown = await asyncio.to_thread(runner.invoke, cli, ["instance", str(busy_id)], env=env)
@@ -130,6 +130,40 @@ async def test_an_idle_deployed_instance_is_destroyed_when_told(
     inst = h.store.get_instance(ident)
     assert inst is not None and inst["state"] in ("terminating", "destroyed")
     assert "idle for 5 min" in inst["terminate_reason"]
+
+
+async def test_idle_instances_are_stopped_by_default_after_a_warning(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """No setting given: an idle instance we rented is warned about when it turns idle,
+    then destroyed VM_IDLE_DESTROY_AFTER_S (default 900 s, not 0) later."""
+    from vast_manager.coordinator.settings import DEFAULTS
+
+    assert DEFAULTS.idle_destroy_after_s == 900.0
+    h = await start(aiohttp_client, tmp_path, idle_after_s=IDLE_AFTER_S)
+    agent, ident = await _proving(h, "no-work")
+    await h.store.write(lambda tx: tx.update_instance(ident, kind="deployed"))
+    warned_at = None
+    for _ in range(40):
+        h.clock.advance(60)
+        await _beat(agent, 0)
+        await h.core.monitor.tick()
+        inst = h.store.get_instance(ident)
+        assert inst is not None
+        warnings = [e for e in h.store.events(ident) if e["kind"] == "idle"]
+        if warnings and warned_at is None:
+            warned_at = h.clock.now
+            assert inst["state"] == "proving"  # warned first, still running
+            assert "will be destroyed in 15 min unless a proof completes" in \
+                warnings[0]["reason"]
+            status, row = await h.admin("GET", f"/api/instances/{ident}")
+            assert status == 200
+            assert row["idle_stop_at"] == pytest.approx(warned_at + 900.0)
+        if inst["state"] != "proving":
+            break
+    assert warned_at is not None and inst["state"] in ("terminating", "destroyed")
+    assert h.clock.now - warned_at == pytest.approx(900.0, abs=60.0)
+    assert "idle for 15 min (VM_IDLE_DESTROY_AFTER_S)" in inst["terminate_reason"]
 
 
 async def test_status_says_which_agents_have_not_spoken_since_a_restart(

@@ -84,7 +84,9 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
         fake.add_offer(9102, 51002, gpu_name="RTX 4090", dph_total=0.42)
         fake.add_offer(9103, 51003, gpu_name="RTX 4090", dph_total=1.4)  # above dph<=0.9
         env = base_env(tmp_path)
-        env.update({"VAST_API_KEY": FAKE_API_KEY, "VAST_URL": fake.url, "VM_VAST_IMAGE": IMAGE})
+        env.update({"VAST_API_KEY": FAKE_API_KEY, "VAST_URL": fake.url, "VM_VAST_IMAGE": IMAGE,
+                    # Tests reach loopback only: no registry is asked about the image.
+                    "VM_PREFLIGHT_REGISTRY": "false"})
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         env["VM_URL"] = url

@@ -337,7 +337,8 @@ async def test_offers_ranked_by_the_rate_model_from_the_fleets_results(env: Env)
     fake.add_offer(9204, 61004, gpu_name="RTX 5090", dph_total=0.60)  # no 5090 measured
     fake.add_offer(9205, 61005, gpu_name="RTX 4090", dph_total=0.20)  # on bad_hosts
     await env.h.store.write(lambda tx: tx.add_bad_host("61005", reason="slow",
-                                                       source="operator", now=env.clock.now))
+                                                       source="operator", now=env.clock.now,
+                                                       expires_at=env.clock.now + 3600))
     # A benchmark of machine 61001 through the real path: its result is kept with the
     # offer it was deployed from, and the model learns from it.
     d = await env.deployed(9201)

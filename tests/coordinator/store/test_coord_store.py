@@ -32,7 +32,8 @@ def test_migrations_are_recorded_and_run_once(tmp_path: Path) -> None:
     assert [r["id"] for r in rows] == [m[0] for m in MIGRATIONS]
     assert set(TABLES) <= set(first.db.table_names())
     assert "heartbeats" in first.db.view_names()  # a view since migration 3
-    first.write_blocking(lambda tx: tx.add_bad_host("m1", reason="r", source="test", now=1.0))
+    first.write_blocking(lambda tx: tx.add_bad_host("m1", reason="r", source="test", now=1.0,
+                                                    expires_at=2.0))
     first.close()
     again = Store(path)  # reopening applies nothing twice and keeps the data
     assert len(list(again.db.query("select id from migrations"))) == len(MIGRATIONS)

@@ -264,6 +264,7 @@ async def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
         db_path=str(tmp_path / "coord.db"), config_dir=str(tmp_path / "config"),
         host="127.0.0.1", port=0, next_heartbeat_s=1, monitor_interval_s=1.0,
         heartbeat_history_interval_s=0.5, sim_time_scale=600.0,
+        idle_destroy_after_s=0.0,  # no work command: kept idle, to be shown so
     )
     # An offer whose listing is hostile: markup and bidi characters in its text fields.
     hostile = {**offer, "id": offer["id"] + 1000, "machine_id": 990_001,
@@ -382,6 +383,27 @@ async def _hosts_page(page: Any, offer: dict[str, Any]) -> None:
     await _fits(page, "hosts")
 
 
+async def _autopilot_and_bad_hosts_pages(page: Any, url: str) -> None:
+    """The Autopilot page (its plan table's hypotheses wrap) and the Bad hosts page (why
+    and until when, Remove and Forgive) fit too."""
+    await page.click("#nav a[data-route=autopilot]")
+    await page.wait_for_selector("#autopilot-view:not([hidden])")
+    await until(page, "document.getElementById('plan-summary').textContent !== ''",
+                timeout_s=30)
+    await page.screenshot(path=str(ARTIFACTS / "11-autopilot.png"), full_page=True)
+    await _fits(page, "autopilot")
+    async with aiohttp.ClientSession() as session, session.post(
+            url + "/api/bad-hosts", headers=ADMIN,
+            json={"machine_id": "41999", "reason": "a long reason " * 12, "hours": 48}) as resp:
+        assert resp.status == 200
+    await page.click("#nav a[data-route=bad-hosts]")
+    row = page.locator("#bad-hosts-table tr[data-machine-id='41999']")
+    await row.wait_for(timeout=15_000)
+    assert await row.locator("button.forgive-bad-host").count() == 1
+    await page.screenshot(path=str(ARTIFACTS / "12-bad-hosts.png"), full_page=True)
+    await _fits(page, "bad-hosts")
+
+
 async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) -> None:
     await page.goto(url + "/")
     await page.wait_for_selector("#login-view:not([hidden])")
@@ -433,6 +455,8 @@ async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) 
     await row.wait_for()
     cells = await row.locator("td").all_text_contents()
     assert cells[0] == instance_id and f"2 x {offer['gpu_name']}" in cells
+    # The provider's own view beside ours: a local instance is never said to be vast.ai's.
+    assert cells[-1].startswith("local "), cells
     # Wait until the agent said hello: its state leaves "deploying".
     await until(page,
         f"(() => {{ const r = document.querySelector(\"tr[data-instance-id='{instance_id}']\");"
@@ -459,6 +483,7 @@ async def _drive(page: Any, url: str, offer: dict[str, Any], start_second: int) 
     await _metrics_carry_the_fleet(url, instance_id, offer)
     await _idle_shown(page, instance_id)
     await _hosts_page(page, offer)
+    await _autopilot_and_bad_hosts_pages(page, url)
 
     # Host-sent markup stays text everywhere it is shown.
     await _hostile_byo_agent(url, start_second)

@@ -135,6 +135,15 @@ async def test_fleet_summary(h: Harness) -> None:
     assert fleet.pop("account") == {
         "balance_usd": None, "credit_usd": None, "funds_usd": None, "checked_at": None,
         "auth_ok": True, "auth_error": None, "warning": None, "paused": None}
+    # No fault open, nothing paused.
+    assert (fleet.pop("deploys_paused"), fleet.pop("faults")) == (None, [])
+    # The offer cache's own view (docs/operations.md), no price increase pending.
+    assert fleet.pop("offer_cache")["alert"] is None
+    assert fleet.pop("pending_price_increases") == []
+    assert fleet.pop("replica")["configured"] is False  # no VM_REPLICA_URL here
+    # Nothing deployed here (bring-your-own rigs): nothing spent.
+    assert {w: parts["total"] for w, parts in fleet.pop("spend").items()} == {
+        "today": 0.0, "week": 0.0, "all_time": 0.0}
     # No cluster source, no proof price: nothing of theirs to show.
     assert fleet.pop("cluster") == {"configured": False, "alert": None, "alert_since": None,
                                     "reads_failed_total": 0, "read_since": None}
@@ -171,7 +180,7 @@ async def test_fleet_summary(h: Harness) -> None:
         ("after_id=-1", "after_id", "'after_id' must be between 0 and"),
         ("after_id=1.5", "after_id", "'after_id' must be an integer."),
         ("after_id=9223372036854775808", "after_id", "'after_id' must be between 0 and"),
-        ("limt=5", "limt", "Unknown parameter 'limt'; /api/instances takes state, limit and"),
+        ("limt=5", "limt", "Unknown parameter 'limt'; /api/instances takes state, limit,"),
     ],
 )
 async def test_bad_parameters_are_a_400_naming_them(
@@ -189,10 +198,11 @@ async def test_bad_parameters_are_a_400_naming_them(
 
 
 def test_the_filter_names_every_state_and_the_document_agrees() -> None:
-    assert operator_api.KNOWN_STATES == INSTANCE_STATES
+    # Every state, and ``idle``: every state a table shows is a filter value.
+    assert (*INSTANCE_STATES, "idle") == operator_api.KNOWN_STATES
     doc = yaml.safe_load((ROOT / "docs" / "openapi.yaml").read_text())
     params = {p["name"]: p for p in doc["paths"]["/api/instances"]["get"]["parameters"]}
-    assert params["state"]["schema"]["items"]["enum"] == list(INSTANCE_STATES)
+    assert params["state"]["schema"]["items"]["enum"] == [*INSTANCE_STATES, "idle"]
     assert params["limit"]["schema"]["maximum"] == operator_api.MAX_INSTANCE_PAGE
 
 
@@ -287,20 +297,25 @@ def test_status_pages_through_the_fleet(tmp_path: Path, monkeypatch: pytest.Monk
             return result
 
         # Piped: the pages joined into one compact array, exactly the unpaged list.
-        joined = run("status", "--json").output
+        joined = run("status", "--json", "--all").output
         assert joined.count("\n") == 1
         assert [r["id"] for r in orjson.loads(joined)] == ids_in()
         client = commands.OperatorClient(server.server.url, ADMIN_TOKEN)
         assert orjson.loads(joined) == client.get("/api/instances")
+        # Without --all, instances gone more than a day ago are no longer listed.
+        live = ids_in(set(INSTANCE_STATES) - {"destroyed", "vanished"})
+        assert [r["id"] for r in orjson.loads(run("status", "--json").output)] == live
         table = run("status").output.splitlines()
         rows = [line for line in table[2:] if line[:1].isdigit()]  # not the legend below
-        assert [line.split()[0] for line in rows] == [str(i) for i in ids_in()]
+        assert [line.split()[0] for line in rows] == [str(i) for i in live]
         lost = orjson.loads(run("status", "--json", "--state", "lost,proving").output)
         assert [r["id"] for r in lost] == ids_in({"lost", "proving"})
         again = orjson.loads(run("status", "--json", "--state", "lost", "--state",
                                  "proving").output)
         assert again == lost
-        assert run("status", "--state", "failed").output == "No instances in failed.\n"
+        # Above it, the replica's line (none configured here).
+        assert run("status", "--state", "failed").output.splitlines()[-1] == \
+            "No instances in failed."
         bad = CliRunner().invoke(commands.cli, ["status", "--state", "sleeping"], env=env)
         assert bad.exit_code == 1 and "'sleeping' is not." in bad.output
 

@@ -93,7 +93,8 @@ class OperatorClient:
     ) -> tuple[bytes, str | None]:
         """``request_raw``'s bytes, and the answer's ``Link`` header (None without one)."""
         if not self.token:
-            raise OperatorError("VM_ADMIN_TOKEN is not set; the operator API needs it.")
+            raise OperatorError("VM_ADMIN_TOKEN is not set and no <VM_DB_PATH>.admin-token "
+                                "can be read; the operator API needs the admin token.")
         target = urllib.parse.urlsplit(self.url)
         try:
             port = target.port

@@ -24,6 +24,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -32,8 +33,10 @@ import orjson
 from vast_manager.coordinator import textsafe
 from vast_manager.coordinator.cli import render
 from vast_manager.coordinator.cli.api_client import DEFAULT_URL, OperatorClient, OperatorError
+from vast_manager.coordinator.cli.text_views import delivered_cell
 from vast_manager.coordinator.decisions.states import GONE as GONE_STATES
-from vast_manager.coordinator.settings import default_text, settings_help
+from vast_manager.coordinator.operations.spend import spend_line
+from vast_manager.coordinator.settings import DEFAULTS, default_text, settings_help
 from vast_manager.coordinator.textsafe import clean
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -104,6 +107,18 @@ class OneLineErrors(click.Group):
         sys.exit(code if isinstance(code, int) else 0)
 
 
+def stored_admin_token() -> str | None:
+    """The admin token ``serve`` generated and kept beside the database
+    (``<VM_DB_PATH>.admin-token``, docs/operations.md), when VM_ADMIN_TOKEN is unset and
+    the file can be read; None otherwise."""
+    db = os.environ.get("VM_DB_PATH") or DEFAULTS.db_path
+    try:
+        text = Path(db + ".admin-token").read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text or None
+
+
 def operator_options(fn: F) -> F:
     """``--url`` and the admin token, shared by every command that talks to a coordinator."""
 
@@ -119,11 +134,12 @@ def operator_options(fn: F) -> F:
         envvar="VM_ADMIN_TOKEN",
         default=None,
         show_default=False,
-        help="Admin token (env VM_ADMIN_TOKEN; prefer the environment over the flag).",
+        help="Admin token (env VM_ADMIN_TOKEN; prefer the environment over the flag); unset: "
+             "the one `serve` generated beside the database, <VM_DB_PATH>.admin-token.",
     )
     @functools.wraps(fn)
     def wrapper(*args: Any, url: str, token: str | None, **kwargs: Any) -> Any:
-        client = OperatorClient(url, token)
+        client = OperatorClient(url, token or stored_admin_token())
         try:
             return fn(client, *args, **kwargs)
         except OperatorError as err:
@@ -392,9 +408,17 @@ def _account_line(client: OperatorClient) -> None:
     _vast_lines(fleet)
     account = fleet.get("account") or {}
     funds = account.get("funds_usd")
+    for fault in fleet.get("faults") or []:
+        click.echo(textsafe.neutralise(
+            f"FAULT {fault.get('id')}: deploys and the autopilot paused: {fault.get('cause')}. "
+            f"Fix: {fault.get('fix')}"), err=True)
+    if ((fleet.get("spend") or {}).get("all_time") or {}).get("total"):
+        click.echo(render.wrap(spend_line(fleet["spend"]), render.terminal_width(), "  "))
     if funds is None and account.get("auth_ok", True):
         return
-    parts = [f"vast.ai funds {render.usd(funds, 2)}" if funds is not None else "vast.ai"]
+    # The warning already names the funds: they are said once.
+    parts = [] if account.get("warning") else (
+        [f"vast.ai funds {render.usd(funds, 2)}"] if funds is not None else ["vast.ai"])
     if not account.get("auth_ok", True):
         parts.append(f"API key refused: {account.get('auth_error')}")
     elif account.get("warning"):
@@ -402,6 +426,63 @@ def _account_line(client: OperatorClient) -> None:
     if account.get("paused"):
         parts.append("deploys and the autopilot paused")
     click.echo(textsafe.neutralise("; ".join(parts)))
+
+
+#: Gone instances ``status`` lists without ``--all`` or ``--state``: the last day's.
+RECENT_GONE_S = 24 * 3600.0
+
+
+def shown_state(row: dict[str, Any]) -> str:
+    """The state a table shows: ``idle`` for a proving instance completing nothing (a
+    ``--state`` value like the others), else the instance's state."""
+    return "idle" if row.get("idle") else str(row.get("state"))
+
+
+def provider_cell(row: dict[str, Any]) -> str:
+    """vast.ai's view beside ours: its instance id and its actual_status, as last listed."""
+    pid = row.get("provider_instance_id")
+    if pid is None:
+        return "-"
+    if row.get("provider") == "local":
+        return f"local {pid}"
+    return f"{pid} {row.get('provider_status') or '?'}"
+
+
+def status_row(r: dict[str, Any], now: float) -> tuple[Any, ...]:
+    """One instance as ``status`` shows it: a lost or idle instance proves nothing now, so
+    it has no rate and no $/proof (docs/operations.md, "One reading")."""
+    silent = r.get("idle") or r.get("state") == "lost"
+    seen = r.get("last_seen")
+    billed = (r.get("cost") or {}).get("billed") or {}
+    return (
+        r.get("id"),
+        shown_state(r),
+        # A gone instance's last heartbeat phase (terminating) is history.
+        "-" if r.get("state") in GONE_STATES else r.get("phase"),
+        _progress(r.get("progress")),
+        f"{r.get('num_gpus') or '?'}x {r.get('gpu_name') or '?'}",
+        render.usd(r.get("billing_now_per_hour"), 3),
+        "-" if silent else render.num(r.get("rate_per_hour"))
+        + (" (sim)" if r.get("provider") == "local" and r.get("rate_per_hour") else ""),
+        render.num(r.get("completed_rate_per_hour")),
+        delivered_cell(r),
+        "-" if silent else render.usd(r.get("usd_per_proof")),
+        render.usd(r.get("profit_per_hour"), 3),
+        render.usd(billed.get("total"), 2),
+        render.ago(seen, now)
+        + (" (before restart)" if seen is not None and r.get("heard_since_start") is False
+           else ""),
+        provider_cell(r),
+        r.get("label"),
+    )
+
+
+STATUS_HEADERS = ("ID", "STATE", "PHASE", "PROGRESS", "GPUS", "$/H", "RATE/H", "DONE/H",
+                  "DELIVERED/H", "$/PROOF", "PROFIT/H", "SPENT", "LAST SEEN", "VAST.AI",
+                  "LABEL")
+#: Priorities at a narrow width: LABEL narrows first, then these leave, GPUS gives way last.
+STATUS_DROP = ("PHASE", "LABEL", "DONE/H", "PROGRESS", "PROFIT/H", "LAST SEEN", "SPENT",
+               "DELIVERED/H")
 
 
 def _replica_line(client: OperatorClient) -> None:
@@ -424,16 +505,24 @@ def _replica_line(client: OperatorClient) -> None:
 
 @cli.command()
 @click.option("--state", "states", multiple=True, metavar="STATE[,STATE...]",
-              help="Only instances in these states (repeat it, or separate with commas).")
+              help="Only instances in these states (repeat it, or separate with commas); "
+                   "`idle` is a proving instance that completes nothing.")
+@click.option("--all", "show_all", is_flag=True,
+              help="Also instances destroyed or vanished more than a day ago.")
 @json_option
 @operator_options
-def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> None:
-    """The fleet: every instance with state, phase, rate and cost per proof.
+def status(client: OperatorClient, states: tuple[str, ...], show_all: bool,
+           as_json: bool) -> None:
+    """The fleet: every instance with state, phase, rate, cost per proof, what it has
+    cost so far and vast.ai's own view (its instance id and actual_status).
 
     Above the table, one line on the vast.ai account when it matters: its funds, a
-    refused key, and whether deploys are paused; and one on the database's replica
-    (VM_REPLICA_URL): the age of its last confirmed sync. With --json each instance carries
-    "cost": rent, storage and bandwidth per hour, per proof and billed so far.
+    refused key, and whether deploys are paused (and why); and one on the database's
+    replica (VM_REPLICA_URL): the age of its last confirmed sync. $/H is what the
+    instance bills now by vast.ai's last listed status (no rent while stopped).
+    Instances gone more than a day ago are left out unless --all or --state asks for
+    them. With --json each instance carries "cost": rent, storage and bandwidth per
+    hour, per proof and billed so far.
 
     Read a page at a time (5,000 instances), so a large fleet never makes one huge
     answer. With --json: the API's list, indented on a terminal and compact when piped.
@@ -441,11 +530,12 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
     \b
     Example:
       vast-manager status --url http://coordinator:8420
-      vast-manager status --state proving,benchmarking --json
+      vast-manager status --state proving,idle --json
     """
-    from vast_manager.coordinator.cli import text_views
-
-    query = {"state": ",".join(states)} if states else {}
+    named = [part.strip().lower() for value in states for part in value.split(",")]
+    query: dict[str, Any] = {"state": ",".join(named)} if named else {}
+    if not named and not show_all:
+        query["gone_since"] = int(time.time() - RECENT_GONE_S)
     if as_json:
         if sys.stdout.isatty():
             echo_json(client.get_list("/api/instances", STATUS_PAGE, **query))
@@ -457,49 +547,80 @@ def status(client: OperatorClient, states: tuple[str, ...], as_json: bool) -> No
     _account_line(client)
     _replica_line(client)
     if not rows:
-        click.echo(f"No instances in {', '.join(states)}." if states else "No instances.")
+        click.echo(f"No instances in {', '.join(named)}." if named else "No instances.")
         return
     now = time.time()
-    click.echo(
-        render.table(
-            (
-                (
-                    r.get("id"),
-                    "IDLE" if r.get("idle") else r.get("state"),
-                    # A gone instance's last heartbeat phase (terminating) is history.
-                    "-" if r.get("state") in GONE_STATES else r.get("phase"),
-                    _progress(r.get("progress")),
-                    f"{r.get('num_gpus') or '?'}x {r.get('gpu_name') or '?'}",
-                    render.usd(r.get("dph_total"), 3),
-                    render.num(r.get("rate_per_hour"))
-                    + (" (sim)" if r.get("provider") == "local" else ""),
-                    render.num(r.get("completed_rate_per_hour")),
-                    text_views.delivered_cell(r),
-                    render.usd(r.get("usd_per_proof")),
-                    render.usd(r.get("profit_per_hour"), 3),
-                    render.ago(r.get("last_seen"), now)
-                    + (" (before restart)" if r.get("heard_since_start") is False else ""),
-                    r.get("label"),
-                )
-                for r in rows
-            ),
-            ["ID", "STATE", "PHASE", "PROGRESS", "GPUS", "$/H", "RATE/H", "DONE/H",
-             "DELIVERED/H", "$/PROOF", "PROFIT/H", "LAST SEEN", "LABEL"],
-            width=render.terminal_width(), shrink=("LABEL", "GPUS"),
-        )
-    )
+    click.echo(render.table((status_row(r, now) for r in rows), STATUS_HEADERS,
+                            width=render.terminal_width(), shrink=("LABEL",),
+                            drop=STATUS_DROP, keep=("GPUS",)))
     if any(r.get("state") == "proving" for r in rows):
-        click.echo("RATE/H: the benchmark's proofs/hour; DONE/H: what cuzk completed over "
-                   "the last hour of proving; DELIVERED/H: what the cluster recorded (Curio's "
-                   "rows), with failed tasks after /; PROFIT/H: revenue less the full bill "
-                   "(with a proof price set).")
+        click.echo(render.wrap(
+            "RATE/H: the benchmark's proofs/hour; DONE/H: what cuzk completed over the last "
+            "hour of proving; DELIVERED/H: what the cluster recorded (Curio's rows), with "
+            "failed tasks after /; PROFIT/H: revenue less the full bill (with a proof price "
+            "set); SPENT: billed so far.", render.terminal_width()))
     for r in rows:
         if r.get("idle"):
-            click.echo(f"Warning: instance {r.get('id')} is IDLE, billing "
-                       f"{render.usd(r.get('dph_total'), 3)}/h for nothing: "
-                       f"{clean(r.get('idle_reason'))}.", err=True)
+            stop_at = r.get("idle_stop_at")
+            then = (f"; destroyed {render.until(stop_at, now)} unless a proof completes"
+                    if stop_at is not None else "")
+            click.echo(f"Warning: instance {r.get('id')} is idle, billing "
+                       f"{render.usd(r.get('billing_now_per_hour'), 3)}/h for nothing: "
+                       f"{clean(r.get('idle_reason'))}{then}.", err=True)
     if any(r.get("provider") == "local" for r in rows):
         click.echo("(sim): a local-provider instance on the simulated cuzk; its rate is simulated.")
+
+
+@cli.command("cost-report")
+@click.option("--all", "show_all", is_flag=True,
+              help="Also instances destroyed or vanished more than a day ago.")
+@json_option
+@operator_options
+def cost_report(client: OperatorClient, show_all: bool, as_json: bool) -> None:
+    """What the fleet has spent: today, this week and all time by part (rent, storage,
+    bandwidth), then each instance's bill so far, dearest first.
+
+    The same bills as the autopilot's ledger and /metrics' vm_spend_dollars: rent from
+    the agent's hello while vast.ai runs it, storage from the deploy unless offline,
+    the bytes its agent reported. Like `sky cost-report`.
+
+    \b
+    Example:
+      vast-manager cost-report
+      vast-manager cost-report --all --json
+    """
+    spent = client.get("/api/fleet").get("spend") or {}
+    query: dict[str, Any] = {} if show_all else {
+        "gone_since": int(time.time() - RECENT_GONE_S)}
+    rows = client.get_list("/api/instances", STATUS_PAGE, **query)
+    billed = sorted(((r, (r.get("cost") or {}).get("billed") or {}) for r in rows),
+                    key=lambda rb: -float(rb[1].get("total") or 0.0))
+    if as_json:
+        echo_json({"spend": spent, "instances": [
+            {"id": r.get("id"), "state": shown_state(r), "label": r.get("label"),
+             "provider_instance_id": r.get("provider_instance_id"), "billed": b}
+            for r, b in billed]})
+        return
+    width = render.terminal_width()
+    click.echo(render.table(
+        ((label, *(render.usd((spent.get(key) or {}).get(part), 2)
+                   for part in ("rent", "storage", "bandwidth", "total")))
+         for key, label in (("today", "today (UTC)"), ("week", "last 7 days"),
+                            ("all_time", "all time"))),
+        ["FLEET", "RENT", "STORAGE", "BANDWIDTH", "TOTAL"], width=width))
+    click.echo("")
+    if not billed:
+        click.echo("No instances.")
+        return
+    click.echo(render.table(
+        ((r.get("id"), shown_state(r), f"{r.get('num_gpus') or '?'}x {r.get('gpu_name') or '?'}",
+          *(render.usd(b.get(part), 2) for part in ("rent", "storage", "bandwidth", "total")),
+          r.get("label"))
+         for r, b in billed),
+        ["ID", "STATE", "GPUS", "RENT", "STORAGE", "BANDWIDTH", "TOTAL", "LABEL"],
+        width=width, shrink=("LABEL",), drop=("LABEL",), keep=("GPUS",)))
+    if not show_all:
+        click.echo("(instances gone more than a day ago: --all; the fleet totals count them)")
 
 
 @cli.command()
@@ -710,14 +831,14 @@ def hosts_export(client: OperatorClient, source: str | None, output: str | None)
 
 @cli.group("bad-hosts")
 def bad_hosts() -> None:
-    """The blocklist of machines never to deploy on again."""
+    """The blocklist: machines not deployed on until their block ends."""
 
 
 @bad_hosts.command("list")
 @json_option
 @operator_options
 def bad_hosts_list(client: OperatorClient, as_json: bool) -> None:
-    """List blocked machines with the reason each was blocked.
+    """List blocked machines: why each was blocked (its evidence) and until when.
 
     \b
     Example:
@@ -730,11 +851,13 @@ def bad_hosts_list(client: OperatorClient, as_json: bool) -> None:
     if not rows:
         click.echo("No bad hosts.")
         return
+    now = time.time()
     click.echo(
         render.table(
-            ((r.get("machine_id"), render.ago(r.get("added_at")), r.get("reason")) for r in rows),
-            ["MACHINE", "ADDED", "REASON"],
-            width=render.terminal_width(),
+            ((r.get("machine_id"), r.get("source"), render.ago(r.get("added_at"), now),
+              render.until(r.get("expires_at"), now), r.get("reason")) for r in rows),
+            ["MACHINE", "SOURCE", "ADDED", "UNTIL", "WHY"],
+            width=render.terminal_width(), shrink=("WHY",),
         )
     )
     for r in rows:
@@ -748,23 +871,29 @@ def bad_hosts_list(client: OperatorClient, as_json: bool) -> None:
 @bad_hosts.command("add")
 @click.argument("machine_id", type=int)
 @click.option("--reason", required=True, help="Why this machine is blocked.")
+@click.option("--hours", type=click.FloatRange(min=0.001, max=8784), default=None,
+              help="How long the block lasts (default: VM_STRIKE_BLOCK_S).")
 @operator_options
-def bad_hosts_add(client: OperatorClient, machine_id: int, reason: str) -> None:
-    """Block a machine.
+def bad_hosts_add(client: OperatorClient, machine_id: int, reason: str,
+                  hours: float | None) -> None:
+    """Block a machine for a while (every block ends).
 
     \b
     Example:
-      vast-manager bad-hosts add 41006 --reason "25.9/h, noisy neighbour"
+      vast-manager bad-hosts add 41006 --reason "25.9/h, noisy neighbour" --hours 48
     """
-    client.post("/api/bad-hosts", {"machine_id": machine_id, "reason": reason})
-    click.echo(f"Machine {machine_id} blocked.")
+    body: dict[str, Any] = {"machine_id": machine_id, "reason": reason}
+    if hours is not None:
+        body["hours"] = hours
+    answer = client.post("/api/bad-hosts", body)
+    click.echo(clean(answer.get("message")) or f"Machine {machine_id} blocked.")
 
 
 @bad_hosts.command("remove")
 @click.argument("machine_id", type=int)
 @operator_options
 def bad_hosts_remove(client: OperatorClient, machine_id: int) -> None:
-    """Unblock a machine.
+    """Unblock a machine (its strikes still count; `forgive` takes them back too).
 
     \b
     Example:
@@ -772,6 +901,92 @@ def bad_hosts_remove(client: OperatorClient, machine_id: int) -> None:
     """
     client.delete(f"/api/bad-hosts/{machine_id}")
     click.echo(f"Machine {machine_id} unblocked.")
+
+
+@bad_hosts.command("forgive")
+@click.argument("machine_id", type=int)
+@operator_options
+def bad_hosts_forgive(client: OperatorClient, machine_id: int) -> None:
+    """Unblock a machine and take back every strike against it.
+
+    \b
+    Example:
+      vast-manager bad-hosts forgive 41001
+    """
+    answer = client.post(f"/api/bad-hosts/{machine_id}/forgive", {})
+    click.echo(clean(answer.get("message")))
+
+
+@cli.command()
+@json_option
+@operator_options
+def preflight(client: OperatorClient, as_json: bool) -> None:
+    """Check the configuration as the first deploy will: the C1 input (VM_PREFLIGHT_C1),
+    the parameter source (a VM_PARAMS_MANIFEST URL), the image in its registry. Each
+    check is ok, FAIL or not checked (with why); exit status 1 when one failed.
+
+    \b
+    Example:
+      vast-manager preflight
+    """
+    answer = client.post("/api/preflight", {})
+    if as_json:
+        echo_json(answer)
+    else:
+        for check in answer.get("checks") or []:
+            mark = {True: "ok  ", False: "FAIL"}.get(check.get("ok"), "--  ")
+            click.echo(render.wrap(clean(f"{mark} {check.get('name')}: {check.get('detail')}"),
+                                   render.terminal_width(), "     "))
+        click.echo(clean(answer.get("message")))
+    if not answer.get("ok"):
+        sys.exit(EXIT_REFUSED)
+
+
+@cli.group("faults")
+def faults() -> None:
+    """Failures that are not one host's (the setup's, vast.ai's): they pause deploys."""
+
+
+@faults.command("list")
+@json_option
+@operator_options
+def faults_list(client: OperatorClient, as_json: bool) -> None:
+    """Every fleet fault, open ones first: its cause, the machines it hit, the fix.
+
+    \b
+    Example:
+      vast-manager faults list
+    """
+    rows = client.get("/api/faults")
+    if as_json:
+        echo_json(rows)
+        return
+    if not rows:
+        click.echo("No faults.")
+        return
+    now = time.time()
+    for r in sorted(rows, key=lambda r: (not r.get("open"), -int(r.get("id") or 0))):
+        state = "OPEN" if r.get("open") else f"cleared {render.ago(r.get('cleared_at'), now)}"
+        click.echo(clean(f"fault {r.get('id')} [{state}] {r.get('fault')}'s, "
+                         f"{r.get('failures')} failure(s) on {', '.join(r.get('machines') or [])}"
+                         f", since {render.ago(r.get('opened_at'), now)}"))
+        click.echo(clean(f"  cause: {r.get('cause')}"))
+        click.echo(clean(f"  fix: {r.get('fix')}"))
+
+
+@faults.command("clear")
+@click.argument("fault_id", type=int)
+@click.option("--note", default="fixed", help="What was fixed (kept with the fault).")
+@operator_options
+def faults_clear(client: OperatorClient, fault_id: int, note: str) -> None:
+    """Say a fault is fixed: deploys and the autopilot resume.
+
+    \b
+    Example:
+      vast-manager faults clear 1 --note "C1 baked into vast-agent:1.1"
+    """
+    answer = client.post(f"/api/faults/{fault_id}/clear", {"note": note})
+    click.echo(clean(answer.get("message")))
 
 
 @cli.command()
@@ -987,7 +1202,9 @@ def offers(client: OperatorClient, filter_text: str | None, wide: bool, as_json:
             ),
             ["OFFER", "GPUS", "$/H", "PRED/H (80%)", "$/PROOF", "CPU", "RAM GB", "PCIE GB/S",
              "PLACE", "FLAGS", *(("BASIS",) if wide else ())],
-            width=None if wide else render.terminal_width(), shrink=("PLACE", "GPUS"),
+            # Priorities at a narrow width: PLACE narrows, then these leave; GPUS last.
+            width=None if wide else render.terminal_width(), shrink=("PLACE",),
+            drop=("PCIE GB/S", "PLACE", "CPU"), keep=("GPUS",),
         )
     )
     width = None if wide else render.terminal_width()

@@ -182,6 +182,9 @@ async def _demo(
         terminate_grace_s=3.0,
         config_dir=str(workdir / "config"),
         sim_time_scale=time_scale,
+        # No work command runs in the demo: its kept instances turn idle once proving, and
+        # are reported, not stopped, so the outcomes it shows are the verdicts' own.
+        idle_destroy_after_s=0.0,
     )
     provider = LocalProvider(workdir / "instances", time_scale=time_scale)
     atexit.register(provider.kill_all_now)

@@ -40,6 +40,20 @@ def ago(ts: Any, now: float | None = None) -> str:
     return f"{seconds / 3600:.1f}h ago"
 
 
+def until(ts: Any, now: float | None = None) -> str:
+    """When something ends, as time left ("in 6.9d"); "-" when it never does."""
+    if ts is None:
+        return "-"
+    seconds = float(ts) - (now if now is not None else time.time())
+    if seconds <= 0:
+        return "expired"
+    if seconds < 5400:
+        return f"in {max(seconds, 60) / 60:.0f}m"
+    if seconds < 48 * 3600:
+        return f"in {seconds / 3600:.1f}h"
+    return f"in {seconds / 86400:.1f}d"
+
+
 def terminal_width() -> int | None:
     """The width tables must fit: ``COLUMNS`` when set, else the terminal's when stdout is
     one; None (no limit) when printing into a pipe or a file, where a script reads whole
@@ -56,27 +70,44 @@ def terminal_width() -> int | None:
 MIN_CELL = 6
 
 
-def _fit(widths: list[int], headers: Sequence[str], width: int,
-         shrink: Sequence[str] = ()) -> list[int]:
-    """Narrow the columns named in ``shrink`` first, in that order, then the widest, one
-    character at a time, until the line fits ``width`` (or nothing can narrow further)."""
-    widths = list(widths)
+def _fit(widths: list[int], headers: Sequence[str], width: int, shrink: Sequence[str] = (),
+         drop: Sequence[str] = (), keep: Sequence[str] = ()) -> tuple[list[int], list[str]]:
+    """The columns' priorities, lowest first, until the line fits ``width``: narrow those
+    named in ``shrink`` (in that order); failing that, leave out the fewest of ``drop``
+    (in that order) that makes it fit; failing that too, narrow the widest of the others
+    one character at a time, the columns in ``keep`` last of all. Returns the widths (0:
+    left out) and the headings left out."""
+    names = list(headers)
     floor = [max(MIN_CELL, len(h)) for h in headers]
 
-    def over() -> int:
-        return sum(widths) + 2 * (len(widths) - 1) - width
+    def over(ws: list[int]) -> int:
+        shown = [w for w in ws if w > 0]
+        return sum(shown) + 2 * (len(shown) - 1) - width
 
-    for name in shrink:
-        if name in headers and over() > 0:
-            i = list(headers).index(name)
-            widths[i] = max(floor[i], widths[i] - over())
-    while over() > 0:
-        shrinkable = [i for i, w in enumerate(widths) if w > floor[i]]
-        if not shrinkable:
+    def narrowed(ws: list[int]) -> list[int]:
+        ws = list(ws)
+        for name in shrink:
+            if name in names and ws[names.index(name)] > 0 and over(ws) > 0:
+                i = names.index(name)
+                ws[i] = max(floor[i], ws[i] - over(ws))
+        return ws
+
+    droppable = [name for name in drop if name in names]
+    for k in range(len(droppable) + 1):
+        ws = [0 if name in droppable[:k] else w for name, w in zip(names, widths, strict=True)]
+        ws = narrowed(ws)
+        if over(ws) <= 0 or k == len(droppable):
             break
-        widest = max(shrinkable, key=lambda i: widths[i])
-        widths[widest] -= 1
-    return widths
+    dropped = droppable[:k]
+    for last in (False, True):
+        while over(ws) > 0:
+            shrinkable = [i for i, w in enumerate(ws)
+                          if w > floor[i] and (last or names[i] not in keep)]
+            if not shrinkable:
+                break
+            widest = max(shrinkable, key=lambda i: ws[i])
+            ws[widest] -= 1
+    return ws, dropped
 
 
 def _cut(cell: str, w: int) -> str:
@@ -84,22 +115,28 @@ def _cut(cell: str, w: int) -> str:
 
 
 def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], width: int | None = None,
-          shrink: Sequence[str] = ()) -> str:
+          shrink: Sequence[str] = (), drop: Sequence[str] = (),
+          keep: Sequence[str] = ()) -> str:
     """Left-aligned text table; every cell passes through ``clean``. With ``width``, the
-    columns named in ``shrink`` and then the widest are narrowed to fit it, a cut cell
-    ending in ``~``."""
+    columns give way by priority (``_fit``): ``shrink`` narrowed first, ``drop`` left out
+    next (a last line names them), then the widest, ``keep`` last; a cut cell ends in
+    ``~``."""
     body = [[clean(c) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in body:
         for i, cell in enumerate(row):
             widths[i] = max(widths[i], len(cell))
+    dropped: list[str] = []
     if width is not None:
-        widths = _fit(widths, headers, width, shrink)
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
+        widths, dropped = _fit(widths, headers, width, shrink, drop, keep)
+    shown = [i for i, w in enumerate(widths) if w > 0]
+    lines = ["  ".join(headers[i].ljust(widths[i]) for i in shown).rstrip()]
+    lines.append("  ".join("-" * widths[i] for i in shown))
     for row in body:
-        lines.append("  ".join(_cut(c, w).ljust(w)
-                               for c, w in zip(row, widths, strict=True)).rstrip())
+        lines.append("  ".join(_cut(row[i], widths[i]).ljust(widths[i]) for i in shown).rstrip())
+    if dropped:
+        lines.append(wrap(f"(left out at {width} columns: {', '.join(dropped)}; a wider "
+                          "terminal or --json shows them)", width))
     return "\n".join(lines)
 
 

@@ -129,6 +129,39 @@ def fleet_production_lines(fleet: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _rate_lines(data: dict[str, Any]) -> list[str]:
+    """The benchmark's rate against the minimum; none while lost or idle (it proves
+    nothing now, docs/operations.md "One reading")."""
+    sim = " (SIMULATED: local provider)" if data.get("provider") == "local" else ""
+    minimum = f"minimum {render.num(data.get('min_rate_per_hour'))}/h"
+    if data.get("idle") or data.get("state") == "lost":
+        return [f"  no rate now ({'idle' if data.get('idle') else 'lost'}; {minimum}){sim}"]
+    return [f"  benchmark rate {render.num(data.get('rate_per_hour'))}/h ({minimum}), "
+            f"{render.usd(data.get('usd_per_proof'))} per proof{sim}"]
+
+
+def provider_lines(data: dict[str, Any]) -> list[str]:
+    """The provider's view beside ours (vast.ai's instance id, actual_status, status_msg,
+    what it bills now) and what the instance has cost so far, by part."""
+    pid = data.get("provider_instance_id")
+    lines = []
+    if data.get("provider") == "local":
+        lines.append(f"  local instance {pid if pid is not None else '-'} (simulated, not "
+                     "vast.ai's)")
+    elif pid is not None:
+        msg = data.get("provider_status_msg")
+        lines.append(f"  vast.ai instance {pid}: {clean(data.get('provider_status') or '?')}"
+                     + (f" ({clean(msg)})" if msg else "") + ", billing "
+                     f"{render.usd(data.get('billing_now_per_hour'), 3)}/h now")
+    billed = (data.get("cost") or {}).get("billed")
+    if billed:
+        lines.append(f"  spent {render.usd(billed.get('total'), 2)} so far (rent "
+                     f"{render.usd(billed.get('rent'), 2)}, storage "
+                     f"{render.usd(billed.get('storage'), 2)}, bandwidth "
+                     f"{render.usd(billed.get('bandwidth'), 2)})")
+    return lines
+
+
 def render_instance(data: dict[str, Any]) -> str:
     now = time.time()
     lines = [
@@ -139,11 +172,9 @@ def render_instance(data: dict[str, Any]) -> str:
         f"  machine {clean(data.get('machine_id'))}: {data.get('num_gpus') or '?'}x "
         f"{clean(data.get('gpu_name'))}, {clean(data.get('geolocation'))}, "
         f"{render.usd(data.get('dph_total'), 3)}/h",
-        f"  benchmark rate {render.num(data.get('rate_per_hour'))}/h (minimum "
-        f"{render.num(data.get('min_rate_per_hour'))}/h), "
-        f"{render.usd(data.get('usd_per_proof'))} per proof"
-        + (" (SIMULATED: local provider)" if data.get("provider") == "local" else ""),
+        *_rate_lines(data),
         *production_lines(data),
+        *provider_lines(data),
         "",
     ]
     tele = data.get("telemetry")
@@ -215,8 +246,11 @@ def event_lines(events: list[dict[str, Any]], title: str, last: int, clock: str,
     out = ["", title]
     for e in events[-last:]:
         ts = time.strftime(clock, time.localtime(float(e.get("ts") or 0)))
-        what = f"{clean(e.get('kind'))}: " if kind else ""
-        out.append(f"  {ts} {what}{clean(e.get('reason'))}")
+        reason = str(e.get("reason") or "")
+        # A reason that already starts with its kind ("timeout: ...") says it once.
+        said = reason.startswith(f"{e.get('kind')}:")
+        what = f"{clean(e.get('kind'))}: " if kind and not said else ""
+        out.append(f"  {ts} {what}{clean(reason)}")
     return out
 
 
@@ -273,11 +307,12 @@ def render_plan(data: dict[str, Any], width: int | None = None) -> str:
     target = data.get("target_rate_per_hour")
     reference = render.usd(data.get("reference_usd_per_proof"))
     horizon = data.get("horizon_hours")
+    source = clean(data.get("reference_source"))
     label = data.get("offers_label")
     lines = [] if not label else [render.wrap(str(label).capitalize() + ".", width, "  ")]
     lines += [render.wrap(
-        f"Reference: a newcomer is worth keeping below {reference}/proof (the best $/proof "
-        f"among kept, proving instances: {render.usd(best) if best else 'none proving yet'}"
+        f"Reference: a newcomer is worth keeping below {reference}/proof: {source} (the best "
+        f"$/proof among kept, proving instances: {render.usd(best) if best else 'none proving yet'}"
         + (f"; autopilot target {render.num(target)}/h" if target else "") + ")", width, "  "),
     ]
     proposals = data.get("proposals") or []
@@ -300,7 +335,9 @@ def render_plan(data: dict[str, Any], width: int | None = None) -> str:
             ),
             ["OFFER", "MACHINE", "GPUS", "$/H", "PRED/H (80%)", "EVEN/H", "P(PASS)",
              "P(BEST)", "TRIAL $", "EXPECTED $"],
-            width=width, shrink=("MACHINE", "GPUS"),
+            # Priorities at a narrow width: the GPU column gives way last.
+            width=width, shrink=("MACHINE",), drop=("MACHINE", "P(PASS)", "EVEN/H"),
+            keep=("GPUS",),
         ))
         lines.append(render.wrap(
             "EVEN/H: the break-even rate at the offer's price (its $/h over the reference "
@@ -338,7 +375,7 @@ def render_plan(data: dict[str, Any], width: int | None = None) -> str:
                 for m in measured
             ),
             ["OFFER", "MACHINE", "GPUS", "$/H", "PRED/H (80%)", "$/PROOF", "WORTH IT"],
-            width=width, shrink=("MACHINE", "GPUS"),
+            width=width, shrink=("MACHINE",), drop=("MACHINE",), keep=("GPUS",),
         ))
     if data.get("model_stale"):
         lines.append(render.wrap(f"model stale: {clean(data.get('model_stale_reason'))}", width))

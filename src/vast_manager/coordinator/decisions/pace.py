@@ -186,16 +186,17 @@ class HeartbeatTracker:
         self._load: FleetLoad | None = None  # the counts, until they change
 
     def touch(self, instance_id: int, now: float, pace_s: float | None = None,
-              phase: str | None = None) -> None:
+              phase: str | None = None, extra_s: float = 0.0) -> None:
         """Heard from now, and told to report again within ``pace_s`` (None: the pace it
-        was last given); ``phase`` (None: unchanged) says how it is paced."""
+        was last given); ``phase`` (None: unchanged) says how it is paced; ``extra_s``:
+        more time before it counts as silent (after a restart, the agents' backoff)."""
         known = self._heard.get(instance_id)
         if known is None:
             self._load = None
         if pace_s is None:
             pace_s = known[1] if known is not None else self.base_pace_s
         self._heard[instance_id] = (now, pace_s)
-        self._expires[instance_id] = now + self.ttl_s(pace_s)
+        self._expires[instance_id] = now + self.ttl_s(pace_s) + extra_s
         if phase is not None and is_quick(phase) != (instance_id in self._quick):
             self._load = None
             if is_quick(phase):

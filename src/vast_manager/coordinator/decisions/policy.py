@@ -463,13 +463,16 @@ def benchmark_verdict(
     *,
     steady_rate: float | None = None,
     concurrency: int | None = None,
+    own_min_rate: float | None = None,
 ) -> Verdict:
     """Keep or terminate after a benchmark result, on its recomputed rate.
 
     ``steady_rate`` (with early verdicts on: ``verdict.steady_state_rate_per_hour``
     of the result's proof times at the ``concurrency`` the heartbeats announced)
     replaces the batch rate, which under-reads because the batch's last proofs
-    run with a slot idle; the reason quotes both.
+    run with a slot idle; the reason quotes both. ``own_min_rate``: the minimum the
+    machine's own price sets, when an operator-given ``min_rate`` judges this deploy
+    (only a rate below it blocks the machine).
     """
     rate = check.recomputed_rate_per_hour
     if steady_rate is not None and rate is not None and not check.implausible:
@@ -491,16 +494,29 @@ def benchmark_verdict(
         return Verdict("keep", f"measured {text} proofs/h; no minimum rate set", False)
     if rate is None or rate < min_rate:
         measured = 0.0 if rate is None else rate
+        blocks = blocks_machine(rate, own_min_rate)
         return Verdict(
             "terminate",
             f"measured {measured:.2f} proofs/h{basis}, below the minimum {min_rate:.2f} "
-            "proofs/h",
-            True,
+            "proofs/h" + ("" if blocks else
+                          f" given at deploy; at or above {own_min_rate:.2f} proofs/h, the "
+                          "minimum its own price sets, so the machine is not blocked"),
+            blocks,
         )
     return Verdict(
         "keep", f"measured {rate:.2f} proofs/h{basis}, at or above the minimum {min_rate:.2f}",
         False,
     )
+
+
+def blocks_machine(rate_bound: float | None, own_min_rate: float | None) -> bool:
+    """Whether a below-minimum verdict is evidence against the machine itself: a rate (or
+    its upper bound) below the minimum its own price sets (docs/policy.md, "Blame"). A
+    stricter minimum the operator gave (``--min-rate``) judges that deploy only.
+    ``own_min_rate`` None: the instance was judged on its price's minimum already."""
+    if own_min_rate is None:
+        return True
+    return rate_bound is None or rate_bound < own_min_rate
 
 
 def directive_for(

@@ -78,8 +78,10 @@ def plan(
     known_agent_ids: set[str],
     now: float,
     grace_s: float,
+    provider: str = "vast.ai",
 ) -> list[Action]:
-    """What to do so that vast.ai and our records agree.
+    """What to do so that vast.ai (``provider``, as reasons name it) and our records
+    agree.
 
     - ``destroy_dead``: ours (our fleet's label) that will never run
       (``never_runs``: exited, unknown, offline, stopped, or created with a
@@ -109,7 +111,7 @@ def plan(
                                 now, grace_s)
         if action is not None:
             actions.append(action)
-    actions += _vanished(ours_by_id, listed, now, grace_s)
+    actions += _vanished(ours_by_id, listed, now, grace_s, provider)
     actions.sort(key=lambda a: (a.kind, a.instance_id))
     return actions
 
@@ -166,7 +168,7 @@ def _listed_action(
 
 
 def _vanished(ours_by_id: dict[int, OurRecord], listed: set[int], now: float,
-              grace_s: float) -> list[Action]:
+              grace_s: float, provider: str) -> list[Action]:
     """Our records whose instance vast.ai no longer lists."""
     actions: list[Action] = []
     for iid, rec in ours_by_id.items():
@@ -179,7 +181,7 @@ def _vanished(ours_by_id: dict[int, OurRecord], listed: set[int], now: float,
             Action(
                 "mark_vanished",
                 iid,
-                f"no longer listed by vast.ai (was {rec.get('state')}, "
+                f"no longer listed by {provider} (was {rec.get('state')}, "
                 f"agent {rec.get('agent_id')})",
             )
         )

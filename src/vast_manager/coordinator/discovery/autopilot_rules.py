@@ -204,14 +204,7 @@ def clearing_usd_per_proof(
     """
     supply = [(i.usd_per_proof, float(i.rate_per_hour)) for i in instances
               if i.rate_per_hour and not i.leaving]
-    best: dict[str, tuple[float, float]] = {}
-    for n, (machine, dph, rate) in enumerate(offers):
-        if rate <= 0 or dph <= 0:
-            continue
-        key = machine if machine is not None else f"offer {n}"
-        if key not in best or dph / rate < best[key][0]:
-            best[key] = (dph / rate, rate)
-    supply += best.values()
+    supply += [(usd, rate) for usd, rate, _ in _cheapest_per_machine(offers)]
     supply.sort()
     total = 0.0
     for usd, rate in supply:
@@ -219,6 +212,43 @@ def clearing_usd_per_proof(
             return min(usd, max_usd_per_proof)
         total += rate
     return max_usd_per_proof
+
+
+def fleet_margin_usd_per_proof(
+    offers: Sequence[tuple[str | None, float, float]],
+    hosts: int,
+    max_usd_per_proof: float,
+    measured: frozenset[str] = frozenset(),
+) -> tuple[float, int]:
+    """The reference from nothing proving: the best fleet of ``hosts`` machines the
+    offers make by their predicted $/proof (a machine once, at its cheapest slice per
+    proof), and the $/proof of its last host, the dearest the fleet still takes; with
+    how many of those hosts are ``measured`` machines (their rates from their own runs).
+
+    This is what the operator would otherwise get: rent that fleet. A newcomer is worth
+    keeping only if it beats the host it would push out of it. Fewer machines than
+    ``hosts`` on offer: the dearest there is. At most ``max_usd_per_proof``.
+    """
+    fleet = sorted(_cheapest_per_machine(offers))[:max(1, hosts)]
+    if not fleet:
+        return max_usd_per_proof, 0
+    return (min(fleet[-1][0], max_usd_per_proof),
+            sum(machine in measured for _, _, machine in fleet))
+
+
+def _cheapest_per_machine(offers: Sequence[tuple[str | None, float, float]]
+                          ) -> list[tuple[float, float, str | None]]:
+    """(usd per proof, rate, machine) of each machine's cheapest slice per proof (one
+    instance a machine); an offer with no machine counts alone, one without a price or a
+    rate not at all."""
+    best: dict[str, tuple[float, float, str | None]] = {}
+    for n, (machine, dph, rate) in enumerate(offers):
+        if rate <= 0 or dph <= 0:
+            continue
+        key = machine if machine is not None else f"offer {n}"
+        if key not in best or dph / rate < best[key][0]:
+            best[key] = (dph / rate, rate, machine)
+    return list(best.values())
 
 
 def plan_reference_usd_per_proof(

@@ -132,6 +132,8 @@ class FleetView:
 
     best_usd_per_proof: float | None = None  # the fleet's best measured $/proof
     reference_usd_per_proof: float | None = None  # what a kept newcomer must beat
+    #: Where ``reference_usd_per_proof`` came from, in words for the operator.
+    reference_source: str | None = None
     busy_machines: frozenset[str] = frozenset()  # ours already: deploy refuses them
     bad_machines: frozenset[str] = frozenset()
 
@@ -193,15 +195,25 @@ class Plan:
     # Offers on machines already measured, cheapest per proof first: never proposed as
     # trials (a trial would only repeat what the measurement says).
     measured: tuple[MeasuredOffer, ...] = ()
+    #: Which reference the plan judged against, in words (``reference_source``).
+    reference_source: str = ""
 
 
 def reference_usd_per_proof(fleet: FleetView, settings: PlanSettings) -> float:
     """The $/proof a newcomer must beat: as given, else the fleet's best, else the cap."""
+    return reference_and_source(fleet, settings)[0]
+
+
+def reference_and_source(fleet: FleetView, settings: PlanSettings) -> tuple[float, str]:
+    """``reference_usd_per_proof`` and where it came from, in words."""
     cap = settings.max_usd_per_proof
-    for value in (fleet.reference_usd_per_proof, fleet.best_usd_per_proof):
-        if value is not None and value > 0:
-            return min(value, cap)
-    return cap
+    given = fleet.reference_usd_per_proof
+    if given is not None and given > 0:
+        return min(given, cap), (fleet.reference_source or "as given")
+    best = fleet.best_usd_per_proof
+    if best is not None and best > 0:
+        return min(best, cap), "the fleet's best measured $/proof"
+    return cap, "the verdict's break-even $/proof: nothing to compare with"
 
 
 def expected_saving_per_hour(prediction: Prediction, dph_total: float, ref: float) -> float:
@@ -571,7 +583,7 @@ def plan_trials(
     settings: PlanSettings,
 ) -> Plan:
     """The offers to benchmark next, best expected value first, and why the list ends."""
-    ref = reference_usd_per_proof(fleet, settings)
+    ref, source = reference_and_source(fleet, settings)
     blocked = fleet.busy_machines | fleet.bad_machines
     candidates: list[Offer] = []
     for offer in offers:
@@ -643,4 +655,5 @@ def plan_trials(
     else:
         reason = f"every offer worth its cost is listed ({len(chosen)})"
     return Plan(tuple(chosen), considered, len(worth), ref, reason,
-                tuple(sorted(measured.values(), key=lambda m: m.predicted_usd_per_proof)))
+                tuple(sorted(measured.values(), key=lambda m: m.predicted_usd_per_proof)),
+                source)

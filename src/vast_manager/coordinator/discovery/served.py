@@ -8,7 +8,8 @@ otherwise. So it is one candidate of three, and the evidence picks:
   (scikit-learn's ``HistGradientBoostingRegressor``) learns of the log ratio the physics
   leaves over, from the offer's fields and the structural model's capacities and binding
   resource;
-- ``plain``: the same learner on the offer's plain fields alone (log rate).
+- ``plain``: the same learner on the offer's plain fields and the instance's share
+  (its RAM, vCPUs, share of the host, GPUs, PCIe per GPU) alone (log rate).
 
 Each is scored by cross-validation grouped by machine (scikit-learn's ``GroupKFold``: one
 machine's measurements are never on both sides of a fold), on the median absolute
@@ -16,9 +17,10 @@ percentage error of its out-of-fold points. The served point is the blend of the
 points, weights on a grid of the simplex, with the least cross-validated error; the
 single candidates are the grid's corners, so on the folds the blend is never worse than
 the best of them. The 80% interval is split-conformal on the blend's out-of-fold log
-residuals, per binding resource (Mondrian) where one has enough machines, else pooled,
-and narrowed by the benchmark's noise: it bounds the true rate, the residuals a
-measurement.
+residuals, one a machine, normalised by a cross-fitted learner of how large the
+residual is where the host is (``_machine_scores``), per binding resource and GPU count
+(Mondrian) where a group has enough machines, else pooled, and narrowed by the
+benchmark's noise: it bounds the true rate, the residuals a measurement.
 
 A machine the fleet measured keeps the structural model's prediction: that one reads the
 machine's own runs, which no learner of the offer's fields sees. docs/discovery.md
@@ -90,6 +92,31 @@ def plain_matrix(offers: Sequence[Offer], gpu_codes: dict[str, int]) -> Array:
     return out
 
 
+#: The instance's share as the model reads it (``features.offer_features``), beside
+#: the plain fields: vast.ai's ``cpu_ram`` and ``cpu_cores`` are the whole host's.
+SHARE_COLUMNS = ("ram_share_gib", "cpu_cores_effective", "host_share", "num_gpus",
+                 "pcie_gbps_per_gpu")
+
+
+def share_matrix(offers: Sequence[Offer]) -> Array:
+    """``SHARE_COLUMNS`` of each offer (NaN where its features cannot be read)."""
+    out = np.full((len(offers), len(SHARE_COLUMNS)), np.nan)
+    for i, offer in enumerate(offers):
+        try:
+            f = offer_features(offer)
+        except FeatureError:
+            continue
+        out[i] = (f.ram_share_gib, f.cpu_cores_effective, f.host_share, f.num_gpus,
+                  f.pcie_gbps)
+    return out
+
+
+def plain_share_matrix(offers: Sequence[Offer], gpu_codes: dict[str, int]) -> Array:
+    """The plain fields and the GPU model's code (``plain_matrix``), then the instance's
+    share (``share_matrix``): what the ``plain`` candidate reads."""
+    return np.hstack([plain_matrix(offers, gpu_codes), share_matrix(offers)])
+
+
 def residual_matrix(offers: Sequence[Offer], preds: Sequence[Prediction],
                     gpu_codes: dict[str, int]) -> Array:
     """The plain fields, the instance's share as the model reads it, and the structural
@@ -121,7 +148,7 @@ def _learner(columns: int, categorical: Sequence[int]) -> Any:
 
 
 def _plain_learner() -> Any:
-    return _learner(len(PLAIN_FIELDS) + 1, [len(PLAIN_FIELDS)])
+    return _learner(len(PLAIN_FIELDS) + 1 + len(SHARE_COLUMNS), [len(PLAIN_FIELDS)])
 
 
 def _residual_learner() -> Any:
@@ -152,9 +179,14 @@ class ServedModel:
     weights: tuple[float, float, float] = (1.0, 0.0, 0.0)
     scores: tuple[CandidateScore, ...] = ()
     served_cv_mdape: float | None = None
-    # (10th, 90th percentile) of the blend's out-of-fold log residual, per binding
-    # resource and for all ("all").
+    # (10th, 90th percentile) of the machines' normalised scores (``_machine_scores``),
+    # per group (``group_keys``) and for all ("all").
     conformal: dict[str, tuple[float, float]] = field(default_factory=dict)
+    conformal_mid: dict[str, float] = field(default_factory=dict)  # the scores' medians
+    difficulty: Any = None  # the learner of a new host's residual size (its scale)
+    difficulty_empty: Any = None  # the columns no measured offer reported
+    scale_median: float = 1.0
+    noise_sd: float = 0.0  # one benchmark's, the structural model's fitted
     gpu_codes: dict[str, int] = field(default_factory=dict)
     measurements_used: int = 0
     readable_machines: int = 0
@@ -211,7 +243,7 @@ class ServedModel:
             x = residual_matrix(sub, sp, self.gpu_codes)  # type: ignore[arg-type]
             logs[ok, 1] = s + self.residual.predict(x)
         if self.plain is not None:
-            logs[ok, 2] = self.plain.predict(plain_matrix(sub, self.gpu_codes))
+            logs[ok, 2] = self.plain.predict(plain_share_matrix(sub, self.gpu_codes))
         return logs
 
     def predict_offers(self, offers: Sequence[Offer], *, explain: bool = True
@@ -226,6 +258,9 @@ class ServedModel:
         if not new:
             return [self._label(p, None) for p in own]
         _, logs = self.candidate_points([offers[i] for i in new])
+        scales = self.scales([offers[i] for i in new],
+                             [p.bottleneck if isinstance(p := own[i], Prediction) else ""
+                              for i in new])
         out = [self._label(p, None) for p in own]
         w = np.asarray(self.weights)
         for row, i in enumerate(new):
@@ -234,7 +269,7 @@ class ServedModel:
             if not np.all(np.isfinite(logs[row])):
                 continue
             point = float(logs[row] @ w)
-            lo, hi = self.conformal.get(p.bottleneck, self.conformal["all"])
+            lo, hi = self.interval(offers[i], p.bottleneck, float(scales[row]))
             mean = point + (lo + hi) / 2
             sd = max((hi - lo) / (2 * 1.2815515655446004), 1e-3)
             out[i] = self._label(dataclasses.replace(
@@ -242,6 +277,26 @@ class ServedModel:
                 rate_high=math.exp(point + hi), log_rate_mean=mean, log_rate_sd=sd,
                 modes=()), self.answered_by)
         return out
+
+    def scales(self, offers: Sequence[Offer], bottlenecks: Sequence[str]) -> Array:
+        """Each new host's difficulty: how much wider than the median host's its interval
+        is (``_machine_scores``)."""
+        if self.difficulty is None or not offers:
+            return np.full(len(offers), self.scale_median)
+        x = _difficulty_matrix([_as_new_host(o) for o in offers], bottlenecks, self.gpu_codes)
+        x[:, self.difficulty_empty] = 0.0
+        lo, hi = (self.scale_median * f for f in DIFFICULTY_RANGE)
+        out: Array = np.clip(np.exp(self.difficulty.predict(x)), lo, hi)
+        return out
+
+    def interval(self, offer: Offer, bottleneck: str, scale: float) -> tuple[float, float]:
+        """The 80% interval of a new host's true log rate about the blend's point: its
+        group's score percentiles times its scale, narrowed for the benchmark's noise
+        (``_without_noise``): the residuals were against one benchmark each."""
+        key = conformal_key(self.conformal, bottleneck, offer_features(offer).num_gpus)
+        lo, hi = self.conformal[key]
+        mid = self.conformal_mid.get(key, (lo + hi) / 2)
+        return _without_noise(mid * scale, lo * scale, hi * scale, self.noise_sd)
 
     def _label(self, p: Prediction | Unpredictable, by: str | None
                ) -> Prediction | Unpredictable:
@@ -267,7 +322,9 @@ class ServedModel:
             "served_by": self.answered_by if self.residual is not None else "structural",
             "served_cv_mdape": self.served_cv_mdape,
             "candidates": [dataclasses.asdict(s) for s in self.scores],
-            "conformal_log_interval": {k: [round(v[0], 4), round(v[1], 4)]
+            # The median host's (a host's scale times its group's score percentiles).
+            "conformal_log_interval": {k: [round(v[0] * self.scale_median, 4),
+                                           round(v[1] * self.scale_median, 4)]
                                        for k, v in self.conformal.items()},
             "measurements_used": self.measurements_used,
             "cv_seconds": round(self.cv_seconds, 3),
@@ -286,29 +343,114 @@ def _blend_weights(step: float = BLEND_STEP) -> list[tuple[float, float, float]]
             if a + b <= n]
 
 
-def _conformal(resid: Array, groups: Sequence[str], noise_sd: float = 0.0
-               ) -> dict[str, tuple[float, float]]:
-    """Split-conformal 10th and 90th percentiles of the log residuals (finite-sample
-    corrected), for all and per group with enough rows, narrowed for the benchmark's
-    noise (``_without_noise``)."""
+def gpu_count_group(num_gpus: int) -> str:
+    """The GPU-count group an interval is calibrated in: one, two, or more GPUs (several
+    GPUs share one host's link, CPU and RAM, where a model errs otherwise)."""
+    return "1" if num_gpus <= 1 else "2" if num_gpus == 2 else "3+"
+
+
+def group_keys(bottleneck: str, num_gpus: int) -> tuple[str, ...]:
+    """The groups an offer's interval may come from, the narrowest first: its binding
+    resource and GPU count together, the binding resource, the GPU count, all."""
+    k = gpu_count_group(num_gpus)
+    return (f"{bottleneck}/{k}", bottleneck, f"gpus {k}", "all")
+
+
+def _conformal(scores: Array, groups: Sequence[tuple[str, int]]
+               ) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
+    """Split-conformal 10th and 90th percentiles (finite-sample corrected) and the median
+    of the machines' scores (``_machine_scores``), for all and per group
+    (``group_keys``) that has ``MIN_GROUP_ROWS`` machines."""
 
     def bounds(r: Array) -> tuple[float, float]:
         n = len(r)
         lo_q = max(0.0, math.floor(0.1 * (n + 1)) / n - 1e-9)
         hi_q = min(1.0, math.ceil(0.9 * (n + 1)) / n)
-        return _without_noise(r, float(np.quantile(r, lo_q)), float(np.quantile(r, hi_q)),
-                              noise_sd)
+        return float(np.quantile(r, lo_q)), float(np.quantile(r, hi_q))
 
-    out = {"all": bounds(resid)}
-    g = np.asarray(groups)
-    for name in BOTTLENECKS:
-        sel = resid[g == name]
-        if len(sel) >= MIN_GROUP_ROWS:
-            out[name] = bounds(sel)
-    return out
+    out = {"all": bounds(scores)}
+    mids = {"all": float(np.median(scores))}
+    members: dict[str, list[int]] = {}
+    for j, g in enumerate(groups):
+        for key in group_keys(*g)[:-1]:
+            members.setdefault(key, []).append(j)
+    for key, ix in members.items():
+        if len(ix) >= MIN_GROUP_ROWS:
+            out[key] = bounds(scores[ix])
+            mids[key] = float(np.median(scores[ix]))
+    return out, mids
 
 
-def _without_noise(resid: Array, lo: float, hi: float, noise_sd: float
+def conformal_key(conformal: Mapping[str, tuple[float, float]], bottleneck: str,
+                  num_gpus: int) -> str:
+    """The narrowest calibrated group of an offer (``group_keys``)."""
+    for key in group_keys(bottleneck, num_gpus):
+        if key in conformal:
+            return key
+    return "all"
+
+
+#: How far a host's difficulty may move its interval's width from the median host's.
+DIFFICULTY_RANGE = (0.5, 3.0)
+
+
+def _difficulty_matrix(offers: Sequence[Offer], bottlenecks: Sequence[str],
+                       gpu_codes: dict[str, int]) -> Array:
+    """What the difficulty learner reads: the plain fields and the share, and the binding
+    resource the structural model names (categorical, last column)."""
+    code = np.array([[float(BOTTLENECKS.index(b)) if b in BOTTLENECKS else np.nan]
+                     for b in bottlenecks])
+    return np.hstack([plain_share_matrix(offers, gpu_codes), code])
+
+
+def _difficulty_learner() -> Any:
+    cols = len(PLAIN_FIELDS) + 1 + len(SHARE_COLUMNS) + 1
+    mask = np.zeros(cols, dtype=bool)
+    mask[len(PLAIN_FIELDS)] = mask[-1] = True
+    # Smaller and slower than the rate learners: it reads the size of a few hundred
+    # residuals, noisier still than the residuals themselves.
+    return HistGradientBoostingRegressor(
+        max_iter=100, learning_rate=0.05, max_leaf_nodes=7, min_samples_leaf=20,
+        l2_regularization=1.0, categorical_features=mask, random_state=0)
+
+
+def _machine_scores(resid: Array, x: Array, machines: Sequence[str]
+                    ) -> tuple[Array, list[int], Any, float]:
+    """Normalised conformal scores, one a machine (Papadopoulos et al., "Normalized
+    nonconformity measures for regression conformal prediction", 2008; Lei et al.,
+    "Distribution-free predictive inference for regression", JASA 2018, section 5.2).
+
+    A machine's rows are averaged into one residual: its rows are not independent, and a
+    new host is a new machine. A learner of the residual's size (``_difficulty_learner``,
+    on the log of its distance from the median) says where the blend errs more; its
+    *cross-fitted* reading of each machine (fitted on the other folds, as the residuals
+    were) divides that machine's residual. Where it reads nothing, the scale is the same
+    for every host and this is the plain split-conformal interval.
+
+    Returns the scores, each machine's first row, the learner fitted on every machine,
+    and the median scale (the learner's readings are bounded about it,
+    ``DIFFICULTY_RANGE``).
+    """
+    rows_of: dict[str, list[int]] = {}
+    for i, m in enumerate(machines):
+        rows_of.setdefault(m, []).append(i)
+    r = np.array([float(np.mean(resid[ix])) for ix in rows_of.values()])
+    first = [ix[0] for ix in rows_of.values()]
+    xm = _no_empty_columns(x[first].copy())
+    target = np.log(np.abs(r - np.median(r)) + 0.01)
+    log_scale = np.full(len(r), float(np.mean(target)))
+    folds = min(FOLDS, len(r) // MIN_GROUP_ROWS)
+    if folds >= 2:
+        ids = np.arange(len(r))
+        for train, test in GroupKFold(n_splits=folds).split(xm, groups=ids):
+            log_scale[test] = _difficulty_learner().fit(xm[train], target[train]).predict(xm[test])
+    learner = _difficulty_learner().fit(xm, target)
+    median = float(np.exp(np.median(log_scale)))
+    scale = np.clip(np.exp(log_scale), median * DIFFICULTY_RANGE[0], median * DIFFICULTY_RANGE[1])
+    return r / scale, first, learner, median
+
+
+def _without_noise(mid: float, lo: float, hi: float, noise_sd: float
                    ) -> tuple[float, float]:
     """The bounds narrowed about the residuals' median so that they bound the true rate,
     not one benchmark of it.
@@ -325,7 +467,6 @@ def _without_noise(resid: Array, lo: float, hi: float, noise_sd: float
         return lo, hi
     var = ((hi - lo) / (2 * 1.2815515655446004)) ** 2
     factor = math.sqrt(max(0.25, 1.0 - noise_sd**2 / var))
-    mid = float(np.median(resid))
     return mid + (lo - mid) * factor, mid + (hi - mid) * factor
 
 
@@ -345,7 +486,8 @@ def _fit_learners(offers: list[Offer], log_rate: Array,
     residual = _residual_learner().fit(
         _no_empty_columns(residual_matrix(offers, sp, gpu_codes)),
         log_rate - np.log([p.rate_per_hour for p in sp]))
-    plain = _plain_learner().fit(_no_empty_columns(plain_matrix(offers, gpu_codes)), log_rate)
+    plain = _plain_learner().fit(_no_empty_columns(plain_share_matrix(offers, gpu_codes)),
+                                 log_rate)
     return residual, plain, sp
 
 
@@ -377,7 +519,7 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
                                                           for o in offers}))}
     cv_started = time.perf_counter()
     oof = np.full((len(usable), len(CANDIDATES)), np.nan)
-    binding: list[str] = ["all"] * len(usable)
+    binding: list[tuple[str, int]] = [("all", 1)] * len(usable)
     for train, test in GroupKFold(n_splits=min(FOLDS, machines)).split(offers, groups=groups):
         fold_model = fit_rate_model([usable[i] for i in train], now=now)
         tr_offers = [offers[i] for i in train]
@@ -388,9 +530,9 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
         s = np.log([p.rate_per_hour for p in te_preds])
         oof[test, 0] = s
         oof[test, 1] = s + residual.predict(residual_matrix(te_offers, te_preds, gpu_codes))
-        oof[test, 2] = plain.predict(plain_matrix(te_offers, gpu_codes))
+        oof[test, 2] = plain.predict(plain_share_matrix(te_offers, gpu_codes))
         for i, p in zip(test, te_preds, strict=True):
-            binding[i] = p.bottleneck
+            binding[i] = (p.bottleneck, offer_features(offers[i]).num_gpus)
     best_w, best_err = (1.0, 0.0, 0.0), math.inf
     for w in _blend_weights():
         err = mdape_log(oof @ np.asarray(w), log_rate)
@@ -403,8 +545,12 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
     served.served_cv_mdape = best_err
     served.scores = tuple(CandidateScore(n, mdape_log(oof[:, j], log_rate), best_w[j])
                           for j, n in enumerate(CANDIDATES))
-    served.conformal = _conformal(log_rate - oof @ np.asarray(best_w), binding,
-                                   structural.sigma_noise)
+    x = _difficulty_matrix(offers, [b for b, _ in binding], gpu_codes)
+    scores, first, served.difficulty, served.scale_median = _machine_scores(
+        log_rate - oof @ np.asarray(best_w), x, groups)
+    served.difficulty_empty = np.all(np.isnan(x[first]), axis=0)
+    served.conformal, served.conformal_mid = _conformal(scores, [binding[i] for i in first])
+    served.noise_sd = structural.sigma_noise
     served.cv_seconds = time.perf_counter() - cv_started
     served.fit_seconds = time.perf_counter() - started
     return served

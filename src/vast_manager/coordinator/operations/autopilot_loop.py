@@ -34,6 +34,7 @@ from vast_manager.coordinator.discovery.autopilot_rules import (
     FleetInstance,
     Ledger,
     decide,
+    fleet_margin_usd_per_proof,
     ledger_of,
     plan_reference_usd_per_proof,
     rental_of,
@@ -50,6 +51,7 @@ from vast_manager.coordinator.discovery.served import ServedModel
 from vast_manager.coordinator.discovery.structural_model import Prediction, Unpredictable
 from vast_manager.coordinator.exceptions import AutopilotNotConfigured, CoordinatorError
 from vast_manager.coordinator.offers import Offer, parse_offer, positive, stored_offer
+from vast_manager.coordinator.operations import faults
 from vast_manager.coordinator.operations.deploy import Deployer
 from vast_manager.coordinator.operations.model_keeper import ModelKeeper
 from vast_manager.coordinator.operations.monitor import Monitor
@@ -163,26 +165,49 @@ def plan_for(
 
     With a target (the autopilot's): the market's margin below it, the fleet's worst at
     it (``plan_reference_usd_per_proof``). Without one, the fleet's proving rate stands
-    in for it; with nothing proving, a host worth keeping is one that passes its verdict.
+    in for it. With nothing proving and no target, what the operator would otherwise
+    get: the best fleet of ``plan_fleet_hosts`` the model builds from the offers
+    (``fleet_margin_usd_per_proof``), predicted, or measured where its machines are.
     """
     memo = _Memo(model, offers)
     proving = [i for i in fleet if i.rate_per_hour and not i.leaving]
-    target = target_rate_per_hour or sum(i.rate_per_hour or 0.0 for i in proving)
     best = min((i.usd_per_proof for i in proving), default=None)
-    reference = None
-    if target > 0:
-        supply = [(str(o.machine_id), float(o.dph_total or 0.0), p.rate_per_hour)
-                  for o in offers if isinstance(p := memo.by_id[id(o)], Prediction)]
-        reference = plan_reference_usd_per_proof(fleet, supply, target,
-                                                 break_even_usd_per_proof(settings))
-    view = FleetView(best_usd_per_proof=best, reference_usd_per_proof=reference,
-                     busy_machines=busy, bad_machines=bad)
+    view = FleetView(best_usd_per_proof=best, busy_machines=busy, bad_machines=bad,
+                     **_reference(offers, memo, fleet, target_rate_per_hour, settings))
     plan_settings = PlanSettings(max_usd_per_proof=break_even_usd_per_proof(settings),
                                  trials=trials,
                                  budget_usd=budget_usd, horizon_hours=settings.plan_horizon_hours,
                                  trial_cost=TrialCost(download_gb=settings.setup_download_gb),
                                  doubt=belief_tests(settings.plan_belief_test_share))
     return plan_trials(offers, memo, view, plan_settings)
+
+
+def _reference(offers: Sequence[Offer], memo: _Memo, fleet: Sequence[FleetInstance],
+               target_rate_per_hour: float | None, settings: Settings) -> dict[str, Any]:
+    """``FleetView``'s reference and its source, for ``plan_for``."""
+    supply = [(str(o.machine_id), float(o.dph_total or 0.0), p.rate_per_hour)
+              for o in offers if isinstance(p := memo.by_id[id(o)], Prediction)]
+    proving = [i for i in fleet if i.rate_per_hour and not i.leaving]
+    rate = sum(i.rate_per_hour or 0.0 for i in proving)
+    target = target_rate_per_hour or rate
+    cap = break_even_usd_per_proof(settings)
+    if target > 0:
+        usd = plan_reference_usd_per_proof(fleet, supply, target, cap)
+        at_target = bool(proving) and rate >= target
+        what = ("the fleet's worst proving host, or the market's margin if cheaper"
+                if at_target else "the market's margin (predicted, the fleet at its runs)")
+        whose = (f"the autopilot's target {target:g}/h" if target_rate_per_hour
+                 else f"the fleet's proving rate {target:.0f}/h")
+        return {"reference_usd_per_proof": usd, "reference_source": f"{what}, at {whose}"}
+    measured = frozenset(str(o.machine_id) for o in offers
+                         if isinstance(p := memo.by_id[id(o)], Prediction) and p.machine_runs)
+    hosts = settings.plan_fleet_hosts
+    usd, known = fleet_margin_usd_per_proof(supply, hosts, cap, measured)
+    kind = ("measured" if known >= hosts else "predicted" if known == 0
+            else f"{known} of its hosts measured, the rest predicted")
+    return {"reference_usd_per_proof": usd,
+            "reference_source": f"the last host of the best {hosts}-host fleet on offer "
+                                f"({kind}; nothing proving)"}
 
 
 @dataclass(slots=True)
@@ -316,7 +341,7 @@ class Autopilot:
         assert caps is not None
         settings = self.settings
         now = self.clock()
-        paused = self.monitor.account.pause_reason()
+        paused = faults.pause_reason(self.monitor.account, self.store)
         if paused is not None:
             # Nothing deployed or ended while the account cannot pay or is not ours to use.
             tick = Tick(at=now, notes=[f"paused: {paused}"])

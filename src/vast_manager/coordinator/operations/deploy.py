@@ -28,15 +28,16 @@ from vast_manager.coordinator.decisions.share import instance_share, shortfall
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.measurements import NOT_OFFER_FIELDS
 from vast_manager.coordinator.exceptions import (
-    AccountPaused,
     BadHost,
     InvalidInput,
     MachineBusy,
     OfferGone,
+    PreflightFailed,
     PriceChanged,
     ProviderFailed,
     TooSmall,
 )
+from vast_manager.coordinator.operations import faults, preflight
 from vast_manager.coordinator.operations.account import Account
 from vast_manager.coordinator.operations.offer_cache import OfferCache
 from vast_manager.coordinator.providers.base import (
@@ -125,6 +126,7 @@ class _Terms:
     bid: float | None
     setup_bandwidth: float  # $/h of the setup download over a kept life
     now: float
+    price_min_rate: float | None  # with an operator-given minimum: the one its price sets
 
 
 class Deployer:
@@ -154,6 +156,19 @@ class Deployer:
         # The runtime's shared cache: a re-check is a search on vast.ai's daily budget.
         self.offers = offers if offers is not None else OfferCache(provider, settings, clock)
         self._lock = asyncio.Lock()
+        # The configurations (``preflight.fingerprint``) whose preflight passed.
+        self._preflighted: set[str] = set()
+
+    async def _preflight(self) -> None:
+        """Before the first deploy of a configuration: its preflight (the C1, the parameter
+        source, the image); a failure refuses the deploy with one line, renting nothing."""
+        key = preflight.fingerprint(self.settings)
+        if key in self._preflighted:
+            return
+        refused = preflight.refusal(await preflight.run(self.settings))
+        if refused is not None:
+            raise PreflightFailed(refused)
+        self._preflighted.add(key)
 
     async def deploy(
         self,
@@ -207,9 +222,10 @@ class Deployer:
         if interruptible and not getattr(self.provider, "supports_bids", False):
             raise InvalidInput(f"{self.provider.name} rents no interruptible instances.",
                                field="interruptible")
-        paused = self.account.pause_reason() if self.account is not None else None
+        paused = faults.pause_error(self.account, self.store)
         if paused is not None:
-            raise AccountPaused(f"Deploys are paused: {paused}.")
+            raise paused
+        await self._preflight()
         try:
             offer, cached = await self.offers.offer(offer_id)
         except ProviderError as err:
@@ -263,9 +279,9 @@ class Deployer:
             kept_hours=self.settings.plan_horizon_hours,
         )
         # The break-even rate of the full bill when a proof's price is set (decisions.earnings).
-        min_rate = policy.min_rate_per_hour(
-            figure.total, earnings.break_even_usd_per_proof(self.settings), explicit_min_rate
-        )
+        price_min_rate = policy.min_rate_per_hour(
+            figure.total, earnings.break_even_usd_per_proof(self.settings))
+        min_rate = price_min_rate if explicit_min_rate is None else float(explicit_min_rate)
         # An interruptible trial bids a share of the on-demand rent, at least vast.ai's
         # minimum bid; it is judged against the on-demand figure all the same.
         bid = None
@@ -274,7 +290,8 @@ class Deployer:
                       checked.offer.min_bid or 0.0)
         return _Terms(agent_id, agent_label(self.settings.fleet_id, agent_id),
                       signing.derive_agent_key(self.settings.newest_secret, agent_id),
-                      min_rate, bid, figure.bandwidth, self.clock())
+                      min_rate, bid, figure.bandwidth, self.clock(),
+                      None if explicit_min_rate is None else price_min_rate)
 
     def _record(self, tx: Tx, checked: _Checked, terms: _Terms) -> int:
         """The agent and the instance, in `deploying`, before anything is rented."""
@@ -304,6 +321,9 @@ class Deployer:
                 "disk_gb": checked.disk_gb,
                 "bid_per_hour": terms.bid,
                 "min_rate_per_hour": terms.min_rate,
+                # An operator-given minimum judges this deploy only; a block needs a rate
+                # below this one, the minimum its own price sets (docs/policy.md, "Blame").
+                "price_min_rate_per_hour": terms.price_min_rate,
                 "created_at": now,
                 "updated_at": now,
             }

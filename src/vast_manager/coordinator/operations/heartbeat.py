@@ -192,7 +192,8 @@ def decide_heartbeat(
                         now + settings.terminate_grace_s,
                         # A trial that failed (a crash, a download or container failure)
                         # counts against its machine (docs/policy.md, "Strikes").
-                        policy.StrikeRule.from_settings(settings) if failed else None)
+                        policy.StrikeRule.from_settings(settings) if failed else None,
+                        failed_in=state)
         # As ``Tx.begin_terminating`` leaves it: the first reason given stands.
         after["terminate_reason"] = after["terminate_reason"] or reason
     write = HeartbeatWrite(

@@ -14,7 +14,8 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from vast_manager.coordinator.decisions import delivered, policy, states
+from vast_manager.common.retry import COORDINATOR_BACKOFF
+from vast_manager.coordinator.decisions import blame, delivered, policy, states
 from vast_manager.coordinator.decisions.pace import HeartbeatTracker
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.operations.account import Account
@@ -27,6 +28,7 @@ from vast_manager.coordinator.operations.production import (
 from vast_manager.coordinator.operations.production import (
     ProductionTracker,
     duration,
+    idle_warning,
 )
 from vast_manager.coordinator.operations.reconciliation import Reconciler
 from vast_manager.coordinator.providers.base import (
@@ -99,7 +101,10 @@ class Monitor:
         agent was last given.
 
         After a coordinator restart nobody could have heard the agents while it
-        was down, so their timers start afresh rather than from ``last_seen``.
+        was down, so their timers start afresh rather than from ``last_seen``, and
+        only after the longest wait an agent's backoff may still hold it to
+        (``retry.COORDINATOR_BACKOFF``): an agent that reports within that window is
+        never called ``lost`` (nor idle) for the restart.
         Synchronous, for ``create_app`` before the loop serves anyone; in the loop
         ``tick`` uses ``seed_async``.
         """
@@ -116,7 +121,8 @@ class Monitor:
             # Checked after the scan: a heartbeat heard meanwhile keeps its own time.
             untracked = self.tracker.last_seen(instance_id) is None
             if inst["state"] in states.ACTIVE_PHASES and untracked:
-                self.tracker.touch(instance_id, now, inst["heartbeat_pace_s"], inst["state"])
+                self.tracker.touch(instance_id, now, inst["heartbeat_pace_s"], inst["state"],
+                                   extra_s=COORDINATOR_BACKOFF.cap_s)
         self._seeded = True
 
     def wake(self) -> None:
@@ -180,18 +186,19 @@ class Monitor:
         if self.production.short_ids() and not self.account.at_or_below_zero:
             await self.demote_short(now)
         if turned:
+            warnings = {i: idle_warning(current[i], now) for i in turned}
+
             def report(tx: Tx) -> None:
                 for instance_id in turned:
                     inst = tx.get_instance(instance_id)
                     if inst is not None:
-                        tx.insert_event(now, "idle", str(current[instance_id].idle_reason),
+                        tx.insert_event(now, "idle", warnings[instance_id],
                                         instance_id=instance_id, agent_id=inst["agent_id"],
                                         machine_id=inst["machine_id"])
 
             await self.store.write(report)
             for instance_id in turned:
-                log.info("instance %s is idle: %s", instance_id,
-                            current[instance_id].idle_reason)
+                log.warning("instance %s is idle: %s", instance_id, warnings[instance_id])
         limit = self.settings.idle_destroy_after_s
         # At zero funds vast.ai stops every instance: no proof moves, and that is no host's fault.
         if limit <= 0 or self.account.at_or_below_zero:
@@ -256,7 +263,8 @@ class Monitor:
                 if inst["kind"] == "deployed" and inst["machine_id"]:
                     tx.add_strike(str(inst["machine_id"]), f"delivered short: {p.short}",
                                   now=now, instance_id=instance_id, limit=strike.limit,
-                                  window_s=strike.window_s, block_s=strike.block_s)
+                                  window_s=strike.window_s, block_s=strike.block_s,
+                                  kind=blame.HOST_EVIDENCE, state=str(inst["state"]))
                 minimum = inst["min_rate_per_hour"]
                 if minimum is not None and rate < float(minimum):
                     tx.begin_terminating(

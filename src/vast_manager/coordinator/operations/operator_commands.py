@@ -79,13 +79,26 @@ def rebenchmark_job(inst: Row, now: float) -> Callable[[Tx], None]:
     return job
 
 
-def add_bad_host_job(machine_id: str, reason: str, now: float) -> Callable[[Tx], None]:
+def add_bad_host_job(machine_id: str, reason: str, now: float,
+                     block_s: float) -> Callable[[Tx], None]:
+    """Block a machine for ``block_s``: every block ends (docs/policy.md, "Blame")."""
     def job(tx: Tx) -> None:
-        tx.add_bad_host(machine_id, reason=reason, source="operator", now=now)
-        tx.insert_event(now, "bad_host", f"{machine_id}: {reason} (operator)",
-                        machine_id=machine_id)
+        tx.add_bad_host(machine_id, reason=reason, source="operator", now=now,
+                        expires_at=now + block_s)
+        tx.insert_event(now, "bad_host", f"{machine_id}: {reason} (operator, for "
+                        f"{block_s / 3600:.0f} h)", machine_id=machine_id)
 
     return job
+
+
+def forgive_job(machine_id: str, now: float) -> Callable[[Tx], bool]:
+    """Lift a machine's block and take back its strikes (False: nothing to forgive)."""
+    return lambda tx: tx.forgive(machine_id, now)
+
+
+def clear_fault_job(fault_id: int, note: str, now: float) -> Callable[[Tx], bool]:
+    """The operator says a fleet fault is fixed (False: no such open fault)."""
+    return lambda tx: tx.clear_fault(fault_id, note, now)
 
 
 def remove_bad_host_job(machine_id: str, now: float) -> Callable[[Tx], bool]:

@@ -72,15 +72,18 @@ class Production:
     short: str | None = None  # delivering far below its rate (``decisions.delivered``)
     short_rate_per_hour: float | None = None  # the delivered rate it was found short on
     settled: bool = False  # the completed rate spans at least half a window
+    idle_stop_at: float | None = None  # when the monitor destroys it, idle (None: never)
 
     def view(self) -> dict[str, Any]:
         return {"completed_rate_per_hour": self.completed_rate_per_hour, "idle": self.idle,
-                "idle_since": self.idle_since, "idle_reason": self.idle_reason}
+                "idle_since": self.idle_since, "idle_reason": self.idle_reason,
+                "idle_stop_at": self.idle_stop_at}
 
 
 #: What an instance that is not proving shows (nothing measured, not idle).
 NOT_PROVING: dict[str, Any] = {"completed_rate_per_hour": None, "idle": False,
-                               "idle_since": None, "idle_reason": None, **NOT_DELIVERED}
+                               "idle_since": None, "idle_reason": None, "idle_stop_at": None,
+                               **NOT_DELIVERED}
 
 
 def duration(seconds: float) -> str:
@@ -89,6 +92,15 @@ def duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def idle_warning(p: Production, now: float) -> str:
+    """The idle event's text: why, and when the instance will be destroyed (the warning
+    before it happens) unless a proof completes first."""
+    if p.idle_stop_at is None:
+        return f"{p.idle_reason}; reported only (VM_IDLE_DESTROY_AFTER_S)"
+    return (f"{p.idle_reason}; it will be destroyed in {duration(max(p.idle_stop_at - now, 0))}"
+            " unless a proof completes first (VM_IDLE_DESTROY_AFTER_S)")
 
 
 class ProductionTracker:
@@ -152,6 +164,7 @@ class ProductionTracker:
                 short=track.short,
                 short_rate_per_hour=track.short_rate,
                 settled=(now - track.anchor[0]) * scale >= WINDOW_S / 2,
+                idle_stop_at=self._stop_at(since, row, scale),
             )
         self._tracks = tracks
         self.current = current
@@ -217,6 +230,14 @@ class ProductionTracker:
             return {}
         return {i: p.completed_rate_per_hour for i, p in self.current.items()
                 if p.settled and p.completed_rate_per_hour is not None}
+
+    def _stop_at(self, idle_since: float | None, row: Row, scale: float) -> float | None:
+        """When an idle instance we rented is destroyed (its clock; a bring-your-own machine
+        never is, nor anything while ``idle_destroy_after_s`` is 0)."""
+        limit = self.settings.idle_destroy_after_s
+        if idle_since is None or limit <= 0 or row.get("kind") != "deployed":
+            return None
+        return idle_since + limit / scale
 
     def _rate(self, track: _Track, now: float, scale: float) -> float | None:
         """Proofs per (simulated) hour since the anchor (half a window to a window ago);

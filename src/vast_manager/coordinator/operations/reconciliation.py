@@ -171,6 +171,8 @@ class Reconciler:
             listed_instances(provider_instances), our_records(ours), self.settings.fleet_id,
             known, now,
             self.settings.unowned_grace_s,
+            # Local instances are never said to be vast.ai's.
+            "vast.ai" if self.provider.name == "vast" else f"the {self.provider.name} provider",
         )
         # One list that misses an instance (a provider hiccup) must not end a
         # healthy instance: mark vanished only after consecutive rounds agree.
@@ -179,6 +181,7 @@ class Reconciler:
             pid: self._missing_rounds.get(pid, 0) + 1 for pid in missing
         }
         await self._note_paused(provider_instances, by_pid, now)
+        await self._note_provider_view(provider_instances, by_pid)
         # A dead status the agent or the account explains is no reason to destroy.
         actions = await self._keep_explained(actions, provider_instances, by_pid, now)
         # Likewise a status that never runs must be seen twice before a destroy.
@@ -233,6 +236,42 @@ class Reconciler:
                 tx.add_paused(instance_id, rent_s=rent, storage_s=storage)
 
         await self.store.write(add)
+
+    async def _note_provider_view(self, provider_instances: list[ProviderInstance],
+                                  by_pid: dict[int, Row]) -> None:
+        """Keep vast.ai's own view of each of our instances beside ours: its
+        ``actual_status``, its ``status_msg`` and what that status bills per hour (rent
+        while running, storage unless offline: ``cost.Prices.per_hour``), written when it
+        changes (docs/operations.md, "vast.ai's view")."""
+        changed: list[tuple[int, str | None, str | None]] = []
+        for inst in provider_instances:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                row = by_pid.get(int(inst["id"]))
+                if row is None or row["state"] in states.GONE:
+                    continue
+                status = inst.get("actual_status")
+                status = None if status is None else str(status)[:40]
+                msg = inst.get("status_msg")
+                # status_msg is the host's docker error: untrusted (every view neutralises
+                # it), possibly long and multi-line.
+                msg = " ".join(str(msg).split())[:300] if msg else None
+                if (status, msg) != (row.get("provider_status"), row.get("provider_status_msg")):
+                    changed.append((int(row["id"]), status, msg))
+        if not changed:
+            return
+
+        def note(tx: Tx) -> None:
+            for instance_id, status, msg in changed:
+                full = tx.get_instance(instance_id)
+                offer = stored_offer(full["offer_json"]) if full is not None else None
+                prices = (cost.prices_of(offer, full["disk_gb"], full["bid_per_hour"])
+                          if full is not None and offer is not None else None)
+                billing = (None if prices is None or status is None
+                           else prices.per_hour(status=status).total)
+                tx.update_instance(instance_id, provider_status=status,
+                                   provider_status_msg=msg, billing_per_hour=billing)
+
+        await self.store.write(note)
 
     async def _outbid_wait(self, row: Row, now: float) -> str | None:
         """Why an outbid interruptible instance is kept (its bid raised within its cap, or
@@ -386,7 +425,7 @@ class Reconciler:
     #: What reconciliation reads of each record (not the hello's wide ``host_json``).
     _RECONCILE_COLUMNS = ("id", "agent_id", "machine_id", "provider", "provider_instance_id",
                           "state", "created_at", "terminate_reason", "hello_at",
-                          "bid_per_hour")
+                          "bid_per_hour", "provider_status", "provider_status_msg")
 
     def _deployed_rows(self, reads: Reads) -> list[Row]:
         """Our records of instances this provider rented (not bring-your-own machines,

@@ -238,7 +238,10 @@ def result_job(
         if terminate and verdict is not None:
             ending = Ending(verdict.reason, "verdict", now + settings.terminate_grace_s,
                             note=f"terminate: {verdict.reason}",
-                            bad_host_source="benchmark" if verdict.bad_host else None)
+                            bad_host_source="benchmark" if verdict.bad_host else None,
+                            # its block lasts VM_STRIKE_BLOCK_S, as a strikes block does
+                            strike=policy.StrikeRule.from_settings(settings)
+                            if verdict.bad_host else None)
         after = _after_result(inst, inst_updates, ending)
         pace_now = pace.answer_s(after["state"], fleet, settings, rng)
         directive = directive_for_row(after, pace_now)
@@ -297,6 +300,7 @@ def _benchmark_verdict(
     elif not already_ending and judged.counts:
         verdict = policy.benchmark_verdict(
             check, inst["min_rate_per_hour"], steady_rate=steady, concurrency=concurrency,
+            own_min_rate=inst.get("price_min_rate_per_hour"),
         )
     rate = check.recomputed_rate_per_hour
     if result.kind == "benchmark" and not check.implausible and not already_ending \

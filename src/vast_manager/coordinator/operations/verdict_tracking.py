@@ -222,9 +222,15 @@ def _terminate_early(
     machine_id = inst["machine_id"] or inst["label"]
     reason = f"early verdict: {v.reason}"
     state["bench_status"] = BENCH_TERMINATED
+    # Only a bound below the minimum the machine's own price sets blocks it.
+    blocks = policy.blocks_machine(v.bound_per_hour, inst.get("price_min_rate_per_hour"))
+    if not blocks:
+        reason += " (given at deploy; the machine is not blocked)"
     tx.begin_terminating(
         inst["id"], reason, kind="verdict", note=f"terminate: {reason}", data=data,
-        bad_host_source="benchmark", now=now, destroy_due_at=now + settings.terminate_grace_s,
+        bad_host_source="benchmark" if blocks else None, now=now,
+        strike=policy.StrikeRule.from_settings(settings) if blocks else None,
+        destroy_due_at=now + settings.terminate_grace_s,
         **state, rate_per_hour=v.rate_estimate_per_hour, last_seen=now,
     )
     fresh = tx.get_instance(inst["id"])

@@ -36,6 +36,7 @@ TABLES = (
     "measurements",
     "autopilot",
     "machine_strikes",
+    "fleet_faults",
 )
 
 #: Instances still on their machine (``states.BILLING``), as SQL. Written as "not gone"
@@ -525,7 +526,33 @@ def _m12_spool_marks(db: sqlite_utils.Database) -> None:
                "result_seq integer not null default 0, logs_seq integer not null default 0)")
 
 
-def _m13_bounded_influence(db: sqlite_utils.Database) -> None:
+def _m13_blame(db: sqlite_utils.Database) -> None:
+    """Whose fault each failed trial was (docs/policy.md, "Blame"): its party and the
+    failure's signature on ``machine_strikes`` (older rows: the host's, as they were
+    counted); faults beyond one machine that pause deploys (``fleet_faults``); the
+    minimum an instance's own price sets, beside an operator-given one; vast.ai's own
+    view of each instance."""
+    strikes = db.table("machine_strikes")
+    strikes.add_column("fault", str)
+    strikes.add_column("signature", str)
+    db.execute("update machine_strikes set fault = 'host' where fault is null")
+    db.table("fleet_faults").create(
+        {"id": int, "signature": str, "fault": str, "cause": str, "fix": str,
+         "opened_at": float, "last_at": float, "failures": int, "machines_json": str,
+         "cleared_at": float, "cleared_note": str},
+        pk="id",
+        not_null={"signature", "fault", "cause", "opened_at"},
+    )
+    instances = db.table("instances")
+    instances.add_column("price_min_rate_per_hour", float)
+    # vast.ai's own view, as the monitor last listed it: its actual_status, its status_msg
+    # and what that status bills per hour (rent and storage; null: not listed yet).
+    instances.add_column("provider_status", str)
+    instances.add_column("provider_status_msg", str)
+    instances.add_column("billing_per_hour", float)
+
+
+def _m14_bounded_influence(db: sqlite_utils.Database) -> None:
     """A claim confirmed beyond belief reaches the rate model (and other machines' twin
     references) at most at the line it was held at (docs/reliability.md, "Judged by what it
     delivers"); null: read as measured. A bring-your-own agent's measurement is
@@ -549,8 +576,10 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...]
     (10, "directed benchmarks, held results, declared GPUs", _m10_directed_benchmarks),
     (11, "host_perf computed from measurements", _m11_host_perf_from_measurements),
     (12, "the highest spool sequence stored for each agent", _m12_spool_marks),
-    (13, "the most the rate model reads of a claim beyond belief; host-reported hardware",
-     _m13_bounded_influence),
+    (13, "blame: each failure's party, faults that pause deploys; vast.ai's view",
+     _m13_blame),
+    (14, "the most the rate model reads of a claim beyond belief; host-reported hardware",
+     _m14_bounded_influence),
 )
 
 

@@ -84,9 +84,11 @@ class Reads:
         states: Collection[str] | None = None,
         after_id: int | None = None,
         limit: int | None = None,
+        gone_since: float | None = None,
     ) -> list[tuple[Any, ...]]:
         """Instances' values of ``columns``, in that order, by id: those in ``states``
-        (every state when None) with an id above ``after_id``, at most ``limit`` of them.
+        (every state when None) with an id above ``after_id``, at most ``limit`` of them;
+        with ``gone_since``, a gone one only if it went at or after that time.
         A fleet-sized list: no dict per row, and without the wide ``host_json``, half the
         time of 10,000 rows. One state's page is a range of the state index."""
         cols = ", ".join(f"[{c}]" for c in columns)
@@ -98,6 +100,9 @@ class Reads:
         if after_id is not None:
             where.append("id > ?")
             params.append(after_id)
+        if gone_since is not None:
+            where.append(f"({ACTIVE_SQL} or coalesce(destroyed_at, state_since) >= ?)")
+            params.append(gone_since)
         sql = f"select {cols} from instances"
         if where:
             sql += " where " + " and ".join(where)
@@ -108,12 +113,14 @@ class Reads:
         return self._conn.execute(sql, params).fetchall()
 
     def instances_by_state(self) -> dict[str, tuple[int, float, float]]:
-        """Per state: how many instances, the sum of their ``dph_total`` and of their
+        """Per state: how many instances, the sum of what they bill per hour now (vast.ai's
+        last listed status, ``billing_per_hour``, else ``dph_total``) and of their
         ``rate_per_hour`` (nulls count as 0)."""
         return {
             str(state): (int(n), float(dph), float(rate))
             for state, n, dph, rate in self._conn.execute(
-                "select state, count(*), total(dph_total), total(rate_per_hour) "
+                "select state, count(*), total(coalesce(billing_per_hour, dph_total)), "
+                "total(rate_per_hour) "
                 "from instances group by state"
             )
         }
@@ -330,6 +337,12 @@ class Reads:
         where, params = ("where machine_id = ?", (machine_id,)) if machine_id else ("", ())
         return rows_of(self._conn, f"select * from machine_strikes {where} order by at, id",
                        params)
+
+    def fleet_faults(self, open_only: bool = False) -> list[Row]:
+        """Faults beyond one machine (``decisions.blame``), newest first; open ones only
+        with ``open_only``."""
+        where = "where cleared_at is null" if open_only else ""
+        return rows_of(self._conn, f"select * from fleet_faults {where} order by id desc")
 
     def bad_host_count(self) -> int:
         return int(self._conn.execute("select count(*) from bad_hosts").fetchone()[0])

@@ -19,6 +19,7 @@ INSTANCE_FIELDS = (
     "provider_instance_id", "offer_id", "geolocation", "cpu_name", "cpu_cores", "cpu_ram",
     "pcie_bw", "disk_gb", "proofs_completed_total", "terminate_reason", "created_at",
     "state_since", "destroyed_at", "agent_version", "rebenchmark_pending",
+    "provider_status", "provider_status_msg", "billing_per_hour",
 )
 
 
@@ -95,6 +96,12 @@ def finish_view(out: dict[str, Any], basis: CostBasis | None = None) -> dict[str
     out["usd_per_proof"] = (bill["per_proof"]["total"] if bill and bill["per_proof"]
                             else policy.usd_per_proof(out["dph_total"], out["rate_per_hour"]))
     out["rebenchmark_pending"] = bool(out["rebenchmark_pending"])
+    # What the provider bills for it now: by vast.ai's last listed status (nothing once
+    # gone; the price until first listed).
+    out["billing_now_per_hour"] = (
+        0.0 if out["state"] in states.GONE
+        else out["billing_per_hour"] if out["billing_per_hour"] is not None
+        else out["dph_total"])
     return out
 
 
@@ -131,6 +138,14 @@ def result_view(row: Row) -> dict[str, Any]:
 def event_view(row: Row) -> dict[str, Any]:
     out = dict(row)
     out["data"] = loads(out.pop("data_json", None))
+    return out
+
+
+def fault_view(row: Row) -> dict[str, Any]:
+    """A fleet fault (``decisions.blame``): open while ``cleared_at`` is null."""
+    out = dict(row)
+    out["machines"] = loads(out.pop("machines_json", None)) or []
+    out["open"] = out.get("cleared_at") is None
     return out
 
 

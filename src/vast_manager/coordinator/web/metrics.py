@@ -124,7 +124,8 @@ HOST_LABELS = ("instance_id", "machine_id")
 GPU_LABELS = ("instance_id", "machine_id", "gpu", "gpu_name")
 #: What the per-instance gauges read of each instance still on a machine.
 _INSTANCE_COLUMNS = ("id", "machine_id", "gpu_name", "state", "rate_per_hour", "dph_total",
-                     "proofs_completed_total", "last_seen", "num_gpus")
+                     "proofs_completed_total", "last_seen", "num_gpus", "provider_instance_id",
+                     "provider_status", "billing_per_hour")
 
 
 #: GPU series one instance may expose per gauge: the most GPUs a vast.ai machine is
@@ -221,7 +222,9 @@ class FleetCollector(Collector):
             ("vm_fleet_idle_instances",
              "Proving instances that completed no proof for VM_IDLE_AFTER_S: billing, idle.",
              fleet["idle"]),
-            ("vm_fleet_dollars_per_hour", "Price per hour of every instance that bills.",
+            ("vm_fleet_dollars_per_hour",
+             "What every instance that bills costs per hour now: by vast.ai's last listed "
+             "status (rent while running, storage unless offline), else its price.",
              fleet["dollars_per_hour"]),
             ("vm_fleet_dollars_per_proof",
              "Fleet price per hour over proofs per hour (absent while nothing proves).",
@@ -282,21 +285,37 @@ class FleetCollector(Collector):
                            "1 when a proving instance completed no proof for "
                            "VM_IDLE_AFTER_S (billing, producing nothing), else 0.",
                            INSTANCE_LABELS),
+            "billing": _Gauge("vm_instance_billing_dollars_per_hour",
+                              "What vast.ai bills for an instance per hour now, by its last "
+                              "listed status (0 rent while stopped; its price until listed).",
+                              INSTANCE_LABELS),
+            "vast": _Gauge("vm_instance_provider_status",
+                           "1 for an instance's provider id and status as the provider last "
+                           "listed them (vast.ai's actual_status).",
+                           (*INSTANCE_LABELS, "provider_instance_id", "provider_status")),
             **{key: _Gauge(name, text, INSTANCE_LABELS) for key, name, text in _DELIVERED},
         }
         produced = self.production.view if self.production else None
         for inst in self.reads.active_instances(_INSTANCE_COLUMNS):
             labels = _labels(inst["id"], inst["machine_id"], gpu_label(inst["gpu_name"]),
                              inst["state"])
-            fams["rate"].sample(inst["rate_per_hour"], labels)
+            made = produced(inst["id"]) if produced is not None else None
+            # One reading (docs/operations.md): a lost or idle instance proves nothing now,
+            # so it has no rate and no cost per proof here either.
+            silent = inst["state"] == State.LOST or bool(made and made["idle"])
+            rate = None if silent else inst["rate_per_hour"]
+            fams["rate"].sample(rate, labels)
             fams["dph"].sample(inst["dph_total"], labels)
-            fams["usd"].sample(policy.usd_per_proof(inst["dph_total"], inst["rate_per_hour"]),
-                               labels)
+            fams["usd"].sample(policy.usd_per_proof(inst["dph_total"], rate), labels)
             fams["proofs"].sample(inst["proofs_completed_total"], labels)
             fams["seen"].sample(inst["last_seen"], labels)
             fams["gpus"].sample(inst["num_gpus"], labels)
-            if produced is not None:
-                made = produced(inst["id"])
+            billing = inst["billing_per_hour"]
+            fams["billing"].sample(inst["dph_total"] if billing is None else billing, labels)
+            if inst["provider_status"] is not None:
+                fams["vast"].sample(1, labels + _labels(inst["provider_instance_id"],
+                                                        inst["provider_status"]))
+            if made is not None:
                 fams["completed"].sample(made["completed_rate_per_hour"], labels)
                 fams["idle"].sample(1 if made["idle"] else 0, labels)
                 for key, _name, _text in _DELIVERED:
@@ -506,9 +525,15 @@ class BillCollector(Collector):
         yield GaugeMetricFamily("vm_vast_funds_low",
                                 "1 while the funds are below VM_BALANCE_WARN_USD.",
                                 value=1.0 if account.warning else 0.0)
+        open_faults = len(self.reads.fleet_faults(open_only=True))
+        yield GaugeMetricFamily("vm_fleet_faults_open",
+                                "Open fleet faults: a failure that is not one host's (the "
+                                "setup's, vast.ai's), pausing deploys until cleared.",
+                                value=float(open_faults))
         yield GaugeMetricFamily("vm_deploys_paused",
-                                "1 while deploys and the autopilot are paused by the account.",
-                                value=1.0 if account.paused else 0.0)
+                                "1 while deploys and the autopilot are paused (the account, "
+                                "or an open fleet fault).",
+                                value=1.0 if account.paused or open_faults else 0.0)
         yield from _search_metrics(self.figures.offer_cache)
 
 

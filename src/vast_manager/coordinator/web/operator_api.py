@@ -24,6 +24,7 @@ from vast_manager.coordinator.exceptions import (
     error_body,
     http_status,
 )
+from vast_manager.coordinator.operations import faults, preflight, spend
 from vast_manager.coordinator.operations import operator_commands as ops
 from vast_manager.coordinator.operations.cluster import NO_FLEET_DELIVERED
 from vast_manager.coordinator.operations.deploy import mint_agent_id
@@ -45,6 +46,7 @@ from vast_manager.coordinator.web.json_views import (
     VIEW_COLUMNS,
     CostBasis,
     event_view,
+    fault_view,
     finish_view,
     fleet_view,
     host_perf_view,
@@ -63,10 +65,13 @@ MAX_LABEL_CHARS = 200
 MAX_REASON_CHARS = 1000
 #: The most instances one page of ``GET /api/instances`` holds.
 MAX_INSTANCE_PAGE = 10_000
-#: The instance states a state filter may name.
-KNOWN_STATES: tuple[str, ...] = tuple(State)
+#: What the tables show for a proving instance that completes nothing (docs/operations.md,
+#: "Idle"): a state filter may name it as it names the states.
+IDLE = "idle"
+#: The instance states a state filter may name, and ``idle``.
+KNOWN_STATES: tuple[str, ...] = (*tuple(State), IDLE)
 #: The parameters ``GET /api/instances`` takes (anything else is refused).
-INSTANCE_LIST_PARAMETERS = ("state", "limit", "after_id")
+INSTANCE_LIST_PARAMETERS = ("state", "limit", "after_id", "gone_since")
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:
@@ -280,27 +285,39 @@ async def _list_instances(core: Core, request: web.Request) -> Any:
     states = _query_states(request)
     limit = _query_int(request, "limit", default=None, minimum=1, maximum=MAX_INSTANCE_PAGE)
     after_id = _query_int(request, "after_id", default=None, minimum=0, maximum=2**63 - 1)
+    # Gone instances only if they went at or after this unix time (status: the last day's).
+    gone_since = _query_int(request, "gone_since", default=None, minimum=0,
+                            maximum=2**40)
     id_at = VIEW_COLUMNS.index("id")
     basis = cost_basis(core)
+
+    # ``idle`` is a proving instance that completes nothing: read as proving, then told
+    # apart (and ``proving`` then means the proving ones that are not idle).
+    read_states = (None if states is None else
+                   tuple(dict.fromkeys(State.PROVING if s == IDLE else s for s in states)))
 
     def page(reads: Reads) -> tuple[bytes, int | None]:
         # One row past the page tells whether another follows. Only the view's columns,
         # and one dict a row built from the row's values.
-        rows = reads.instance_values(VIEW_COLUMNS, states=states, after_id=after_id,
-                                     limit=None if limit is None else limit + 1)
+        rows = reads.instance_values(VIEW_COLUMNS, states=read_states, after_id=after_id,
+                                     limit=None if limit is None else limit + 1,
+                                     gone_since=gone_since)
         more = limit is not None and len(rows) > limit
         if more:
             del rows[limit:]
         produced = core.monitor.production.view
-        body = orjson.dumps([production_view(
+        views = [production_view(
             finish_view(dict(zip(VIEW_COLUMNS, values, strict=True)), basis),
-            produced(values[id_at]), core.started_at) for values in rows])
-        return body, int(rows[-1][id_at]) if more else None
+            produced(values[id_at]), core.started_at) for values in rows]
+        if states is not None:
+            views = [v for v in views if (IDLE if v["idle"] else v["state"]) in states]
+        return orjson.dumps(views), int(rows[-1][id_at]) if more else None
 
     body, last_id = await core.store.read(page)
     response = _json_bytes(body)
     if last_id is not None:
         query = [("state", ",".join(states))] if states else []
+        query += [("gone_since", str(gone_since))] if gone_since is not None else []
         query += [("limit", str(limit)), ("after_id", str(last_id))]
         response.headers["Link"] = (f"<{request.path}?{urllib.parse.urlencode(query)}>; "
                                     'rel="next"')
@@ -313,9 +330,16 @@ async def _fleet(core: Core, request: web.Request) -> Any:
         reads.instances_by_state(), production.idle_totals(),
         production.completed_total_per_hour()))
     # The break-even $/proof the minimum rates come from (the offers chart draws it).
+    open_faults = await core.store.read(lambda reads: reads.fleet_faults(open_only=True))
+    now = core.clock()
+    spent = await core.store.read(lambda reads: spend.spend_view(reads, now))
     return {**view, **NO_FLEET_DELIVERED, **production.fleet_delivered,
             "cluster": core.monitor.cluster.view(),
             "account": core.monitor.account.view().as_dict(),
+            "spend": spent,
+            # Why deploys and the autopilot wait now (the account or a fault), or None.
+            "deploys_paused": faults.pause_reason(core.monitor.account, core.store),
+            "faults": [fault_view(r) for r in open_faults],
             "replica": core.runtime.replica_health().as_dict(core.clock()),
             "offer_cache": core.offers.view(),
             "pending_price_increases": list(core.monitor.price_increases.pending.values()),
@@ -470,12 +494,52 @@ async def _add_bad_host(core: Core, request: web.Request) -> Any:
     machine_id = _text({"machine_id": raw}, "machine_id", required=True,
                        max_chars=MAX_LABEL_CHARS)
     reason = _text(body, "reason", required=False, max_chars=MAX_REASON_CHARS) or "by the operator"
+    # Every block ends (docs/policy.md, "Blame"): unless the operator says, as a strikes block.
+    hours = _number(body, "hours")
+    if hours is not None and hours > 24 * 366:
+        raise InvalidInput("Field 'hours' must be at most 8784 (a year).", field="hours")
+    block_s = core.settings.strike_block_s if hours is None else hours * 3600.0
     assert machine_id is not None
     now = core.clock()
 
-    await core.store.write(ops.add_bad_host_job(machine_id, reason, now))
-    return {"ok": True, "machine_id": machine_id, "reason": reason,
-            "message": f"Machine {machine_id} is on bad_hosts."}
+    await core.store.write(ops.add_bad_host_job(machine_id, reason, now, block_s))
+    return {"ok": True, "machine_id": machine_id, "reason": reason, "expires_at": now + block_s,
+            "message": f"Machine {machine_id} is on bad_hosts for {block_s / 3600:.0f} h."}
+
+
+async def _forgive_bad_host(core: Core, request: web.Request) -> Any:
+    machine_id = request.match_info["machine_id"]
+    now = core.clock()
+    if not await core.store.write(ops.forgive_job(machine_id, now)):
+        raise NotFound(f"Machine {machine_id!r} has no block and no strike to forgive.")
+    return {"ok": True, "machine_id": machine_id,
+            "message": f"Machine {machine_id} forgiven: its block lifted, its strikes taken back."}
+
+
+async def _preflight(core: Core, request: web.Request) -> Any:
+    """Every preflight check of the configuration as it is now (nothing is deployed)."""
+    checks = await preflight.run(core.settings)
+    refused = preflight.refusal(checks)
+    return {"ok": refused is None, "checks": [c.as_dict() for c in checks],
+            "message": refused or "Preflight passed: nothing checked failed."}
+
+
+async def _faults(core: Core, request: web.Request) -> Any:
+    return await core.store.read(lambda reads: [fault_view(r) for r in reads.fleet_faults()])
+
+
+async def _clear_fault(core: Core, request: web.Request) -> Any:
+    raw = request.match_info["fault_id"]
+    if not raw.isdigit() or len(raw) > 18:
+        raise InvalidInput(f"Fault id must be a whole number, got {raw[:40]!r}.", field="id")
+    body = await _json_object(request)
+    note = _text(body, "note", required=False, max_chars=MAX_REASON_CHARS) or "fixed"
+    assert note is not None
+    now = core.clock()
+    if not await core.store.write(ops.clear_fault_job(int(raw), note, now)):
+        raise NotFound(f"No open fault {raw}.")
+    return {"ok": True, "fault_id": int(raw),
+            "message": f"Fault {raw} cleared: deploys and the autopilot resume."}
 
 
 async def _remove_bad_host(core: Core, request: web.Request) -> Any:
@@ -567,6 +631,10 @@ def operators_app() -> web.Application:
     app.router.add_get("/bad-hosts", op(_bad_hosts))
     app.router.add_post("/bad-hosts", op(_add_bad_host))
     app.router.add_delete("/bad-hosts/{machine_id}", op(_remove_bad_host))
+    app.router.add_post("/bad-hosts/{machine_id}/forgive", op(_forgive_bad_host))
+    app.router.add_get("/faults", op(_faults))
+    app.router.add_post("/preflight", op(_preflight))
+    app.router.add_post("/faults/{fault_id}/clear", op(_clear_fault))
     app.router.add_get("/scaling", op(_scaling))
     app.router.add_post("/deploy", op(_deploy))
     app.router.add_get("/instances/{id}/telemetry-history", op(_telemetry_history))

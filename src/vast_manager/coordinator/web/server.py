@@ -360,6 +360,13 @@ async def _billing_instances(server: RunningServer) -> list[int]:
     return [int(r["id"]) for r in rows]
 
 
+async def _local_children(server: RunningServer) -> list[int]:
+    """The ids of the local provider's instances still running: this process's children,
+    which stop with it (bring-your-own agents are not)."""
+    rows = await server.store.read(lambda r: r.active_instances(["id", "kind", "provider"]))
+    return [int(r["id"]) for r in rows if r["kind"] == "deployed" and r["provider"] == "local"]
+
+
 def _ids(ids: list[int]) -> str:
     shown = ", ".join(str(i) for i in ids[:10])
     return shown + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
@@ -389,7 +396,12 @@ async def _serve_until_signalled(settings: Settings, provider: Provider) -> None
                        "speaks again, status shows its last heartbeat's age")
     try:
         await stop.wait()
-        rented = await _billing_instances(server)
+        children = await _local_children(server) if provider.name == "local" else []
+        if children:
+            _say(settings, f"stopping: the {len(children)} local instance(s) "
+                           f"({_ids(children)}) and their agents stop with this coordinator "
+                           "(simulated; nothing bills)")
+        rented = [i for i in await _billing_instances(server) if i not in set(children)]
         if rented and provider.name == "fake":
             _say(settings, f"stopping: the fake vast.ai stops with the coordinator, and its "
                            f"{len(rented)} instance(s) with it ({_ids(rented)}); nothing was "
@@ -399,7 +411,7 @@ async def _serve_until_signalled(settings: Settings, provider: Provider) -> None
                            f"({_ids(rented)}); their agents keep working. Serve this database "
                            "again to manage them, or destroy them (vast-manager destroy ID) "
                            "before you stop for good")
-        else:
+        elif not children:
             _say(settings, "stopping: no instance is rented, nothing keeps billing")
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):

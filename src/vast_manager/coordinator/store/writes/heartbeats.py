@@ -61,7 +61,7 @@ class HeartbeatWrites(InstanceWrites, AgentWrites):
         if w.ending is not None:
             self.begin_terminating(w.instance_id, w.ending.reason, kind=w.ending.kind,
                                    now=w.now, destroy_due_at=w.ending.destroy_due_at,
-                                   strike=w.ending.strike)
+                                   strike=w.ending.strike, failed_in=w.ending.failed_in)
         if w.telemetry_json is not None:
             self.upsert_telemetry(w.instance_id, w.now, w.telemetry_json)
         if w.history is not None:

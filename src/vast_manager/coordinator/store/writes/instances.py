@@ -6,7 +6,15 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from vast_manager.coordinator.decisions import states
+from vast_manager.coordinator.settings import DEFAULTS
 from vast_manager.coordinator.store.writes.bad_hosts import BadHostWrites
+
+
+class _StrikeDefaults(NamedTuple):
+    block_s: float = DEFAULTS.strike_block_s
+
+
+DEFAULT_STRIKES = _StrikeDefaults()
 
 
 class Ending(NamedTuple):
@@ -18,6 +26,7 @@ class Ending(NamedTuple):
     strike: Any = None  # a ``policy.StrikeRule`` when the trial counts against its machine
     note: str | None = None  # the event's text (None: the reason)
     bad_host_source: str | None = None  # lists the machine on ``bad_hosts`` as this source
+    failed_in: str | None = None  # the state the instance failed in (``decisions.blame``)
 
 
 class InstanceWrites(BadHostWrites):
@@ -43,7 +52,7 @@ class InstanceWrites(BadHostWrites):
     def begin_terminating(
         self, instance_id: int, reason: str, *, kind: str, now: float, destroy_due_at: float,
         note: str | None = None, data: Any = None, bad_host_source: str | None = None,
-        strike: Any = None, **cols: Any,
+        strike: Any = None, failed_in: str | None = None, **cols: Any,
     ) -> bool:
         """Send an instance to ``terminating``: the one way anything ends an instance.
 
@@ -53,13 +62,16 @@ class InstanceWrites(BadHostWrites):
         the first reason it was given; its destroy falls due at ``destroy_due_at`` (a
         revoke brings it forward, a failed destroy puts it back). Records the event
         ``kind`` (its text: ``note``, else the reason) and, with ``bad_host_source``,
-        lists the machine on ``bad_hosts`` under that source. ``cols``: more columns
+        lists the machine on ``bad_hosts`` under that source; with ``strike``, judges the
+        failure (``failed_in``: the state it failed in, if no longer the row's). ``cols``:
+        more columns
         to set in the same update. Returns False, writing nothing, for an instance
         that is gone (or unknown): there is no machine left to free.
         """
         inst = self.get_instance(instance_id)
         if inst is None or inst["state"] in states.GONE:
             return False
+        failed_in = failed_in or str(inst["state"])
         updates: dict[str, Any] = {
             **cols,
             "terminate_reason": inst["terminate_reason"] or reason,
@@ -73,15 +85,19 @@ class InstanceWrites(BadHostWrites):
                "machine_id": inst["machine_id"]}
         self.insert_event(now, kind, reason if note is None else note, data=data, **ids)
         if bad_host_source is not None:
+            # Evidence against the machine at its own price: blocked, never for ever.
             machine_id = inst["machine_id"] or inst["label"]
+            block_s = (strike or DEFAULT_STRIKES).block_s
             self.add_bad_host(machine_id, reason=reason, source=bad_host_source, now=now,
-                              instance_id=instance_id)
-            self.insert_event(now, "bad_host", f"{machine_id}: {reason}", **ids)
+                              instance_id=instance_id, expires_at=now + block_s)
+            self.insert_event(now, "bad_host", f"{machine_id}: blocked for "
+                              f"{block_s / 3600:.0f} h: {reason}", **ids)
         elif strike is not None and inst["machine_id"] and inst["kind"] == "deployed":
-            # A failed trial (``policy.StrikeRule``): counted against its machine.
+            # A failed trial (``policy.StrikeRule``): judged (``decisions.blame``), and
+            # counted against its machine when it is the host's fault.
             self.add_strike(str(inst["machine_id"]), reason, now=now, instance_id=instance_id,
                             limit=strike.limit, window_s=strike.window_s,
-                            block_s=strike.block_s)
+                            block_s=strike.block_s, kind=kind, state=failed_in)
         return True
 
     def add_paused(self, instance_id: int, *, rent_s: float, storage_s: float) -> None:

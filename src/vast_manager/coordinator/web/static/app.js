@@ -83,6 +83,11 @@ function clock(ts) {
   return new Date(ts * 1000).toLocaleTimeString([], { hour12: false });
 }
 
+// A date and time, for what ends days from now (a block's expiry).
+function when(ts) {
+  return new Date(ts * 1000).toLocaleString([], { hour12: false });
+}
+
 function progressText(p) {
   if (!p) return "";
   if (p.unit === "bytes" && p.total) return Math.round((100 * p.done) / p.total) + "%";
@@ -334,6 +339,18 @@ function phaseCell(inst) {
   return cell;
 }
 
+// A lost or idle instance proves nothing now: it shows no rate and no cost per proof.
+function silent(r) {
+  return Boolean(r.idle) || r.state === STATES.LOST;
+}
+
+// The provider's view beside ours: vast.ai's instance id and its actual_status.
+function providerText(r) {
+  if (r.provider_instance_id === null || r.provider_instance_id === undefined) return "-";
+  if (r.provider === "local") return `local ${r.provider_instance_id}`;
+  return `${r.provider_instance_id} ${r.provider_status || "?"}`;
+}
+
 // Instances of the local provider run the simulated cuzk: say so beside their numbers.
 function simulatedTag(r) {
   return r.provider === "local"
@@ -351,10 +368,15 @@ function stateTone(s) {
 }
 
 // The state filter's choices: every state some instance is in, with its count.
-function fleetFilter(byState, total) {
+function fleetFilter(byState, total, idle) {
   const select = $("fleet-state");
   const current = state.fleet.filter;
   const counts = { ...byState };
+  // idle is shown as a state, so it is a filter too (proving then means the others).
+  if (idle) {
+    counts.idle = idle;
+    counts.proving = Math.max(0, (counts.proving || 0) - idle);
+  }
   if (current && !(current in counts)) counts[current] = 0;
   const choices = [["", `all states (${total})`],
     ...Object.keys(counts).sort().map((s) => [s, `${s} (${counts[s]})`])];
@@ -388,12 +410,13 @@ async function renderFleet() {
     tile("idle (billing, proving nothing)", String(summary.idle ?? 0)),
     tile("proofs / hour (benchmark rates, idle left out)", num(summary.proofs_per_hour, 1)),
     tile("completed / hour (cuzk)", num(summary.completed_proofs_per_hour, 1)),
-    tile("$ / hour", usd(summary.dollars_per_hour, 3)),
+    tile("$ / hour (what vast.ai bills now)", usd(summary.dollars_per_hour, 3)),
     tile("$ / proof", summary.dollars_per_proof === null ? "-" : usd(summary.dollars_per_proof)),
+    ...spendTiles(summary.spend),
     ...accountTiles(summary.account),
     ...earningsTiles(summary),
   );
-  accountBanner(summary.account);
+  accountBanner(summary.account, summary.faults);
   searchBanner(summary.offer_cache);
   priceBanner(summary.pending_price_increases);
   clusterBanner(summary.cluster);
@@ -409,18 +432,22 @@ async function renderFleet() {
           : el("span", { class: `state state-${stateTone(r.state)}` }, r.state || "-")),
         phaseCell(r),
         tdText(`${r.num_gpus || "?"} x ${r.gpu_name || "?"}`),
-        td(usd(r.dph_total, 3)),
-        td(num(r.rate_per_hour), simulatedTag(r)),
+        td(usd(r.billing_now_per_hour, 3)),
+        // A lost or idle instance proves nothing now: no rate, no $/proof (one reading).
+        td(silent(r) ? "-" : num(r.rate_per_hour), silent(r) ? "" : simulatedTag(r)),
         td(num(r.completed_rate_per_hour)),
         tdText(deliveredText(r)),
-        td(usd(r.usd_per_proof)),
+        td(silent(r) ? "-" : usd(r.usd_per_proof)),
         td(r.profit_per_hour === null || r.profit_per_hour === undefined
           ? "-" : usd(r.profit_per_hour, 3)),
-        td(ago(r.last_seen) + (r.heard_since_start === false ? " (before restart)" : "")),
+        td(usd(r.cost && r.cost.billed && r.cost.billed.total, 2)),
+        td(ago(r.last_seen) + (r.last_seen && r.heard_since_start === false
+          ? " (before restart)" : "")),
+        tdText(providerText(r)),
       ),
     ),
   );
-  const matching = fleetFilter(summary.by_state, summary.instances);
+  const matching = fleetFilter(summary.by_state, summary.instances, summary.idle);
   fleet.next = page.next;
   const first = (fleet.cursors.length - 1) * FLEET_PAGE;
   $("fleet-range").textContent = rows.length
@@ -434,7 +461,9 @@ async function renderFleet() {
   $("fleet-idle").hidden = idle.length === 0;
   $("fleet-idle").replaceChildren(...idle.map((r) => el("div", {},
     el("a", { href: `#/instance/${r.id}` }, `#${r.id}`),
-    ` is idle, billing ${usd(r.dph_total, 3)}/h: ${r.idle_reason || ""}`)));
+    ` is idle, billing ${usd(r.billing_now_per_hour, 3)}/h: ${r.idle_reason || ""}` +
+    (r.idle_stop_at ? `; destroyed at ${clock(r.idle_stop_at)} unless a proof completes`
+      : ""))));
   renderEvents($("events"), events.slice().reverse());
 }
 
@@ -445,8 +474,25 @@ function accountTiles(account) {
   return [tile("vast.ai funds", usd(account.funds_usd, 2))];
 }
 
-function accountBanner(account) {
+// Spent so far (docs/operations.md, "Spend"): today, this week, all time.
+function spendTiles(spend) {
+  if (!spend) return [];
+  return [["today", "spent today (UTC)"], ["week", "spent, last 7 days"],
+    ["all_time", "spent, all time"]].map(([key, label]) =>
+    tile(label, usd(spend[key] && spend[key].total, 2)));
+}
+
+function accountBanner(account, faults) {
   const banner = $("account-banner");
+  // A fleet fault (docs/policy.md, "Blame"): its cause and fix, first.
+  const fault = (faults || [])[0];
+  if (fault) {
+    banner.hidden = false;
+    banner.className = "account-banner";
+    banner.textContent = safeText(`Deploys and the autopilot are paused: fault ${fault.id} ` +
+      `(${fault.fault}'s): ${fault.cause}. Fix: ${fault.fix}`);
+    return;
+  }
   const alert = account && (account.auth_ok === false ? account.auth_error
     : account.paused || account.warning);
   banner.hidden = !alert;
@@ -511,7 +557,9 @@ function renderEvents(list, events) {
     ...events.map((e) =>
       el("li", {},
         el("span", { class: "muted" }, clock(e.ts)), " ",
-        el("span", { class: "event-kind" }, e.kind || ""), " ",
+        // A reason that already starts with its kind ("timeout: ...") says it once.
+        (e.reason || "").startsWith(`${e.kind}:`) ? "" : el("span", { class: "event-kind" },
+          e.kind || ""), " ",
         e.instance_id ? el("a", { href: `#/instance/${e.instance_id}` }, `#${e.instance_id}`) : "",
         e.instance_id ? " " : "",
         e.reason || ""),
@@ -772,7 +820,8 @@ async function renderAutopilot() {
         td(predictedInterval(p)), td(num(p.break_even_rate_per_hour)),
         td(pct(p.probability_passes)), td(pct(p.probability_beats_best)),
         td(usd(p.trial_cost_usd, 2)), td(usd(p.expected_value_usd, 2)),
-        td(el("span", { title: p.prediction_basis || "" }, p.hypothesis || "")))),
+        el("td", { class: "basis" },
+          el("span", { title: p.prediction_basis || "" }, p.hypothesis || "")))),
   );
 }
 
@@ -787,9 +836,14 @@ async function renderBadHosts() {
       const button = el("button", { type: "button", class: "remove-bad-host" }, "Remove");
       confirmClick(button, "Confirm remove", () =>
         act("DELETE", "/api/bad-hosts/" + encodeURIComponent(b.machine_id)));
+      // Forgive: the block lifted and its strikes taken back (counting starts again).
+      const forgive = el("button", { type: "button", class: "forgive-bad-host" }, "Forgive");
+      confirmClick(forgive, "Confirm forgive", () =>
+        act("POST", "/api/bad-hosts/" + encodeURIComponent(b.machine_id) + "/forgive"));
       return el("tr", { "data-machine-id": b.machine_id },
-        td(String(b.machine_id)), td(ago(b.added_at)), td(b.source || "-"), td(b.reason || "-"),
-        td(button));
+        td(String(b.machine_id)), td(ago(b.added_at)),
+        td(b.expires_at ? when(b.expires_at) : "-"), td(b.source || "-"),
+        tdText(b.reason || "-"), td(button, " ", forgive));
     }),
   );
   $("bad-hosts-empty").hidden = rows.length > 0;
@@ -921,7 +975,14 @@ async function renderInstance(id) {
     ["GPUs", `${inst.num_gpus || "?"} x ${inst.gpu_name || "?"}`],
     ["place", inst.geolocation || "-"],
     ["price", usd(inst.dph_total, 3) + " / h"],
-    ["benchmark rate", num(inst.rate_per_hour) + " / h (min " + num(inst.min_rate_per_hour) + ")" +
+    ["vast.ai", inst.provider === "local"
+      ? `local instance ${inst.provider_instance_id ?? "-"} (simulated, not vast.ai's)`
+      : inst.provider_instance_id === null || inst.provider_instance_id === undefined ? "-"
+        : `instance ${inst.provider_instance_id}: ${inst.provider_status || "?"}` +
+          (inst.provider_status_msg ? ` (${inst.provider_status_msg})` : "") +
+          `, billing ${usd(inst.billing_now_per_hour, 3)} / h now`],
+    ["benchmark rate", (silent(inst) ? "none now (" + (inst.idle ? "idle" : "lost") + ")"
+      : num(inst.rate_per_hour) + " / h") + " (min " + num(inst.min_rate_per_hour) + ")" +
       (inst.provider === "local" ? " — simulated" : "")],
     ["completed", inst.idle ? `IDLE: ${inst.idle_reason || ""}`
       : inst.state === "proving" ? (inst.completed_rate_per_hour === null
@@ -937,7 +998,7 @@ async function renderInstance(id) {
     ["revenue / profit per hour", inst.revenue_per_hour === null ||
       inst.revenue_per_hour === undefined ? "-" : `${usd(inst.revenue_per_hour, 3)} / ` +
       `${usd(inst.profit_per_hour, 3)} (at its ${inst.revenue_basis} rate)`],
-    ["$ / proof", usd(inst.usd_per_proof)],
+    ["$ / proof", silent(inst) ? "-" : usd(inst.usd_per_proof)],
     ["cost / hour", costText(inst.cost && inst.cost.per_hour)],
     ["cost / proof", costText(inst.cost && inst.cost.per_proof)],
     ["billed so far", costText(inst.cost && inst.cost.billed)],
