@@ -342,8 +342,11 @@ async def test_a_lone_instance_short_of_work_is_idle_not_struck(h: Harness) -> N
     totals = {"a": 0.0}
     await prove(h, {"a": (agent, 0.0)}, 240, totals)  # short after about 3.7 h
     inst = h.store.instance_by_agent(agent.agent_id)
-    assert inst is not None and inst["state"] == "proving"
-    assert h.core.monitor.production.view(inst["id"])["idle"]
+    assert inst is not None
+    # Idle: reported, and stopped by the idle rule (VM_IDLE_DESTROY_AFTER_S), never as
+    # a host's shortfall.
+    assert any(e["instance_id"] == inst["id"] for e in h.store.events_of_kind("idle"))
+    assert inst["state"] == "proving" or "idle" in str(inst["terminate_reason"])
     assert h.store.events_of_kind("demoted") == [] and h.store.strikes("5120") == []
     assert counted(h, agent, "starved")
 

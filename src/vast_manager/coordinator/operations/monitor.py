@@ -232,8 +232,10 @@ class Monitor:
         work's, not the host's: idle (its event says why), nothing demoted yet."""
         current = self.production.current
         short = self.production.short_ids()
+        # Evidence the work flows: another instance delivering its rate now (before the
+        # idle stop, VM_IDLE_DESTROY_AFTER_S, ends a short one unjudged).
         flowing = any(
-            p.short is None and p.settled and p.rate_per_hour
+            p.short is None and p.rate_per_hour
             and (p.completed_rate_per_hour or 0.0)
             >= delivered.HONEST_SHARE * float(p.rate_per_hour)
             for i, p in current.items() if i not in short)

@@ -46,6 +46,18 @@ class ResultOutcome:
     flood: str | None = None  # policy.THROTTLED or policy.REVOKED: too many unasked results
 
 
+def _verdict_ending(verdict: policy.Verdict | None, settings: Settings,
+                    now: float) -> Ending | None:
+    """The end a terminate verdict brings (None: none)."""
+    if verdict is None or verdict.action != "terminate":
+        return None
+    return Ending(verdict.reason, "verdict", now + settings.terminate_grace_s,
+                  note=f"terminate: {verdict.reason}",
+                  bad_host_source="benchmark" if verdict.bad_host else None,
+                  # its block lasts VM_STRIKE_BLOCK_S, as a strikes block does
+                  strike=policy.StrikeRule.from_settings(settings) if verdict.bad_host else None)
+
+
 def _flood_ending(flood: str | None, settings: Settings, now: float) -> Ending | None:
     """The end of an instance whose agent's key a flood revoked (None: no such flood)."""
     if flood != policy.REVOKED:
@@ -213,19 +225,16 @@ def result_job(
         check = policy.check_result(result, watch=watch, limits=limits,
                                     contended_with=_contended_with(tx, inst, machine_id))
         rate = check.recomputed_rate_per_hour
-        # Every result uses up the stretch of benchmarking before it: the next may claim
-        # only what the coordinator sees after this one.
+        # Each result uses up the benchmarking seen before it: the next claims what follows.
         inst_updates: dict[str, Any] = {"last_seen": now, "updated_at": now,
                                         "result_window_at": now}
         events: list[tuple[str, str]] = []
         already_ending = watch.terminated is not None
-        judged = Belief(True)
-        if result.kind == "benchmark" and not check.implausible and not already_ending \
-                and rate is not None:
-            judged = judge_belief(tx, inst, result, check, rate, settings, now, expect,
-                                   inst_updates, events)
-            if judged.counted_rate is not None:  # the lower of a claim and its confirmation
-                rate = check.recomputed_rate_per_hour = judged.counted_rate
+        judged = Belief(True) if result.kind != "benchmark" or check.implausible \
+            or already_ending or rate is None else judge_belief(
+                tx, inst, result, check, rate, settings, now, expect, inst_updates, events)
+        if judged.counted_rate is not None:  # the lower of a claim and its confirmation
+            rate = check.recomputed_rate_per_hour = judged.counted_rate
         # Everything read: from here on only decisions, then one write.
         if check.reasons:
             events.append(("flagged", "; ".join(check.reasons)))
@@ -234,20 +243,11 @@ def result_job(
             verdict = _benchmark_verdict(result, inst, settings, check, judged, already_ending,
                                          inst_updates, events)
         terminate = verdict is not None and verdict.action == "terminate"
-        ending: Ending | None = None
-        if terminate and verdict is not None:
-            ending = Ending(verdict.reason, "verdict", now + settings.terminate_grace_s,
-                            note=f"terminate: {verdict.reason}",
-                            bad_host_source="benchmark" if verdict.bad_host else None,
-                            # its block lasts VM_STRIKE_BLOCK_S, as a strikes block does
-                            strike=policy.StrikeRule.from_settings(settings)
-                            if verdict.bad_host else None)
+        ending = _verdict_ending(verdict, settings, now)
         after = _after_result(inst, inst_updates, ending)
         pace_now = pace.answer_s(after["state"], fleet, settings, rng)
         directive = directive_for_row(after, pace_now)
-        counts = (
-            result.kind == "benchmark" and check.counts_for_host_perf and rate is not None
-        )
+        counts = result.kind == "benchmark" and check.counts_for_host_perf and rate is not None
         row = _result_row(agent_id, result, inst, check, verdict, directive, counts, now) | {
             "machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus}
         flood = _unrequested(tx, inst, check, row, now)
