@@ -106,14 +106,11 @@ def counted(h: Harness, agent: Agent, result_id: str) -> bool:
 async def test_a_ratchet_chain_of_eight_is_held_and_the_honest_control_counted(
     h: Harness,
 ) -> None:
-    """The probe's chain: each liar claimed 97% of the line the previous one left. The
-    first claim (23.9/h, 1.9x its twin) lies inside the model's own 80% interval for a
-    new 5060 Ti host (13.1/h predicted, 26.3/h its 90th percentile, after seven honest
-    5060 Ti measurements: hosts of one hardware differ that much), so no first-benchmark
-    rule can tell it from an honest outlier: it is counted, and delivery finds it
-    (``tests/coordinator/decisions/test_delivered.py``: half its rate, within two days).
-    Every claim after it is held: the line is set by the median of *other* machines and
-    the model's interval, which one counted lie does not raise past the next claim."""
+    """The probe's chain: each liar claimed 97% of the line the previous one left. Now
+    every claim is held: the line is 1.5x the median of *other* machines' counted rates
+    on the same hardware (12.3/h: 18.5/h), which no held claim raises. (The first claim,
+    23.9/h, lies inside the model's own 80% interval for a new 5060 Ti host: the twin
+    holds it, not the model; were it counted, delivery would find it within two days.)"""
     before = await standing(h)
     counted_claims = []
     for i, claim in enumerate(CHAIN):

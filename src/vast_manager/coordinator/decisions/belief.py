@@ -49,14 +49,16 @@ MODEL_FACTOR = 1.5
 #: the 90th percentile is held until a watched re-benchmark confirms it.
 NOVEL_FACTOR = 1.0
 #: How far above the median of other machines' confirmed rates per GPU on the same
-#: hardware (a twin), or above the machine's own first counted rate, a claim is held;
-#: against a twin only when it is also above ``TWIN_MODEL_FACTOR`` x the model's 90th
-#: percentile: hosts of one GPU, CPU and RAM differ by what their offers do not show
-#: (in the simulated market an honest benchmark reaches 6x its twins' median, 20% of
-#: them above 1.5x), so a twin alone would hold honest hosts; both together held 0.4%
-#: of 1,800 honest first benchmarks (``python bench/belief.py``).
+#: hardware (a twin), or above the machine's own first counted rate, a claim is held.
+#: Hosts of one GPU, CPU and RAM differ by what their offers do not show: in the
+#: simulated market an honest benchmark reaches 6x its twins' median and 20% of them
+#: pass 1.5x, so this line holds 12% of honest first benchmarks that have a twin there
+#: (``python bench/belief.py``); each is counted once its watched re-benchmark agrees.
+#: Requiring the model's interval too (``TWIN_MODEL_FACTOR`` above 0: 1.25 held 0.4%)
+#: let a lie once counted widen the model's interval and admit the next: the probe's
+#: chain counted every other claim. A re-benchmark for a few honest hosts is the price.
 TWIN_FACTOR = 1.5
-TWIN_MODEL_FACTOR = 1.25
+TWIN_MODEL_FACTOR = 0.0
 #: A confirming re-benchmark agrees with a held claim within this share either way (the
 #: rate counted is then the lower of the two): a "confirmation" far above the claim is
 #: no confirmation of it.
