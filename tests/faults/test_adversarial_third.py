@@ -241,8 +241,8 @@ async def test_four_liars_on_a_cpu_family_never_measured_move_no_other_offer(
     lied = await four_on_phi(await fleet(aiohttp_client, tmp_path / "liars"), 118.0, 116.0)
     print(f"four liars: 2x RTX 4090 {honest:.1f}/h beside honest hosts, {lied:.1f}/h beside "
           "the liars")
-    # The issue asks < 25%: +5.5% here (without the cap -9.1%; +22.5% in a fleet
-    # without the six earlier 5060 Ti measurements).
+    # The issue asks < 25%: +1.7% here (without the cap -9.1% in an earlier run; +22.5%
+    # in a fleet without the six earlier 5060 Ti measurements).
     assert abs(lied / honest - 1) < 0.15, (honest, lied)
 
 
