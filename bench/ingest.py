@@ -6,7 +6,7 @@ Run: ``python bench/ingest.py`` (``--quick`` for a seconds-long smoke run;
 What it does, in one command:
 
 1. Builds a fresh database and provisions a fleet: most agents are inserted
-   through the store's own write path (``Tx.insert_agent``, then the real
+   through the store's own write path (``Tx.agents.add``, then the real
    ``operations.hello.hello_job`` and ``operations.heartbeat.heartbeat_job``, answered the pace a
    coordinator sets for the fleet), and ``--http-agents`` of them are issued
    through ``POST /api/agents`` and say hello over HTTP. Each agent has 1 to
@@ -211,8 +211,8 @@ def provision(db_path: str, env: dict[str, str], ids: list[str], first_seq: int 
             def job(tx: Tx, part: list[tuple[int, str]] = part, now: float = now) -> None:
                 for index, agent_id in part:
                     gpus = gpus_of(index)
-                    tx.insert_agent(agent_id, label=f"bench-{index}", kind="byo",
-                                    min_rate_per_hour=None, issued_at=now)
+                    tx.agents.add(agent_id, label=f"bench-{index}", kind="byo",
+                                  min_rate_per_hour=None, issued_at=now)
                     hello = from_obj(Hello, hello_body(agent_id, gpus))
                     instance_id, _ = hello_job(agent_id, hello, settings, now, fleet)(tx)
                     hb = from_obj(Heartbeat, heartbeat_body(
@@ -221,7 +221,7 @@ def provision(db_path: str, env: dict[str, str], ids: list[str], first_seq: int 
                     # The next history row of this agent is due somewhere in the coming
                     # interval, as in a fleet that has been running for a while.
                     at = now - rng.uniform(0, settings.heartbeat_history_interval_s)
-                    tx.append_heartbeat_history(
+                    tx.heartbeats.append_history(
                         {"agent_id": agent_id, "instance_id": instance_id, "received_at": at,
                          "seq": 0, "phase": "proving", "proofs_completed_total": 100,
                          "telemetry_json": None},
@@ -272,6 +272,10 @@ def role_coordinator(ready_file: str) -> None:
         else:
             tune_switch_interval()  # as `vast-manager serve` does
         gc.callbacks.append(on_gc)
+        import vast_manager
+
+        # Which tree this coordinator runs (``--old`` runs another commit's src/).
+        Path(ready_file + ".module").write_text(str(Path(vast_manager.__file__).resolve()))
         Path(ready_file).write_text(server.url)
         try:
             await stop.wait()
@@ -962,6 +966,96 @@ def main_run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# --- another commit beside this tree (--old) ---------------------------------------------
+
+
+def _tree_of(rev: str, dest: Path) -> Path:
+    """``rev``'s ``src/`` (git archive, nothing else of it), under ``dest``."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "src"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest / "src"
+
+
+def _copy_db(source: str, dest: Path) -> None:
+    """A consistent copy of the provisioned database (SQLite's online backup)."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(source)) as src, \
+            contextlib.closing(sqlite3.connect(dest)) as out:
+        src.backup(out)
+
+
+def compare_run(args: argparse.Namespace) -> dict[str, Any]:
+    """Saturation of this tree's coordinator and ``args.old``'s, alternated over
+    ``args.rounds`` rounds, each round beside a bare aiohttp run: the same agents, each
+    coordinator on its own copy of one provisioned database, the same generators."""
+    workdir = Path(tempfile.mkdtemp(prefix="bench-ingest-old-"))
+    trees = {"old": _tree_of(args.old, workdir / "old"), "new": ROOT / "src"}
+    secret = secrets.token_bytes(32)
+    salt = secrets.token_hex(4)
+    provisioned_db = str(workdir / "provisioned.db")
+    env = {**os.environ, "VM_FLEET_SECRET": secret.hex(), "VM_ADMIN_TOKEN": ADMIN_TOKEN,
+           "VM_DB_PATH": provisioned_db, "VM_CONFIG_DIR": str(workdir / "config"),
+           "VM_HOST": "127.0.0.1", "VM_PORT": "0", "PYTHONPATH": str(ROOT / "src"),
+           "BENCH_GC": args.gc, "BENCH_SWITCH_MS": "" if args.switch_interval_ms is None
+           else str(args.switch_interval_ms)}
+    ids = [agent_id_for(i, salt) for i in range(args.agents)]
+    took = provision(provisioned_db, env, ids, fleet_agents=args.agents)
+    agents = [[a, key_for(secret, a).hex(), gpus_of(i), 1, 0.0] for i, a in enumerate(ids)]
+    print(f"provisioned {len(ids)} agents in {took:.1f} s; {args.rounds} round(s): bare "
+          f"aiohttp, then this tree and {args.old} in turn, {args.seconds:g} s each, "
+          f"{args.workers} generator process(es) x {args.concurrency} in flight", flush=True)
+    rounds: list[dict[str, Any]] = []
+    try:
+        for n in range(args.rounds):
+            figures: dict[str, Any] = {}
+            order = ("old", "new") if n % 2 == 0 else ("new", "old")
+            for name in ("bare", *order):
+                tree_env = dict(env)
+                role = "bare"
+                if name != "bare":
+                    role = "coordinator"
+                    db = workdir / f"{name}-{n}.db"
+                    _copy_db(provisioned_db, db)
+                    tree_env.update(VM_DB_PATH=str(db), PYTHONPATH=str(trees[name]))
+                server = ServerProcess(role, workdir, tree_env)
+                try:
+                    if role == "coordinator":
+                        ran = Path(str(server.ready) + ".module").read_text()
+                        if not ran.startswith(str(trees[name].resolve())):
+                            raise SystemExit(f"the {name} coordinator imported {ran}")
+                    r = drive(server.url, workdir, agents, mode="closed",
+                              workers=args.workers, duration=args.seconds,
+                              concurrency=args.concurrency, connections=args.concurrency,
+                              check_signature=name != "bare", server=server)
+                finally:
+                    server.stop()
+                for a in agents:  # the next server's agents go on from a later seq
+                    a[3] += int(r["counts"].get("sent", 0)) + 10
+                figures[name] = r
+                label = {"bare": "bare aiohttp", "new": "this tree", "old": args.old}[name]
+                print(line(label[:12], r), flush=True)
+            bare_us = figures["bare"]["server_cpu_us_per_req"]
+            ratios = {k: figures[k]["server_cpu_us_per_req"] / bare_us for k in ("old", "new")}
+            print(f"  round {n + 1}: CPU per heartbeat, x bare aiohttp: this tree "
+                  f"{ratios['new']:.2f}x, {args.old} {ratios['old']:.2f}x", flush=True)
+            rounds.append({**figures, "ratios": ratios})
+    finally:
+        if not args.keep:
+            subprocess.run(["rm", "-rf", str(workdir)], check=False)
+    # On a shared machine other work only ever adds to a process's CPU per request: each
+    # server's least figure over the rounds is the closest to its own cost.
+    least = {k: min(r[k]["server_cpu_us_per_req"] for r in rounds) for k in ("bare", "old", "new")}
+    print(f"least CPU per heartbeat over {len(rounds)} round(s): bare aiohttp "
+          f"{least['bare']:.0f} us; this tree {least['new']:.0f} us "
+          f"({least['new'] / least['bare']:.2f}x bare); {args.old} {least['old']:.0f} us "
+          f"({least['old'] / least['bare']:.2f}x bare)", flush=True)
+    return {"old": args.old, "rounds": rounds, "least_us": least,
+            "least_ratio": {k: least[k] / least["bare"] for k in ("old", "new")}}
+
+
 def issue_over_http(url: str, n: int) -> list[list[Any]]:
     """Issue ``n`` agents through POST /api/agents; each says hello and heartbeats once."""
     import urllib.request
@@ -1040,6 +1134,10 @@ def main() -> None:
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="the coordinator's GIL switch interval in ms (default: as "
                              "`vast-manager serve` sets it, 1; CPython's own is 5)")
+    parser.add_argument("--old", metavar="REV",
+                        help="saturation only: this tree's coordinator beside REV's (its src/ "
+                             "from git), alternated, each round beside bare aiohttp")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds with --old (default 2)")
     parser.add_argument("--json-out", help="also write the figures as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()
@@ -1064,7 +1162,7 @@ def main() -> None:
         args.fleets = list(LADDER)
     if args.fleets is None:
         args.fleets = [50_000]
-    out = main_run(args)
+    out = compare_run(args) if args.old else main_run(args)
     if args.json_out:
         Path(args.json_out).write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
 

@@ -5,7 +5,7 @@ smoke run; ``--help``).
 
 The simulation drives the store's real write path on a simulated clock: the
 real ``hello.hello_job``, ``heartbeat.heartbeat_job`` (with its heartbeat
-history downsampling and trimming, ``Tx.append_heartbeat_history``),
+history downsampling and trimming, ``Tx.heartbeats.append_history``),
 ``agent_logs.logs_job`` (with its per-instance trimming) and one
 ``result_op.result_job`` per agent, at the default settings
 (``heartbeat_history_interval_s`` 300, ``heartbeat_history_rows`` 288,
@@ -67,8 +67,8 @@ class Fleet:
 
         def job(tx: Tx) -> None:
             for i, agent_id in enumerate(self.ids):
-                tx.insert_agent(agent_id, label=f"sim-{i}", kind="byo", min_rate_per_hour=None,
-                                issued_at=t0)
+                tx.agents.add(agent_id, label=f"sim-{i}", kind="byo", min_rate_per_hour=None,
+                              issued_at=t0)
                 hello = from_obj(Hello, hello_body(agent_id, gpus_of(i)))
                 hello_job(agent_id, hello, self.settings, t0)(tx)
 

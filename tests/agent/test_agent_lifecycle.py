@@ -584,14 +584,26 @@ async def test_coordinator_outage_result_arrives_once(
     assert_no_children()
 
 
-async def test_rebenchmark_directive_while_proving(fleet: FleetFactory, tmp_path: Path) -> None:
+@pytest.mark.parametrize("answers_lost", [False, True], ids=["answered", "answers-lost"])
+async def test_rebenchmark_directive_while_proving(fleet: FleetFactory, tmp_path: Path,
+                                                   answers_lost: bool) -> None:
+    """``answers-lost``: the answers of the heartbeats after the ask are lost (committed,
+    then the connection reset) and the agent retries: the coordinator answers the
+    operator's benchmark until the agent acts on it, so it is run all the same."""
     f = await fleet()
     h = await Harness.deploy(tmp_path, f)
     agent = h.make_agent()
     task = asyncio.create_task(agent.run())
     try:
         await until(lambda: agent.phase == "proving", "proving")
+        lost_before = f.proxy.counts["reset_response"]
+        if answers_lost:
+            f.proxy.rates = FaultRates(reset_response=1.0)
         await f.ok("POST", f"/api/instances/{f.instance_id}/rebenchmark")
+        if answers_lost:
+            await until(lambda: f.proxy.counts["reset_response"] >= lost_before + 3,
+                        "three answers lost after the ask")
+            f.proxy.rates = FaultRates()
         await until(lambda: len(f.sent("/v1/result")) == 2, "a second benchmark result")
         # Proving again as the coordinator heard it (the agent's own phase changes a
         # moment before its heartbeat says so).

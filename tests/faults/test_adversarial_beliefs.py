@@ -222,7 +222,9 @@ async def test_an_older_agent_without_ids_still_counts_what_was_asked(h: Harness
     await send_result(h, agent, "old-1", rate=40.0, wall=wall)
     wall = await run_watched(h, agent, 4, 180.0)
     await send_result(h, agent, "old-2", rate=40.0, wall=wall)
+    await agent.heartbeat("proving")  # back to proving, as the agent goes after a benchmark
     await h.rebenchmark(agent)
+    assert (await agent.heartbeat("proving"))[1]["action"] == "benchmark"
     wall = await run_watched(h, agent, 4, 180.0)
     await send_result(h, agent, "old-3", rate=40.0, wall=wall)
     counted = [stored(h, agent, f"old-{i}")["counts_for_host_perf"] for i in (1, 2, 3)]

@@ -300,7 +300,7 @@ async def test_six_hours_of_one_percent_production_is_demoted_struck_and_ended(
     assert inst is not None
     # Kept at 431/h, as the probe's host was (a forged confirmation this test does not
     # replay): its instance's rate and its measurement say so.
-    await h.store.write(lambda tx: (tx.update_instance(inst["id"], rate_per_hour=431.0),
+    await h.store.write(lambda tx: (tx.instances.update(inst["id"], rate_per_hour=431.0),
                                     tx._exec("update measurements set rate_per_hour = 431.0 "
                                              "where instance_id = ?", (inst["id"],))))
     honest = await deploy(h, 9120, min_rate=10.0)

@@ -134,7 +134,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         extra=_env("VM_ORPHAN_TIMEOUT"))] = 1800.0
     nvml: Annotated[Literal["auto", "real", "sim", "off"], Meta(
         description="`auto` (real NVML if it loads), `real`, `sim` (fake NVML + host fed by "
-        "the simulation), `off`",
+        "the simulation: run by `vm-sim-agent`), `off`",
         extra=_env("VM_NVML"))] = "auto"
     sample_interval_s: Annotated[float, Meta(
         gt=0, description="sampler period, seconds", extra=_env("VM_SAMPLE_INTERVAL"))] = 1.0

@@ -2,7 +2,8 @@
 
 Rows stay the dicts the store and the providers hand out (no copy on the heartbeat's
 path); these ``TypedDict`` types name the columns the core reads and the type each
-holds, so mypy checks a column's name and use in ``decisions/`` and ``discovery/``.
+holds, so mypy checks a column's name and use in ``decisions/``, ``discovery/`` and the
+operations on agent messages (``operations/``: hello, heartbeat, result, beliefs).
 Every key is optional (``total=False``): a scan reads only the columns it needs
 (``store.writer.HOT_COLUMNS``, ``monitor``'s timed scan). The columns are
 docs/architecture.md's (the ``instances`` table); vast.ai's instance fields are
@@ -18,7 +19,8 @@ from typing import Any, TypedDict, cast
 
 
 class InstanceRow(TypedDict, total=False):
-    """An ``instances`` row (or the columns of it a scan read)."""
+    """An ``instances`` row (or the columns of it a scan read): what the pure core and the
+    operations on agent messages read of it."""
 
     id: int
     agent_id: str | None
@@ -42,6 +44,40 @@ class InstanceRow(TypedDict, total=False):
     net_tx_bytes: int | None
     rent_paused_s: float | None
     storage_paused_s: float | None
+    min_rate_per_hour: float | None
+    price_min_rate_per_hour: float | None  # the minimum the machine's own price sets
+    host_json: str | None  # the hello's HostInfo
+    # The agent's process and its latest heartbeat.
+    boot_id: str | None
+    last_seq: int | None
+    last_seen: float | None
+    last_non_benchmark_at: float | None
+    benchmarking_seen_at: float | None
+    result_window_at: float | None
+    heartbeat_pace_s: int | None
+    phase: str | None
+    phase_started_at: float | None
+    proofs_completed_total: int | None
+    destroyed_at: float | None
+    # The benchmark its heartbeats are judged on (early verdicts, docs/policy.md).
+    bench_key: str | None
+    bench_seen_at: float | None
+    bench_anchor_at: float | None
+    bench_last_seq: int | None
+    bench_completed_total: int | None
+    bench_proof_seconds_json: str | None
+    bench_failed: int | None
+    bench_done: int | None
+    bench_total: int | None
+    bench_concurrency: int | None
+    bench_status: str | None
+    # Directed benchmarks and held claims (docs/reliability.md).
+    directed_benchmark_at: float | None
+    directed_benchmark_kind: str | None
+    unconfirmed_rate_per_hour: float | None
+    confirm_tries: int | None
+    confirm_watch_at: float | None
+    confirm_watch_gap_s: float | None
     # The deployed offer's fields kept in columns of their own
     # (``discovery.measurements.INSTANCE_OFFER_COLUMNS``).
     machine_id: str | None
@@ -54,6 +90,21 @@ class InstanceRow(TypedDict, total=False):
     cpu_cores_effective: float | None
     cpu_ram: float | None
     pcie_bw: float | None
+
+
+class AgentRow(TypedDict, total=False):
+    """An ``agents`` row: an issued agent, what its hello may list, whether it is revoked."""
+
+    agent_id: str
+    label: str
+    kind: str  # "deployed" or "byo"
+    min_rate_per_hour: float | None
+    revoked: int
+    issued_at: float
+    revoked_at: float | None
+    revoked_reason: str | None
+    max_gpus: int | None
+    gpu_model: str | None
 
 
 class OurRecord(TypedDict, total=False):
@@ -82,6 +133,18 @@ def instance_row(row: Mapping[str, Any]) -> InstanceRow:
     """A store row (``store.migrations.Row``) as the core reads it: the same dict, typed;
     no copy (the heartbeat's path reads one per heartbeat)."""
     return cast(InstanceRow, row)
+
+
+def agent_row(row: Mapping[str, Any]) -> AgentRow:
+    """An ``agents`` row as the operations read it: the same dict, typed."""
+    return cast(AgentRow, row)
+
+
+def with_columns(row: InstanceRow, columns: Mapping[str, Any]) -> InstanceRow:
+    """``row`` as it reads once ``columns`` are written: a new dict (the row is not
+    changed)."""
+    merged: dict[str, Any] = {**row, **columns}
+    return cast(InstanceRow, merged)
 
 
 def listed_instances(rows: Sequence[Mapping[str, Any]]) -> Sequence[ListedInstance]:

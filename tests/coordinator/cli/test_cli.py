@@ -177,9 +177,9 @@ def test_hosts_shows_early_verdicts_flagged(server: ServerThread) -> None:
               "is at most 39.6/h with 95% confidence, below the minimum 86.2/h")
 
     def job(tx: Any) -> None:
-        tx.insert_event(1_800_000_000.0, "verdict", reason, instance_id=7, machine_id="41006")
-        tx.insert_event(1_800_000_001.0, "verdict", "keep: measured 70.0 proofs/h",
-                        instance_id=8, machine_id="41004")
+        tx.audit.add(1_800_000_000.0, "verdict", reason, instance_id=7, machine_id="41006")
+        tx.audit.add(1_800_000_001.0, "verdict", "keep: measured 70.0 proofs/h",
+                     instance_id=8, machine_id="41004")
 
     asyncio.run_coroutine_threadsafe(server.server.store.write(job), server.loop).result(10)
     shown = run(server, "hosts").output
@@ -201,10 +201,10 @@ def test_at_80_columns_no_gpu_cell_is_cut(server: ServerThread) -> None:
     def job(tx: Any) -> None:
         for i, gpu in enumerate(sorted(gpus)):
             n, name = gpu.split("x ", 1)
-            tx.insert_instance({"label": f"a-long-label-for-rig-{i:02d}", "kind": "byo",
-                                "state": "proving", "created_at": 1.0, "num_gpus": int(n),
-                                "gpu_name": name, "dph_total": 0.4, "rate_per_hour": 61.5,
-                                "machine_id": f"4100{i}", "last_seen": 1.0})
+            tx.instances.add({"label": f"a-long-label-for-rig-{i:02d}", "kind": "byo",
+                             "state": "proving", "created_at": 1.0, "num_gpus": int(n),
+                             "gpu_name": name, "dph_total": 0.4, "rate_per_hour": 61.5,
+                             "machine_id": f"4100{i}", "last_seen": 1.0})
 
     asyncio.run_coroutine_threadsafe(server.server.store.write(job), server.loop).result(10)
     for args in (["offers"], ["plan", "--trials", "3"], ["status"]):

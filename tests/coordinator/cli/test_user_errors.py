@@ -169,7 +169,7 @@ def test_serve_says_what_keeps_billing_and_keeps_its_token(tmp_path: Path) -> No
 
     db = tmp_path / "fleet.db"
     store = Store(db)
-    store.write_blocking(lambda tx: tx.insert_instance(
+    store.write_blocking(lambda tx: tx.instances.add(
         {"label": "rig", "kind": "byo", "state": "proving", "created_at": 1.0}))
     store.close()
 

@@ -147,9 +147,9 @@ def store(tmp_path: Path) -> Any:
 
 def _instance(store: Store, state: State, **cols: Any) -> int:
     def job(tx: Tx) -> int:
-        return tx.insert_instance({"agent_id": f"ag_{state.value}", "label": "rig",
-                                   "kind": "deployed", "machine_id": "m1", "state": state,
-                                   "state_since": 1.0, "created_at": 1.0, **cols})
+        return tx.instances.add({"agent_id": f"ag_{state.value}", "label": "rig",
+                                "kind": "deployed", "machine_id": "m1", "state": state,
+                                "state_since": 1.0, "created_at": 1.0, **cols})
     return store.write_blocking(job)
 
 
@@ -157,9 +157,9 @@ def test_begin_terminating_sends_an_instance_to_terminating_with_its_event(store
     iid = _instance(store, State.PROVING)
     assert store.write_blocking(lambda tx: (
         tx.hot_instance("ag_proving"),  # cached: the operation must keep it current
-        tx.begin_terminating(iid, "too slow", kind="verdict", note="terminate: too slow",
-                             now=50.0, destroy_due_at=60.0, bad_host_source="benchmark",
-                             rate_per_hour=3.0),
+        tx.instances.begin_terminating(iid, "too slow", kind="verdict", note="terminate: too slow",
+                                       now=50.0, destroy_due_at=60.0, bad_host_source="benchmark",
+                                       rate_per_hour=3.0),
     )[1]) is True
     inst = store.get_instance(iid)
     assert inst is not None
@@ -177,7 +177,7 @@ def test_begin_terminating_sends_an_instance_to_terminating_with_its_event(store
 def test_an_ending_instance_keeps_its_state_and_first_reason(store: Store) -> None:
     iid = _instance(store, State.FAILED, terminate_reason="the agent reported failed",
                     destroy_due_at=30.0)
-    assert store.write_blocking(lambda tx: tx.begin_terminating(
+    assert store.write_blocking(lambda tx: tx.instances.begin_terminating(
         iid, "revoked by the operator", kind="revoke", now=20.0, destroy_due_at=20.0)) is True
     inst = store.get_instance(iid)
     assert inst is not None
@@ -189,9 +189,9 @@ def test_an_ending_instance_keeps_its_state_and_first_reason(store: Store) -> No
 
 def test_a_gone_instance_is_not_terminated(store: Store) -> None:
     iid = _instance(store, State.DESTROYED)
-    assert store.write_blocking(lambda tx: tx.begin_terminating(
+    assert store.write_blocking(lambda tx: tx.instances.begin_terminating(
         iid, "late", kind="timeout", now=5.0, destroy_due_at=5.0)) is False
-    assert store.write_blocking(lambda tx: tx.begin_terminating(
+    assert store.write_blocking(lambda tx: tx.instances.begin_terminating(
         iid + 1, "unknown", kind="timeout", now=5.0, destroy_due_at=5.0)) is False
     inst = store.get_instance(iid)
     assert inst is not None and inst["state"] == "destroyed" and inst["destroy_due_at"] is None
@@ -199,7 +199,7 @@ def test_a_gone_instance_is_not_terminated(store: Store) -> None:
 
 
 def test_no_other_code_writes_terminating() -> None:
-    """Only ``Tx.begin_terminating`` moves an instance to ``terminating``."""
+    """Only ``Tx.instances.begin_terminating`` moves an instance to ``terminating``."""
     writers = []
     for path in _tree(".py"):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -166,8 +166,8 @@ async def test_offers_show_the_parts_and_rank_by_the_full_figure(tmp_path: Path)
         agent = env.h.agent(data["agent_id"])
         await agent.hello()
         await env.heartbeat(agent, "proving", rx=int(40 * GB), tx=int(1 * GB))
-        await env.h.store.write(lambda tx: tx.update_instance(data["instance_id"],
-                                                              rate_per_hour=40.0))
+        await env.h.store.write(lambda tx: tx.instances.update(data["instance_id"],
+                                                               rate_per_hour=40.0))
         env.clock.advance(3600)
         _, listed = await env.h.admin("GET", "/api/instances")
         _, page = await env.h.admin("GET", f"/api/instances/{data['instance_id']}")

@@ -267,13 +267,13 @@ async def test_an_open_fault_pauses_it_until_cleared(pilot: tuple[Harness, Fleet
 
     h, _fleet = pilot
     reason = "the agent reported failed: C1 file /data/zk/c1.json cannot be read"
-    await h.store.write(lambda tx: tx.add_strike("41001", reason, now=h.clock(),
-                                                 instance_id=None, limit=3, window_s=3600.0,
-                                                 block_s=3600.0, kind=blame.AGENT_FAILED,
-                                                 state="booting"))
+    await h.store.write(lambda tx: tx.blocklist.strike("41001", reason, now=h.clock(),
+                                                       instance_id=None, limit=3, window_s=3600.0,
+                                                       block_s=3600.0, kind=blame.AGENT_FAILED,
+                                                       state="booting"))
     tick = await h.core.autopilot._tick()
     assert tick.notes[0].startswith("paused: fault 1") and "c1.json" in tick.notes[0]
     assert not tick.actions and h.provider.created == []
-    await h.store.write(lambda tx: tx.clear_fault(1, "fixed", h.clock()))
+    await h.store.write(lambda tx: tx.blocklist.clear_fault(1, "fixed", h.clock()))
     tick = await h.core.autopilot._tick()
     assert tick.actions and h.provider.created

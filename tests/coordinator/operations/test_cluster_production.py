@@ -46,7 +46,7 @@ async def _proving(h: Harness, label: str) -> tuple[Agent, int]:
     assert inst is not None
     ident = int(inst["id"])
     # Benchmarked at 100/h, proving for the whole window.
-    await h.store.write(lambda tx: tx.update_instance(
+    await h.store.write(lambda tx: tx.instances.update(
         ident, rate_per_hour=BENCH_RATE, dph_total=0.5, state_since=h.clock() - WINDOW_S))
     return agent, ident
 
@@ -216,7 +216,7 @@ async def test_the_database_stopped_mid_run_alerts_destroys_nothing_and_recovers
 
     pg.start()
     h.clock.advance(600)  # past the backoff (monitor interval, doubling, capped)
-    await h.store.write(lambda tx: tx.update_instance(ident, state_since=h.clock() - WINDOW_S))
+    await h.store.write(lambda tx: tx.instances.update(ident, state_since=h.clock() - WINDOW_S))
     conn = await pg.admin()
     try:
         await record_tasks(conn, "203.0.113.8:41000", _hourly(80, h.clock()))

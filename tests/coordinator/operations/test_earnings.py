@@ -33,7 +33,7 @@ async def _setup(aiohttp_client: Any, tmp_path: Path, **settings: Any) -> tuple[
     await agent.heartbeat("proving")
     inst = h.store.instance_by_agent(agent.agent_id)
     assert inst is not None
-    await h.store.write(lambda tx: tx.update_instance(int(inst["id"]), rate_per_hour=100.0,
+    await h.store.write(lambda tx: tx.instances.update(int(inst["id"]), rate_per_hour=100.0,
                                                       dph_total=0.5))
     await h.core.monitor.tick()
     return h, int(data["instance_id"]), int(inst["id"])

@@ -16,6 +16,10 @@ from vast_manager.coordinator.operations.hello import hello_job
 from vast_manager.coordinator.operations.result import result_job
 from vast_manager.coordinator.store.writer import Store, Tx
 from vast_manager.coordinator.store.writes import held as held_module
+from vast_manager.coordinator.store.writes.events import EventWrites
+from vast_manager.coordinator.store.writes.heartbeats import HeartbeatWrites
+from vast_manager.coordinator.store.writes.instances import InstanceWrites
+from vast_manager.coordinator.store.writes.results import ResultWrites
 from vast_manager.protocol.codec import from_obj
 from vast_manager.protocol.messages import Heartbeat, Hello, Result
 
@@ -36,8 +40,8 @@ def _issue(settings: Any, ids: list[str], now: float = NOW) -> Callable[[Tx], li
     def job(tx: Tx) -> list[int]:
         instances = []
         for agent_id in ids:
-            tx.insert_agent(agent_id, label=agent_id, kind="byo", min_rate_per_hour=None,
-                            issued_at=now)
+            tx.agents.add(agent_id, label=agent_id, kind="byo", min_rate_per_hour=None,
+                          issued_at=now)
             instance_id, _ = hello_job(agent_id, from_obj(Hello, hello_msg()), settings,
                                               now)(tx)
             instances.append(instance_id)
@@ -121,10 +125,12 @@ async def test_every_change_to_an_instance_reaches_its_next_heartbeat(h: Harness
 
     assert (await h.admin("POST", f"/api/instances/{inst['id']}/rebenchmark"))[0] == 200
     assert (await agent.heartbeat("proving"))[1]["action"] == "benchmark"
-    assert (await agent.heartbeat("proving"))[1]["action"] == "continue"  # delivered once
+    # Asked again until the agent acts on it (docs/protocol.md, "Directives").
+    assert (await agent.heartbeat("proving"))[1]["action"] == "benchmark"
+    assert (await agent.heartbeat("benchmarking"))[1]["action"] == "continue"
 
     # What the monitor's timeout job writes (through the writer, like every change).
-    await h.store.write(lambda tx: tx.update_instance(
+    await h.store.write(lambda tx: tx.instances.update(
         inst["id"], state="terminating", terminate_reason="stayed too long in test",
         destroy_due_at=h.clock() + 10))
     status, directive = await agent.heartbeat("proving")
@@ -149,7 +155,7 @@ async def test_the_writer_refuses_a_revoked_agent_even_with_a_warm_cache(tmp_pat
         await store.write(_issue(settings, [AGENT]))
         for seq in (1, 2):
             await store.write(heartbeat.heartbeat_job(AGENT, _heartbeat(seq), settings, now))
-        await store.write(lambda tx: tx.revoke_agent(AGENT, now=now, reason="test"))
+        await store.write(lambda tx: tx.agents.revoke(AGENT, now=now, reason="test"))
         with pytest.raises(Exception, match="unknown or revoked"):
             await store.write(heartbeat.heartbeat_job(AGENT, _heartbeat(3), settings, now))
     finally:
@@ -166,7 +172,7 @@ async def test_a_rolled_back_job_cannot_leave_the_cache_behind(tmp_path: Path) -
             await store.write(heartbeat.heartbeat_job(AGENT, _heartbeat(seq), settings, now))
 
         def doomed(tx: Tx) -> None:
-            tx.update_instance(instance_id, terminate_reason="never committed")
+            tx.instances.update(instance_id, terminate_reason="never committed")
             raise RuntimeError("this job fails after changing the instance")
 
         with pytest.raises(RuntimeError):
@@ -214,7 +220,7 @@ async def test_a_failing_job_in_the_same_transaction_keeps_held_heartbeats(
     store, settings, now = await _warm_store(tmp_path)
     try:
         def doomed(tx: Tx) -> None:
-            tx.insert_event(now, "test", "undone")
+            tx.audit.add(now, "test", "undone")
             raise RuntimeError("fails after the steady heartbeat was held")
 
         commits = store.commits
@@ -311,7 +317,7 @@ async def test_a_failed_job_loses_only_its_own_history_row(tmp_path: Path) -> No
     await store.write(_issue(settings, [other]))
     try:
         def doomed(tx: Tx) -> None:
-            tx.append_heartbeat_history(
+            tx.heartbeats.append_history(
                 {"agent_id": other, "instance_id": 2, "received_at": now + 15, "seq": 9,
                  "phase": "proving", "proofs_completed_total": 0, "telemetry_json": None},
                 interval_s=settings.heartbeat_history_interval_s, keep_rows=10)
@@ -348,10 +354,15 @@ def test_serving_shortens_the_gil_switch_interval() -> None:
 
 # --- one pass: read, decide, one write, answer ------------------------------------------------
 
-#: Every ``Tx`` method that writes; a heartbeat's or a result's job calls none of them itself.
-TX_WRITES = ("update_instance", "insert_event", "begin_terminating", "hold_heartbeat",
-             "upsert_telemetry", "append_heartbeat_history", "deliver_rebenchmark",
-             "insert_result", "insert_measurement", "insert_scaling")
+#: Every table writer's method that writes (``Tx``'s ``name.method``); a heartbeat's or a
+#: result's job calls none of them itself.
+TX_WRITES = (("instances", InstanceWrites, "update"), ("audit", EventWrites, "add"),
+             ("instances", InstanceWrites, "begin_terminating"),
+             ("heartbeats", HeartbeatWrites, "hold"),
+             ("heartbeats", HeartbeatWrites, "upsert_telemetry"),
+             ("heartbeats", HeartbeatWrites, "append_history"),
+             ("results", ResultWrites, "add"), ("results", ResultWrites, "add_measurement"),
+             ("results", ResultWrites, "add_scaling"))
 
 
 def _spy_writes(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[str]]:
@@ -361,7 +372,7 @@ def _spy_writes(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[str]]:
     depth = [0]
 
     def around(name: str, fn: Callable[..., Any], one_pass: bool) -> Callable[..., Any]:
-        def call(self: Tx, *args: Any, **kwargs: Any) -> Any:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             if one_pass:
                 whole.append(name)
             elif depth[0] == 0:
@@ -373,10 +384,11 @@ def _spy_writes(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[str]]:
                 depth[0] -= 1
         return call
 
-    for name in ("write_heartbeat", "write_result"):
-        monkeypatch.setattr(Tx, name, around(name, getattr(Tx, name), True))
-    for name in TX_WRITES:
-        monkeypatch.setattr(Tx, name, around(name, getattr(Tx, name), False))
+    for table, cls, method in (("heartbeats", HeartbeatWrites, "write"),
+                               ("results", ResultWrites, "write"), *TX_WRITES):
+        one_pass = method == "write"
+        monkeypatch.setattr(cls, method, around(f"{table}.{method}", getattr(cls, method),
+                                                one_pass))
     return whole, stray
 
 
@@ -394,20 +406,20 @@ async def test_a_heartbeat_and_a_result_write_in_one_call(
             now += 15.0
             await store.write(heartbeat.heartbeat_job(AGENT, _heartbeat(seq, phase), settings, now))
         await store.write(heartbeat.heartbeat_job(AGENT, _heartbeat(2), settings, now + 1))
-        assert whole == ["write_heartbeat"] * 4 and stray == []
+        assert whole == ["heartbeats.write"] * 4 and stray == []
         # A result, counted or not, and a heartbeat that ends the instance.
         await store.write(result_job(AGENT, from_obj(Result, result_msg(
             "res-1", finished_at=now)), settings, now + 2))
-        assert whole[-1] == "write_result" and stray == []
+        assert whole[-1] == "results.write" and stray == []
         await store.write(heartbeat.heartbeat_job(AGENT, _heartbeat(4, "failed"), settings,
                                                now + 3))
-        assert whole[-1] == "write_heartbeat" and stray == []
+        assert whole[-1] == "heartbeats.write" and stray == []
         assert len(whole) == 6
         inst = store.instance_by_agent(AGENT)
         assert inst is not None and inst["state"] in ("failed", "terminating")
         assert inst["terminate_reason"]
         # The spy is live: a write outside the one call is seen.
-        await store.write(lambda tx: tx.insert_event(now, "note", "by hand"))
-        assert stray == ["insert_event"]
+        await store.write(lambda tx: tx.audit.add(now, "note", "by hand"))
+        assert stray == ["audit.add"]
     finally:
         store.close()

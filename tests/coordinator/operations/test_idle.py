@@ -28,8 +28,8 @@ async def _proving(h: Harness, label: str) -> tuple[Agent, int]:
     await agent.heartbeat("proving")
     status, rows = await h.admin("GET", "/api/instances")
     ident = next(r["id"] for r in rows if r["label"] == label)
-    await h.store.write(lambda tx: tx.update_instance(ident, rate_per_hour=BENCH_RATE,
-                                                      dph_total=0.5))
+    await h.store.write(lambda tx: tx.instances.update(ident, rate_per_hour=BENCH_RATE,
+                                                       dph_total=0.5))
     return agent, ident
 
 
@@ -122,7 +122,7 @@ async def test_an_idle_deployed_instance_is_destroyed_when_told(
     h = await start(aiohttp_client, tmp_path, idle_after_s=IDLE_AFTER_S,
                     idle_destroy_after_s=300.0)
     agent, ident = await _proving(h, "no-work")
-    await h.store.write(lambda tx: tx.update_instance(ident, kind="deployed"))
+    await h.store.write(lambda tx: tx.instances.update(ident, kind="deployed"))
     for _ in range(17):
         h.clock.advance(60)
         await _beat(agent, 0)
@@ -142,7 +142,7 @@ async def test_idle_instances_are_stopped_by_default_after_a_warning(
     assert DEFAULTS.idle_destroy_after_s == 900.0
     h = await start(aiohttp_client, tmp_path, idle_after_s=IDLE_AFTER_S)
     agent, ident = await _proving(h, "no-work")
-    await h.store.write(lambda tx: tx.update_instance(ident, kind="deployed"))
+    await h.store.write(lambda tx: tx.instances.update(ident, kind="deployed"))
     warned_at = None
     for _ in range(40):
         h.clock.advance(60)
@@ -170,7 +170,7 @@ async def test_status_says_which_agents_have_not_spoken_since_a_restart(
     aiohttp_client: Any, tmp_path: Path
 ) -> None:
     h = await start(aiohttp_client, tmp_path)
-    await h.store.write(lambda tx: tx.insert_instance(
+    await h.store.write(lambda tx: tx.instances.add(
         {"label": "before", "kind": "byo", "state": "proving", "created_at": 1.0,
          "last_seen": h.core.started_at - 180}))
     await _proving(h, "spoke")

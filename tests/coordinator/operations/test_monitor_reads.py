@@ -120,7 +120,7 @@ async def test_reconcile_knows_issued_and_revoked_agents(
     fleet = h.core.settings.fleet_id
     known = (await h.issue("rig-a")).agent_id
     revoked = (await h.issue("rig-b")).agent_id
-    await h.store.write(lambda tx: tx.revoke_agent(revoked, now=h.clock(), reason="test"))
+    await h.store.write(lambda tx: tx.agents.revoke(revoked, now=h.clock(), reason="test"))
     for pid, agent_id in ((900, known), (901, "ag_unknown"), (902, revoked)):
         provider.instances[pid] = {
             "id": pid, "label": f"vm:{fleet}:{agent_id}", "machine_id": pid,

@@ -178,7 +178,7 @@ async def proving(env: BillEnv, offer_id: int, rate: float) -> tuple[int, int]:
     data = await env.deploy(offer_id)
     iid, vid = int(data["instance_id"]), int(data["provider_instance_id"])
     now = env.clock.now
-    await env.h.store.write(lambda tx: tx.update_instance(
+    await env.h.store.write(lambda tx: tx.instances.update(
         iid, state=State.PROVING, rate_per_hour=rate, hello_at=now, state_since=now))
     return iid, vid
 
@@ -338,7 +338,7 @@ async def test_an_outbid_kept_instance_is_raised_within_its_cap_or_waits_then_go
         capped = await env.h.core.deployer.deploy(9962, interruptible=True)
         for data, rate in ((raised, 40.0), (capped, 8.0)):  # caps ~$0.75/h and ~$0.11/h
             await env.h.store.write(
-                lambda tx, i=data.instance_id, r=rate, t=env.clock.now: tx.update_instance(
+                lambda tx, i=data.instance_id, r=rate, t=env.clock.now: tx.instances.update(
                     i, state=State.PROVING, rate_per_hour=r, hello_at=t, state_since=t))
         bid = float(env.h.store.get_instance(raised.instance_id)["bid_per_hour"])
         env.fake.outbid(raised.provider_instance_id, winning_bid=bid * 1.4)

@@ -244,7 +244,7 @@ async def test_record_without_instance_id_adopts_the_labelled_instance(env: Env)
     vid = d["provider_instance_id"]
     # As if the coordinator stopped between vast.ai's create and recording its answer.
     await env.h.store.write(
-        lambda tx: tx.update_instance(d["instance_id"], provider_instance_id=None)
+        lambda tx: tx.instances.update(d["instance_id"], provider_instance_id=None)
     )
     await env.tick()
     assert env.row(d["instance_id"])["provider_instance_id"] == vid
@@ -258,7 +258,7 @@ async def test_abandoned_record_still_on_vast_is_destroyed_once_aged(env: Env) -
     d = await env.deployed(9103)
     vid = d["provider_instance_id"]
     # As the deploy records a create whose outcome it could not learn.
-    await env.h.store.write(lambda tx: tx.update_instance(
+    await env.h.store.write(lambda tx: tx.instances.update(
         d["instance_id"], provider_instance_id=None, state="destroyed",
         destroyed_at=env.clock.now, terminate_reason="create outcome unknown",
     ))
@@ -280,7 +280,7 @@ async def test_result_measured_beside_another_of_ours_is_contended(env: Env) -> 
     await agent.heartbeat("benchmarking")
     # A second instance of ours on the same machine (a doubly sold offer, say),
     # running during the benchmark and reconciled away before the result lands.
-    twin_id = await env.h.store.write(lambda tx: int(tx.insert_instance({
+    twin_id = await env.h.store.write(lambda tx: int(tx.instances.add({
         "agent_id": None, "label": "twin", "kind": "deployed", "provider": "vast",
         "machine_id": "51001", "state": "destroyed", "hello_at": env.clock.now,
         "destroyed_at": env.clock.now + 30, "created_at": env.clock.now,
@@ -305,7 +305,7 @@ async def test_result_alone_on_its_machine_counts(env: Env) -> None:
     await agent.hello()
     await agent.heartbeat("benchmarking")
     # Ours on the same machine, but destroyed before this benchmark began.
-    await env.h.store.write(lambda tx: tx.insert_instance({
+    await env.h.store.write(lambda tx: tx.instances.add({
         "agent_id": None, "label": "earlier", "kind": "deployed", "provider": "vast",
         "machine_id": "51001", "state": "destroyed", "hello_at": env.clock.now - 5000,
         "destroyed_at": env.clock.now - 100, "created_at": env.clock.now - 5000,
@@ -336,9 +336,9 @@ async def test_offers_ranked_by_the_rate_model_from_the_fleets_results(env: Env)
     fake.add_offer(9202, 61002, gpu_name="RTX 4090", dph_total=0.45)  # the same, unmeasured
     fake.add_offer(9204, 61004, gpu_name="RTX 5090", dph_total=0.60)  # no 5090 measured
     fake.add_offer(9205, 61005, gpu_name="RTX 4090", dph_total=0.20)  # on bad_hosts
-    await env.h.store.write(lambda tx: tx.add_bad_host("61005", reason="slow",
-                                                       source="operator", now=env.clock.now,
-                                                       expires_at=env.clock.now + 3600))
+    await env.h.store.write(lambda tx: tx.blocklist.add("61005", reason="slow",
+                                                        source="operator", now=env.clock.now,
+                                                        expires_at=env.clock.now + 3600))
     # A benchmark of machine 61001 through the real path: its result is kept with the
     # offer it was deployed from, and the model learns from it.
     d = await env.deployed(9201)

@@ -1,4 +1,4 @@
-"""Failed trials judged in the write path (``Tx.add_strike``; docs/policy.md, "Blame"):
+"""Failed trials judged in the write path (``Tx.blocklist.strike``; docs/policy.md, "Blame"):
 the host's count and block for a while; the same failure on a second machine is taken
 back from the first, lifts its block and opens one fleet fault; forgiving a machine
 takes back its strikes."""
@@ -27,9 +27,9 @@ def store(tmp_path: Path) -> Iterator[Store]:
 def strike(store: Store, machine: str, instance_id: int, at: float, reason: str = SLOW,
            limit: int = 2) -> str | None:
     def job(tx: Tx) -> str | None:
-        return tx.add_strike(machine, reason, now=at, instance_id=instance_id, limit=limit,
-                             window_s=24 * HOUR, block_s=48 * HOUR, kind=blame.TIMEOUT,
-                             state="warming")
+        return tx.blocklist.strike(machine, reason, now=at, instance_id=instance_id, limit=limit,
+                                   window_s=24 * HOUR, block_s=48 * HOUR, kind=blame.TIMEOUT,
+                                   state="warming")
     return store.write_blocking(job)
 
 
@@ -61,26 +61,28 @@ def test_the_same_failure_on_a_second_machine_is_taken_back_from_the_first(store
     assert fault["failures"] == 3
     assert kinds(store).count("fault") == 1 and "unblocked" in kinds(store)
     assert "41003" not in {b["machine_id"] for b in store.bad_hosts()}
-    assert store.write_blocking(lambda tx: tx.clear_fault(int(fault["id"]), "fixed", 200.0))
+    assert store.write_blocking(
+        lambda tx: tx.blocklist.clear_fault(int(fault["id"]), "fixed", 200.0))
     assert store.fleet_faults(open_only=True) == []
-    assert not store.write_blocking(lambda tx: tx.clear_fault(int(fault["id"]), "again", 201.0))
+    assert not store.write_blocking(
+        lambda tx: tx.blocklist.clear_fault(int(fault["id"]), "again", 201.0))
 
 
 def test_forgive_lifts_the_block_and_takes_back_the_strikes(store: Store) -> None:
     strike(store, "41001", 1, 0.0)
     strike(store, "41001", 2, 60.0)
-    assert store.write_blocking(lambda tx: tx.forgive("41001", 100.0))
+    assert store.write_blocking(lambda tx: tx.blocklist.forgive("41001", 100.0))
     assert store.bad_hosts() == []
     assert {s["fault"] for s in store.strikes("41001")} == {"forgiven"}
     assert strike(store, "41001", 3, 200.0) is None  # counting starts again
-    assert not store.write_blocking(lambda tx: tx.forgive("49999", 300.0))
+    assert not store.write_blocking(lambda tx: tx.blocklist.forgive("49999", 300.0))
 
 
 def test_after_a_fault_is_cleared_its_old_failures_are_not_counted_again(store: Store) -> None:
     strike(store, "41001", 1, 0.0)
     strike(store, "41002", 2, 60.0)
     (fault,) = store.fleet_faults(open_only=True)
-    store.write_blocking(lambda tx: tx.clear_fault(int(fault["id"]), "fixed", 100.0))
+    store.write_blocking(lambda tx: tx.blocklist.clear_fault(int(fault["id"]), "fixed", 100.0))
     strike(store, "41003", 3, 200.0)  # the same failure once after the fix: the host's
     assert store.fleet_faults(open_only=True) == []
     assert [s["fault"] for s in store.strikes("41003")] == ["host"]

@@ -32,8 +32,8 @@ def test_migrations_are_recorded_and_run_once(tmp_path: Path) -> None:
     assert [r["id"] for r in rows] == [m[0] for m in MIGRATIONS]
     assert set(TABLES) <= set(first.db.table_names())
     assert "heartbeats" in first.db.view_names()  # a view since migration 3
-    first.write_blocking(lambda tx: tx.add_bad_host("m1", reason="r", source="test", now=1.0,
-                                                    expires_at=2.0))
+    first.write_blocking(lambda tx: tx.blocklist.add("m1", reason="r", source="test", now=1.0,
+                                                     expires_at=2.0))
     first.close()
     again = Store(path)  # reopening applies nothing twice and keeps the data
     assert len(list(again.db.query("select id from migrations"))) == len(MIGRATIONS)
@@ -58,7 +58,7 @@ async def test_concurrent_writes_share_transactions(store: Store) -> None:
     blocker = store.submit(lambda tx: gate.wait(5))
 
     def event(i: int) -> Callable[[Tx], int]:
-        return lambda tx: tx.insert_event(float(i), "test", f"event {i}")
+        return lambda tx: tx.audit.add(float(i), "test", f"event {i}")
 
     jobs = [asyncio.wrap_future(store.submit(event(i))) for i in range(50)]
     commits_before = store.commits
@@ -73,10 +73,10 @@ async def test_concurrent_writes_share_transactions(store: Store) -> None:
 
 async def test_a_failing_job_writes_nothing_and_spares_the_others(store: Store) -> None:
     def bad(tx: Tx) -> None:
-        tx.insert_event(1.0, "test", "half-written")
+        tx.audit.add(1.0, "test", "half-written")
         raise ValueError("refused")
 
-    good = store.write(lambda tx: tx.insert_event(2.0, "test", "kept"))
+    good = store.write(lambda tx: tx.audit.add(2.0, "test", "kept"))
     with pytest.raises(ValueError, match="refused"):
         await asyncio.gather(store.write(bad), good)
     assert [e["reason"] for e in store.events()] == ["kept"]
@@ -84,7 +84,7 @@ async def test_a_failing_job_writes_nothing_and_spares_the_others(store: Store) 
 
 def measure(store: Store, result_id: str, rate: float, *, counts: bool = True) -> None:
     def job(tx: Tx) -> None:
-        tx.insert_result(
+        tx.results.add(
             {
                 "agent_id": "ag_00000000000000000000",
                 "result_id": result_id,
@@ -99,7 +99,7 @@ def measure(store: Store, result_id: str, rate: float, *, counts: bool = True) -
             }
         )
         if counts:  # as ingest writes a counted benchmark: its one measurement
-            tx.insert_measurement({
+            tx.results.add_measurement({
                 "machine_id": "m", "gpu_name": "g", "num_gpus": 1, "rate_per_hour": rate,
                 "measured_at": 1.0 + len(result_id) + ord(result_id[0]), "source": "fleet",
                 "offer_json": '{"dph_total": 0.5}', "recorded_at": 1.0,
@@ -180,7 +180,7 @@ def test_result_id_is_unique_per_agent(store: Store) -> None:
 def test_logs_and_heartbeat_history_are_bounded(store: Store) -> None:
     def logs(tx: Tx) -> None:
         for batch in range(3):
-            tx.insert_logs(
+            tx.audit.add_logs(
                 1, "ag_x", 1.0, [(float(i), "s", f"{batch}-{i}") for i in range(4)], keep_lines=5
             )
 
@@ -190,7 +190,7 @@ def test_logs_and_heartbeat_history_are_bounded(store: Store) -> None:
     def beats(tx: Tx) -> int:
         written = 0
         for t in range(0, 1000, 10):  # one heartbeat every 10 s
-            written += tx.append_heartbeat_history(
+            written += tx.heartbeats.append_history(
                 {
                     "agent_id": "ag_x",
                     "instance_id": 1,
@@ -269,7 +269,7 @@ def test_the_database_and_its_wal_are_created_readable_by_the_owner_alone(
     try:
         store = Store(tmp_path / "private.db")
         try:
-            store.write_blocking(lambda tx: tx.insert_event(1.0, "test", "a write"))
+            store.write_blocking(lambda tx: tx.audit.add(1.0, "test", "a write"))
             modes = {suffix: stat.S_IMODE(os.stat(f"{tmp_path / 'private.db'}{suffix}").st_mode)
                      for suffix in ("", "-wal", "-shm")}
         finally:

@@ -25,12 +25,12 @@ async def test_one_turn_of_writes_commits_together_and_failures_stay_alone(
     try:
         def ok(i: int) -> Callable[[Tx], int]:
             def job(tx: Tx) -> int:
-                tx.insert_event(float(i), "test", f"event {i}")
+                tx.audit.add(float(i), "test", f"event {i}")
                 return i
             return job
 
         def bad(tx: Tx) -> None:
-            tx.insert_event(0.0, "test", "undone")
+            tx.audit.add(0.0, "test", "undone")
             raise ValueError("this job fails")
 
         commits = store.commits
@@ -50,8 +50,8 @@ async def test_latest_telemetry_is_in_its_table_once_answered(tmp_path: Path) ->
     path = tmp_path / "s.db"
     store = Store(path)
     try:
-        await store.write(lambda tx: tx.upsert_telemetry(7, 1.0, '{"a": 1}'))
-        await store.write(lambda tx: tx.upsert_telemetry(7, 2.0, '{"a": 2}'))
+        await store.write(lambda tx: tx.heartbeats.upsert_telemetry(7, 1.0, '{"a": 1}'))
+        await store.write(lambda tx: tx.heartbeats.upsert_telemetry(7, 2.0, '{"a": 2}'))
         # Read on another connection: committed, not merely held in memory.
         with sqlite3.connect(path) as other:
             rows = other.execute("select instance_id, received_at, telemetry_json "
@@ -59,7 +59,7 @@ async def test_latest_telemetry_is_in_its_table_once_answered(tmp_path: Path) ->
         assert rows == [(7, 2.0, '{"a": 2}')]
 
         def failing(tx: Tx) -> None:
-            tx.upsert_telemetry(8, 3.0, "{}")
+            tx.heartbeats.upsert_telemetry(8, 3.0, "{}")
             raise ValueError("undone")
 
         with pytest.raises(ValueError):
@@ -77,7 +77,7 @@ async def test_a_commit_window_gathers_writes_of_several_loop_turns(tmp_path: Pa
         commits = store.commits
 
         def event(i: int) -> Callable[[Tx], int]:
-            return lambda tx: tx.insert_event(float(i), "test", f"e{i}")
+            return lambda tx: tx.audit.add(float(i), "test", f"e{i}")
 
         pending = []
         for i in range(WINDOW_FULL_JOBS - 1):

@@ -34,7 +34,7 @@ class _Probe(Reads):
 
 def _fleet(tx: Tx) -> None:
     for i in range(300):
-        tx.insert_instance({
+        tx.instances.add({
             "label": f"rig-{i}", "kind": "byo" if i % 10 == 0 else "deployed",
             "state": ("proving", "destroyed", "lost", "terminating")[i % 4],
             "machine_id": f"m{i % 50}", "created_at": 1.0,
@@ -108,7 +108,7 @@ def test_the_indexed_reads_answer_what_a_scan_would(tmp_path: Path) -> None:
     store = Store(tmp_path / "coord.db")
     try:
         store.write_blocking(_fleet)
-        store.write_blocking(lambda tx: tx.update_instance(4, state="vanished"))  # was due
+        store.write_blocking(lambda tx: tx.instances.update(4, state="vanished"))  # was due
         rows = {r["id"]: r for r in store.db.query(
             "select id, state, kind, destroy_due_at from instances")}
         active = {i for i, r in rows.items() if r["state"] not in ("destroyed", "vanished")}

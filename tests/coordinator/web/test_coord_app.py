@@ -438,13 +438,46 @@ async def test_terminated_multi_gpu_host_is_still_diagnosed(h: Harness) -> None:
 # --- directives -------------------------------------------------------------------------------
 
 
-async def test_rebenchmark_gives_one_benchmark_directive(h: Harness) -> None:
+async def test_rebenchmark_is_asked_until_the_agent_begins_it(h: Harness) -> None:
     agent = await hello_agent(h)
     await agent.heartbeat("proving")
     iid = agent_instance(h, agent.agent_id)
     status, data = await h.admin("POST", f"/api/instances/{iid}/rebenchmark")
     assert status == 200 and data["ok"] is True
+    status, first = await agent.heartbeat("proving")
+    assert (status, first["action"]) == (200, "benchmark")
+    # The answer is lost: the agent's retry (the same heartbeat, a fresh nonce) is told
+    # the same, and so is its next heartbeat.
+    agent.seq -= 1
+    status, retried = await agent.heartbeat("proving")
+    assert status == 200 and retried == first
     assert (await agent.heartbeat("proving"))[1]["action"] == "benchmark"
+    # Its own heartbeat says it began: asked no more, a retry of that one included.
+    status, began = await agent.heartbeat("benchmarking")
+    assert (status, began["action"]) == (200, "continue")
+    agent.seq -= 1
+    assert (await agent.heartbeat("benchmarking"))[1] == began
+    assert (await agent.heartbeat("proving"))[1]["action"] == "continue"
+    events = [e for e in h.store.events(iid) if e["kind"] == "rebenchmark"]
+    assert [e["reason"] for e in events] == [
+        "the operator asked for a new benchmark", "the agent began the benchmark it was asked for"]
+
+
+async def test_a_rebenchmark_asked_mid_benchmark_is_answered_by_its_result(
+    h: Harness,
+) -> None:
+    """Asked while a benchmark is under way (no phase change will show it): the result
+    that answers it closes it. From an agent that sends no benchmark ids, the result
+    answers the operator's benchmark."""
+    agent = await hello_agent(h)
+    await agent.heartbeat("benchmarking")
+    iid = agent_instance(h, agent.agent_id)
+    assert (await h.admin("POST", f"/api/instances/{iid}/rebenchmark"))[0] == 200
+    assert (await agent.heartbeat("benchmarking"))[1]["action"] == "benchmark"
+    h.clock.advance(1200)
+    status, data = await agent.post("/v1/result", result_msg("res-asked",
+                                                             finished_at=h.clock()))
+    assert status == 200 and data["directive"]["action"] == "continue", data
     assert (await agent.heartbeat("proving"))[1]["action"] == "continue"
 
 

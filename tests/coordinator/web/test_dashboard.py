@@ -5,7 +5,6 @@ a coordinator with the local simulated fleet, hostile host and offer text includ
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import secrets
 import shutil
@@ -23,17 +22,12 @@ from vast_manager.coordinator.web.dashboard import COOKIE_NAME, STATIC_DIR
 from vast_manager.coordinator.web.server import start_server
 from vast_manager.protocol import signing
 
+from support.browser import CHROMIUM, CHROMIUM_ARGS, async_playwright_or_skip
 from support.coord_support import ADMIN, ADMIN_TOKEN, SECRET_HEX, Harness, hello_msg, start
 from support.paths import REPO_ROOT
-from support.tools import skip_or_fail
 
 ROOT = REPO_ROOT
 ARTIFACTS = ROOT / "test-artifacts" / "dashboard"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
 HOSTILE = "<img src=x onerror=alert(1)>"
 #: Markup a host or an offer's listing may carry: none of it may become an element or run.
 PAYLOADS = (
@@ -206,16 +200,6 @@ async def test_telemetry_history_and_events_endpoints(aiohttp_client: Any, tmp_p
 # --- headless Chromium against the local simulated fleet ------------------------------------
 
 
-def _browser_or_skip() -> Any:
-    try:
-        from playwright.async_api import async_playwright
-    except ImportError:
-        skip_or_fail("playwright (the Python package) is not installed: pip install -e '.[test]'")
-    if not (os.path.exists(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        skip_or_fail(f"{CHROMIUM} is not installed (apt-get install chromium; .ci/run does it)")
-    return async_playwright
-
-
 async def _hostile_byo_agent(url: str, start_second: int) -> None:
     """A bring-your-own agent whose host sends markup as its names and log lines."""
     async with aiohttp.ClientSession() as session:
@@ -254,7 +238,7 @@ async def _hostile_byo_agent(url: str, start_second: int) -> None:
 
 
 async def test_dashboard_in_headless_chromium(tmp_path: Path) -> None:
-    async_playwright = _browser_or_skip()
+    async_playwright = async_playwright_or_skip()
     if ARTIFACTS.exists():
         shutil.rmtree(ARTIFACTS)
     ARTIFACTS.mkdir(parents=True)
@@ -538,8 +522,8 @@ async def _fleet_pages(page: Any, store: Any) -> None:
 
     def gone(tx: Any) -> None:
         for i in range(150):
-            tx.insert_instance({"label": f"gone-{i}", "kind": "byo", "state": "destroyed",
-                                "created_at": now, "destroyed_at": now})
+            tx.instances.add({"label": f"gone-{i}", "kind": "byo", "state": "destroyed",
+                             "created_at": now, "destroyed_at": now})
 
     await store.write(gone)
     total = before + 150

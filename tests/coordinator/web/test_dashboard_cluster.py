@@ -4,35 +4,19 @@ cluster's banner once it is stopped."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any
 
 from vast_manager.coordinator.providers.local.provider import LocalProvider
 from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.web.server import start_server
 
+from support.browser import CHROMIUM, CHROMIUM_ARGS, async_playwright_or_skip
 from support.coord_support import ADMIN_TOKEN, SECRET_HEX
 from support.postgres import postgres_server
-from support.tools import skip_or_fail
-
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def _browser() -> Any:
-    try:
-        from playwright.async_api import async_playwright
-    except ImportError:
-        skip_or_fail("playwright (the Python package) is not installed: pip install -e '.[test]'")
-    if not (os.path.exists(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        skip_or_fail(f"{CHROMIUM} is not installed (apt-get install chromium; .ci/run does it)")
-    return async_playwright
 
 
 async def test_the_banner_and_the_earnings_tiles(tmp_path: Path) -> None:
-    async_playwright = _browser()
+    async_playwright = async_playwright_or_skip()
     with postgres_server() as pg:
         await pg.prepare()
         settings = Settings.from_env(
@@ -44,7 +28,7 @@ async def test_the_banner_and_the_earnings_tiles(tmp_path: Path) -> None:
         server = await start_server(settings, provider)
         try:
             async with async_playwright() as pw:
-                browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+                browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
                 try:
                     page = await browser.new_page()
                     await page.goto(server.url + "/")

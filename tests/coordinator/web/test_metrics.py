@@ -65,7 +65,7 @@ async def running_fleet(h: Harness) -> dict[str, Any]:
     assert inst is not None
 
     def job(tx: Any) -> None:
-        tx.update_instance(inst["id"], state="proving", dph_total=0.5, rate_per_hour=50.0)
+        tx.instances.update(inst["id"], state="proving", dph_total=0.5, rate_per_hour=50.0)
 
     await h.store.write(job)
     return inst
@@ -114,7 +114,7 @@ async def test_gone_instances_drop_their_gpu_series(aiohttp_client: Any, tmp_pat
     inst = await running_fleet(h)
 
     def job(tx: Any) -> None:
-        tx.update_instance(inst["id"], state="destroyed")
+        tx.instances.update(inst["id"], state="destroyed")
 
     await h.store.write(job)
     fams = families((await scrape(h))[1])
@@ -161,7 +161,7 @@ def test_label_values_round_trip_through_the_exposition(tmp_path: Path, raw: str
     forged, no sample added, whatever the host named its GPU."""
     store = Store(tmp_path / "coord.db")
     try:
-        store.write_blocking(lambda tx: tx.insert_instance({
+        store.write_blocking(lambda tx: tx.instances.add({
             "agent_id": "ag_" + "1" * 20, "label": "rig", "kind": "byo", "state": "proving",
             "machine_id": raw, "gpu_name": raw, "num_gpus": 1, "dph_total": 0.5,
             "rate_per_hour": 10.0, "created_at": 1.0}))

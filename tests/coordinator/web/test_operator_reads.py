@@ -38,9 +38,9 @@ FLEET = [
 
 
 def add_fleet(tx: Tx) -> list[int]:
-    return [tx.insert_instance({"label": f"rig-{i}", "kind": "byo", "state": state,
-                                "dph_total": dph, "rate_per_hour": rate, "created_at": 1.0,
-                                "machine_id": f"m{i}", "gpu_name": "RTX 4090", "num_gpus": 1})
+    return [tx.instances.add({"label": f"rig-{i}", "kind": "byo", "state": state,
+                             "dph_total": dph, "rate_per_hour": rate, "created_at": 1.0,
+                             "machine_id": f"m{i}", "gpu_name": "RTX 4090", "num_gpus": 1})
             for i, (state, dph, rate) in enumerate(FLEET)]
 
 
@@ -118,7 +118,7 @@ async def test_after_id_is_a_cursor_not_an_offset(h: Harness) -> None:
     assert [r["id"] for r in rows] == ids_in()[4:]
     # An instance added while someone pages appears at the end, never shifting a page.
     _, first, link = await get(h, "/api/instances?limit=4")
-    await h.store.write(lambda tx: tx.insert_instance(
+    await h.store.write(lambda tx: tx.instances.add(
         {"label": "late", "kind": "byo", "state": "deploying", "created_at": 2.0}))
     assert link is not None
     rest = [r["id"] for p in await walk(h, link[1:link.index(">")]) for r in p]

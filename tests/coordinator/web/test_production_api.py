@@ -24,7 +24,7 @@ async def _proving(h: Harness, label: str) -> int:
     inst = h.store.instance_by_agent(agent.agent_id)
     assert inst is not None
     ident = int(inst["id"])
-    await h.store.write(lambda tx: tx.update_instance(
+    await h.store.write(lambda tx: tx.instances.update(
         ident, rate_per_hour=100.0, dph_total=0.5, state_since=h.clock() - 3600))
     return ident
 

@@ -153,9 +153,9 @@ def test_logs_follow_prints_new_lines_once(tmp_path: Path) -> None:
         now = time.time()
 
         def setup(tx: Any) -> int:
-            instance_id: int = tx.insert_instance(
+            instance_id: int = tx.instances.add(
                 {"id": 700001, "kind": "deployed", "state": "proving", "created_at": now})
-            tx.insert_logs(700001, "ag_x", now, [(now, "agent", "first line")], keep_lines=100)
+            tx.audit.add_logs(700001, "ag_x", now, [(now, "agent", "first line")], keep_lines=100)
             return instance_id
 
         instance_id = store.write_blocking(setup)
@@ -167,12 +167,12 @@ def test_logs_follow_prints_new_lines_once(tmp_path: Path) -> None:
             wait_for_line(lines, "agent: first line", seen)
             # Two lines sharing the last printed line's timestamp, then a later one
             # with a hostile control sequence.
-            store.write_blocking(lambda tx: tx.insert_logs(
+            store.write_blocking(lambda tx: tx.audit.add_logs(
                 700001, "ag_x", now,
                 [(now, "cuzk", "same second"), (now + 1, "work", "later \x1b[2Jline")],
                 keep_lines=100))
             wait_for_line(lines, "work: later", seen)
-            store.write_blocking(lambda tx: tx.insert_logs(
+            store.write_blocking(lambda tx: tx.audit.add_logs(
                 700001, "ag_x", now, [(now + 2, "agent", "last line")], keep_lines=100))
             wait_for_line(lines, "agent: last line", seen)
         finally:

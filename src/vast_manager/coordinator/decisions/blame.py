@@ -45,7 +45,8 @@ FLEET_WINDOW_S = 6 * 3600.0
 #: (agent/phases/fetch.py).
 BEFORE_HARDWARE: frozenset[str] = frozenset({State.BOOTING})
 
-#: How the ending that counts as a failure came about (``Tx.begin_terminating``'s kind).
+#: How the ending that counts as a failure came about (``Tx.instances.begin_terminating``'s
+#: kind).
 AGENT_FAILED, TIMEOUT, DEAD_STATUS = "failed", "timeout", "dead"
 #: A failure proven on the machine itself (a delivered shortfall against its own kept
 #: rate: docs/reliability.md, "Judged by what it delivers"): the host's, however many

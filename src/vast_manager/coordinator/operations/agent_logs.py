@@ -18,16 +18,16 @@ def logs_job(
 
     def job(tx: Tx) -> int:
         inst = require_instance(tx, agent_id)
-        tx.update_instance(inst["id"], last_seen=now)
-        if seq is not None and seq <= tx.spool_mark(agent_id, "logs"):
+        tx.instances.update(inst["id"], last_seen=now)
+        if seq is not None and seq <= tx.replay.mark(agent_id, "logs"):
             return 0  # stored before: the agent sends it again (docs/protocol.md, "Replay")
-        written = tx.insert_logs(
+        written = tx.audit.add_logs(
             inst["id"], agent_id, now,
             ((line.ts, line.source, line.text) for line in batch.lines),
             keep_lines=settings.log_lines_per_instance,
         )
         if seq is not None:
-            tx.raise_spool_mark(agent_id, "logs", seq)
+            tx.replay.raise_to(agent_id, "logs", seq)
         return written
 
     return job

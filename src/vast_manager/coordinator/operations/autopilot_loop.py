@@ -268,7 +268,7 @@ class Autopilot:
         if row is not None and row["state"] == STOPPED:
             line = (f"autopilot stays stopped: {row['reason']} (by {row['changed_by']}); "
                     "`vast-manager autopilot start` resumes it")
-            await self.store.write(lambda tx: tx.insert_event(
+            await self.store.write(lambda tx: tx.audit.add(
                 now, EVENT, line, data={"action": "held", "caps": caps}))
             return line
         line = ("autopilot running after a restart" if row is not None else "autopilot started"
@@ -309,8 +309,8 @@ class Autopilot:
 
     def _set(self, tx: Tx, state: str, now: float, by: str, reason: str,
              data: dict[str, Any]) -> None:
-        tx.set_autopilot(state, now=now, by=by, reason=reason)
-        tx.insert_event(now, EVENT, reason, data=data)
+        tx.autopilot.set(state, now=now, by=by, reason=reason)
+        tx.audit.add(now, EVENT, reason, data=data)
 
     def _caps_text(self) -> str:
         c = self.caps
@@ -418,7 +418,7 @@ class Autopilot:
             inst = tx.get_instance(instance_id)
             if inst is None or inst["state"] in states.ENDING or inst["terminate_reason"]:
                 return False  # ending already
-            return tx.begin_terminating(
+            return tx.instances.begin_terminating(
                 instance_id, reason, kind=EVENT, now=now, destroy_due_at=now + grace,
                 note=f"terminate instance {instance_id}: {action.reason}",
                 data={"action": "terminate", "dph_total": action.dph_total})
@@ -445,7 +445,7 @@ class Autopilot:
             now = self.clock()
             message = getattr(err, "message", None) or str(err)
             line = f"{what} offer {action.offer_id} refused: {message}"
-            await self.store.write(lambda tx: tx.insert_event(
+            await self.store.write(lambda tx: tx.audit.add(
                 now, EVENT, line, machine_id=action.machine_id,
                 data={**data, "action": "refused"}))
             tick.actions.append({**data, "action": "refused", "reason": message})
@@ -453,13 +453,13 @@ class Autopilot:
         now = self.clock()
 
         def job(tx: Tx) -> None:
-            tx.insert_event(now, EVENT, f"{what} offer {action.offer_id} as instance "
-                            f"{deployed.instance_id}: {action.reason}",
-                            instance_id=deployed.instance_id, agent_id=deployed.agent_id,
-                            machine_id=action.machine_id,
-                            data={**data, "instance_id": deployed.instance_id})
+            tx.audit.add(now, EVENT, f"{what} offer {action.offer_id} as instance "
+                         f"{deployed.instance_id}: {action.reason}",
+                         instance_id=deployed.instance_id, agent_id=deployed.agent_id,
+                         machine_id=action.machine_id,
+                         data={**data, "instance_id": deployed.instance_id})
             if action.exploration:
-                tx.note_exploration(now)
+                tx.autopilot.note_exploration(now)
 
         await self.store.write(job)
         tick.actions.append({**data, "instance_id": deployed.instance_id,
@@ -475,7 +475,7 @@ class Autopilot:
             return
         self._last_notes = key
         now = self.clock()
-        await self.store.write(lambda tx: tx.insert_event(
+        await self.store.write(lambda tx: tx.audit.add(
             now, EVENT, "holding back: " + "; ".join(notes), data={"action": "note"}))
 
     def view(self) -> dict[str, Any]:

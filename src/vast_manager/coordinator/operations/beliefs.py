@@ -22,9 +22,9 @@ from vast_manager.coordinator.operations.directives import (
     new_benchmark_id,
     watched_whole,
 )
-from vast_manager.coordinator.rows import instance_row
+from vast_manager.coordinator.rows import InstanceRow, instance_row
 from vast_manager.coordinator.settings import Settings
-from vast_manager.coordinator.store.migrations import Row, loads
+from vast_manager.coordinator.store.migrations import loads
 from vast_manager.coordinator.store.writer import Tx
 from vast_manager.protocol.messages import Result
 
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 Expectation = Callable[[Offer], belief.Expected | None]
 
 
-def _references(tx: Tx, inst: Row, offer: Offer | None, gpus: int,
+def _references(tx: Tx, inst: InstanceRow, offer: Offer | None, gpus: int,
                 expected: belief.Expected | None) -> belief.References:
     """What a claim is compared with (docs/reliability.md, "No rate on a host's word
     alone"): the model's view, the median rate per GPU of *other* machines' counted
@@ -92,7 +92,7 @@ class Belief:
 
 
 def judge_belief(
-    tx: Tx, inst: Row, result: Result, check: policy.Plausibility, rate: float,
+    tx: Tx, inst: InstanceRow, result: Result, check: policy.Plausibility, rate: float,
     settings: Settings, now: float, expect: Expectation | None, updates: dict[str, Any],
     events: list[tuple[str, str]],
 ) -> Belief:
@@ -104,7 +104,10 @@ def judge_belief(
     asked, why = directed(result, inst)
     failed: str | None = None
     if asked:
-        updates.update(directed_benchmark_id=None, directed_benchmark_kind=None)
+        # The result of the benchmark asked for: it is answered, and asked for no more
+        # (a confirmation below asks again).
+        updates.update(directed_benchmark_id=None, directed_benchmark_kind=None,
+                       rebenchmark_pending=0)
         if confirming:
             failed = watched_whole(result, inst, settings, now)
     elif not confirming:

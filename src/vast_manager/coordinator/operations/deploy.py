@@ -203,10 +203,10 @@ class Deployer:
         created = await self._create(checked, terms, instance_id)
 
         def created_ok(tx: Tx) -> None:
-            tx.update_instance(
+            tx.instances.update(
                 instance_id, provider_instance_id=created.instance_id, updated_at=self.clock()
             )
-            tx.insert_event(
+            tx.audit.add(
                 self.clock(), "deployed",
                 f"{self.provider.name} instance {created.instance_id} created",
                 instance_id=instance_id, agent_id=terms.agent_id, machine_id=checked.machine_id,
@@ -304,11 +304,11 @@ class Deployer:
         # The whole offer as deployed: the hardware its results ran on, for the rate model.
         meta["offer_json"] = dumps({k: v for k, v in offer.raw.items()
                                     if k not in NOT_OFFER_FIELDS})
-        tx.insert_agent(
+        tx.agents.add(
             terms.agent_id, label=terms.label, kind="deployed",
             min_rate_per_hour=terms.min_rate, issued_at=now,
         )
-        instance_id = tx.insert_instance(
+        instance_id = tx.instances.add(
             {
                 **meta,
                 "agent_id": terms.agent_id,
@@ -329,7 +329,7 @@ class Deployer:
             }
         )
         rate_text = "none" if terms.min_rate is None else f"{terms.min_rate:.2f} proofs/h"
-        tx.insert_event(
+        tx.audit.add(
             now, "deploy",
             f"deploying offer {checked.offer_id} at ${prices.hourly_total:.4f}/h with a "
             f"{checked.disk_gb} GB disk (rent ${prices.rent_per_hour:.4f}, storage "
@@ -386,9 +386,9 @@ class Deployer:
         reason = f"the create failed ({err}) but left {self.provider.name} instance {pid}"
 
         def record(tx: Tx) -> None:
-            tx.begin_terminating(instance_id, reason, kind="deploy_failed", now=now,
-                                 destroy_due_at=now, data={"provider_instance_id": pid},
-                                 provider_instance_id=pid)
+            tx.instances.begin_terminating(instance_id, reason, kind="deploy_failed", now=now,
+                                           destroy_due_at=now, data={"provider_instance_id": pid},
+                                           provider_instance_id=pid)
 
         await self.store.write(record)
         log.warning("deploy: %s; destroying it", reason)
@@ -401,9 +401,9 @@ class Deployer:
 
     def _abandon(self, tx: Tx, instance_id: int, agent_id: str, reason: str) -> None:
         now = self.clock()
-        tx.update_instance(
+        tx.instances.update(
             instance_id, state=State.DESTROYED, state_since=now, destroyed_at=now,
             terminate_reason=reason, updated_at=now,
         )
-        tx.revoke_agent(agent_id, now=now, reason=reason)
-        tx.insert_event(now, "deploy_failed", reason, instance_id=instance_id, agent_id=agent_id)
+        tx.agents.revoke(agent_id, now=now, reason=reason)
+        tx.audit.add(now, "deploy_failed", reason, instance_id=instance_id, agent_id=agent_id)

@@ -15,9 +15,8 @@ import orjson
 
 from vast_manager.coordinator.decisions import policy
 from vast_manager.coordinator.exceptions import HelloRequired, UnknownAgent
-from vast_manager.coordinator.rows import instance_row
+from vast_manager.coordinator.rows import AgentRow, InstanceRow, agent_row, instance_row
 from vast_manager.coordinator.settings import Settings
-from vast_manager.coordinator.store.migrations import Row
 from vast_manager.coordinator.store.writer import Tx
 from vast_manager.protocol.codec import from_obj
 from vast_manager.protocol.messages import Directive, Result
@@ -31,27 +30,21 @@ def directive_from_json(text: str) -> Directive:
     return from_obj(Directive, orjson.loads(text))
 
 
-def agent_pace_s(inst: Row, settings: Settings) -> int:
+def agent_pace_s(inst: InstanceRow, settings: Settings) -> int:
     """The pace the instance's agent was last given (the base pace before any): every job
     stores the pace it answers (``pace.answer_s``, jitter included) in ``heartbeat_pace_s``, and the
     agent's silence is timed on it (docs/operations.md, "Heartbeat pace")."""
     return int(inst.get("heartbeat_pace_s") or settings.next_heartbeat_s)
 
 
-def take_directive(tx: Tx, inst: Row, settings: Settings, now: float,
-                    next_heartbeat_s: int) -> Directive:
-    """The directive for an instance now; a pending rebenchmark is delivered once."""
-    directive = policy.directive_for(
-        instance_row(inst),
-        next_heartbeat_s=next_heartbeat_s,
-        min_rate=inst.get("min_rate_per_hour"),
-    )
-    if directive.action == "benchmark":
-        tx.deliver_rebenchmark(inst["id"], inst["agent_id"], inst["machine_id"], now)
-    return directive
+def directive_for_row(inst: InstanceRow, pace_now: int) -> Directive:
+    """The directive an instance's row answers, at the pace ``pace_now``.
 
-
-def directive_for_row(inst: Row, pace_now: int) -> Directive:
+    An open ``benchmark`` (``rebenchmark_pending``) is answered in every answer, a
+    retried message's included, until the agent's own messages show it acted on it:
+    its phase moved to benchmarking (``heartbeat.started_asked_benchmark``) or the
+    result of the benchmark asked for arrived (``beliefs.judge_belief``). An answer
+    lost on the way is so never a directive lost."""
     return policy.directive_for(instance_row(inst), next_heartbeat_s=pace_now,
                                 min_rate=inst.get("min_rate_per_hour"))
 
@@ -74,7 +67,7 @@ def new_benchmark_id() -> str:
     return "bm_" + secrets.token_hex(16)
 
 
-def open_directed_benchmark(tx: Tx, inst: Row, kind: str, now: float) -> str:
+def open_directed_benchmark(tx: Tx, inst: InstanceRow, kind: str, now: float) -> str:
     """Open a benchmark the coordinator directs: a fresh id (a nonce the host cannot
     guess) that the result must carry; a confirmation is also delivered as a
     ``benchmark`` directive, and its heartbeats are watched from now on."""
@@ -86,11 +79,11 @@ def open_directed_benchmark(tx: Tx, inst: Row, kind: str, now: float) -> str:
     }
     if kind != FIRST:
         updates["rebenchmark_pending"] = 1
-    tx.update_instance(inst["id"], **updates)
+    tx.instances.update(inst["id"], **updates)
     return benchmark_id
 
 
-def directed(result: Result, inst: Row) -> tuple[bool, str]:
+def directed(result: Result, inst: InstanceRow) -> tuple[bool, str]:
     """Whether ``result`` answers the instance's open directed benchmark, and if not, why.
 
     A result that carries an id must carry the open one. One without (an agent older than
@@ -109,7 +102,7 @@ def directed(result: Result, inst: Row) -> tuple[bool, str]:
     return True, ""
 
 
-def watched_whole(result: Result, inst: Row, settings: Settings, now: float) -> str | None:
+def watched_whole(result: Result, inst: InstanceRow, settings: Settings, now: float) -> str | None:
     """Why a confirming re-benchmark was not watched for its whole length, or None."""
     asked = inst.get("directed_benchmark_at")
     if asked is None:
@@ -126,24 +119,31 @@ def watched_whole(result: Result, inst: Row, settings: Settings, now: float) -> 
     return None
 
 
-def time_scale(inst: Row, settings: Settings) -> float:
+def time_scale(inst: InstanceRow, settings: Settings) -> float:
     """Simulated seconds per real second of this instance: the simulated fleet's scale
     for an instance we deployed (``VM_SIM_TIME_SCALE``, 1 outside a simulation), 1 for a
     bring-your-own agent, which is a real machine even beside a simulated fleet."""
     return settings.sim_time_scale if inst.get("kind") == "deployed" else 1.0
 
 
-def require_agent(tx: Tx, agent_id: str) -> Row:
+def require_agent(tx: Tx, agent_id: str) -> AgentRow:
     agent = tx.get_agent(agent_id)
     if agent is None or agent["revoked"]:
         # Auth checked this already; a revoke may have committed in between.
         raise UnknownAgent("This agent id is unknown or revoked.")
-    return agent
+    return agent_row(agent)
 
 
-def require_instance(tx: Tx, agent_id: str) -> Row:
+def require_instance(tx: Tx, agent_id: str) -> InstanceRow:
     require_agent(tx, agent_id)
     inst = tx.instance_by_agent(agent_id)
     if inst is None:
         raise HelloRequired("Send /v1/hello before anything else.")
-    return inst
+    return instance_row(inst)
+
+
+def current(tx: Tx, instance_id: int) -> InstanceRow:
+    """The instance as this transaction sees it now (one the job has read: it exists)."""
+    found = tx.get_instance(instance_id)
+    assert found is not None
+    return instance_row(found)

@@ -1,4 +1,4 @@
-"""A heartbeat: the instance's gauges, phase and pace written in one ``Tx.write_heartbeat``
+"""A heartbeat: the instance's gauges, phase and pace written in one ``Tx.heartbeats.write``
 and answered; a steady heartbeat (most of a fleet's) from the writer's cached view alone, a
 benchmarking one also judged for an early verdict (``verdict_tracking``)."""
 
@@ -13,14 +13,16 @@ from vast_manager.coordinator.decisions import pace, policy, states
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.operations.directives import (
     CONFIRM,
+    agent_pace_s,
+    current,
     directive_for_row,
     require_instance,
-    take_directive,
 )
 from vast_manager.coordinator.operations.verdict_tracking import judge_early
+from vast_manager.coordinator.rows import InstanceRow, with_columns
 from vast_manager.coordinator.settings import Settings
-from vast_manager.coordinator.store.migrations import Row, dumps
-from vast_manager.coordinator.store.writer import Ending, HeartbeatWrite, Tx
+from vast_manager.coordinator.store.migrations import dumps
+from vast_manager.coordinator.store.writer import Ending, Gauges, HeartbeatWrite, Tx
 from vast_manager.protocol.messages import Directive, Heartbeat
 
 
@@ -52,7 +54,7 @@ def steady_fields(hb: Heartbeat) -> SteadyFields:
     )
 
 
-def _steady(hot: Row, f: SteadyFields) -> bool:
+def _steady(hot: InstanceRow, f: SteadyFields) -> bool:
     """A heartbeat that only moves the instance's gauges: the same phase as its state, in
     order, nothing for early verdicts to judge. Most heartbeats of a fleet are steady."""
     last_seq = hot["last_seq"]
@@ -69,7 +71,7 @@ def heartbeat_job(
     fleet: pace.FleetLoad = pace.NO_AGENTS, rng: pace.RandomSource | None = None,
 ) -> Callable[[Tx], tuple[int, Directive]]:
     """One pass: read the instance, decide everything (``decide_steady``, else
-    ``decide_heartbeat``), write it in one ``Tx.write_heartbeat``, answer.
+    ``decide_heartbeat``), write it in one ``Tx.heartbeats.write``, answer.
 
     ``fleet``: the agents heard from, which set the pace (none: the base pace); ``rng``:
     its jitter (None: none). A benchmarking heartbeat of a fleet with early verdicts is
@@ -78,24 +80,20 @@ def heartbeat_job(
     fields = steady_fields(hb)
 
     def job(tx: Tx) -> tuple[int, Directive]:
-        hot = tx.heartbeat_view(agent_id)
+        hot = tx.heartbeats.view(agent_id)
         if hot is not None and _steady(hot, fields):
             pace_now = pace.answer_s(hot["state"], fleet, settings, rng)
             write, directive = decide_steady(hot, agent_id, fields, settings, now, pace_now)
-            tx.write_heartbeat(write)
+            tx.heartbeats.write(write)
             return hot["id"], directive
         inst = require_instance(tx, agent_id)
         write, after = decide_heartbeat(inst, agent_id, hb, fields, settings, now, fleet, rng)
-        pace_now = int(after["heartbeat_pace_s"])
+        pace_now = agent_pace_s(after, settings)
+        tx.heartbeats.write(write)
         if not _judged_early(inst, hb, settings):
-            directive = directive_for_row(after, pace_now)
-            tx.write_heartbeat(write._replace(benchmark_delivered=directive.action == "benchmark"))
-            return inst["id"], directive
-        tx.write_heartbeat(write)
+            return inst["id"], directive_for_row(after, pace_now)
         judge_early(tx, inst, hb, settings, now)
-        fresh = tx.get_instance(inst["id"])
-        assert fresh is not None
-        return inst["id"], take_directive(tx, fresh, settings, now, pace_now)
+        return inst["id"], directive_for_row(current(tx, inst["id"]), pace_now)
 
     return job
 
@@ -107,7 +105,7 @@ def _history(agent_id: str, instance_id: int, f: SteadyFields, now: float) -> tu
 
 
 def decide_steady(
-    hot: Row, agent_id: str, f: SteadyFields, settings: Settings, now: float, pace_now: int,
+    hot: InstanceRow, agent_id: str, f: SteadyFields, settings: Settings, now: float, pace_now: int,
 ) -> tuple[HeartbeatWrite, Directive]:
     """What a steady heartbeat writes (its instance's gauges, which are its latest
     heartbeat too, and the pace it is answered, held by the writer and written with the
@@ -117,23 +115,24 @@ def decide_steady(
     directive = directive_for_row(hot, pace_now)
     write = HeartbeatWrite(
         instance_id, agent_id, hot["machine_id"], now,
-        # In HEARTBEAT_COLUMNS order; a steady heartbeat is never a benchmarking one,
-        # hence last_non_benchmark_at.
-        gauges=(f.seq, now, f.phase, f.phase_started_at, f.progress_json,
-                f.proofs_completed_total, now, now, now, f.proof_seconds_recent_json,
-                pace_now, f.net_rx_bytes, f.net_tx_bytes),
+        # A steady heartbeat is never a benchmarking one, hence last_non_benchmark_at.
+        gauges=Gauges(
+            last_seq=f.seq, last_seen=now, phase=f.phase, phase_started_at=f.phase_started_at,
+            progress_json=f.progress_json, proofs_completed_total=f.proofs_completed_total,
+            updated_at=now, last_non_benchmark_at=now, heartbeat_at=now,
+            proof_seconds_recent_json=f.proof_seconds_recent_json, heartbeat_pace_s=pace_now,
+            net_rx_bytes=f.net_rx_bytes, net_tx_bytes=f.net_tx_bytes),
         telemetry_json=f.telemetry_json, history=_history(agent_id, instance_id, f, now),
         history_interval_s=settings.heartbeat_history_interval_s,
         history_keep_rows=settings.heartbeat_history_rows,
-        benchmark_delivered=directive.action == "benchmark",
     )
     return write, directive
 
 
 def decide_heartbeat(
-    inst: Row, agent_id: str, hb: Heartbeat, f: SteadyFields, settings: Settings, now: float,
-    fleet: pace.FleetLoad, rng: pace.RandomSource | None,
-) -> tuple[HeartbeatWrite, Row]:
+    inst: InstanceRow, agent_id: str, hb: Heartbeat, f: SteadyFields, settings: Settings,
+    now: float, fleet: pace.FleetLoad, rng: pace.RandomSource | None,
+) -> tuple[HeartbeatWrite, InstanceRow]:
     """What any other heartbeat writes, and the instance as it will then read (what its
     answer is decided on; ``heartbeat_pace_s`` holds the pace answered)."""
     ids = (inst["id"], agent_id, inst["machine_id"], now)
@@ -142,7 +141,7 @@ def decide_heartbeat(
         # Late or out of order within this boot: it must not move the phase back.
         pace_now = pace.answer_s(inst["state"], fleet, settings, rng)
         late = {"last_seen": now, "heartbeat_pace_s": pace_now}
-        return HeartbeatWrite(*ids, updates=late), {**inst, **late}
+        return HeartbeatWrite(*ids, updates=late), with_columns(inst, late)
     updates: dict[str, Any] = {
         "last_seq": hb.seq,
         "last_seen": now,
@@ -177,9 +176,13 @@ def decide_heartbeat(
         if state == State.LOST:
             events.append(("recovered", "the agent spoke again after silence"))
         events.append(("phase", f"{state} -> {hb.phase}"))
+        if hb.phase == State.BENCHMARKING and inst["rebenchmark_pending"]:
+            # The agent acted on the benchmark it was asked for: it is asked no more.
+            updates["rebenchmark_pending"] = 0
+            events.append(("rebenchmark", "the agent began the benchmark it was asked for"))
     updates["heartbeat_pace_s"] = pace.answer_s(updates.get("state", state), fleet, settings,
                                                 rng)
-    after = {**inst, **updates}
+    after = with_columns(inst, updates)
     ending: Ending | None = None
     if state not in states.ENDING and hb.phase in states.ENDING_PHASES:
         failed = hb.phase == State.FAILED
@@ -194,7 +197,7 @@ def decide_heartbeat(
                         # counts against its machine (docs/policy.md, "Strikes").
                         policy.StrikeRule.from_settings(settings) if failed else None,
                         failed_in=state)
-        # As ``Tx.begin_terminating`` leaves it: the first reason given stands.
+        # As ``Tx.instances.begin_terminating`` leaves it: the first reason given stands.
         after["terminate_reason"] = after["terminate_reason"] or reason
     write = HeartbeatWrite(
         *ids, updates=updates, events=tuple(events), ending=ending,
@@ -205,7 +208,7 @@ def decide_heartbeat(
     return write, after
 
 
-def _judged_early(inst: Row, hb: Heartbeat, settings: Settings) -> bool:
+def _judged_early(inst: InstanceRow, hb: Heartbeat, settings: Settings) -> bool:
     """Whether this heartbeat's benchmark progress is judged for an early verdict."""
     return bool(settings.verdict_early and hb.phase == State.BENCHMARKING
                 and inst["state"] not in states.ENDING and not inst["terminate_reason"])

@@ -12,12 +12,14 @@ from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.exceptions import InvalidInput
 from vast_manager.coordinator.operations.directives import (
     FIRST,
+    current,
+    directive_for_row,
     open_directed_benchmark,
     require_agent,
-    take_directive,
 )
+from vast_manager.coordinator.rows import AgentRow, InstanceRow, instance_row
 from vast_manager.coordinator.settings import Settings
-from vast_manager.coordinator.store.migrations import Row, dumps
+from vast_manager.coordinator.store.migrations import dumps
 from vast_manager.coordinator.store.writer import Tx
 from vast_manager.protocol.messages import Directive, Hello, HostInfo
 
@@ -41,7 +43,8 @@ def hello_job(
         host = hello.host
         if agent["kind"] == "byo":
             _check_declared_gpus(agent, host)
-        inst = tx.instance_by_agent(agent_id) or _byo_instance(tx, agent, host, now)
+        found = tx.instance_by_agent(agent_id)
+        inst = instance_row(found) if found is not None else _byo_instance(tx, agent, host, now)
         new_boot = inst["boot_id"] != hello.boot_id
         updates: dict[str, Any] = {
             "boot_id": hello.boot_id,
@@ -65,31 +68,29 @@ def hello_job(
             updates["state_since"] = now
         pace_now = updates["heartbeat_pace_s"] = pace.answer_s(
             updates.get("state", inst["state"]), fleet, settings, rng)
-        tx.update_instance(inst["id"], **updates)
+        tx.instances.update(inst["id"], **updates)
         if new_boot:
-            tx.insert_event(
+            tx.audit.add(
                 now, "hello", f"agent {hello.agent_version} started (boot {hello.boot_id})",
                 instance_id=inst["id"], agent_id=agent_id, machine_id=inst["machine_id"],
             )
         if inst["state"] == State.LOST:
-            tx.insert_event(
+            tx.audit.add(
                 now, "recovered", "the agent spoke again after silence",
                 instance_id=inst["id"], agent_id=agent_id, machine_id=inst["machine_id"],
             )
         _check_gpu_count(tx, inst, len(host.gpus), now)
-        fresh = tx.get_instance(inst["id"])
-        assert fresh is not None
-        return fresh["id"], take_directive(tx, fresh, settings, now, pace_now)
+        return inst["id"], directive_for_row(current(tx, inst["id"]), pace_now)
 
     return job
 
 
-def _byo_instance(tx: Tx, agent: Row, host: HostInfo, now: float) -> Row:
+def _byo_instance(tx: Tx, agent: AgentRow, host: HostInfo, now: float) -> InstanceRow:
     """The instance an agent without one gets at its first hello: a bring-your-own
     agent's, its machine_id the label."""
     agent_id = agent["agent_id"]
     machine_id = agent["label"] if agent["kind"] == "byo" else None
-    instance_id = tx.insert_instance(
+    instance_id = tx.instances.add(
         {
             "agent_id": agent_id,
             "label": agent["label"],
@@ -104,27 +105,25 @@ def _byo_instance(tx: Tx, agent: Row, host: HostInfo, now: float) -> Row:
             "updated_at": now,
         }
     )
-    tx.insert_event(
+    tx.audit.add(
         now, "hello", f"bring-your-own agent registered its machine {machine_id!r}",
         instance_id=instance_id, agent_id=agent_id, machine_id=machine_id,
     )
-    inst = tx.get_instance(instance_id)
-    assert inst is not None
-    return inst
+    return current(tx, instance_id)
 
 
-def _check_gpu_count(tx: Tx, inst: Row, seen: int, now: float) -> None:
+def _check_gpu_count(tx: Tx, inst: InstanceRow, seen: int, now: float) -> None:
     """An event when a deployed instance's agent sees other than the offer's GPU count."""
     expected = inst["num_gpus"]
     if inst["kind"] == "deployed" and expected is not None and expected != seen:
-        tx.insert_event(
+        tx.audit.add(
             now, "hardware_mismatch",
             f"the offer promised {expected} GPUs, the agent sees {seen}",
             instance_id=inst["id"], agent_id=inst["agent_id"], machine_id=inst["machine_id"],
         )
 
 
-def _check_declared_gpus(agent: Row, host: HostInfo) -> None:
+def _check_declared_gpus(agent: AgentRow, host: HostInfo) -> None:
     """A bring-your-own hello lists at most the GPUs its agent was issued for, of the
     declared model (``agents issue --gpus N --gpu-model M``); InvalidInput otherwise."""
     declared = agent.get("max_gpus")

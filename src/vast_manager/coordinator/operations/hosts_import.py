@@ -30,13 +30,13 @@ def import_job(measurements: Sequence[Measurement], now: float,
         added = 0
         for m in measurements:
             row = measurement_row(m, now)
-            if tx.insert_measurement(row):
+            if tx.results.add_measurement(row):
                 added += 1
                 touched.add((row["machine_id"], row["gpu_name"], row["num_gpus"]))
         message = (f"imported {added} measurement(s) of {len(touched)} host configuration(s) "
                    f"from {lines} line(s); {len(measurements) - added} already known")
-        tx.insert_event(now, "hosts_import", message,
-                        data={"imported": added, "duplicates": len(measurements) - added})
+        tx.audit.add(now, "hosts_import", message,
+                     data={"imported": added, "duplicates": len(measurements) - added})
         return {"ok": True, "imported": added, "duplicates": len(measurements) - added,
                 "hosts": len(touched), "message": message[0].upper() + message[1:] + "."}
 

@@ -80,7 +80,7 @@ def _event(now: float, machine_id: str, reports: list[dict[str, Any]]) -> Any:
     message = f"{len(reports)} renter report(s) on machine {machine_id} at vast.ai: {shown}"
 
     def note(tx: Tx) -> None:
-        tx.insert_event(now, "machine_reports", message, machine_id=machine_id,
+        tx.audit.add(now, "machine_reports", message, machine_id=machine_id,
                         data={"reports": reports})
 
     return note

@@ -192,9 +192,9 @@ class Monitor:
                 for instance_id in turned:
                     inst = tx.get_instance(instance_id)
                     if inst is not None:
-                        tx.insert_event(now, "idle", warnings[instance_id],
-                                        instance_id=instance_id, agent_id=inst["agent_id"],
-                                        machine_id=inst["machine_id"])
+                        tx.audit.add(now, "idle", warnings[instance_id],
+                                     instance_id=instance_id, agent_id=inst["agent_id"],
+                                     machine_id=inst["machine_id"])
 
             await self.store.write(report)
             for instance_id in turned:
@@ -215,7 +215,7 @@ class Monitor:
                 inst = tx.get_instance(instance_id)
                 if inst is None or inst["state"] != State.PROVING or inst["terminate_reason"]:
                     continue
-                tx.begin_terminating(
+                tx.instances.begin_terminating(
                     instance_id, f"idle for {duration(limit)} (VM_IDLE_DESTROY_AFTER_S): "
                     f"{current[instance_id].idle_reason}", kind="idle", now=now,
                     destroy_due_at=now + self.settings.terminate_grace_s)
@@ -255,21 +255,21 @@ class Monitor:
                 ids = {"instance_id": instance_id, "agent_id": inst["agent_id"],
                        "machine_id": inst["machine_id"]}
                 rate = float(p.short_rate_per_hour or 0.0)
-                taken = tx.demote(instance_id, p.short)
-                tx.update_instance(instance_id, rate_per_hour=rate, updated_at=now)
-                tx.insert_event(now, "demoted", f"{p.short}; {taken} measurement(s) taken out "
+                taken = tx.results.demote(instance_id, p.short)
+                tx.instances.update(instance_id, rate_per_hour=rate, updated_at=now)
+                tx.audit.add(now, "demoted", f"{p.short}; {taken} measurement(s) taken out "
                                 f"of host_perf and the model, re-judged at {rate:.1f}/h",
                                 data={"delivered_rate_per_hour": rate,
                                       "kept_rate_per_hour": inst["rate_per_hour"],
                                       "measurements_demoted": taken}, **ids)
                 if inst["kind"] == "deployed" and inst["machine_id"]:
-                    tx.add_strike(str(inst["machine_id"]), f"delivered short: {p.short}",
+                    tx.blocklist.strike(str(inst["machine_id"]), f"delivered short: {p.short}",
                                   now=now, instance_id=instance_id, limit=strike.limit,
                                   window_s=strike.window_s, block_s=strike.block_s,
                                   kind=blame.HOST_EVIDENCE, state=str(inst["state"]))
                 minimum = inst["min_rate_per_hour"]
                 if minimum is not None and rate < float(minimum):
-                    tx.begin_terminating(
+                    tx.instances.begin_terminating(
                         instance_id, f"delivers {rate:.1f}/h, below its minimum of "
                         f"{float(minimum):.1f}/h: {p.short}", kind="verdict", now=now,
                         destroy_due_at=now + grace)
@@ -308,14 +308,14 @@ class Monitor:
             for (instance_id, name), why in fresh.items():
                 inst = tx.get_instance(instance_id)
                 if inst is not None:
-                    tx.insert_event(now, f"delivered_{name}", why, instance_id=instance_id,
-                                    agent_id=inst["agent_id"], machine_id=inst["machine_id"])
+                    tx.audit.add(now, f"delivered_{name}", why, instance_id=instance_id,
+                                 agent_id=inst["agent_id"], machine_id=inst["machine_id"])
             for instance_id, reason in ending.items():
                 inst = tx.get_instance(instance_id)
                 if inst is None or inst["state"] != State.PROVING or inst["terminate_reason"]:
                     continue
-                tx.begin_terminating(instance_id, reason, kind="underdelivered", now=now,
-                                     destroy_due_at=now + grace)
+                tx.instances.begin_terminating(instance_id, reason, kind="underdelivered", now=now,
+                                               destroy_due_at=now + grace)
 
         await self.store.write(job)
         for (instance_id, name), why in fresh.items():
@@ -348,8 +348,8 @@ class Monitor:
                     spoke.append((instance_id, float(seen), pace_s, inst["state"]))
                     continue
                 silent = "never heard" if seen is None else f"silent for {now - float(seen):.0f} s"
-                tx.update_instance(instance_id, state=State.LOST, state_since=now, updated_at=now)
-                tx.insert_event(
+                tx.instances.update(instance_id, state=State.LOST, state_since=now, updated_at=now)
+                tx.audit.add(
                     now, "lost", f"{silent} (TTL {ttl:.0f} s = 3 heartbeats at its "
                     f"{pace_s:.0f} s pace + grace)",
                     instance_id=instance_id, agent_id=inst["agent_id"],
@@ -399,7 +399,7 @@ class Monitor:
                     continue  # moved on meanwhile
                 # An agent that is not listening (no hello, silent) gets no grace.
                 listening = inst["state"] not in states.UNHEARD
-                tx.begin_terminating(
+                tx.instances.begin_terminating(
                     inst["id"], reason, kind="timeout", now=now,
                     destroy_due_at=now + (grace if listening else 0.0),
                     strike=self.strike_rule,
@@ -451,8 +451,8 @@ class Monitor:
                 msg = f"destroy through {self.provider.name} failed ({err}); retrying"
 
                 def failed(tx: Tx) -> None:
-                    tx.begin_terminating(instance_id, reason, kind="destroy_failed", note=msg,
-                                         now=now, destroy_due_at=retry_at)
+                    tx.instances.begin_terminating(instance_id, reason, kind="destroy_failed",
+                                                   note=msg, now=now, destroy_due_at=retry_at)
 
                 await self.store.write(failed)
                 raise
@@ -467,14 +467,14 @@ class Monitor:
             current = tx.get_instance(instance_id)
             if current is None or current["state"] in states.GONE:
                 return False
-            tx.update_instance(
+            tx.instances.update(
                 instance_id, state=State.DESTROYED, state_since=now, destroyed_at=now,
                 terminate_reason=current["terminate_reason"] or reason, updated_at=now,
             )
             if agent_id:
-                tx.revoke_agent(agent_id, now=now, reason=f"instance destroyed: {reason}")
-            tx.insert_event(now, "destroy", what, instance_id=instance_id, agent_id=agent_id,
-                            machine_id=inst["machine_id"])
+                tx.agents.revoke(agent_id, now=now, reason=f"instance destroyed: {reason}")
+            tx.audit.add(now, "destroy", what, instance_id=instance_id, agent_id=agent_id,
+                         machine_id=inst["machine_id"])
             return True
 
         changed = await self.store.write(done)

@@ -112,7 +112,7 @@ class PriceIncreases:
             message = f"price increase {inc.pending_id} {word}: {verdict.reason}"
 
             def note(tx: Tx) -> None:
-                tx.insert_event(now, "price_increase", message, instance_id=row["id"],
+                tx.audit.add(now, "price_increase", message, instance_id=row["id"],
                                 agent_id=row["agent_id"], machine_id=row["machine_id"],
                                 data={"pending_price_increase_id": inc.pending_id,
                                       **verdict.data()})

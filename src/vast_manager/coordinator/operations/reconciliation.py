@@ -21,6 +21,7 @@ from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.plan import TrialCost
 from vast_manager.coordinator.offers import stored_offer
 from vast_manager.coordinator.operations.account import Account
+from vast_manager.coordinator.operations.adoption import adopt_job, adoptions
 from vast_manager.coordinator.providers.base import (
     AuthError,
     Provider,
@@ -149,7 +150,7 @@ class Reconciler:
         # Read on the reader thread, off the loop. Every write below re-checks the
         # row in its transaction (destroy, adopt) or acts on the provider's state.
         rows, known = await self.store.read(scan)
-        if await self._adopt(provider_instances, rows, parse_label, now):
+        if await self._adopt(provider_instances, rows, now):
             rows = await self.store.read(self._deployed_rows)
         ours = [
             {
@@ -233,7 +234,7 @@ class Reconciler:
 
         def add(tx: Tx) -> None:
             for instance_id, rent, storage in paused:
-                tx.add_paused(instance_id, rent_s=rent, storage_s=storage)
+                tx.instances.add_paused(instance_id, rent_s=rent, storage_s=storage)
 
         await self.store.write(add)
 
@@ -268,8 +269,8 @@ class Reconciler:
                           if full is not None and offer is not None else None)
                 billing = (None if prices is None or status is None
                            else prices.per_hour(status=status).total)
-                tx.update_instance(instance_id, provider_status=status,
-                                   provider_status_msg=msg, billing_per_hour=billing)
+                tx.instances.update(instance_id, provider_status=status,
+                                    provider_status_msg=msg, billing_per_hour=billing)
 
         await self.store.write(note)
 
@@ -304,7 +305,7 @@ class Reconciler:
                 await change(pid, bid)
             except ProviderError as err:
                 return f"{choice.reason}; vast.ai refused the new bid ({err}): tried next round"
-            await self.store.write(lambda tx: tx.update_instance(
+            await self.store.write(lambda tx: tx.instances.update(
                 int(row["id"]), bid_per_hour=bid, updated_at=now))
             return choice.reason
         return None if choice.action == "destroy" else choice.reason
@@ -317,10 +318,10 @@ class Reconciler:
             return
 
         def note(tx: Tx) -> None:
-            tx.insert_event(now, "requeued", "outbid mid-trial and not back in time: "
-                            "destroyed with no strike, no measurement; its machine may be "
-                            "tried again", instance_id=row["id"], agent_id=row["agent_id"],
-                            machine_id=row["machine_id"])
+            tx.audit.add(now, "requeued", "outbid mid-trial and not back in time: "
+                         "destroyed with no strike, no measurement; its machine may be "
+                         "tried again", instance_id=row["id"], agent_id=row["agent_id"],
+                         machine_id=row["machine_id"])
 
         await self.store.write(note)
 
@@ -342,10 +343,10 @@ class Reconciler:
                 updates: dict[str, Any] = {"updated_at": now}
                 if row["state"] == State.LOST:
                     updates["state_since"] = now  # the lost timeout starts afresh
-                tx.update_instance(row["id"], **updates)
-                tx.insert_event(now, "resumed", "the account's funds are back above zero: "
-                                "started again", instance_id=row["id"],
-                                agent_id=row["agent_id"], machine_id=row["machine_id"])
+                tx.instances.update(row["id"], **updates)
+                tx.audit.add(now, "resumed", "the account's funds are back above zero: "
+                             "started again", instance_id=row["id"],
+                             agent_id=row["agent_id"], machine_id=row["machine_id"])
 
         if rows:
             await self.store.write(resume)
@@ -406,17 +407,17 @@ class Reconciler:
                     if inst is None or inst["state"] in states.ENDING:
                         continue
                     if inst["state"] == State.LOST:
-                        tx.update_instance(instance_id, state_since=now, updated_at=now)
-                    tx.insert_event(now, "resumed", "no longer outbid: running again",
-                                    instance_id=instance_id, agent_id=inst["agent_id"],
-                                    machine_id=inst["machine_id"])
+                        tx.instances.update(instance_id, state_since=now, updated_at=now)
+                    tx.audit.add(now, "resumed", "no longer outbid: running again",
+                                 instance_id=instance_id, agent_id=inst["agent_id"],
+                                 machine_id=inst["machine_id"])
 
             await self.store.write(resumed)
         if kept:
             def note(tx: Tx) -> None:
                 for row, why in kept:
-                    tx.insert_event(now, "kept", why, instance_id=row["id"],
-                                    agent_id=row["agent_id"], machine_id=row["machine_id"])
+                    tx.audit.add(now, "kept", why, instance_id=row["id"],
+                                 agent_id=row["agent_id"], machine_id=row["machine_id"])
             await self.store.write(note)
             for row, why in kept:
                 self._kept_told[int(row["id"])] = why
@@ -437,63 +438,14 @@ class Reconciler:
             if r["provider"] in (None, name)
         ]
 
-    async def _adopt(
-        self,
-        provider_instances: list[ProviderInstance],
-        rows: list[Row],
-        parse_label: Callable[[Any], tuple[str, str] | None],
-        now: float,
-    ) -> bool:
-        """Give records without a provider instance id (the create's answer was lost,
-        or the coordinator stopped mid-create) the instance that carries their label.
-
-        Without this, such an instance would never be matched to its record: once the
-        record is destroyed (no hello), reconciliation would see a known agent and
-        leave a paid instance running. The label is ours (fleet id) and names the
-        record's agent, so the match is exact. Returns whether anything changed.
-        """
-        waiting = {
-            str(r["agent_id"]): r for r in rows
-            if r["provider_instance_id"] is None and r["agent_id"]
-        }
-        if not waiting:
-            return False
-        taken = {int(r["provider_instance_id"]) for r in rows
-                 if r["provider_instance_id"] is not None}
-        labelled: list[tuple[int, str]] = []
-        for inst in provider_instances:
-            parsed = parse_label(inst.get("label"))
-            if parsed is None or parsed[0] != self.settings.fleet_id:
-                continue
-            try:
-                labelled.append((int(inst["id"]), parsed[1]))
-            except (KeyError, TypeError, ValueError):
-                continue
-        found: list[tuple[Row, int]] = []
-        # Lowest id first, as the provider's own lookup by label picks; a second
-        # instance with the same label is a double sale, destroyed as leaked.
-        for pid, agent_id in sorted(labelled):
-            row = waiting.pop(agent_id, None)
-            if row is not None and pid not in taken:
-                found.append((row, pid))
-        if not found:
-            return False
-
-        def adopt(tx: Tx) -> None:
-            for row, pid in found:
-                current = tx.get_instance(int(row["id"]))
-                if current is None or current["provider_instance_id"] is not None:
-                    continue
-                tx.update_instance(row["id"], provider_instance_id=pid, updated_at=now)
-                tx.insert_event(
-                    now, "adopted",
-                    f"{self.provider.name} instance {pid} carries this agent's label",
-                    instance_id=row["id"], agent_id=row["agent_id"],
-                    machine_id=row["machine_id"],
-                )
-
-        await self.store.write(adopt)
-        return True
+    async def _adopt(self, provider_instances: list[ProviderInstance], rows: list[Row],
+                     now: float) -> bool:
+        """Records without a provider instance id given the instance carrying their label
+        (``operations.adoption``); whether anything changed."""
+        found = adoptions(provider_instances, rows, self.settings.fleet_id)
+        if found:
+            await self.store.write(adopt_job(found, self.provider.name, now))
+        return bool(found)
 
     async def _apply(self, action: Any, row: Row | None, now: float) -> None:
         kind, pid, reason = action.kind, int(action.instance_id), action.reason
@@ -502,12 +454,12 @@ class Reconciler:
                 return
 
             def vanish(tx: Tx) -> None:
-                tx.update_instance(
+                tx.instances.update(
                     row["id"], state=State.VANISHED, state_since=now, destroyed_at=now,
                     terminate_reason=row["terminate_reason"] or reason, updated_at=now,
                 )
-                tx.insert_event(now, "vanished", reason, instance_id=row["id"],
-                                agent_id=row["agent_id"], machine_id=row["machine_id"])
+                tx.audit.add(now, "vanished", reason, instance_id=row["id"],
+                             agent_id=row["agent_id"], machine_id=row["machine_id"])
 
             await self.store.write(vanish)
             self.tracker.forget(int(row["id"]))
@@ -527,15 +479,15 @@ class Reconciler:
                 rule = self.strike_rule
 
                 def strike(tx: Tx) -> None:
-                    tx.begin_terminating(int(row["id"]), reason, kind="dead", now=now,
-                                         destroy_due_at=now, strike=rule)
+                    tx.instances.begin_terminating(int(row["id"]), reason, kind="dead", now=now,
+                                                   destroy_due_at=now, strike=rule)
 
                 await self.store.write(strike)
             await self.destroy(int(row["id"]), reason, source=kind)
             return
         await self.provider.destroy_instance(pid)
         await self.store.write(
-            lambda tx: tx.insert_event(
+            lambda tx: tx.audit.add(
                 now, kind, f"{self.provider.name} instance {pid}: {reason}",
                 instance_id=row["id"] if row else None,
                 agent_id=row["agent_id"] if row else None,

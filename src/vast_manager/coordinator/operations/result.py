@@ -1,5 +1,5 @@
 """A result: checked (plausibility, belief), judged (the benchmark's verdict), written in
-one ``Tx.write_result`` with its measurement and scaling reading, answered; a replayed
+one ``Tx.results.write`` with its measurement and scaling reading, answered; a replayed
 result gets the answer it got the first time."""
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from vast_manager.coordinator.operations.verdict_tracking import (
     BENCH_OPEN,
     BENCH_PASSED,
 )
-from vast_manager.coordinator.rows import instance_row
+from vast_manager.coordinator.rows import InstanceRow, instance_row, with_columns
 from vast_manager.coordinator.settings import Settings
-from vast_manager.coordinator.store.migrations import Row, dumps, loads
+from vast_manager.coordinator.store.migrations import dumps, loads
 from vast_manager.coordinator.store.writer import Ending, ResultWrite, Tx
 from vast_manager.protocol.messages import Directive, Result
 
@@ -67,7 +67,7 @@ def _flood_ending(flood: str | None, settings: Settings, now: float) -> Ending |
                   now + settings.terminate_grace_s, bad_host_source="flood")
 
 
-def _unrequested(tx: Tx, inst: Row, check: policy.Plausibility, row: dict[str, Any],
+def _unrequested(tx: Tx, inst: InstanceRow, check: policy.Plausibility, row: dict[str, Any],
                  now: float) -> str | None:
     """A result nobody asked for (undirected, after a terminate) is kept as a summary:
     its counts, rates, flags and reasons, not its proof times, telemetry, runs or
@@ -87,21 +87,22 @@ def _unrequested(tx: Tx, inst: Row, check: policy.Plausibility, row: dict[str, A
     agent_id = str(inst["agent_id"])
     count = tx.unrequested_results_since(agent_id, now - policy.FLOOD_WINDOW_S) + 1
     action = policy.flood_action(count)
-    ids = {"instance_id": inst["id"], "agent_id": agent_id, "machine_id": inst["machine_id"]}
+    ids: dict[str, Any] = {"instance_id": inst["id"], "agent_id": agent_id,
+                           "machine_id": inst["machine_id"]}
     window = f"{policy.FLOOD_WINDOW_S / 3600:.0f} h"
     if count == policy.FLOOD_THROTTLE_AT:
-        tx.insert_event(now, "throttled", f"{count} results nobody asked for within {window}: "
+        tx.audit.add(now, "throttled", f"{count} results nobody asked for within {window}: "
                         f"answered 429 from now on; its key is revoked at "
                         f"{policy.FLOOD_REVOKE_AT}", **ids)
-    if action == policy.REVOKED and tx.revoke_agent(
+    if action == policy.REVOKED and tx.agents.revoke(
             agent_id, now=now, reason=f"{count} results nobody asked for within {window}"):
-        tx.insert_event(now, "revoked", f"{count} results nobody asked for within {window}: "
+        tx.audit.add(now, "revoked", f"{count} results nobody asked for within {window}: "
                         "its key is revoked and its instance ended", **ids)
     return action
 
 
 def _steady_rate(
-    result: Result, inst: Row, settings: Settings, gpus: int
+    result: Result, inst: InstanceRow, settings: Settings, gpus: int
 ) -> tuple[float | None, int | None]:
     """The steady-state rate of a finished benchmark (early verdicts on), and its concurrency.
 
@@ -121,7 +122,7 @@ def _steady_rate(
     return (rate, j) if rate is not None else (None, None)
 
 
-def reported_gpus(inst: Row) -> frozenset[int] | None:
+def reported_gpus(inst: InstanceRow) -> frozenset[int] | None:
     """The GPU indexes of the instance's hello (None before its first hello)."""
     host = loads(inst.get("host_json"))
     if not isinstance(host, dict) or not isinstance(host.get("gpus"), list):
@@ -133,7 +134,7 @@ def reported_gpus(inst: Row) -> frozenset[int] | None:
     )
 
 
-def measured_rates(tx: Tx, inst: Row) -> dict[int, float]:
+def measured_rates(tx: Tx, inst: InstanceRow) -> dict[int, float]:
     """GPU count -> the recomputed rate of the instance's latest counted benchmark result
     on that many GPUs (the coordinator's own figures for a scaling diagnosis)."""
     rates: dict[int, float] = {}
@@ -144,14 +145,14 @@ def measured_rates(tx: Tx, inst: Row) -> dict[int, float]:
     return rates
 
 
-def watch_of(inst: Row, settings: Settings, now: float,
+def watch_of(inst: InstanceRow, settings: Settings, now: float,
              measured: dict[int, float] | None = None,
              watching_since: float | None = None, receipted: bool = False) -> policy.Watch:
     """What the coordinator saw of an instance, for judging its next result."""
     entered = inst["last_non_benchmark_at"] or inst["hello_at"]
     used = inst["result_window_at"]
     after_result = entered is not None and used is not None and float(used) >= float(entered)
-    window_start = float(used) if after_result else entered
+    window_start = float(used) if used is not None and after_result else entered
     seen = inst["benchmarking_seen_at"]
     state = inst["state"]
     terminated = inst["terminate_reason"] or (
@@ -176,7 +177,7 @@ def watch_of(inst: Row, settings: Settings, now: float,
     )
 
 
-def _offer_mem_bw(inst: Row) -> float | None:
+def _offer_mem_bw(inst: InstanceRow) -> float | None:
     """A deployed instance's offer's ``gpu_mem_bw`` (vast.ai's per-host figure); a
     bring-your-own agent has no offer of vast.ai's."""
     if inst.get("kind") != "deployed":
@@ -204,7 +205,7 @@ def result_job(
     def job(tx: Tx) -> ResultOutcome:
         outcome = judged_and_written(tx)
         if result.spool_seq is not None:
-            tx.raise_spool_mark(agent_id, "result", result.spool_seq)
+            tx.replay.raise_to(agent_id, "result", result.spool_seq)
         return outcome
 
     def judged_and_written(tx: Tx) -> ResultOutcome:
@@ -214,9 +215,10 @@ def result_job(
             # The same directive again, its pace included: the agent's silence is timed
             # on the pace it is given.
             replayed = directive_from_json(existing["directive_json"])
-            tx.update_instance(inst["id"], heartbeat_pace_s=replayed.next_heartbeat_s)
+            tx.instances.update(inst["id"], heartbeat_pace_s=replayed.next_heartbeat_s)
             return ResultOutcome(inst["id"], True, replayed, False)
-        machine_id = inst["machine_id"] or inst["label"]
+        # A deployed instance has its machine, a bring-your-own agent its label.
+        machine_id = inst["machine_id"] or inst["label"] or "unknown"
         gpu_name = inst["gpu_name"] or "unknown"
         num_gpus = inst["num_gpus"] or max(len(set(result.gpus_used)), 1)
         watch = watch_of(inst, settings, now,
@@ -256,11 +258,10 @@ def result_job(
             inst, machine_id, gpu_name, num_gpus, rate, now, judged.model_cap)
         scaling = scaling_of(result, after, (machine_id, gpu_name, num_gpus), check, watch,
                               terminate, now)
-        tx.write_result(ResultWrite(
+        tx.results.write(ResultWrite(
             inst["id"], agent_id, inst["machine_id"], now, inst_updates, tuple(events), row,
             ending=ending,
             pace_s=pace_now if pace_now != after["heartbeat_pace_s"] else None,
-            benchmark_delivered=directive.action == "benchmark",
             measurement=measurement, scaling=scaling,
         ))
         return ResultOutcome(inst["id"], False, directive, terminate or ending is not None,
@@ -269,7 +270,7 @@ def result_job(
     return job
 
 
-def _contended_with(tx: Tx, inst: Row, machine_id: str) -> list[int]:
+def _contended_with(tx: Tx, inst: InstanceRow, machine_id: str) -> list[int]:
     """Ours on the same machine at any time since this benchmark began (still active, or
     destroyed meanwhile, e.g. a doubly sold offer reconciled away); an instance that never
     said hello never ran a proof."""
@@ -285,8 +286,9 @@ def _contended_with(tx: Tx, inst: Row, machine_id: str) -> list[int]:
 
 
 def _benchmark_verdict(
-    result: Result, inst: Row, settings: Settings, check: policy.Plausibility, judged: Belief,
-    already_ending: bool, inst_updates: dict[str, Any], events: list[tuple[str, str]],
+    result: Result, inst: InstanceRow, settings: Settings, check: policy.Plausibility,
+    judged: Belief, already_ending: bool, inst_updates: dict[str, Any],
+    events: list[tuple[str, str]],
 ) -> policy.Verdict | None:
     """A benchmark's verdict (None: on its way out, or held: the result is evidence only);
     the instance's rate when it counts, and the keep event, go to ``inst_updates`` and
@@ -311,7 +313,7 @@ def _benchmark_verdict(
     return verdict
 
 
-def _result_row(agent_id: str, result: Result, inst: Row, check: policy.Plausibility,
+def _result_row(agent_id: str, result: Result, inst: InstanceRow, check: policy.Plausibility,
                 verdict: policy.Verdict | None, directive: Directive, counts: bool,
                 now: float) -> dict[str, Any]:
     """The ``results`` row, its hardware columns aside."""
@@ -346,8 +348,9 @@ def _result_row(agent_id: str, result: Result, inst: Row, check: policy.Plausibi
     }
 
 
-def _fleet_measurement(inst: Row, machine_id: str, gpu_name: str, num_gpus: int, rate: float,
-                       now: float, model_cap: float | None = None) -> dict[str, Any]:
+def _fleet_measurement(inst: InstanceRow, machine_id: str, gpu_name: str, num_gpus: int,
+                       rate: float, now: float, model_cap: float | None = None
+                       ) -> dict[str, Any]:
     """The rate with the hardware it ran on: what the rate model learns from, and what
     host_perf is computed from. A bring-your-own agent names its own CPU and RAM in its
     hello: its measurement is ``host_reported``, shown in host_perf but kept out of the
@@ -365,14 +368,14 @@ def _fleet_measurement(inst: Row, machine_id: str, gpu_name: str, num_gpus: int,
     }
 
 
-def _after_result(inst: Row, updates: dict[str, Any], ending: Ending | None) -> Row:
+def _after_result(inst: InstanceRow, updates: dict[str, Any], ending: Ending | None) -> InstanceRow:
     """The instance as it reads once a result's write is done (what its answer is decided
-    on): as ``Tx.begin_terminating`` leaves it when the result ends it."""
+    on): as ``Tx.instances.begin_terminating`` leaves it when the result ends it."""
     if ending is None:
-        return {**inst, **updates}
+        return with_columns(inst, updates)
     if inst["state"] in states.GONE:
         return inst  # nothing is written for an instance that is gone
-    after = {**inst, **updates, "terminate_reason": inst["terminate_reason"] or ending.reason}
+    ended = {**updates, "terminate_reason": inst["terminate_reason"] or ending.reason}
     if inst["state"] not in states.ENDING:
-        after["state"] = State.TERMINATING
-    return after
+        ended["state"] = State.TERMINATING
+    return with_columns(inst, ended)

@@ -8,14 +8,15 @@ from typing import Any
 
 from vast_manager.common import scaling
 from vast_manager.coordinator.decisions import policy
-from vast_manager.coordinator.store.migrations import Row, dumps, loads
+from vast_manager.coordinator.rows import InstanceRow
+from vast_manager.coordinator.store.migrations import dumps, loads
 from vast_manager.protocol.codec import from_obj
 from vast_manager.protocol.messages import HostInfo, Result, ScalingRun
 
 log = logging.getLogger(__name__)
 
 
-def scaling_of(result: Result, after: Row, hardware: tuple[str, str, int],
+def scaling_of(result: Result, after: InstanceRow, hardware: tuple[str, str, int],
                 check: policy.Plausibility, watch: policy.Watch, terminate: bool,
                 now: float) -> tuple[dict[str, Any], str, str] | None:
     """The scaling reading a result makes: a scaling run's, or a terminated multi-GPU
@@ -36,7 +37,7 @@ def scaling_of(result: Result, after: Row, hardware: tuple[str, str, int],
 
 def scaling_reading(
     result: Result,
-    inst: Row,
+    inst: InstanceRow,
     machine_id: str,
     gpu_name: str,
     num_gpus: int,
@@ -93,7 +94,7 @@ def _labelled(evidence: list[str] | None) -> list[str] | None:
 
 
 def _scaling_diagnosis(
-    runs: list[ScalingRun], inst: Row, rate_all: float | None, rate_one: float | None
+    runs: list[ScalingRun], inst: InstanceRow, rate_all: float | None, rate_one: float | None
 ) -> tuple[float | None, float | None, scaling.Diagnosis] | None:
     """(rate_all, rate_one, the coordinator's own Diagnosis) of the reported runs, on the
     rates the coordinator measured (never the runs' own: a host's arithmetic).

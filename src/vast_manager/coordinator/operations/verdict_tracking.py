@@ -13,12 +13,13 @@ from vast_manager.coordinator.decisions.early_verdict import EarlyVerdict, Verdi
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.operations.directives import (
     agent_pace_s,
+    current,
     directive_to_dict,
     time_scale,
 )
-from vast_manager.coordinator.rows import instance_row
+from vast_manager.coordinator.rows import InstanceRow, instance_row
 from vast_manager.coordinator.settings import Settings
-from vast_manager.coordinator.store.migrations import Row, dumps, loads
+from vast_manager.coordinator.store.migrations import dumps, loads
 from vast_manager.coordinator.store.writer import Tx
 from vast_manager.protocol.messages import Heartbeat, Progress
 
@@ -37,7 +38,7 @@ def verdict_settings(settings: Settings, planned_proofs: int) -> VerdictSettings
     )
 
 
-def judge_early(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: float) -> None:
+def judge_early(tx: Tx, inst: InstanceRow, hb: Heartbeat, settings: Settings, now: float) -> None:
     """Fold a benchmarking heartbeat into the instance's benchmark state; judge it early.
 
     A bug here must not cost the agent its heartbeat: the work runs in its own
@@ -51,16 +52,16 @@ def judge_early(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: float
         log.exception("early verdict failed for instance %s", inst["id"])
 
 
-def _without_progress(hb: Heartbeat, inst: Row) -> Heartbeat:
+def _without_progress(hb: Heartbeat, inst: InstanceRow) -> Heartbeat:
     """A heartbeat of a run that announced its concurrency, then stopped reporting
     progress: read as no progress at all (nothing more done, no new proof)."""
     progress = Progress(done=int(inst["bench_done"] or 0), total=int(inst["bench_total"] or 0),
-                        unit="proofs", concurrency=int(inst["bench_concurrency"]))
+                        unit="proofs", concurrency=int(inst["bench_concurrency"] or 0))
     return Heartbeat(hb.seq, hb.phase, hb.phase_started_at, progress,
                      int(inst["bench_completed_total"] or 0), [], None)
 
 
-def _judge_unannounced(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings,
+def _judge_unannounced(tx: Tx, inst: InstanceRow, hb: Heartbeat, settings: Settings,
                        now: float) -> None:
     """A benchmarking heartbeat of a run that never announced its concurrency: no proof
     counted, on as many slots as its planned proofs and never fewer than its GPUs could
@@ -99,7 +100,8 @@ def _judge_unannounced(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings,
     _terminate_early(tx, inst, v, data, state, [], settings, now)
 
 
-def _track_benchmark(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: float) -> None:
+def _track_benchmark(tx: Tx, inst: InstanceRow, hb: Heartbeat, settings: Settings,
+                     now: float) -> None:
     progress = hb.progress
     key = f"{inst['boot_id']}|{hb.phase_started_at!r}"
     if progress is None or progress.unit != "proofs" or progress.concurrency is None:
@@ -135,7 +137,7 @@ def _track_benchmark(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: 
         new = hb.proofs_completed_total - int(inst["bench_completed_total"] or 0)
         fresh = recent[len(recent) - max(0, min(len(recent), new)):] if new > 0 else []
         proofs = list(loads(inst["bench_proof_seconds_json"]) or []) + fresh
-        seen_at, anchor = float(inst["bench_seen_at"]), inst["bench_anchor_at"]
+        seen_at, anchor = float(inst["bench_seen_at"] or now), inst["bench_anchor_at"]
     anchor, elapsed_s = _elapsed(inst, settings, fresh, seen_at, anchor, now)
     failed = max(0, progress.done - len(proofs))
     state: dict[str, Any] = {
@@ -153,7 +155,7 @@ def _track_benchmark(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: 
     }
     min_rate = inst["min_rate_per_hour"]
     if min_rate is None or not min_rate > 0:
-        tx.update_instance(inst["id"], **state)  # nothing to judge against
+        tx.instances.update(inst["id"], **state)  # nothing to judge against
         return
     # A concurrency above the cap is read as the cap (docs/reliability.md): more slots
     # than cuzk runs would only stretch the time the stall test allows.
@@ -162,20 +164,20 @@ def _track_benchmark(tx: Tx, inst: Row, hb: Heartbeat, settings: Settings, now: 
     vs = verdict_settings(settings, progress.total)
     v = assess(proofs, concurrency, elapsed_s, float(min_rate), vs, proofs_failed=failed)
     if v.decision == "undecided":
-        tx.update_instance(inst["id"], **state)
+        tx.instances.update(inst["id"], **state)
         return
-    ids = {"instance_id": inst["id"], "agent_id": inst["agent_id"],
-           "machine_id": inst["machine_id"]}
     data = _verdict_numbers(v, vs, concurrency, elapsed_s, failed, float(min_rate))
     if v.decision == "pass":
         state["bench_status"] = BENCH_PASSED
-        tx.update_instance(inst["id"], **state)
-        tx.insert_event(now, "verdict", f"early pass: {v.reason}", data=data, **ids)
+        tx.instances.update(inst["id"], **state)
+        tx.audit.add(now, "verdict", f"early pass: {v.reason}", data=data,
+                     instance_id=inst["id"], agent_id=inst["agent_id"],
+                     machine_id=inst["machine_id"])
         return
     _terminate_early(tx, inst, v, data, state, proofs, settings, now)
 
 
-def _elapsed(inst: Row, settings: Settings, fresh: list[float], seen_at: float,
+def _elapsed(inst: InstanceRow, settings: Settings, fresh: list[float], seen_at: float,
              anchor: float | None, now: float) -> tuple[float | None, float]:
     """(the batch's start the host cannot dispute, the benchmarking seconds since).
 
@@ -215,7 +217,7 @@ def _verdict_numbers(
 
 
 def _terminate_early(
-    tx: Tx, inst: Row, v: EarlyVerdict, data: dict[str, Any], state: dict[str, Any],
+    tx: Tx, inst: InstanceRow, v: EarlyVerdict, data: dict[str, Any], state: dict[str, Any],
     proofs: list[float], settings: Settings, now: float,
 ) -> None:
     """The below-minimum path of a benchmark result, on the proofs seen so far."""
@@ -226,15 +228,14 @@ def _terminate_early(
     blocks = policy.blocks_machine(v.bound_per_hour, inst.get("price_min_rate_per_hour"))
     if not blocks:
         reason += " (given at deploy; the machine is not blocked)"
-    tx.begin_terminating(
+    tx.instances.begin_terminating(
         inst["id"], reason, kind="verdict", note=f"terminate: {reason}", data=data,
         bad_host_source="benchmark" if blocks else None, now=now,
         strike=policy.StrikeRule.from_settings(settings) if blocks else None,
         destroy_due_at=now + settings.terminate_grace_s,
         **state, rate_per_hour=v.rate_estimate_per_hour, last_seen=now,
     )
-    fresh = tx.get_instance(inst["id"])
-    assert fresh is not None
+    fresh = current(tx, inst["id"])
     directive = policy.directive_for(
         instance_row(fresh), next_heartbeat_s=agent_pace_s(fresh, settings),
         min_rate=fresh["min_rate_per_hour"],
@@ -245,7 +246,7 @@ def _terminate_early(
         f"{state['bench_total']} proofs ({failed} failed)",
         f"{policy.EARLY_VERDICT}: {v.reason}",
     ]
-    tx.insert_result(
+    tx.results.add(
         {
             "agent_id": inst["agent_id"],
             # One early verdict per benchmark run; the agent's own ids start "res_".

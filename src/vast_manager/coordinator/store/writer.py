@@ -46,30 +46,45 @@ import sqlite_utils
 
 from vast_manager.coordinator.store.migrations import Row, T, migrate
 from vast_manager.coordinator.store.reads import Reads
+from vast_manager.coordinator.store.writes.agents import AgentWrites
 from vast_manager.coordinator.store.writes.autopilot import AutopilotWrites
+from vast_manager.coordinator.store.writes.bad_hosts import BadHostWrites
+from vast_manager.coordinator.store.writes.events import EventWrites
 from vast_manager.coordinator.store.writes.heartbeats import HeartbeatWrite, HeartbeatWrites
-from vast_manager.coordinator.store.writes.held import HEARTBEAT_COLUMNS, HISTORY_ROW
-from vast_manager.coordinator.store.writes.instances import Ending
+from vast_manager.coordinator.store.writes.held import HEARTBEAT_COLUMNS, HISTORY_ROW, Gauges
+from vast_manager.coordinator.store.writes.instances import Ending, InstanceWrites
 from vast_manager.coordinator.store.writes.results import ResultWrite, ResultWrites
 from vast_manager.coordinator.store.writes.spool_marks import SpoolMarkWrites
-from vast_manager.coordinator.store.writes.tx_base import HOT_COLUMNS
+from vast_manager.coordinator.store.writes.tx_base import HOT_COLUMNS, TxBase
 
 # The names callers import from here: the writer's parts live in ``store.writes``.
 __all__ = ["HEARTBEAT_COLUMNS", "HISTORY_ROW", "HOT_COLUMNS", "WINDOW_FULL_JOBS", "Ending",
-           "HeartbeatWrite", "ResultWrite", "Row", "Store", "Tx"]
+           "Gauges", "HeartbeatWrite", "ResultWrite", "Row", "Store", "Tx"]
 
 log = logging.getLogger(__name__)
 
 # --- writes ---------------------------------------------------------------------
 
 
-class Tx(HeartbeatWrites, ResultWrites, AutopilotWrites, SpoolMarkWrites):
+class Tx(TxBase):
     """The writer's view inside one job: reads see the transaction, writes join it.
 
-    Composed of the writes of each table (``store.writes``: agents, instances, bad hosts,
-    events and logs, heartbeats, results, the autopilot), over ``TxBase``'s one
-    connection, savepoint and caches. Only the writer thread ever holds a ``Tx``.
+    Its writes are those of each table (``store.writes``), one writer a table over this
+    ``TxBase``'s one connection, savepoint and caches: ``tx.instances.update(...)``,
+    ``tx.audit.add(...)``, ``tx.results.write(...)``. Only the writer thread ever holds
+    a ``Tx``.
     """
+
+    def __init__(self, db: sqlite_utils.Database) -> None:
+        super().__init__(db)
+        self.audit = EventWrites(self)  # the audit trail: events, and agents' log lines
+        self.agents = AgentWrites(self)
+        self.blocklist = BadHostWrites(self, self.audit)  # bad_hosts and strikes
+        self.instances = InstanceWrites(self, self.audit, self.blocklist)
+        self.heartbeats = HeartbeatWrites(self, self.instances, self.audit)
+        self.results = ResultWrites(self, self.instances, self.audit)
+        self.autopilot = AutopilotWrites(self)
+        self.replay = SpoolMarkWrites(self)  # spool_marks (docs/protocol.md, "Replay")
 
 
 # --- the store -------------------------------------------------------------------

@@ -94,91 +94,70 @@ def _refused(core: Core, request: web.Request, status: int, body: dict[str, str]
     return response
 
 
-#: Where the middleware leaves the verified agent and its body for the handler.
-VERIFIED: web.RequestKey[tuple[VerifiedAgent, bytes]] = web.RequestKey("verified_agent")
+#: An agent handler: the core, the agent verified and the exact body it signed, in; the
+#: answer's payload out (encoded, stamped and signed by ``agent_endpoint``).
+AgentHandler = Callable[[Core, VerifiedAgent, bytes], Awaitable[Any]]
 
 
-def verified(request: web.Request) -> tuple[Core, VerifiedAgent, bytes]:
-    """The core, the agent ``agent_auth`` verified and the exact body it signed."""
-    agent, body = request[VERIFIED]
-    return request.config_dict[CORE], agent, body
-
-
-def answer(payload: Any, status: int = 200) -> web.Response:
-    """An agent handler's answer; ``agent_auth`` stamps and signs it."""
-    return web.Response(body=orjson.dumps(payload), status=status,
-                        content_type="application/json")
-
-
-@web.middleware
-async def agent_auth(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-) -> web.StreamResponse:
-    """The request checks and the response signature of docs/protocol.md, for every route
-    of the agents' sub-application.
+def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """An agent route: the request checks and the response signature of docs/protocol.md
+    around ``fn``.
 
     The order: a declared body over 1 MiB (413), then, on the headers alone, an issued
     agent and well-formed signing headers (401), and only then is the body read, within
     the shared budget and a deadline, its signature verified, its nonce admitted. A path
-    or method no route serves is answered as anywhere else (404, 405), unverified."""
-    if request.match_info.http_exception is not None:
-        return await handler(request)
-    core = request.config_dict[CORE]
-    nonce = request.headers.get(signing.HEADER_NONCE, "")
-    if too_large_declared(request):
-        return _refused(core, request, 413, too_large().to_body(), None, nonce)
-    try:
-        agent_id = core.auth.screen(request.headers)
-    except AuthFailure as failure:
-        return _refused(core, request, failure.status, failure.to_body(), None, nonce)
-    claimed = 0
-    # Until its signature verifies, a body is held against its sender's address: an
-    # agent id alone (in every vast.ai label) must not spend that agent's allowance.
-    holder = ADDRESS_KEY_PREFIX + address_key(request.remote)
-    try:
+    or method no route serves is answered as anywhere else (404, 405), unverified.
+
+    A route of the application itself, not a sub-application's middleware: an agent's
+    request is most of the coordinator's traffic, and a sub-application's routing and
+    middleware chain cost a heartbeat more than the rest of these checks
+    (docs/performance.md, "Heartbeat cost")."""
+
+    async def handler(request: web.Request) -> web.Response:
+        core = request.app[CORE]
+        nonce = request.headers.get(signing.HEADER_NONCE, "")
+        if too_large_declared(request):
+            return _refused(core, request, 413, too_large().to_body(), None, nonce)
         try:
-            body, claimed = await read_body(request, budget=core.guard.budget, key=holder)
-        except Refusal as err:
-            return _refused(core, request, err.status, err.to_body(), None, nonce,
-                            err.retry_after_s)
-        try:
-            agent = core.auth.verify(
-                # raw_path: the path and query exactly as the agent sent and signed them.
-                method=request.method, path_qs=request.raw_path, headers=request.headers,
-                body=body, now=core.clock(), screened_id=agent_id,
-            )
+            agent_id = core.auth.screen(request.headers)
         except AuthFailure as failure:
-            return _refused(core, request, failure.status, failure.to_body(),
-                            failure.verified_key, nonce)
-        refused = core.guard.budget.transfer(holder, agent_id, claimed)
-        if refused is not None:
-            return _refused(core, request, 503, {"error": "busy", "message": refused},
-                            agent.key, nonce, 1)
-        holder = agent_id
-        request[VERIFIED] = (agent, body)
+            return _refused(core, request, failure.status, failure.to_body(), None, nonce)
+        claimed = 0
+        # Until its signature verifies, a body is held against its sender's address: an
+        # agent id alone (in every vast.ai label) must not spend that agent's allowance.
+        holder = ADDRESS_KEY_PREFIX + address_key(request.remote)
         try:
-            response = await handler(request)
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:
-            status, payload = agent_failure(err, agent.agent_id, request.path,
-                                            core.guard.quiet)
+            try:
+                body, claimed = await read_body(request, budget=core.guard.budget, key=holder)
+            except Refusal as err:
+                return _refused(core, request, err.status, err.to_body(), None, nonce,
+                                err.retry_after_s)
+            try:
+                agent = core.auth.verify(
+                    # raw_path: the path and query exactly as the agent sent and signed them.
+                    method=request.method, path_qs=request.raw_path, headers=request.headers,
+                    body=body, now=core.clock(), screened_id=agent_id,
+                )
+            except AuthFailure as failure:
+                return _refused(core, request, failure.status, failure.to_body(),
+                                failure.verified_key, nonce)
+            refused = core.guard.budget.transfer(holder, agent_id, claimed)
+            if refused is not None:
+                return _refused(core, request, 503, {"error": "busy", "message": refused},
+                                agent.key, nonce, 1)
+            holder = agent_id
+            try:
+                status, payload = 200, await fn(core, agent, body)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                status, payload = agent_failure(err, agent.agent_id, request.path,
+                                                core.guard.quiet)
             return _agent_answer(core, status, payload, agent.key, agent.nonce)
-        return _signed(core, response, agent)
-    finally:
-        core.guard.budget.release(holder, claimed)
+        finally:
+            core.guard.budget.release(holder, claimed)
 
-
-def _signed(core: Core, response: web.StreamResponse, agent: VerifiedAgent) -> web.Response:
-    """A handler's answer with the server time and its signature (docs/protocol.md)."""
-    body = response.body if isinstance(response, web.Response) else None
-    if not isinstance(body, bytes):
-        raise TypeError("an agent handler answers with a web.Response of bytes")
-    assert isinstance(response, web.Response)
-    response.headers[signing.HEADER_SERVER_TIME] = str(int(core.clock()))
-    response.headers[signing.HEADER_SIGNATURE] = sign_response(agent.key, agent.nonce,
-                                                                response.status, body)
-    return response
+    return handler
 
 
 def expectation(core: Core) -> Expectation | None:
@@ -200,8 +179,7 @@ def expectation(core: Core) -> Expectation | None:
     return high
 
 
-async def _hello(request: web.Request) -> web.Response:
-    core, agent, body = verified(request)
+async def _hello(core: Core, agent: VerifiedAgent, body: bytes) -> Any:
     hello = decode(Hello, body)
     now = core.clock()
     instance_id, directive = await core.store.write(
@@ -209,11 +187,10 @@ async def _hello(request: web.Request) -> web.Response:
     )
     # A hello changes no phase but an unheard instance's (to booting, paced steady).
     core.tracker.touch(instance_id, now, directive.next_heartbeat_s)
-    return answer(directive)  # a dataclass: orjson encodes it without asdict()'s deep copy
+    return directive  # a dataclass: orjson encodes it without asdict()'s deep copy
 
 
-async def _heartbeat(request: web.Request) -> web.Response:
-    core, agent, body = verified(request)
+async def _heartbeat(core: Core, agent: VerifiedAgent, body: bytes) -> Any:
     hb = decode(Heartbeat, body)
     now = core.clock()
     instance_id, directive = await core.store.write(
@@ -223,11 +200,10 @@ async def _heartbeat(request: web.Request) -> web.Response:
     if directive.action == "terminate":
         core.monitor.wake()
     # A dataclass: orjson encodes it without asdict()'s deep copy.
-    return answer(core.spool_marks.answer(agent.agent_id, directive, hb.acked_seq))
+    return core.spool_marks.answer(agent.agent_id, directive, hb.acked_seq)
 
 
-async def _result(request: web.Request) -> web.Response:
-    core, agent, body = verified(request)
+async def _result(core: Core, agent: VerifiedAgent, body: bytes) -> Any:
     result = decode(Result, body)
     now = core.clock()
     secrets = core.settings.fleet_secrets
@@ -250,25 +226,20 @@ async def _result(request: web.Request) -> web.Response:
                       "coordinator directs.", retry_after_s=60)
     if not outcome.duplicate:
         core.models.wake()  # a counted benchmark is a new measurement for the rate model
-    return answer({"ok": True, "duplicate": outcome.duplicate,
-                   "directive": asdict(outcome.directive),
-                   "receipt": replay.receipt_for(secrets[0], agent.agent_id, result)})
+    return {"ok": True, "duplicate": outcome.duplicate, "directive": asdict(outcome.directive),
+            "receipt": replay.receipt_for(secrets[0], agent.agent_id, result)}
 
 
-async def _logs(request: web.Request) -> web.Response:
-    core, agent, body = verified(request)
+async def _logs(core: Core, agent: VerifiedAgent, body: bytes) -> Any:
     batch = decode(LogBatch, body)
     now = core.clock()
     await core.store.write(logs_job(agent.agent_id, batch, core.settings, now))
     core.spool_marks.raised(agent.agent_id, "logs", batch.spool_seq)
-    return answer({"ok": True})
+    return {"ok": True}
 
 
-def agents_app() -> web.Application:
-    """The agents' sub-application, mounted at ``/v1``: every route behind ``agent_auth``."""
-    app = web.Application(middlewares=[agent_auth])
-    app.router.add_post("/hello", _hello)
-    app.router.add_post("/heartbeat", _heartbeat)
-    app.router.add_post("/result", _result)
-    app.router.add_post("/logs", _logs)
-    return app
+def add_routes(app: web.Application) -> None:
+    """The agents' routes (``/v1/*``), each behind ``agent_endpoint``."""
+    for path, fn in (("/v1/hello", _hello), ("/v1/heartbeat", _heartbeat),
+                     ("/v1/result", _result), ("/v1/logs", _logs)):
+        app.router.add_post(path, agent_endpoint(fn))

@@ -1,8 +1,9 @@
 """The coordinator's HTTP face: agent endpoints and operator API (docs/protocol.md).
 
 ``serve(runtime)`` builds the aiohttp application over a runtime the composition root
-(``coordinator.runtime``) built: the agents' sub-application at ``/v1`` behind
-``agent_api.agent_auth``, the operators' at ``/api`` behind ``operator_api.operator_auth``,
+(``coordinator.runtime``) built: the agents' routes at ``/v1/*``, each behind
+``agent_api.agent_endpoint``, the operators' sub-application at ``/api`` behind
+``operator_api.operator_auth``,
 and beside them ``/metrics``, ``/openapi.json`` and the dashboard. Its state lives under
 one typed ``web.AppKey``; it starts no loop (the runtime does). Every error answer is an
 error JSON body (docs/protocol.md), every agent answer carries ``X-VM-Server-Time`` and,
@@ -92,12 +93,11 @@ def serve(runtime: Runtime, *, outer: Middleware | None = None) -> web.Applicati
     middlewares = [error_middleware] if outer is None else [outer, error_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=2 * MAX_BODY_BYTES)
     app[CORE] = core
-    agents = agent_api.agents_app()
     operators = operator_api.operators_app()
     discovery_api.add_routes(operators, operator_api.operator_endpoint)
     fake_api.add_routes(operators, operator_api.operator_endpoint)
-    vast_webhook.add_routes(app)  # before /v1, which answers every other /v1 path
-    app.add_subapp("/v1", agents)
+    vast_webhook.add_routes(app)
+    agent_api.add_routes(app)
     app.add_subapp("/api", operators)
     app.router.add_get("/metrics", operator_api.metrics_handler(core))
     app.router.add_get("/openapi.json", _openapi)

@@ -15,6 +15,7 @@ One ``Guard`` holds them all for one application (``create_app``); no module glo
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import math
@@ -100,6 +101,10 @@ class BodyBudget:
         self.in_flight_bytes = max(0, self.in_flight_bytes - n)
 
 
+# Every agent request asks (its body is held against its address until it verifies):
+# parsing the address each time cost more than the rest of the guard. Bounded: addresses
+# that rotate only evict one another.
+@functools.lru_cache(maxsize=4096)
 def address_key(remote: str | None) -> str:
     """The unit an address is throttled by: an IPv4 address, an IPv6 /64 (one host's
     usual allocation: rotating within it buys nothing), or ``local`` (a Unix socket)."""

@@ -129,7 +129,8 @@ async def error_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """JSON bodies for every error, server time on agent answers. Who may ask is the
-    sub-applications' own middleware (``agent_api.agent_auth``, ``operator_api.operator_auth``)."""
+    agents' routes' own wrapper (``agent_api.agent_endpoint``) and the operators'
+    sub-application's middleware (``operator_api.operator_auth``)."""
     core = request.app[CORE]
     is_agent = request.path.startswith("/v1/")
     response: web.StreamResponse

@@ -100,7 +100,6 @@ def _field(payload: dict[str, Any], name: str) -> str:
 
 
 def add_routes(app: web.Application) -> None:
-    """Mount the receiver (before the agents' ``/v1`` sub-application, which would answer
-    every other ``/v1`` path)."""
+    """Mount the receiver (``POST /v1/vast/webhook``, beside the agents' ``/v1`` routes)."""
     app[_MEMORY] = NonceMemory(window_s=WINDOW_S, max_per_agent=MAX_EVENTS)
     app.router.add_post(PATH, receive)

@@ -5,10 +5,13 @@ from __future__ import annotations
 from vast_manager.coordinator.store.writes.tx_base import TxBase
 
 
-class AgentWrites(TxBase):
+class AgentWrites:
     """An agent issued or revoked (the revoked flag's cache kept current)."""
 
-    def insert_agent(
+    def __init__(self, tx: TxBase) -> None:
+        self._tx = tx
+
+    def add(
         self,
         agent_id: str,
         *,
@@ -21,7 +24,7 @@ class AgentWrites(TxBase):
     ) -> None:
         """``max_gpus``/``gpu_model``: what a bring-your-own agent's hello may list
         (docs/reliability.md, "No rate on a host's word alone")."""
-        self._insert(
+        self._tx._insert(
             "agents",
             {
                 "agent_id": agent_id,
@@ -35,12 +38,12 @@ class AgentWrites(TxBase):
             },
         )
 
-    def revoke_agent(self, agent_id: str, *, now: float, reason: str) -> bool:
+    def revoke(self, agent_id: str, *, now: float, reason: str) -> bool:
         """Revoke; False when it was already revoked (idempotent)."""
-        cur = self._exec(
+        cur = self._tx._exec(
             "update agents set revoked = 1, revoked_at = ?, revoked_reason = ? "
             "where agent_id = ? and revoked = 0",
             (now, reason, agent_id),
         )
-        self._revoked.pop(agent_id, None)
+        self._tx._revoked.pop(agent_id, None)
         return cur.rowcount > 0

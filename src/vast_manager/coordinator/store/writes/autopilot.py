@@ -5,11 +5,14 @@ from __future__ import annotations
 from vast_manager.coordinator.store.writes.tx_base import TxBase
 
 
-class AutopilotWrites(TxBase):
+class AutopilotWrites:
     """The autopilot's switch (one row)."""
 
-    def set_autopilot(self, state: str, *, now: float, by: str, reason: str) -> None:
-        self._exec(
+    def __init__(self, tx: TxBase) -> None:
+        self._tx = tx
+
+    def set(self, state: str, *, now: float, by: str, reason: str) -> None:
+        self._tx._exec(
             "insert into autopilot (id, state, changed_at, changed_by, reason) "
             "values (1, ?, ?, ?, ?) on conflict (id) do update set state = excluded.state, "
             "changed_at = excluded.changed_at, changed_by = excluded.changed_by, "
@@ -18,4 +21,4 @@ class AutopilotWrites(TxBase):
         )
 
     def note_exploration(self, now: float) -> None:
-        self._exec("update autopilot set last_exploration_at = ? where id = 1", (now,))
+        self._tx._exec("update autopilot set last_exploration_at = ? where id = 1", (now,))

@@ -9,15 +9,21 @@ import logging
 from vast_manager.coordinator.decisions import blame
 from vast_manager.coordinator.store.migrations import dumps, loads
 from vast_manager.coordinator.store.writes.events import EventWrites
+from vast_manager.coordinator.store.writes.tx_base import TxBase
 
 log = logging.getLogger(__name__)
 
 
-class BadHostWrites(EventWrites):
+class BadHostWrites:
     """A machine listed or unlisted, a failure judged and perhaps counted (each with its
     event)."""
 
-    def add_bad_host(
+    def __init__(self, tx: TxBase, events: EventWrites) -> None:
+        self._tx = tx
+        self._events = events
+        self._exec = tx._exec
+
+    def add(
         self,
         machine_id: str,
         *,
@@ -37,7 +43,7 @@ class BadHostWrites(EventWrites):
             (machine_id, reason, now, source, instance_id, expires_at),
         )
 
-    def add_strike(self, machine_id: str, reason: str, *, now: float, instance_id: int | None,
+    def strike(self, machine_id: str, reason: str, *, now: float, instance_id: int | None,
                    limit: int, window_s: float, block_s: float, kind: str = blame.TIMEOUT,
                    state: str = "") -> str | None:
         """Judge a failed trial (once per instance). The host's count against its machine:
@@ -66,27 +72,27 @@ class BadHostWrites(EventWrites):
         counted = [str(r[0]) for r in self._exec(
             "select reason from machine_strikes where machine_id = ? and at > ? and "
             "fault = 'host' order by at, id", (machine_id, now - window_s)).fetchall()]
-        self.insert_event(now, "strike", f"{machine_id}: {reason} ({len(counted)} of {limit} "
-                          f"within {window_s / 3600:.0f} h)", instance_id=instance_id,
-                          machine_id=machine_id)
+        self._events.add(now, "strike", f"{machine_id}: {reason} ({len(counted)} of {limit} "
+                         f"within {window_s / 3600:.0f} h)", instance_id=instance_id,
+                         machine_id=machine_id)
         if len(counted) < limit:
             return None
         why = f"{len(counted)} failed trials: " + "; ".join(counted)
-        self.add_bad_host(machine_id, reason=why[:1000], source="strikes", now=now,
+        self.add(machine_id, reason=why[:1000], source="strikes", now=now,
                           instance_id=instance_id, expires_at=now + block_s)
-        self.insert_event(now, "bad_host", f"{machine_id}: blocked for {block_s / 3600:.0f} h "
-                          f"after {len(counted)} failed trials", instance_id=instance_id,
-                          machine_id=machine_id)
+        self._events.add(now, "bad_host", f"{machine_id}: blocked for {block_s / 3600:.0f} h "
+                         f"after {len(counted)} failed trials", instance_id=instance_id,
+                         machine_id=machine_id)
         return why
 
     def _not_the_hosts(self, judged: blame.Blame, machine_id: str, instance_id: int | None,
                        now: float, limit: int, window_s: float) -> None:
         """A failure that is not its host's: no strike; the same failure earlier on other
         machines is taken back from them too; beyond one machine, a fleet fault."""
-        self.insert_event(now, "blame", f"{machine_id}: not counted against the host, "
-                          f"{judged.fault.value}'s fault: {judged.cause}",
-                          instance_id=instance_id, machine_id=machine_id,
-                          data={"fault": judged.fault.value, "fix": judged.fix})
+        self._events.add(now, "blame", f"{machine_id}: not counted against the host, "
+                         f"{judged.fault.value}'s fault: {judged.cause}",
+                         instance_id=instance_id, machine_id=machine_id,
+                         data={"fault": judged.fault.value, "fix": judged.fix})
         if not judged.fleet_wide:
             return
         self._exec("update machine_strikes set fault = ? where signature = ? and at > ? and "
@@ -106,9 +112,9 @@ class BadHostWrites(EventWrites):
         (left,) = self._exec("select count(*) from machine_strikes where machine_id = ? and "
                              "at > ? and fault = 'host'", (machine_id, now - window_s)).fetchone()
         if int(left) < limit:
-            self.remove_bad_host(machine_id)
-            self.insert_event(now, "unblocked", f"{machine_id}: its strikes were the setup's, "
-                              "not the host's", machine_id=machine_id)
+            self.remove(machine_id)
+            self._events.add(now, "unblocked", f"{machine_id}: its strikes were the setup's, "
+                             "not the host's", machine_id=machine_id)
 
     def _open_fault(self, judged: blame.Blame, now: float) -> None:
         """Open a fleet fault with one alert, or add this failure to the open one."""
@@ -119,7 +125,7 @@ class BadHostWrites(EventWrites):
             self._exec("update fleet_faults set failures = ?, machines_json = ?, last_at = ? "
                        "where id = ?", (int(row[1]) + 1, dumps(machines), now, int(row[0])))
             return
-        fault_id = self._insert("fleet_faults", {
+        fault_id = self._tx._insert("fleet_faults", {
             "signature": judged.signature, "fault": judged.fault.value, "cause": judged.cause,
             "fix": judged.fix, "opened_at": now, "last_at": now,
             "failures": len(judged.machines), "machines_json": dumps(list(judged.machines)),
@@ -127,7 +133,7 @@ class BadHostWrites(EventWrites):
         fix = judged.fix.replace("faults clear ID", f"faults clear {fault_id}")
         self._exec("update fleet_faults set fix = ? where id = ?", (fix, fault_id))
         alert = f"deploys and the autopilot paused: {judged.cause}. Fix: {fix}"
-        self.insert_event(now, "fault", alert, data={"fault_id": fault_id,
+        self._events.add(now, "fault", alert, data={"fault_id": fault_id,
                                                      "fault": judged.fault.value})
         log.error("fault %d (%s's): %s", fault_id, judged.fault.value, alert)
 
@@ -137,21 +143,21 @@ class BadHostWrites(EventWrites):
                          "and cleared_at is null", (now, note, fault_id))
         if cur.rowcount == 0:
             return False
-        self.insert_event(now, "fault_cleared", f"fault {fault_id} cleared: {note}",
-                          data={"fault_id": fault_id})
+        self._events.add(now, "fault_cleared", f"fault {fault_id} cleared: {note}",
+                         data={"fault_id": fault_id})
         return True
 
     def forgive(self, machine_id: str, now: float) -> bool:
         """Lift a machine's block and take back its strikes. False: nothing to forgive."""
-        blocked = self.remove_bad_host(machine_id)
+        blocked = self.remove(machine_id)
         struck = self._exec("update machine_strikes set fault = 'forgiven' where machine_id = ? "
                             "and fault = 'host'", (machine_id,)).rowcount
         if not blocked and not struck:
             return False
-        self.insert_event(now, "forgiven", f"{machine_id}: forgiven by the operator (block "
-                          f"{'lifted' if blocked else 'none'}, {struck} strike(s) taken back)",
-                          machine_id=machine_id)
+        self._events.add(now, "forgiven", f"{machine_id}: forgiven by the operator (block "
+                         f"{'lifted' if blocked else 'none'}, {struck} strike(s) taken back)",
+                         machine_id=machine_id)
         return True
 
-    def remove_bad_host(self, machine_id: str) -> bool:
+    def remove(self, machine_id: str) -> bool:
         return self._exec("delete from bad_hosts where machine_id = ?", (machine_id,)).rowcount > 0

@@ -10,10 +10,13 @@ from vast_manager.coordinator.store.writes.held import keep_newest
 from vast_manager.coordinator.store.writes.tx_base import TxBase
 
 
-class EventWrites(TxBase):
+class EventWrites:
     """``events`` rows, and agents' log lines with their retention."""
 
-    def insert_event(
+    def __init__(self, tx: TxBase) -> None:
+        self._tx = tx
+
+    def add(
         self,
         now: float,
         kind: str,
@@ -24,7 +27,7 @@ class EventWrites(TxBase):
         machine_id: str | None = None,
         data: Any = None,
     ) -> int:
-        return self._insert(
+        return self._tx._insert(
             "events",
             {
                 "ts": now,
@@ -37,7 +40,7 @@ class EventWrites(TxBase):
             },
         )
 
-    def insert_logs(
+    def add_logs(
         self,
         instance_id: int,
         agent_id: str,
@@ -47,10 +50,10 @@ class EventWrites(TxBase):
         keep_lines: int,
     ) -> int:
         rows = [(instance_id, agent_id, ts, source, text, now) for ts, source, text in lines]
-        self._conn.executemany(
+        self._tx._conn.executemany(
             "insert into logs (instance_id, agent_id, ts, source, text, received_at) "
             "values (?, ?, ?, ?, ?, ?)",
             rows,
         )
-        self._exec(keep_newest("logs", "instance_id"), (instance_id, instance_id, keep_lines))
+        self._tx._exec(keep_newest("logs", "instance_id"), (instance_id, instance_id, keep_lines))
         return len(rows)

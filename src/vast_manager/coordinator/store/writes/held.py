@@ -7,14 +7,31 @@ from __future__ import annotations
 import functools
 import sqlite3
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
-#: What a steady heartbeat sets on its instance (``Tx.hold_heartbeat``), which is also the
-#: agent's latest heartbeat (the ``heartbeats`` view), and the pace it was answered.
-HEARTBEAT_COLUMNS = ("last_seq", "last_seen", "phase", "phase_started_at", "progress_json",
-                     "proofs_completed_total", "updated_at", "last_non_benchmark_at",
-                     "heartbeat_at", "proof_seconds_recent_json", "heartbeat_pace_s",
-                     "net_rx_bytes", "net_tx_bytes")
+
+class Gauges(NamedTuple):
+    """What a steady heartbeat sets on its instance (``tx.heartbeats.hold``), which is also
+    the agent's latest heartbeat (the ``heartbeats`` view), and the pace it was answered:
+    one field a column, declared once (the held statement is written from these names)."""
+
+    last_seq: int
+    last_seen: float
+    phase: str
+    phase_started_at: float | None
+    progress_json: str | None
+    proofs_completed_total: int
+    updated_at: float
+    last_non_benchmark_at: float
+    heartbeat_at: float
+    proof_seconds_recent_json: str
+    heartbeat_pace_s: int
+    net_rx_bytes: int | None
+    net_tx_bytes: int | None
+
+
+#: ``Gauges``' columns, in statement order.
+HEARTBEAT_COLUMNS: tuple[str, ...] = Gauges._fields
 _HEARTBEAT_UPDATE = (
     f"update instances set {', '.join(f'{c} = ?' for c in HEARTBEAT_COLUMNS)} where id = ?"
 )

@@ -8,6 +8,8 @@ from typing import Any, NamedTuple
 from vast_manager.coordinator.decisions import states
 from vast_manager.coordinator.settings import DEFAULTS
 from vast_manager.coordinator.store.writes.bad_hosts import BadHostWrites
+from vast_manager.coordinator.store.writes.events import EventWrites
+from vast_manager.coordinator.store.writes.tx_base import TxBase
 
 
 class _StrikeDefaults(NamedTuple):
@@ -18,7 +20,8 @@ DEFAULT_STRIKES = _StrikeDefaults()
 
 
 class Ending(NamedTuple):
-    """An instance sent to ``terminating`` by what its agent said (``Tx.begin_terminating``)."""
+    """An instance sent to ``terminating`` by what its agent said
+    (``Tx.instances.begin_terminating``)."""
 
     reason: str
     kind: str
@@ -29,22 +32,27 @@ class Ending(NamedTuple):
     failed_in: str | None = None  # the state the instance failed in (``decisions.blame``)
 
 
-class InstanceWrites(BadHostWrites):
+class InstanceWrites:
     """An instance's row, and the one way anything ends an instance."""
 
-    def insert_instance(self, row: dict[str, Any]) -> int:
-        return self._insert("instances", row)
+    def __init__(self, tx: TxBase, events: EventWrites, bad_hosts: BadHostWrites) -> None:
+        self._tx = tx
+        self._events = events
+        self._bad_hosts = bad_hosts
 
-    def update_instance(self, instance_id: int, **cols: Any) -> None:
+    def add(self, row: dict[str, Any]) -> int:
+        return self._tx._insert("instances", row)
+
+    def update(self, instance_id: int, **cols: Any) -> None:
         if not cols:
             return
         sets = ", ".join(f"[{c}] = ?" for c in cols)
-        self._exec(f"update instances set {sets} where id = ?", [*cols.values(), instance_id])
-        hot = self._hot_by_id.get(instance_id)
+        self._tx._exec(f"update instances set {sets} where id = ?", [*cols.values(), instance_id])
+        hot = self._tx._hot_by_id.get(instance_id)
         if hot is not None:
             if "agent_id" in cols:  # re-keyed: read afresh when next asked
-                del self._hot_by_id[instance_id]
-                self._hot_by_agent.pop(hot["agent_id"], None)
+                del self._tx._hot_by_id[instance_id]
+                self._tx._hot_by_agent.pop(hot["agent_id"], None)
                 return
             for name in cols.keys() & hot.keys():
                 hot[name] = cols[name]
@@ -68,7 +76,7 @@ class InstanceWrites(BadHostWrites):
         to set in the same update. Returns False, writing nothing, for an instance
         that is gone (or unknown): there is no machine left to free.
         """
-        inst = self.get_instance(instance_id)
+        inst = self._tx.get_instance(instance_id)
         if inst is None or inst["state"] in states.GONE:
             return False
         failed_in = failed_in or str(inst["state"])
@@ -80,35 +88,30 @@ class InstanceWrites(BadHostWrites):
         }
         if inst["state"] not in states.ENDING:
             updates.update(state=states.State.TERMINATING, state_since=now)
-        self.update_instance(instance_id, **updates)
+        self.update(instance_id, **updates)
         ids = {"instance_id": instance_id, "agent_id": inst["agent_id"],
                "machine_id": inst["machine_id"]}
-        self.insert_event(now, kind, reason if note is None else note, data=data, **ids)
+        self._events.add(now, kind, reason if note is None else note, data=data, **ids)
         if bad_host_source is not None:
             # Evidence against the machine at its own price: blocked, never for ever.
             machine_id = inst["machine_id"] or inst["label"]
             block_s = (strike or DEFAULT_STRIKES).block_s
-            self.add_bad_host(machine_id, reason=reason, source=bad_host_source, now=now,
-                              instance_id=instance_id, expires_at=now + block_s)
-            self.insert_event(now, "bad_host", f"{machine_id}: blocked for "
-                              f"{block_s / 3600:.0f} h: {reason}", **ids)
+            self._bad_hosts.add(machine_id, reason=reason, source=bad_host_source, now=now,
+                                instance_id=instance_id, expires_at=now + block_s)
+            self._events.add(now, "bad_host", f"{machine_id}: blocked for "
+                             f"{block_s / 3600:.0f} h: {reason}", **ids)
         elif strike is not None and inst["machine_id"] and inst["kind"] == "deployed":
             # A failed trial (``policy.StrikeRule``): judged (``decisions.blame``), and
             # counted against its machine when it is the host's fault.
-            self.add_strike(str(inst["machine_id"]), reason, now=now, instance_id=instance_id,
-                            limit=strike.limit, window_s=strike.window_s,
-                            block_s=strike.block_s, kind=kind, state=failed_in)
+            self._bad_hosts.strike(str(inst["machine_id"]), reason, now=now,
+                                   instance_id=instance_id, limit=strike.limit,
+                                   window_s=strike.window_s, block_s=strike.block_s, kind=kind,
+                                   state=failed_in)
         return True
 
     def add_paused(self, instance_id: int, *, rent_s: float, storage_s: float) -> None:
         """Seconds vast.ai billed no rent (not running) and no storage (offline)."""
-        self._exec("update instances set rent_paused_s = coalesce(rent_paused_s, 0) + ?, "
+        self._tx._exec("update instances set rent_paused_s = coalesce(rent_paused_s, 0) + ?, "
                    "storage_paused_s = coalesce(storage_paused_s, 0) + ? where id = ?",
                    (rent_s, storage_s, instance_id))
 
-    def deliver_rebenchmark(self, instance_id: int, agent_id: str | None,
-                            machine_id: str | None, now: float) -> None:
-        """A pending rebenchmark went out in a directive: it is pending no more."""
-        self.update_instance(instance_id, rebenchmark_pending=0, updated_at=now)
-        self.insert_event(now, "rebenchmark", "benchmark directive delivered to the agent",
-                          instance_id=instance_id, agent_id=agent_id, machine_id=machine_id)

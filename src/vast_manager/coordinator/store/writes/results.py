@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from vast_manager.coordinator.store.migrations import loads
+from vast_manager.coordinator.store.writes.events import EventWrites
 from vast_manager.coordinator.store.writes.instances import Ending, InstanceWrites
+from vast_manager.coordinator.store.writes.tx_base import TxBase
 
 
 class ResultWrite(NamedTuple):
@@ -26,7 +28,6 @@ class ResultWrite(NamedTuple):
     ending: Ending | None = None
     pace_s: int | None = None
     """The pace answered, when it is not the one stored."""
-    benchmark_delivered: bool = False
     measurement: dict[str, Any] | None = None
     """The ``measurements`` row (its result's row id filled in here), for a result that
     counts: the one record of its rate (``host_perf`` is computed from them)."""
@@ -35,48 +36,52 @@ class ResultWrite(NamedTuple):
     the machine the event names."""
 
 
-class ResultWrites(InstanceWrites):
+class ResultWrites:
     """One result's whole write, and the rows it is made of."""
 
-    def write_result(self, w: ResultWrite) -> int:
+    def __init__(self, tx: TxBase, instances: InstanceWrites, events: EventWrites) -> None:
+        self._tx = tx
+        self._instances = instances
+        self._events = events
+
+    def write(self, w: ResultWrite) -> int:
         """Everything a result decided, in the order it is read back: its events, the
-        instance (ended, or updated), the pace, the delivered rebenchmark, the result,
+        instance (ended, or updated), the pace, the result,
         the measurement it makes, the scaling reading. Returns the result's row id."""
         for kind, reason in w.events:
-            self.insert_event(w.now, kind, reason, instance_id=w.instance_id,
-                              agent_id=w.agent_id, machine_id=w.machine_id)
+            self._events.add(w.now, kind, reason, instance_id=w.instance_id,
+                             agent_id=w.agent_id, machine_id=w.machine_id)
         if w.ending is not None:
-            self.begin_terminating(w.instance_id, w.ending.reason, kind=w.ending.kind,
-                                   now=w.now, destroy_due_at=w.ending.destroy_due_at,
-                                   note=w.ending.note, bad_host_source=w.ending.bad_host_source,
-                                   strike=w.ending.strike, **w.updates)
+            e = w.ending
+            self._instances.begin_terminating(
+                w.instance_id, e.reason, kind=e.kind, now=w.now, destroy_due_at=e.destroy_due_at,
+                note=e.note, bad_host_source=e.bad_host_source, strike=e.strike, **w.updates)
         else:
-            self.update_instance(w.instance_id, **w.updates)
+            self._instances.update(w.instance_id, **w.updates)
         if w.pace_s is not None:
-            self.update_instance(w.instance_id, heartbeat_pace_s=w.pace_s)
-        if w.benchmark_delivered:
-            self.deliver_rebenchmark(w.instance_id, w.agent_id, w.machine_id, w.now)
-        row_id = self.insert_result(w.result)
+            self._instances.update(w.instance_id, heartbeat_pace_s=w.pace_s)
+        row_id = self.add(w.result)
         if w.measurement is not None:
-            self.insert_measurement({**w.measurement, "result_row_id": row_id})
+            self.add_measurement({**w.measurement, "result_row_id": row_id})
         if w.scaling is not None:
             row, reason, machine_id = w.scaling
-            self.insert_scaling({"result_row_id": row_id, **row})
-            self.insert_event(w.now, "scaling", reason, instance_id=w.instance_id,
-                              agent_id=w.agent_id, machine_id=machine_id)
+            self.add_scaling({"result_row_id": row_id, **row})
+            self._events.add(w.now, "scaling", reason, instance_id=w.instance_id,
+                             agent_id=w.agent_id, machine_id=machine_id)
         return row_id
 
-    def insert_result(self, row: dict[str, Any]) -> int:
-        return self._insert("results", row)
+    def add(self, row: dict[str, Any]) -> int:
+        return self._tx._insert("results", row)
 
     def demote(self, instance_id: int, reason: str) -> int:
         """An instance found delivering far below the rate it was kept on (docs/reliability.md,
         "Judged by what it delivers"): its fleet measurements leave host_perf and the model, its
         counted results are flagged ``demoted`` with ``reason``. Returns the measurements
         taken out."""
-        taken = self._exec("delete from measurements where instance_id = ? and source = 'fleet'",
-                           (instance_id,)).rowcount
-        self._exec(
+        taken = self._tx._exec(
+            "delete from measurements where instance_id = ? and source = 'fleet'",
+            (instance_id,)).rowcount
+        self._tx._exec(
             "update results set counts_for_host_perf = 0, "
             "flags = case when coalesce(flags, '') = '' then 'demoted' "
             "else flags || ',demoted' end, "
@@ -85,7 +90,7 @@ class ResultWrites(InstanceWrites):
             (f"demoted: {reason}", instance_id))
         return int(taken)
 
-    def insert_measurement(self, row: dict[str, Any]) -> bool:
+    def add_measurement(self, row: dict[str, Any]) -> bool:
         """One measurement (``measurements``' columns but ``dph_total``, which is read from
         its offer here), the one record of a measured rate (``host_perf`` is computed from
         them); False when the same machine's rate at the same time is already there (a file
@@ -95,9 +100,9 @@ class ResultWrites(InstanceWrites):
                and not isinstance(price, bool) else None}
         cols = ", ".join(f"[{c}]" for c in row)
         marks = ", ".join("?" for _ in row)
-        cur = self._exec(f"insert or ignore into measurements ({cols}) values ({marks})",
+        cur = self._tx._exec(f"insert or ignore into measurements ({cols}) values ({marks})",
                          list(row.values()))
         return cur.rowcount > 0
 
-    def insert_scaling(self, row: dict[str, Any]) -> int:
-        return self._insert("scaling", row)
+    def add_scaling(self, row: dict[str, Any]) -> int:
+        return self._tx._insert("scaling", row)

@@ -25,7 +25,7 @@ class TxBase(Reads):
 
     Only the writer thread ever holds one; it also keeps the writer's small caches
     (hot instance columns, revoked flags, heartbeat history pacing) so they need no lock.
-    The writes of each table are the subclasses' (``store.writes``), composed in ``Tx``.
+    The writes of each table are its writers' (``store.writes``), held by ``Tx``.
     """
 
     def __init__(self, db: sqlite_utils.Database) -> None:
@@ -147,7 +147,7 @@ class TxBase(Reads):
 
     def hot_instance(self, agent_id: str) -> Row | None:
         """The agent's instance, ``HOT_COLUMNS`` only, cached. Read-only for callers:
-        ``update_instance`` is what changes it."""
+        ``Tx.instances.update`` is what changes it."""
         hot = self._hot_by_agent.get(agent_id)
         if hot is None:
             hot = one_row(self._conn, _HOT_SELECT, (agent_id,))
