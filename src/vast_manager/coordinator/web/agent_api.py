@@ -68,7 +68,7 @@ def agent_failure(err: BaseException, agent_id: str, path: str,
     """The status and body for an agent handler's exception (docs/protocol.md, Errors)."""
     if isinstance(err, ProtocolError):
         return 400, err.to_body()
-    if isinstance(err, Refusal):  # a flood's throttle (operations/result.py)
+    if isinstance(err, Refusal):  # a flood's throttle (coordinator/operations/result.py)
         return err.status, err.to_body()
     if isinstance(err, (CoordinatorError, ProviderError)):
         return http_status(err), error_body(err)
