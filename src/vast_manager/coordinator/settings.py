@@ -478,8 +478,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         Meta(ge=0, description=(
             "destroy a deployed instance idle this long, after a warning when it turns idle "
             "(so VM_IDLE_AFTER_S + this without a proof; SkyPilot's autostop and dstack's "
-            "idle_duration stop idle machines by default too: docs/operations.md, 'Idle "
-            "instances'); 0: only report it; a bring-your-own agent is never destroyed"
+            "idle_duration stop idle machines by default too: docs/operations.md, 'The work "
+            "command and idle instances'); 0: only report it; a bring-your-own agent is "
+            "never destroyed"
         )),
     ] = 900.0
     curio_db_url: Annotated[

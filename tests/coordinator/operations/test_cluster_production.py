@@ -7,7 +7,6 @@ destroys nothing, and the read recovers when it returns."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +20,13 @@ from vast_manager.coordinator.decisions.attribution import node_name
 from vast_manager.coordinator.decisions.states import State
 
 from support.coord_support import ADMIN, ADMIN_TOKEN, Agent, Harness, start
-from support.postgres import PostgresServer, postgres_server, record_tasks, register_node
+from support.postgres import PostgresServer, record_tasks, register_node
 
 WINDOW_S = 3600.0
 BENCH_RATE = 100.0
 MIN_RATE = 50.0
 SERIALIZATION = ("error: PSProve: proof failed self-check: serialization failure: "
                  "cbor input had wrong number of fields")
-
-
-@pytest.fixture
-async def pg() -> AsyncIterator[PostgresServer]:
-    with postgres_server() as server:
-        await server.prepare()
-        yield server
 
 
 async def _proving(h: Harness, label: str) -> tuple[Agent, int]:

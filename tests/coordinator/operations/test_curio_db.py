@@ -5,7 +5,6 @@ uses Curio's index."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +13,7 @@ import pytest
 from vast_manager.coordinator.curio_db import READ_SQL, ClusterUnavailable, CurioDb
 
 from support.coord_support import start
-from support.postgres import PostgresServer, postgres_server, record_tasks, register_node
-
-
-@pytest.fixture
-async def pg() -> AsyncIterator[PostgresServer]:
-    with postgres_server() as server:
-        await server.prepare()
-        yield server
+from support.postgres import PostgresServer, record_tasks, register_node
 
 
 async def test_a_slow_database_times_out_and_heartbeats_go_on(

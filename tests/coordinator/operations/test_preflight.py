@@ -45,14 +45,24 @@ async def registry() -> AsyncIterator[str]:
     async def manifest(request: web.Request) -> web.Response:
         return web.json_response(MANIFEST)
 
+    async def wrapped(request: web.Request) -> web.Response:
+        # The agent's downloader also reads {"files": [...]}, with URLs relative to this one.
+        return web.json_response({"files": [{**MANIFEST[0], "url": "p/1"}, {
+            **MANIFEST[0], "name": "v28-proof-of-spacetime-fallback.params", "url": "p/2"}]})
+
     async def broken(request: web.Request) -> web.Response:
         return web.Response(text='[{"name": 1}]')
+
+    async def bad_digest(request: web.Request) -> web.Response:
+        return web.json_response([{**MANIFEST[0], "sha256": "abc"}])
 
     app = web.Application()
     app.router.add_route("HEAD", "/v2/{repo:.+}/manifests/{ref}", manifests)
     app.router.add_get("/token", token)
     app.router.add_get("/manifest.json", manifest)
     app.router.add_get("/broken.json", broken)
+    app.router.add_get("/wrapped.json", wrapped)
+    app.router.add_get("/bad-digest.json", bad_digest)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:
@@ -86,7 +96,9 @@ async def test_every_check_passes_on_a_good_configuration(registry: str, tmp_pat
     ({"vast_env": '{{"VM_PARAMS_MANIFEST": "http://{registry}/missing.json"}}'}, "params",
      "answered HTTP 404"),
     ({"vast_env": '{{"VM_PARAMS_MANIFEST": "http://{registry}/broken.json"}}'}, "params",
-     "entry 1 has no url, size, sha256"),
+     "entry 0: 'name' must be a plain file name"),
+    ({"vast_env": '{{"VM_PARAMS_MANIFEST": "http://{registry}/bad-digest.json"}}'}, "params",
+     "'sha256' must be 64 hex digits"),
 ])
 async def test_a_failed_check_refuses_with_one_line(
     registry: str, tmp_path: Path, fields: dict[str, str], name: str, says: str
@@ -97,6 +109,13 @@ async def test_a_failed_check_refuses_with_one_line(
     assert failed.name == name and says in failed.detail, failed
     line = preflight.refusal(checks)
     assert line is not None and "\n" not in line and says in line
+
+
+async def test_a_manifest_the_agent_reads_passes(registry: str, tmp_path: Path) -> None:
+    (params,) = [c for c in await preflight.run(settings(
+        tmp_path, vast_env=f'{{"VM_PARAMS_MANIFEST": "http://{registry}/wrapped.json"}}'))
+        if c.name == "params"]
+    assert params.ok and "2 file(s)" in params.detail, params
 
 
 async def test_what_cannot_be_checked_is_said_and_refuses_nothing(tmp_path: Path) -> None:

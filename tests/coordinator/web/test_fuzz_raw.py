@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import socket
 import time
 from collections import Counter
@@ -32,8 +33,10 @@ RANDOM_BODIES_PER_PATH = 40
 
 
 def concrete(path: str) -> str:
-    return (path.replace("{id}", "999999").replace("{agent_id}", "ag_0123456789abcdef0123")
+    path = (path.replace("{agent_id}", "ag_0123456789abcdef0123")
             .replace("{machine_id}", "41001").replace("{name}", "app.js"))
+    # Every other id in a path ({id}, {fault_id}, ...) is a number no row has.
+    return re.sub(r"\{[a-z_]*id\}", "999999", path)
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +91,9 @@ def test_random_byte_bodies(coord: ThreadedCoordinator) -> None:
                 assert_error_body(raw)
                 assert coord.rows() == before, (path, status, raw[:300])
             if path.startswith("/v1/") and not i % 2:
-                assert status == 401
+                # vast.ai's webhook is signed by vast.ai, not an agent; with no
+                # VM_VAST_WEBHOOK_SECRET set (as here) the receiver is off: 404.
+                assert status == (404 if path == "/v1/vast/webhook" else 401), (path, status)
     alive(coord)
     print(f"random bodies: {sum(outcomes.values())} on {len(posts)} POST paths, by status "
           f"{dict(sorted(outcomes.items()))}")

@@ -445,7 +445,8 @@ def provider_cell(row: dict[str, Any]) -> str:
         return "-"
     if row.get("provider") == "local":
         return f"local {pid}"
-    return f"{pid} {row.get('provider_status') or '?'}"
+    fake = "fake " if row.get("provider") == "fake" else ""
+    return f"{fake}{pid} {row.get('provider_status') or '?'}"
 
 
 def status_row(r: dict[str, Any], now: float) -> tuple[Any, ...]:
@@ -463,7 +464,7 @@ def status_row(r: dict[str, Any], now: float) -> tuple[Any, ...]:
         f"{r.get('num_gpus') or '?'}x {r.get('gpu_name') or '?'}",
         render.usd(r.get("billing_now_per_hour"), 3),
         "-" if silent else render.num(r.get("rate_per_hour"))
-        + (" (sim)" if r.get("provider") == "local" and r.get("rate_per_hour") else ""),
+        + (" (sim)" if render.simulated(r) and r.get("rate_per_hour") else ""),
         render.num(r.get("completed_rate_per_hour")),
         delivered_cell(r),
         "-" if silent else render.usd(r.get("usd_per_proof")),
@@ -567,8 +568,9 @@ def status(client: OperatorClient, states: tuple[str, ...], show_all: bool,
             click.echo(f"Warning: instance {r.get('id')} is idle, billing "
                        f"{render.usd(r.get('billing_now_per_hour'), 3)}/h for nothing: "
                        f"{clean(r.get('idle_reason'))}{then}.", err=True)
-    if any(r.get("provider") == "local" for r in rows):
-        click.echo("(sim): a local-provider instance on the simulated cuzk; its rate is simulated.")
+    if any(render.simulated(r) for r in rows):
+        click.echo("(sim): an instance on the simulated cuzk (the local provider, or the fake "
+                   "vast.ai, whose dollars are simulated too); its rate is simulated.")
 
 
 @cli.command("cost-report")

@@ -54,6 +54,16 @@ def until(ts: Any, now: float | None = None) -> str:
     return f"in {seconds / 86400:.1f}d"
 
 
+#: Providers whose instances run the simulated cuzk: the local fleet, and the fake vast.ai
+#: of ``serve --provider fake`` (whose dollars are simulated too).
+SIMULATED_PROVIDERS = {"local": "local provider", "fake": "fake vast.ai"}
+
+
+def simulated(row: dict[str, Any]) -> str | None:
+    """Where an instance's simulated numbers come from, or None for a real one."""
+    return SIMULATED_PROVIDERS.get(str(row.get("provider")))
+
+
 def terminal_width() -> int | None:
     """The width tables must fit: ``COLUMNS`` when set, else the terminal's when stdout is
     one; None (no limit) when printing into a pipe or a file, where a script reads whole

@@ -132,7 +132,8 @@ def fleet_production_lines(fleet: dict[str, Any]) -> list[str]:
 def _rate_lines(data: dict[str, Any]) -> list[str]:
     """The benchmark's rate against the minimum; none while lost or idle (it proves
     nothing now, docs/operations.md "One reading")."""
-    sim = " (SIMULATED: local provider)" if data.get("provider") == "local" else ""
+    source = render.simulated(data)
+    sim = f" (SIMULATED: {source})" if source else ""
     minimum = f"minimum {render.num(data.get('min_rate_per_hour'))}/h"
     if data.get("idle") or data.get("state") == "lost":
         return [f"  no rate now ({'idle' if data.get('idle') else 'lost'}; {minimum}){sim}"]
@@ -150,9 +151,12 @@ def provider_lines(data: dict[str, Any]) -> list[str]:
                      "vast.ai's)")
     elif pid is not None:
         msg = data.get("provider_status_msg")
-        lines.append(f"  vast.ai instance {pid}: {clean(data.get('provider_status') or '?')}"
+        fake = data.get("provider") == "fake"
+        lines.append(f"  {'fake ' if fake else ''}vast.ai instance {pid}: "
+                     f"{clean(data.get('provider_status') or '?')}"
                      + (f" ({clean(msg)})" if msg else "") + ", billing "
-                     f"{render.usd(data.get('billing_now_per_hour'), 3)}/h now")
+                     f"{render.usd(data.get('billing_now_per_hour'), 3)}/h now"
+                     + (" (simulated dollars)" if fake else ""))
     billed = (data.get("cost") or {}).get("billed")
     if billed:
         lines.append(f"  spent {render.usd(billed.get('total'), 2)} so far (rent "

@@ -576,6 +576,23 @@ def _with_belief_tests(ranked: list[_Value], cells: dict[Cell, CellEvidence],
     return schedule_tests(worth, _belief_tests(ranked, set(cells), ref, settings), due)
 
 
+def _within_budget(worth: list[_Value], settings: PlanSettings) -> tuple[list[_Value], int]:
+    """The first ``settings.trials`` of ``worth`` whose trials fit the budget, and how many
+    worth trying did not fit it."""
+    picked: list[_Value] = []
+    spent = 0.0
+    over_budget = 0
+    for v in worth:
+        if len(picked) >= settings.trials:
+            break
+        if settings.budget_usd is not None and spent + v.trial_cost_usd > settings.budget_usd:
+            over_budget += 1
+            continue
+        picked.append(v)
+        spent += v.trial_cost_usd
+    return picked, over_budget
+
+
 def plan_trials(
     offers: Sequence[Offer],
     model: Predictor,
@@ -623,17 +640,7 @@ def plan_trials(
     ranked = sorted([*best_per_machine.values(), *loose],
                     key=lambda v: (-v.expected_value_usd, v.dph_total))
     worth = _with_belief_tests(ranked, cells, done, ref, settings)
-    picked: list[_Value] = []
-    spent = 0.0
-    over_budget = 0
-    for v in worth:
-        if len(picked) >= settings.trials:
-            break
-        if settings.budget_usd is not None and spent + v.trial_cost_usd > settings.budget_usd:
-            over_budget += 1
-            continue
-        picked.append(v)
-        spent += v.trial_cost_usd
+    picked, over_budget = _within_budget(worth, settings)
     explained = model.predict_offers([v.offer for v in picked], explain=True)
     chosen = [
         p for v, e in zip(picked, explained, strict=True)

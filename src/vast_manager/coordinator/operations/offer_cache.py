@@ -2,7 +2,8 @@
 ``plan``, the dashboard and a deploy's re-check goes through it.
 
 vast.ai meters searches by the day (HTTP 429 ``search_quota_exceeded``, "only resets at
-UTC midnight"; its size is not published, docs/vast.md "Changes of 2026"), so a provider
+UTC midnight"; its size is not published: docs/vast.md, "Searches: the daily quota, and
+the one offer cache"), so a provider
 that says ``searches_metered`` is searched at most ``VM_VAST_SEARCHES_PER_DAY`` times a UTC
 day, and an answer younger than a day's share of that budget (``fresh_for_s``) is served
 again instead of a new search. Once vast.ai answers ``search_quota_exceeded`` nothing is

@@ -5,7 +5,7 @@ line what would fail on every instance (docs/operations.md, "Preflight").
 - the C1: ``VM_PREFLIGHT_C1``, a copy on the coordinator of the file the instances read,
   checked as the agent checks it (``agent.c1.check_c1``: as cuzk reads it);
 - the parameter source: a ``VM_PARAMS_MANIFEST`` URL in ``VM_VAST_ENV`` is fetched and
-  read as the agent's downloader reads it (a JSON list of ``{name, url, size, sha256}``);
+  read as the agent's downloader reads it (``agent.params.parse_manifest``);
   a path or a ``VM_PARAMS_CMD`` runs on the instance and is not checked (said so);
 - the image: ``VM_VAST_IMAGE`` looked up in its registry (the Docker Registry HTTP API
   v2: ``HEAD /v2/NAME/manifests/REFERENCE``, with the anonymous pull token a ``401``'s
@@ -29,11 +29,11 @@ import aiohttp
 import orjson
 
 from vast_manager.agent.c1 import C1Error, check_c1
+from vast_manager.agent.params import ManifestError, parse_manifest
 from vast_manager.coordinator.settings import Settings
 
 TIMEOUT_S = 15.0
 MANIFEST_BYTES = 1024 * 1024
-_MANIFEST_FIELDS = ("name", "url", "size", "sha256")
 _ACCEPT = ", ".join((
     "application/vnd.oci.image.index.v1+json", "application/vnd.oci.image.manifest.v1+json",
     "application/vnd.docker.distribution.manifest.list.v2+json",
@@ -115,19 +115,16 @@ async def check_params(settings: Settings, http: aiohttp.ClientSession) -> Check
 
 
 def _read_manifest(url: str, body: bytes) -> Check:
+    if len(body) > MANIFEST_BYTES:
+        return Check("params", False, f"VM_PARAMS_MANIFEST {url} is larger than "
+                                      f"{MANIFEST_BYTES} bytes")
     try:
-        entries = orjson.loads(body) if len(body) <= MANIFEST_BYTES else None
-    except orjson.JSONDecodeError:
-        entries = None
-    if not isinstance(entries, list) or not entries:
-        return Check("params", False, f"VM_PARAMS_MANIFEST {url} is not a JSON list of "
-                                      "{name, url, size, sha256}")
-    for i, entry in enumerate(entries):
-        missing = [f for f in _MANIFEST_FIELDS if not isinstance(entry, dict) or f not in entry]
-        if missing:
-            return Check("params", False, f"VM_PARAMS_MANIFEST {url}: entry {i + 1} has no "
-                                          f"{', '.join(missing)}")
-    total = sum(int(e["size"]) for e in entries if isinstance(e["size"], int))
+        entries = parse_manifest(body, base_url=url)
+    except ManifestError as err:
+        return Check("params", False, f"VM_PARAMS_MANIFEST {url}: {err}")
+    if not entries:
+        return Check("params", False, f"VM_PARAMS_MANIFEST {url} lists no file")
+    total = sum(e.size for e in entries)
     return Check("params", True, f"VM_PARAMS_MANIFEST {url}: {len(entries)} file(s), "
                                  f"{total / 1e9:.1f} GB")
 

@@ -7,7 +7,8 @@ half to whole ``WINDOW_S`` (simulated seconds on the local fleet), and ``idle`` 
 completed for ``idle_after_s`` of proving: no work command (``VM_WORK_CMD``) feeds the
 daemon, or the work dried up. An idle instance bills without producing, so it is not
 counted as fleet output (``/api/fleet``, ``/metrics``, the autopilot) and is reported,
-or destroyed after ``idle_destroy_after_s`` (docs/operations.md, "Idle instances").
+or destroyed after ``idle_destroy_after_s`` (docs/operations.md, "The work command and
+idle instances").
 
 Idle also means delivering far below the rate it was kept on: each round's count feeds
 the sequential test of ``decisions.delivered`` (one proof every 14 minutes from a host

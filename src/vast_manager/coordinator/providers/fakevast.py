@@ -39,7 +39,8 @@ destroys (``refuse_destroys``) or accept them and leave the instance
 messages vast.ai does not publish (e.g. why a create failed) are the fake's
 own, and say so.
 
-Of 2026 (docs/vast.md, "Changes of 2026"): ``search_quota_per_day`` answers the search
+Of 2026 (docs/vast.md, from "Searches: the daily quota, and the one offer cache" to
+"Machine reports"): ``search_quota_per_day`` answers the search
 ``429 {"error": "search_quota_exceeded"}`` with ``X-RateLimit-Reset`` (the next UTC
 midnight) once that many searches were made this UTC day (the ``vastai`` 1.9.1 client's
 reading; the quota's size and the body's other words are the fake's); ``retry_after_s``
@@ -777,6 +778,22 @@ class FakeVast:
             rows = rows[:limit]
         return web.json_response({"offers": copy.deepcopy(rows)})
 
+    def _container_env(self, iid: int, offer: dict[str, Any], env: dict[str, Any],
+                       key: str) -> dict[str, str]:
+        # What vast.ai sets inside every container, beside the create's env
+        # (docs/vast.md); VAST_URL is the fake's own, so the agent's self-destroy
+        # reaches this fake instead of console.vast.ai.
+        inside = {str(k): str(v) for k, v in env.items()}
+        inside.update({
+            "CONTAINER_ID": str(iid),
+            "CONTAINER_API_KEY": key,
+            "VAST_CONTAINERLABEL": f"C.{iid}",
+            "PUBLIC_IPADDR": "127.0.0.1",
+            "GPU_COUNT": str(offer.get("num_gpus") or 1),
+            "VAST_URL": self.url,
+        })
+        return inside
+
     async def _create(self, request: web.Request) -> web.Response:
         offer_id = int(request.match_info["id"])
         body = _body(request)
@@ -802,37 +819,8 @@ class FakeVast:
         env = env if isinstance(env, dict) else {}
         fails = self.create_fails_with_instance > 0
         now = self.clock()
-        self.instances[iid] = {
-            "id": iid,
-            "label": body.get("label"),
-            "machine_id": offer["machine_id"],
-            "host_id": offer.get("host_id"),
-            "ask_id": offer_id,
-            "num_gpus": offer.get("num_gpus"),
-            "gpu_name": offer.get("gpu_name"),
-            "dph_total": offer.get("dph_total"),
-            "cpu_name": offer.get("cpu_name"),
-            "cpu_ram": offer.get("cpu_ram"),
-            "cpu_cores_effective": offer.get("cpu_cores_effective"),
-            "geolocation": offer.get("geolocation"),
-            "reliability2": offer.get("reliability2"),
-            # A failed start leaves it stopped, billing its storage (dstack's account).
-            "actual_status": "stopped" if fails else self.initial_status,
-            "intended_status": "stopped" if fails else "running",
-            "cur_state": "stopped" if fails else "running",
-            "next_state": "stopped" if fails else "running",
-            "status_msg": None,
-            "start_date": now,
-            "image_uuid": body.get("image"),
-            "image_runtype": body.get("runtype"),
-            "disk_space": body.get("disk"),
-            "extra_env": [[k, v] for k, v in env.items()],
-            "onstart": body.get("onstart"),
-            # A create with a ``price`` is an interruptible instance at that bid (vast-cli
-            # ``create instance --bid_price``): its rent is the bid.
-            "is_bid": body.get("price") is not None,
-            "bid_price": body.get("price"),
-        }
+        self.instances[iid] = _instance_row(iid, offer_id, offer, body, env, now,
+                                            self.initial_status, fails)
         self.billing[iid] = Billing(iid, now)
         self._billed_to[iid] = now
         if self.loading and not fails:
@@ -855,18 +843,7 @@ class FakeVast:
                 status=self.create_fail_status,
             )
         if self.launcher is not None:
-            # What vast.ai sets inside every container, beside the create's env
-            # (docs/vast.md); VAST_URL is the fake's own, so the agent's self-destroy
-            # reaches this fake instead of console.vast.ai.
-            inside = {str(k): str(v) for k, v in env.items()}
-            inside.update({
-                "CONTAINER_ID": str(iid),
-                "CONTAINER_API_KEY": key,
-                "VAST_CONTAINERLABEL": f"C.{iid}",
-                "PUBLIC_IPADDR": "127.0.0.1",
-                "GPU_COUNT": str(offer.get("num_gpus") or 1),
-                "VAST_URL": self.url,
-            })
+            inside = self._container_env(iid, offer, env, key)
             self.launcher.start(self.instances[iid], copy.deepcopy(offer), inside)
         if self.lose_create_answers > 0:
             self.lose_create_answers -= 1
@@ -1043,6 +1020,44 @@ class FakeVast:
 
 def _body(request: web.Request) -> Any:
     return request[_BODY]
+
+
+
+def _instance_row(iid: int, offer_id: int, offer: dict[str, Any], body: dict[str, Any],
+                  env: dict[str, Any], now: float, initial_status: str | None,
+                  fails: bool) -> dict[str, Any]:
+    """A new instance as ``GET /instances/`` lists it, from its offer and the create's body."""
+    return {
+        "id": iid,
+        "label": body.get("label"),
+        "machine_id": offer["machine_id"],
+        "host_id": offer.get("host_id"),
+        "ask_id": offer_id,
+        "num_gpus": offer.get("num_gpus"),
+        "gpu_name": offer.get("gpu_name"),
+        "dph_total": offer.get("dph_total"),
+        "cpu_name": offer.get("cpu_name"),
+        "cpu_ram": offer.get("cpu_ram"),
+        "cpu_cores_effective": offer.get("cpu_cores_effective"),
+        "geolocation": offer.get("geolocation"),
+        "reliability2": offer.get("reliability2"),
+        # A failed start leaves it stopped, billing its storage (dstack's account).
+        "actual_status": "stopped" if fails else initial_status,
+        "intended_status": "stopped" if fails else "running",
+        "cur_state": "stopped" if fails else "running",
+        "next_state": "stopped" if fails else "running",
+        "status_msg": None,
+        "start_date": now,
+        "image_uuid": body.get("image"),
+        "image_runtype": body.get("runtype"),
+        "disk_space": body.get("disk"),
+        "extra_env": [[k, v] for k, v in env.items()],
+        "onstart": body.get("onstart"),
+        # A create with a ``price`` is an interruptible instance at that bid (vast-cli
+        # ``create instance --bid_price``): its rent is the bid.
+        "is_bid": body.get("price") is not None,
+        "bid_price": body.get("price"),
+    }
 
 
 def _create_problem(body: Any) -> str | None:

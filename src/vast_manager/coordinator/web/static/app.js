@@ -351,10 +351,14 @@ function providerText(r) {
   return `${r.provider_instance_id} ${r.provider_status || "?"}`;
 }
 
-// Instances of the local provider run the simulated cuzk: say so beside their numbers.
+// Instances of the local provider and of the fake vast.ai (`serve --provider fake`) run
+// the simulated cuzk: say so beside their numbers.
+const SIMULATED_PROVIDERS = { local: "local provider", fake: "fake vast.ai" };
+
 function simulatedTag(r) {
-  return r.provider === "local"
-    ? el("span", { class: "sim-tag", title: "simulated cuzk and hardware (local provider)" },
+  const source = SIMULATED_PROVIDERS[r.provider];
+  return source
+    ? el("span", { class: "sim-tag", title: `simulated cuzk and hardware (${source})` },
       " sim")
     : "";
 }
@@ -978,12 +982,14 @@ async function renderInstance(id) {
     ["vast.ai", inst.provider === "local"
       ? `local instance ${inst.provider_instance_id ?? "-"} (simulated, not vast.ai's)`
       : inst.provider_instance_id === null || inst.provider_instance_id === undefined ? "-"
-        : `instance ${inst.provider_instance_id}: ${inst.provider_status || "?"}` +
+        : `${inst.provider === "fake" ? "fake " : ""}instance ${inst.provider_instance_id}: ` +
+          `${inst.provider_status || "?"}` +
           (inst.provider_status_msg ? ` (${inst.provider_status_msg})` : "") +
-          `, billing ${usd(inst.billing_now_per_hour, 3)} / h now`],
+          `, billing ${usd(inst.billing_now_per_hour, 3)} / h now` +
+          (inst.provider === "fake" ? " (simulated dollars)" : "")],
     ["benchmark rate", (silent(inst) ? "none now (" + (inst.idle ? "idle" : "lost") + ")"
       : num(inst.rate_per_hour) + " / h") + " (min " + num(inst.min_rate_per_hour) + ")" +
-      (inst.provider === "local" ? " — simulated" : "")],
+      (SIMULATED_PROVIDERS[inst.provider] ? " — simulated" : "")],
     ["completed", inst.idle ? `IDLE: ${inst.idle_reason || ""}`
       : inst.state === "proving" ? (inst.completed_rate_per_hour === null
         ? "measuring (cuzk's finished proofs)" : num(inst.completed_rate_per_hour) +
