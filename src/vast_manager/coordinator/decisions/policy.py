@@ -44,8 +44,8 @@ UNCONFIRMED = "unconfirmed"
 DEMOTED = "demoted"
 HOST_PERF_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED, EARLY_VERDICT, AFTER_TERMINATE,
                                        UNDIRECTED, UNCONFIRMED, DEMOTED})
-#: Results nobody asked for: kept as a small summary (docs/reliability.md, "Bounded
-#: storage"), counted against their agent's flood allowance.
+#: Results nobody asked for: kept as a small summary (docs/reliability.md, "Bounds"),
+#: counted against their agent's flood allowance.
 UNREQUESTED_FLAGS = frozenset({UNDIRECTED, AFTER_TERMINATE})
 #: The flood allowance: results nobody asked for within ``FLOOD_WINDOW_S`` from one agent.
 #: An honest agent sends one result per directed benchmark (and its scaling run); from

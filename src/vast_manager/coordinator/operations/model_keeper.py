@@ -61,7 +61,7 @@ class FittedModel:
 def measurement_of(row: Row) -> Measurement:
     """A stored measurement row as the model's ``Measurement`` (MeasurementError if its
     offer cannot be read). A claim confirmed beyond belief is read at most at the line
-    it was held at (``model_cap_per_hour``, docs/reliability.md "A lie cannot spread")."""
+    it was held at (``model_cap_per_hour``, docs/reliability.md "Judged by what it delivers")."""
     rate = row["rate_per_hour"]
     cap = row.get("model_cap_per_hour")
     if cap is not None and isinstance(rate, int | float) and rate > cap:

@@ -354,8 +354,8 @@ def _fleet_measurement(inst: InstanceRow, machine_id: str, gpu_name: str, num_gp
     """The rate with the hardware it ran on: what the rate model learns from, and what
     host_perf is computed from. A bring-your-own agent names its own CPU and RAM in its
     hello: its measurement is ``host_reported``, shown in host_perf but kept out of the
-    rate model and of other machines' twins (docs/reliability.md, "Bring-your-own
-    hardware")."""
+    rate model and of other machines' twins (docs/reliability.md, "Judged by what
+    it delivers")."""
     byo = inst["kind"] == "byo"
     offer = instance_offer(loads(inst.get("offer_json")),
                            loads(inst.get("host_json")) if byo else None,

@@ -359,7 +359,7 @@ class FleetCollector(Collector):
             for gpu in tele.get("gpus") or []:
                 index = gpu.get("index") if isinstance(gpu, dict) else None
                 # Only GPUs the hello listed, each once: a host's telemetry cannot mint
-                # series (docs/reliability.md, "Bounded metrics").
+                # series (docs/reliability.md, "Bounds").
                 if not isinstance(index, int) or index not in names or index in seen:
                     continue
                 seen.add(index)
