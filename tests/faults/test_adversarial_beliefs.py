@@ -25,7 +25,16 @@ from vast_manager.coordinator.discovery.measurements import (
 from vast_manager.coordinator.offers import parse_offer
 from vast_manager.coordinator.providers.local.provider import agent_environment
 
-from support.coord_support import ADMIN, Agent, Harness, result_msg, start
+from support.belief_support import (
+    bench_hb,
+    deploy,
+    reasons,
+    run_watched,
+    send_result,
+    standing,
+    stored,
+)
+from support.coord_support import ADMIN, Harness, start
 from support.fakes_provider import FakeProvider, offer
 
 OFFERS = [
@@ -37,67 +46,6 @@ OFFERS = [
     offer(9006, 4251, gpu_name="RTX 3090", dph_total=0.30),  # the attacker's 3090
     offer(9007, 4252, gpu_name="RTX 5060 Ti", dph_total=0.11),  # min 13.75/h
 ]
-PACE_S = 15
-
-
-async def deploy(h: Harness, offer_id: int, *, min_rate: float | None = None) -> Agent:
-    body: dict[str, Any] = {"offer_id": offer_id}
-    if min_rate is not None:
-        body["min_rate_per_hour"] = min_rate
-    status, data = await h.admin("POST", "/api/deploy", body)
-    assert status == 200, data
-    agent = h.agent(data["agent_id"])
-    status, directive = await agent.hello()
-    assert status == 200, directive
-    # The first benchmark is one the coordinator asks for: its id rides every directive.
-    assert directive["benchmark_id"].startswith("bm_")
-    agent.benchmark_id = directive["benchmark_id"]  # type: ignore[attr-defined]
-    return agent
-
-
-def bench_hb(agent: Agent, *, done: int, total: int, recent: list[float],
-             completed: int) -> dict[str, Any]:
-    agent.seq += 1
-    return {
-        "seq": agent.seq, "phase": "benchmarking", "phase_started_at": 1_800_000_000.0,
-        "progress": {"done": done, "total": total, "unit": "proofs", "concurrency": 2},
-        "proofs_completed_total": completed, "proof_seconds_recent": recent,
-        "telemetry": None,
-    }
-
-
-async def run_watched(h: Harness, agent: Agent, proofs: int, proof_s: float) -> float:
-    """A benchmark of ``proofs`` proofs on 2 slots, each ``proof_s`` long, with a
-    heartbeat every minute saying so (what the agent really sends): returns its wall."""
-    wall = proofs * proof_s / 2
-    status, _ = await agent.post("/v1/heartbeat", bench_hb(agent, done=0, total=proofs,
-                                                           recent=[], completed=0))
-    assert status == 200
-    done = 0
-    elapsed = 0.0
-    while elapsed < wall:
-        h.clock.advance(60)
-        elapsed += 60
-        now_done = min(proofs, int(elapsed * 2 / proof_s))
-        recent = [proof_s] * (now_done - done)
-        done = now_done
-        status, directive = await agent.post(
-            "/v1/heartbeat", bench_hb(agent, done=done, total=proofs, recent=recent,
-                                      completed=done))
-        assert status == 200 and directive["action"] == "continue", directive
-    return wall
-
-
-async def send_result(h: Harness, agent: Agent, result_id: str, *, rate: float,
-                      wall: float, benchmark_id: str | None = None,
-                      **kw: Any) -> dict[str, Any]:
-    proofs = round(rate * wall / 3600.0)
-    extra: dict[str, Any] = {"benchmark_id": benchmark_id} if benchmark_id is not None else {}
-    kw.setdefault("proof_seconds", [2 * wall / proofs] * proofs)
-    status, data = await agent.post("/v1/result", result_msg(
-        result_id, proofs=proofs, wall_seconds=wall, finished_at=h.clock(), **extra, **kw))
-    assert status == 200, data
-    return data
 
 
 async def honest_fleet(aiohttp_client: Any, tmp_path: Path) -> Harness:
@@ -110,32 +58,6 @@ async def honest_fleet(aiohttp_client: Any, tmp_path: Path) -> Harness:
         assert data["directive"]["action"] == "continue", data
         await agent.heartbeat("proving")
     return h
-
-
-class Standing:
-    """What a held result must not move: host_perf and every offer's prediction."""
-
-    def __init__(self, perf: list[dict[str, Any]], offers: list[dict[str, Any]]) -> None:
-        self.perf = perf
-        self.predictions = {o["id"]: (o["predicted_rate_per_hour"], o["predicted_rate_high"])
-                            for o in offers}
-
-
-async def standing(h: Harness) -> Standing:
-    await h.core.models.refresh()
-    _, perf = await h.admin("GET", "/api/host-perf")
-    _, offers = await h.admin("GET", "/api/offers")
-    return Standing(perf, offers)
-
-
-def stored(h: Harness, agent: Agent, result_id: str) -> dict[str, Any]:
-    row = h.store.find_result(agent.agent_id, result_id)
-    assert row is not None
-    return row
-
-
-def reasons(row: dict[str, Any]) -> list[str]:
-    return list(orjson.loads(row["flag_reasons_json"]))
 
 
 @pytest.fixture
@@ -173,7 +95,7 @@ async def test_four_times_its_twin_is_held_until_a_directed_rebenchmark_agrees(
     row = stored(h, agent, "claim")
     assert row["flags"] == "unconfirmed", row
     assert row["counts_for_host_perf"] == 0 and row["verdict"] is None
-    assert any("best confirmed rate of the same GPU model (60.0/h per GPU)" in r
+    assert any("other machines with the same hardware (60.0/h per GPU)" in r
                or "90th percentile" in r for r in reasons(row)), reasons(row)
     # Held: no keep verdict, no rate on the instance, nothing moved.
     inst = h.store.instance_by_agent(agent.agent_id)
@@ -362,9 +284,15 @@ def test_the_floors_and_ceilings_follow_memory_bandwidth() -> None:
     assert belief.ceiling_per_gpu("RTX 5060 Ti", 300.0) == pytest.approx(120.0)
     assert belief.ceiling_per_gpu("NVIDIA GeForce RTX 4090", 300.0) == pytest.approx(270.0)
     assert belief.ceiling_per_gpu("H100 SXM", 300.0) == 300.0  # the global cap still holds
-    assert belief.ceiling_per_gpu("Unknown 9000", 300.0) == 300.0
     assert belief.min_proof_seconds("RTX 5070 Ti") == pytest.approx(7.5)
-    assert belief.min_proof_seconds("Unknown 9000") == belief.UNKNOWN_GPU_FLOOR_S
+    # A model the table lacks: the offer's gpu_mem_bw through the same formula (at most
+    # the fastest known card's), else the slowest known card, never the global 300/h.
+    assert belief.ceiling_per_gpu("Unknown 9000", 300.0, 448.0) == pytest.approx(120.0)
+    assert belief.ceiling_per_gpu("Unknown 9000", 300.0, 1e9) == 300.0
+    assert belief.ceiling_per_gpu("Unknown 9000", 300.0) == pytest.approx(
+        2 * 120 * belief.MIN_KNOWN_MEM_BW_GBPS / 896)
+    assert belief.ceiling_per_gpu("Unknown 9000", 300.0) < 100.0
+    assert belief.min_proof_seconds("Unknown 9000") == pytest.approx(2.0, rel=0.01)  # H100 SXM
 
 
 # --- attack 6: imports ---------------------------------------------------------------------
@@ -481,11 +409,21 @@ async def test_a_spawned_local_agent_holds_none_of_the_coordinators_secrets(
 
 
 def test_beyond_belief_reasons_quote_their_numbers() -> None:
-    assert belief.beyond_belief(100.0, 1, expected_high=40.0, best_per_gpu=None) == (
-        "100.0 proofs/h is more than 2x the rate model's 90th percentile for this "
-        "hardware (40.0/h)")
-    assert belief.beyond_belief(79.0, 1, expected_high=40.0, best_per_gpu=40.0) is None
-    assert belief.beyond_belief(240.0, 1, expected_high=None, best_per_gpu=60.0) is not None
+    refs = belief.References
+    assert belief.beyond_belief(100.0, 1, refs(expected_high=40.0)) == (
+        "100.0 proofs/h is above 1.5x the rate model's 90th percentile for this "
+        "hardware (40.0/h): 60.0/h")
+    assert belief.beyond_belief(59.0, 1, refs(expected_high=40.0)) is None
+    assert belief.beyond_belief(59.0, 1, refs(expected_high=40.0,
+                                              twin_median_per_gpu=40.0)) is None
+    assert belief.beyond_belief(61.0, 1, refs(twin_median_per_gpu=40.0)) is not None
+    assert belief.beyond_belief(61.0, 1, refs(own_first_per_gpu=40.0)) is not None
+    # No confident basis: above the interval itself.
+    assert belief.beyond_belief(41.0, 1, refs(expected_high=40.0,
+                                              novel=("no L4 measured yet",))) is not None
+    assert belief.agrees(100.0, 100.0) and belief.agrees(81.0, 100.0)
+    assert not belief.agrees(121.0, 100.0) and not belief.agrees(79.0, 100.0)
+    assert belief.counted_rate(110.0, 100.0) == 100.0
     assert math.isclose(belief.REFERENCE_RATE_PER_GPU, 120.0)
 
 

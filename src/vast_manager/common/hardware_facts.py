@@ -66,6 +66,16 @@ GPU_SPECS: dict[str, GpuSpec] = {
     "A100 SXM4": GpuSpec(2039, 19.5, 81920, 800, 4),
     "H100 PCIE": GpuSpec(2000, 51.2, 81559, 900, 5),
     "H100 SXM": GpuSpec(3350, 66.9, 81559, 900, 5),
+    # Models vast.ai also rents (docs/reliability.md, "Ceilings for every GPU", cites
+    # each row's spec sheet): without a row a claim on one was bounded by the global
+    # ceiling alone.
+    "RTX A5000": GpuSpec(768, 27.8, 24564, 860, 4),
+    "RTX A4000": GpuSpec(448, 19.2, 16376, 860, 4),
+    "A40": GpuSpec(696, 37.4, 46068, 860, 4),
+    "L4": GpuSpec(300, 30.3, 23034, 890, 4),
+    "Tesla V100": GpuSpec(900, 14.0, 16384, 700, 3),
+    "RTX 3080 Ti": GpuSpec(912, 34.1, 12288, 860, 4),
+    "RTX 4070": GpuSpec(504, 29.1, 12282, 890, 4),
 }
 
 

@@ -3,6 +3,11 @@ through the real app and the CLI. Every rate here is simulated."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import pty
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +24,7 @@ from vast_manager.coordinator.providers.local.catalog import catalog_offers
 from support.coord_support import ADMIN, ADMIN_TOKEN, Harness, ServerThread, result_msg, start
 from support.discovery_support import measurements
 from support.fakes_provider import FakeProvider
+from support.paths import REPO_ROOT
 
 
 def lines_of(n: int, seed: int = 1, since: float = 1_799_000_000.0) -> list[dict[str, Any]]:
@@ -335,7 +341,9 @@ def test_migration_6_keeps_earlier_results_as_measurements_with_their_hardware(
         store.close()
 
 
-async def test_a_bring_your_own_result_is_kept_with_its_hosts_hardware(h: Harness) -> None:
+async def test_a_bring_your_own_result_is_kept_with_its_hosts_hardware_out_of_the_model(
+    h: Harness,
+) -> None:
     agent = await h.issue("garage-rig", min_rate=1.0)
     assert (await agent.hello())[0] == 200
     await agent.heartbeat("benchmarking")
@@ -349,8 +357,12 @@ async def test_a_bring_your_own_result_is_kept_with_its_hosts_hardware(h: Harnes
     assert (m["machine_id"], m["source"], m["rate_per_hour"]) == ("garage-rig", "fleet", 60.0)
     assert (offer["gpu_name"], offer["num_gpus"], offer["cpu_cores_effective"],
             offer["cpu_ram"]) == ("RTX 4090", 1, 96, 257000.0)
+    # Its CPU and RAM are its hello's word: host_perf shows it, the rate model leaves it
+    # out (docs/reliability.md, "Bring-your-own hardware").
+    assert m["host_reported"] == 1
+    assert [p["machine_id"] for p in h.store.host_perf()] == ["garage-rig"]
     fitted = await h.core.models.refresh()
-    assert fitted.model.n_measurements == 1 and "garage-rig" in fitted.model.machines
+    assert fitted.model.n_measurements == 0 and "garage-rig" not in fitted.model.machines
 
 
 async def test_numbers_given_as_text_are_read_as_the_model_reads_them(h: Harness) -> None:
@@ -361,3 +373,40 @@ async def test_numbers_given_as_text_are_read_as_the_model_reads_them(h: Harness
     (perf,) = h.store.host_perf()
     assert (perf["gpu_name"], perf["num_gpus"]) == ("RTX 4090", 1)
     assert await export(h) == [{**row, "source": "imported"}]
+
+
+def test_hosts_export_to_a_terminal_shows_host_text_escaped(server: ServerThread,
+                                                            tmp_path: Path) -> None:
+    """A terminal gets JSON escapes for every unsafe character (tags, bidi, ESC); a file
+    or a pipe gets the exact bytes the coordinator sent."""
+    rows = lines_of(2, since=time.time() - 86400)
+    hostile = "RTX 4090\x1b[2J\x1b[H[OK] fake line\u202e" + "".join(
+        chr(0xE0000 + ord(c)) for c in "hi")
+    rows[0]["offer"]["cpu_name"] = hostile
+    source = tmp_path / "hostile.jsonl"
+    source.write_bytes(jsonl(rows))
+    assert run_cli(server, "hosts", "import", str(source)).exit_code == 0
+    exact = tmp_path / "exact.jsonl"
+    assert run_cli(server, "hosts", "export", "-o", str(exact)).exit_code == 0
+    exact_bytes = exact.read_bytes()
+    assert "\u202e".encode() in exact_bytes  # as the coordinator sent it (orjson: raw)
+    assert hostile in {orjson.loads(line)["offer"].get("cpu_name")
+                       for line in exact_bytes.splitlines()}
+    leader, follower = pty.openpty()
+    env = {**os.environ, "VM_URL": server.server.url, "VM_ADMIN_TOKEN": ADMIN_TOKEN,
+           "PYTHONPATH": str(REPO_ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "vast_manager.coordinator.cli", "hosts",
+                           "export"], stdout=follower, stderr=subprocess.PIPE, env=env,
+                          timeout=120)
+    os.close(follower)
+    shown = b""
+    with contextlib.suppress(OSError):  # EIO once the pty is drained
+        while chunk := os.read(leader, 65536):
+            shown += chunk
+    os.close(leader)
+    assert proc.returncode == 0, proc.stderr
+    assert shown.isascii() and b"\x1b" not in shown
+    assert b"\\u001b[2J" in shown and b"\\u202e" in shown and b"\\udb40\\udc68" in shown
+    # The same data for a program that reads it.
+    assert hostile in {orjson.loads(line)["offer"].get("cpu_name")
+                       for line in shown.replace(b"\r\n", b"\n").splitlines() if line}

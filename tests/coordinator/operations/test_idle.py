@@ -14,7 +14,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vast_manager.coordinator.cli.commands import cli
 from vast_manager.coordinator.operations.autopilot_loop import fleet_instances
-from vast_manager.coordinator.operations.cluster import NOT_DELIVERED
 
 from support.coord_support import ADMIN, ADMIN_TOKEN, Agent, Harness, heartbeat_msg, start
 
@@ -209,8 +208,32 @@ def test_the_completed_rate_follows_the_last_hour_in_constant_memory(tmp_path: P
     made = tracker.view(1)
     assert made["idle"] and made["completed_rate_per_hour"] == 0.0
     assert "15 min" not in str(made["idle_reason"]) and "60 min" in str(made["idle_reason"])
-    # An agent that restarts its counter starts afresh, not idle, not negative.
+    # An agent that restarts its counter starts its rate afresh, never negative; what it
+    # delivered before stands (delivering far below its rate: still idle, and why).
     tracker.observe([{**row, "proofs_completed_total": 0}], now + 60)
-    assert tracker.view(1) == {"completed_rate_per_hour": None, "idle": False,
-                               "idle_since": None, "idle_reason": None, "idle_stop_at": None,
-                               **NOT_DELIVERED}
+    view = tracker.view(1)
+    assert view["completed_rate_per_hour"] is None and view["idle"]
+    assert "of the 100.0/h it was kept on" in str(view["idle_reason"])
+
+
+def test_the_clusters_record_feeds_the_delivery_test_in_place_of_cuzks(tmp_path: Path) -> None:
+    """Where the cluster's record covers an instance, its per-read increments are what
+    the delivery test folds: a host whose counter says it proves at its rate while the
+    cluster received nothing is found short, in the cluster's words."""
+    from vast_manager.coordinator.decisions.cluster_verdict import CLUSTER, Delivered
+    from vast_manager.coordinator.operations.production import ProductionTracker
+
+    from support.coord_support import make_settings
+
+    tracker = ProductionTracker(make_settings(tmp_path, idle_after_s=3600.0))
+    row = {"id": 1, "kind": "byo", "state": "proving", "rate_per_hour": 431.0,
+           "dph_total": 0.5}
+    total, now = 0, 0.0
+    for _ in range(30):
+        now += 60
+        total += 7  # cuzk's counter: 420/h, its claim
+        tracker.observe([{**row, "proofs_completed_total": total}], now)
+        tracker.fold_cluster({1: Delivered(0, 0, 60.0, CLUSTER)})
+    view = tracker.view(1)
+    assert view["idle"] and "the cluster's record" in str(view["idle_reason"])
+    assert tracker.short_ids() == [1]

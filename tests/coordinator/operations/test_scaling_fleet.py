@@ -60,5 +60,7 @@ async def test_three_profiles_get_cpu_pcie_and_gpu_verdicts(tmp_path: Path) -> N
         assert row["bottleneck"] == kind, (machine, row["evidence"])
         # The evidence quotes measured numbers (percentages, GB/s, rates).
         assert any(re.search(r"\d+(\.\d+)?(%| GB/s)", e) for e in row["evidence"]), row
+        # Read from the host's own telemetry, and labelled so wherever it is shown.
+        assert all(e.startswith("host-reported telemetry: ") for e in row["evidence"]), row
     # The healthy 2-GPU box was kept and measured with one GPU too.
     assert verdicts["41007"]["efficiency"] is not None and verdicts["41007"]["efficiency"] > 0.9

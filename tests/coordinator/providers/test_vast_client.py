@@ -537,3 +537,22 @@ async def test_instance_list_without_instances_is_an_error_not_empty(
         m.get(re.compile(rf"{re.escape(BASE)}/api/v1/instances/.*"), payload={"success": True})
         with pytest.raises(ProviderError, match="instances"):
             await client.list_instances()
+
+
+async def test_an_answer_past_the_bound_is_refused_not_held(
+    client: VastClient, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vast.ai answers are read up to ``MAX_ANSWER_BYTES`` (64 MiB; 4 KiB here): a larger
+    one is refused with a sentence saying so, and not tried again."""
+    from vast_manager.coordinator.providers.vast import client as client_module
+
+    monkeypatch.setattr(client_module, "MAX_ANSWER_BYTES", 4096)
+    offers = [{"id": i, "machine_id": i, "note": "x" * 100} for i in range(100)]
+    with aioresponses() as m:
+        m.post(f"{BASE}/api/v0/bundles/", payload={"offers": offers})
+        with pytest.raises(client_module.AnswerTooLarge, match="over 4,096 bytes; refused"):
+            await client.search_offers({})
+        assert len(m.requests[("POST", URL(f"{BASE}/api/v0/bundles/"))]) == 1
+    with aioresponses() as m:
+        m.post(f"{BASE}/api/v0/bundles/", payload={"offers": offers[:5]})
+        assert len(await client.search_offers({})) == 5

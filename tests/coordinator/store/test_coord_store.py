@@ -255,3 +255,25 @@ def test_migration_3_moves_the_latest_heartbeats_onto_their_instances(tmp_path: 
         assert "heartbeats" not in store.db.table_names()
     finally:
         store.close()
+
+
+def test_the_database_and_its_wal_are_created_readable_by_the_owner_alone(
+    tmp_path: Path,
+) -> None:
+    """The probe found the database created 0644 (world-readable): agent ids, hosts,
+    decisions. Now 0600, and SQLite gives the -wal and -shm files the same."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        store = Store(tmp_path / "private.db")
+        try:
+            store.write_blocking(lambda tx: tx.audit.add(1.0, "test", "a write"))
+            modes = {suffix: stat.S_IMODE(os.stat(f"{tmp_path / 'private.db'}{suffix}").st_mode)
+                     for suffix in ("", "-wal", "-shm")}
+        finally:
+            store.close()
+    finally:
+        os.umask(old)
+    assert modes == {"": 0o600, "-wal": 0o600, "-shm": 0o600}

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -566,7 +567,7 @@ def test_one_neutralising_function_covers_every_character() -> None:
         for code in (first, last):
             shown = textsafe.neutralise(f"a{chr(code)}b")
             assert chr(code) not in shown
-            assert shown in ("a b", f"a\\u{code:04x}b")
+            assert shown in ("a b", f"a\\u{code:04x}b", f"a\\U{code:08x}b")
     assert textsafe.neutralise("plain ASCII and ünïcödé") == "plain ASCII and ünïcödé"
     hostile = f"rig{SPOOFS}name"
     # The CLI and /metrics show the same text (the exposition then escapes it per the format).
@@ -574,10 +575,27 @@ def test_one_neutralising_function_covers_every_character() -> None:
     assert label_text(hostile) == textsafe.neutralise(hostile)
 
 
+def test_every_invisible_and_format_character_is_unsafe() -> None:
+    """One definition: every code point of the unsafe categories (this Python's Unicode
+    database) and the whole tags block; a tag-spelled text, a private-use glyph and a
+    soft hyphen are shown as escapes, JSON output as JSON escapes (surrogate pairs)."""
+    missed = [c for c in range(0x110000)
+              if (unicodedata.category(chr(c)) in textsafe.UNSAFE_CATEGORIES
+                  or 0xE0000 <= c <= 0xE007F) and not textsafe.has_unsafe(chr(c))]
+    assert missed == []
+    tagged = "gpu" + "".join(chr(0xE0000 + ord(ch)) for ch in "evil") + "\ue000\u00ad"
+    assert textsafe.neutralise(tagged) == (
+        "gpu\\U000e0065\\U000e0076\\U000e0069\\U000e006c\\ue000\\u00ad")
+    as_json = textsafe.json_safe(json.dumps(tagged, ensure_ascii=False))
+    assert as_json.isascii() and json.loads(as_json) == tagged
+
+
 def test_the_dashboard_neutralises_with_the_same_definition(tmp_path: Path) -> None:
     node = require_tool("node", "the dashboard's script runs in it: apt-get install nodejs; "
                                 ".ci/run does it")
-    every = "".join(chr(c) for c in range(0x3000) if not 0xD800 <= c <= 0xDFFF) + "\ufeff\ufffd"
+    every = "".join(chr(c) for c in [*range(0x3000), *range(0xE000, 0xE100), 0xFEFF, 0xFFFD,
+                                     *range(0x1D170, 0x1D180), *range(0xDFFF0, 0xE0090),
+                                     0x10FFFD, 0x10FFFF])
     script = tmp_path / "check.js"
     script.write_text(textsafe.dashboard_script() + "\nconst fs = require('fs');\n"
                       "process.stdout.write(JSON.stringify(safeText("
@@ -696,13 +714,14 @@ async def test_metrics_labels_show_hostile_text_as_text(h: Harness) -> None:
     resp = await h.client.get("/metrics", headers=ADMIN)
     text = await resp.text()
     assert not any(c in text for c in SPOOFS)
-    assert "\\\\u202e" in text  # the escape, its backslash escaped per the format
     from prometheus_client.parser import text_string_to_metric_families
 
+    # A GPU name is the spec table's or "other": the host's text makes no label at all.
     labels = [s.labels for f in text_string_to_metric_families(text) for s in f.samples
-              if s.labels.get("gpu_name", "").startswith("RTX")]
-    shown = textsafe.neutralise(f"RTX{SPOOFS}4090")
-    assert labels and all(lab["gpu_name"] == shown for lab in labels)
+              if "gpu_name" in s.labels]
+    assert labels and all(lab["gpu_name"] in ("RTX 4090", "other") for lab in labels)
+    assert any(lab["gpu_name"] == "other" and "gpu" in lab for lab in labels)
+    assert label_text(f"rig{SPOOFS}") == textsafe.neutralise(f"rig{SPOOFS}")
 
 
 def test_a_good_key_is_all_that_gets_a_body_read(served: ServerThread) -> None:

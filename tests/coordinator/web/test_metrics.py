@@ -89,7 +89,7 @@ async def test_metrics_parse_and_carry_per_gpu_series(
                                 "gpu": "0", "gpu_name": "RTX 4090"}
     # The hostile name round-trips through the escaping (its line break shown as a space,
     # as everywhere host text is shown), and forges no label.
-    assert util["1"].labels["gpu_name"] == HOSTILE_GPU.replace("\n", " ")
+    assert util["1"].labels["gpu_name"] == "other"  # a host's own name makes no series
     assert set(util["1"].labels) == {"instance_id", "machine_id", "gpu", "gpu_name"}
     tx = {s.labels["gpu"]: s.value for s in fams["vm_gpu_pcie_tx_bytes_per_second"].samples}
     rx = {s.labels["gpu"]: s.value for s in fams["vm_gpu_pcie_rx_bytes_per_second"].samples}
@@ -170,7 +170,7 @@ def test_label_values_round_trip_through_the_exposition(tmp_path: Path, raw: str
         store.close()
     (sample,) = fams["vm_instance_proofs_per_hour"].samples
     assert sample.labels == {"instance_id": "1", "machine_id": label_text(raw),
-                             "gpu_name": label_text(raw), "state": "proving"}
+                             "gpu_name": "other", "state": "proving"}  # not the host's text
     assert sample.value == 10.0
     assert fams["vm_bad_hosts"].samples[0].value == 0
 

@@ -219,7 +219,7 @@ OFF_LOOP = [
     ("/api/bad-hosts", ("bad_hosts",)),
     ("/api/scaling", ("scaling",)),
     ("/api/events?limit=5", ("events",)),
-    ("/api/instances/1", ("get_instance", "results_for_instance", "events",
+    ("/api/instances/1", ("get_instance", "results_page", "events",
                           "latest_telemetry")),
     ("/api/instances/1/logs", ("logs",)),
     ("/api/instances/1/telemetry-history", ("latest_telemetry",)),

@@ -632,20 +632,28 @@ def cost_report(client: OperatorClient, show_all: bool, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("instance_id", type=int)
+@click.option("--results", "results_limit", type=click.IntRange(1, 200), default=20,
+              show_default=True, help="Results to show, newest first.")
+@click.option("--before", "results_before", type=click.IntRange(1), default=None,
+              help="Only results older than this row id (the view says which to pass).")
 @json_option
 @operator_options
-def instance(client: OperatorClient, instance_id: int, as_json: bool) -> None:
-    """One instance: its state, per-GPU telemetry, results and decisions.
-    INSTANCE_ID is the coordinator's id (the ID column of `vast-manager status`), not
-    the provider's.
+def instance(client: OperatorClient, instance_id: int, results_limit: int,
+             results_before: int | None, as_json: bool) -> None:
+    """One instance: its state, per-GPU telemetry, a page of its results and its
+    decisions. INSTANCE_ID is the coordinator's id (the ID column of `vast-manager
+    status`), not the provider's.
 
     \b
     Example:
       vast-manager instance 3
+      vast-manager instance 3 --results 50 --before 120
     """
     from vast_manager.coordinator.cli.text_views import render_instance
 
-    data = client.get(f"/api/instances/{instance_id}")
+    query = f"?results_limit={results_limit}" + (
+        f"&results_before={results_before}" if results_before is not None else "")
+    data = client.get(f"/api/instances/{instance_id}{query}")
     if as_json:
         echo_json(data)
         return
@@ -812,7 +820,10 @@ def hosts_export(client: OperatorClient, source: str | None, output: str | None)
     query = f"?source={source}" if source else ""
     data = client.request_raw("GET", "/api/hosts/export" + query)
     if output is None:
-        sys.stdout.buffer.write(data)
+        # On a terminal, host text in the JSON is shown as JSON escapes (the same data,
+        # inert); piped or written to a file, the bytes stay exact.
+        sys.stdout.buffer.write(textsafe.json_safe(data.decode()).encode()
+                                if sys.stdout.isatty() else data)
         sys.stdout.flush()
         return
     try:

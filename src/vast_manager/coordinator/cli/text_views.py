@@ -209,7 +209,13 @@ def render_instance(data: dict[str, Any]) -> str:
             )
     results = data.get("results") or []
     if results:
-        lines += ["", "Results:"]
+        total = data.get("results_total") or len(results)
+        older = data.get("results_next")
+        header = "Results:"
+        if older or total != len(results):
+            more = f"; older ones: --before {older}" if older else ""
+            header = f"Results ({len(results)} of {total}, newest{more}):"
+        lines += ["", header]
         lines.append(
             render.table(
                 (
@@ -269,7 +275,8 @@ def render_scaling(rows: list[dict[str, Any]], width: int | None = None) -> str:
             f"machine {clean(r.get('machine_id'))} ({r.get('num_gpus')}x "
             f"{clean(r.get('gpu_name'))}): {render.num(r.get('rate_all_per_hour'))}/h with "
             f"all GPUs, {one_text}; efficiency {render.num(r.get('efficiency'), 2)}; "
-            f"bottleneck {clean(r.get('bottleneck')).upper()} (coordinator)"
+            f"bottleneck {clean(r.get('bottleneck')).upper()} (coordinator, on the host's "
+            "own telemetry)"
             + (
                 f", {clean(r.get('agent_bottleneck')).upper()} (agent says)"
                 if r.get("agent_bottleneck")

@@ -48,6 +48,10 @@ BEFORE_HARDWARE: frozenset[str] = frozenset({State.BOOTING})
 #: How the ending that counts as a failure came about (``Tx.instances.begin_terminating``'s
 #: kind).
 AGENT_FAILED, TIMEOUT, DEAD_STATUS = "failed", "timeout", "dead"
+#: A failure proven on the machine itself (a delivered shortfall against its own kept
+#: rate: docs/reliability.md, "Judged by what it delivers"): the host's, however many
+#: machines fail the same way (each lied on its own).
+HOST_EVIDENCE = "host_evidence"
 
 # A failure's text names what each party would have to fix; the first match wins.
 _FIXES: tuple[tuple[re.Pattern[str], Fault, str], ...] = (
@@ -82,7 +86,7 @@ class Failure:
 
     machine_id: str
     reason: str
-    kind: str  # AGENT_FAILED, TIMEOUT or DEAD_STATUS
+    kind: str  # AGENT_FAILED, TIMEOUT, DEAD_STATUS or HOST_EVIDENCE
     state: str  # the instance's state when it failed
     at: float
 
@@ -120,6 +124,8 @@ def judge(failure: Failure, recent: Iterable[Failure]) -> Blame:
     """Whose fault ``failure`` is, given the failures ``recent``ly seen on any machine
     (within ``FLEET_WINDOW_S`` of it; the failure itself may be among them)."""
     sig = signature(failure.reason)
+    if failure.kind == HOST_EVIDENCE:
+        return Blame(Fault.HOST, sig, False, failure.reason, "", (failure.machine_id,))
     machines = sorted({f.machine_id for f in recent
                        if signature(f.reason) == sig and failure.at - f.at <= FLEET_WINDOW_S}
                       | {failure.machine_id})

@@ -39,11 +39,38 @@ UNDIRECTED = "undirected"
 # A rate beyond belief for its hardware (docs/reliability.md, "No rate on a host's word
 # alone"): held, not counted and no verdict, until a directed re-benchmark agrees.
 UNCONFIRMED = "unconfirmed"
+# A counted benchmark whose instance then delivered far below it (docs/reliability.md,
+# "Judged by what it delivers"): taken back out of host_perf and the model.
+DEMOTED = "demoted"
 HOST_PERF_EXCLUDING_FLAGS = frozenset({IMPLAUSIBLE, CONTENDED, EARLY_VERDICT, AFTER_TERMINATE,
-                                       UNDIRECTED, UNCONFIRMED})
+                                       UNDIRECTED, UNCONFIRMED, DEMOTED})
+#: Results nobody asked for: kept as a small summary (docs/reliability.md, "Bounds"),
+#: counted against their agent's flood allowance.
+UNREQUESTED_FLAGS = frozenset({UNDIRECTED, AFTER_TERMINATE})
+#: The flood allowance: results nobody asked for within ``FLOOD_WINDOW_S`` from one agent.
+#: An honest agent sends one result per directed benchmark (and its scaling run); from
+#: the ``FLOOD_THROTTLE_AT``-th the answer is ``429`` (the summary is stored; a retry of
+#: the same result is a duplicate), at the ``FLOOD_REVOKE_AT``-th its key is revoked and
+#: its instance ended, with one event each. Stored at most: 50 summaries of ~1 KB.
+FLOOD_WINDOW_S = 3600.0
+FLOOD_THROTTLE_AT = 10
+FLOOD_REVOKE_AT = 50
+THROTTLED, REVOKED = "throttled", "revoked"
+
+
+def flood_action(unrequested_in_window: int) -> str | None:
+    """What the ``n``-th result nobody asked for within the window brings its agent:
+    ``REVOKED``, ``THROTTLED`` or None."""
+    if unrequested_in_window >= FLOOD_REVOKE_AT:
+        return REVOKED
+    if unrequested_in_window >= FLOOD_THROTTLE_AT:
+        return THROTTLED
+    return None
+
+
 #: Every flag a stored result can carry (docs/openapi.yaml's StoredResult lists them).
 RESULT_FLAGS = (IMPLAUSIBLE, CONTENDED, PARTIAL, EARLY_VERDICT, AFTER_TERMINATE, UNDIRECTED,
-                UNCONFIRMED)
+                UNCONFIRMED, DEMOTED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +193,9 @@ class Watch:
     many GPUs: what a scaling result's runs must agree with."""
     gpu_name: str | None = None
     """The instance's GPU model: its ceiling and its proof-time floor (``belief``)."""
+    gpu_mem_bw_gbps: float | None = None
+    """The offer's ``gpu_mem_bw`` (vast.ai's per-host figure): the ceiling and floor of a
+    GPU model the spec table lacks (``belief.bandwidth``)."""
 
 
 @dataclass(slots=True)
@@ -218,8 +248,10 @@ def check_gpus(gpus_used: list[int], watch: Watch | None, out: Plausibility,
 
 def ceiling_per_gpu(watch: Watch | None, limits: PolicyLimits) -> float:
     """The rate ceiling of one GPU of the watched instance's model (``belief``)."""
-    return belief.ceiling_per_gpu(watch.gpu_name if watch is not None else None,
-                                  limits.max_rate_per_gpu_per_hour)
+    if watch is None:
+        return belief.ceiling_per_gpu(None, limits.max_rate_per_gpu_per_hour)
+    return belief.ceiling_per_gpu(watch.gpu_name, limits.max_rate_per_gpu_per_hour,
+                                  watch.gpu_mem_bw_gbps)
 
 
 def _check_arithmetic(result: Result, rate: float, gpus: int, limits: PolicyLimits,
@@ -245,7 +277,8 @@ def _check_arithmetic(result: Result, rate: float, gpus: int, limits: PolicyLimi
             f"({per_gpu:.0f}/h a GPU{model})",
         )
     proof_seconds = result.proof_seconds
-    floor = belief.min_proof_seconds(watch.gpu_name if watch is not None else None)
+    floor = (belief.min_proof_seconds(watch.gpu_name, watch.gpu_mem_bw_gbps)
+             if watch is not None else belief.min_proof_seconds(None))
     # proof_seconds count in the run's own (a simulation's simulated) seconds, as wall_seconds.
     if proof_seconds and min(proof_seconds) < floor:
         out.flag(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -107,11 +107,15 @@ class _Memo:
 
 
 def fleet_instances(rows: Sequence[Row], model: ServedModel,
-                    idle: frozenset[int] = frozenset()) -> list[FleetInstance]:
+                    idle: frozenset[int] = frozenset(),
+                    delivered: Mapping[int, float] | None = None) -> list[FleetInstance]:
     """Our deployed instances still on a machine, as the decision core sees them: proving
-    at their measured rate, on trial at the model's predicted rate for their offer, or leaving
-    (terminating, silent, failed, or idle (``idle``: proving, completing nothing): billing,
-    not proving)."""
+    at the rate they deliver (``delivered``: instance id -> the completed rate over at
+    least half an hour, docs/reliability.md "Judged by what it delivers"), else their
+    measured rate; on trial at the model's predicted rate for their offer; or leaving
+    (terminating, silent, failed, or idle (``idle``: proving, completing nothing or far
+    below their rate): billing, not proving)."""
+    delivered = delivered or {}
     out = []
     for r in rows:
         if r["kind"] != "deployed" or r["state"] in states.GONE:
@@ -123,7 +127,8 @@ def fleet_instances(rows: Sequence[Row], model: ServedModel,
         if ending or r["state"] == State.LOST or int(r["id"]) in idle:
             out.append(FleetInstance(ident, machine, dph, None, leaving=True))
         elif r["state"] == State.PROVING and rate:
-            out.append(FleetInstance(ident, machine, dph, float(rate)))
+            out.append(FleetInstance(ident, machine, dph,
+                                     float(delivered.get(int(r["id"]), rate))))
         else:
             offer = stored_offer(r["offer_json"]) or parse_offer(
                 {k: r[k] for k in ("gpu_name", "num_gpus", "cpu_cores", "cpu_ram")})
@@ -345,7 +350,8 @@ class Autopilot:
         fitted = await self.models.current()
         rows = await self.store.read(lambda r: r.active_instances())
         idle = frozenset(self.monitor.production.idle_ids())
-        fleet = await asyncio.to_thread(fleet_instances, rows, fitted.model, idle)
+        fleet = await asyncio.to_thread(fleet_instances, rows, fitted.model, idle,
+                                        self.monitor.production.settled_rates())
         busy = frozenset(str(r["machine_id"]) for r in rows if r["machine_id"] is not None)
         bad = frozenset(str(b["machine_id"]) for b in self.store.bad_hosts(now))
         notes: list[str] = []

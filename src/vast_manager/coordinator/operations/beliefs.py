@@ -5,6 +5,8 @@ directed re-benchmark confirms it."""
 from __future__ import annotations
 
 import logging
+import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,18 +30,33 @@ from vast_manager.protocol.messages import Result
 
 log = logging.getLogger(__name__)
 
-Expectation = Callable[[Offer], float | None]
+#: The model's view of an offer's hardware as a new host's (its 90th percentile and what
+#: it never measured; None: no model, or it cannot read the offer); passed in by the HTTP
+#: layer, which holds the fitted model.
+Expectation = Callable[[Offer], belief.Expected | None]
 
 
-def _twin_best_per_gpu(tx: Tx, inst: InstanceRow, offer: Offer | None, gpus: int) -> float | None:
-    """The best rate per GPU the fleet measured on the same hardware (this machine's own
-    confirmed rates included): the same GPU model and count, the same CPU and within a
-    quarter of the RAM (docs/reliability.md, "No rate on a host's word alone")."""
+def _references(tx: Tx, inst: InstanceRow, offer: Offer | None, gpus: int,
+                expected: belief.Expected | None) -> belief.References:
+    """What a claim is compared with (docs/reliability.md, "No rate on a host's word
+    alone"): the model's view, the median rate per GPU of *other* machines' counted
+    measurements (none confirmed beyond belief) on the same hardware (the same GPU model
+    and count, the same CPU, within a quarter of the RAM), and this machine's own first
+    counted rate."""
+    machine = str(inst["machine_id"] or inst["label"] or "")
     model = canonical_gpu_name(str((offer and offer.gpu_name) or inst.get("gpu_name") or ""))
     cpu = offer.cpu_name if offer else None
     ram = offer.cpu_ram if offer else None
-    best: float | None = None
-    for row in tx.fleet_measurements_of(gpus):
+    others: list[float] = []
+    own_first: float | None = None
+    for row in tx.fleet_measurements_of(gpus):  # oldest first
+        cap = row["model_cap_per_hour"]
+        per_gpu = min(float(row["rate_per_hour"]), float(cap) if cap else math.inf) / gpus
+        if str(row["machine_id"]) == machine:
+            own_first = per_gpu if own_first is None else own_first
+            continue
+        if cap is not None or row["host_reported"]:
+            continue  # believed beyond belief on its host's word, or hardware it named: no twin
         other = stored_offer(row["offer_json"]) or Offer()
         if canonical_gpu_name(other.gpu_name or "") != model:
             continue
@@ -49,9 +66,12 @@ def _twin_best_per_gpu(tx: Tx, inst: InstanceRow, offer: Offer | None, gpus: int
         if ram is not None and their_ram is not None and ram > 0 \
                 and not 0.8 <= their_ram / ram <= 1.25:
             continue
-        per_gpu = float(row["rate_per_hour"]) / gpus
-        best = per_gpu if best is None else max(best, per_gpu)
-    return best
+        others.append(per_gpu)
+    return belief.References(
+        expected_high=expected.high if expected is not None else None,
+        novel=expected.novel if expected is not None else (),
+        twin_median_per_gpu=statistics.median(others) if others else None,
+        own_first_per_gpu=own_first)
 
 
 def _readable(raw: dict[str, object]) -> Offer | None:
@@ -67,6 +87,8 @@ def _readable(raw: dict[str, object]) -> Offer | None:
 class Belief:
     counts: bool  # the result may enter host_perf, the model, the ranking and a verdict
     terminate: str | None = None  # a held claim that could not be confirmed
+    counted_rate: float | None = None  # a confirmation's: the lower of it and the claim
+    model_cap: float | None = None  # the most the rate model reads of a confirmed claim
 
 
 def judge_belief(
@@ -99,20 +121,27 @@ def judge_belief(
         instance_row({**inst, "machine_id": inst["machine_id"] or inst["label"]})))
     held: str | None = None
     if failed is None:
-        if confirming and claimed is not None and belief.agrees(rate, float(claimed)):
-            updates.update(unconfirmed_rate_per_hour=None, confirm_tries=0)
-            events.append(("confirmed", f"a directed re-benchmark measured {rate:.2f} "
-                           f"proofs/h, agreeing with the held {float(claimed):.2f}/h"))
-            return Belief(True)
-        expected: float | None = None
+        expected: belief.Expected | None = None
         if expect is not None and offer is not None:
             try:
                 expected = expect(offer)
             except Exception:  # a model bug must not lose the agent's result
                 log.exception("rate expectation failed for instance %s", inst["id"])
-        held = belief.beyond_belief(
-            rate, check.gpus, expected_high=expected,
-            best_per_gpu=_twin_best_per_gpu(tx, inst, offer, check.gpus))
+        refs = _references(tx, inst, offer, check.gpus, expected)
+        if confirming and claimed is not None and belief.agrees(rate, float(claimed)):
+            updates.update(unconfirmed_rate_per_hour=None, confirm_tries=0)
+            counted = belief.counted_rate(rate, float(claimed))
+            # Believed for this instance; its influence on the model (and on other
+            # machines' twins) stays bounded by what was believed before it.
+            most = belief.model_cap(check.gpus, refs)
+            cap = most if most is not None and most < counted else None
+            events.append(("confirmed", f"a directed re-benchmark measured {rate:.2f} "
+                           f"proofs/h, agreeing with the held {float(claimed):.2f}/h "
+                           f"(counted: {counted:.2f}/h, the lower" + (
+                               f"; the rate model reads at most {cap:.2f}/h)" if cap
+                               else ")")))
+            return Belief(True, counted_rate=counted, model_cap=cap)
+        held = belief.beyond_belief(rate, check.gpus, refs)
         if held is None:
             if confirming:  # an ordinary rate after all: counted, the claim dropped
                 updates.update(unconfirmed_rate_per_hour=None, confirm_tries=0)

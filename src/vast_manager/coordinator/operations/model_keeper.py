@@ -60,10 +60,15 @@ class FittedModel:
 
 def measurement_of(row: Row) -> Measurement:
     """A stored measurement row as the model's ``Measurement`` (MeasurementError if its
-    offer cannot be read)."""
+    offer cannot be read). A claim confirmed beyond belief is read at most at the line
+    it was held at (``model_cap_per_hour``, docs/reliability.md "Judged by what it delivers")."""
+    rate = row["rate_per_hour"]
+    cap = row.get("model_cap_per_hour")
+    if cap is not None and isinstance(rate, int | float) and rate > cap:
+        rate = cap
     return parse_measurement(
         {"machine_id": row["machine_id"], "offer": loads(row["offer_json"]),
-         "rate_per_hour": row["rate_per_hour"], "measured_at": row["measured_at"],
+         "rate_per_hour": rate, "measured_at": row["measured_at"],
          "source": row["source"]},
         default_source=row["source"],
     )
@@ -75,6 +80,8 @@ def fit_rows(rows: list[Row], version: tuple[int, int], now: float) -> FittedMod
     usable: list[Measurement] = []
     skipped = 0
     for row in rows:
+        if row.get("host_reported"):
+            continue  # a bring-your-own agent's hardware is its own word: not the model's
         try:
             usable.append(measurement_of(row))
         except MeasurementError:

@@ -10,6 +10,13 @@ counted as fleet output (``/api/fleet``, ``/metrics``, the autopilot) and is rep
 or destroyed after ``idle_destroy_after_s`` (docs/operations.md, "The work command and
 idle instances").
 
+Idle also means delivering far below the rate it was kept on: each round's count feeds
+the sequential test of ``decisions.delivered`` (one proof every 14 minutes from a host
+kept at 431/h is short, not busy); a host found short is demoted by the monitor
+(docs/reliability.md, "Judged by what it delivers"). Where the cluster's record covers an
+instance, its per-read increments feed the test instead (``fold_cluster``), and
+``decisions.cluster_verdict`` ends an instance below its minimum on it.
+
 Derived on the coordinator from the heartbeats it already receives: no wire change.
 Kept in memory and rebuilt after a restart: until ``idle_after_s`` has passed since
 this coordinator first saw an instance proving, it is not called idle.
@@ -17,10 +24,13 @@ this coordinator first saw an instance proving, it is not called idle.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from vast_manager.coordinator.decisions import delivered
+from vast_manager.coordinator.decisions.cluster_verdict import CUZK, Delivered
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.operations.cluster import NOT_DELIVERED
 from vast_manager.coordinator.settings import Settings
@@ -43,6 +53,11 @@ class _Track:
     changed_at: float | None = None  # when that total last grew
     anchor: tuple[float, int] = (0.0, 0)  # the older reading the rate is taken from
     middle: tuple[float, int] = (0.0, 0)  # the next anchor, half a window on
+    checked: tuple[float, int] = (0.0, 0)  # the reading the delivery test last took
+    test: delivered.DeliveryTest = field(default_factory=delivered.DeliveryTest)
+    short: str | None = None  # why the delivery test found it short (None: it has not)
+    short_rate: float | None = None  # the delivered rate it was found short on
+    kept: float | None = None  # the rate it was kept on, as of the last round
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +70,9 @@ class Production:
     idle_reason: str | None
     rate_per_hour: float | None  # the benchmark's, to take out of the fleet's sum when idle
     dph_total: float | None
+    short: str | None = None  # delivering far below its rate (``decisions.delivered``)
+    short_rate_per_hour: float | None = None  # the delivered rate it was found short on
+    settled: bool = False  # the completed rate spans at least half a window
     idle_stop_at: float | None = None  # when the monitor destroys it, idle (None: never)
 
     def view(self) -> dict[str, Any]:
@@ -98,6 +116,8 @@ class ProductionTracker:
         # (``operations.cluster``), and the fleet's; replaced whole each round.
         self.delivered: dict[int, dict[str, Any]] = {}
         self.fleet_delivered: dict[str, Any] = {}
+        #: Instances whose delivery test the cluster's record feeds (``fold_cluster``).
+        self._cluster_fed: set[int] = set()
 
     def scale(self, row: Row) -> float:
         # The local fleet's heartbeats are in simulated time (directives.time_scale's rule).
@@ -117,15 +137,18 @@ class ProductionTracker:
             track = self._tracks.get(ident)
             if track is None or total < track.total:  # first seen, or the agent restarted
                 track = _Track(since=now, total=total, anchor=(now, total),
-                               middle=(now, total))
+                               middle=(now, total), checked=(now, total),
+                               test=track.test if track else delivered.DeliveryTest(),
+                               short=track.short if track else None)
             elif total > track.total:
                 track.total, track.changed_at = total, now
             scale = self.scale(row)
             if (now - track.middle[0]) * scale >= WINDOW_S / 2:
                 track.anchor, track.middle = track.middle, (now, total)
             tracks[ident] = track
+            self._check_delivery(ident, track, row, now, scale)
             quiet_s = (now - (track.changed_at or track.since)) * scale
-            idle = idle_after > 0 and quiet_s >= idle_after
+            idle = (idle_after > 0 and quiet_s >= idle_after) or track.short is not None
             before = self.current.get(ident)
             if idle and not (before and before.idle):
                 turned.append(ident)
@@ -134,16 +157,80 @@ class ProductionTracker:
                 completed_rate_per_hour=self._rate(track, now, scale),
                 idle=idle,
                 idle_since=since,
-                idle_reason=(f"no proof completed in {duration(quiet_s)} of proving: no work "
-                             "command (VM_WORK_CMD) feeds cuzk, or its work ran out")
-                if idle else None,
+                idle_reason=(f"no proof completed in {duration(quiet_s)} of proving: no "
+                             "work command (VM_WORK_CMD) feeds cuzk, or its work ran out")
+                if idle and quiet_s >= idle_after > 0 else track.short,
                 rate_per_hour=row.get("rate_per_hour"),
                 dph_total=row.get("dph_total"),
+                short=track.short,
+                short_rate_per_hour=track.short_rate,
+                settled=(now - track.anchor[0]) * scale >= WINDOW_S / 2,
                 idle_stop_at=self._stop_at(since, row, scale),
             )
         self._tracks = tracks
         self.current = current
         return turned
+
+    def _check_delivery(self, ident: int, track: _Track, row: Row, now: float,
+                        scale: float) -> None:
+        """Fold what cuzk's counter says the instance delivered since the last round into
+        its delivery test (not for an instance the cluster's record covers: ``fold_cluster``
+        folds that instead, the outside truth taking precedence)."""
+        kept = row.get("rate_per_hour")
+        track.kept = float(kept) if kept else None
+        if ident in self._cluster_fed:
+            track.checked = (now, track.total)
+            return
+        if self.settings.idle_after_s <= 0:
+            return  # production watching is off (VM_IDLE_AFTER_S = 0), this test with it
+        t0, n0 = track.checked
+        track.checked = (now, track.total)
+        if not kept or track.short is not None:
+            return
+        obs = Delivered(track.total - n0, 0, (now - t0) * scale, CUZK)
+        track.test, verdict = delivered.step(track.test, obs, float(kept))
+        if verdict.short:
+            track.short, track.short_rate = verdict.reason, verdict.delivered_rate_per_hour
+
+    def fold_cluster(self, increments: dict[int, Delivered]) -> None:
+        """Fold what the cluster recorded each instance delivered since its previous read
+        (``operations.cluster.Assessment.increments``) into its delivery test; from then on
+        cuzk's counter is not folded for it."""
+        self._cluster_fed = set(increments) | self._cluster_fed & set(self._tracks)
+        for ident, obs in increments.items():
+            track = self._tracks.get(ident)
+            if track is None or not track.kept or track.short is not None \
+                    or self.settings.idle_after_s <= 0:
+                continue
+            track.test, verdict = delivered.step(track.test, obs, track.kept)
+            if verdict.short:
+                track.short, track.short_rate = verdict.reason, verdict.delivered_rate_per_hour
+                current = self.current.get(ident)
+                if current is not None:
+                    self.current[ident] = dataclasses.replace(
+                        current, short=track.short, short_rate_per_hour=track.short_rate,
+                        idle=True, idle_reason=current.idle_reason or track.short)
+
+    def short_ids(self) -> list[int]:
+        """Instances the delivery test found short, not yet re-judged (the monitor demotes
+        them once another instance shows the work flows)."""
+        return [i for i, p in self.current.items() if p.short is not None]
+
+    def rejudged(self, instance_id: int) -> None:
+        """The instance was re-judged on what it delivers (its rate is now that): its
+        delivery test starts afresh against the new rate."""
+        track = self._tracks.get(int(instance_id))
+        if track is not None:
+            track.short, track.short_rate, track.test = None, None, delivered.DeliveryTest()
+
+    def settled_rates(self) -> dict[int, float]:
+        """Instance id -> the completed rate of those measured over at least half a window
+        (what the autopilot counts a proving instance at: docs/reliability.md); none with
+        production watching off (``VM_IDLE_AFTER_S`` = 0)."""
+        if self.settings.idle_after_s <= 0:
+            return {}
+        return {i: p.completed_rate_per_hour for i, p in self.current.items()
+                if p.settled and p.completed_rate_per_hour is not None}
 
     def _stop_at(self, idle_since: float | None, row: Row, scale: float) -> float | None:
         """When an idle instance we rented is destroyed (its clock; a bring-your-own machine

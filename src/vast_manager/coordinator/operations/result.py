@@ -5,6 +5,7 @@ result gets the answer it got the first time."""
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,62 @@ class ResultOutcome:
     duplicate: bool
     directive: Directive
     terminate: bool  # a destroy was scheduled by this result
+    flood: str | None = None  # policy.THROTTLED or policy.REVOKED: too many unasked results
+
+
+def _verdict_ending(verdict: policy.Verdict | None, settings: Settings,
+                    now: float) -> Ending | None:
+    """The end a terminate verdict brings (None: none)."""
+    if verdict is None or verdict.action != "terminate":
+        return None
+    return Ending(verdict.reason, "verdict", now + settings.terminate_grace_s,
+                  note=f"terminate: {verdict.reason}",
+                  bad_host_source="benchmark" if verdict.bad_host else None,
+                  # its block lasts VM_STRIKE_BLOCK_S, as a strikes block does
+                  strike=policy.StrikeRule.from_settings(settings) if verdict.bad_host else None)
+
+
+def _flood_ending(flood: str | None, settings: Settings, now: float) -> Ending | None:
+    """The end of an instance whose agent's key a flood revoked (None: no such flood)."""
+    if flood != policy.REVOKED:
+        return None
+    return Ending(f"its agent sent {policy.FLOOD_REVOKE_AT} results nobody asked for within "
+                  f"{policy.FLOOD_WINDOW_S / 3600:.0f} h", "flood",
+                  now + settings.terminate_grace_s, bad_host_source="flood")
+
+
+def _unrequested(tx: Tx, inst: InstanceRow, check: policy.Plausibility, row: dict[str, Any],
+                 now: float) -> str | None:
+    """A result nobody asked for (undirected, after a terminate) is kept as a summary:
+    its counts, rates, flags and reasons, not its proof times, telemetry, runs or
+    evidence (``row`` is changed in place). Returns what the flood allowance says
+    (``policy.flood_action``); a throttle and a revoke each write one event, the
+    revoke revokes the agent's key."""
+    if not set(check.flags) & policy.UNREQUESTED_FLAGS:
+        return None
+    left_out = [c for c in ("proof_seconds_json", "telemetry_json", "runs_json",
+                            "evidence_json") if row.get(c) is not None]
+    for col in left_out:
+        row[col] = None
+    reasons = list(loads(row["flag_reasons_json"]) or [])
+    reasons.append("stored as a summary (nobody asked for it): " + ", ".join(
+        c.removesuffix("_json").replace("_", " ") for c in left_out) + " left out")
+    row["flag_reasons_json"] = dumps(reasons)
+    agent_id = str(inst["agent_id"])
+    count = tx.unrequested_results_since(agent_id, now - policy.FLOOD_WINDOW_S) + 1
+    action = policy.flood_action(count)
+    ids: dict[str, Any] = {"instance_id": inst["id"], "agent_id": agent_id,
+                           "machine_id": inst["machine_id"]}
+    window = f"{policy.FLOOD_WINDOW_S / 3600:.0f} h"
+    if count == policy.FLOOD_THROTTLE_AT:
+        tx.audit.add(now, "throttled", f"{count} results nobody asked for within {window}: "
+                        f"answered 429 from now on; its key is revoked at "
+                        f"{policy.FLOOD_REVOKE_AT}", **ids)
+    if action == policy.REVOKED and tx.agents.revoke(
+            agent_id, now=now, reason=f"{count} results nobody asked for within {window}"):
+        tx.audit.add(now, "revoked", f"{count} results nobody asked for within {window}: "
+                        "its key is revoked and its instance ended", **ids)
+    return action
 
 
 def _steady_rate(
@@ -56,9 +113,8 @@ def _steady_rate(
     if (not settings.verdict_early or not concurrency
             or inst["bench_status"] not in (BENCH_OPEN, BENCH_PASSED)):
         return None, None
-    j = int(concurrency)
-    if j > settings.max_concurrency_per_gpu * gpus:
-        return None, None
+    # Above the cap is read as the cap, as the early verdict reads it.
+    j = min(int(concurrency), settings.max_concurrency_per_gpu * gpus)
     rate = steady_state_rate_per_hour(
         list(result.proof_seconds), j, result.wall_seconds,
         proofs_failed=result.proofs_failed, tolerance=settings.rate_tolerance,
@@ -117,11 +173,19 @@ def watch_of(inst: InstanceRow, settings: Settings, now: float,
         receipted=receipted,
         measured_rates=measured or {},
         gpu_name=inst.get("gpu_name"),
+        gpu_mem_bw_gbps=_offer_mem_bw(inst),
     )
 
 
-#: The model's 90th percentile for an offer (None: no model, or it cannot read the
-#: offer); passed in by the HTTP layer, which holds the fitted model.
+def _offer_mem_bw(inst: InstanceRow) -> float | None:
+    """A deployed instance's offer's ``gpu_mem_bw`` (vast.ai's per-host figure); a
+    bring-your-own agent has no offer of vast.ai's."""
+    if inst.get("kind") != "deployed":
+        return None
+    raw = loads(inst.get("offer_json"))
+    value = raw.get("gpu_mem_bw") if isinstance(raw, dict) else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value) and value > 0 else None
 
 
 def result_job(
@@ -163,17 +227,16 @@ def result_job(
         check = policy.check_result(result, watch=watch, limits=limits,
                                     contended_with=_contended_with(tx, inst, machine_id))
         rate = check.recomputed_rate_per_hour
-        # Every result uses up the stretch of benchmarking before it: the next may claim
-        # only what the coordinator sees after this one.
+        # Each result uses up the benchmarking seen before it: the next claims what follows.
         inst_updates: dict[str, Any] = {"last_seen": now, "updated_at": now,
                                         "result_window_at": now}
         events: list[tuple[str, str]] = []
         already_ending = watch.terminated is not None
-        judged = Belief(True)
-        if result.kind == "benchmark" and not check.implausible and not already_ending \
-                and rate is not None:
-            judged = judge_belief(tx, inst, result, check, rate, settings, now, expect,
-                                   inst_updates, events)
+        judged = Belief(True) if result.kind != "benchmark" or check.implausible \
+            or already_ending or rate is None else judge_belief(
+                tx, inst, result, check, rate, settings, now, expect, inst_updates, events)
+        if judged.counted_rate is not None:  # the lower of a claim and its confirmation
+            rate = check.recomputed_rate_per_hour = judged.counted_rate
         # Everything read: from here on only decisions, then one write.
         if check.reasons:
             events.append(("flagged", "; ".join(check.reasons)))
@@ -182,24 +245,17 @@ def result_job(
             verdict = _benchmark_verdict(result, inst, settings, check, judged, already_ending,
                                          inst_updates, events)
         terminate = verdict is not None and verdict.action == "terminate"
-        ending: Ending | None = None
-        if terminate and verdict is not None:
-            ending = Ending(verdict.reason, "verdict", now + settings.terminate_grace_s,
-                            note=f"terminate: {verdict.reason}",
-                            bad_host_source="benchmark" if verdict.bad_host else None,
-                            # its block lasts VM_STRIKE_BLOCK_S, as a strikes block does
-                            strike=policy.StrikeRule.from_settings(settings)
-                            if verdict.bad_host else None)
+        ending = _verdict_ending(verdict, settings, now)
         after = _after_result(inst, inst_updates, ending)
         pace_now = pace.answer_s(after["state"], fleet, settings, rng)
         directive = directive_for_row(after, pace_now)
-        counts = (
-            result.kind == "benchmark" and check.counts_for_host_perf and rate is not None
-        )
+        counts = result.kind == "benchmark" and check.counts_for_host_perf and rate is not None
         row = _result_row(agent_id, result, inst, check, verdict, directive, counts, now) | {
             "machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus}
+        flood = _unrequested(tx, inst, check, row, now)
+        ending = ending or _flood_ending(flood, settings, now)
         measurement = None if not counts or rate is None else _fleet_measurement(
-            inst, machine_id, gpu_name, num_gpus, rate, now)
+            inst, machine_id, gpu_name, num_gpus, rate, now, judged.model_cap)
         scaling = scaling_of(result, after, (machine_id, gpu_name, num_gpus), check, watch,
                               terminate, now)
         tx.results.write(ResultWrite(
@@ -208,7 +264,8 @@ def result_job(
             pace_s=pace_now if pace_now != after["heartbeat_pace_s"] else None,
             measurement=measurement, scaling=scaling,
         ))
-        return ResultOutcome(inst["id"], False, directive, terminate)
+        return ResultOutcome(inst["id"], False, directive, terminate or ending is not None,
+                             flood)
 
     return job
 
@@ -292,16 +349,22 @@ def _result_row(agent_id: str, result: Result, inst: InstanceRow, check: policy.
 
 
 def _fleet_measurement(inst: InstanceRow, machine_id: str, gpu_name: str, num_gpus: int,
-                       rate: float, now: float) -> dict[str, Any]:
+                       rate: float, now: float, model_cap: float | None = None
+                       ) -> dict[str, Any]:
     """The rate with the hardware it ran on: what the rate model learns from, and what
-    host_perf is computed from."""
+    host_perf is computed from. A bring-your-own agent names its own CPU and RAM in its
+    hello: its measurement is ``host_reported``, shown in host_perf but kept out of the
+    rate model and of other machines' twins (docs/reliability.md, "Judged by what
+    it delivers")."""
+    byo = inst["kind"] == "byo"
     offer = instance_offer(loads(inst.get("offer_json")),
-                           loads(inst.get("host_json")) if inst["kind"] == "byo" else None,
+                           loads(inst.get("host_json")) if byo else None,
                            instance_row({**inst, "machine_id": machine_id}))
     return {
         "machine_id": machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus,
         "rate_per_hour": rate, "measured_at": now, "source": "fleet",
         "offer_json": dumps(offer), "instance_id": inst["id"], "recorded_at": now,
+        "host_reported": int(byo), "model_cap_per_hour": model_cap,
     }
 
 

@@ -70,16 +70,27 @@ def scaling_reading(
         "agent_evidence_json": dumps(result.evidence),
         "efficiency": getattr(diagnosis, "efficiency", None),
         "bottleneck": getattr(diagnosis, "bottleneck", None),
-        "evidence_json": dumps(getattr(diagnosis, "evidence", None)),
+        "evidence_json": dumps(_labelled(getattr(diagnosis, "evidence", None))),
         "created_at": now,
     }
     if diagnosis is not None:
         eff = diagnosis.efficiency
         text = "?" if eff is None else f"{eff:.2f}"
-        reason = f"efficiency {text}, bottleneck {diagnosis.bottleneck} (coordinator's reading)"
+        reason = (f"efficiency {text}, bottleneck {diagnosis.bottleneck} (coordinator's reading "
+                  "of the host's own telemetry)")
     else:
         reason = f"agent reports efficiency {result.efficiency}, bottleneck {result.bottleneck}"
     return row, reason, machine_id
+
+
+#: What each piece of a diagnosis's evidence is read from: the efficiency is the
+#: coordinator's (its measured rates), the bottleneck and its evidence the host's own
+#: telemetry, which a hostile host forges (docs/reliability.md, "Untrusted hosts").
+HOST_TELEMETRY = "host-reported telemetry:"
+
+
+def _labelled(evidence: list[str] | None) -> list[str] | None:
+    return None if evidence is None else [f"{HOST_TELEMETRY} {e}" for e in evidence]
 
 
 def _scaling_diagnosis(

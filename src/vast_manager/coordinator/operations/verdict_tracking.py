@@ -154,10 +154,13 @@ def _track_benchmark(tx: Tx, inst: InstanceRow, hb: Heartbeat, settings: Setting
         "bench_status": BENCH_OPEN,
     }
     min_rate = inst["min_rate_per_hour"]
-    max_concurrency = settings.max_concurrency_per_gpu * max(1, inst["num_gpus"] or 1)
-    if min_rate is None or not min_rate > 0 or concurrency > max_concurrency:
-        tx.instances.update(inst["id"], **state)  # nothing to judge against, or not believable
+    if min_rate is None or not min_rate > 0:
+        tx.instances.update(inst["id"], **state)  # nothing to judge against
         return
+    # A concurrency above the cap is read as the cap (docs/reliability.md): more slots
+    # than cuzk runs would only stretch the time the stall test allows.
+    concurrency = min(concurrency,
+                      settings.max_concurrency_per_gpu * max(1, inst["num_gpus"] or 1))
     vs = verdict_settings(settings, progress.total)
     v = assess(proofs, concurrency, elapsed_s, float(min_rate), vs, proofs_failed=failed)
     if v.decision == "undecided":

@@ -552,6 +552,16 @@ def _m13_blame(db: sqlite_utils.Database) -> None:
     instances.add_column("billing_per_hour", float)
 
 
+def _m14_bounded_influence(db: sqlite_utils.Database) -> None:
+    """A claim confirmed beyond belief reaches the rate model (and other machines' twin
+    references) at most at the line it was held at (docs/reliability.md, "Judged by what it
+    delivers"); null: read as measured. A bring-your-own agent's measurement is
+    ``host_reported`` (its hardware is its hello's word): kept out of the model and of
+    other machines' twins."""
+    db.table("measurements").add_column("model_cap_per_hour", float)
+    db.table("measurements").add_column("host_reported", int)
+
+
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
     (1, "initial tables", _m1_initial),
     (2, "benchmark state for early verdicts", _m2_benchmark_verdict_state),
@@ -568,6 +578,8 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...]
     (12, "the highest spool sequence stored for each agent", _m12_spool_marks),
     (13, "blame: each failure's party, faults that pause deploys; vast.ai's view",
      _m13_blame),
+    (14, "the most the rate model reads of a claim beyond belief; host-reported hardware",
+     _m14_bounded_influence),
 )
 
 

@@ -192,6 +192,28 @@ class Reads:
             (agent_id, result_id),
         )
 
+    def unrequested_results_since(self, agent_id: str, since: float) -> int:
+        """Results of ``agent_id`` nobody asked for (undirected, after a terminate)
+        received at or after ``since``: its flood allowance spent."""
+        row = self._conn.execute(
+            "select count(*) from results where agent_id = ? and received_at >= ? and "
+            "(flags like '%undirected%' or flags like '%after_terminate%')",
+            (agent_id, since)).fetchone()
+        return int(row[0])
+
+    def results_page(self, instance_id: int, limit: int, before: int | None = None
+                     ) -> tuple[list[Row], int, int | None]:
+        """The newest ``limit`` results of an instance with a row id below ``before`` (all:
+        None), oldest first; how many it has in all; the ``before`` of the next (older)
+        page, None when there is none (a view holds one page)."""
+        total = int(self._conn.execute("select count(*) from results where instance_id = ?",
+                                       (instance_id,)).fetchone()[0])
+        rows = rows_of(self._conn, "select * from results where instance_id = ? and id < ? "
+                       "order by id desc limit ?",
+                       (instance_id, before if before is not None else 2**63 - 1, limit + 1))
+        older = rows[limit - 1]["id"] if len(rows) > limit else None
+        return rows[:limit][::-1], total, older
+
     def results_for_instance(self, instance_id: int) -> list[Row]:
         return rows_of(
             self._conn, "select * from results where instance_id = ? order by id", (instance_id,)
@@ -265,8 +287,9 @@ class Reads:
     def fleet_measurements_of(self, num_gpus: int) -> list[Row]:
         """The fleet's own measurements on ``num_gpus`` GPUs (rate and offer): where a
         result's twins on the same hardware are looked for (docs/reliability.md)."""
-        return rows_of(self._conn, "select machine_id, rate_per_hour, offer_json from "
-                       "measurements where source = 'fleet' and num_gpus = ?", (num_gpus,))
+        return rows_of(self._conn, "select machine_id, rate_per_hour, model_cap_per_hour, "
+                       "host_reported, offer_json from measurements where source = 'fleet' "
+                       "and num_gpus = ? order by id", (num_gpus,))
 
     def measured_machines(self) -> set[str]:
         """Every machine with a measurement (a host_perf row)."""

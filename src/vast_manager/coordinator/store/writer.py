@@ -33,6 +33,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -137,6 +138,15 @@ def _resolve_group(
 _STOP = object()
 
 
+def create_private(path: str) -> None:
+    """Create the database file readable by its owner alone (0600) when it does not exist:
+    it holds the fleet's agent ids, hosts and the operator's decisions. SQLite gives the
+    ``-wal`` and ``-shm`` files the database file's permissions, so they are 0600 too
+    (tests/coordinator/store/test_coord_store.py checks all three)."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 def _connect(path: str, *, check_same_thread: bool) -> sqlite3.Connection:
     # isolation_level=None: we issue BEGIN/COMMIT ourselves (sqlite-utils joins them).
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=check_same_thread)
@@ -160,6 +170,7 @@ class Store(Reads):
         if self.path == ":memory:" or self.path.startswith("file:"):
             raise ValueError("the store needs a database file (WAL mode)")
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        create_private(self.path)
         self.batch_max = batch_max
         # Writes of this long share one transaction: at 1,000 heartbeats/s and 20 ms that
         # is one fsync'ed commit per 20 requests instead of per request (each commit costs

@@ -9,13 +9,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
+import msgspec
 import orjson
 from aiohttp import web
 
+from vast_manager.coordinator.decisions import belief, policy
 from vast_manager.coordinator.discovery.structural_model import Prediction
 from vast_manager.coordinator.exceptions import (
     CoordinatorError,
     Refusal,
+    UnknownAgent,
     error_body,
     http_status,
 )
@@ -65,6 +68,8 @@ def agent_failure(err: BaseException, agent_id: str, path: str,
     """The status and body for an agent handler's exception (docs/protocol.md, Errors)."""
     if isinstance(err, ProtocolError):
         return 400, err.to_body()
+    if isinstance(err, Refusal):  # a flood's throttle (coordinator/operations/result.py)
+        return err.status, err.to_body()
     if isinstance(err, (CoordinatorError, ProviderError)):
         return http_status(err), error_body(err)
     if quiet is None:
@@ -156,16 +161,20 @@ def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Re
 
 
 def expectation(core: Core) -> Expectation | None:
-    """The fitted rate model's 90th percentile for an offer (None without a model), what a
-    benchmark result is held against (docs/reliability.md, "No rate on a host's word alone")."""
+    """The fitted rate model's 90th percentile for an offer's hardware and what it never
+    measured of it (None without a model), what a benchmark result is held against
+    (docs/reliability.md, "No rate on a host's word alone")."""
     fitted = core.models.latest
     if fitted is None:
         return None
     model = fitted.model
 
-    def high(offer: Offer) -> float | None:
-        (p,) = model.predict_offers([offer], explain=False)
-        return float(p.rate_high) if isinstance(p, Prediction) else None
+    def high(offer: Offer) -> belief.Expected | None:
+        # As a new host's: the machine's own runs never raise its own line.
+        (p,) = model.predict_offers([msgspec.structs.replace(offer, machine_id=None)],
+                                    explain=False)
+        return belief.Expected(float(p.rate_high), p.novelty) \
+            if isinstance(p, Prediction) else None
 
     return high
 
@@ -206,6 +215,15 @@ async def _result(core: Core, agent: VerifiedAgent, body: bytes) -> Any:
     core.tracker.touch(outcome.instance_id, now, outcome.directive.next_heartbeat_s)
     if outcome.terminate:
         core.monitor.wake()
+    if outcome.flood == policy.REVOKED:
+        core.auth.mark_revoked(agent.agent_id)
+        raise UnknownAgent("This agent's key was revoked: it sent "
+                           f"{policy.FLOOD_REVOKE_AT} results nobody asked for within "
+                           f"{policy.FLOOD_WINDOW_S / 3600:.0f} h.")
+    if outcome.flood == policy.THROTTLED:
+        raise Refusal(429, "throttled", "Too many results nobody asked for; this one is "
+                      "stored as a summary. Send results only for the benchmarks the "
+                      "coordinator directs.", retry_after_s=60)
     if not outcome.duplicate:
         core.models.wake()  # a counted benchmark is a new measurement for the rate model
     return {"ok": True, "duplicate": outcome.duplicate, "directive": asdict(outcome.directive),

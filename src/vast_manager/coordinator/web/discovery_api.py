@@ -155,9 +155,10 @@ async def plan(core: Core, request: web.Request) -> Any:
     bad = frozenset(str(b["machine_id"]) for b in core.store.bad_hosts(core.clock()))
     target = core.autopilot.caps.target_rate_per_hour if core.autopilot.caps else None
     idle = frozenset(core.monitor.production.idle_ids())
+    delivered = core.monitor.production.settled_rates()
 
     def work() -> dict[str, Any]:
-        fleet = fleet_instances(rows, fitted.model, idle)
+        fleet = fleet_instances(rows, fitted.model, idle, delivered)
         made = plan_for(found, fitted.model, fleet, target_rate_per_hour=target, busy=busy,
                         bad=bad, settings=core.settings, trials=int(trials or 5),
                         budget_usd=budget)

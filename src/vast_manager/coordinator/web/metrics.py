@@ -10,10 +10,11 @@ is what ``Store.read`` runs), so a fleet-sized scrape never holds the event loop
 Per-GPU gauges are named after their dcgm-exporter counterparts so a Grafana
 user finds them by analogy (``vm_gpu_utilization_percent`` ~
 ``DCGM_FI_DEV_GPU_UTIL``) and carry ``instance_id``, ``machine_id``, ``gpu``
-and ``gpu_name``. Values come from each live instance's latest telemetry;
-a number the host could not measure is left out rather than faked. Every
-label value is host-sent text: neutralised (``textsafe.neutralise``) and cut
-here, escaped per the format by the library.
+and ``gpu_name``: ``gpu`` only an index the instance's hello listed (at most 16),
+``gpu_name`` the spec table's spelling or ``other``, so no host mints series. Values
+come from each live instance's latest telemetry; a number the host could not measure
+is left out rather than faked. Every label value is host-sent text: neutralised
+(``textsafe.neutralise``) and cut here, escaped per the format by the library.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from vast_manager.common.hardware_facts import GPU_SPECS, canonical_gpu_name
 from vast_manager.coordinator.decisions import pace, policy, states
 from vast_manager.coordinator.decisions.states import State
 from vast_manager.coordinator.discovery.autopilot_rules import ledger_of, rental_of
@@ -126,12 +128,32 @@ _INSTANCE_COLUMNS = ("id", "machine_id", "gpu_name", "state", "rate_per_hour", "
                      "provider_status", "billing_per_hour")
 
 
+#: GPU series one instance may expose per gauge: the most GPUs a vast.ai machine is
+#: bucketed at (8) twice over, as a bring-your-own agent's legacy hello may list.
+MAX_GPU_SERIES_PER_INSTANCE = 16
+#: The ``gpu_name`` label of a model the spec table lacks: a host's own text would make
+#: a new series at every hello that renames it.
+OTHER_GPU = "other"
+
+
+def gpu_label(name: Any) -> str:
+    """A GPU name as a label: the spec table's spelling (``hardware_facts.GPU_SPECS``),
+    else ``OTHER_GPU``: never the host's free text."""
+    canonical = canonical_gpu_name(str(name or ""))
+    return canonical if canonical in GPU_SPECS else OTHER_GPU
+
+
 def _gpu_names(host_json: str | None) -> dict[int, str]:
+    """Index -> label name of the GPUs the instance's hello listed (at most
+    ``MAX_GPU_SERIES_PER_INSTANCE``): the only ``gpu`` labels its gauges carry."""
     host = loads(host_json)
     names: dict[int, str] = {}
     for gpu in (host.get("gpus") if isinstance(host, dict) else None) or []:
-        if isinstance(gpu, dict) and isinstance(gpu.get("index"), int):
-            names[gpu["index"]] = str(gpu.get("name") or "")
+        if len(names) >= MAX_GPU_SERIES_PER_INSTANCE:
+            break
+        if isinstance(gpu, dict) and isinstance(gpu.get("index"), int) \
+                and not isinstance(gpu.get("index"), bool):
+            names[gpu["index"]] = gpu_label(gpu.get("name"))
     return names
 
 
@@ -275,7 +297,8 @@ class FleetCollector(Collector):
         }
         produced = self.production.view if self.production else None
         for inst in self.reads.active_instances(_INSTANCE_COLUMNS):
-            labels = _labels(inst["id"], inst["machine_id"], inst["gpu_name"], inst["state"])
+            labels = _labels(inst["id"], inst["machine_id"], gpu_label(inst["gpu_name"]),
+                             inst["state"])
             made = produced(inst["id"]) if produced is not None else None
             # One reading (docs/operations.md): a lost or idle instance proves nothing now,
             # so it has no rate and no cost per proof here either.
@@ -319,7 +342,7 @@ class FleetCollector(Collector):
             "busy": _Gauge("vm_cuzk_worker_busy_percent", "cuzk GPU worker busy, percent.",
                            (*HOST_LABELS, "gpu")),
         }
-        for inst_id, machine_id, gpu_name, host_json, received_at, tele_json in (
+        for inst_id, machine_id, _gpu_name, host_json, received_at, tele_json in (
             self.reads.live_telemetry(sorted(LIVE_STATES))
         ):
             tele = loads(tele_json)
@@ -332,11 +355,15 @@ class FleetCollector(Collector):
             host["load1"].sample(cpu.get("load1"), at)
             host["ram"].sample((tele.get("ram") or {}).get("used_bytes"), at)
             names = _gpu_names(host_json)
+            seen: set[int] = set()
             for gpu in tele.get("gpus") or []:
-                if not isinstance(gpu, dict) or not isinstance(gpu.get("index"), int):
+                index = gpu.get("index") if isinstance(gpu, dict) else None
+                # Only GPUs the hello listed, each once: a host's telemetry cannot mint
+                # series (docs/reliability.md, "Bounds").
+                if not isinstance(index, int) or index not in names or index in seen:
                     continue
-                index = gpu["index"]
-                labels = [*at, label_text(index), label_text(names.get(index) or gpu_name)]
+                seen.add(index)
+                labels = [*at, label_text(index), names[index]]
                 for fam, (_, _, key, factor) in zip(gpu_fams, GPU_GAUGES, strict=True):
                     fam.sample(_scaled(gpu.get(key), factor), labels)
             cuzk = tele.get("cuzk")
@@ -344,10 +371,15 @@ class FleetCollector(Collector):
                 cuzk_fams["queue"].sample(cuzk.get("queue_depth_mean"), at)
                 cuzk_fams["synth"].sample(cuzk.get("synthesis_active_mean"), at)
                 cuzk_fams["mem"].sample(cuzk.get("memory_used_bytes_max"), at)
+                ordinals: set[int] = set()
                 for worker in cuzk.get("workers") or []:
-                    if isinstance(worker, dict) and isinstance(worker.get("gpu_ordinal"), int):
+                    ordinal = worker.get("gpu_ordinal") if isinstance(worker, dict) else None
+                    # cuzk numbers the listed GPUs from 0: an ordinal past them is no GPU.
+                    if isinstance(ordinal, int) and 0 <= ordinal < len(names) \
+                            and ordinal not in ordinals:
+                        ordinals.add(ordinal)
                         cuzk_fams["busy"].sample(worker.get("busy_pct"),
-                                                 [*at, label_text(worker["gpu_ordinal"])])
+                                                 [*at, label_text(ordinal)])
         yield from gpu_fams
         yield from host.values()
         yield from cuzk_fams.values()

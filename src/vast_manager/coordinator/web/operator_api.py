@@ -349,9 +349,19 @@ async def _fleet(core: Core, request: web.Request) -> Any:
 
 
 
+#: Results an instance view holds at most (``results_limit``'s default and bound): a
+#: view of a flooded instance reads one page, never every row (docs/reliability.md).
+RESULTS_PAGE = 20
+RESULTS_PAGE_MAX = 200
+
+
 async def _get_instance(core: Core, request: web.Request) -> Any:
     instance_id = _path_int(request, "id")
     basis = cost_basis(core)
+    limit = _query_int(request, "results_limit", default=RESULTS_PAGE, minimum=1,
+                       maximum=RESULTS_PAGE_MAX)
+    before = _query_int(request, "results_before", default=None, minimum=1,
+                        maximum=2**63 - 1)
 
     def detail(reads: Reads) -> dict[str, Any] | None:
         inst = reads.get_instance(instance_id)
@@ -360,7 +370,10 @@ async def _get_instance(core: Core, request: web.Request) -> Any:
         out = production_view(instance_view(inst, basis),
                               core.monitor.production.view(instance_id), core.started_at)
         out["host"] = loads(inst.get("host_json"))
-        out["results"] = [result_view(r) for r in reads.results_for_instance(instance_id)]
+        page, total, older = reads.results_page(instance_id, limit, before)
+        out["results"] = [result_view(r) for r in page]
+        out["results_total"] = total
+        out["results_next"] = older  # the next (older) page's results_before; null: none
         out["events"] = [event_view(e) for e in reads.events(instance_id)]
         tele = reads.latest_telemetry(instance_id)
         out["telemetry"] = loads(tele["telemetry_json"]) if tele else None

@@ -58,6 +58,9 @@ LIST_PAGE_SIZE = 25
 _MAX_LIST_PAGES = 400
 
 _RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+#: The most of one answer read: an offers search of the whole market is a few MB; a
+#: larger answer (a broken or hostile endpoint) is refused, never held in memory.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
 #: The longest ``Retry-After`` waited out inline; a longer one ends the call (``vastai``
 #: 1.9.1 ``_MAX_RETRY_AFTER_SECONDS``).
 MAX_RETRY_AFTER_S = 60.0
@@ -435,7 +438,7 @@ class VastClient:
                 timeout=self._timeout,
             ) as resp:
                 status = resp.status
-                text = await resp.text()
+                text = await read_bounded(resp, MAX_ANSWER_BYTES, what)
                 headers = resp.headers
         except aiohttp.ClientConnectorError as exc:
             # Never connected: the request did not reach vast.ai, so even a create
@@ -519,6 +522,26 @@ class VastClient:
 
     def _scrub(self, text: str) -> str:
         return text.replace(self._api_key, "***") if self._api_key else text
+
+
+class AnswerTooLarge(ProviderError):
+    """vast.ai answered more than ``MAX_ANSWER_BYTES``: refused, not retried."""
+
+
+async def read_bounded(resp: aiohttp.ClientResponse, limit: int, what: str) -> str:
+    """The answer's text, read ``limit`` bytes at most (``AnswerTooLarge`` past it, on its
+    declared length before anything is read)."""
+    too_large = AnswerTooLarge(f"vast.ai {what}: the answer is over {limit:,} bytes; refused")
+    if resp.content_length is not None and resp.content_length > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks).decode(resp.charset or "utf-8", errors="replace")
 
 
 class OutcomeUnknown(ProviderError):

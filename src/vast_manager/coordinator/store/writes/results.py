@@ -73,6 +73,23 @@ class ResultWrites:
     def add(self, row: dict[str, Any]) -> int:
         return self._tx._insert("results", row)
 
+    def demote(self, instance_id: int, reason: str) -> int:
+        """An instance found delivering far below the rate it was kept on (docs/reliability.md,
+        "Judged by what it delivers"): its fleet measurements leave host_perf and the model, its
+        counted results are flagged ``demoted`` with ``reason``. Returns the measurements
+        taken out."""
+        taken = self._tx._exec(
+            "delete from measurements where instance_id = ? and source = 'fleet'",
+            (instance_id,)).rowcount
+        self._tx._exec(
+            "update results set counts_for_host_perf = 0, "
+            "flags = case when coalesce(flags, '') = '' then 'demoted' "
+            "else flags || ',demoted' end, "
+            "flag_reasons_json = json_insert(coalesce(flag_reasons_json, '[]'), '$[#]', ?) "
+            "where instance_id = ? and counts_for_host_perf = 1",
+            (f"demoted: {reason}", instance_id))
+        return int(taken)
+
     def add_measurement(self, row: dict[str, Any]) -> bool:
         """One measurement (``measurements``' columns but ``dph_total``, which is read from
         its offer here), the one record of a measured rate (``host_perf`` is computed from

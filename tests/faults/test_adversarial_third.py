@@ -1,0 +1,421 @@
+"""Hostile hosts, third round: no lie under the line ratchets it, spreads, or outlives
+what the host delivers.
+
+Each attack of the third probe is replayed against the real app (``create_app`` under
+aiohttp's test client, an injected clock) by agents holding their own, legitimately
+issued keys, beside an honest control that is counted at once. docs/reliability.md
+lists each attack with its rule and numbers. Every rate here is simulated.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from vast_manager.coordinator.decisions import belief
+
+from support.belief_support import deploy, reasons, run_watched, send_result, standing, stored
+from support.coord_support import ADMIN, Agent, Harness, start
+from support.discovery_support import measurements
+from support.fakes_provider import FakeProvider, offer
+
+HONEST_5060 = 12.3  # the probe's honest 1x RTX 5060 Ti (its minimum: 13.75/h at $0.11)
+#: The probe's chain: each liar claimed 97% of the line the previous one left (the old
+#: rule: twice the best of every earlier measurement), up to the 5060 Ti's ceiling.
+CHAIN = (23.9, 46.3, 67.8, 89.6, 112.1, 118.8, 118.8, 118.8)
+
+
+def fivesixty(offer_id: int, machine_id: int, **fields: Any) -> dict[str, Any]:
+    return {**offer(offer_id, machine_id, gpu_name="RTX 5060 Ti", dph_total=0.11), **fields}
+
+
+OFFERS = [
+    offer(9001, 4242, dph_total=0.40),  # a 1x RTX 4090, measured honestly at 60/h
+    offer(9003, 4244, num_gpus=2, dph_total=0.80),  # the 2x RTX 4090 whose prediction is read
+    fivesixty(9100, 5100),  # the honest 5060 Ti
+    *(fivesixty(9101 + i, 5101 + i) for i in range(len(CHAIN))),  # the chain's liars
+    fivesixty(9120, 5120),  # the honest control beside the chain
+    # A CPU family the fleet never measured (no confident basis): the four liars and
+    # their honest control.
+    *(fivesixty(9130 + i, 5130 + i, cpu_name="Xeon Phi 7290") for i in range(5)),
+    offer(9140, 5140, dph_total=0.40),  # the host kept at 431/h that delivers 1%
+]
+
+
+async def benchmark(h: Harness, agent: Agent, rate: float, result_id: str,
+                    proofs: int = 8, gpus: int = 1) -> dict[str, Any]:
+    """One watched benchmark at ``rate`` on ``gpus`` GPUs answering the open directed
+    benchmark."""
+    wall = await run_watched(h, agent, proofs, 2 * 3600 / rate)
+    data = await send_result(h, agent, result_id, rate=rate, wall=wall,
+                             benchmark_id=agent.benchmark_id,  # type: ignore[attr-defined]
+                             gpus_used=list(range(gpus)))
+    agent.benchmark_id = data["directive"].get("benchmark_id")  # type: ignore[attr-defined]
+    await agent.heartbeat("proving")
+    return data
+
+
+async def fleet(aiohttp_client: Any, tmp_path: Path) -> Harness:
+    """An honest fleet's record: 40 simulated measurements of other machines and six
+    5060 Ti hosts like the attackers' (imported, so the model's interval is a fleet's,
+    not three points'), a 1x RTX 4090 at 60/h and a 5060 Ti at 12.3/h measured by the
+    fleet itself."""
+    # Production watching on (the default's hour), as a deployment has it.
+    h = await start(aiohttp_client, tmp_path, provider=FakeProvider(OFFERS),
+                    idle_after_s=3600.0)
+    now = h.clock()
+    body = b"".join(orjson.dumps({"machine_id": m.machine_id, "offer": dict(m.offer.raw),
+                                  "rate_per_hour": m.rate_per_hour,
+                                  "measured_at": now - 86400 + i}) + b"\n"
+                    for i, m in enumerate(measurements(40, seed=3)))
+    # The fleet has measured 5060 Ti hosts like these before (as the probe's had): their
+    # rates, imported, teach the model the hardware (imports are no one's twin).
+    like = fivesixty(0, 0)
+    body += b"".join(orjson.dumps({"machine_id": str(6000 + i),
+                                   "offer": {**like, "id": 6000 + i, "machine_id": 6000 + i},
+                                   "rate_per_hour": rate, "measured_at": now - 7200 + i})
+                     + b"\n" for i, rate in enumerate((11.4, 12.0, 12.3, 12.6, 13.1, 11.8)))
+    resp = await h.client.post("/api/hosts/import", data=body, headers={
+        **ADMIN, "Content-Type": "application/x-ndjson"})
+    assert resp.status == 200, await resp.text()
+    agent = await deploy(h, 9001, min_rate=10.0)
+    assert (await benchmark(h, agent, 60.0, "honest-4090", 24))["directive"]["action"] \
+        == "continue"
+    honest = await deploy(h, 9100, min_rate=10.0)
+    await benchmark(h, honest, HONEST_5060, "honest-5060")
+    assert stored(h, honest, "honest-5060")["counts_for_host_perf"] == 1
+    await h.core.models.refresh()
+    return h
+
+
+@pytest.fixture
+async def h(aiohttp_client: Any, tmp_path: Path) -> Harness:
+    return await fleet(aiohttp_client, tmp_path)
+
+
+def counted(h: Harness, agent: Agent, result_id: str) -> bool:
+    return bool(stored(h, agent, result_id)["counts_for_host_perf"])
+
+
+# --- 1: a lie under the line needs confirmation and never ratchets ------------------------
+
+
+async def test_a_ratchet_chain_of_eight_is_held_and_the_honest_control_counted(
+    h: Harness,
+) -> None:
+    """The probe's chain: each liar claimed 97% of the line the previous one left. Now
+    every claim is held: the line is 1.5x the median of *other* machines' counted rates
+    on the same hardware (12.3/h: 18.5/h), which no held claim raises. (The first claim,
+    23.9/h, lies inside the model's own 80% interval for a new 5060 Ti host: the twin
+    holds it, not the model; were it counted, delivery would find it within two days.)"""
+    before = await standing(h)
+    counted_claims = []
+    for i, claim in enumerate(CHAIN):
+        liar = await deploy(h, 9101 + i, min_rate=10.0)
+        await benchmark(h, liar, claim, f"chain-{i}")
+        row = stored(h, liar, f"chain-{i}")
+        if row["counts_for_host_perf"]:
+            counted_claims.append(claim)
+            continue
+        assert row["flags"] == "unconfirmed", (claim, row)
+        assert any("other machines with the same hardware" in r for r in reasons(row)), \
+            reasons(row)
+        await h.core.models.refresh()
+    assert counted_claims in ([], [CHAIN[0]]), counted_claims
+    after = await standing(h)
+    # host_perf gained at most the first claim's machine; no held claim moved it.
+    assert len(after.perf) <= len(before.perf) + 1
+    chain = {str(5101 + i) for i in range(len(CHAIN))}
+    assert all(p["best_rate_per_hour"] <= CHAIN[0] * 1.05 for p in after.perf
+               if p["machine_id"] in chain)
+    # The honest control beside the chain: counted at once.
+    control = await deploy(h, 9120, min_rate=10.0)
+    await benchmark(h, control, 12.9, "control")
+    assert counted(h, control, "control")
+    assert stored(h, control, "control")["flags"] == ""
+
+
+async def test_an_adaptive_chain_climbs_at_most_the_twin_factor_over_the_median(
+    h: Harness,
+) -> None:
+    """Liars that each claim 97% of the line the previous ones left are counted (no one
+    of them is beyond belief), but the line is 1.5x the *median* of the others: eight of
+    them end at about 3.3x the honest rate (the old rule: 9.7x), where the delivered
+    rate (``test_delivered_beats_claimed``) demotes them."""
+    counted_rates = [HONEST_5060]
+    for i in range(len(CHAIN)):
+        ordered = sorted(counted_rates)
+        n = len(ordered)
+        median = (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
+        claim = 0.97 * belief.TWIN_FACTOR * median
+        liar = await deploy(h, 9101 + i, min_rate=10.0)
+        await benchmark(h, liar, claim, f"adaptive-{i}", proofs=12)
+        row = stored(h, liar, f"adaptive-{i}")
+        if row["counts_for_host_perf"]:
+            counted_rates.append(float(row["recomputed_rate_per_hour"]))
+    assert max(counted_rates) < 3.5 * HONEST_5060, counted_rates
+
+
+async def test_a_machine_drifting_over_five_rebenchmarks_is_held_at_its_first_rate(
+    h: Harness,
+) -> None:
+    """The probe's drift: x1.4 a re-benchmark (12.3 -> 65.6/h over 5). Its own samples
+    never raise its own line: past 1.5x its first counted rate each claim is held."""
+    drifter = await deploy(h, 9120, min_rate=10.0)
+    await benchmark(h, drifter, HONEST_5060, "drift-0")
+    assert counted(h, drifter, "drift-0")  # an honest first benchmark: counted at once
+    claim = HONEST_5060
+    sent = 0
+    for step in range(1, 6):
+        claim *= 1.4
+        inst = h.store.instance_by_agent(drifter.agent_id)
+        assert inst is not None
+        if inst["state"] == "terminating":
+            break  # held claims that no re-benchmark confirmed end it (bad_hosts)
+        if drifter.benchmark_id is None:  # type: ignore[attr-defined]
+            await h.rebenchmark(drifter)
+            _, directive = await drifter.heartbeat("proving")
+            drifter.benchmark_id = directive["benchmark_id"]  # type: ignore[attr-defined]
+        await benchmark(h, drifter, claim, f"drift-{step}")
+        sent = step
+        row = stored(h, drifter, f"drift-{step}")
+        if claim > belief.TWIN_FACTOR * HONEST_5060 * 1.05:
+            assert not row["counts_for_host_perf"], (step, claim, row)
+            assert any("this machine's first counted rate" in r or "other machines" in r
+                       for r in reasons(row)), reasons(row)
+    assert sent < 5  # terminated before its fifth: two held claims went unconfirmed
+    _, perf = await h.admin("GET", "/api/host-perf")
+    mine = [p for p in perf if p["machine_id"] == "5120"]
+    assert mine and all(p["best_rate_per_hour"] <= belief.TWIN_FACTOR * HONEST_5060 * 1.05
+                        for p in mine), mine
+
+
+# --- 2: a lie cannot spread -----------------------------------------------------------------
+
+
+def prediction_of(offers: list[dict[str, Any]], offer_id: int) -> float:
+    return float(next(o for o in offers if o["id"] == offer_id)["predicted_rate_per_hour"])
+
+
+async def four_on_phi(h: Harness, claim: float, confirm: float | None) -> float:
+    """Four 5060 Ti hosts on the CPU family the fleet never measured, each claiming
+    ``claim`` (and confirming at ``confirm`` when held); the 2x RTX 4090's prediction
+    after them."""
+    control = await deploy(h, 9134, min_rate=10.0)  # honest, same unmeasured family
+    await benchmark(h, control, HONEST_5060, "phi-control")
+    assert counted(h, control, "phi-control")
+    for i in range(4):
+        host = await deploy(h, 9130 + i, min_rate=10.0)
+        version = h.store.measurements_version()
+        await benchmark(h, host, claim, f"phi-{i}")
+        if confirm is None:
+            assert counted(h, host, f"phi-{i}")
+            continue
+        row = stored(h, host, f"phi-{i}")
+        assert row["flags"] == "unconfirmed" and not row["counts_for_host_perf"], row
+        assert h.store.measurements_version() == version  # held: nothing reached the model
+        # They forge the watched confirmation too (what cannot be closed without the
+        # cluster's record): counted now, read by the model at most at the line.
+        await benchmark(h, host, confirm, f"phi-confirm-{i}")
+        assert counted(h, host, f"phi-confirm-{i}"), reasons(stored(h, host, f"phi-confirm-{i}"))
+    await h.core.models.refresh()
+    _, offers = await h.admin("GET", "/api/offers")
+    return prediction_of(offers, 9003)
+
+
+async def test_four_liars_on_a_cpu_family_never_measured_move_no_other_offer(
+    aiohttp_client: Any, tmp_path: Path,
+) -> None:
+    """The probe: four 5060 Ti hosts on an unmeasured CPU family claiming ~118/h moved the
+    2x RTX 4090's prediction from 60 to 202/h. No confident basis: each claim is held
+    (the model's 90th percentile itself is the line); confirmed by a watched
+    re-benchmark, each reaches the model at most at that line. Against the same fleet
+    with four honest hosts there, the 2x RTX 4090 moves less than 25%."""
+    (tmp_path / "honest").mkdir()
+    (tmp_path / "liars").mkdir()
+    honest = await four_on_phi(await fleet(aiohttp_client, tmp_path / "honest"),
+                               HONEST_5060, None)
+    lied = await four_on_phi(await fleet(aiohttp_client, tmp_path / "liars"), 118.0, 116.0)
+    print(f"four liars: 2x RTX 4090 {honest:.1f}/h beside honest hosts, {lied:.1f}/h beside "
+          "the liars")
+    # The issue asks < 25%: +1.7% here (without the cap -9.1% in an earlier run; +22.5%
+    # in a fleet without the six earlier 5060 Ti measurements).
+    assert abs(lied / honest - 1) < 0.15, (honest, lied)
+
+
+async def test_a_claim_with_no_twin_is_held_above_the_models_interval(h: Harness) -> None:
+    """The probe: a 2x RTX 4090 (no twin: only a 1x was measured) kept at 199/h with its
+    prediction at 60/h. Above 1.5x the model's 90th percentile it is held; the honest
+    control at its predicted rate is counted at once."""
+    _, offers = await h.admin("GET", "/api/offers")
+    predicted = prediction_of(offers, 9003)
+    high = next(o for o in offers if o["id"] == 9003)["predicted_rate_high"]
+    print(f"no twin: 2x RTX 4090 predicted {predicted:.1f}/h, 90th percentile {high:.1f}/h")
+    liar = await deploy(h, 9003, min_rate=10.0, gpus=2)
+    await benchmark(h, liar, 199.0, "no-twin", proofs=24, gpus=2)
+    row = stored(h, liar, "no-twin")
+    assert row["flags"] == "unconfirmed" and not row["counts_for_host_perf"], row
+    assert any("rate model's 90th percentile" in r for r in reasons(row)), reasons(row)
+    h.provider.offers[9004] = offer(9004, 4250, num_gpus=2, dph_total=0.80)
+    honest = await deploy(h, 9004, min_rate=10.0, gpus=2)
+    await benchmark(h, honest, predicted, "no-twin-control", proofs=24, gpus=2)
+    assert counted(h, honest, "no-twin-control"), reasons(stored(h, honest, "no-twin-control"))
+
+
+# --- 3: delivered beats claimed -------------------------------------------------------------
+
+
+async def prove(h: Harness, agents: dict[str, tuple[Agent, float]], minutes: int,
+                totals: dict[str, float]) -> None:
+    """``minutes`` of proving, a heartbeat a minute each, cuzk's counter growing at each
+    agent's true rate; the monitor runs every minute."""
+    for _ in range(minutes):
+        h.clock.advance(60)
+        for name, (agent, true_rate) in agents.items():
+            totals[name] += true_rate / 60
+            agent.seq += 1
+            status, _ = await agent.post("/v1/heartbeat", {
+                "seq": agent.seq, "phase": "proving", "phase_started_at": 1_800_000_000.0,
+                "progress": None, "proofs_completed_total": int(totals[name]),
+                "proof_seconds_recent": [], "telemetry": None})
+            assert status in (200, 401)  # 401: its instance was ended and its key revoked
+        await h.core.monitor.tick()
+
+
+async def test_six_hours_of_one_percent_production_is_demoted_struck_and_ended(
+    h: Harness,
+) -> None:
+    """The probe: a host kept at 431/h whose cuzk counter grew by one proof every 14
+    minutes for 6 hours, still in host_perf at 431/h and never idle. Now found short
+    within minutes beside an honest host delivering its rate: its measurement leaves
+    host_perf and the model, it is re-judged at what it delivers (below its minimum:
+    terminated), its machine gets a strike with the numbers; the honest one is untouched,
+    and the autopilot counts each at what it delivers."""
+    liar = await deploy(h, 9140, min_rate=10.0)
+    await benchmark(h, liar, 60.0, "kept", proofs=24)
+    inst = h.store.instance_by_agent(liar.agent_id)
+    assert inst is not None
+    # Kept at 431/h, as the probe's host was (a forged confirmation this test does not
+    # replay): its instance's rate and its measurement say so.
+    await h.store.write(lambda tx: (tx.instances.update(inst["id"], rate_per_hour=431.0),
+                                    tx._exec("update measurements set rate_per_hour = 431.0 "
+                                             "where instance_id = ?", (inst["id"],))))
+    honest = await deploy(h, 9120, min_rate=10.0)
+    await benchmark(h, honest, HONEST_5060, "honest-kept")
+    honest_inst = h.store.instance_by_agent(honest.agent_id)
+    assert honest_inst is not None
+    totals = {"liar": 0.0, "honest": 0.0}
+    agents = {"liar": (liar, 60 / 14), "honest": (honest, HONEST_5060)}
+    await prove(h, agents, 45, totals)  # the honest one's rate settles (half an hour)
+    settled = h.core.monitor.production.settled_rates()
+    assert settled[honest_inst["id"]] == pytest.approx(HONEST_5060, rel=0.15)
+    ended = h.store.instance_by_agent(liar.agent_id)
+    assert ended is not None and ended["state"] in ("terminating", "destroyed"), ended["state"]
+    assert "below its minimum of 10.0/h" in ended["terminate_reason"]
+    demoted = h.store.events_of_kind("demoted")
+    assert [e["instance_id"] for e in demoted] == [inst["id"]]
+    assert "of the 431.0/h it was kept on" in demoted[0]["reason"]
+    _, perf = await h.admin("GET", "/api/host-perf")
+    assert not any(p["machine_id"] == "5140" for p in perf)  # out of host_perf
+    assert any(p["machine_id"] == "5120" for p in perf)  # the honest one stays
+    row = stored(h, liar, "kept")
+    assert "demoted" in row["flags"] and not row["counts_for_host_perf"]
+    strikes = h.store.strikes("5140")
+    assert strikes and "delivered short" in strikes[0]["reason"]
+    assert h.store.strikes("5120") == []
+    kept = h.store.instance_by_agent(honest.agent_id)
+    assert kept is not None and kept["state"] == "proving" and not kept["terminate_reason"]
+    assert kept["rate_per_hour"] == pytest.approx(HONEST_5060, rel=0.05)
+
+
+async def test_a_lone_instance_short_of_work_is_idle_not_struck(h: Harness) -> None:
+    """With no instance delivering its rate the shortfall is the work's (no work command,
+    a dry queue): idle, nothing demoted, no strike."""
+    agent = await deploy(h, 9120, min_rate=10.0)
+    await benchmark(h, agent, HONEST_5060, "starved")
+    totals = {"a": 0.0}
+    await prove(h, {"a": (agent, 0.0)}, 240, totals)  # short after about 3.7 h
+    inst = h.store.instance_by_agent(agent.agent_id)
+    assert inst is not None
+    # Idle: reported, and stopped by the idle rule (VM_IDLE_DESTROY_AFTER_S), never as
+    # a host's shortfall.
+    assert any(e["instance_id"] == inst["id"] for e in h.store.events_of_kind("idle"))
+    assert inst["state"] == "proving" or "idle" in str(inst["terminate_reason"])
+    assert h.store.events_of_kind("demoted") == [] and h.store.strikes("5120") == []
+    assert counted(h, agent, "starved")
+
+
+# --- 7: bounded metrics ---------------------------------------------------------------------
+
+
+async def test_telemetry_cannot_mint_prometheus_series(h: Harness) -> None:
+    """The probe: per-GPU gauges labelled with any telemetry index and any cuzk worker
+    ordinal, and ``gpu_name`` the hello's text: 20 heartbeats exposed 19,219 series for
+    one host. Now a GPU label is an index the hello listed, a name is the spec table's (or
+    ``other``), and an instance has at most 16 GPU series a gauge; the honest control's
+    series are all there."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from support.coord_support import hello_msg, telemetry_msg
+
+    agent = await h.issue("churn", gpus=16)
+    honest = await h.issue("honest-telemetry")
+    for i in range(20):
+        hello = hello_msg(f"boot-{i}", gpus=2)
+        hello["host"]["gpus"][0]["name"] = f"RTX 4090 rev{i}"  # a new name each hello
+        assert (await agent.post("/v1/hello", hello))[0] == 200
+        tele = telemetry_msg()
+        tele["gpus"] = [{**tele["gpus"][0], "index": 1000 * i + g} for g in range(64)]
+        tele["cuzk"] = {"samples": 1, "workers": [{"gpu_ordinal": 1000 * i + w,
+                                                   "busy_pct": 50.0} for w in range(256)],
+                        "synthesis_active_mean": 1.0, "synthesis_max": 1,
+                        "queue_depth_mean": 1.0, "memory_used_bytes_max": 1,
+                        "memory_total_bytes": 2}
+        agent.seq += 1
+        msg = {"seq": agent.seq, "phase": "proving", "phase_started_at": 1_800_000_000.0,
+               "progress": None, "proofs_completed_total": 0, "proof_seconds_recent": [],
+               "telemetry": tele}
+        assert (await agent.post("/v1/heartbeat", msg))[0] == 200
+        assert (await honest.hello())[0] == 200
+        assert (await honest.heartbeat("proving", telemetry=True))[0] == 200
+        resp = await h.client.get("/metrics", headers=ADMIN)
+        text = await resp.text()
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples
+               if s.labels.get("machine_id") == "churn"]
+    gpu_series = {(s.name, s.labels.get("gpu")) for s in samples if "gpu" in s.labels}
+    assert len({g for _, g in gpu_series}) <= 2  # the hello's two GPUs, nothing else
+    assert {s.labels.get("gpu_name") for s in samples if "gpu_name" in s.labels} <= {
+        "RTX 4090", "other"}
+    assert len(samples) < 60, len(samples)
+    theirs = [s for f in text_string_to_metric_families(text) for s in f.samples
+              if s.labels.get("machine_id") == "honest-telemetry" and "gpu" in s.labels]
+    assert {s.labels["gpu"] for s in theirs} == {"0"}
+
+
+# --- 9: the smaller ones ----------------------------------------------------------------
+
+
+async def test_a_concurrency_above_the_cap_is_judged_as_the_cap(h: Harness) -> None:
+    """The probe: a benchmark announcing 64 proofs in flight on one GPU (the cap is 8)
+    switched the early verdict off. Now read as 8: a run that completes nothing is
+    stopped by the stall test; an honest run's early pass is unchanged (the suite's
+    early-verdict tests)."""
+    agent = await deploy(h, 9120, min_rate=13.75)
+    inst = h.store.instance_by_agent(agent.agent_id)
+    assert inst is not None
+    for _ in range(300):
+        h.clock.advance(60)
+        agent.seq += 1
+        status, directive = await agent.post("/v1/heartbeat", {
+            "seq": agent.seq, "phase": "benchmarking", "phase_started_at": 1_800_000_000.0,
+            "progress": {"done": 0, "total": 64, "unit": "proofs", "concurrency": 64},
+            "proofs_completed_total": 0, "proof_seconds_recent": [], "telemetry": None})
+        assert status == 200
+        if directive["action"] == "terminate":
+            break
+    ended = h.store.get_instance(inst["id"])
+    assert ended is not None and ended["state"] == "terminating", ended
+    assert "early verdict" in ended["terminate_reason"]
