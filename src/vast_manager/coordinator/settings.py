@@ -322,14 +322,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         )),
     ] = 0.05
     max_rate_per_gpu_per_hour: Annotated[
-        float,
+        float | None,
         Meta(gt=0, description=(
-            "plausibility: most proofs/hour one GPU the host reported can make, over every GPU "
-            "model's own ceiling (docs/reliability.md) and alone for a model it does not know "
-            "(about three times the best the operator has seen, 90-110/h); a faster claim is "
-            "implausible"
+            "plausibility: a cap (proofs/hour per GPU) over every GPU model's own ceiling "
+            "(docs/reliability.md), and the ceiling of a model neither the spec table nor the "
+            "offer's gpu_mem_bw bounds; unset: each model's own ceiling, and the slowest known "
+            "card's for such a model; a faster claim is implausible"
         )),
-    ] = 300.0
+    ] = None
     verdict_early: Annotated[
         bool,
         Meta(description=(

@@ -93,12 +93,19 @@ def gpu_bound_rate_per_gpu(gpu_name: str | None, offer_mem_bw_gbps: float | None
         / REFERENCE_MEM_BW_GBPS
 
 
-def ceiling_per_gpu(gpu_name: str | None, global_ceiling: float,
+def ceiling_per_gpu(gpu_name: str | None, global_ceiling: float | None,
                     offer_mem_bw_gbps: float | None = None) -> float:
-    """The most proofs/hour one GPU of this model can make (never above the global
-    ``VM_MAX_RATE_PER_GPU_PER_HOUR``): twice its GPU-bound rate."""
-    return min(global_ceiling,
-               CEILING_FACTOR * gpu_bound_rate_per_gpu(gpu_name, offer_mem_bw_gbps))
+    """The most proofs/hour one GPU of this model can make: twice its GPU-bound rate,
+    never above the operator's ``VM_MAX_RATE_PER_GPU_PER_HOUR`` where it is set. A model
+    neither the spec table nor the offer's ``gpu_mem_bw`` bounds gets the operator's
+    setting where it is set (their word for hardware this project does not know), else
+    the slowest known card's ceiling."""
+    own = CEILING_FACTOR * gpu_bound_rate_per_gpu(gpu_name, offer_mem_bw_gbps)
+    if global_ceiling is None:
+        return own
+    known = (gpu_name is not None and canonical_gpu_name(gpu_name) in GPU_SPECS) or (
+        offer_mem_bw_gbps is not None and offer_mem_bw_gbps > 0)
+    return min(global_ceiling, own) if known else global_ceiling
 
 
 def min_proof_seconds(gpu_name: str | None, offer_mem_bw_gbps: float | None = None) -> float:

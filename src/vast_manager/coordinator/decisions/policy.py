@@ -88,7 +88,7 @@ class PolicyLimits:
     lost_timeout_s: float = DEFAULTS.lost_timeout_s
     max_concurrency_per_gpu: int = DEFAULTS.max_concurrency_per_gpu
     rate_tolerance: float = DEFAULTS.rate_tolerance
-    max_rate_per_gpu_per_hour: float = DEFAULTS.max_rate_per_gpu_per_hour
+    max_rate_per_gpu_per_hour: float | None = DEFAULTS.max_rate_per_gpu_per_hour
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PolicyLimits:

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 import orjson
 
+from vast_manager.coordinator.decisions.belief import ceiling_per_gpu as belief_ceiling
 from vast_manager.coordinator.discovery.features import (
     FeatureError,
     OfferFeatures,
@@ -187,16 +188,16 @@ def parse_lines(
     raw: bytes,
     *,
     now: float,
-    max_rate_per_gpu_per_hour: float,
+    max_rate_per_gpu_per_hour: float | None,
     is_unsafe_text: Callable[[str], bool],
-    ceiling_per_gpu: Callable[[str | None, float], float] | None = None,
+    ceiling_per_gpu: Callable[[str | None, float | None], float] | None = None,
 ) -> list[Measurement]:
     """Every measurement of a JSON Lines file (``hosts import``), marked imported.
 
     Blank lines are skipped. The first line that is not a measurement raises
     ``LineError`` naming its number (from 1) and its field: a file is taken whole or
     not at all. A rate above what the fleet's own plausibility check allows (the GPU
-    model's ``ceiling_per_gpu``, else ``max_rate_per_gpu_per_hour``, x GPUs), more GPUs
+    model's ``ceiling_per_gpu``, by default ``decisions/belief.py``'s, x GPUs), more GPUs
     than ``MAX_GPUS``, a time outside the last ``MAX_AGE_S`` (or in the future), a line
     over ``MAX_LINE_BYTES``, a string over ``MAX_FIELD_CHARS``, nesting over
     ``MAX_DEPTH``, or a machine id that is not plain text is refused like a malformed
@@ -227,8 +228,8 @@ def parse_lines(
         if gpus > MAX_GPUS:
             raise LineError(number, "offer.num_gpus", f"num_gpus {gpus} is more than the "
                             f"{MAX_GPUS} GPUs of any machine vast.ai lists.")
-        per_gpu = (ceiling_per_gpu(features.gpu_name, max_rate_per_gpu_per_hour)
-                   if ceiling_per_gpu is not None else max_rate_per_gpu_per_hour)
+        per_gpu = (ceiling_per_gpu or belief_ceiling)(features.gpu_name,
+                                                      max_rate_per_gpu_per_hour)
         ceiling = per_gpu * gpus
         if m.rate_per_hour > ceiling:
             raise LineError(number, "rate_per_hour", f"{m.rate_per_hour:g}/h is more than "
