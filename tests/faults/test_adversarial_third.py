@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
+from vast_manager.common.hardware_facts import gpu_spec
 from vast_manager.coordinator.decisions import belief
 
 from support.belief_support import deploy, reasons, run_watched, send_result, standing, stored
@@ -419,3 +420,74 @@ async def test_a_concurrency_above_the_cap_is_judged_as_the_cap(h: Harness) -> N
     ended = h.store.get_instance(inst["id"])
     assert ended is not None and ended["state"] == "terminating", ended
     assert "early verdict" in ended["terminate_reason"]
+
+
+# --- 4: ceilings for every GPU ------------------------------------------------------------
+
+
+def a5000(offer_id: int, machine_id: int) -> dict[str, Any]:
+    """An 8x RTX A5000 (a model the spec table lacked before: 768 GB/s a card)."""
+    return {**offer(offer_id, machine_id, gpu_name="RTX A5000", num_gpus=8, dph_total=1.60),
+            "gpu_mem_bw": 690.0}
+
+
+async def test_an_a5000_at_2320_is_refused_and_an_honest_one_counted(h: Harness) -> None:
+    """The probe: an 8x RTX A5000 confirmed at 2,320/h under the global 300/h a GPU. Its
+    row bounds it at 2 x 120 x 768 / 896 = 206/h a GPU (1,646/h for eight): refused as
+    implausible, never counted nor kept. The honest 8x A5000 beside it, at its predicted
+    rate, is counted at once."""
+    per_gpu = belief.ceiling_per_gpu("RTX A5000", 300.0)
+    assert per_gpu == pytest.approx(2 * 120 * 768 / 896)
+    h.provider.offers[9200] = a5000(9200, 5200)
+    h.provider.offers[9201] = a5000(9201, 5201)
+    await h.core.models.refresh()
+    _, offers = await h.admin("GET", "/api/offers")
+    predicted = prediction_of(offers, 9201)
+    print(f"8x RTX A5000: predicted {predicted:.1f}/h, ceiling {8 * per_gpu:.0f}/h")
+    liar = await deploy(h, 9200, min_rate=10.0, gpus=8)
+    await benchmark(h, liar, 2320.0, "a5000-2320", proofs=48, gpus=8)
+    row = stored(h, liar, "a5000-2320")
+    assert "implausible" in row["flags"] and not row["counts_for_host_perf"], row
+    assert any(f"beyond the ceiling of {8 * per_gpu:.0f}/h" in r for r in reasons(row)), \
+        reasons(row)
+    inst = h.store.instance_by_agent(liar.agent_id)
+    assert inst is not None and inst["state"] == "terminating", inst["state"]
+    assert inst["rate_per_hour"] is None or inst["rate_per_hour"] < 8 * per_gpu
+    _, perf = await h.admin("GET", "/api/host-perf")
+    assert not any(p["machine_id"] == "5200" for p in perf)
+    honest = await deploy(h, 9201, min_rate=10.0, gpus=8)
+    await benchmark(h, honest, predicted, "a5000-control", proofs=48, gpus=8)
+    assert counted(h, honest, "a5000-control"), reasons(stored(h, honest, "a5000-control"))
+    assert stored(h, honest, "a5000-control")["flags"] == ""
+
+
+def unlisted(offer_id: int, machine_id: int, mem_bw_gbps: float) -> dict[str, Any]:
+    """A 1x GPU model no spec row matches, its offer reporting ``gpu_mem_bw``."""
+    return {**offer(offer_id, machine_id, gpu_name="RTX 4070 SUPER Ti X", dph_total=0.20),
+            "gpu_mem_bw": mem_bw_gbps}
+
+
+async def test_a_model_the_table_lacks_is_bounded_by_its_offers_bandwidth(h: Harness) -> None:
+    """A GPU model missing from the table is bounded by its offer's ``gpu_mem_bw`` through
+    the same formula, never by the global 300/h a GPU: at 400 GB/s 2 x 120 x 400 / 896 =
+    107/h. A claim of 150/h on it is refused; the same claim on the same model whose
+    offer reports 900 GB/s (241/h) is under its ceiling (held as beyond belief instead:
+    the model never measured that GPU)."""
+    assert gpu_spec("RTX 4070 SUPER Ti X") is None
+    slow = belief.ceiling_per_gpu("RTX 4070 SUPER Ti X", 300.0, 400.0)
+    fast = belief.ceiling_per_gpu("RTX 4070 SUPER Ti X", 300.0, 900.0)
+    assert slow == pytest.approx(2 * 120 * 400 / 896) and fast < 300.0
+    # Without gpu_mem_bw: the slowest card the table knows (the L4's 300 GB/s), not 300/h.
+    assert belief.ceiling_per_gpu("RTX 4070 SUPER Ti X", 300.0) == pytest.approx(
+        2 * 120 * belief.MIN_KNOWN_MEM_BW_GBPS / 896)
+    h.provider.offers[9210] = unlisted(9210, 5210, 400.0)
+    h.provider.offers[9211] = unlisted(9211, 5211, 900.0)
+    low = await deploy(h, 9210, min_rate=10.0)
+    await benchmark(h, low, 150.0, "unlisted-400")
+    row = stored(h, low, "unlisted-400")
+    assert "implausible" in row["flags"] and not row["counts_for_host_perf"], row
+    assert any(f"beyond the ceiling of {slow:.0f}/h" in r for r in reasons(row)), reasons(row)
+    high = await deploy(h, 9211, min_rate=10.0)
+    await benchmark(h, high, 150.0, "unlisted-900")
+    row = stored(h, high, "unlisted-900")
+    assert "implausible" not in row["flags"], reasons(row)
