@@ -429,7 +429,8 @@ async def test_a_concurrency_above_the_cap_is_judged_as_the_cap(h: Harness) -> N
 
 
 def a5000(offer_id: int, machine_id: int) -> dict[str, Any]:
-    """An 8x RTX A5000 (a model the spec table lacked before: 768 GB/s a card)."""
+    """An 8x RTX A5000 (a model the spec table lacked before: its row says 768 GB/s a
+    card, which bounds it whatever the offer's own ``gpu_mem_bw`` reads)."""
     return {**offer(offer_id, machine_id, gpu_name="RTX A5000", num_gpus=8, dph_total=1.60),
             "gpu_mem_bw": 690.0}
 
@@ -494,6 +495,7 @@ async def test_a_model_the_table_lacks_is_bounded_by_its_offers_bandwidth(h: Har
     await benchmark(h, high, 150.0, "unlisted-900")
     row = stored(h, high, "unlisted-900")
     assert "implausible" not in row["flags"], reasons(row)
+    assert row["flags"] == "unconfirmed" and not row["counts_for_host_perf"], reasons(row)
 
 
 # --- 3: the autopilot trusts the fleet over the lie --------------------------------------
