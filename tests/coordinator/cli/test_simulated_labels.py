@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from vast_manager.coordinator.cli.commands import STATUS_HEADERS, status_row
+from vast_manager.coordinator.cli.commands import STATUS_HEADERS, _account_line, status_row
 from vast_manager.coordinator.cli.text_views import render_instance
 
 
@@ -29,3 +29,23 @@ def test_the_rate_says_simulated_where_it_is(provider: str, source: str | None) 
     assert (f"(SIMULATED: {source})" in shown) if source else "SIMULATED" not in shown
     assert ("(simulated dollars)" in shown) is (provider == "fake")
     assert row["VAST.AI"].startswith("fake ") is (provider == "fake")
+
+
+class _Fleet:
+    """What ``status`` reads of /api/fleet for its account line."""
+
+    def __init__(self, provider: str) -> None:
+        self.fleet = {"provider": provider, "account": {"funds_usd": 12.5, "auth_ok": True}}
+
+    def get(self, path: str) -> dict[str, Any]:
+        assert path == "/api/fleet"
+        return self.fleet
+
+
+@pytest.mark.parametrize(("provider", "line"), [
+    ("fake", "fake vast.ai funds $12.50 (simulated)"), ("vast", "vast.ai funds $12.50")])
+def test_the_fake_vast_ai_funds_are_said_simulated(
+    provider: str, line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _account_line(_Fleet(provider))  # type: ignore[arg-type]
+    assert capsys.readouterr().out.strip() == line

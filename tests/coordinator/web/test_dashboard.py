@@ -558,6 +558,10 @@ async def _fleet_pages(page: Any, store: Any) -> None:
     assert summary["instances"] == total and summary["by_state"]["destroyed"] == 150
     await until(page, "document.querySelector('#fleet-tiles .tile-value').textContent === "
                       f"'{summary['billing']}'")
+    # A local fleet's rates and dollars are simulated, and the tiles say so.
+    assert summary["provider"] == "local"
+    await until(page, "document.querySelector('#fleet-tiles .tile:last-child .tile-value')"
+                      ".textContent === 'simulated'")
     await page.select_option("#fleet-state", "")
     await until(page, f"document.getElementById('fleet-range').textContent === '1–100 of {total}'")
 

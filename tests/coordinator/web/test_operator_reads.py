@@ -157,6 +157,7 @@ async def test_fleet_summary(h: Harness) -> None:
         "idle": 0, "completed_proofs_per_hour": None,  # no monitor round measured them
         "max_usd_per_proof": h.core.settings.max_usd_per_proof,
         "max_deploy_dph_total": h.core.settings.max_deploy_dph_total,
+        "provider": h.core.provider.name,
         "proofs_per_hour": pytest.approx(sum(proving)),
         "dollars_per_hour": pytest.approx(sum(d or 0.0 for _, d, _ in billing)),
         "dollars_per_proof": pytest.approx(sum(d or 0.0 for _, d, _ in billing) / sum(proving)),

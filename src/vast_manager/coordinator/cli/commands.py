@@ -417,8 +417,10 @@ def _account_line(client: OperatorClient) -> None:
     if funds is None and account.get("auth_ok", True):
         return
     # The warning already names the funds: they are said once.
+    fake = fleet.get("provider") == "fake"
     parts = [] if account.get("warning") else (
-        [f"vast.ai funds {render.usd(funds, 2)}"] if funds is not None else ["vast.ai"])
+        [f"{'fake ' if fake else ''}vast.ai funds {render.usd(funds, 2)}"
+         + (" (simulated)" if fake else "")] if funds is not None else ["vast.ai"])
     if not account.get("auth_ok", True):
         parts.append(f"API key refused: {account.get('auth_error')}")
     elif account.get("warning"):

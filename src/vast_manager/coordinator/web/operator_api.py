@@ -344,7 +344,8 @@ async def _fleet(core: Core, request: web.Request) -> Any:
             "offer_cache": core.offers.view(),
             "pending_price_increases": list(core.monitor.price_increases.pending.values()),
             "max_usd_per_proof": break_even_usd_per_proof(core.settings),
-            "max_deploy_dph_total": core.settings.max_deploy_dph_total}
+            "max_deploy_dph_total": core.settings.max_deploy_dph_total,
+            "provider": core.provider.name}
 
 
 

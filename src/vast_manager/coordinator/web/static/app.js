@@ -409,9 +409,9 @@ async function renderFleet() {
   ]);
   show("fleet-view");
   // On the local fleet or the fake vast.ai every rate and dollar is simulated: said once.
-  const simulated = page.rows.some((r) => SIMULATED_PROVIDERS[r.provider]);
+  const simulated = SIMULATED_PROVIDERS[summary.provider] ||
+    page.rows.some((r) => SIMULATED_PROVIDERS[r.provider]);
   $("fleet-tiles").replaceChildren(
-    ...(simulated ? [tile("rates and dollars (local provider or fake vast.ai)", "simulated")] : []),
     tile("instances billing", String(summary.billing)),
     tile("proving", String(summary.proving)),
     tile("idle (billing, proving nothing)", String(summary.idle ?? 0)),
@@ -420,8 +420,10 @@ async function renderFleet() {
     tile("$ / hour (what vast.ai bills now)", usd(summary.dollars_per_hour, 3)),
     tile("$ / proof", summary.dollars_per_proof === null ? "-" : usd(summary.dollars_per_proof)),
     ...spendTiles(summary.spend),
-    ...accountTiles(summary.account),
+    ...accountTiles(summary.account, summary.provider),
     ...earningsTiles(summary),
+    ...(simulated ? [tile("rates and dollars (local provider or fake vast.ai)", "simulated")]
+      : []),
   );
   accountBanner(summary.account, summary.faults);
   searchBanner(summary.offer_cache);
@@ -476,9 +478,10 @@ async function renderFleet() {
 
 // The vast.ai account (docs/operations.md, "The account"): funds as tiles, and a banner
 // when the key is refused, deploys are paused, or the funds are low.
-function accountTiles(account) {
+function accountTiles(account, provider) {
   if (!account || account.funds_usd === null || account.funds_usd === undefined) return [];
-  return [tile("vast.ai funds", usd(account.funds_usd, 2))];
+  return [tile(provider === "fake" ? "fake vast.ai funds (simulated)" : "vast.ai funds",
+    usd(account.funds_usd, 2))];
 }
 
 // Spent so far (docs/operations.md, "Spend"): today, this week, all time.
