@@ -15,7 +15,11 @@ from typing import Any
 import orjson
 import pytest
 
+from vast_manager.common.hardware_facts import gpu_spec
 from vast_manager.coordinator.decisions import belief
+from vast_manager.coordinator.discovery.autopilot_rules import Ledger, decide
+from vast_manager.coordinator.discovery.plan import Plan
+from vast_manager.coordinator.operations.autopilot_loop import fleet_instances
 
 from support.belief_support import deploy, reasons, run_watched, send_result, standing, stored
 from support.coord_support import ADMIN, Agent, Harness, start
@@ -58,14 +62,14 @@ async def benchmark(h: Harness, agent: Agent, rate: float, result_id: str,
     return data
 
 
-async def fleet(aiohttp_client: Any, tmp_path: Path) -> Harness:
+async def fleet(aiohttp_client: Any, tmp_path: Path, **settings: Any) -> Harness:
     """An honest fleet's record: 40 simulated measurements of other machines and six
     5060 Ti hosts like the attackers' (imported, so the model's interval is a fleet's,
     not three points'), a 1x RTX 4090 at 60/h and a 5060 Ti at 12.3/h measured by the
     fleet itself."""
     # Production watching on (the default's hour), as a deployment has it.
     h = await start(aiohttp_client, tmp_path, provider=FakeProvider(OFFERS),
-                    idle_after_s=3600.0)
+                    idle_after_s=3600.0, **settings)
     now = h.clock()
     body = b"".join(orjson.dumps({"machine_id": m.machine_id, "offer": dict(m.offer.raw),
                                   "rate_per_hour": m.rate_per_hour,
@@ -419,3 +423,174 @@ async def test_a_concurrency_above_the_cap_is_judged_as_the_cap(h: Harness) -> N
     ended = h.store.get_instance(inst["id"])
     assert ended is not None and ended["state"] == "terminating", ended
     assert "early verdict" in ended["terminate_reason"]
+
+
+# --- 4: ceilings for every GPU ------------------------------------------------------------
+
+
+def a5000(offer_id: int, machine_id: int) -> dict[str, Any]:
+    """An 8x RTX A5000 (a model the spec table lacked before: its row says 768 GB/s a
+    card, which bounds it whatever the offer's own ``gpu_mem_bw`` reads)."""
+    return {**offer(offer_id, machine_id, gpu_name="RTX A5000", num_gpus=8, dph_total=1.60),
+            "gpu_mem_bw": 690.0}
+
+
+async def test_an_a5000_at_2320_is_refused_and_an_honest_one_counted(h: Harness) -> None:
+    """The probe: an 8x RTX A5000 confirmed at 2,320/h under the global 300/h a GPU. Its
+    row bounds it at 2 x 120 x 768 / 896 = 206/h a GPU (1,646/h for eight): refused as
+    implausible, never counted nor kept. The honest 8x A5000 beside it, at its predicted
+    rate, is counted at once."""
+    per_gpu = belief.ceiling_per_gpu("RTX A5000", 300.0)
+    assert per_gpu == pytest.approx(2 * 120 * 768 / 896)
+    h.provider.offers[9200] = a5000(9200, 5200)
+    h.provider.offers[9201] = a5000(9201, 5201)
+    await h.core.models.refresh()
+    _, offers = await h.admin("GET", "/api/offers")
+    predicted = prediction_of(offers, 9201)
+    print(f"8x RTX A5000: predicted {predicted:.1f}/h, ceiling {8 * per_gpu:.0f}/h")
+    liar = await deploy(h, 9200, min_rate=10.0, gpus=8)
+    await benchmark(h, liar, 2320.0, "a5000-2320", proofs=48, gpus=8)
+    row = stored(h, liar, "a5000-2320")
+    assert "implausible" in row["flags"] and not row["counts_for_host_perf"], row
+    assert any(f"beyond the ceiling of {8 * per_gpu:.0f}/h" in r for r in reasons(row)), \
+        reasons(row)
+    inst = h.store.instance_by_agent(liar.agent_id)
+    assert inst is not None and inst["state"] == "terminating", inst["state"]
+    assert inst["rate_per_hour"] is None or inst["rate_per_hour"] < 8 * per_gpu
+    _, perf = await h.admin("GET", "/api/host-perf")
+    assert not any(p["machine_id"] == "5200" for p in perf)
+    honest = await deploy(h, 9201, min_rate=10.0, gpus=8)
+    await benchmark(h, honest, predicted, "a5000-control", proofs=48, gpus=8)
+    assert counted(h, honest, "a5000-control"), reasons(stored(h, honest, "a5000-control"))
+    assert stored(h, honest, "a5000-control")["flags"] == ""
+
+
+def unlisted(offer_id: int, machine_id: int, mem_bw_gbps: float) -> dict[str, Any]:
+    """A 1x GPU model no spec row matches, its offer reporting ``gpu_mem_bw``."""
+    return {**offer(offer_id, machine_id, gpu_name="RTX 4070 SUPER Ti X", dph_total=0.20),
+            "gpu_mem_bw": mem_bw_gbps}
+
+
+async def test_a_model_the_table_lacks_is_bounded_by_its_offers_bandwidth(h: Harness) -> None:
+    """A GPU model missing from the table is bounded by its offer's ``gpu_mem_bw`` through
+    the same formula, never by the global 300/h a GPU: at 400 GB/s 2 x 120 x 400 / 896 =
+    107/h. A claim of 150/h on it is refused; the same claim on the same model whose
+    offer reports 900 GB/s (241/h) is under its ceiling (held as beyond belief instead:
+    the model never measured that GPU)."""
+    assert gpu_spec("RTX 4070 SUPER Ti X") is None
+    slow = belief.ceiling_per_gpu("RTX 4070 SUPER Ti X", 300.0, 400.0)
+    fast = belief.ceiling_per_gpu("RTX 4070 SUPER Ti X", 300.0, 900.0)
+    assert slow == pytest.approx(2 * 120 * 400 / 896) and fast < 300.0
+    # Without gpu_mem_bw: the slowest card the table knows (the L4's 300 GB/s), not 300/h.
+    assert belief.ceiling_per_gpu("RTX 4070 SUPER Ti X", 300.0) == pytest.approx(
+        2 * 120 * belief.MIN_KNOWN_MEM_BW_GBPS / 896)
+    h.provider.offers[9210] = unlisted(9210, 5210, 400.0)
+    h.provider.offers[9211] = unlisted(9211, 5211, 900.0)
+    low = await deploy(h, 9210, min_rate=10.0)
+    await benchmark(h, low, 150.0, "unlisted-400")
+    row = stored(h, low, "unlisted-400")
+    assert "implausible" in row["flags"] and not row["counts_for_host_perf"], row
+    assert any(f"beyond the ceiling of {slow:.0f}/h" in r for r in reasons(row)), reasons(row)
+    high = await deploy(h, 9211, min_rate=10.0)
+    await benchmark(h, high, 150.0, "unlisted-900")
+    row = stored(h, high, "unlisted-900")
+    assert "implausible" not in row["flags"], reasons(row)
+    assert row["flags"] == "unconfirmed" and not row["counts_for_host_perf"], reasons(row)
+
+
+# --- 3: the autopilot trusts the fleet over the lie --------------------------------------
+
+#: The autopilot's caps for the displacement replay: a target the honest fleet makes
+#: (4090 60 + 5060 Ti 12.3 + 2x 4080 Super 138.5 = 210.8/h), met without the 2x 4080
+#: Super only if a lie fills its place.
+PILOT: dict[str, Any] = {
+    "autopilot": True, "autopilot_target_rate_per_hour": 180.0, "autopilot_max_dph_total": 3.0,
+    "autopilot_max_instances": 6, "max_deploy_dph_total": 2.0}
+HONEST_4080S = 138.5  # the probe's honest 2x RTX 4080 Super
+LIAR_TRUE = 12.4  # the probe's liar's true rate ($0.11/h, claiming 118/h)
+
+
+def terminated_by_pilot(h: Harness, instance_id: int) -> bool:
+    inst = h.store.get_instance(instance_id)
+    assert inst is not None
+    return str(inst["terminate_reason"] or "").startswith("autopilot:")
+
+
+async def test_one_cheap_liar_does_not_make_the_autopilot_end_an_honest_host(
+    aiohttp_client: Any, tmp_path: Path,
+) -> None:
+    """The probe: one $0.11/h host confirmed at 118/h (true 12.4) made the autopilot
+    terminate an honest 2x RTX 4080 Super (138.5/h): the fleet ran at 194.8/h while every
+    view said 300.3/h. Now its claim is held (no rate: the autopilot counts it at
+    nothing), and kept at 118/h on a forged confirmation it is read at what it delivers
+    once that spans half an hour, and before that ends no other host (a trim counts only
+    delivered rates): the 2x 4080 Super stays, and the autopilot's fleet rate is the
+    delivered one. The control: the same rows with the 118/h truly delivered do
+    end the 2x 4080 Super (the dearest per proof), so the replay can see a displacement."""
+    h = await fleet(aiohttp_client, tmp_path, **PILOT)
+    h.provider.offers[9300] = offer(9300, 5300, gpu_name="RTX 4080 Super", num_gpus=2,
+                                    dph_total=1.40)
+    await h.core.models.refresh()
+    _, offers = await h.admin("GET", "/api/offers")
+    fourtyeighty = next(o for o in offers if o["id"] == 9300)
+    print(f"2x RTX 4080 Super: predicted {fourtyeighty['predicted_rate_per_hour']:.1f}/h, "
+          f"90th percentile {fourtyeighty['predicted_rate_high']:.1f}/h")
+    honest = await deploy(h, 9300, min_rate=10.0, gpus=2)
+    await benchmark(h, honest, HONEST_4080S, "honest-4080s", proofs=24, gpus=2)
+    if not counted(h, honest, "honest-4080s"):
+        # Above what this small fleet's model believes of a GPU model it never measured:
+        # its watched re-benchmark confirms it.
+        await benchmark(h, honest, HONEST_4080S, "honest-4080s-confirm", proofs=24, gpus=2)
+    honest_inst = h.store.instance_by_agent(honest.agent_id)
+    assert honest_inst is not None
+    assert honest_inst["rate_per_hour"] == pytest.approx(HONEST_4080S, rel=0.05), \
+        reasons(stored(h, honest, "honest-4080s-confirm"))
+    liar = await deploy(h, 9120, min_rate=10.0)
+    await benchmark(h, liar, 118.0, "displace")
+    liar_inst = h.store.instance_by_agent(liar.agent_id)
+    assert liar_inst is not None
+    # Held: no rate of its own, so the autopilot counts it at nothing.
+    assert stored(h, liar, "displace")["flags"] == "unconfirmed"
+    assert liar_inst["rate_per_hour"] is None
+    tick = await h.core.autopilot.tick()
+    assert tick is not None and not any("paused" in n for n in tick.notes), tick.notes
+    assert not terminated_by_pilot(h, honest_inst["id"]), tick.actions
+    assert tick.fleet_rate_per_hour < 60.0 + HONEST_5060 + HONEST_4080S * 1.05
+
+    # Kept at 118/h on a forged confirmation (what cannot be closed without the
+    # cluster's record; this test does not replay it): its instance's rate says so.
+    await h.store.write(lambda tx: tx.instances.update(liar_inst["id"], rate_per_hour=118.0))
+    # Before its delivery is known (the probe's autopilot acted within 21 minutes) its
+    # 118/h fills the fleet's rate but ends no other host: a trim counts delivered rates.
+    tick = await h.core.autopilot.tick()
+    assert tick is not None and not any("paused" in n for n in tick.notes), tick.notes
+    assert not terminated_by_pilot(h, honest_inst["id"]), tick.actions
+    proving = {"honest": (honest, HONEST_4080S), "liar": (liar, LIAR_TRUE)}
+    for offer_id, rate in ((9001, 60.0), (9100, HONEST_5060)):  # the fixture's two hosts
+        row = next(r for r in h.store.active_instances() if r["offer_id"] == offer_id)
+        proving[str(offer_id)] = (h.agent(row["agent_id"]), rate)
+        proving[str(offer_id)][0].seq = 10_000  # past the sequence their benchmark used
+    totals = dict.fromkeys(proving, 0.0)
+    await prove(h, proving, 35, totals)
+    settled = h.core.monitor.production.settled_rates()
+    assert settled[liar_inst["id"]] < 2 * LIAR_TRUE, settled
+    tick = await h.core.autopilot.tick()
+    assert tick is not None and not any("paused" in n for n in tick.notes), tick.notes
+    assert not terminated_by_pilot(h, honest_inst["id"]), tick.actions
+    # The fleet rate reads what the liar delivers, not its 118/h.
+    assert tick.fleet_rate_per_hour < 60.0 + HONEST_5060 + HONEST_4080S * 1.1 + 2 * LIAR_TRUE, \
+        tick.fleet_rate_per_hour
+
+    # The control: the same store's rows with the 118/h truly delivered end the 2x 4080
+    # Super in the pure rules (it is the dearest per proof, and the rest make the target).
+    fitted = await h.core.models.current()
+    rows = h.store.active_instances()
+    delivered = {**settled, liar_inst["id"]: 118.0}
+    live = [r for r in rows if not terminated_by_pilot(h, int(r["id"]))]
+    caps = h.core.autopilot.caps
+    assert caps is not None
+    decision = decide(fleet_instances(live, fitted.model, frozenset(), delivered,
+                                      delivery_watched=True),
+                      Plan((), 0, 0, 0.008, "control"), caps, Ledger(), now=h.clock())
+    ended = {a.instance_id for a in decision.actions if a.kind == "terminate"}
+    assert str(honest_inst["id"]) in ended, decision

@@ -112,6 +112,19 @@ def test_at_target_it_trims_the_worst_host_per_proof() -> None:
     assert any("no trial proposed" in n for n in d.notes)
 
 
+def test_a_rate_not_yet_delivered_never_lets_a_trim_end_another_host() -> None:
+    """A cheap host kept at 320/h on its benchmark's word alone (delivery not yet known)
+    fills the fleet but ends no host: the rest are trimmed only on delivered rates. Once
+    it delivers that rate, the dearest host goes."""
+    honest = _host(1, 1.4, 138.5)
+    claimed = dataclasses.replace(_host(2, 0.11, 320.0), rate_delivered=False)
+    d = decide([honest, claimed], _plan(()), CAPS, Ledger(total_usd=100.0), now=0.0)
+    assert [a for a in d.actions if a.kind == "terminate"] == []
+    delivered = dataclasses.replace(claimed, rate_delivered=True)
+    d = decide([honest, delivered], _plan(()), CAPS, Ledger(total_usd=100.0), now=0.0)
+    assert [(a.kind, a.instance_id) for a in d.actions] == [("terminate", "in1")]
+
+
 def test_exploration_stays_within_its_share_and_pace() -> None:
     fleet = [_host(1, 0.5, 200.0), _host(2, 0.5, 150.0)]
     props = _proposals(3)

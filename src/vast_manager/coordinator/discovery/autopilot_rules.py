@@ -11,7 +11,9 @@ The rules, in order (docs/discovery.md):
    while running, instances deployed by hand), the worst $/proof hosts go, then the
    dearest trials, until the fleet is within them.
 2. **Trim.** While the fleet still meets its target rate without its worst $/proof
-   host, that host goes: a better one has replaced it.
+   host, that host goes: a better one has replaced it. "Meets" counts only rates known
+   from delivery (``FleetInstance.rate_delivered``), so no rate on a host's word alone
+   ends another host (docs/reliability.md, "Judged by what it delivers").
 3. **Fill.** Below the target (counting the predicted rates of trials under way),
    deploy first the machines already measured and worth deploying on their
    measurement (the plan lists them apart, cheapest per proof first), then the plan's
@@ -73,6 +75,10 @@ class FleetInstance:
     # Billing still, proving no more (terminating, silent, failed): it counts against the
     # caps until it is gone, and is neither a trial nor a host to terminate.
     leaving: bool = False
+    # The rate is what it delivered over half an hour, or production is not watched.
+    # False: its benchmark's word only (a confirmation the host may have forged), which
+    # fills the fleet but never lets a trim end another host.
+    rate_delivered: bool = True
 
     @property
     def on_trial(self) -> bool:
@@ -338,17 +344,23 @@ def _over_caps(live: list[FleetInstance], caps: AutopilotCaps) -> list[Action]:
     return actions
 
 
+def _delivered_rate(live: list[FleetInstance]) -> float:
+    return sum(i.rate_per_hour or 0.0 for i in live if not i.leaving and i.rate_delivered)
+
+
 def _trim(live: list[FleetInstance], target: float) -> list[Action]:
-    """2. Trim: the worst hosts the fleet can do without and still make its target."""
+    """2. Trim: the worst hosts the fleet can do without and still make its target on
+    what the rest are known to deliver (a rate on a host's word alone counts nothing)."""
     actions = []
     for host in _worst_first(live):
         assert host.rate_per_hour is not None
-        without = _rate(live) - host.rate_per_hour
+        delivered = _delivered_rate(live)
+        without = delivered - (host.rate_per_hour if host.rate_delivered else 0.0)
         if without < target:
             break
         actions.append(_terminate(
             host,
-            f"the fleet makes {_rate(live):.1f}/h and {without:.1f}/h without it (target "
+            f"the fleet makes {delivered:.1f}/h and {without:.1f}/h without it (target "
             f"{target:.1f}/h); its ${host.usd_per_proof:.4f}/proof is the fleet's worst",
         ))
         live.remove(host)

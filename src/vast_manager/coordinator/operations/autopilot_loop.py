@@ -108,13 +108,15 @@ class _Memo:
 
 def fleet_instances(rows: Sequence[Row], model: ServedModel,
                     idle: frozenset[int] = frozenset(),
-                    delivered: Mapping[int, float] | None = None) -> list[FleetInstance]:
+                    delivered: Mapping[int, float] | None = None, *,
+                    delivery_watched: bool = False) -> list[FleetInstance]:
     """Our deployed instances still on a machine, as the decision core sees them: proving
     at the rate they deliver (``delivered``: instance id -> the completed rate over at
     least half an hour, docs/reliability.md "Judged by what it delivers"), else their
-    measured rate; on trial at the model's predicted rate for their offer; or leaving
-    (terminating, silent, failed, or idle (``idle``: proving, completing nothing or far
-    below their rate): billing, not proving)."""
+    measured rate (with ``delivery_watched``, marked as not yet delivered); on trial at
+    the model's predicted rate for their offer; or leaving (terminating, silent, failed,
+    or idle (``idle``: proving, completing nothing or far below their rate): billing, not
+    proving)."""
     delivered = delivered or {}
     out = []
     for r in rows:
@@ -127,8 +129,10 @@ def fleet_instances(rows: Sequence[Row], model: ServedModel,
         if ending or r["state"] == State.LOST or int(r["id"]) in idle:
             out.append(FleetInstance(ident, machine, dph, None, leaving=True))
         elif r["state"] == State.PROVING and rate:
+            known = int(r["id"]) in delivered
             out.append(FleetInstance(ident, machine, dph,
-                                     float(delivered.get(int(r["id"]), rate))))
+                                     float(delivered.get(int(r["id"]), rate)),
+                                     rate_delivered=known or not delivery_watched))
         else:
             offer = stored_offer(r["offer_json"]) or parse_offer(
                 {k: r[k] for k in ("gpu_name", "num_gpus", "cpu_cores", "cpu_ram")})
@@ -351,7 +355,8 @@ class Autopilot:
         rows = await self.store.read(lambda r: r.active_instances())
         idle = frozenset(self.monitor.production.idle_ids())
         fleet = await asyncio.to_thread(fleet_instances, rows, fitted.model, idle,
-                                        self.monitor.production.settled_rates())
+                                        self.monitor.production.settled_rates(),
+                                        delivery_watched=settings.idle_after_s > 0)
         busy = frozenset(str(r["machine_id"]) for r in rows if r["machine_id"] is not None)
         bad = frozenset(str(b["machine_id"]) for b in self.store.bad_hosts(now))
         notes: list[str] = []

@@ -212,11 +212,7 @@ def result_job(
         inst = require_instance(tx, agent_id)
         existing = tx.find_result(agent_id, result.result_id)
         if existing is not None:
-            # The same directive again, its pace included: the agent's silence is timed
-            # on the pace it is given.
-            replayed = directive_from_json(existing["directive_json"])
-            tx.instances.update(inst["id"], heartbeat_pace_s=replayed.next_heartbeat_s)
-            return ResultOutcome(inst["id"], True, replayed, False)
+            return _replayed(tx, inst, existing)
         # A deployed instance has its machine, a bring-your-own agent its label.
         machine_id = inst["machine_id"] or inst["label"] or "unknown"
         gpu_name = inst["gpu_name"] or "unknown"
@@ -232,9 +228,8 @@ def result_job(
                                         "result_window_at": now}
         events: list[tuple[str, str]] = []
         already_ending = watch.terminated is not None
-        judged = Belief(True) if result.kind != "benchmark" or check.implausible \
-            or already_ending or rate is None else judge_belief(
-                tx, inst, result, check, rate, settings, now, expect, inst_updates, events)
+        judged = _belief(tx, inst, result, check, settings, now, expect, inst_updates,
+                         events, already_ending)
         if judged.counted_rate is not None:  # the lower of a claim and its confirmation
             rate = check.recomputed_rate_per_hour = judged.counted_rate
         # Everything read: from here on only decisions, then one write.
@@ -268,6 +263,26 @@ def result_job(
                              flood)
 
     return job
+
+
+def _replayed(tx: Tx, inst: InstanceRow, existing: dict[str, Any]) -> ResultOutcome:
+    """A result sent again: the same directive, its pace included (the agent's silence
+    is timed on the pace it is given)."""
+    replayed = directive_from_json(existing["directive_json"])
+    tx.instances.update(inst["id"], heartbeat_pace_s=replayed.next_heartbeat_s)
+    return ResultOutcome(inst["id"], True, replayed, False)
+
+
+def _belief(tx: Tx, inst: InstanceRow, result: Result, check: policy.Plausibility,
+            settings: Settings, now: float, expect: Expectation | None,
+            updates: dict[str, Any], events: list[tuple[str, str]],
+            already_ending: bool) -> Belief:
+    """A benchmark's belief (``judge_belief``); anything else, an implausible result, or
+    one on its way out counts as it is (its checks have already flagged it)."""
+    rate = check.recomputed_rate_per_hour
+    if result.kind != "benchmark" or check.implausible or already_ending or rate is None:
+        return Belief(True)
+    return judge_belief(tx, inst, result, check, rate, settings, now, expect, updates, events)
 
 
 def _contended_with(tx: Tx, inst: InstanceRow, machine_id: str) -> list[int]:
