@@ -474,7 +474,9 @@ async def test_multi_gpu_host_sends_a_scaling_result(
         if not task.done():
             task.cancel()
     assert code == EXIT_SIGTERM and h.destroyed == []
-    (bench,) = await f.results("benchmark")
+    # A first claim on hardware the fleet never measured may be held for a watched
+    # confirmation (docs/reliability.md): the counted benchmark is the one not held.
+    (bench,) = [r for r in await f.results("benchmark") if "unconfirmed" not in r["flags"]]
     (scaling,) = await f.results("scaling")
     assert bench["gpus_used"] == [0, 1]
     assert bench["rate_per_hour"] == pytest.approx(180.0)

@@ -285,13 +285,19 @@ def test_the_floors_and_ceilings_follow_memory_bandwidth() -> None:
     assert belief.ceiling_per_gpu("NVIDIA GeForce RTX 4090", 300.0) == pytest.approx(270.0)
     assert belief.ceiling_per_gpu("H100 SXM", 300.0) == 300.0  # the global cap still holds
     assert belief.min_proof_seconds("RTX 5070 Ti") == pytest.approx(7.5)
+    assert belief.ceiling_per_gpu("H100 SXM", None) > 300.0  # unset: the card's own
     # A model the table lacks: the offer's gpu_mem_bw through the same formula (at most
-    # the fastest known card's), else the slowest known card, never the global 300/h.
+    # the fastest known card's), else the slowest known card, never a global 300/h; only
+    # the operator's own VM_MAX_RATE_PER_GPU_PER_HOUR, set, stands in for what no table
+    # or offer bounds.
+    assert belief.ceiling_per_gpu("Unknown 9000", None, 448.0) == pytest.approx(120.0)
     assert belief.ceiling_per_gpu("Unknown 9000", 300.0, 448.0) == pytest.approx(120.0)
     assert belief.ceiling_per_gpu("Unknown 9000", 300.0, 1e9) == 300.0
-    assert belief.ceiling_per_gpu("Unknown 9000", 300.0) == pytest.approx(
+    assert belief.ceiling_per_gpu("Unknown 9000", None) == pytest.approx(
         2 * 120 * belief.MIN_KNOWN_MEM_BW_GBPS / 896)
-    assert belief.ceiling_per_gpu("Unknown 9000", 300.0) < 100.0
+    assert belief.ceiling_per_gpu("Unknown 9000", None) < 100.0
+    assert belief.ceiling_per_gpu(None, None) < 100.0  # a host that names no GPU
+    assert belief.ceiling_per_gpu("Unknown 9000", 1000.0) == 1000.0  # the operator's word
     assert belief.min_proof_seconds("Unknown 9000") == pytest.approx(2.0, rel=0.01)  # H100 SXM
 
 

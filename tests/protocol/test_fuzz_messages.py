@@ -19,6 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
+from vast_manager.coordinator.decisions import policy
+
 from support.coord_support import heartbeat_msg, hello_msg, result_msg, telemetry_msg
 from support.fault_support import ThreadedCoordinator
 from support.message_strategies import mutated
@@ -54,7 +56,17 @@ def dumps(value: Any) -> bytes:
 @pytest.fixture(scope="module")
 def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Any:
     tmp = tmp_path_factory.mktemp("fuzz-messages")
-    with ThreadedCoordinator(Path(tmp), nonces_per_agent=100_000) as coord:
+    # Thousands of results nobody asked for from one agent: the flood allowance
+    # (docs/reliability.md) would throttle, then revoke, the fuzzer's key; lifted here,
+    # as the flood has its own tests (tests/faults/test_adversarial_flood.py).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(policy, "FLOOD_THROTTLE_AT", 10**9)
+        mp.setattr(policy, "FLOOD_REVOKE_AT", 10**9)
+        yield from _coordinator(Path(tmp))
+
+
+def _coordinator(tmp: Path) -> Any:
+    with ThreadedCoordinator(tmp, nonces_per_agent=100_000) as coord:
         agent_id, key = coord.issue_agent("fuzz-rig", gpus=16)
         status, raw, _ = coord.post_signed(agent_id, key, "/v1/hello",
                                            orjson.dumps(hello_msg("boot-0")))

@@ -197,7 +197,8 @@ def parse_lines(
     Blank lines are skipped. The first line that is not a measurement raises
     ``LineError`` naming its number (from 1) and its field: a file is taken whole or
     not at all. A rate above what the fleet's own plausibility check allows (the GPU
-    model's ``ceiling_per_gpu``, by default ``decisions/belief.py``'s, x GPUs), more GPUs
+    model's ``ceiling_per_gpu``, by default ``coordinator/decisions/belief.py``'s, x
+    GPUs), more GPUs
     than ``MAX_GPUS``, a time outside the last ``MAX_AGE_S`` (or in the future), a line
     over ``MAX_LINE_BYTES``, a string over ``MAX_FIELD_CHARS``, nesting over
     ``MAX_DEPTH``, or a machine id that is not plain text is refused like a malformed
