@@ -481,8 +481,9 @@ async def test_a_model_the_table_lacks_is_bounded_by_its_offers_bandwidth(h: Har
     slow = belief.ceiling_per_gpu("RTX 4070 SUPER Ti X", 300.0, 400.0)
     fast = belief.ceiling_per_gpu("RTX 4070 SUPER Ti X", 300.0, 900.0)
     assert slow == pytest.approx(2 * 120 * 400 / 896) and fast < 300.0
-    # Without gpu_mem_bw: the slowest card the table knows (the L4's 300 GB/s), not 300/h.
-    assert belief.ceiling_per_gpu("RTX 4070 SUPER Ti X", 300.0) == pytest.approx(
+    # Without gpu_mem_bw: the slowest card the table knows (the L4's 300 GB/s), not 300/h
+    # (VM_MAX_RATE_PER_GPU_PER_HOUR is unset by default).
+    assert belief.ceiling_per_gpu("RTX 4070 SUPER Ti X", None) == pytest.approx(
         2 * 120 * belief.MIN_KNOWN_MEM_BW_GBPS / 896)
     h.provider.offers[9210] = unlisted(9210, 5210, 400.0)
     h.provider.offers[9211] = unlisted(9211, 5211, 900.0)
