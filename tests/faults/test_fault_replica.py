@@ -128,6 +128,9 @@ async def test_machine_lost_restore_from_replica_loses_nothing_acknowledged(
                       VM_TERMINATE_GRACE_S="3", VM_SIM_TIME_SCALE=str(TIME_SCALE),
                       VM_VAST_IMAGE=IMAGE, VAST_API_KEY=FAKE_API_KEY,
                       VM_LOG_LINES_PER_INSTANCE="1000000",
+                      # No work command feeds these agents' cuzk: at 240x they would be
+                      # idle (and stopped) within seconds of proving.
+                      VM_IDLE_DESTROY_AFTER_S="0",
                       VM_REPLICA_URL=str(tmp_path / "replica"))
     coord = CoordinatorProcess(tmp_path, env, provider="vast")
     try:
