@@ -1072,6 +1072,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(default 40,240,1000; quick 40,240)")
     ap.add_argument("--plan-only", action="store_true",
                     help="with --market(s): the planning figures alone (a few minutes)")
+    ap.add_argument("--accuracy-only", action="store_true",
+                    help="with --market(s): the accuracy, interval and attribution figures "
+                         "alone, no planning (about a minute a market at --sizes 240)")
     ap.add_argument("--belief-test-share", type=float, default=None,
                     help="the planner's VM_PLAN_BELIEF_TEST_SHARE (default: 0, the "
                          "coordinator's, on the live market; 0.25 on market files)")
@@ -1264,14 +1267,18 @@ def markets_main(args: argparse.Namespace) -> int:
         except ValueError:
             print("error: --sizes takes measured counts, e.g. 40,240", file=sys.stderr)
             return 2
+    if args.plan_only and args.accuracy_only:
+        print("error: --plan-only and --accuracy-only exclude each other", file=sys.stderr)
+        return 2
     if args.plan_only:
         sizes = ()
+    plan_seeds = () if args.accuracy_only else (0,) if args.quick else PLAN_SEEDS
     started = time.perf_counter()
     print("Discovery on market files: every rate is simulated (the files' generators say how)")
     print(f"accuracy seeds {seeds} (which measured hosts); median abs % error on held-out hosts")
     try:
         # A smoke run plans on the whole file alone.
-        out = run_markets(paths, seeds, sizes, (0,) if args.quick else PLAN_SEEDS)
+        out = run_markets(paths, seeds, sizes, plan_seeds)
     except (MarketError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
