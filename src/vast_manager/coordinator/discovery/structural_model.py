@@ -90,6 +90,13 @@ class Priors:
     cpu_family_sd: float = 0.25
     ghz_exponent: float = 0.7
     ghz_exponent_sd: float = 0.4
+    # How synthesis grows with the instance's vCPUs, about the anchor's 16: in proportion
+    # a priori, but threads share the host's memory bandwidth (upstream's 96-core rig
+    # makes about a third of the anchor's rate per thread, above), so the exponent is
+    # learned.
+    cpu_ref_vcpus: float = 16.0
+    vcpu_exponent: float = 1.0
+    vcpu_exponent_sd: float = 0.25
     # PCIe: a 32G PoRep proof is 10 partitions, each streaming ~48 GB of SRS bases
     # (45 GiB of parameters do not fit a 16-32 GB card).
     pcie_rate_per_gbps_hour: float = 3600.0 / (10 * 48.0)  # = 3600 / (10 x upload GB)
@@ -121,6 +128,11 @@ class Priors:
     partition_step_sharpness_sd: float = 0.5
     sharpness: float = 8.0
     sharpness_sd: float = 0.5
+    # The GPUs and the link that feeds them meet first, in a soft-min of their own: how
+    # a transfer stalls a GPU (overlapped, in sequence, or between) is a property of
+    # that pair, not of how the fed GPUs then meet the CPU and the RAM.
+    feed_sharpness: float = 8.0
+    feed_sharpness_sd: float = 0.7
     linear_sd: float = 0.10
     other_sd: float = 0.05
     deviation_coef: float = 0.5
@@ -147,7 +159,8 @@ FIXED = (
     "gpu_scale", "cpu_scale", "pcie_scale", "ram_scale", "ram_resident", "ram_partition",
     "ghz_exponent", "log_sharpness", "multi_gpu", "host_share", "mem_bw_deviation",
     "dlperf_deviation",
-    "disk_bw", "inet_down", "reliability", "log_step_sharpness",
+    "disk_bw", "inet_down", "reliability", "log_step_sharpness", "vcpu_exponent",
+    "log_feed_sharpness",
 )
 _I = {name: i for i, name in enumerate(FIXED)}
 
@@ -430,7 +443,10 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
     caps = np.empty((d.n_log.shape[0], 4))
     caps[:, 0] = (d.n_log + d.g0 + t[_I["gpu_scale"]] + delta_gpu[d.gpu]
                   + t[_I["mem_bw_deviation"]] * d.bwdev + t[_I["dlperf_deviation"]] * d.dldev)
-    caps[:, 1] = d.cores_log + math.log(priors.cpu_rate_per_vcpu_hour) + t[_I["cpu_scale"]] + speed
+    ref_vcpus = math.log(priors.cpu_ref_vcpus)
+    caps[:, 1] = (t[_I["vcpu_exponent"]] * (d.cores_log - ref_vcpus)
+                  + math.log(priors.cpu_rate_per_vcpu_hour * priors.cpu_ref_vcpus)
+                  + t[_I["cpu_scale"]] + speed)
     caps[:, 2] = (d.n_log + d.pcie_log + math.log(priors.pcie_rate_per_gbps_hour)
                   + t[_I["pcie_scale"]])
     synth_s = priors.synth_seconds_per_partition * np.exp(-speed)
@@ -445,12 +461,12 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
         log_in_flight, d_in_flight = log_count, np.zeros_like(log_count)
     caps[:, 3] = (log_in_flight + math.log(360.0) - np.log(hold_s) + _ram_calibration(priors)
                   + t[_I["ram_scale"]])
-    kappa = math.exp(t[_I["log_sharpness"]])
-    low = caps.min(axis=1)
-    e = np.exp(-kappa * (caps - low[:, None]))
-    s = e.sum(axis=1)
-    w = e / s[:, None]
-    soft = low - np.log(s) / kappa
+    # The fed GPUs (a soft-min of the GPUs and their link), then a soft-min of that,
+    # the CPU and the RAM; w is each capacity's share of the binding, d f / d log cap.
+    feed, v = _softmin(caps[:, [0, 2]], math.exp(t[_I["log_feed_sharpness"]]))
+    outer = np.stack([feed, caps[:, 1], caps[:, 3]], axis=1)
+    soft, u = _softmin(outer, math.exp(t[_I["log_sharpness"]]))
+    w = np.stack([u[:, 0] * v[:, 0], u[:, 1], u[:, 0] * v[:, 1], u[:, 2]], axis=1)
     f = (soft + t[_I["multi_gpu"]] * d.n_log + t[_I["host_share"]] * d.share_log
          + t[_I["disk_bw"]] * d.z_disk + t[_I["inet_down"]] * d.z_inet
          + t[_I["reliability"]] * d.z_rel)
@@ -467,7 +483,9 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
         jac[:, _I["ram_resident"]] = w[:, 3] * d_in_flight * (-10.0 / partition)
         jac[:, _I["ram_partition"]] = w[:, 3] * d_in_flight * (-(d.ram_gib - resident) / partition)
         jac[:, _I["ghz_exponent"]] = w_speed * d.ghz_log
-        jac[:, _I["log_sharpness"]] = (w * caps).sum(axis=1) - soft
+        jac[:, _I["log_sharpness"]] = (u * outer).sum(axis=1) - soft
+        jac[:, _I["log_feed_sharpness"]] = u[:, 0] * ((v * caps[:, [0, 2]]).sum(axis=1) - feed)
+        jac[:, _I["vcpu_exponent"]] = w[:, 1] * (d.cores_log - ref_vcpus)
         jac[:, _I["multi_gpu"]] = d.n_log
         jac[:, _I["host_share"]] = d.share_log
         jac[:, _I["mem_bw_deviation"]] = w[:, 0] * d.bwdev
@@ -481,6 +499,15 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
         known = d.fam >= 0
         jac[rows[known], nf + n_gpu + d.fam[known]] = w_speed[known]
     return _Eval(f, caps, w, jac)
+
+
+def _softmin(logs: Array, kappa: float) -> tuple[Array, Array]:
+    """(soft minimum of each row, its weights: the derivative in each column), a p-norm of
+    the capacities with p = kappa: -log(sum(exp(-kappa logs))) / kappa."""
+    low = logs.min(axis=1)
+    e = np.exp(-kappa * (logs - low[:, None]))
+    s = e.sum(axis=1)
+    return low - np.log(s) / kappa, e / s[:, None]
 
 
 def _ram_steps(theta: Array, priors: Priors) -> tuple[float, float]:
@@ -894,6 +921,8 @@ def _prior_arrays(priors: Priors, n_gpu: int, n_fam: int) -> tuple[Array, Array]
     mean["mem_bw_deviation"] = p.deviation_coef
     mean["dlperf_deviation"] = p.deviation_coef
     mean["log_step_sharpness"] = math.log(p.partition_step_sharpness)
+    mean["vcpu_exponent"] = p.vcpu_exponent
+    mean["log_feed_sharpness"] = math.log(p.feed_sharpness)
     sd = {
         "gpu_scale": p.gpu_scale_sd, "cpu_scale": p.cpu_scale_sd, "pcie_scale": p.pcie_scale_sd,
         "ram_scale": p.ram_scale_sd, "ram_resident": p.ram_resident_sd,
@@ -902,6 +931,7 @@ def _prior_arrays(priors: Priors, n_gpu: int, n_fam: int) -> tuple[Array, Array]
         "mem_bw_deviation": p.deviation_coef_sd, "dlperf_deviation": p.deviation_coef_sd,
         "disk_bw": p.other_sd, "inet_down": p.other_sd, "reliability": p.other_sd,
         "log_step_sharpness": p.partition_step_sharpness_sd,
+        "vcpu_exponent": p.vcpu_exponent_sd, "log_feed_sharpness": p.feed_sharpness_sd,
     }
     mu = np.array([mean[k] for k in FIXED] + [0.0] * (n_gpu + n_fam))
     sds = np.array([sd[k] for k in FIXED] + [p.gpu_model_sd] * n_gpu + [p.cpu_family_sd] * n_fam)
