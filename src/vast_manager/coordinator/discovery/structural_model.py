@@ -134,6 +134,12 @@ class Priors:
     feed_sharpness: float = 8.0
     feed_sharpness_sd: float = 0.7
     linear_sd: float = 0.10
+    # A RAM share may cost the whole rate by more than whole partitions in flight explain
+    # (a host short of RAM pages, caches less, waits on its allocator): a smooth term in
+    # the share, outside the soft-min, as hinges below these shares (GiB) in log RAM,
+    # each coefficient 0 a priori. Where the staircase explains the rate they stay near 0.
+    ram_hinges_gib: tuple[float, ...] = (144.0, 192.0, 256.0, 384.0)
+    ram_hinge_sd: float = 0.25
     other_sd: float = 0.05
     deviation_coef: float = 0.5
     deviation_coef_sd: float = 0.5
@@ -160,8 +166,9 @@ FIXED = (
     "ghz_exponent", "log_sharpness", "multi_gpu", "host_share", "mem_bw_deviation",
     "dlperf_deviation",
     "disk_bw", "inet_down", "reliability", "log_step_sharpness", "vcpu_exponent",
-    "log_feed_sharpness",
+    "log_feed_sharpness", "ram_hinge_0", "ram_hinge_1", "ram_hinge_2", "ram_hinge_3",
 )
+_HINGES = tuple(name for name in FIXED if name.startswith("ram_hinge_"))
 _I = {name: i for i, name in enumerate(FIXED)}
 
 #: The host every explanation is measured against (its rate is the explanation's start).
@@ -467,7 +474,9 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
     outer = np.stack([feed, caps[:, 1], caps[:, 3]], axis=1)
     soft, u = _softmin(outer, math.exp(t[_I["log_sharpness"]]))
     w = np.stack([u[:, 0] * v[:, 0], u[:, 1], u[:, 0] * v[:, 1], u[:, 2]], axis=1)
-    f = (soft + t[_I["multi_gpu"]] * d.n_log + t[_I["host_share"]] * d.share_log
+    hinges = _ram_hinges(d.ram_gib, priors)
+    f = (soft + hinges @ t[[_I[h] for h in _HINGES]]
+         + t[_I["multi_gpu"]] * d.n_log + t[_I["host_share"]] * d.share_log
          + t[_I["disk_bw"]] * d.z_disk + t[_I["inet_down"]] * d.z_inet
          + t[_I["reliability"]] * d.z_rel)
     jac = None
@@ -486,6 +495,8 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
         jac[:, _I["log_sharpness"]] = (u * outer).sum(axis=1) - soft
         jac[:, _I["log_feed_sharpness"]] = u[:, 0] * ((v * caps[:, [0, 2]]).sum(axis=1) - feed)
         jac[:, _I["vcpu_exponent"]] = w[:, 1] * (d.cores_log - ref_vcpus)
+        for j, h in enumerate(_HINGES):
+            jac[:, _I[h]] = hinges[:, j]
         jac[:, _I["multi_gpu"]] = d.n_log
         jac[:, _I["host_share"]] = d.share_log
         jac[:, _I["mem_bw_deviation"]] = w[:, 0] * d.bwdev
@@ -499,6 +510,14 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
         known = d.fam >= 0
         jac[rows[known], nf + n_gpu + d.fam[known]] = w_speed[known]
     return _Eval(f, caps, w, jac)
+
+
+def _ram_hinges(ram_gib: Array, priors: Priors) -> Array:
+    """(N, hinges): how far (in log) each RAM share lies below each of
+    ``Priors.ram_hinges_gib`` (0 at or above it)."""
+    knots = np.log(np.asarray(priors.ram_hinges_gib))
+    out: Array = np.maximum(0.0, knots[None, :] - np.log(np.maximum(ram_gib, 1.0))[:, None])
+    return out
 
 
 def _softmin(logs: Array, kappa: float) -> tuple[Array, Array]:
@@ -932,6 +951,7 @@ def _prior_arrays(priors: Priors, n_gpu: int, n_fam: int) -> tuple[Array, Array]
         "disk_bw": p.other_sd, "inet_down": p.other_sd, "reliability": p.other_sd,
         "log_step_sharpness": p.partition_step_sharpness_sd,
         "vcpu_exponent": p.vcpu_exponent_sd, "log_feed_sharpness": p.feed_sharpness_sd,
+        **{h: p.ram_hinge_sd for h in _HINGES},
     }
     mu = np.array([mean[k] for k in FIXED] + [0.0] * (n_gpu + n_fam))
     sds = np.array([sd[k] for k in FIXED] + [p.gpu_model_sd] * n_gpu + [p.cpu_family_sd] * n_fam)
