@@ -437,7 +437,8 @@ class _Eval:
 
 
 def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
-              *, jacobian: bool, log_count: Array | None = None) -> _Eval:
+              *, jacobian: bool, log_count: Array | None = None,
+              cpu_boost: float = 0.0) -> _Eval:
     """The log rate of every row (and its Jacobian). ``log_count`` gives each row's
     partitions in flight (log: one count, or the mean log over a distribution of them,
     ``_count_terms``), as the fit and the predictions do; without it the count is the
@@ -446,7 +447,7 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
     delta_gpu = np.concatenate([theta[nf:nf + n_gpu], [0.0]])  # index -1 -> 0
     delta_fam = np.concatenate([theta[nf + n_gpu:nf + n_gpu + n_fam], [0.0]])
     t = theta
-    speed = t[_I["ghz_exponent"]] * d.ghz_log + delta_fam[d.fam]
+    speed = t[_I["ghz_exponent"]] * d.ghz_log + delta_fam[d.fam] + cpu_boost
     caps = np.empty((d.n_log.shape[0], 4))
     caps[:, 0] = (d.n_log + d.g0 + t[_I["gpu_scale"]] + delta_gpu[d.gpu]
                   + t[_I["mem_bw_deviation"]] * d.bwdev + t[_I["dlperf_deviation"]] * d.dldev)
@@ -527,6 +528,34 @@ def _softmin(logs: Array, kappa: float) -> tuple[Array, Array]:
     e = np.exp(-kappa * (logs - low[:, None]))
     s = e.sum(axis=1)
     return low - np.log(s) / kappa, e / s[:, None]
+
+
+def _doubling_gains(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int
+                    ) -> Array:
+    """(N, 4) how much each resource doubled would raise each row's log rate (RESOURCES'
+    order): the GPUs' speed, the CPU's speed (its capacity and each partition's
+    synthesis), the link's bandwidth (its capacity and each partition's upload), the RAM
+    share (partitions in flight, on the smooth staircase, and the RAM-share term).
+
+    The binding resource is the one whose doubling raises the rate most: a question of
+    the whole prediction, not of one term's weight, where terms meet softly (two limits
+    near each other) or a resource also acts outside the soft-min (RAM)."""
+    ln2 = math.log(2.0)
+
+    def rate(dd: _Design, cpu_boost: float = 0.0) -> Array:
+        return _evaluate(theta, dd, priors, n_gpu, n_fam, jacobian=False,
+                         cpu_boost=cpu_boost).f
+
+    def shifted(**cols: Array) -> _Design:
+        return _Design(**{**{k: getattr(d, k) for k in d.__dataclass_fields__}, **cols})
+
+    base = rate(d)
+    return np.stack([
+        rate(shifted(g0=d.g0 + ln2)) - base,
+        rate(d, cpu_boost=ln2) - base,
+        rate(shifted(pcie_log=d.pcie_log + ln2)) - base,
+        rate(shifted(ram_gib=d.ram_gib * 2.0)) - base,
+    ], axis=1)
 
 
 def _ram_steps(theta: Array, priors: Priors) -> tuple[float, float]:
@@ -701,6 +730,7 @@ class RateModel:
             if told is not None:
                 log_count[i], known[i] = told, True
         ev = _evaluate(self.theta, d, p, n_gpu, n_fam, jacobian=True, log_count=log_count)
+        binding = np.argmax(_doubling_gains(self.theta, d, p, n_gpu, n_fam), axis=1)
         b = self._bands(feats, d, ev, weights, means, known)
         shap = self._shapley(d, n_gpu, n_fam) if explain else None
         ref_log = self._reference_log_rate(n_gpu, n_fam) if explain else float("nan")
@@ -720,7 +750,8 @@ class RateModel:
                 ) + _own_terms(b, i, weights[i], bool(known[i]), float(log_count[i]),
                                float(smooth[i]))
             pred = self._prediction(f, i, b, ev, weights, means, contributions,
-                                    math.exp(ref_log) if explain else float("nan"))
+                                    math.exp(ref_log) if explain else float("nan"),
+                                    RESOURCES[int(binding[i])])
             preds.append(_with_basis(pred, f) if explain else pred)
         return preds
 
@@ -775,7 +806,7 @@ class RateModel:
 
     def _prediction(self, f: OfferFeatures, i: int, b: _Bands, ev: _Eval,
                     weights: Array, means: Array, contributions: tuple[Contribution, ...],
-                    reference: float) -> Prediction:
+                    reference: float, bottleneck: str) -> Prediction:
         mu, s = float(b.mean[i]), float(b.sd[i])
         modes: tuple[tuple[float, float, float], ...] = ()
         if b.multi[i]:
@@ -789,7 +820,7 @@ class RateModel:
             rate_high=math.exp(float(b.high[i])),
             log_rate_mean=mu,
             log_rate_sd=s,
-            bottleneck=RESOURCES[int(np.argmax(ev.w[i]))],
+            bottleneck=bottleneck,
             capacities_per_hour={r: float(math.exp(ev.caps[i, k]))
                                  for k, r in enumerate(RESOURCES)},
             reference_rate_per_hour=reference,
