@@ -140,6 +140,11 @@ class Priors:
     # each coefficient 0 a priori. Where the staircase explains the rate they stay near 0.
     ram_hinges_gib: tuple[float, ...] = (144.0, 192.0, 256.0, 384.0)
     ram_hinge_sd: float = 0.25
+    # A link of x8 or fewer lanes a GPU on a host of several GPUs is often a switch or
+    # riser the host's GPUs share, which the offer's per-GPU pcie_bw does not show: each
+    # GPU's bandwidth is divided by (the host's GPUs)^s, s learned, 0 a priori.
+    shared_link_max_lanes: int = 8
+    shared_link_sd: float = 0.3
     other_sd: float = 0.05
     deviation_coef: float = 0.5
     deviation_coef_sd: float = 0.5
@@ -166,7 +171,7 @@ FIXED = (
     "ghz_exponent", "log_sharpness", "multi_gpu", "host_share", "mem_bw_deviation",
     "dlperf_deviation",
     "disk_bw", "inet_down", "reliability", "log_step_sharpness", "vcpu_exponent",
-    "log_feed_sharpness", "ram_hinge_0", "ram_hinge_1", "ram_hinge_2", "ram_hinge_3",
+    "log_feed_sharpness", "shared_link", "ram_hinge_0", "ram_hinge_1", "ram_hinge_2", "ram_hinge_3",
 )
 _HINGES = tuple(name for name in FIXED if name.startswith("ram_hinge_"))
 _I = {name: i for i, name in enumerate(FIXED)}
@@ -186,7 +191,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("GPU count", ("n_log",)),
     ("CPU share", ("cores_log", "ghz_log", "fam")),
     ("RAM share", ("ram_gib",)),
-    ("PCIe", ("pcie_log",)),
+    ("PCIe", ("pcie_log", "shared_link")),
     ("sharing, disk, network", ("share_log", "z_disk", "z_inet", "z_rel")),
 )
 
@@ -277,6 +282,7 @@ class _Design:
     fam: NDArray[np.int64]  # CPU family index, -1 when unmeasured
     ram_gib: Array
     pcie_log: Array
+    shared_link: Array  # log(the host's GPUs) where the link is narrow, else 0
     share_log: Array
     z_disk: Array
     z_inet: Array
@@ -312,6 +318,10 @@ def _design(
         fam=np.asarray([fam_index.get(f.cpu_family, -1) for f in feats], dtype=np.int64),
         ram_gib=col([f.ram_share_gib for f in feats]),
         pcie_log=col([math.log(max(f.pcie_gbps, 0.25)) for f in feats]),
+        shared_link=col([math.log(max(1.0, round(f.num_gpus / max(f.host_share, 1e-3))))
+                         if f.gpu_lanes is not None
+                         and f.gpu_lanes <= priors.shared_link_max_lanes else 0.0
+                         for f in feats]),
         share_log=col([math.log(max(f.host_share, 1e-3)) for f in feats]),
         z_disk=col([math.log(f.disk_bw_mbps / 2000.0) if f.disk_bw_mbps else 0.0 for f in feats]),
         z_inet=col([math.log(f.inet_down_mbps / 1000.0) if f.inet_down_mbps else 0.0
@@ -455,10 +465,11 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
     caps[:, 1] = (t[_I["vcpu_exponent"]] * (d.cores_log - ref_vcpus)
                   + math.log(priors.cpu_rate_per_vcpu_hour * priors.cpu_ref_vcpus)
                   + t[_I["cpu_scale"]] + speed)
-    caps[:, 2] = (d.n_log + d.pcie_log + math.log(priors.pcie_rate_per_gbps_hour)
+    pcie_log = d.pcie_log - t[_I["shared_link"]] * d.shared_link
+    caps[:, 2] = (d.n_log + pcie_log + math.log(priors.pcie_rate_per_gbps_hour)
                   + t[_I["pcie_scale"]])
     synth_s = priors.synth_seconds_per_partition * np.exp(-speed)
-    upload_s = priors.upload_gb_per_partition * math.exp(-t[_I["pcie_scale"]]) / np.exp(d.pcie_log)
+    upload_s = priors.upload_gb_per_partition * math.exp(-t[_I["pcie_scale"]]) / np.exp(pcie_log)
     hold_s = synth_s + upload_s
     resident = priors.ram_resident_gib + 10.0 * t[_I["ram_resident"]]
     partition = priors.ram_partition_gib * math.exp(t[_I["ram_partition"]])
@@ -489,6 +500,7 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
         jac[:, _I["gpu_scale"]] = w[:, 0]
         jac[:, _I["cpu_scale"]] = w[:, 1]
         jac[:, _I["pcie_scale"]] = w[:, 2] + w[:, 3] * (1.0 - synth_share)
+        jac[:, _I["shared_link"]] = -d.shared_link * jac[:, _I["pcie_scale"]]
         jac[:, _I["ram_scale"]] = w[:, 3]
         jac[:, _I["ram_resident"]] = w[:, 3] * d_in_flight * (-10.0 / partition)
         jac[:, _I["ram_partition"]] = w[:, 3] * d_in_flight * (-(d.ram_gib - resident) / partition)
@@ -982,6 +994,7 @@ def _prior_arrays(priors: Priors, n_gpu: int, n_fam: int) -> tuple[Array, Array]
         "disk_bw": p.other_sd, "inet_down": p.other_sd, "reliability": p.other_sd,
         "log_step_sharpness": p.partition_step_sharpness_sd,
         "vcpu_exponent": p.vcpu_exponent_sd, "log_feed_sharpness": p.feed_sharpness_sd,
+        "shared_link": p.shared_link_sd,
         **{h: p.ram_hinge_sd for h in _HINGES},
     }
     mu = np.array([mean[k] for k in FIXED] + [0.0] * (n_gpu + n_fam))
