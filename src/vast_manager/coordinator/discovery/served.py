@@ -363,15 +363,19 @@ def group_keys(bottleneck: str, num_gpus: int) -> tuple[str, ...]:
 
 def _conformal(scores: Array, groups: Sequence[tuple[str, int]]
                ) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
-    """Split-conformal 10th and 90th percentiles (finite-sample corrected) and the median
+    """Split-conformal 10th and 90th percentiles (at the plotting positions k / (n + 1)) and the median
     of the machines' scores (``_machine_scores``), for all and per group
     (``group_keys``) that has ``MIN_GROUP_ROWS`` machines."""
 
     def bounds(r: Array) -> tuple[float, float]:
-        n = len(r)
-        lo_q = max(0.0, math.floor(0.1 * (n + 1)) / n - 1e-9)
-        hi_q = min(1.0, math.ceil(0.9 * (n + 1)) / n)
-        return float(np.quantile(r, lo_q)), float(np.quantile(r, hi_q))
+        # The order statistics at plotting positions k / (n + 1) (Weibull's): a new
+        # machine's score falls below the k-th of n exchangeable ones with probability
+        # k / (n + 1), so these bound it with probability 0.1 and 0.9 on average. The
+        # usual finite-sample correction (ceil(0.9 (n + 1)) / n) guarantees at least 80%
+        # and gives more on average (up to 2.5 points more in a group of 40 machines):
+        # the acceptance is a calibrated 80%, not at least 80%.
+        lo, hi = np.quantile(r, (0.1, 0.9), method="weibull")
+        return float(lo), float(hi)
 
     out = {"all": bounds(scores)}
     mids = {"all": float(np.median(scores))}
