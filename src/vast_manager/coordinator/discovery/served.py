@@ -363,8 +363,8 @@ def group_keys(bottleneck: str, num_gpus: int) -> tuple[str, ...]:
 
 def _conformal(scores: Array, groups: Sequence[tuple[str, int]]
                ) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
-    """Split-conformal 10th and 90th percentiles (at the plotting positions k / (n + 1)) and the median
-    of the machines' scores (``_machine_scores``), for all and per group
+    """Split-conformal 10th and 90th percentiles (at the plotting positions k / (n + 1))
+    and the median of the machines' scores (``_machine_scores``), for all and per group
     (``group_keys``) that has ``MIN_GROUP_ROWS`` machines."""
 
     def bounds(r: Array) -> tuple[float, float]:
