@@ -3,13 +3,14 @@
 A Bayesian hierarchical model on the log of the rate (docs/discovery.md has the
 derivation and the figures):
 
-    log rate = softmin_k( log capacity_k ) + small linear terms + host effect + noise
+    log rate = softmin( softmin(log gpu, log pcie), log cpu, log memory )
+               + a RAM-share term + small linear terms + host effect + noise
 
 with four capacities in proofs/hour, each from a physical fact and a learned scale:
 
 * **gpu**: GPUs x the card's class rate (anchored on an RTX 5070 Ti's GPU-bound
   rate, scaled by memory bandwidth) x a learned offset per GPU model;
-* **cpu**: the instance's vCPUs x a per-vCPU synthesis rate (anchored on the
+* **cpu**: the instance's vCPUs^v x a per-vCPU synthesis rate (anchored on the
   CPU-bound 4x RTX 5060 Ti on a 16-thread Ryzen) x clock^g x a learned offset per
   CPU family;
 * **pcie**: GPUs x host->GPU GB/s x proofs per GB streamed (each partition
@@ -22,11 +23,15 @@ with four capacities in proofs/hour, each from a physical fact and a learned sca
   near a step a new host's rate has two modes (one count or the next), and its
   prediction is the mixture; each measured slice's count is inferred by EM.
 
-The soft-min's sharpness is learned. A per-machine effect (Student-t in log rate,
-scale ``sigma_host``, fitted by EM as a scale mixture of normals) is marginalised
-out of the fit and then estimated for every measured machine, so its repeated
-measurements pin its own prediction;
-measurements carry noise ``sigma_noise``. Both spreads are estimated by the
+The soft-mins' sharpnesses are learned (the GPUs and their link meet in one of their
+own), as are how synthesis grows with vCPUs, how a narrow link is shared by a host's
+GPUs, and a smooth RAM-share term outside the soft-min (docs/discovery.md, section 2).
+The binding resource is the one whose doubling raises the predicted rate most.
+
+A per-machine effect (Student-t in log rate, scale ``sigma_host``, fitted by EM as a
+scale mixture of normals) is marginalised out of the fit and then estimated for every
+measured machine, so its repeated measurements pin its own prediction; measurements
+carry noise ``sigma_noise``. Both spreads are estimated by the
 Laplace-approximated marginal likelihood (which charges for the parameters the
 fit spends), under priors that keep them sane with five measurements. The
 parameter posterior is Gaussian (Laplace), so a prediction's 80% interval
