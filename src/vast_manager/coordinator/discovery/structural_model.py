@@ -690,6 +690,11 @@ class RateModel:
             "ram_partition_gib": p.ram_partition_gib * math.exp(self.parameter("ram_partition")[0]),
             "ghz_exponent": self.parameter("ghz_exponent")[0],
             "softmin_sharpness": math.exp(self.parameter("log_sharpness")[0]),
+            "gpu_pcie_softmin_sharpness": math.exp(self.parameter("log_feed_sharpness")[0]),
+            "vcpu_exponent": self.parameter("vcpu_exponent")[0],
+            "shared_link_exponent": self.parameter("shared_link")[0],
+            "ram_share_term_at_128_gib": float(
+                _ram_hinges(np.array([128.0]), p)[0] @ self.theta[[_I[h] for h in _HINGES]]),
             "gpu_models": {
                 k: math.exp(self.theta[len(FIXED) + i]) for k, i in self.gpu_index.items()
             },
