@@ -51,6 +51,11 @@ MODEL_FACTOR = 1.75
 #: The same where the model has no confident basis (its GPU model or CPU family never
 #: measured): its interval is wider there, and honest benchmarks land lower in it.
 NOVEL_FACTOR = 2.0
+#: How far above its card's GPU-bound rate (``gpu_bound_rate_per_gpu``: the calibration
+#: card's 120/h scaled by memory bandwidth, what the ceiling is twice of) a claim is held,
+#: model or no model: honest benchmarks stay under 1.1x it (``python bench/belief.py``),
+#: and it needs no fit, so it holds a claim before the first one too.
+BANDWIDTH_FACTOR = 1.25
 #: How far above the machine's own first counted rate per GPU (on as many GPUs) a later
 #: claim of the same machine is held: its own later samples never raise its own line.
 OWN_FACTOR = 1.5
@@ -62,7 +67,7 @@ OWN_FACTOR = 1.5
 #: fifth of honest benchmarks pass 1.5x their twins' median); it only bounds what a
 #: claim teaches before its delivery is known, so a chain of lies under the line moves
 #: neither the model nor the next claim's references.
-TWIN_FACTOR = 1.5
+TWIN_FACTOR = 1.0
 #: A confirming re-benchmark agrees with a held claim within this share either way (the
 #: rate counted is then the lower of the two): a "confirmation" far above the claim is
 #: no confirmation of it.
@@ -87,6 +92,15 @@ def bandwidth(gpu_name: str | None, offer_mem_bw_gbps: float | None = None) -> f
     if offer_mem_bw_gbps is not None and offer_mem_bw_gbps > 0:
         return min(float(offer_mem_bw_gbps), MAX_KNOWN_MEM_BW_GBPS)
     return MIN_KNOWN_MEM_BW_GBPS
+
+
+def known_gpu_bound_per_gpu(gpu_name: str | None, offer_mem_bw_gbps: float | None = None
+                            ) -> float | None:
+    """``gpu_bound_rate_per_gpu`` where the bandwidth is known (the spec table's, or the
+    offer's ``gpu_mem_bw``); None for a model the table lacks with no bandwidth."""
+    known = (gpu_name is not None and canonical_gpu_name(gpu_name) in GPU_SPECS) or (
+        offer_mem_bw_gbps is not None and offer_mem_bw_gbps > 0)
+    return gpu_bound_rate_per_gpu(gpu_name, offer_mem_bw_gbps) if known else None
 
 
 def gpu_bound_rate_per_gpu(gpu_name: str | None, offer_mem_bw_gbps: float | None = None
@@ -146,21 +160,30 @@ class References:
     (its GPU model, its CPU family: no confident basis); ``twin_median_per_gpu``: the
     median rate per GPU of *other* machines' confirmed measurements on the same
     hardware (None: no twin); ``own_first_per_gpu``: the machine's own first counted
-    rate per GPU on this many GPUs (None: none), which its later samples never raise."""
+    rate per GPU on this many GPUs (None: none), which its later samples never raise;
+    ``gpu_bound_per_gpu``: its card's GPU-bound rate (None: a model the spec table lacks
+    with no ``gpu_mem_bw`` in its offer)."""
 
     expected_high: float | None = None
     novel: tuple[str, ...] = ()
     twin_median_per_gpu: float | None = None
     own_first_per_gpu: float | None = None
+    gpu_bound_per_gpu: float | None = None
 
 
 def line_of(gpus: int, refs: References) -> tuple[float, str] | None:
     """The rate above which a claim on ``gpus`` GPUs is beyond belief, and what sets it
-    (None: nothing to compare with): the lower of ``OWN_FACTOR`` x the machine's own
-    first rate and ``MODEL_FACTOR`` x the model's 90th percentile (``NOVEL_FACTOR`` where
-    the model never measured the hardware: no confident basis)."""
+    (None: nothing to compare with): the lowest of ``BANDWIDTH_FACTOR`` x the card's
+    GPU-bound rate, ``OWN_FACTOR`` x the machine's own first rate and ``MODEL_FACTOR`` x
+    the model's 90th percentile (``NOVEL_FACTOR`` where the model never measured the
+    hardware: no confident basis)."""
     n = max(1, gpus)
     lines: list[tuple[float, str]] = []
+    bound = refs.gpu_bound_per_gpu
+    if bound is not None and bound > 0:
+        lines.append((BANDWIDTH_FACTOR * bound * n,
+                      f"{BANDWIDTH_FACTOR:g}x what its GPU's memory bandwidth allows "
+                      f"({bound:.1f}/h per GPU)"))
     own = refs.own_first_per_gpu
     if own is not None and own > 0:
         lines.append((OWN_FACTOR * own * n,

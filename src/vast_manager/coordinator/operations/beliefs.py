@@ -38,9 +38,9 @@ Expectation = Callable[[Offer], belief.Expected | None]
 def _references(tx: Tx, inst: InstanceRow, offer: Offer | None, gpus: int,
                 expected: belief.Expected | None) -> belief.References:
     """What a claim is compared with (docs/reliability.md, "No rate on a host's word
-    alone"): the model's view, the median rate per GPU of *other* machines' measurements
-    the model reads whole (none bounded by ``belief.learn_bound``: no lie under the line
-    is anyone's twin) on the same hardware (the same GPU model and count, the same CPU,
+    alone"): its card's GPU-bound rate, the model's view, the median rate per GPU of
+    *other* machines' measurements the model reads whole (none bounded by
+    ``belief.learn_bound``: no lie under the line is anyone's twin) on the same hardware (the same GPU model and count, the same CPU,
     within a quarter of the RAM), and this machine's own first counted rate."""
     machine = str(inst["machine_id"] or inst["label"] or "")
     model = canonical_gpu_name(str((offer and offer.gpu_name) or inst.get("gpu_name") or ""))
@@ -69,7 +69,10 @@ def _references(tx: Tx, inst: InstanceRow, offer: Offer | None, gpus: int,
         expected_high=expected.high if expected is not None else None,
         novel=expected.novel if expected is not None else (),
         twin_median_per_gpu=statistics.median(others) if others else None,
-        own_first_per_gpu=own_first)
+        own_first_per_gpu=own_first,
+        gpu_bound_per_gpu=belief.known_gpu_bound_per_gpu(
+            (offer and offer.gpu_name) or inst.get("gpu_name"),
+            offer.gpu_mem_bw if offer else None))
 
 
 def _readable(raw: dict[str, object]) -> Offer | None:
