@@ -125,8 +125,8 @@ async def test_a_ratchet_chain_of_eight_is_held_and_the_honest_control_counted(
     line is 1.75x the model's 90th percentile for a new 5060 Ti host (23.7/h here, the
     six imported hosts' wide interval: 41.5/h). The first claim, 23.9/h, is under it:
     counted for its host (delivery judges it: ``test_six_hours...``), but the model and
-    other machines' twins learn it at most at 1.5x the honest twin's 12.3/h until its
-    delivery agrees; every later claim is held, and the line they meet never rises."""
+    other machines' twins learn it at most at the honest twin's median, 12.3/h, until
+    its delivery agrees; every later claim is held, and the line they meet never rises."""
     before = await standing(h)
     _, offers = await h.admin("GET", "/api/offers")
     line = belief.MODEL_FACTOR * high_of(offers, 9101)
@@ -260,10 +260,11 @@ async def test_four_liars_on_a_cpu_family_never_measured_move_no_other_offer(
     aiohttp_client: Any, tmp_path: Path,
 ) -> None:
     """The probe: four 5060 Ti hosts on an unmeasured CPU family claiming ~118/h moved the
-    2x RTX 4090's prediction from 60 to 202/h. No confident basis: each claim is held
-    (the model's 90th percentile itself is the line); confirmed by a watched
-    re-benchmark, each reaches the model at most at that line. Against the same fleet
-    with four honest hosts there, the 2x RTX 4090 moves less than 25%."""
+    2x RTX 4090's prediction from 60 to 202/h. Each claim is held (above 1.25x what a
+    5060 Ti's bandwidth allows, 75/h, and twice the 90th percentile of a model that never
+    measured the family); confirmed by a watched re-benchmark, each reaches the model at
+    most at what it believed before (the honest control's 12.3/h, a twin). Against the
+    same fleet with four honest hosts there, the 2x RTX 4090 moves less than 25%."""
     (tmp_path / "honest").mkdir()
     (tmp_path / "liars").mkdir()
     honest = await four_on_phi(await fleet(aiohttp_client, tmp_path / "honest"),
@@ -271,15 +272,15 @@ async def test_four_liars_on_a_cpu_family_never_measured_move_no_other_offer(
     lied = await four_on_phi(await fleet(aiohttp_client, tmp_path / "liars"), 118.0, 116.0)
     print(f"four liars: 2x RTX 4090 {honest:.1f}/h beside honest hosts, {lied:.1f}/h beside "
           "the liars")
-    # The issue asks < 25%: +1.7% here (without the cap -9.1% in an earlier run; +22.5%
-    # in a fleet without the six earlier 5060 Ti measurements).
+    # The issue asks < 25%: 0.0% here (64.6/h both; learned whole, -9.1% in an earlier
+    # run; +22.5% in a fleet without the six earlier 5060 Ti measurements).
     assert abs(lied / honest - 1) < 0.15, (honest, lied)
 
 
 async def test_a_claim_with_no_twin_is_held_above_the_models_interval(h: Harness) -> None:
     """The probe: a 2x RTX 4090 (no twin: only a 1x was measured) kept at 199/h with its
-    prediction at 60/h. Above 1.5x the model's 90th percentile it is held; the honest
-    control at its predicted rate is counted at once."""
+    prediction at 60/h. Above 1.75x the model's 90th percentile (95.9/h: 167.8/h) it is
+    held; the honest control at its predicted rate is counted at once."""
     _, offers = await h.admin("GET", "/api/offers")
     predicted = prediction_of(offers, 9003)
     high = next(o for o in offers if o["id"] == 9003)["predicted_rate_high"]
@@ -365,7 +366,7 @@ async def test_a_bounded_rate_is_learned_once_its_delivery_agrees(h: Harness) ->
     """Two 5060 Ti hosts counted at 23.9/h (under the line, above what the model
     believed: learned at the honest twin's 12.3/h). The one that delivers it is learned
     whole once its delivery test agrees (an event ``learned``; the model refits); the
-    one delivering 30% of it never is (it is demoted instead)."""
+    one delivering 30% of it is not (its delivery test drifts to "short" instead)."""
     fast = await deploy(h, 9101, min_rate=10.0)
     await benchmark(h, fast, 23.9, "fast")
     liar = await deploy(h, 9102, min_rate=10.0)
@@ -383,9 +384,7 @@ async def test_a_bounded_rate_is_learned_once_its_delivery_agrees(h: Harness) ->
     assert [e["instance_id"] for e in learned] == [fast_inst["id"]], learned
     assert "agreeing with the 23.9/h it was kept on" in learned[0]["reason"]
     assert h.store.measurements_version() != version  # the model keeper refits
-    assert not [m for m in h.store.measurements() if m["instance_id"] == liar_inst["id"]
-                and m["model_cap_per_hour"] is None]
-    assert [e["instance_id"] for e in h.store.events_of_kind("demoted")] == [liar_inst["id"]]
+    assert measurement_of(h, liar)["model_cap_per_hour"] == pytest.approx(HONEST_5060)
 
 
 async def test_a_lone_instance_short_of_work_is_idle_not_struck(h: Harness) -> None:

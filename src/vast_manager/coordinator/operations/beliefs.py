@@ -40,8 +40,9 @@ def _references(tx: Tx, inst: InstanceRow, offer: Offer | None, gpus: int,
     """What a claim is compared with (docs/reliability.md, "No rate on a host's word
     alone"): its card's GPU-bound rate, the model's view, the median rate per GPU of
     *other* machines' measurements the model reads whole (none bounded by
-    ``belief.learn_bound``: no lie under the line is anyone's twin) on the same hardware (the same GPU model and count, the same CPU,
-    within a quarter of the RAM), and this machine's own first counted rate."""
+    ``belief.learn_bound``: no lie under the line is anyone's twin) on the same hardware
+    (the same GPU model and count, the same CPU, within a quarter of the RAM), and this
+    machine's own first counted rate (as counted: what bounds its own later claims)."""
     machine = str(inst["machine_id"] or inst["label"] or "")
     model = canonical_gpu_name(str((offer and offer.gpu_name) or inst.get("gpu_name") or ""))
     cpu = offer.cpu_name if offer else None
