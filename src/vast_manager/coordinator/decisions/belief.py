@@ -158,9 +158,10 @@ class References:
     ``expected_high``: the rate model's 90th percentile for the hardware, predicted as
     a new host's (None: no model); ``novel``: what the model has never measured of it
     (its GPU model, its CPU family: no confident basis); ``twin_median_per_gpu``: the
-    median rate per GPU of *other* machines' confirmed measurements on the same
-    hardware (None: no twin); ``own_first_per_gpu``: the machine's own first counted
-    rate per GPU on this many GPUs (None: none), which its later samples never raise;
+    median rate per GPU of *other* machines' measurements on the same hardware that the
+    model reads whole (None: no twin; it bounds learning, it holds nothing);
+    ``own_first_per_gpu``: the machine's own first counted rate per GPU on this many
+    GPUs (None: none), which its later samples never raise;
     ``gpu_bound_per_gpu``: its card's GPU-bound rate (None: a model the spec table lacks
     with no ``gpu_mem_bw`` in its offer)."""
 

@@ -233,24 +233,21 @@ class Monitor:
         if not agreed:
             return
 
-        def learn(tx: Tx) -> int:
-            raised = 0
+        def learn(tx: Tx) -> None:
             for instance_id, rate in agreed.items():
                 inst = tx.get_instance(instance_id)
                 taken = tx.results.learn_delivered(instance_id, rate)
                 if inst is None or not taken:
                     continue
-                raised += taken
                 tx.audit.add(now, "learned", f"delivered {rate:.1f}/h, agreeing with the "
                              f"{float(inst['rate_per_hour'] or 0.0):.1f}/h it was kept on: "
                              f"the rate model reads {taken} measurement(s) up to it",
                              data={"delivered_rate_per_hour": rate},
                              instance_id=instance_id, agent_id=inst["agent_id"],
                              machine_id=inst["machine_id"])
-            return raised
 
-        if await self.store.write(learn):
-            self.wake()
+        # The measurements' version changes: the model keeper refits on its next look.
+        await self.store.write(learn)
 
     async def demote_short(self, now: float) -> None:
         """Delivered beats claimed (docs/reliability.md): an instance whose delivery test
