@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 from vast_manager.coordinator.decisions import delivered
 from vast_manager.coordinator.decisions.cluster_verdict import Delivered
@@ -23,15 +24,24 @@ def poisson(rng: random.Random, mean: float) -> int:
         k += 1
 
 
-def hours_to_short(kept: float, true_rate: float, hours: float, seed: int) -> float | None:
+def first_decision(kept: float, true_rate: float, hours: float, seed: int,
+                   decided: Callable[[delivered.Verdict], bool]
+                   ) -> tuple[float, delivered.Verdict] | None:
+    """A reading a minute of a host delivering ``true_rate`` (Poisson) against ``kept``:
+    the hours until the first verdict ``decided`` picks, and that verdict."""
     rng = random.Random(seed)
     state = DeliveryTest()
     for i in range(int(hours * 3600 / ROUND_S)):
         obs = Delivered(poisson(rng, true_rate * ROUND_S / 3600), 0, ROUND_S, "cuzk")
         state, verdict = delivered.step(state, obs, kept)
-        if verdict.short:
-            return (i + 1) * ROUND_S / 3600
+        if decided(verdict):
+            return (i + 1) * ROUND_S / 3600, verdict
     return None
+
+
+def hours_to_short(kept: float, true_rate: float, hours: float, seed: int) -> float | None:
+    found = first_decision(kept, true_rate, hours, seed, lambda v: v.short)
+    return found[0] if found else None
 
 
 def test_honest_noise_never_trips_it() -> None:
@@ -68,15 +78,11 @@ def hours_to_agree(kept: float, true_rate: float, hours: float, seed: int
                    ) -> tuple[float, float] | None:
     """When the test first agrees with the kept rate, and the delivered rate it agreed
     on (what the rate model may then learn of a bounded measurement)."""
-    rng = random.Random(seed)
-    state = DeliveryTest()
-    for i in range(int(hours * 3600 / ROUND_S)):
-        obs = Delivered(poisson(rng, true_rate * ROUND_S / 3600), 0, ROUND_S, "cuzk")
-        state, verdict = delivered.step(state, obs, kept)
-        if verdict.agrees:
-            assert not verdict.short and verdict.delivered_rate_per_hour is not None
-            return (i + 1) * ROUND_S / 3600, verdict.delivered_rate_per_hour
-    return None
+    found = first_decision(kept, true_rate, hours, seed, lambda v: v.agrees)
+    if found is None:
+        return None
+    assert not found[1].short and found[1].delivered_rate_per_hour is not None
+    return found[0], found[1].delivered_rate_per_hour
 
 
 def test_it_agrees_with_a_host_delivering_its_rate_and_never_with_a_liar() -> None:
