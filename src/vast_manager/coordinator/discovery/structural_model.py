@@ -139,11 +139,7 @@ class Priors:
     feed_sharpness: float = 8.0
     feed_sharpness_sd: float = 0.7
     linear_sd: float = 0.10
-    # A RAM share may cost the whole rate by more than whole partitions in flight explain
-    # (a host short of RAM pages, caches less, waits on its allocator): a smooth term in
-    # the share, outside the soft-min, as hinges below these shares (GiB) in log RAM,
-    # each coefficient 0 a priori. Where the staircase explains the rate they stay near 0.
-    ram_hinges_gib: tuple[float, ...] = (144.0, 192.0, 256.0, 384.0)
+    # The RAM-share term's coefficients (``RAM_HINGES_GIB``), 0 a priori.
     ram_hinge_sd: float = 0.25
     # A link of x8 or fewer lanes a GPU on a host of several GPUs is often a switch or
     # riser the host's GPUs share, which the offer's per-GPU pcie_bw does not show: each
@@ -170,15 +166,21 @@ class Priors:
     fit_rounds: int = 8
 
 
+#: A RAM share may cost the whole rate by more than whole partitions in flight explain (a
+#: host short of RAM pages, caches less, waits on its allocator): a smooth term in the
+#: share, outside the soft-min, as hinges in log RAM below these shares (GiB), each with
+#: its coefficient. Where the staircase explains the rate they stay near 0.
+RAM_HINGES_GIB = (144.0, 192.0, 256.0, 384.0)
+_HINGES = tuple(f"ram_hinge_{i}" for i in range(len(RAM_HINGES_GIB)))
+
 #: The parameters shared by every offer, in the order of the parameter vector.
 FIXED = (
     "gpu_scale", "cpu_scale", "pcie_scale", "ram_scale", "ram_resident", "ram_partition",
     "ghz_exponent", "log_sharpness", "multi_gpu", "host_share", "mem_bw_deviation",
     "dlperf_deviation",
     "disk_bw", "inet_down", "reliability", "log_step_sharpness", "vcpu_exponent",
-    "log_feed_sharpness", "shared_link", "ram_hinge_0", "ram_hinge_1", "ram_hinge_2", "ram_hinge_3",
+    "log_feed_sharpness", "shared_link", *_HINGES,
 )
-_HINGES = tuple(name for name in FIXED if name.startswith("ram_hinge_"))
 _I = {name: i for i, name in enumerate(FIXED)}
 
 #: The host every explanation is measured against (its rate is the explanation's start).
@@ -491,7 +493,7 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
     outer = np.stack([feed, caps[:, 1], caps[:, 3]], axis=1)
     soft, u = _softmin(outer, math.exp(t[_I["log_sharpness"]]))
     w = np.stack([u[:, 0] * v[:, 0], u[:, 1], u[:, 0] * v[:, 1], u[:, 2]], axis=1)
-    hinges = _ram_hinges(d.ram_gib, priors)
+    hinges = _ram_hinges(d.ram_gib)
     f = (soft + hinges @ t[[_I[h] for h in _HINGES]]
          + t[_I["multi_gpu"]] * d.n_log + t[_I["host_share"]] * d.share_log
          + t[_I["disk_bw"]] * d.z_disk + t[_I["inet_down"]] * d.z_inet
@@ -530,10 +532,10 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
     return _Eval(f, caps, w, jac)
 
 
-def _ram_hinges(ram_gib: Array, priors: Priors) -> Array:
+def _ram_hinges(ram_gib: Array) -> Array:
     """(N, hinges): how far (in log) each RAM share lies below each of
-    ``Priors.ram_hinges_gib`` (0 at or above it)."""
-    knots = np.log(np.asarray(priors.ram_hinges_gib))
+    ``RAM_HINGES_GIB`` (0 at or above it)."""
+    knots = np.log(np.asarray(RAM_HINGES_GIB))
     out: Array = np.maximum(0.0, knots[None, :] - np.log(np.maximum(ram_gib, 1.0))[:, None])
     return out
 
@@ -694,7 +696,7 @@ class RateModel:
             "vcpu_exponent": self.parameter("vcpu_exponent")[0],
             "shared_link_exponent": self.parameter("shared_link")[0],
             "ram_share_term_at_128_gib": float(
-                _ram_hinges(np.array([128.0]), p)[0] @ self.theta[[_I[h] for h in _HINGES]]),
+                _ram_hinges(np.array([128.0]))[0] @ self.theta[[_I[h] for h in _HINGES]]),
             "gpu_models": {
                 k: math.exp(self.theta[len(FIXED) + i]) for k, i in self.gpu_index.items()
             },
