@@ -1072,6 +1072,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(default 40,240,1000; quick 40,240)")
     ap.add_argument("--plan-only", action="store_true",
                     help="with --market(s): the planning figures alone (a few minutes)")
+    ap.add_argument("--plan-runs", default=None, metavar="N,N",
+                    help="with --market(s): which planning runs (default 0,1,2,3,4: run 0 "
+                         "the whole file, others 80%% of it)")
+    ap.add_argument("--plan-trace", action="store_true",
+                    help="with --market(s): print each planning trial, predicted against "
+                         "the market's truth")
     ap.add_argument("--belief-test-share", type=float, default=None,
                     help="the planner's VM_PLAN_BELIEF_TEST_SHARE (default: 0, the "
                          "coordinator's, on the live market; 0.25 on market files)")
@@ -1266,12 +1272,19 @@ def markets_main(args: argparse.Namespace) -> int:
             return 2
     if args.plan_only:
         sizes = ()
+    plan_runs: tuple[int, ...] = (0,) if args.quick else PLAN_SEEDS
+    if args.plan_runs:
+        try:
+            plan_runs = tuple(int(x) for x in args.plan_runs.split(","))
+        except ValueError:
+            print("error: --plan-runs takes run numbers, e.g. 0,3", file=sys.stderr)
+            return 2
     started = time.perf_counter()
     print("Discovery on market files: every rate is simulated (the files' generators say how)")
     print(f"accuracy seeds {seeds} (which measured hosts); median abs % error on held-out hosts")
     try:
         # A smoke run plans on the whole file alone.
-        out = run_markets(paths, seeds, sizes, (0,) if args.quick else PLAN_SEEDS)
+        out = run_markets(paths, seeds, sizes, plan_runs, trace=args.plan_trace)
     except (MarketError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
