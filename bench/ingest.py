@@ -214,20 +214,16 @@ def provision(db_path: str, env: dict[str, str], ids: list[str], first_seq: int 
                     tx.agents.add(agent_id, label=f"bench-{index}", kind="byo",
                                   min_rate_per_hour=None, issued_at=now)
                     hello = from_obj(Hello, hello_body(agent_id, gpus))
-                    instance_id, _ = hello_job(agent_id, hello, settings, now, fleet)(tx)
+                    hello_job(agent_id, hello, settings, now, fleet)(tx)
                     hb = from_obj(Heartbeat, heartbeat_body(
                         first_seq, now - 3600, 100, telemetry(gpus, rng), []))
                     heartbeat_job(agent_id, hb, settings, now, fleet)(tx)
                     # The next history row of this agent is due somewhere in the coming
-                    # interval, as in a fleet that has been running for a while.
+                    # interval, as in a fleet that has been running for a while: the
+                    # heartbeat's row, moved back to a random point of the last interval.
                     at = now - rng.uniform(0, settings.heartbeat_history_interval_s)
-                    tx.heartbeats.append_history(
-                        {"agent_id": agent_id, "instance_id": instance_id, "received_at": at,
-                         "seq": 0, "phase": "proving", "proofs_completed_total": 100,
-                         "telemetry_json": None},
-                        interval_s=0.0, keep_rows=settings.heartbeat_history_rows)
-                    tx.db.execute("delete from heartbeat_history where agent_id = ? and "
-                                  "received_at > ?", (agent_id, at))
+                    tx.db.execute("update heartbeat_history set received_at = ?, seq = 0, "
+                                  "telemetry_json = null where agent_id = ?", (at, agent_id))
 
             store.write_blocking(job)
     finally:

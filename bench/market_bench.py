@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -272,7 +272,7 @@ class Coordinator:
             {k: v for k, v in r.items() if k not in RATE_FIELDS} for r in rows])
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
-        self.server: Any = None
+        self.server: Any = cast(Any, None)  # set by the thread before ``ready``
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
         if not self.ready.wait(60):

@@ -82,7 +82,7 @@ def main() -> None:
             held.clear()
         write_held(held, conn)
 
-    held_module.Held.write = maybe_write  # type: ignore[method-assign]
+    held_module.Held.write = maybe_write  # type: ignore[method-assign,assignment]
     spent = {False: 0.0, True: 0.0}
     sent = {False: 0, True: 0}
 

@@ -129,8 +129,8 @@ def main() -> int:
         neighbours = rng.uniform(0, neighbours_scale)
         true = rate(cpu_host, neighbours, gpu_own)
         offer["true_rate_per_hour"] = round(true, 3)
-        offer["true_binding"] = max(
-            BINDING, key=lambda r, a=cpu_host, b=neighbours, c=gpu_own: rate(a, b, c, double=r))
+        raised = {r: rate(cpu_host, neighbours, gpu_own, double=r) for r in BINDING}
+        offer["true_binding"] = max(BINDING, key=raised.__getitem__)
         offer["measured_rate_per_hour"] = round(true * math.exp(rng.gauss(0, 0.03)), 3)
         draws = sorted(rate(math.exp(rng.gauss(0, 0.2)), rng.uniform(0, neighbours_scale),
                             math.exp(rng.gauss(0, 0.07))) for _ in range(63))

@@ -29,6 +29,7 @@ import math
 import random
 import sys
 from pathlib import Path
+from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -92,7 +93,7 @@ def t_factor(rng: random.Random) -> float:
 def host(rng: random.Random, machine_id: int) -> dict[str, object] | None:
     gpu = str(pick(rng, [(g, v[4]) for g, v in GPUS.items()]))
     bw, tflops, mem_mb, usd, _, gen_max = GPUS[gpu]
-    host_gpus = int(pick(rng, [(1, 0.25), (2, 0.2), (4, 0.25), (8, 0.3)]))
+    host_gpus = cast(int, pick(rng, [(1, 0.25), (2, 0.2), (4, 0.25), (8, 0.3)]))
     cpu_name, threads, ghz, cpu_gen, channels = rng.choice(CPUS)
     sockets = 2 if host_gpus >= 4 and threads >= 64 and rng.random() < 0.4 else 1
     cores = threads * sockets

@@ -29,7 +29,7 @@ SEED = 20261203
 def main() -> int:
     rng = random.Random(SEED)
     floor_rng = random.Random(SEED + 1)
-    lines = []
+    lines: list[dict[str, object]] = []
     next_id = 50_000
     while len(lines) < HOSTS:
         (m,) = machines(1, rng, first_id=next_id)

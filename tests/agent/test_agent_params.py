@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from aiohttp import web
 
 from vast_manager.agent.params import (
+    MAX_MANIFEST_BYTES,
     VERIFIED_RECORD,
     ChecksumMismatch,
     Downloader,
@@ -220,3 +222,43 @@ async def test_params_cmd_reports_bytes_and_fails_on_nonzero(tmp_path: Path) -> 
     assert progress[-1] == (1000, 1000)
     with pytest.raises(ParamsError):
         await run_params_cmd("exit 3", tmp_path / "p", sink=lambda s, t: None)
+
+
+async def test_an_oversized_manifest_is_refused_unread(
+    aiohttp_server: Any, tmp_path: Path
+) -> None:
+    """A manifest server that streams without end (no length given), one that declares a
+    huge length, and a huge file are each refused with one error, not read whole."""
+    sent: list[int] = []
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        chunk = b"[" + b" " * 65_535
+        with contextlib.suppress(ConnectionError):
+            for _ in range(10_000):  # 640 MiB if nothing stopped it
+                await resp.write(chunk)
+                sent.append(len(chunk))
+        return resp
+
+    async def declared(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.content_length = 1 << 40
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            await resp.write(b"[")
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/endless.json", endless)
+    app.router.add_get("/declared.json", declared)
+    server = await aiohttp_server(app)
+    base = str(server.make_url("")).rstrip("/")
+    path = tmp_path / "big.json"
+    path.write_bytes(b"[" + b" " * MAX_MANIFEST_BYTES + b"]")
+    async with aiohttp.ClientSession() as session:
+        for source in (f"{base}/endless.json", f"{base}/declared.json", str(path)):
+            with pytest.raises(ManifestError, match="over 1,048,576 bytes"):
+                await load_manifest(source, session)
+    assert sum(sent) < 64 * MAX_MANIFEST_BYTES

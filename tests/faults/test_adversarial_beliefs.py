@@ -95,7 +95,7 @@ async def test_four_times_its_twin_is_held_until_a_directed_rebenchmark_agrees(
     row = stored(h, agent, "claim")
     assert row["flags"] == "unconfirmed", row
     assert row["counts_for_host_perf"] == 0 and row["verdict"] is None
-    assert any("other machines with the same hardware (60.0/h per GPU)" in r
+    assert any("what its GPU's memory bandwidth allows (135.0/h per GPU)" in r
                or "90th percentile" in r for r in reasons(row)), reasons(row)
     # Held: no keep verdict, no rate on the instance, nothing moved.
     inst = h.store.instance_by_agent(agent.agent_id)
@@ -417,16 +417,27 @@ async def test_a_spawned_local_agent_holds_none_of_the_coordinators_secrets(
 def test_beyond_belief_reasons_quote_their_numbers() -> None:
     refs = belief.References
     assert belief.beyond_belief(100.0, 1, refs(expected_high=40.0)) == (
-        "100.0 proofs/h is above 1.5x the rate model's 90th percentile for this "
-        "hardware (40.0/h): 60.0/h")
-    assert belief.beyond_belief(59.0, 1, refs(expected_high=40.0)) is None
-    assert belief.beyond_belief(59.0, 1, refs(expected_high=40.0,
-                                              twin_median_per_gpu=40.0)) is None
-    assert belief.beyond_belief(61.0, 1, refs(twin_median_per_gpu=40.0)) is not None
+        "100.0 proofs/h is above 1.75x the rate model's 90th percentile for this "
+        "hardware (40.0/h): 70.0/h")
+    assert belief.beyond_belief(69.0, 1, refs(expected_high=40.0)) is None
+    # A twin is no hold line: it only bounds what the model learns.
+    assert belief.beyond_belief(69.0, 1, refs(expected_high=40.0,
+                                              twin_median_per_gpu=20.0)) is None
+    assert belief.beyond_belief(61.0, 1, refs(twin_median_per_gpu=40.0)) is None
+    assert belief.learn_bound(1, refs(expected_high=40.0, twin_median_per_gpu=20.0)) == 20.0
+    assert belief.learn_bound(2, refs(expected_high=60.0, twin_median_per_gpu=40.0)) == 60.0
+    assert belief.learn_bound(1, refs()) is None
     assert belief.beyond_belief(61.0, 1, refs(own_first_per_gpu=40.0)) is not None
-    # No confident basis: above the interval itself.
-    assert belief.beyond_belief(41.0, 1, refs(expected_high=40.0,
+    assert belief.beyond_belief(59.0, 1, refs(own_first_per_gpu=40.0)) is None
+    # Before any model: its card's bandwidth (a 4090's 135/h a GPU: held above 168.75/h).
+    assert belief.beyond_belief(340.0, 2, refs(gpu_bound_per_gpu=135.0)) == (
+        "340.0 proofs/h is above 1.25x what its GPU's memory bandwidth allows (135.0/h per "
+        "GPU): 337.5/h")
+    # No confident basis: above twice the interval itself.
+    assert belief.beyond_belief(81.0, 1, refs(expected_high=40.0,
                                               novel=("no L4 measured yet",))) is not None
+    assert belief.beyond_belief(79.0, 1, refs(expected_high=40.0,
+                                              novel=("no L4 measured yet",))) is None
     assert belief.agrees(100.0, 100.0) and belief.agrees(81.0, 100.0)
     assert not belief.agrees(121.0, 100.0) and not belief.agrees(79.0, 100.0)
     assert belief.counted_rate(110.0, 100.0) == 100.0

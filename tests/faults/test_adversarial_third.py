@@ -107,28 +107,47 @@ def counted(h: Harness, agent: Agent, result_id: str) -> bool:
 # --- 1: a lie under the line needs confirmation and never ratchets ------------------------
 
 
+def measurement_of(h: Harness, agent: Agent) -> dict[str, Any]:
+    inst = h.store.instance_by_agent(agent.agent_id)
+    assert inst is not None
+    (row,) = [m for m in h.store.measurements() if m["instance_id"] == inst["id"]]
+    return row
+
+
+def high_of(offers: list[dict[str, Any]], offer_id: int) -> float:
+    return float(next(o for o in offers if o["id"] == offer_id)["predicted_rate_high"])
+
+
 async def test_a_ratchet_chain_of_eight_is_held_and_the_honest_control_counted(
     h: Harness,
 ) -> None:
-    """The probe's chain: each liar claimed 97% of the line the previous one left. Now
-    every claim is held: the line is 1.5x the median of *other* machines' counted rates
-    on the same hardware (12.3/h: 18.5/h), which no held claim raises. (The first claim,
-    23.9/h, lies inside the model's own 80% interval for a new 5060 Ti host: the twin
-    holds it, not the model; were it counted, delivery would find it within two days.)"""
+    """The probe's chain: each liar claimed 97% of the line the previous one left. The
+    line is 1.75x the model's 90th percentile for a new 5060 Ti host (23.7/h here, the
+    six imported hosts' wide interval: 41.5/h). The first claim, 23.9/h, is under it:
+    counted for its host (delivery judges it: ``test_six_hours...``), but the model and
+    other machines' twins learn it at most at the honest twin's median, 12.3/h, until
+    its delivery agrees; every later claim is held, and the line they meet never rises."""
     before = await standing(h)
-    counted_claims = []
+    _, offers = await h.admin("GET", "/api/offers")
+    line = belief.MODEL_FACTOR * high_of(offers, 9101)
+    counted_claims, lines = [], []
     for i, claim in enumerate(CHAIN):
         liar = await deploy(h, 9101 + i, min_rate=10.0)
         await benchmark(h, liar, claim, f"chain-{i}")
         row = stored(h, liar, f"chain-{i}")
         if row["counts_for_host_perf"]:
             counted_claims.append(claim)
-            continue
-        assert row["flags"] == "unconfirmed", (claim, row)
-        assert any("other machines with the same hardware" in r for r in reasons(row)), \
-            reasons(row)
+            # Counted for its host; learned bounded by what was believed before it.
+            assert measurement_of(h, liar)["model_cap_per_hour"] == pytest.approx(
+                belief.TWIN_FACTOR * HONEST_5060)
+        else:
+            assert row["flags"] == "unconfirmed", (claim, row)
+            (why,) = [r for r in reasons(row) if "rate model's 90th percentile" in r]
+            lines.append(float(why.rsplit(": ", 1)[1].removesuffix("/h")))
         await h.core.models.refresh()
-    assert counted_claims in ([], [CHAIN[0]]), counted_claims
+    assert counted_claims == [c for c in CHAIN if c <= line] == [CHAIN[0]], counted_claims
+    # No ratchet: the line every held claim met is the one before the chain.
+    assert max(lines) <= line * 1.02, (line, lines)
     after = await standing(h)
     # host_perf gained at most the first claim's machine; no held claim moved it.
     assert len(after.perf) <= len(before.perf) + 1
@@ -142,25 +161,32 @@ async def test_a_ratchet_chain_of_eight_is_held_and_the_honest_control_counted(
     assert stored(h, control, "control")["flags"] == ""
 
 
-async def test_an_adaptive_chain_climbs_at_most_the_twin_factor_over_the_median(
-    h: Harness,
-) -> None:
-    """Liars that each claim 97% of the line the previous ones left are counted (no one
-    of them is beyond belief), but the line is 1.5x the *median* of the others: eight of
-    them end at about 3.3x the honest rate (the old rule: 9.7x), where the delivered
-    rate (``test_delivered_beats_claimed``) demotes them."""
-    counted_rates = [HONEST_5060]
+async def test_an_adaptive_chain_under_the_line_does_not_raise_it(h: Harness) -> None:
+    """Liars that each claim 97% of the line the previous ones left (1.75x the model's
+    90th percentile as it then stands) are counted for their hosts (none of them is
+    beyond belief), but each is learned at most at what was believed before it: eight of
+    them leave the 90th percentile, and so the line, within 10% of where it began
+    (before bounded learning: each counted claim raised the next one's line), and none
+    counted above the first line; their delivery then demotes them
+    (``test_six_hours...``)."""
+    _, offers = await h.admin("GET", "/api/offers")
+    first = high_of(offers, 9120)
+    counted_rates = []
     for i in range(len(CHAIN)):
-        ordered = sorted(counted_rates)
-        n = len(ordered)
-        median = (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
-        claim = 0.97 * belief.TWIN_FACTOR * median
+        _, offers = await h.admin("GET", "/api/offers")
+        claim = 0.97 * belief.MODEL_FACTOR * high_of(offers, 9120)
         liar = await deploy(h, 9101 + i, min_rate=10.0)
         await benchmark(h, liar, claim, f"adaptive-{i}", proofs=12)
         row = stored(h, liar, f"adaptive-{i}")
-        if row["counts_for_host_perf"]:
-            counted_rates.append(float(row["recomputed_rate_per_hour"]))
-    assert max(counted_rates) < 3.5 * HONEST_5060, counted_rates
+        assert row["counts_for_host_perf"], reasons(row)
+        counted_rates.append(float(row["recomputed_rate_per_hour"]))
+        await h.core.models.refresh()
+    _, offers = await h.admin("GET", "/api/offers")
+    last = high_of(offers, 9120)
+    print(f"adaptive chain: 90th percentile {first:.1f}/h before, {last:.1f}/h after; "
+          f"counted {[round(r, 1) for r in counted_rates]}")
+    assert last < 1.1 * first, (first, last)
+    assert max(counted_rates) <= belief.MODEL_FACTOR * first * 1.1, counted_rates
 
 
 async def test_a_machine_drifting_over_five_rebenchmarks_is_held_at_its_first_rate(
@@ -186,14 +212,14 @@ async def test_a_machine_drifting_over_five_rebenchmarks_is_held_at_its_first_ra
         await benchmark(h, drifter, claim, f"drift-{step}")
         sent = step
         row = stored(h, drifter, f"drift-{step}")
-        if claim > belief.TWIN_FACTOR * HONEST_5060 * 1.05:
+        if claim > belief.OWN_FACTOR * HONEST_5060 * 1.05:
             assert not row["counts_for_host_perf"], (step, claim, row)
-            assert any("this machine's first counted rate" in r or "other machines" in r
-                       for r in reasons(row)), reasons(row)
+            assert any("this machine's first counted rate" in r for r in reasons(row)), \
+                reasons(row)
     assert sent < 5  # terminated before its fifth: two held claims went unconfirmed
     _, perf = await h.admin("GET", "/api/host-perf")
     mine = [p for p in perf if p["machine_id"] == "5120"]
-    assert mine and all(p["best_rate_per_hour"] <= belief.TWIN_FACTOR * HONEST_5060 * 1.05
+    assert mine and all(p["best_rate_per_hour"] <= belief.OWN_FACTOR * HONEST_5060 * 1.05
                         for p in mine), mine
 
 
@@ -234,10 +260,11 @@ async def test_four_liars_on_a_cpu_family_never_measured_move_no_other_offer(
     aiohttp_client: Any, tmp_path: Path,
 ) -> None:
     """The probe: four 5060 Ti hosts on an unmeasured CPU family claiming ~118/h moved the
-    2x RTX 4090's prediction from 60 to 202/h. No confident basis: each claim is held
-    (the model's 90th percentile itself is the line); confirmed by a watched
-    re-benchmark, each reaches the model at most at that line. Against the same fleet
-    with four honest hosts there, the 2x RTX 4090 moves less than 25%."""
+    2x RTX 4090's prediction from 60 to 202/h. Each claim is held (above 1.25x what a
+    5060 Ti's bandwidth allows, 75/h, and twice the 90th percentile of a model that never
+    measured the family); confirmed by a watched re-benchmark, each reaches the model at
+    most at what it believed before (the honest control's 12.3/h, a twin). Against the
+    same fleet with four honest hosts there, the 2x RTX 4090 moves less than 25%."""
     (tmp_path / "honest").mkdir()
     (tmp_path / "liars").mkdir()
     honest = await four_on_phi(await fleet(aiohttp_client, tmp_path / "honest"),
@@ -245,15 +272,15 @@ async def test_four_liars_on_a_cpu_family_never_measured_move_no_other_offer(
     lied = await four_on_phi(await fleet(aiohttp_client, tmp_path / "liars"), 118.0, 116.0)
     print(f"four liars: 2x RTX 4090 {honest:.1f}/h beside honest hosts, {lied:.1f}/h beside "
           "the liars")
-    # The issue asks < 25%: +1.7% here (without the cap -9.1% in an earlier run; +22.5%
-    # in a fleet without the six earlier 5060 Ti measurements).
+    # The issue asks < 25%: 0.0% here (64.6/h both; learned whole, -9.1% in an earlier
+    # run; +22.5% in a fleet without the six earlier 5060 Ti measurements).
     assert abs(lied / honest - 1) < 0.15, (honest, lied)
 
 
 async def test_a_claim_with_no_twin_is_held_above_the_models_interval(h: Harness) -> None:
     """The probe: a 2x RTX 4090 (no twin: only a 1x was measured) kept at 199/h with its
-    prediction at 60/h. Above 1.5x the model's 90th percentile it is held; the honest
-    control at its predicted rate is counted at once."""
+    prediction at 60/h. Above 1.75x the model's 90th percentile (95.9/h: 167.8/h) it is
+    held; the honest control at its predicted rate is counted at once."""
     _, offers = await h.admin("GET", "/api/offers")
     predicted = prediction_of(offers, 9003)
     high = next(o for o in offers if o["id"] == 9003)["predicted_rate_high"]
@@ -333,6 +360,31 @@ async def test_six_hours_of_one_percent_production_is_demoted_struck_and_ended(
     kept = h.store.instance_by_agent(honest.agent_id)
     assert kept is not None and kept["state"] == "proving" and not kept["terminate_reason"]
     assert kept["rate_per_hour"] == pytest.approx(HONEST_5060, rel=0.05)
+
+
+async def test_a_bounded_rate_is_learned_once_its_delivery_agrees(h: Harness) -> None:
+    """Two 5060 Ti hosts counted at 23.9/h (under the line, above what the model
+    believed: learned at the honest twin's 12.3/h). The one that delivers it is learned
+    whole once its delivery test agrees (an event ``learned``; the model refits); the
+    one delivering 30% of it is not (its delivery test drifts to "short" instead)."""
+    fast = await deploy(h, 9101, min_rate=10.0)
+    await benchmark(h, fast, 23.9, "fast")
+    liar = await deploy(h, 9102, min_rate=10.0)
+    await benchmark(h, liar, 23.9, "liar")
+    for agent in (fast, liar):
+        assert measurement_of(h, agent)["model_cap_per_hour"] == pytest.approx(HONEST_5060)
+    fast_inst = h.store.instance_by_agent(fast.agent_id)
+    liar_inst = h.store.instance_by_agent(liar.agent_id)
+    assert fast_inst is not None and liar_inst is not None
+    version = h.store.measurements_version()
+    totals = {"fast": 0.0, "liar": 0.0}
+    await prove(h, {"fast": (fast, 23.9), "liar": (liar, 0.3 * 23.9)}, 120, totals)
+    assert measurement_of(h, fast)["model_cap_per_hour"] is None
+    learned = h.store.events_of_kind("learned")
+    assert [e["instance_id"] for e in learned] == [fast_inst["id"]], learned
+    assert "agreeing with the 23.9/h it was kept on" in learned[0]["reason"]
+    assert h.store.measurements_version() != version  # the model keeper refits
+    assert measurement_of(h, liar)["model_cap_per_hour"] == pytest.approx(HONEST_5060)
 
 
 async def test_a_lone_instance_short_of_work_is_idle_not_struck(h: Harness) -> None:
@@ -474,9 +526,9 @@ def unlisted(offer_id: int, machine_id: int, mem_bw_gbps: float) -> dict[str, An
 async def test_a_model_the_table_lacks_is_bounded_by_its_offers_bandwidth(h: Harness) -> None:
     """A GPU model missing from the table is bounded by its offer's ``gpu_mem_bw`` through
     the same formula, never by the global 300/h a GPU: at 400 GB/s 2 x 120 x 400 / 896 =
-    107/h. A claim of 150/h on it is refused; the same claim on the same model whose
+    107/h. A claim of 200/h on it is refused; the same claim on the same model whose
     offer reports 900 GB/s (241/h) is under its ceiling (held as beyond belief instead:
-    the model never measured that GPU)."""
+    above twice the 90th percentile of a model that never measured that GPU)."""
     assert gpu_spec("RTX 4070 SUPER Ti X") is None
     slow = belief.ceiling_per_gpu("RTX 4070 SUPER Ti X", 300.0, 400.0)
     fast = belief.ceiling_per_gpu("RTX 4070 SUPER Ti X", 300.0, 900.0)
@@ -487,13 +539,17 @@ async def test_a_model_the_table_lacks_is_bounded_by_its_offers_bandwidth(h: Har
         2 * 120 * belief.MIN_KNOWN_MEM_BW_GBPS / 896)
     h.provider.offers[9210] = unlisted(9210, 5210, 400.0)
     h.provider.offers[9211] = unlisted(9211, 5211, 900.0)
+    await h.core.models.refresh()
+    _, offers = await h.admin("GET", "/api/offers")
+    print(f"unlisted GPU at 900 GB/s: 90th percentile {high_of(offers, 9211):.1f}/h")
+    assert belief.NOVEL_FACTOR * high_of(offers, 9211) < 200.0 < fast
     low = await deploy(h, 9210, min_rate=10.0)
-    await benchmark(h, low, 150.0, "unlisted-400")
+    await benchmark(h, low, 200.0, "unlisted-400")
     row = stored(h, low, "unlisted-400")
     assert "implausible" in row["flags"] and not row["counts_for_host_perf"], row
     assert any(f"beyond the ceiling of {slow:.0f}/h" in r for r in reasons(row)), reasons(row)
     high = await deploy(h, 9211, min_rate=10.0)
-    await benchmark(h, high, 150.0, "unlisted-900")
+    await benchmark(h, high, 200.0, "unlisted-900")
     row = stored(h, high, "unlisted-900")
     assert "implausible" not in row["flags"], reasons(row)
     assert row["flags"] == "unconfirmed" and not row["counts_for_host_perf"], reasons(row)

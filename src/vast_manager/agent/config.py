@@ -264,6 +264,12 @@ def load_config(environ: Mapping[str, str] | None = None) -> AgentConfig:
         values["provider"] = "vast" if container_id else "local"
     if values["provider"] == "vast" and not container_id:
         raise ConfigError("VM_PROVIDER is 'vast' but CONTAINER_ID is not set")
+    # A coordinator restored within the orphan timeout asks for what it lost; a shorter
+    # retention would have forgotten results it acknowledged (docs/protocol.md, "Replay").
+    if values["ack_retention_s"] < values["orphan_timeout_s"]:
+        raise ConfigError(
+            f"VM_ACK_RETENTION ({values['ack_retention_s']:g} s) must be at least "
+            f"VM_ORPHAN_TIMEOUT ({values['orphan_timeout_s']:g} s)")
     return AgentConfig(
         **values,
         container_id=container_id,

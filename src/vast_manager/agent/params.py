@@ -37,6 +37,9 @@ ProgressFn = Callable[[int, int], None]  # (done_bytes, total_bytes)
 CHUNK_BYTES = 4 * 1024 * 1024
 DISK_MARGIN_BYTES = 1024 * 1024 * 1024  # left free beyond the files themselves
 VERIFIED_RECORD = ".vast-agent-verified.json"
+#: The largest manifest read: Curio's parameter set is a few dozen entries of ~200 bytes,
+#: so a manifest past this is not one, and reading it whole could exhaust the agent.
+MAX_MANIFEST_BYTES = 1024 * 1024
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -107,15 +110,36 @@ async def load_manifest(source: str, session: aiohttp.ClientSession) -> list[Man
             async with session.get(source) as resp:
                 if resp.status != 200:
                     raise ManifestError(f"manifest URL answered {resp.status}")
-                data = await resp.read()
+                data = await _read_at_most(resp, MAX_MANIFEST_BYTES)
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise ManifestError(f"manifest URL failed: {type(exc).__name__}") from exc
         return parse_manifest(data, base_url=source)
     try:
-        data = Path(source).read_bytes()
+        with open(source, "rb") as fh:
+            data = fh.read(MAX_MANIFEST_BYTES + 1)
     except OSError as exc:
         raise ManifestError(f"cannot read manifest {source}: {exc.strerror}") from None
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(_too_large(source))
     return parse_manifest(data)
+
+
+def _too_large(source: str) -> str:
+    return f"manifest {source} is over {MAX_MANIFEST_BYTES:,} bytes; refused"
+
+
+async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body, refused on its declared length or once more than ``limit`` bytes came."""
+    if resp.content_length is not None and resp.content_length > limit:
+        raise ManifestError(_too_large(str(resp.url)))
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise ManifestError(_too_large(str(resp.url)))
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _sha256_of(path: Path) -> hashlib._Hash:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 from vast_manager.coordinator.decisions import delivered
 from vast_manager.coordinator.decisions.cluster_verdict import Delivered
@@ -23,15 +24,24 @@ def poisson(rng: random.Random, mean: float) -> int:
         k += 1
 
 
-def hours_to_short(kept: float, true_rate: float, hours: float, seed: int) -> float | None:
+def first_decision(kept: float, true_rate: float, hours: float, seed: int,
+                   decided: Callable[[delivered.Verdict], bool]
+                   ) -> tuple[float, delivered.Verdict] | None:
+    """A reading a minute of a host delivering ``true_rate`` (Poisson) against ``kept``:
+    the hours until the first verdict ``decided`` picks, and that verdict."""
     rng = random.Random(seed)
     state = DeliveryTest()
     for i in range(int(hours * 3600 / ROUND_S)):
         obs = Delivered(poisson(rng, true_rate * ROUND_S / 3600), 0, ROUND_S, "cuzk")
         state, verdict = delivered.step(state, obs, kept)
-        if verdict.short:
-            return (i + 1) * ROUND_S / 3600
+        if decided(verdict):
+            return (i + 1) * ROUND_S / 3600, verdict
     return None
+
+
+def hours_to_short(kept: float, true_rate: float, hours: float, seed: int) -> float | None:
+    found = first_decision(kept, true_rate, hours, seed, lambda v: v.short)
+    return found[0] if found else None
 
 
 def test_honest_noise_never_trips_it() -> None:
@@ -62,3 +72,25 @@ def test_the_verdict_quotes_its_numbers_and_source() -> None:
     assert "the cluster's record" in verdict.reason and "0% of the 431.0/h" in verdict.reason
     assert "last error: bad proof" in verdict.reason
     assert 0.5 < delivered.crossover_share() < 0.6
+
+
+def hours_to_agree(kept: float, true_rate: float, hours: float, seed: int
+                   ) -> tuple[float, float] | None:
+    """When the test first agrees with the kept rate, and the delivered rate it agreed
+    on (what the rate model may then learn of a bounded measurement)."""
+    found = first_decision(kept, true_rate, hours, seed, lambda v: v.agrees)
+    if found is None:
+        return None
+    assert not found[1].short and found[1].delivered_rate_per_hour is not None
+    return found[0], found[1].delivered_rate_per_hour
+
+
+def test_it_agrees_with_a_host_delivering_its_rate_and_never_with_a_liar() -> None:
+    """A host delivering its kept rate is agreed with within hours (a 5060 Ti at 23.9/h:
+    ``(l0 - l1) ln`` drift, about 0.26 x the rate an hour to a bound of ln(100)); the
+    rate agreed on is near what it delivers. One delivering a fifth of its claim never
+    is, however long it is watched (it is found short instead)."""
+    found = hours_to_agree(23.9, 23.9, 12.0, 3)
+    assert found is not None and found[0] < 3.0
+    assert 0.6 * 23.9 < found[1] < 1.6 * 23.9
+    assert hours_to_agree(118.0, 12.4, 48.0, 4) is None

@@ -15,6 +15,7 @@ from vast_manager.coordinator.operations import directives, heartbeat
 from vast_manager.coordinator.operations.hello import hello_job
 from vast_manager.coordinator.operations.result import result_job
 from vast_manager.coordinator.store.writer import Store, Tx
+from vast_manager.coordinator.store.writes import heartbeats as heartbeats_module
 from vast_manager.coordinator.store.writes import held as held_module
 from vast_manager.coordinator.store.writes.events import EventWrites
 from vast_manager.coordinator.store.writes.heartbeats import HeartbeatWrites
@@ -336,6 +337,30 @@ async def test_a_failed_job_loses_only_its_own_history_row(tmp_path: Path) -> No
         # the agent's next heartbeat is still due a history row.
         await store.write(heartbeat.heartbeat_job(other, _heartbeat(1), settings, later + 1))
         assert [h["seq"] for h in store.heartbeat_history(other)] == [1]
+    finally:
+        store.close()
+
+
+async def test_after_a_restart_an_agent_without_history_is_not_looked_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's preload knows every issued agent: one with no history row yet gets its
+    first row without a read (which would write the batch's held rows early)."""
+    settings = make_settings(tmp_path)
+    store = Store(tmp_path / "c.db")
+    await store.write(_issue(settings, [AGENT]))
+    store.close()
+
+    def no_read(*_args: Any, **_kw: Any) -> None:
+        raise AssertionError("the history of a preloaded agent was read")
+
+    monkeypatch.setattr(heartbeats_module, "one_row", no_read)
+    store = Store(tmp_path / "c.db")  # a restart: the caches are preloaded
+    try:
+        for seq, phase in ((1, "booting"), (2, "proving")):
+            await store.write(heartbeat.heartbeat_job(AGENT, _heartbeat(seq, phase), settings,
+                                                      NOW + 15 * seq))
+        assert [h["seq"] for h in store.heartbeat_history(AGENT)] == [1]
     finally:
         store.close()
 

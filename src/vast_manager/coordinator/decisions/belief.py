@@ -14,8 +14,11 @@ model). Three rules, strictest first:
   calibration host) comes on top, so an honest proof is far above it.
 * **Beyond belief** (``unconfirmed``, held until a directed re-benchmark agrees): a
   claim compared only with references the claimant cannot have set (``References``:
-  the model's interval for its hardware as a new host's, other machines' confirmed
-  rates, the machine's own first rate), so no lie under the line raises the line.
+  the model's interval for its hardware as a new host's, the machine's own first rate),
+  set where honest benchmarks do not go.
+* **Bounded learning**: a counted rate reaches the model, and other machines' twins, no
+  higher than what was believed of its hardware before it (``learn_bound``) until the
+  work it delivers agrees, so no lie under the line raises the next one's references.
 """
 
 from __future__ import annotations
@@ -39,26 +42,32 @@ REFERENCE_RATE_PER_GPU = 3600.0 / (PARTITIONS_PER_PROOF * REFERENCE_PARTITION_GP
 #: faster memory clock than its sheet): anything past it is not this card.
 CEILING_FACTOR = 2.0
 #: How far above the rate model's 90th percentile for its hardware (predicted as a new
-#: host: never from the machine's own runs) a claim is held for confirmation: of 1,800
-#: honest first benchmarks on the simulated market 13.4% passed 1x, 0.8% 1.25x, 0.1%
-#: 1.5x (largest 1.72x; ``python bench/belief.py``), while a lie that doubles the
-#: prediction is held. Those few honest ones are confirmed by their re-benchmark.
-MODEL_FACTOR = 1.5
-#: Where the model has no confident basis (its GPU model or CPU family never measured,
-#: and no twin), the interval itself already carries the model's doubt: a claim above
-#: the 90th percentile is held until a watched re-benchmark confirms it.
-NOVEL_FACTOR = 1.0
-#: How far above the median of other machines' confirmed rates per GPU on the same
-#: hardware (a twin), or above the machine's own first counted rate, a claim is held.
-#: Hosts of one GPU, CPU and RAM differ by what their offers do not show: in the
-#: simulated market an honest benchmark reaches 6x its twins' median and 20% of them
-#: pass 1.5x, so this line holds 12% of honest first benchmarks that have a twin there
-#: (``python bench/belief.py``); each is counted once its watched re-benchmark agrees.
-#: Requiring the model's interval too (``TWIN_MODEL_FACTOR`` above 0: 1.25 held 0.4%)
-#: let a lie once counted widen the model's interval and admit the next: the probe's
-#: chain counted every other claim. A re-benchmark for a few honest hosts is the price.
-TWIN_FACTOR = 1.5
-TWIN_MODEL_FACTOR = 0.0
+#: host: never from the machine's own runs) a claim is held for confirmation, where the
+#: model has a confident basis (it measured the GPU model and the CPU family): set where
+#: honest first benchmarks do not go (``python bench/belief.py`` prints the figures; see
+#: docs/reliability.md, "No rate on a host's word alone"). A lie under it is counted for
+#: its host but reaches the model no higher than ``learn_bound`` until its delivery agrees.
+MODEL_FACTOR = 1.75
+#: The same where the model has no confident basis (its GPU model or CPU family never
+#: measured): its interval is wider there, and honest benchmarks land lower in it.
+NOVEL_FACTOR = 2.0
+#: How far above its card's GPU-bound rate (``gpu_bound_rate_per_gpu``: the calibration
+#: card's 120/h scaled by memory bandwidth, what the ceiling is twice of) a claim is held,
+#: model or no model: honest benchmarks stay under 1.1x it (``python bench/belief.py``),
+#: and it needs no fit, so it holds a claim before the first one too.
+BANDWIDTH_FACTOR = 1.25
+#: How far above the machine's own first counted rate per GPU (on as many GPUs) a later
+#: claim of the same machine is held: its own later samples never raise its own line.
+OWN_FACTOR = 1.5
+#: The most the model (and other machines' twins) reads of a counted rate until the
+#: work the host delivers agrees with it: its hardware's 90th percentile, and this many
+#: times the median confirmed rate per GPU of other machines with the same GPU model and
+#: count, CPU and RAM class (a twin). Honest twins differ by what their offers do not
+#: show (neighbours, PCIe), so a twin is no hold line (``python bench/belief.py``: a
+#: fifth of honest benchmarks pass 1.5x their twins' median); it only bounds what a
+#: claim teaches before its delivery is known, so a chain of lies under the line moves
+#: neither the model nor the next claim's references.
+TWIN_FACTOR = 1.0
 #: A confirming re-benchmark agrees with a held claim within this share either way (the
 #: rate counted is then the lower of the two): a "confirmation" far above the claim is
 #: no confirmation of it.
@@ -83,6 +92,15 @@ def bandwidth(gpu_name: str | None, offer_mem_bw_gbps: float | None = None) -> f
     if offer_mem_bw_gbps is not None and offer_mem_bw_gbps > 0:
         return min(float(offer_mem_bw_gbps), MAX_KNOWN_MEM_BW_GBPS)
     return MIN_KNOWN_MEM_BW_GBPS
+
+
+def known_gpu_bound_per_gpu(gpu_name: str | None, offer_mem_bw_gbps: float | None = None
+                            ) -> float | None:
+    """``gpu_bound_rate_per_gpu`` where the bandwidth is known (the spec table's, or the
+    offer's ``gpu_mem_bw``); None for a model the table lacks with no bandwidth."""
+    known = (gpu_name is not None and canonical_gpu_name(gpu_name) in GPU_SPECS) or (
+        offer_mem_bw_gbps is not None and offer_mem_bw_gbps > 0)
+    return gpu_bound_rate_per_gpu(gpu_name, offer_mem_bw_gbps) if known else None
 
 
 def gpu_bound_rate_per_gpu(gpu_name: str | None, offer_mem_bw_gbps: float | None = None
@@ -140,45 +158,45 @@ class References:
     ``expected_high``: the rate model's 90th percentile for the hardware, predicted as
     a new host's (None: no model); ``novel``: what the model has never measured of it
     (its GPU model, its CPU family: no confident basis); ``twin_median_per_gpu``: the
-    median rate per GPU of *other* machines' confirmed measurements on the same
-    hardware (None: no twin); ``own_first_per_gpu``: the machine's own first counted
-    rate per GPU on this many GPUs (None: none), which its later samples never raise."""
+    median rate per GPU of *other* machines' measurements on the same hardware that the
+    model reads whole (None: no twin; it bounds learning, it holds nothing);
+    ``own_first_per_gpu``: the machine's own first counted rate per GPU on this many
+    GPUs (None: none), which its later samples never raise;
+    ``gpu_bound_per_gpu``: its card's GPU-bound rate (None: a model the spec table lacks
+    with no ``gpu_mem_bw`` in its offer)."""
 
     expected_high: float | None = None
     novel: tuple[str, ...] = ()
     twin_median_per_gpu: float | None = None
     own_first_per_gpu: float | None = None
+    gpu_bound_per_gpu: float | None = None
 
 
 def line_of(gpus: int, refs: References) -> tuple[float, str] | None:
     """The rate above which a claim on ``gpus`` GPUs is beyond belief, and what sets it
-    (None: nothing to compare with): the lowest of ``TWIN_FACTOR`` x a twin's median (and
-    ``TWIN_MODEL_FACTOR`` x the model's 90th percentile), ``TWIN_FACTOR`` x the
-    machine's own first rate, ``MODEL_FACTOR`` x the model's 90th percentile,
-    or, with no confident basis (no twin, hardware never measured), the 90th percentile
-    itself. A confirmed claim reaches the model at most at this line (its influence on
-    other hardware bounded by what the model already believed)."""
+    (None: nothing to compare with): the lowest of ``BANDWIDTH_FACTOR`` x the card's
+    GPU-bound rate, ``OWN_FACTOR`` x the machine's own first rate and ``MODEL_FACTOR`` x
+    the model's 90th percentile (``NOVEL_FACTOR`` where the model never measured the
+    hardware: no confident basis)."""
     n = max(1, gpus)
     lines: list[tuple[float, str]] = []
-    twin = refs.twin_median_per_gpu
-    high = refs.expected_high
-    if twin is not None and twin > 0:
-        floor = TWIN_MODEL_FACTOR * high if high is not None and high > 0 else 0.0
-        lines.append((max(TWIN_FACTOR * twin * n, floor),
-                      f"{TWIN_FACTOR:g}x the median confirmed rate of other machines with "
-                      f"the same hardware ({twin:.1f}/h per GPU)" + (
-                          f" and {TWIN_MODEL_FACTOR:g}x the rate model's 90th percentile "
-                          f"({high:.1f}/h)" if floor else "")))
+    bound = refs.gpu_bound_per_gpu
+    if bound is not None and bound > 0:
+        lines.append((BANDWIDTH_FACTOR * bound * n,
+                      f"{BANDWIDTH_FACTOR:g}x what its GPU's memory bandwidth allows "
+                      f"({bound:.1f}/h per GPU)"))
     own = refs.own_first_per_gpu
     if own is not None and own > 0:
-        lines.append((TWIN_FACTOR * own * n,
-                      f"{TWIN_FACTOR:g}x this machine's first counted rate ({own:.1f}/h "
+        lines.append((OWN_FACTOR * own * n,
+                      f"{OWN_FACTOR:g}x this machine's first counted rate ({own:.1f}/h "
                       "per GPU)"))
+    high = refs.expected_high
     if high is not None and high > 0:
-        if twin is None and refs.novel:
+        if refs.novel:
             lines.append((NOVEL_FACTOR * high,
-                          f"the rate model's 90th percentile for this hardware ({high:.1f}/h), "
-                          "nothing like it measured (" + "; ".join(refs.novel) + ")"))
+                          f"{NOVEL_FACTOR:g}x the rate model's 90th percentile for this "
+                          f"hardware ({high:.1f}/h), nothing like it measured ("
+                          + "; ".join(refs.novel) + ")"))
         else:
             lines.append((MODEL_FACTOR * high,
                           f"{MODEL_FACTOR:g}x the rate model's 90th percentile for this "
@@ -186,16 +204,17 @@ def line_of(gpus: int, refs: References) -> tuple[float, str] | None:
     return min(lines, key=lambda x: x[0]) if lines else None
 
 
-def model_cap(gpus: int, refs: References) -> float | None:
-    """The most the rate model reads of a claim confirmed beyond belief: the strictest
-    reference (a twin's ``TWIN_FACTOR`` x median on its own, else ``line_of``), so a
-    confirmation the host may have forged moves other hardware no further than what was
-    believed of its own before it."""
-    twin = refs.twin_median_per_gpu
-    line = line_of(gpus, refs)
-    lines = [x for x in (TWIN_FACTOR * twin * max(1, gpus) if twin else None,
-                         line[0] if line else None) if x is not None]
-    return min(lines) if lines else None
+def learn_bound(gpus: int, refs: References) -> float | None:
+    """The most the rate model (and other machines' twins) reads of a counted rate on
+    ``gpus`` GPUs until the host's delivered work agrees with it: what was believed of
+    its hardware before it, the lower of the model's 90th percentile and ``TWIN_FACTOR``
+    x a twin's median (None: neither known). Never set by the claimant: the 90th
+    percentile is predicted as a new host's, a twin is other machines' unbounded rates."""
+    bounds = [b for b in (refs.expected_high,
+                          TWIN_FACTOR * refs.twin_median_per_gpu * max(1, gpus)
+                          if refs.twin_median_per_gpu else None)
+              if b is not None and b > 0]
+    return min(bounds) if bounds else None
 
 
 def beyond_belief(rate: float, gpus: int, refs: References) -> str | None:

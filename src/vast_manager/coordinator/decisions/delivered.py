@@ -62,11 +62,14 @@ class DeliveryTest:
 class Verdict:
     """``short``: delivering below ``SHORT_SHARE`` of the kept rate (the test crossed its
     upper bound); ``ok``: the test is not decided against it. The numbers it was
-    decided on are in ``reason``."""
+    decided on are in ``reason``. ``agrees``: the test crossed its lower bound now (the
+    host delivers what it was kept on, at ``delivered_rate_per_hour`` over the run that
+    decided it), and starts afresh."""
 
     short: bool
     delivered_rate_per_hour: float | None
     reason: str | None = None
+    agrees: bool = False
 
 
 def crossover_share() -> float:
@@ -96,7 +99,7 @@ def step(state: DeliveryTest, obs: Delivered, kept_rate_per_hour: float
     window_s = state.window_s + obs.window_s
     rate = completed * 3600.0 / window_s if window_s > 0 else None
     if llr <= lower_bound():
-        return DeliveryTest(), Verdict(False, rate)  # agrees: start afresh
+        return DeliveryTest(), Verdict(False, rate, agrees=True)  # start afresh
     state = DeliveryTest(llr, completed, window_s)
     if llr < upper_bound() or rate is None:
         return state, Verdict(False, rate)

@@ -100,6 +100,12 @@ def _stretched_s(agents: int, per_second: float, base_s: int, longest_s: int) ->
     return min(longest_s, max(base_s, needed))
 
 
+#: The last ``paces`` figured, with the (immutable) fleet and limits it was figured for:
+#: every heartbeat asks, and the tracker hands out the same ``FleetLoad`` until the fleet
+#: changes. One tuple, swapped whole, so either thread asking reads a consistent one.
+_last_paces: tuple[FleetLoad, PaceSettings, Paces] | None = None
+
+
 def paces(fleet: FleetLoad, limits: PaceSettings) -> Paces:
     """The paces for a fleet of ``fleet``.
 
@@ -108,6 +114,16 @@ def paces(fleet: FleetLoad, limits: PaceSettings) -> Paces:
     base pace holds until the fleet would exceed the budget, and the fleet's load stays
     under it until the paces reach the longest.
     """
+    global _last_paces
+    last = _last_paces
+    if last is not None and last[0] is fleet and last[1] is limits:
+        return last[2]
+    both = _paces(fleet, limits)
+    _last_paces = (fleet, limits, both)
+    return both
+
+
+def _paces(fleet: FleetLoad, limits: PaceSettings) -> Paces:
     base_s = limits.next_heartbeat_s
     longest_s = max(base_s, limits.max_next_heartbeat_s)
     budget = limits.max_heartbeats_per_second

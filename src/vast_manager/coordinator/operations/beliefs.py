@@ -5,7 +5,6 @@ directed re-benchmark confirms it."""
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,10 +38,11 @@ Expectation = Callable[[Offer], belief.Expected | None]
 def _references(tx: Tx, inst: InstanceRow, offer: Offer | None, gpus: int,
                 expected: belief.Expected | None) -> belief.References:
     """What a claim is compared with (docs/reliability.md, "No rate on a host's word
-    alone"): the model's view, the median rate per GPU of *other* machines' counted
-    measurements (none confirmed beyond belief) on the same hardware (the same GPU model
-    and count, the same CPU, within a quarter of the RAM), and this machine's own first
-    counted rate."""
+    alone"): its card's GPU-bound rate, the model's view, the median rate per GPU of
+    *other* machines' measurements the model reads whole (none bounded by
+    ``belief.learn_bound``: no lie under the line is anyone's twin) on the same hardware
+    (the same GPU model and count, the same CPU, within a quarter of the RAM), and this
+    machine's own first counted rate (as counted: what bounds its own later claims)."""
     machine = str(inst["machine_id"] or inst["label"] or "")
     model = canonical_gpu_name(str((offer and offer.gpu_name) or inst.get("gpu_name") or ""))
     cpu = offer.cpu_name if offer else None
@@ -50,13 +50,12 @@ def _references(tx: Tx, inst: InstanceRow, offer: Offer | None, gpus: int,
     others: list[float] = []
     own_first: float | None = None
     for row in tx.fleet_measurements_of(gpus):  # oldest first
-        cap = row["model_cap_per_hour"]
-        per_gpu = min(float(row["rate_per_hour"]), float(cap) if cap else math.inf) / gpus
+        per_gpu = float(row["rate_per_hour"]) / gpus
         if str(row["machine_id"]) == machine:
             own_first = per_gpu if own_first is None else own_first
             continue
-        if cap is not None or row["host_reported"]:
-            continue  # believed beyond belief on its host's word, or hardware it named: no twin
+        if row["model_cap_per_hour"] is not None or row["host_reported"]:
+            continue  # learned bounded (its delivery unknown), or hardware it named: no twin
         other = stored_offer(row["offer_json"]) or Offer()
         if canonical_gpu_name(other.gpu_name or "") != model:
             continue
@@ -71,7 +70,10 @@ def _references(tx: Tx, inst: InstanceRow, offer: Offer | None, gpus: int,
         expected_high=expected.high if expected is not None else None,
         novel=expected.novel if expected is not None else (),
         twin_median_per_gpu=statistics.median(others) if others else None,
-        own_first_per_gpu=own_first)
+        own_first_per_gpu=own_first,
+        gpu_bound_per_gpu=belief.known_gpu_bound_per_gpu(
+            (offer and offer.gpu_name) or inst.get("gpu_name"),
+            offer.gpu_mem_bw if offer else None))
 
 
 def _readable(raw: dict[str, object]) -> Offer | None:
@@ -83,12 +85,19 @@ def _readable(raw: dict[str, object]) -> Offer | None:
         return None
 
 
+def _cap(rate: float, gpus: int, refs: belief.References) -> float | None:
+    """The bound a counted ``rate`` is learned at (``belief.learn_bound``), None when it
+    is under it."""
+    bound = belief.learn_bound(gpus, refs)
+    return bound if bound is not None and bound < rate else None
+
+
 @dataclass(frozen=True, slots=True)
 class Belief:
     counts: bool  # the result may enter host_perf, the model, the ranking and a verdict
     terminate: str | None = None  # a held claim that could not be confirmed
     counted_rate: float | None = None  # a confirmation's: the lower of it and the claim
-    model_cap: float | None = None  # the most the rate model reads of a confirmed claim
+    model_cap: float | None = None  # the most the rate model reads of it until delivery agrees
 
 
 def judge_belief(
@@ -133,8 +142,7 @@ def judge_belief(
             counted = belief.counted_rate(rate, float(claimed))
             # Believed for this instance; its influence on the model (and on other
             # machines' twins) stays bounded by what was believed before it.
-            most = belief.model_cap(check.gpus, refs)
-            cap = most if most is not None and most < counted else None
+            cap = _cap(counted, check.gpus, refs)
             events.append(("confirmed", f"a directed re-benchmark measured {rate:.2f} "
                            f"proofs/h, agreeing with the held {float(claimed):.2f}/h "
                            f"(counted: {counted:.2f}/h, the lower" + (
@@ -145,7 +153,9 @@ def judge_belief(
         if held is None:
             if confirming:  # an ordinary rate after all: counted, the claim dropped
                 updates.update(unconfirmed_rate_per_hour=None, confirm_tries=0)
-            return Belief(True)
+            # Counted for this host; the model learns it no higher than what it believed
+            # of the hardware until the work the host delivers agrees.
+            return Belief(True, model_cap=_cap(rate, check.gpus, refs))
     else:
         held = f"the re-benchmark does not confirm the held claim: {failed}"
     tries = int(inst["confirm_tries"] or 0) + (1 if confirming else 0)

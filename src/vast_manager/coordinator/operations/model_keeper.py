@@ -60,8 +60,9 @@ class FittedModel:
 
 def measurement_of(row: Row) -> Measurement:
     """A stored measurement row as the model's ``Measurement`` (MeasurementError if its
-    offer cannot be read). A claim confirmed beyond belief is read at most at the line
-    it was held at (``model_cap_per_hour``, docs/reliability.md "Judged by what it delivers")."""
+    offer cannot be read). A counted rate is read at most at what was believed of its
+    hardware before it until its delivery agrees (``model_cap_per_hour``,
+    docs/reliability.md "Judged by what it delivers")."""
     rate = row["rate_per_hour"]
     cap = row.get("model_cap_per_hour")
     if cap is not None and isinstance(rate, int | float) and rate > cap:

@@ -182,6 +182,7 @@ class Monitor:
         rows = await self.store.read(lambda r: r.active_instances(cols))
         turned = self.production.observe(rows, now)
         await self.watch_delivered(rows, now)
+        await self.learn_delivered(now)
         current = self.production.current
         if self.production.short_ids() and not self.account.at_or_below_zero:
             await self.demote_short(now)
@@ -222,6 +223,31 @@ class Monitor:
 
         await self.store.write(terminate)
         self.wake()
+
+    async def learn_delivered(self, now: float) -> None:
+        """Delivered beats claimed, the other way (docs/reliability.md): an instance whose
+        delivery test agreed with the rate it was kept on has its measurements learned
+        bounded (above what the model believed of its hardware) read by the model up to
+        what it delivered."""
+        agreed = self.production.take_agreed()
+        if not agreed:
+            return
+
+        def learn(tx: Tx) -> None:
+            for instance_id, rate in agreed.items():
+                inst = tx.get_instance(instance_id)
+                taken = tx.results.learn_delivered(instance_id, rate)
+                if inst is None or not taken:
+                    continue
+                tx.audit.add(now, "learned", f"delivered {rate:.1f}/h, agreeing with the "
+                             f"{float(inst['rate_per_hour'] or 0.0):.1f}/h it was kept on: "
+                             f"the rate model reads {taken} measurement(s) up to it",
+                             data={"delivered_rate_per_hour": rate},
+                             instance_id=instance_id, agent_id=inst["agent_id"],
+                             machine_id=inst["machine_id"])
+
+        # The measurements' version changes: the model keeper refits on its next look.
+        await self.store.write(learn)
 
     async def demote_short(self, now: float) -> None:
         """Delivered beats claimed (docs/reliability.md): an instance whose delivery test

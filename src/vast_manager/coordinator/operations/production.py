@@ -118,6 +118,9 @@ class ProductionTracker:
         self.fleet_delivered: dict[str, Any] = {}
         #: Instances whose delivery test the cluster's record feeds (``fold_cluster``).
         self._cluster_fed: set[int] = set()
+        #: Instance id -> the delivered rate its delivery test last agreed on, not yet
+        #: taken by the monitor (``take_agreed``).
+        self._agreed: dict[int, float] = {}
 
     def scale(self, row: Row) -> float:
         # The local fleet's heartbeats are in simulated time (directives.time_scale's rule).
@@ -189,6 +192,7 @@ class ProductionTracker:
             return
         obs = Delivered(track.total - n0, 0, (now - t0) * scale, CUZK)
         track.test, verdict = delivered.step(track.test, obs, float(kept))
+        self._note_agreed(ident, verdict)
         if verdict.short:
             track.short, track.short_rate = verdict.reason, verdict.delivered_rate_per_hour
 
@@ -203,6 +207,7 @@ class ProductionTracker:
                     or self.settings.idle_after_s <= 0:
                 continue
             track.test, verdict = delivered.step(track.test, obs, track.kept)
+            self._note_agreed(ident, verdict)
             if verdict.short:
                 track.short, track.short_rate = verdict.reason, verdict.delivered_rate_per_hour
                 current = self.current.get(ident)
@@ -210,6 +215,18 @@ class ProductionTracker:
                     self.current[ident] = dataclasses.replace(
                         current, short=track.short, short_rate_per_hour=track.short_rate,
                         idle=True, idle_reason=current.idle_reason or track.short)
+
+    def _note_agreed(self, ident: int, verdict: delivered.Verdict) -> None:
+        if verdict.agrees and verdict.delivered_rate_per_hour is not None:
+            self._agreed[ident] = verdict.delivered_rate_per_hour
+
+    def take_agreed(self) -> dict[int, float]:
+        """Instance id -> the delivered rate its delivery test agreed on since the last
+        call: what the rate model may now learn of its measurements (the monitor lifts
+        their ``model_cap_per_hour`` to it: docs/reliability.md, "Judged by what it
+        delivers")."""
+        agreed, self._agreed = self._agreed, {}
+        return agreed
 
     def short_ids(self) -> list[int]:
         """Instances the delivery test found short, not yet re-judged (the monitor demotes

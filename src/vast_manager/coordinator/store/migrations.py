@@ -553,11 +553,11 @@ def _m13_blame(db: sqlite_utils.Database) -> None:
 
 
 def _m14_bounded_influence(db: sqlite_utils.Database) -> None:
-    """A claim confirmed beyond belief reaches the rate model (and other machines' twin
-    references) at most at the line it was held at (docs/reliability.md, "Judged by what it
-    delivers"); null: read as measured. A bring-your-own agent's measurement is
-    ``host_reported`` (its hardware is its hello's word): kept out of the model and of
-    other machines' twins."""
+    """A counted claim reaches the rate model (and other machines' twin references) at
+    most at what was believed of its hardware before it, until its delivery agrees
+    (docs/reliability.md, "Judged by what it delivers"); null: read as measured. A
+    bring-your-own agent's measurement is ``host_reported`` (its hardware is its hello's
+    word): kept out of the model and of other machines' twins."""
     db.table("measurements").add_column("model_cap_per_hour", float)
     db.table("measurements").add_column("host_reported", int)
 

@@ -50,11 +50,12 @@ def agent_response(
     now: float, status: int, body: bytes, key: bytes | None, nonce: str
 ) -> web.Response:
     """An answer to an agent (docs/protocol.md): server time, and signed once its key verified."""
-    response = web.Response(body=body, status=status, content_type="application/json")
-    response.headers[signing.HEADER_SERVER_TIME] = str(int(now))
+    # The headers handed over whole: aiohttp takes them as they are, where its
+    # ``content_type`` argument and each header set later cost a pass of their own.
+    headers = {"Content-Type": "application/json", signing.HEADER_SERVER_TIME: str(int(now))}
     if key is not None:
-        response.headers[signing.HEADER_SIGNATURE] = sign_response(key, nonce, status, body)
-    return response
+        headers[signing.HEADER_SIGNATURE] = sign_response(key, nonce, status, body)
+    return web.Response(body=body, status=status, headers=headers)
 
 
 def _agent_answer(

@@ -131,8 +131,6 @@ async def error_middleware(
     """JSON bodies for every error, server time on agent answers. Who may ask is the
     agents' routes' own wrapper (``agent_api.agent_endpoint``) and the operators'
     sub-application's middleware (``operator_api.operator_auth``)."""
-    core = request.app[CORE]
-    is_agent = request.path.startswith("/v1/")
     response: web.StreamResponse
     try:
         response = await handler(request)
@@ -146,14 +144,16 @@ async def error_middleware(
     except Exception as err:
         # A bug, not the client's fault; whoever found it may repeat it, so the
         # traceback is written once an interval and the rest counted.
-        core.guard.quiet.report("internal-error", f"unhandled error on {request.method} "
-                                f"{request.path}", level=logging.ERROR,
-                                exc_info=(type(err), err, err.__traceback__))
+        request.app[CORE].guard.quiet.report(
+            "internal-error", f"unhandled error on {request.method} {request.path}",
+            level=logging.ERROR, exc_info=(type(err), err, err.__traceback__))
         response = error_response(
             500, "internal_error", "The coordinator hit an internal error."
         )
-    if is_agent and signing.HEADER_SERVER_TIME not in response.headers:
-        response.headers[signing.HEADER_SERVER_TIME] = str(int(core.clock()))
+    # Every heartbeat passes here: an agent route's answer (``agent_endpoint``) carries the
+    # server time already, and is known by that first.
+    if signing.HEADER_SERVER_TIME not in response.headers and request.path.startswith("/v1/"):
+        response.headers[signing.HEADER_SERVER_TIME] = str(int(request.app[CORE].clock()))
     return response
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from vast_manager.coordinator.store.migrations import loads
+from vast_manager.coordinator.store.reads import rows_of
 from vast_manager.coordinator.store.writes.events import EventWrites
 from vast_manager.coordinator.store.writes.instances import Ending, InstanceWrites
 from vast_manager.coordinator.store.writes.tx_base import TxBase
@@ -89,6 +90,22 @@ class ResultWrites:
             "where instance_id = ? and counts_for_host_perf = 1",
             (f"demoted: {reason}", instance_id))
         return int(taken)
+
+    def learn_delivered(self, instance_id: int, delivered_rate_per_hour: float) -> int:
+        """An instance whose delivered work agreed with the rate it was kept on: its fleet
+        measurements learned bounded (``model_cap_per_hour``) are read up to what it
+        delivered (wholly at or above their rate). Returns the measurements raised. Each
+        is written anew (a new id), so the measurements' version changes and the model
+        keeper refits."""
+        rows = rows_of(self._tx._conn,
+                       "select * from measurements where instance_id = ? and source = 'fleet' "
+                       "and model_cap_per_hour < ?", (instance_id, delivered_rate_per_hour))
+        for found in rows:
+            self._tx._exec("delete from measurements where id = ?", (found.pop("id"),))
+            found["model_cap_per_hour"] = None if float(found["rate_per_hour"]) \
+                <= delivered_rate_per_hour else delivered_rate_per_hour
+            self._tx._insert("measurements", found)
+        return len(rows)
 
     def add_measurement(self, row: dict[str, Any]) -> bool:
         """One measurement (``measurements``' columns but ``dph_total``, which is read from

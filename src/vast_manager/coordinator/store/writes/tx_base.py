@@ -127,6 +127,11 @@ class TxBase(Reads):
             "(select max(id) as id from heartbeat_history group by agent_id) newest "
             "on h.id = newest.id"
         ))
+        # An agent without a row has none until this writer adds one (and the cache with
+        # it): its first heartbeat need not look, a read that would write the transaction's
+        # held rows early and open a savepoint.
+        for agent_id in self._revoked:
+            self._history_last_at.setdefault(agent_id, float("-inf"))
 
     def drop_caches(self) -> None:
         """Forget every cached row: after a rollback they may describe undone writes."""

@@ -9,6 +9,7 @@ const REFRESH_MS = 3000;
 const OFFERS_REFRESH_MS = 60000;
 // Instances a page of the fleet table shows (the API pages by id: limit and after_id).
 const FLEET_PAGE = 100;
+const RESULTS_PAGE = 20; // an instance's results per page (at most the API's 200)
 const SVG_NS = "http://www.w3.org/2000/svg";
 const VIEWS = ["login-view", "fleet-view", "offers-view", "hosts-view", "bad-hosts-view",
   "autopilot-view", "instance-view"];
@@ -24,6 +25,9 @@ const state = {
   // The fleet table: its state filter ("" for all), the after_id of each page visited
   // (null for the first), and the next page's after_id (null on the last page).
   fleet: { filter: "", cursors: [null], next: null },
+  // An instance's results, newest first, a page at a time: the instance shown, the
+  // results_before of each page visited (null for the newest) and the next older page's.
+  results: { id: null, cursors: [null], next: null },
   planAt: 0,
 };
 
@@ -969,8 +973,12 @@ let instanceWired = null;
 
 async function renderInstance(id) {
   const source = $("log-source").value;
+  const results = state.results;
+  if (results.id !== id) Object.assign(results, { id, cursors: [null], next: null });
+  const before = results.cursors[results.cursors.length - 1];
   const [inst, history, logs] = await Promise.all([
-    api("GET", `/api/instances/${id}`),
+    api("GET", `/api/instances/${id}?results_limit=${RESULTS_PAGE}` +
+      (before === null ? "" : `&results_before=${before}`)),
     api("GET", `/api/instances/${id}/telemetry-history?points=300`),
     api("GET", `/api/instances/${id}/logs?tail=200` +
       (source ? "&source=" + encodeURIComponent(source) : "")),
@@ -1098,7 +1106,7 @@ async function renderInstance(id) {
 
   fill(
     $("results-table").tBodies[0],
-    (inst.results || []).map((r) =>
+    (inst.results || []).slice().reverse().map((r) =>
       el("tr", {},
         td(r.kind || "-"), td((r.gpus_used || []).join(",")), td(String(r.proofs_completed ?? "-")),
         td(num(r.wall_seconds, 0)), td(num(r.recomputed_rate_per_hour ?? r.rate_per_hour)),
@@ -1106,6 +1114,13 @@ async function renderInstance(id) {
         td((r.flag_reasons || []).join("; ") || "-"), td(r.verdict || "-"),
         td(r.verdict_reason || "-"))),
   );
+  results.next = inst.results_next ?? null;
+  const shown = (inst.results || []).length;
+  const first = (results.cursors.length - 1) * RESULTS_PAGE;
+  $("results-range").textContent = shown
+    ? `${first + 1}–${first + shown} of ${inst.results_total ?? shown}, newest first` : "";
+  $("results-newer").disabled = results.cursors.length === 1;
+  $("results-older").disabled = results.next === null;
   renderEvents($("instance-events"), (inst.events || []).slice(-50).reverse());
 
   const pre = $("logs");
@@ -1136,6 +1151,15 @@ document.addEventListener("DOMContentLoaded", () => {
   $("fleet-next").addEventListener("click", () => {
     if (state.fleet.next === null) return;
     state.fleet.cursors.push(state.fleet.next);
+    refresh();
+  });
+  $("results-older").addEventListener("click", () => {
+    if (state.results.next === null) return;
+    state.results.cursors.push(state.results.next);
+    refresh();
+  });
+  $("results-newer").addEventListener("click", () => {
+    if (state.results.cursors.length > 1) state.results.cursors.pop();
     refresh();
   });
   $("fleet-prev").addEventListener("click", () => {
