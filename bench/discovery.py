@@ -1264,21 +1264,17 @@ def markets_main(args: argparse.Namespace) -> int:
         return 2
     seeds = list(range(1, 1 + (args.seeds or (1 if args.quick else 5))))
     sizes: tuple[int, ...] = (40, 240) if args.quick else (40, 240, 1000)
-    if args.sizes:
-        try:
-            sizes = tuple(int(x) for x in args.sizes.split(","))
-        except ValueError:
-            print("error: --sizes takes measured counts, e.g. 40,240", file=sys.stderr)
-            return 2
+    plan_runs: tuple[int, ...] = (0,) if args.quick else PLAN_SEEDS
+    try:
+        if args.sizes:
+            sizes = ints_of(args.sizes, "--sizes takes measured counts, e.g. 40,240")
+        if args.plan_runs:
+            plan_runs = ints_of(args.plan_runs, "--plan-runs takes run numbers, e.g. 0,3")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.plan_only:
         sizes = ()
-    plan_runs: tuple[int, ...] = (0,) if args.quick else PLAN_SEEDS
-    if args.plan_runs:
-        try:
-            plan_runs = tuple(int(x) for x in args.plan_runs.split(","))
-        except ValueError:
-            print("error: --plan-runs takes run numbers, e.g. 0,3", file=sys.stderr)
-            return 2
     started = time.perf_counter()
     print("Discovery on market files: every rate is simulated (the files' generators say how)")
     print(f"accuracy seeds {seeds} (which measured hosts); median abs % error on held-out hosts")
@@ -1293,6 +1289,14 @@ def markets_main(args: argparse.Namespace) -> int:
         args.json_out.write_bytes(orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS
                                                | orjson.OPT_SERIALIZE_NUMPY, default=float))
     return 0
+
+
+def ints_of(text: str, error: str) -> tuple[int, ...]:
+    """Whole numbers separated by commas; ValueError(``error``) otherwise."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(error) from None
 
 
 def use_priors(pairs: Sequence[str]) -> None:
