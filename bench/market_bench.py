@@ -421,7 +421,6 @@ def _trial_of(top: dict[str, Any], row: dict[str, Any], plan: dict[str, Any]
         "true": row["true_rate_per_hour"], "measured": row["measured_rate_per_hour"],
         "reference_usd_per_proof": plan["reference_usd_per_proof"],
         "expected_value_usd": top["expected_value_usd"],
-        "hypothesis": top["hypothesis"],
     }
 
 
