@@ -1075,6 +1075,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--accuracy-only", action="store_true",
                     help="with --market(s): the accuracy, interval and attribution figures "
                          "alone, no planning (about a minute a market at --sizes 240)")
+    ap.add_argument("--plan-runs", default=None, metavar="N,N",
+                    help="with --market(s): which planning runs (default 0,1,2,3,4: run 0 "
+                         "the whole file, others 80%% of it)")
+    ap.add_argument("--plan-trace", action="store_true",
+                    help="with --market(s): print each planning trial, predicted against "
+                         "the market's truth")
     ap.add_argument("--belief-test-share", type=float, default=None,
                     help="the planner's VM_PLAN_BELIEF_TEST_SHARE (default: 0, the "
                          "coordinator's, on the live market; 0.25 on market files)")
@@ -1261,24 +1267,28 @@ def markets_main(args: argparse.Namespace) -> int:
         return 2
     seeds = list(range(1, 1 + (args.seeds or (1 if args.quick else 5))))
     sizes: tuple[int, ...] = (40, 240) if args.quick else (40, 240, 1000)
-    if args.sizes:
-        try:
-            sizes = tuple(int(x) for x in args.sizes.split(","))
-        except ValueError:
-            print("error: --sizes takes measured counts, e.g. 40,240", file=sys.stderr)
-            return 2
+    plan_runs: tuple[int, ...] = (0,) if args.quick else PLAN_SEEDS
+    try:
+        if args.sizes:
+            sizes = ints_of(args.sizes, "--sizes takes measured counts, e.g. 40,240")
+        if args.plan_runs:
+            plan_runs = ints_of(args.plan_runs, "--plan-runs takes run numbers, e.g. 0,3")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.plan_only and args.accuracy_only:
         print("error: --plan-only and --accuracy-only exclude each other", file=sys.stderr)
         return 2
     if args.plan_only:
         sizes = ()
-    plan_seeds = () if args.accuracy_only else (0,) if args.quick else PLAN_SEEDS
+    if args.accuracy_only:
+        plan_runs = ()
     started = time.perf_counter()
     print("Discovery on market files: every rate is simulated (the files' generators say how)")
     print(f"accuracy seeds {seeds} (which measured hosts); median abs % error on held-out hosts")
     try:
         # A smoke run plans on the whole file alone.
-        out = run_markets(paths, seeds, sizes, plan_seeds)
+        out = run_markets(paths, seeds, sizes, plan_runs, trace=args.plan_trace)
     except (MarketError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -1287,6 +1297,14 @@ def markets_main(args: argparse.Namespace) -> int:
         args.json_out.write_bytes(orjson.dumps(out, option=orjson.OPT_NON_STR_KEYS
                                                | orjson.OPT_SERIALIZE_NUMPY, default=float))
     return 0
+
+
+def ints_of(text: str, error: str) -> tuple[int, ...]:
+    """Whole numbers separated by commas; ValueError(``error``) otherwise."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(error) from None
 
 
 def use_priors(pairs: Sequence[str]) -> None:

@@ -221,6 +221,9 @@ class PlanningRow:
     trials_used: dict[int, int]
     ten_cheapest: float  # the 10 cheapest offers rented untried
     references: list[str]  # the reference each plan said it used
+    #: Each trial: the proposed offer, the plan's prediction and reference, and the
+    #: market's truth for it (``--plan-trace`` prints them).
+    trials: list[dict[str, Any]]
 
 
 def _top_fleet(rows: list[dict[str, Any]], rates: list[float]) -> list[dict[str, Any]]:
@@ -360,6 +363,7 @@ def planning(rows: list[dict[str, Any]], checkpoints: Sequence[int] = (10, 20)
     spend: dict[int, float] = {}
     used: dict[int, int] = {}
     references: list[str] = []
+    trials: list[dict[str, Any]] = []
     measured: set[str] = set()
     spent = 0.0
     with tempfile.TemporaryDirectory(prefix="market-bench-") as tmp:
@@ -385,6 +389,7 @@ def planning(rows: list[dict[str, Any]], checkpoints: Sequence[int] = (10, 20)
                 top = plan["proposals"][0]
                 if str(top["machine_id"]) in measured:
                     raise AssertionError("the plan proposed a machine already measured")
+                trials.append(_trial_of(top, by_machine[str(top["machine_id"])], plan))
                 measured.add(str(top["machine_id"]))
                 spent += top["trial_cost_usd"]
                 coord.hosts_import([by_machine[str(top["machine_id"])]])
@@ -403,7 +408,20 @@ def planning(rows: list[dict[str, Any]], checkpoints: Sequence[int] = (10, 20)
     if all("oracle_rate_per_hour" in r for r in rows):
         oracle = fleet_usd_per_proof(_top_fleet(rows, [r["oracle_rate_per_hour"] for r in rows]))
     return PlanningRow(oracle, planner, cheapest, spend, cheap_spend, used,
-                       fleet_usd_per_proof(by_price[:FLEET]), references)
+                       fleet_usd_per_proof(by_price[:FLEET]), references, trials)
+
+
+def _trial_of(top: dict[str, Any], row: dict[str, Any], plan: dict[str, Any]
+              ) -> dict[str, Any]:
+    """One trial as the plan proposed it, beside the market's truth for that host."""
+    return {
+        "offer": f"{row['num_gpus']}x {row['gpu_name']}", "dph_total": row["dph_total"],
+        "predicted": top["predicted_rate_per_hour"],
+        "low": top["predicted_rate_low"], "high": top["predicted_rate_high"],
+        "true": row["true_rate_per_hour"], "measured": row["measured_rate_per_hour"],
+        "reference_usd_per_proof": plan["reference_usd_per_proof"],
+        "expected_value_usd": top["expected_value_usd"],
+    }
 
 
 # --- the report --------------------------------------------------------------------
@@ -414,7 +432,8 @@ def market_files() -> list[Path]:
 
 
 def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int],
-                plan_seeds: Sequence[int] = PLAN_SEEDS) -> dict[str, Any]:
+                plan_seeds: Sequence[int] = PLAN_SEEDS, *, trace: bool = False
+                ) -> dict[str, Any]:
     """Print, per market, the accuracy table and the planning table; return the figures."""
     out: dict[str, Any] = {"simulated": True, "markets": {}}
     mean = statistics.mean
@@ -446,7 +465,7 @@ def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int
                   f" {mean(r.coverage for r in rs):>6.1%} {mean(r.fit_s for r in rs):>6.2f}")
         plans = [planning(market_on_offer(rows, s)) for s in plan_seeds]
         if plans:
-            _print_planning(plans, plan_seeds)
+            _print_planning(plans, plan_seeds, trace=trace)
         out["markets"][name] = {
             "hosts": len(rows),
             "accuracy": {str(n): [_row(r) for r in rs]
@@ -457,9 +476,11 @@ def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int
     return out
 
 
-def _print_planning(plans: list[PlanningRow], seeds: Sequence[int]) -> None:
+def _print_planning(plans: list[PlanningRow], seeds: Sequence[int], *, trace: bool = False
+                    ) -> None:
     """One line per planning seed and checkpoint: the planner's fleet against the oracle,
-    the trials it used and their spend, against cheapest-first and the 10 cheapest."""
+    the trials it used and their spend, against cheapest-first and the 10 cheapest; with
+    ``trace``, each trial: what the plan predicted against the market's truth."""
     print(f"  planning a fleet of {FLEET} from nothing measured, the operator's path (a real "
           f"coordinator: plan --trials 1, hosts import, offers; deterministic per seed; seed 0 "
           f"the whole file, others {PLAN_SAMPLE:.0%} of it on offer); $/proof at true rates:")
@@ -471,6 +492,12 @@ def _print_planning(plans: list[PlanningRow], seeds: Sequence[int]) -> None:
               + (f" (the oracle {1 - o / p.ten_cheapest:.1%} cheaper)" if o else ""))
         print(f"      first reference: {p.references[0] if p.references else '-'}; "
               f"last: {p.references[-1] if p.references else '-'}")
+        for n, t in enumerate(p.trials if trace else [], 1):
+            print(f"      trial {n:>2}: {t['offer']} at ${t['dph_total']:.3f}/h against "
+                  f"${t['reference_usd_per_proof']:.5f}/proof, expected value "
+                  f"${t['expected_value_usd']:.2f}: predicted {t['predicted']:.0f}/h "
+                  f"({t['low']:.0f}-{t['high']:.0f}), true {t['true']:.0f}/h (benchmark "
+                  f"{t['measured']:.0f}), ${t['dph_total'] / t['true']:.5f}/proof")
         for c in (10, 20):
             print(f"      after <= {c} trials: planner {p.planner[c]:.5f}"
                   + (f" ({p.planner[c] / o - 1:+.1%} vs oracle; {_captured(p, c):.0%} of its "

@@ -131,10 +131,34 @@ def test_a_bad_prior_or_share_is_named_and_runs_nothing(
 
     for args, said in ((["--prior", "bogus=1"], "NAME a field of Priors"),
                        (["--prior", "host_sd=x"], "host_sd takes a float"),
-                       (["--belief-test-share", "2"], "between 0 and 1")):
+                       (["--belief-test-share", "2"], "between 0 and 1"),
+                       (["--plan-runs", "0,x"], "--plan-runs takes run numbers")):
         assert bench.main(["--markets", "--plan-only", *args]) == 2
         err = capsys.readouterr()
         assert said in err.err and "Market " not in err.out
+
+
+def test_one_planning_run_traces_its_trials_against_the_truth(
+        tmp_path: Path, contended: list[dict[str, Any]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--plan-runs 0 --plan-trace``: that run alone, each trial with the plan's
+    prediction beside the market's true rate for the host it proposed."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import discovery as bench
+
+    small = tmp_path / "small.jsonl"
+    small.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in contended[:300]))
+    by_rate = {round(r["true_rate_per_hour"]) for r in contended[:300]}
+    assert bench.main(["--market", str(small), "--plan-only", "--plan-runs", "0",
+                       "--plan-trace"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("    seed ") == 1
+    trials = [line for line in out.splitlines() if line.lstrip().startswith("trial ")]
+    assert len(trials) == 20
+    for line in trials:
+        true = int(line.split(", true ")[1].split("/h")[0])
+        assert true in by_rate, line
+        assert "predicted " in line and "/proof" in line
 
 
 def test_a_replaced_prior_reaches_every_fit(monkeypatch: pytest.MonkeyPatch) -> None:
