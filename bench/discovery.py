@@ -1072,6 +1072,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(default 40,240,1000; quick 40,240)")
     ap.add_argument("--plan-only", action="store_true",
                     help="with --market(s): the planning figures alone (a few minutes)")
+    ap.add_argument("--accuracy-only", action="store_true",
+                    help="with --market(s): the accuracy, interval and attribution figures "
+                         "alone, no planning (about a minute a market at --sizes 240)")
     ap.add_argument("--plan-runs", default=None, metavar="N,N",
                     help="with --market(s): which planning runs (default 0,1,2,3,4: run 0 "
                          "the whole file, others 80%% of it)")
@@ -1273,8 +1276,13 @@ def markets_main(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.plan_only and args.accuracy_only:
+        print("error: --plan-only and --accuracy-only exclude each other", file=sys.stderr)
+        return 2
     if args.plan_only:
         sizes = ()
+    if args.accuracy_only:
+        plan_runs = ()
     started = time.perf_counter()
     print("Discovery on market files: every rate is simulated (the files' generators say how)")
     print(f"accuracy seeds {seeds} (which measured hosts); median abs % error on held-out hosts")

@@ -464,7 +464,8 @@ def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int
                   f" {mean(r.served / r.gbm_baseline for r in rs):>5.2f}"
                   f" {mean(r.coverage for r in rs):>6.1%} {mean(r.fit_s for r in rs):>6.2f}")
         plans = [planning(market_on_offer(rows, s)) for s in plan_seeds]
-        _print_planning(plans, plan_seeds, trace=trace)
+        if plans:
+            _print_planning(plans, plan_seeds, trace=trace)
         out["markets"][name] = {
             "hosts": len(rows),
             "accuracy": {str(n): [_row(r) for r in rs]

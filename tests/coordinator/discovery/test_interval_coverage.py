@@ -89,15 +89,7 @@ def test_80pct_intervals_cover_75_to_85pct_on_every_market(name: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [
-    "simulator",
-    # Its memory-bound hosts (a RAM share short of what the GPUs need swaps, the rate
-    # falling with the square of the shortfall) are covered 64% (87 of 135):
-    # docs/discovery.md, "Where the model is weak".
-    pytest.param("pipeline", marks=pytest.mark.xfail(strict=True, reason="64% < 65%")),
-    "contended",
-    "made here",
-])
+@pytest.mark.parametrize("name", ["simulator", "pipeline", "contended", "made here"])
 def test_no_binding_resource_is_covered_below_65pct(name: str) -> None:
     """The hosts each true binding resource binds (seeds pooled, 30 at least) are covered
     65% or more: the intervals hold for every kind of host, not only the average one."""

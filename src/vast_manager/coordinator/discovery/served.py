@@ -62,6 +62,12 @@ CANDIDATES = ("structural", "residual", "plain")
 #: structural model answers alone, with its own interval.
 MIN_CV_MACHINES = 30
 FOLDS = 5
+#: With few machines a fold's models, fitted on (k-1)/k of them, err visibly more than the
+#: model fitted on all, and the intervals calibrated on their residuals run wide: below
+#: this many machines cross-validation uses ``FEW_MACHINES_FOLDS`` folds (nine tenths of
+#: the machines in each fold's fit). Above it the difference is small and the time is not.
+FEW_MACHINES = 500
+FEW_MACHINES_FOLDS = 10
 #: A binding resource gets its own interval scale once this many machines back it.
 MIN_GROUP_ROWS = 40
 BLEND_STEP = 0.1
@@ -357,15 +363,19 @@ def group_keys(bottleneck: str, num_gpus: int) -> tuple[str, ...]:
 
 def _conformal(scores: Array, groups: Sequence[tuple[str, int]]
                ) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
-    """Split-conformal 10th and 90th percentiles (finite-sample corrected) and the median
-    of the machines' scores (``_machine_scores``), for all and per group
+    """Split-conformal 10th and 90th percentiles (at the plotting positions k / (n + 1))
+    and the median of the machines' scores (``_machine_scores``), for all and per group
     (``group_keys``) that has ``MIN_GROUP_ROWS`` machines."""
 
     def bounds(r: Array) -> tuple[float, float]:
-        n = len(r)
-        lo_q = max(0.0, math.floor(0.1 * (n + 1)) / n - 1e-9)
-        hi_q = min(1.0, math.ceil(0.9 * (n + 1)) / n)
-        return float(np.quantile(r, lo_q)), float(np.quantile(r, hi_q))
+        # The order statistics at plotting positions k / (n + 1) (Weibull's): a new
+        # machine's score falls below the k-th of n exchangeable ones with probability
+        # k / (n + 1), so these bound it with probability 0.1 and 0.9 on average. The
+        # usual finite-sample correction (ceil(0.9 (n + 1)) / n) guarantees at least 80%
+        # and gives more on average (up to 2.5 points more in a group of 40 machines):
+        # the acceptance is a calibrated 80%, not at least 80%.
+        lo, hi = np.quantile(r, (0.1, 0.9), method="weibull")
+        return float(lo), float(hi)
 
     out = {"all": bounds(scores)}
     mids = {"all": float(np.median(scores))}
@@ -519,7 +529,8 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
     cv_started = time.perf_counter()
     oof = np.full((len(usable), len(CANDIDATES)), np.nan)
     binding: list[tuple[str, int]] = [("all", 1)] * len(usable)
-    for train, test in GroupKFold(n_splits=min(FOLDS, machines)).split(offers, groups=groups):
+    folds = FEW_MACHINES_FOLDS if machines <= FEW_MACHINES else FOLDS
+    for train, test in GroupKFold(n_splits=min(folds, machines)).split(offers, groups=groups):
         fold_model = fit_rate_model([usable[i] for i in train], now=now)
         tr_offers = [offers[i] for i in train]
         residual, plain, _ = _fit_learners(tr_offers, log_rate[train], fold_model, gpu_codes)

@@ -3,13 +3,14 @@
 A Bayesian hierarchical model on the log of the rate (docs/discovery.md has the
 derivation and the figures):
 
-    log rate = softmin_k( log capacity_k ) + small linear terms + host effect + noise
+    log rate = softmin( softmin(log gpu, log pcie), log cpu, log memory )
+               + a RAM-share term + small linear terms + host effect + noise
 
 with four capacities in proofs/hour, each from a physical fact and a learned scale:
 
 * **gpu**: GPUs x the card's class rate (anchored on an RTX 5070 Ti's GPU-bound
   rate, scaled by memory bandwidth) x a learned offset per GPU model;
-* **cpu**: the instance's vCPUs x a per-vCPU synthesis rate (anchored on the
+* **cpu**: the instance's vCPUs^v x a per-vCPU synthesis rate (anchored on the
   CPU-bound 4x RTX 5060 Ti on a 16-thread Ryzen) x clock^g x a learned offset per
   CPU family;
 * **pcie**: GPUs x host->GPU GB/s x proofs per GB streamed (each partition
@@ -22,11 +23,15 @@ with four capacities in proofs/hour, each from a physical fact and a learned sca
   near a step a new host's rate has two modes (one count or the next), and its
   prediction is the mixture; each measured slice's count is inferred by EM.
 
-The soft-min's sharpness is learned. A per-machine effect (Student-t in log rate,
-scale ``sigma_host``, fitted by EM as a scale mixture of normals) is marginalised
-out of the fit and then estimated for every measured machine, so its repeated
-measurements pin its own prediction;
-measurements carry noise ``sigma_noise``. Both spreads are estimated by the
+The soft-mins' sharpnesses are learned (the GPUs and their link meet in one of their
+own), as are how synthesis grows with vCPUs, how a narrow link is shared by a host's
+GPUs, and a smooth RAM-share term outside the soft-min (docs/discovery.md, section 2).
+The binding resource is the one whose doubling raises the predicted rate most.
+
+A per-machine effect (Student-t in log rate, scale ``sigma_host``, fitted by EM as a
+scale mixture of normals) is marginalised out of the fit and then estimated for every
+measured machine, so its repeated measurements pin its own prediction; measurements
+carry noise ``sigma_noise``. Both spreads are estimated by the
 Laplace-approximated marginal likelihood (which charges for the parameters the
 fit spends), under priors that keep them sane with five measurements. The
 parameter posterior is Gaussian (Laplace), so a prediction's 80% interval
@@ -90,6 +95,13 @@ class Priors:
     cpu_family_sd: float = 0.25
     ghz_exponent: float = 0.7
     ghz_exponent_sd: float = 0.4
+    # How synthesis grows with the instance's vCPUs, about the anchor's 16: in proportion
+    # a priori, but threads share the host's memory bandwidth (upstream's 96-core rig
+    # makes about a third of the anchor's rate per thread, above), so the exponent is
+    # learned.
+    cpu_ref_vcpus: float = 16.0
+    vcpu_exponent: float = 1.0
+    vcpu_exponent_sd: float = 0.25
     # PCIe: a 32G PoRep proof is 10 partitions, each streaming ~48 GB of SRS bases
     # (45 GiB of parameters do not fit a 16-32 GB card).
     pcie_rate_per_gbps_hour: float = 3600.0 / (10 * 48.0)  # = 3600 / (10 x upload GB)
@@ -121,7 +133,19 @@ class Priors:
     partition_step_sharpness_sd: float = 0.5
     sharpness: float = 8.0
     sharpness_sd: float = 0.5
+    # The GPUs and the link that feeds them meet first, in a soft-min of their own: how
+    # a transfer stalls a GPU (overlapped, in sequence, or between) is a property of
+    # that pair, not of how the fed GPUs then meet the CPU and the RAM.
+    feed_sharpness: float = 8.0
+    feed_sharpness_sd: float = 0.7
     linear_sd: float = 0.10
+    # The RAM-share term's coefficients (``RAM_HINGES_GIB``), 0 a priori.
+    ram_hinge_sd: float = 0.25
+    # A link of x8 or fewer lanes a GPU on a host of several GPUs is often a switch or
+    # riser the host's GPUs share, which the offer's per-GPU pcie_bw does not show: each
+    # GPU's bandwidth is divided by (the host's GPUs)^s, s learned, 0 a priori.
+    shared_link_max_lanes: int = 8
+    shared_link_sd: float = 0.3
     other_sd: float = 0.05
     deviation_coef: float = 0.5
     deviation_coef_sd: float = 0.5
@@ -142,12 +166,20 @@ class Priors:
     fit_rounds: int = 8
 
 
+#: A RAM share may cost the whole rate by more than whole partitions in flight explain (a
+#: host short of RAM pages, caches less, waits on its allocator): a smooth term in the
+#: share, outside the soft-min, as hinges in log RAM below these shares (GiB), each with
+#: its coefficient. Where the staircase explains the rate they stay near 0.
+RAM_HINGES_GIB = (144.0, 192.0, 256.0, 384.0)
+_HINGES = tuple(f"ram_hinge_{i}" for i in range(len(RAM_HINGES_GIB)))
+
 #: The parameters shared by every offer, in the order of the parameter vector.
 FIXED = (
     "gpu_scale", "cpu_scale", "pcie_scale", "ram_scale", "ram_resident", "ram_partition",
     "ghz_exponent", "log_sharpness", "multi_gpu", "host_share", "mem_bw_deviation",
     "dlperf_deviation",
-    "disk_bw", "inet_down", "reliability", "log_step_sharpness",
+    "disk_bw", "inet_down", "reliability", "log_step_sharpness", "vcpu_exponent",
+    "log_feed_sharpness", "shared_link", *_HINGES,
 )
 _I = {name: i for i, name in enumerate(FIXED)}
 
@@ -166,7 +198,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("GPU count", ("n_log",)),
     ("CPU share", ("cores_log", "ghz_log", "fam")),
     ("RAM share", ("ram_gib",)),
-    ("PCIe", ("pcie_log",)),
+    ("PCIe", ("pcie_log", "shared_link")),
     ("sharing, disk, network", ("share_log", "z_disk", "z_inet", "z_rel")),
 )
 
@@ -257,6 +289,7 @@ class _Design:
     fam: NDArray[np.int64]  # CPU family index, -1 when unmeasured
     ram_gib: Array
     pcie_log: Array
+    shared_link: Array  # log(the host's GPUs) where the link is narrow, else 0
     share_log: Array
     z_disk: Array
     z_inet: Array
@@ -292,6 +325,10 @@ def _design(
         fam=np.asarray([fam_index.get(f.cpu_family, -1) for f in feats], dtype=np.int64),
         ram_gib=col([f.ram_share_gib for f in feats]),
         pcie_log=col([math.log(max(f.pcie_gbps, 0.25)) for f in feats]),
+        shared_link=col([math.log(max(1.0, round(f.num_gpus / max(f.host_share, 1e-3))))
+                         if f.gpu_lanes is not None
+                         and f.gpu_lanes <= priors.shared_link_max_lanes else 0.0
+                         for f in feats]),
         share_log=col([math.log(max(f.host_share, 1e-3)) for f in feats]),
         z_disk=col([math.log(f.disk_bw_mbps / 2000.0) if f.disk_bw_mbps else 0.0 for f in feats]),
         z_inet=col([math.log(f.inet_down_mbps / 1000.0) if f.inet_down_mbps else 0.0
@@ -417,7 +454,8 @@ class _Eval:
 
 
 def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
-              *, jacobian: bool, log_count: Array | None = None) -> _Eval:
+              *, jacobian: bool, log_count: Array | None = None,
+              cpu_boost: float = 0.0) -> _Eval:
     """The log rate of every row (and its Jacobian). ``log_count`` gives each row's
     partitions in flight (log: one count, or the mean log over a distribution of them,
     ``_count_terms``), as the fit and the predictions do; without it the count is the
@@ -426,15 +464,19 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
     delta_gpu = np.concatenate([theta[nf:nf + n_gpu], [0.0]])  # index -1 -> 0
     delta_fam = np.concatenate([theta[nf + n_gpu:nf + n_gpu + n_fam], [0.0]])
     t = theta
-    speed = t[_I["ghz_exponent"]] * d.ghz_log + delta_fam[d.fam]
+    speed = t[_I["ghz_exponent"]] * d.ghz_log + delta_fam[d.fam] + cpu_boost
     caps = np.empty((d.n_log.shape[0], 4))
     caps[:, 0] = (d.n_log + d.g0 + t[_I["gpu_scale"]] + delta_gpu[d.gpu]
                   + t[_I["mem_bw_deviation"]] * d.bwdev + t[_I["dlperf_deviation"]] * d.dldev)
-    caps[:, 1] = d.cores_log + math.log(priors.cpu_rate_per_vcpu_hour) + t[_I["cpu_scale"]] + speed
-    caps[:, 2] = (d.n_log + d.pcie_log + math.log(priors.pcie_rate_per_gbps_hour)
+    ref_vcpus = math.log(priors.cpu_ref_vcpus)
+    caps[:, 1] = (t[_I["vcpu_exponent"]] * (d.cores_log - ref_vcpus)
+                  + math.log(priors.cpu_rate_per_vcpu_hour * priors.cpu_ref_vcpus)
+                  + t[_I["cpu_scale"]] + speed)
+    pcie_log = d.pcie_log - t[_I["shared_link"]] * d.shared_link
+    caps[:, 2] = (d.n_log + pcie_log + math.log(priors.pcie_rate_per_gbps_hour)
                   + t[_I["pcie_scale"]])
     synth_s = priors.synth_seconds_per_partition * np.exp(-speed)
-    upload_s = priors.upload_gb_per_partition * math.exp(-t[_I["pcie_scale"]]) / np.exp(d.pcie_log)
+    upload_s = priors.upload_gb_per_partition * math.exp(-t[_I["pcie_scale"]]) / np.exp(pcie_log)
     hold_s = synth_s + upload_s
     resident = priors.ram_resident_gib + 10.0 * t[_I["ram_resident"]]
     partition = priors.ram_partition_gib * math.exp(t[_I["ram_partition"]])
@@ -445,13 +487,15 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
         log_in_flight, d_in_flight = log_count, np.zeros_like(log_count)
     caps[:, 3] = (log_in_flight + math.log(360.0) - np.log(hold_s) + _ram_calibration(priors)
                   + t[_I["ram_scale"]])
-    kappa = math.exp(t[_I["log_sharpness"]])
-    low = caps.min(axis=1)
-    e = np.exp(-kappa * (caps - low[:, None]))
-    s = e.sum(axis=1)
-    w = e / s[:, None]
-    soft = low - np.log(s) / kappa
-    f = (soft + t[_I["multi_gpu"]] * d.n_log + t[_I["host_share"]] * d.share_log
+    # The fed GPUs (a soft-min of the GPUs and their link), then a soft-min of that,
+    # the CPU and the RAM; w is each capacity's share of the binding, d f / d log cap.
+    feed, v = _softmin(caps[:, [0, 2]], math.exp(t[_I["log_feed_sharpness"]]))
+    outer = np.stack([feed, caps[:, 1], caps[:, 3]], axis=1)
+    soft, u = _softmin(outer, math.exp(t[_I["log_sharpness"]]))
+    w = np.stack([u[:, 0] * v[:, 0], u[:, 1], u[:, 0] * v[:, 1], u[:, 2]], axis=1)
+    hinges = _ram_hinges(d.ram_gib)
+    f = (soft + hinges @ t[[_I[h] for h in _HINGES]]
+         + t[_I["multi_gpu"]] * d.n_log + t[_I["host_share"]] * d.share_log
          + t[_I["disk_bw"]] * d.z_disk + t[_I["inet_down"]] * d.z_inet
          + t[_I["reliability"]] * d.z_rel)
     jac = None
@@ -463,11 +507,16 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
         jac[:, _I["gpu_scale"]] = w[:, 0]
         jac[:, _I["cpu_scale"]] = w[:, 1]
         jac[:, _I["pcie_scale"]] = w[:, 2] + w[:, 3] * (1.0 - synth_share)
+        jac[:, _I["shared_link"]] = -d.shared_link * jac[:, _I["pcie_scale"]]
         jac[:, _I["ram_scale"]] = w[:, 3]
         jac[:, _I["ram_resident"]] = w[:, 3] * d_in_flight * (-10.0 / partition)
         jac[:, _I["ram_partition"]] = w[:, 3] * d_in_flight * (-(d.ram_gib - resident) / partition)
         jac[:, _I["ghz_exponent"]] = w_speed * d.ghz_log
-        jac[:, _I["log_sharpness"]] = (w * caps).sum(axis=1) - soft
+        jac[:, _I["log_sharpness"]] = (u * outer).sum(axis=1) - soft
+        jac[:, _I["log_feed_sharpness"]] = u[:, 0] * ((v * caps[:, [0, 2]]).sum(axis=1) - feed)
+        jac[:, _I["vcpu_exponent"]] = w[:, 1] * (d.cores_log - ref_vcpus)
+        for j, h in enumerate(_HINGES):
+            jac[:, _I[h]] = hinges[:, j]
         jac[:, _I["multi_gpu"]] = d.n_log
         jac[:, _I["host_share"]] = d.share_log
         jac[:, _I["mem_bw_deviation"]] = w[:, 0] * d.bwdev
@@ -481,6 +530,51 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
         known = d.fam >= 0
         jac[rows[known], nf + n_gpu + d.fam[known]] = w_speed[known]
     return _Eval(f, caps, w, jac)
+
+
+def _ram_hinges(ram_gib: Array) -> Array:
+    """(N, hinges): how far (in log) each RAM share lies below each of
+    ``RAM_HINGES_GIB`` (0 at or above it)."""
+    knots = np.log(np.asarray(RAM_HINGES_GIB))
+    out: Array = np.maximum(0.0, knots[None, :] - np.log(np.maximum(ram_gib, 1.0))[:, None])
+    return out
+
+
+def _softmin(logs: Array, kappa: float) -> tuple[Array, Array]:
+    """(soft minimum of each row, its weights: the derivative in each column), a p-norm of
+    the capacities with p = kappa: -log(sum(exp(-kappa logs))) / kappa."""
+    low = logs.min(axis=1)
+    e = np.exp(-kappa * (logs - low[:, None]))
+    s = e.sum(axis=1)
+    return low - np.log(s) / kappa, e / s[:, None]
+
+
+def _doubling_gains(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int
+                    ) -> Array:
+    """(N, 4) how much each resource doubled would raise each row's log rate (RESOURCES'
+    order): the GPUs' speed, the CPU's speed (its capacity and each partition's
+    synthesis), the link's bandwidth (its capacity and each partition's upload), the RAM
+    share (partitions in flight, on the smooth staircase, and the RAM-share term).
+
+    The binding resource is the one whose doubling raises the rate most: a question of
+    the whole prediction, not of one term's weight, where terms meet softly (two limits
+    near each other) or a resource also acts outside the soft-min (RAM)."""
+    ln2 = math.log(2.0)
+
+    def rate(dd: _Design, cpu_boost: float = 0.0) -> Array:
+        return _evaluate(theta, dd, priors, n_gpu, n_fam, jacobian=False,
+                         cpu_boost=cpu_boost).f
+
+    def shifted(**cols: Array) -> _Design:
+        return _Design(**{**{k: getattr(d, k) for k in d.__dataclass_fields__}, **cols})
+
+    base = rate(d)
+    return np.stack([
+        rate(shifted(g0=d.g0 + ln2)) - base,
+        rate(d, cpu_boost=ln2) - base,
+        rate(shifted(pcie_log=d.pcie_log + ln2)) - base,
+        rate(shifted(ram_gib=d.ram_gib * 2.0)) - base,
+    ], axis=1)
 
 
 def _ram_steps(theta: Array, priors: Priors) -> tuple[float, float]:
@@ -598,6 +692,11 @@ class RateModel:
             "ram_partition_gib": p.ram_partition_gib * math.exp(self.parameter("ram_partition")[0]),
             "ghz_exponent": self.parameter("ghz_exponent")[0],
             "softmin_sharpness": math.exp(self.parameter("log_sharpness")[0]),
+            "gpu_pcie_softmin_sharpness": math.exp(self.parameter("log_feed_sharpness")[0]),
+            "vcpu_exponent": self.parameter("vcpu_exponent")[0],
+            "shared_link_exponent": self.parameter("shared_link")[0],
+            "ram_share_term_at_128_gib": float(
+                _ram_hinges(np.array([128.0]))[0] @ self.theta[[_I[h] for h in _HINGES]]),
             "gpu_models": {
                 k: math.exp(self.theta[len(FIXED) + i]) for k, i in self.gpu_index.items()
             },
@@ -655,6 +754,7 @@ class RateModel:
             if told is not None:
                 log_count[i], known[i] = told, True
         ev = _evaluate(self.theta, d, p, n_gpu, n_fam, jacobian=True, log_count=log_count)
+        binding = np.argmax(_doubling_gains(self.theta, d, p, n_gpu, n_fam), axis=1)
         b = self._bands(feats, d, ev, weights, means, known)
         shap = self._shapley(d, n_gpu, n_fam) if explain else None
         ref_log = self._reference_log_rate(n_gpu, n_fam) if explain else float("nan")
@@ -674,7 +774,8 @@ class RateModel:
                 ) + _own_terms(b, i, weights[i], bool(known[i]), float(log_count[i]),
                                float(smooth[i]))
             pred = self._prediction(f, i, b, ev, weights, means, contributions,
-                                    math.exp(ref_log) if explain else float("nan"))
+                                    math.exp(ref_log) if explain else float("nan"),
+                                    RESOURCES[int(binding[i])])
             preds.append(_with_basis(pred, f) if explain else pred)
         return preds
 
@@ -729,7 +830,7 @@ class RateModel:
 
     def _prediction(self, f: OfferFeatures, i: int, b: _Bands, ev: _Eval,
                     weights: Array, means: Array, contributions: tuple[Contribution, ...],
-                    reference: float) -> Prediction:
+                    reference: float, bottleneck: str) -> Prediction:
         mu, s = float(b.mean[i]), float(b.sd[i])
         modes: tuple[tuple[float, float, float], ...] = ()
         if b.multi[i]:
@@ -743,7 +844,7 @@ class RateModel:
             rate_high=math.exp(float(b.high[i])),
             log_rate_mean=mu,
             log_rate_sd=s,
-            bottleneck=RESOURCES[int(np.argmax(ev.w[i]))],
+            bottleneck=bottleneck,
             capacities_per_hour={r: float(math.exp(ev.caps[i, k]))
                                  for k, r in enumerate(RESOURCES)},
             reference_rate_per_hour=reference,
@@ -894,6 +995,8 @@ def _prior_arrays(priors: Priors, n_gpu: int, n_fam: int) -> tuple[Array, Array]
     mean["mem_bw_deviation"] = p.deviation_coef
     mean["dlperf_deviation"] = p.deviation_coef
     mean["log_step_sharpness"] = math.log(p.partition_step_sharpness)
+    mean["vcpu_exponent"] = p.vcpu_exponent
+    mean["log_feed_sharpness"] = math.log(p.feed_sharpness)
     sd = {
         "gpu_scale": p.gpu_scale_sd, "cpu_scale": p.cpu_scale_sd, "pcie_scale": p.pcie_scale_sd,
         "ram_scale": p.ram_scale_sd, "ram_resident": p.ram_resident_sd,
@@ -902,6 +1005,9 @@ def _prior_arrays(priors: Priors, n_gpu: int, n_fam: int) -> tuple[Array, Array]
         "mem_bw_deviation": p.deviation_coef_sd, "dlperf_deviation": p.deviation_coef_sd,
         "disk_bw": p.other_sd, "inet_down": p.other_sd, "reliability": p.other_sd,
         "log_step_sharpness": p.partition_step_sharpness_sd,
+        "vcpu_exponent": p.vcpu_exponent_sd, "log_feed_sharpness": p.feed_sharpness_sd,
+        "shared_link": p.shared_link_sd,
+        **{h: p.ram_hinge_sd for h in _HINGES},
     }
     mu = np.array([mean[k] for k in FIXED] + [0.0] * (n_gpu + n_fam))
     sds = np.array([sd[k] for k in FIXED] + [p.gpu_model_sd] * n_gpu + [p.cpu_family_sd] * n_fam)

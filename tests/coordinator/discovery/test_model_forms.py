@@ -1,0 +1,56 @@
+"""The rate model's learned forms say what a market does, and stay out of the way where
+it does not (docs/discovery.md, section 2): how synthesis grows with vCPUs, a narrow link
+shared by a host's GPUs, and the binding resource named by doubling. Every rate here is
+simulated."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from vast_manager.coordinator.discovery.structural_model import RateModel, fit_rate_model
+
+from support.discovery_support import market, market_measurements, market_offer
+from support.foreign_market import generate
+
+
+def _fit(rows: list[dict[str, Any]], n: int = 240) -> tuple[RateModel, list[dict[str, Any]]]:
+    """As the market bench does: n hosts measured from the first 60%, the rest held out."""
+    cut = int(len(rows) * 0.6)
+    train = random.Random(1).sample(rows[:cut], n)
+    return fit_rate_model(market_measurements(train), now=0.0), rows[cut:]
+
+
+def test_a_market_whose_narrow_links_are_shared_and_whose_synthesis_saturates_is_read() -> None:
+    """The market made at test time shares a x8-or-narrower link among the host's GPUs
+    (each gets the link / GPUs^0.7) and grows synthesis as vCPUs^0.6: the fit finds both."""
+    model, _ = _fit(generate(20261205, 1000))
+    s = model.summary()
+    assert 0.45 <= s["shared_link_exponent"] <= 0.95, s
+    assert 0.4 <= s["vcpu_exponent"] <= 0.8, s
+
+
+@pytest.mark.parametrize("name", ["simulator", "pipeline"])
+def test_where_links_are_not_shared_and_synthesis_is_proportional_the_forms_stay_off(
+        name: str) -> None:
+    """The simulator and the pipeline market share no link and synthesise in proportion
+    to vCPUs: the sharing exponent stays near its prior's 0 and the vCPU exponent near 1."""
+    model, _ = _fit(market(name))
+    s = model.summary()
+    assert abs(s["shared_link_exponent"]) < 0.15, s
+    assert s["vcpu_exponent"] > 0.85, s
+
+
+@pytest.mark.parametrize("name", ["made here", "pipeline", "contended", "simulator"])
+def test_the_binding_resource_is_named_right_on_most_held_out_hosts(name: str) -> None:
+    """The market files label each host with the resource whose doubling raises its true
+    rate most (the simulator's, the least capacity); the model names the resource whose
+    doubling raises its own prediction most, and gets 75% or more of them right."""
+    rows = generate(20261205, 1000) if name == "made here" else market(name)
+    model, held = _fit(rows)
+    preds = model.predict_offers([market_offer(r) for r in held], explain=False)
+    right = sum(getattr(p, "bottleneck", None) == r["true_binding"]
+                for p, r in zip(preds, held, strict=True))
+    assert right / len(held) >= 0.75, (name, right, len(held))
