@@ -169,8 +169,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         ge=0,
         description="seconds results and log batches are kept after the coordinator "
         "acknowledged them, to send again to a coordinator restored from its replica "
-        "(docs/protocol.md, \"Replay\"); at least the orphan timeout, so a coordinator "
-        "restored within it finds them",
+        "(docs/protocol.md, \"Replay\"); 0 (no replay) or at least the orphan timeout, so a "
+        "coordinator restored within it finds them",
         extra=_env("VM_ACK_RETENTION"))] = 7200.0
     log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], Meta(
         description="the agent's own log level (`DEBUG` also echoes child output to stderr)",
@@ -266,9 +266,10 @@ def load_config(environ: Mapping[str, str] | None = None) -> AgentConfig:
         raise ConfigError("VM_PROVIDER is 'vast' but CONTAINER_ID is not set")
     # A coordinator restored within the orphan timeout asks for what it lost; a shorter
     # retention would have forgotten results it acknowledged (docs/protocol.md, "Replay").
-    if values["ack_retention_s"] < values["orphan_timeout_s"]:
+    # 0 is the operator's explicit "no replay".
+    if 0 < values["ack_retention_s"] < values["orphan_timeout_s"]:
         raise ConfigError(
-            f"VM_ACK_RETENTION ({values['ack_retention_s']:g} s) must be at least "
+            f"VM_ACK_RETENTION ({values['ack_retention_s']:g} s) must be 0 or at least "
             f"VM_ORPHAN_TIMEOUT ({values['orphan_timeout_s']:g} s)")
     return AgentConfig(
         **values,
