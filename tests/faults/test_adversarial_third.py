@@ -118,15 +118,35 @@ def high_of(offers: list[dict[str, Any]], offer_id: int) -> float:
     return float(next(o for o in offers if o["id"] == offer_id)["predicted_rate_high"])
 
 
+async def honest_chain_highs(aiohttp_client: Any, tmp_path: Path) -> list[float]:
+    """The control for the chains below: the same eight hosts benchmarked honestly on a
+    fleet of their own, and the 90th percentile for a new 5060 Ti host after each refit.
+    The percentile moves with every refit even so (its conformal bound reads
+    out-of-fold residuals of machines, and each new machine reshuffles the folds: here
+    by up to a third), so a chain is judged against what honest hosts do to it."""
+    h = await fleet(aiohttp_client, tmp_path / "honest")
+    _, offers = await h.admin("GET", "/api/offers")
+    highs = [high_of(offers, 9120)]
+    for i in range(len(CHAIN)):
+        host = await deploy(h, 9101 + i, min_rate=10.0)
+        await benchmark(h, host, HONEST_5060 * (0.96 + 0.01 * i), f"honest-{i}", proofs=12)
+        await h.core.models.refresh()
+        _, offers = await h.admin("GET", "/api/offers")
+        highs.append(high_of(offers, 9120))
+    return highs
+
+
 async def test_a_ratchet_chain_of_eight_is_held_and_the_honest_control_counted(
-    h: Harness,
+    h: Harness, aiohttp_client: Any, tmp_path: Path,
 ) -> None:
     """The probe's chain: each liar claimed 97% of the line the previous one left. The
     line is 1.75x the model's 90th percentile for a new 5060 Ti host (23.7/h here, the
     six imported hosts' wide interval: 41.5/h). The first claim, 23.9/h, is under it:
     counted for its host (delivery judges it: ``test_six_hours...``), but the model and
     other machines' twins learn it at most at the honest twin's median, 12.3/h, until
-    its delivery agrees; every later claim is held, and the line they meet never rises."""
+    its delivery agrees; every later claim is held, and the line they meet never rises
+    past where honest hosts in their place would have put it (the old rule's chain
+    doubled it at each step)."""
     before = await standing(h)
     _, offers = await h.admin("GET", "/api/offers")
     line = belief.MODEL_FACTOR * high_of(offers, 9101)
@@ -146,8 +166,10 @@ async def test_a_ratchet_chain_of_eight_is_held_and_the_honest_control_counted(
             lines.append(float(why.rsplit(": ", 1)[1].removesuffix("/h")))
         await h.core.models.refresh()
     assert counted_claims == [c for c in CHAIN if c <= line] == [CHAIN[0]], counted_claims
-    # No ratchet: the line every held claim met is the one before the chain.
-    assert max(lines) <= line * 1.02, (line, lines)
+    # No ratchet: the line every held claim met is no higher than the one eight honest
+    # hosts in the liars' place leave.
+    honest = await honest_chain_highs(aiohttp_client, tmp_path)
+    assert max(lines) <= belief.MODEL_FACTOR * max(honest) * 1.02, (line, lines, honest)
     after = await standing(h)
     # host_perf gained at most the first claim's machine; no held claim moved it.
     assert len(after.perf) <= len(before.perf) + 1
@@ -161,13 +183,16 @@ async def test_a_ratchet_chain_of_eight_is_held_and_the_honest_control_counted(
     assert stored(h, control, "control")["flags"] == ""
 
 
-async def test_an_adaptive_chain_under_the_line_does_not_raise_it(h: Harness) -> None:
+async def test_an_adaptive_chain_under_the_line_does_not_raise_it(
+    h: Harness, aiohttp_client: Any, tmp_path: Path,
+) -> None:
     """Liars that each claim 97% of the line the previous ones left (1.75x the model's
     90th percentile as it then stands) are counted for their hosts (none of them is
     beyond belief), but each is learned at most at what was believed before it: eight of
-    them leave the 90th percentile, and so the line, within 10% of where it began
-    (before bounded learning: each counted claim raised the next one's line), and none
-    counted above the first line; their delivery then demotes them
+    them leave the 90th percentile, and so the line, within 10% of the highest eight
+    honest hosts in their place leave it (before bounded learning: each counted claim
+    raised the next one's line by ~1.7x), and none counted above that line; their
+    delivery then demotes them
     (``test_six_hours...``)."""
     _, offers = await h.admin("GET", "/api/offers")
     first = high_of(offers, 9120)
@@ -185,8 +210,10 @@ async def test_an_adaptive_chain_under_the_line_does_not_raise_it(h: Harness) ->
     last = high_of(offers, 9120)
     print(f"adaptive chain: 90th percentile {first:.1f}/h before, {last:.1f}/h after; "
           f"counted {[round(r, 1) for r in counted_rates]}")
-    assert last < 1.1 * first, (first, last)
-    assert max(counted_rates) <= belief.MODEL_FACTOR * first * 1.1, counted_rates
+    honest = await honest_chain_highs(aiohttp_client, tmp_path)
+    assert last < 1.1 * max(honest), (first, last, honest)
+    assert max(counted_rates) <= belief.MODEL_FACTOR * max(honest) * 1.1, (counted_rates,
+                                                                           honest)
 
 
 async def test_a_machine_drifting_over_five_rebenchmarks_is_held_at_its_first_rate(
