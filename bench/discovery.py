@@ -490,8 +490,8 @@ def accuracy(seed: int, n_measurements: int, test_machines: int = 400
         sel = [i for i, k in enumerate(keep) if k]
         tr = [true[i] for i in sel]
         ps = [preds[i] for i in sel]
-        covered = [(baseline[i], preds[i].rate_per_hour, true[i]) for i in sel
-                   if baseline[i] is not None]
+        covered = [(b, preds[i].rate_per_hour, true[i]) for i in sel
+                   if (b := baseline[i]) is not None]
         out[subset] = AccuracyRow(
             subset=subset,
             measurements=len(ms),
@@ -499,7 +499,7 @@ def accuracy(seed: int, n_measurements: int, test_machines: int = 400
             offers=len(sel),
             floor=mdape([floor_pred[i] for i in sel], tr),
             floor_median=mdape([floor_median[i] for i in sel], tr),
-            model=mdape([p.rate_per_hour for p in ps], tr),
+            model=mdape([float(p.rate_per_hour or 0.0) for p in ps], tr),
             gpu_median=mdape([c[0] for c in covered], [c[2] for c in covered]) if covered
             else math.nan,
             gpu_median_covered=len(covered) / len(sel),
@@ -1157,9 +1157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for subset in SUBSETS:
             rows = [r[subset] for r in a1[n]]
             ratios = [r.model / r.floor for r in rows]
-            gains = [r.gpu_median / r.model_same_subset for r in rows]
+            gpu_gains = [r.gpu_median / r.model_same_subset for r in rows]
             cov = [r.coverage for r in rows]
-            checks = [max(ratios) <= 1.25, min(gains) >= 2.0,
+            checks = [max(ratios) <= 1.25, min(gpu_gains) >= 2.0,
                       all(0.75 <= c <= 0.85 for c in cov)]
             a1_checks[f"{n} {subset}"] = checks
             offers = sum(r.offers for r in rows)
@@ -1168,7 +1168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             out.setdefault("a1_pooled_coverage", {})[f"{n} {subset}"] = pooled
             print(f"  A1 at {n} measurements, {subset}, every seed: model/floor <= 1.25 "
                   f"({', '.join(f'{x:.2f}' for x in ratios)}) {_verdict(checks[0])}; >= 2x "
-                  f"better than the GPU median (worst {min(gains):.1f}x) {_verdict(checks[1])}; "
+                  f"better than the GPU median (worst {min(gpu_gains):.1f}x) "
+                  f"{_verdict(checks[1])}; "
                   f"80% intervals cover 75-85% ({', '.join(f'{c:.1%}' for c in cov)}) "
                   f"{_verdict(checks[2])}; all seeds' {offers} offers together {pooled:.1%} "
                   f"{_verdict(0.75 <= pooled <= 0.85)} (one seed's figure has a sampling sd "

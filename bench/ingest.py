@@ -999,7 +999,8 @@ def compare_run(args: argparse.Namespace) -> dict[str, Any]:
            else str(args.switch_interval_ms)}
     ids = [agent_id_for(i, salt) for i in range(args.agents)]
     took = provision(provisioned_db, env, ids, fleet_agents=args.agents)
-    agents = [[a, key_for(secret, a).hex(), gpus_of(i), 1, 0.0] for i, a in enumerate(ids)]
+    agents: list[list[Any]] = [[a, key_for(secret, a).hex(), gpus_of(i), 1, 0.0]
+                               for i, a in enumerate(ids)]
     print(f"provisioned {len(ids)} agents in {took:.1f} s; {args.rounds} round(s): bare "
           f"aiohttp, then this tree and {args.old} in turn, {args.seconds:g} s each, "
           f"{args.workers} generator process(es) x {args.concurrency} in flight", flush=True)
