@@ -1,5 +1,6 @@
 """No function in src/ is longer than 80 lines (from its ``def`` to its last line,
-decorators aside, nested functions counted in their own right and in their parent)."""
+decorators aside, nested functions counted in their own right and in their parent), and
+no module of coordinator/operations/ longer than 500 lines."""
 
 from __future__ import annotations
 
@@ -45,3 +46,16 @@ def test_the_scan_sees_a_long_function() -> None:
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_LINES))
     tree = ast.parse(f"class C:\n    def f(self):\n{body.replace('    ', '        ')}\n")
     assert dict(_functions(tree)) == {"C.f": MAX_LINES + 1}
+
+
+#: A module of ``coordinator/operations/`` does one thing (docs/architecture.md): past
+#: this many lines it has begun to do two.
+MAX_OPERATIONS_MODULE_LINES = 500
+
+
+def test_no_operations_module_is_longer_than_500_lines() -> None:
+    modules = sorted((SRC / "coordinator" / "operations").glob("*.py"))
+    assert len(modules) > 20  # the scan found the operations
+    too_long = {p.name: n for p in modules
+                if (n := len(p.read_text().splitlines())) > MAX_OPERATIONS_MODULE_LINES}
+    assert too_long == {}, f"split these modules by what each thing that happens is: {too_long}"
