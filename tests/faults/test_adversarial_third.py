@@ -169,6 +169,8 @@ async def test_a_ratchet_chain_of_eight_is_held_and_the_honest_control_counted(
     # No ratchet: the line every held claim met is no higher than the one eight honest
     # hosts in the liars' place leave.
     honest = await honest_chain_highs(aiohttp_client, tmp_path)
+    print(f"ratchet chain: line {line:.1f}/h before, held at {sorted(set(lines))}; eight "
+          f"honest hosts move the 90th percentile over {[round(x, 1) for x in honest]}")
     assert max(lines) <= belief.MODEL_FACTOR * max(honest) * 1.02, (line, lines, honest)
     after = await standing(h)
     # host_perf gained at most the first claim's machine; no held claim moved it.
@@ -208,9 +210,10 @@ async def test_an_adaptive_chain_under_the_line_does_not_raise_it(
         await h.core.models.refresh()
     _, offers = await h.admin("GET", "/api/offers")
     last = high_of(offers, 9120)
-    print(f"adaptive chain: 90th percentile {first:.1f}/h before, {last:.1f}/h after; "
-          f"counted {[round(r, 1) for r in counted_rates]}")
     honest = await honest_chain_highs(aiohttp_client, tmp_path)
+    print(f"adaptive chain: 90th percentile {first:.1f}/h before, {last:.1f}/h after; "
+          f"counted {[round(r, 1) for r in counted_rates]}; eight honest hosts move it over "
+          f"{[round(x, 1) for x in honest]}")
     assert last < 1.1 * max(honest), (first, last, honest)
     assert max(counted_rates) <= belief.MODEL_FACTOR * max(honest) * 1.1, (counted_rates,
                                                                            honest)
