@@ -235,11 +235,18 @@ def fleet_margin_usd_per_proof(
     keeping only if it beats the host it would push out of it. Fewer machines than
     ``hosts`` on offer: the dearest there is. At most ``max_usd_per_proof``.
     """
-    fleet = sorted(_cheapest_per_machine(offers))[:max(1, hosts)]
+    fleet = best_on_offer(offers, max(1, hosts))
     if not fleet:
         return max_usd_per_proof, 0
     return (min(fleet[-1][0], max_usd_per_proof),
             sum(machine in measured for _, _, machine in fleet))
+
+
+def best_on_offer(offers: Sequence[tuple[str | None, float, float]], hosts: int
+                  ) -> list[tuple[float, float, str | None]]:
+    """(usd per proof, rate, machine) of the ``hosts`` best machines on offer by their
+    predicted $/proof, best first (a machine once, at its cheapest slice per proof)."""
+    return sorted(_cheapest_per_machine(offers), key=lambda t: t[:2])[:max(0, hosts)]
 
 
 def _cheapest_per_machine(offers: Sequence[tuple[str | None, float, float]]
