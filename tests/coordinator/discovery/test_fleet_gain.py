@@ -58,7 +58,7 @@ def test_a_big_host_that_beats_the_last_host_but_not_the_fleet_gains_nothing() -
     p0 = sum(h.dph_total for h in base) / sum(h.rate_per_hour for h in base)  # $0.00105
     # $0.0012 a proof: cheaper than the last host's $0.0015, dearer than the fleet's mean,
     # and four times the last host's rate: taking it would raise the fleet's $/proof.
-    assert 0.0012 > p0
+    assert p0 < 0.0012
     big = gain_per_hour(base, 10, [0.48], [(1.0, [math.log(400.0)], [1e-6])])
     assert big == 0.0
     # A small host at the same $/proof lowers it: it replaces a dearer one.
