@@ -44,7 +44,9 @@ class FleetHost:
 @dataclass(frozen=True, slots=True)
 class FleetOnOffer:
     """The best hosts on offer by $/proof, best first, more than ``size`` of them (so
-    the fleet without a newcomer's own machines is still whole), and the fleet's size."""
+    the fleet without a newcomer's own machines is still whole), and the fleet's size.
+    Only hosts the verdict keeps (at most its $/proof): a newcomer that joins the fleet
+    beats its last host, so it passes the verdict too."""
 
     hosts: tuple[FleetHost, ...]
     size: int

@@ -211,9 +211,10 @@ def _reference(offers: Sequence[Offer], memo: _Memo, fleet: Sequence[FleetInstan
     usd, known = fleet_margin_usd_per_proof(supply, hosts, cap, measured)
     kind = ("measured" if known >= hosts else "predicted" if known == 0
             else f"{known} of its hosts measured, the rest predicted")
-    # Twice the fleet: the fleet without a newcomer's (or a GPU model's) machines is
-    # still whole (``FleetOnOffer.without``).
-    on_offer = best_on_offer(supply, 2 * hosts)
+    # Twice the fleet, so the fleet without a newcomer's (or a GPU model's) machines is
+    # still whole (``FleetOnOffer.without``); only hosts the verdict would keep. Fewer
+    # than the fleet's size: the plan judges against the reference alone.
+    on_offer = [t for t in best_on_offer(supply, 2 * hosts) if t[0] <= cap]
     fleet_on_offer = (FleetOnOffer(tuple(FleetHost(m, q * r, r) for q, r, m in on_offer),
                                    hosts) if len(on_offer) >= hosts else None)
     return {"reference_usd_per_proof": usd, "fleet_on_offer": fleet_on_offer,
