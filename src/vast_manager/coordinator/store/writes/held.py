@@ -1,6 +1,7 @@
 """Rows a transaction holds back and writes together: steady heartbeats' instance
-columns, the latest telemetry (also on the instance's row) and history, many rows a statement, before anything else touches the
-database and before the COMMIT (coordinator/store/writer.py says why)."""
+columns, the latest telemetry (on the instance's row too) and history, many rows a
+statement, before anything else touches the database and before the COMMIT
+(coordinator/store/writer.py says why)."""
 
 from __future__ import annotations
 
