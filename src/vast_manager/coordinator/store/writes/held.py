@@ -1,6 +1,7 @@
 """Rows a transaction holds back and writes together: steady heartbeats' instance
-columns, telemetry and history, many rows a statement, before anything else touches the
-database and before the COMMIT (coordinator/store/writer.py says why)."""
+columns, the latest telemetry (on the instance's row too) and history, many rows a
+statement, before anything else touches the database and before the COMMIT
+(coordinator/store/writer.py says why)."""
 
 from __future__ import annotations
 
@@ -91,9 +92,13 @@ def _history_insert(count: int) -> str:
 
 
 @functools.cache
-def _telemetry_replace(count: int) -> str:
-    return ("insert or replace into telemetry (instance_id, received_at, telemetry_json) "
-            f"values {_values(3, count)}")
+def _telemetry_update(count: int) -> str:
+    return (f"with u(id, telemetry_at, telemetry_json) as (values {_values(3, count)}) "
+            "update instances set telemetry_at = u.telemetry_at, "
+            "telemetry_json = u.telemetry_json from u where instances.id = u.id")
+
+
+_TELEMETRY_UPDATE = "update instances set telemetry_at = ?, telemetry_json = ? where id = ?"
 
 
 def _write_rows(conn: sqlite3.Connection, statement: Callable[[int], str],
@@ -141,7 +146,13 @@ class Held:
             else:
                 conn.executemany(_HEARTBEAT_UPDATE, [(*r[1:], r[0]) for r in rows])
         if self.telemetry:
-            _write_rows(conn, _telemetry_replace, list(self.telemetry.values()))
+            # On the instance's row (migration 15), whose page the gauges dirty anyway: one
+            # page a heartbeat, not two.
+            if _UPDATE_FROM:
+                _write_rows(conn, _telemetry_update, list(self.telemetry.values()))
+            else:
+                conn.executemany(_TELEMETRY_UPDATE,
+                                 [(at, text, i) for i, at, text in self.telemetry.values()])
         if self.history:
             _write_rows(conn, _history_insert, self.history)
             # After every insert, so each agent keeps its newest rows, the new ones included.
