@@ -157,7 +157,7 @@ def _connect(path: str, *, check_same_thread: bool) -> sqlite3.Connection:
 #: WAL pages between automatic checkpoints (SQLite's default is 1,000). A fleet's
 #: heartbeats rewrite the same instance and telemetry pages over and over; a checkpoint
 #: copies each page once however often the WAL holds it, so rarer checkpoints copy fewer
-#: pages a heartbeat (at 2,000 agents the writer's CPU a heartbeat fell by a sixth, at
+#: pages a heartbeat (at 2,000 agents the writer's CPU a heartbeat fell by an eighth, at
 #: 50,000 it did not move: docs/performance.md). The WAL grows to about 16 MiB.
 WAL_AUTOCHECKPOINT_PAGES = 4000
 #: A commit window closes early once it holds this many writes.
