@@ -983,6 +983,35 @@ def _copy_db(source: str, dest: Path) -> None:
         src.backup(out)
 
 
+def _before_telemetry_on_instances(db_path: str, old_src: Path) -> None:
+    """The provisioned database as a tree from before migration 15 keeps it: the latest
+    telemetry in its own table, not on the instance's row, and no record of migration 15
+    (the older coordinator would otherwise write to the ``telemetry`` view and fail). The
+    instance rows shrink back (VACUUM), so the older tree pages through what it would."""
+    import sqlite3
+
+    if "_m15_" in (old_src / "vast_manager/coordinator/store/migrations.py").read_text():
+        return
+    with contextlib.closing(sqlite3.connect(db_path, isolation_level=None)) as conn:
+        conn.execute("begin")
+        conn.execute("drop view telemetry")
+        conn.execute("create table telemetry (instance_id integer primary key, "
+                     "received_at float, telemetry_json text)")
+        conn.execute("insert into telemetry select id, telemetry_at, telemetry_json "
+                     "from instances where telemetry_json is not null")
+        conn.execute("update instances set telemetry_at = null, telemetry_json = null")
+        conn.execute("delete from migrations where id = 15")
+        conn.execute("commit")
+    _vacuum(db_path)
+
+
+def _vacuum(db_path: str) -> None:
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(db_path, isolation_level=None)) as conn:
+        conn.execute("vacuum")
+
+
 def compare_run(args: argparse.Namespace) -> dict[str, Any]:
     """Saturation of this tree's coordinator and ``args.old``'s, alternated over
     ``args.rounds`` rounds, each round beside a bare aiohttp run: the same agents, each
@@ -999,6 +1028,11 @@ def compare_run(args: argparse.Namespace) -> dict[str, Any]:
            else str(args.switch_interval_ms)}
     ids = [agent_id_for(i, salt) for i in range(args.agents)]
     took = provision(provisioned_db, env, ids, fleet_agents=args.agents)
+    # Each tree starts from the same rows, in the schema it keeps them in.
+    provisioned = {"new": provisioned_db, "old": str(workdir / "provisioned-old.db")}
+    _copy_db(provisioned_db, Path(provisioned["old"]))
+    _before_telemetry_on_instances(provisioned["old"], trees["old"])
+    _vacuum(provisioned_db)
     agents: list[list[Any]] = [[a, key_for(secret, a).hex(), gpus_of(i), 1, 0.0]
                                for i, a in enumerate(ids)]
     print(f"provisioned {len(ids)} agents in {took:.1f} s; {args.rounds} round(s): bare "
@@ -1015,7 +1049,7 @@ def compare_run(args: argparse.Namespace) -> dict[str, Any]:
                 if name != "bare":
                     role = "coordinator"
                     db = workdir / f"{name}-{n}.db"
-                    _copy_db(provisioned_db, db)
+                    _copy_db(provisioned[name], db)
                     tree_env.update(VM_DB_PATH=str(db), PYTHONPATH=str(trees[name]))
                 server = ServerProcess(role, workdir, tree_env)
                 try:

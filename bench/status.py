@@ -136,10 +136,10 @@ def build(db_path: str, instances: int, history: int, results: int, seed: int = 
     # Heartbeat history: one telemetry window per row (a handful of templates, so the
     # build stays quick; every row is its own text all the same).
     templates = {g: orjson.dumps(telemetry(g, rng)).decode() for g in range(1, 9)}
-    # Every instance's latest telemetry (what /metrics reads of the live ones).
+    # Every instance's latest telemetry (what /metrics reads of the live ones), on its row.
     conn.executemany(
-        "insert into telemetry (instance_id, received_at, telemetry_json) values (?, ?, ?)",
-        [(i["id"], i["last_seen"], templates[i["num_gpus"]]) for i in inst_rows])
+        "update instances set telemetry_at = ?, telemetry_json = ? where id = ?",
+        [(i["last_seen"], templates[i["num_gpus"]], i["id"]) for i in inst_rows])
     per_agent = max(1, history // instances)
     chunk: list[tuple[Any, ...]] = []
     written = 0

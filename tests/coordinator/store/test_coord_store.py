@@ -257,6 +257,40 @@ def test_migration_3_moves_the_latest_heartbeats_onto_their_instances(tmp_path: 
         store.close()
 
 
+def test_migration_15_moves_the_latest_telemetry_onto_its_instances(tmp_path: Path) -> None:
+    """A database from before migration 15 keeps every instance's latest telemetry, now on
+    its row and read through the ``telemetry`` view; whole-row reads leave it out."""
+    import sqlite_utils
+
+    from vast_manager.coordinator.store import migrations as store_module
+
+    path = tmp_path / "old.sqlite"
+    db = sqlite_utils.Database(path)
+    old = store_module.MIGRATIONS
+    store_module.MIGRATIONS = old[:14]
+    try:
+        store_module.migrate(db)
+    finally:
+        store_module.MIGRATIONS = old
+    for instance_id in (1, 2):
+        db["instances"].insert({"id": instance_id, "kind": "deployed", "state": "proving",
+                                "created_at": 1.0})
+    db["telemetry"].insert({"instance_id": 1, "received_at": 99.0,
+                            "telemetry_json": '{"window_s": 15}'})
+    db.conn.close()
+    store = Store(path)
+    try:
+        assert store.latest_telemetry(1) == {
+            "instance_id": 1, "received_at": 99.0, "telemetry_json": '{"window_s": 15}'}
+        assert store.latest_telemetry(2) is None  # never sent any
+        assert [r[0] for r in store.live_telemetry(["proving"])] == [1]
+        assert "telemetry" not in store.db.table_names()
+        assert "telemetry_json" not in (store.get_instance(1) or {})
+        assert "telemetry_json" not in store.list_instances()[0]
+    finally:
+        store.close()
+
+
 def test_the_database_and_its_wal_are_created_readable_by_the_owner_alone(
     tmp_path: Path,
 ) -> None:

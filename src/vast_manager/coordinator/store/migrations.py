@@ -21,8 +21,8 @@ T = TypeVar("T")
 Row = dict[str, Any]
 
 #: The tables (docs/architecture.md's ``heartbeats``, the latest heartbeat per agent, is a view of
-#: ``instances`` since migration 3; ``host_perf`` is computed from ``measurements`` since
-#: migration 11).
+#: ``instances`` since migration 3, and ``telemetry``, the latest telemetry per instance, since
+#: migration 15; ``host_perf`` is computed from ``measurements`` since migration 11).
 TABLES = (
     "instances",
     "agents",
@@ -31,7 +31,6 @@ TABLES = (
     "heartbeat_history",
     "logs",
     "events",
-    "telemetry",
     "scaling",
     "measurements",
     "autopilot",
@@ -562,6 +561,32 @@ def _m14_bounded_influence(db: sqlite_utils.Database) -> None:
     db.table("measurements").add_column("host_reported", int)
 
 
+def _m15_latest_telemetry_on_instances(db: sqlite_utils.Database) -> None:
+    """The latest telemetry per instance moves onto its row, as the latest heartbeat did in
+    migration 3; ``telemetry`` stays, as a view of it (the same columns).
+
+    Every heartbeat rewrites both, and each was a page of its own: one page a heartbeat
+    instead of two (``python bench/writer.py``, docs/performance.md). Reads of whole
+    instance rows leave the two columns out (``store.reads.INSTANCE_TELEMETRY_COLUMNS``):
+    a fleet listing does not carry every instance's telemetry.
+    """
+    instances = db.table("instances")
+    instances.add_column("telemetry_at", float)  # when the latest telemetry was received
+    instances.add_column("telemetry_json", str)
+    db.execute(
+        "update instances set "
+        "telemetry_at = (select received_at from telemetry t where t.instance_id = instances.id), "
+        "telemetry_json = (select telemetry_json from telemetry t "
+        "where t.instance_id = instances.id) "
+        "where id in (select instance_id from telemetry)"
+    )
+    db.execute("drop table telemetry")
+    db.execute(
+        "create view telemetry as select id as instance_id, telemetry_at as received_at, "
+        "telemetry_json from instances where telemetry_json is not null"
+    )
+
+
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
     (1, "initial tables", _m1_initial),
     (2, "benchmark state for early verdicts", _m2_benchmark_verdict_state),
@@ -580,6 +605,7 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...]
      _m13_blame),
     (14, "the most the rate model reads of a claim beyond belief; host-reported hardware",
      _m14_bounded_influence),
+    (15, "the latest telemetry on its instance's row", _m15_latest_telemetry_on_instances),
 )
 
 

@@ -55,10 +55,27 @@ def one_row(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> R
     return rows[0] if rows else None
 
 
+#: The latest telemetry's columns on an instance's row (migration 15), which reads of whole
+#: instance rows leave out: 1-3 kB an instance that a fleet listing does not need. The
+#: ``telemetry`` view (``latest_telemetry``, ``live_telemetry``) reads them.
+INSTANCE_TELEMETRY_COLUMNS = ("telemetry_at", "telemetry_json")
+
+
 class Reads:
     """Queries; mixed into both ``Store`` (read connection) and ``Tx`` (the writer's)."""
 
     _conn: sqlite3.Connection
+    _instance_columns_sql: str | None = None
+
+    def _instance_columns(self) -> str:
+        """``instances``' columns but the telemetry's, for ``select``: what ``*`` read
+        before migration 15 (read once a connection: the schema is migrated before any
+        read)."""
+        if self._instance_columns_sql is None:
+            names = [r[1] for r in self._conn.execute("pragma table_info(instances)")]
+            self._instance_columns_sql = ", ".join(
+                f"[{n}]" for n in names if n not in INSTANCE_TELEMETRY_COLUMNS)
+        return self._instance_columns_sql
 
     def get_agent(self, agent_id: str) -> Row | None:
         return one_row(self._conn, "select * from agents where agent_id = ?", (agent_id,))
@@ -68,14 +85,16 @@ class Reads:
         return [(a, bool(r)) for a, r in self._conn.execute("select agent_id, revoked from agents")]
 
     def get_instance(self, instance_id: int) -> Row | None:
-        return one_row(self._conn, "select * from instances where id = ?", (instance_id,))
+        return one_row(self._conn, f"select {self._instance_columns()} from instances "
+                       "where id = ?", (instance_id,))
 
     def instance_by_agent(self, agent_id: str) -> Row | None:
-        return one_row(self._conn, "select * from instances where agent_id = ?", (agent_id,))
+        return one_row(self._conn, f"select {self._instance_columns()} from instances "
+                       "where agent_id = ?", (agent_id,))
 
     def list_instances(self) -> list[Row]:
-        """Every instance, every column."""
-        return rows_of(self._conn, "select * from instances order by id")
+        """Every instance, every column (but the telemetry's)."""
+        return rows_of(self._conn, f"select {self._instance_columns()} from instances order by id")
 
     def instance_values(
         self,
@@ -128,7 +147,8 @@ class Reads:
     def instances_of_kind(self, kind: str, columns: Sequence[str] | None = None) -> list[Row]:
         """Every instance of one kind (``deployed`` or ``byo``); ``columns`` as in
         ``active_instances``."""
-        cols = "*" if columns is None else ", ".join(f"[{c}]" for c in dict.fromkeys(columns))
+        cols = (self._instance_columns() if columns is None
+                else ", ".join(f"[{c}]" for c in dict.fromkeys(columns)))
         return rows_of(
             self._conn, f"select {cols} from instances where kind = ? order by id", (kind,)
         )
@@ -146,15 +166,16 @@ class Reads:
         instance in ``states`` that sent telemetry, by id (one query for a whole scrape)."""
         marks = ", ".join("?" * len(states))
         return self._conn.execute(
-            "select i.id, i.machine_id, i.gpu_name, i.host_json, t.received_at, "
-            "t.telemetry_json from instances i join telemetry t on t.instance_id = i.id "
-            f"where i.state in ({marks}) order by i.id",
+            "select id, machine_id, gpu_name, host_json, telemetry_at, telemetry_json "
+            f"from instances where telemetry_json is not null and state in ({marks}) "
+            "order by id",
             list(states),
         ).fetchall()
 
     def active_instances(self, columns: Sequence[str] | None = None) -> list[Row]:
         """Instances still on a machine; ``columns`` as in ``list_instances``."""
-        cols = "*" if columns is None else ", ".join(f"[{c}]" for c in dict.fromkeys(columns))
+        cols = (self._instance_columns() if columns is None
+                else ", ".join(f"[{c}]" for c in dict.fromkeys(columns)))
         return rows_of(
             self._conn, f"select {cols} from instances where {ACTIVE_SQL} order by id"
         )
@@ -164,7 +185,8 @@ class Reads:
     ) -> list[Row]:
         return rows_of(
             self._conn,
-            f"select * from instances where machine_id = ? and {ACTIVE_SQL} "
+            f"select {self._instance_columns()} from instances where machine_id = ? "
+            f"and {ACTIVE_SQL} "
             "and id != ? order by id",
             (machine_id, -1 if exclude_instance_id is None else exclude_instance_id),
         )
@@ -172,7 +194,8 @@ class Reads:
     def instances_due_for_destroy(self, now: float) -> list[Row]:
         return rows_of(
             self._conn,
-            "select * from instances where destroy_due_at is not null and destroy_due_at <= ? "
+            f"select {self._instance_columns()} from instances where destroy_due_at is not null "
+            "and destroy_due_at <= ? "
             f"and {ACTIVE_SQL} order by destroy_due_at",
             (now,),
         )

@@ -1,6 +1,7 @@
 """Rows a transaction holds back and writes together: steady heartbeats' instance
-columns, telemetry and history, many rows a statement, before anything else touches the
-database and before the COMMIT (coordinator/store/writer.py says why)."""
+columns, the latest telemetry (on the instance's row too) and history, many rows a
+statement, before anything else touches the database and before the COMMIT
+(coordinator/store/writer.py says why)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import functools
 import sqlite3
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
+
+from vast_manager.coordinator.store.reads import INSTANCE_TELEMETRY_COLUMNS
 
 
 class Gauges(NamedTuple):
@@ -32,9 +35,6 @@ class Gauges(NamedTuple):
 
 #: ``Gauges``' columns, in statement order.
 HEARTBEAT_COLUMNS: tuple[str, ...] = Gauges._fields
-_HEARTBEAT_UPDATE = (
-    f"update instances set {', '.join(f'{c} = ?' for c in HEARTBEAT_COLUMNS)} where id = ?"
-)
 #: A ``heartbeat_history`` row's columns, in statement order.
 HISTORY_ROW = ("agent_id", "instance_id", "received_at", "seq", "phase",
                "proofs_completed_total", "telemetry_json")
@@ -75,11 +75,12 @@ def _values(width: int, count: int) -> str:
 
 
 @functools.cache
-def _gauges_update(count: int) -> str:
-    cols = ("id", *HEARTBEAT_COLUMNS)
+def _instances_update(columns: tuple[str, ...], count: int) -> str:
+    """``count`` instance rows' ``columns`` in one statement (rows: the id, then the values)."""
+    cols = ("id", *columns)
     return (
         f"with u({', '.join(cols)}) as (values {_values(len(cols), count)}) "
-        f"update instances set {', '.join(f'{c} = u.{c}' for c in HEARTBEAT_COLUMNS)} "
+        f"update instances set {', '.join(f'{c} = u.{c}' for c in columns)} "
         "from u where instances.id = u.id"
     )
 
@@ -90,16 +91,20 @@ def _history_insert(count: int) -> str:
             f"values {_values(len(HISTORY_ROW), count)}")
 
 
-@functools.cache
-def _telemetry_replace(count: int) -> str:
-    return ("insert or replace into telemetry (instance_id, received_at, telemetry_json) "
-            f"values {_values(3, count)}")
-
-
 def _write_rows(conn: sqlite3.Connection, statement: Callable[[int], str],
                 rows: list[tuple[Any, ...]]) -> None:
     for chunk in _chunks(rows):
         conn.execute(statement(len(chunk)), [v for row in chunk for v in row])
+
+
+def _update_instances(conn: sqlite3.Connection, columns: tuple[str, ...],
+                      rows: list[tuple[Any, ...]]) -> None:
+    """Set ``columns`` on each row's instance (a row: the id, then the values)."""
+    if _UPDATE_FROM:
+        _write_rows(conn, functools.partial(_instances_update, columns), rows)
+        return
+    sets = ", ".join(f"{c} = ?" for c in columns)
+    conn.executemany(f"update instances set {sets} where id = ?", [(*r[1:], r[0]) for r in rows])
 
 
 class Held:
@@ -134,14 +139,23 @@ class Held:
         self.trims.clear()
 
     def write(self, conn: sqlite3.Connection) -> None:
-        if self.gauges:
-            rows = [(k, *v) for k, v in self.gauges.items()]
-            if _UPDATE_FROM:
-                _write_rows(conn, _gauges_update, rows)
+        # The telemetry is on the instance's row (migration 15): a steady heartbeat's gauges
+        # and telemetry are one update of it, one record rebuilt and one page a heartbeat.
+        telemetry = self.telemetry
+        both: list[tuple[Any, ...]] = []
+        gauges_only: list[tuple[Any, ...]] = []
+        for instance_id, gauges in self.gauges.items():
+            latest = telemetry.pop(instance_id, None)
+            if latest is None:
+                gauges_only.append((instance_id, *gauges))
             else:
-                conn.executemany(_HEARTBEAT_UPDATE, [(*r[1:], r[0]) for r in rows])
-        if self.telemetry:
-            _write_rows(conn, _telemetry_replace, list(self.telemetry.values()))
+                both.append((instance_id, *gauges, *latest[1:]))
+        if both:
+            _update_instances(conn, HEARTBEAT_COLUMNS + INSTANCE_TELEMETRY_COLUMNS, both)
+        if gauges_only:
+            _update_instances(conn, HEARTBEAT_COLUMNS, gauges_only)
+        if telemetry:
+            _update_instances(conn, INSTANCE_TELEMETRY_COLUMNS, list(telemetry.values()))
         if self.history:
             _write_rows(conn, _history_insert, self.history)
             # After every insert, so each agent keeps its newest rows, the new ones included.
