@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from vast_manager.coordinator.discovery.autopilot_rules import fleet_on_offer
 from vast_manager.coordinator.discovery.fleet_gain import FleetHost, FleetOnOffer, gain_per_hour
 from vast_manager.coordinator.discovery.plan import (
     FleetView,
@@ -107,3 +108,16 @@ def test_from_nothing_the_plan_values_trials_against_the_fleet_on_offer() -> Non
                         settings)
     assert [p.expected_value_usd for p in plain.proposals] != [
         p.expected_value_usd for p in plan.proposals]
+
+
+def test_the_fleet_on_offer_is_twice_the_fleet_and_only_hosts_the_verdict_keeps() -> None:
+    # (machine, dph_total, rate): $/proof 0.001 .. 0.030; machine "a" twice, cheapest kept.
+    supply = [("a", 0.2, 100.0), ("a", 0.1, 100.0),
+              *((f"m{i}", 0.001 * (i + 2) * 100, 100.0) for i in range(29))]
+    on_offer = fleet_on_offer(supply, 5, 0.008)
+    assert on_offer is not None and on_offer.size == 5
+    # The best 10, less those above $0.008 a proof: "a" at 0.001, m0-m6 at 0.002-0.008.
+    assert [h.machine_id for h in on_offer.hosts] == ["a", *(f"m{i}" for i in range(7))]
+    assert on_offer.hosts[0].dph_total == pytest.approx(0.1)
+    # Fewer hosts under the verdict's $/proof than the fleet: the reference alone.
+    assert fleet_on_offer(supply, 5, 0.002) is None

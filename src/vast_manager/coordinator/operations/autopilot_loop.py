@@ -33,14 +33,13 @@ from vast_manager.coordinator.discovery.autopilot_rules import (
     Decision,
     FleetInstance,
     Ledger,
-    best_on_offer,
     decide,
     fleet_margin_usd_per_proof,
+    fleet_on_offer,
     ledger_of,
     plan_reference_usd_per_proof,
     rental_of,
 )
-from vast_manager.coordinator.discovery.fleet_gain import FleetHost, FleetOnOffer
 from vast_manager.coordinator.discovery.plan import (
     FleetView,
     Plan,
@@ -211,13 +210,8 @@ def _reference(offers: Sequence[Offer], memo: _Memo, fleet: Sequence[FleetInstan
     usd, known = fleet_margin_usd_per_proof(supply, hosts, cap, measured)
     kind = ("measured" if known >= hosts else "predicted" if known == 0
             else f"{known} of its hosts measured, the rest predicted")
-    # Twice the fleet, so the fleet without a newcomer's (or a GPU model's) machines is
-    # still whole (``FleetOnOffer.without``); only hosts the verdict would keep. Fewer
-    # than the fleet's size: the plan judges against the reference alone.
-    on_offer = [t for t in best_on_offer(supply, 2 * hosts) if t[0] <= cap]
-    fleet_on_offer = (FleetOnOffer(tuple(FleetHost(m, q * r, r) for q, r, m in on_offer),
-                                   hosts) if len(on_offer) >= hosts else None)
-    return {"reference_usd_per_proof": usd, "fleet_on_offer": fleet_on_offer,
+    return {"reference_usd_per_proof": usd,
+            "fleet_on_offer": fleet_on_offer(supply, hosts, cap),
             "reference_source": f"the last host of the best {hosts}-host fleet on offer "
                                 f"({kind}; nothing proving)"}
 
