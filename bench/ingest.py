@@ -990,7 +990,8 @@ def _before_telemetry_on_instances(db_path: str, old_src: Path) -> None:
     instance rows shrink back (VACUUM), so the older tree pages through what it would."""
     import sqlite3
 
-    if "_m15_" in (old_src / "vast_manager/coordinator/store/migrations.py").read_text():
+    if "_m15_" in old_src.joinpath("vast_manager", "coordinator", "store",
+                                   "migrations.py").read_text():
         return
     with contextlib.closing(sqlite3.connect(db_path, isolation_level=None)) as conn:
         conn.execute("begin")
