@@ -449,10 +449,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     plan_fleet_hosts: Annotated[
         int,
         Meta(ge=1, le=1000, description=(
-            "plan: with nothing proving and no autopilot target, a newcomer is judged against "
-            "the best fleet of this many hosts the model can build from the offers (the $/proof "
-            "of its last host, predicted; a measured machine at its runs) (docs/discovery.md, "
-            "'The reference')"
+            "plan: with nothing proving and no autopilot target, a trial is valued by what it "
+            "would do to the $/proof of the best fleet of this many hosts the model can build "
+            "from the offers (predicted; a measured machine at its runs), and the reference is "
+            "its last host (docs/discovery.md, 'The reference')"
         )),
     ] = 10
     plan_belief_test_share: Annotated[
@@ -461,8 +461,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "plan and autopilot: the share of trials that test what the rate model rules out "
             "where nothing like the offer was measured (docs/discovery.md, 'Testing what the "
             "model rules out'); 0 plans on expected value alone. On the simulator's live "
-            "market the tests raised regret; on markets unlike it 0.25 brought the planned "
-            "fleet within 5% of the oracle after 20 trials"
+            "market the tests raised regret; the market bench, on markets unlike it, plans "
+            "with 0.25"
         )),
     ] = 0.0
     idle_after_s: Annotated[

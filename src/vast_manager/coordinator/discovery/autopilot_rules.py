@@ -33,6 +33,7 @@ from typing import Literal
 
 from vast_manager.coordinator.decisions import cost
 from vast_manager.coordinator.decisions.cost import Cost, Prices
+from vast_manager.coordinator.discovery.fleet_gain import FleetHost, FleetOnOffer
 from vast_manager.coordinator.discovery.plan import Plan, Proposal
 from vast_manager.coordinator.offers import stored_offer
 from vast_manager.coordinator.rows import InstanceRow
@@ -235,11 +236,31 @@ def fleet_margin_usd_per_proof(
     keeping only if it beats the host it would push out of it. Fewer machines than
     ``hosts`` on offer: the dearest there is. At most ``max_usd_per_proof``.
     """
-    fleet = sorted(_cheapest_per_machine(offers))[:max(1, hosts)]
+    fleet = best_on_offer(offers, max(1, hosts))
     if not fleet:
         return max_usd_per_proof, 0
     return (min(fleet[-1][0], max_usd_per_proof),
             sum(machine in measured for _, _, machine in fleet))
+
+
+def best_on_offer(offers: Sequence[tuple[str | None, float, float]], hosts: int
+                  ) -> list[tuple[float, float, str | None]]:
+    """(usd per proof, rate, machine) of the ``hosts`` best machines on offer by their
+    predicted $/proof, best first (a machine once, at its cheapest slice per proof)."""
+    return sorted(_cheapest_per_machine(offers), key=lambda t: t[:2])[:max(0, hosts)]
+
+
+def fleet_on_offer(offers: Sequence[tuple[str | None, float, float]], hosts: int,
+                   max_usd_per_proof: float) -> FleetOnOffer | None:
+    """The fleet from nothing proving as the plan values trials against it
+    (``plan.FleetView.fleet_on_offer``): the best ``2 x hosts`` machines on offer, so the
+    fleet without a newcomer's (or a GPU model's) machines is still whole, and only those
+    the verdict keeps (at most ``max_usd_per_proof``). None with fewer than ``hosts`` of
+    them: the plan then judges against the reference alone."""
+    best = [t for t in best_on_offer(offers, 2 * hosts) if t[0] <= max_usd_per_proof]
+    if len(best) < hosts:
+        return None
+    return FleetOnOffer(tuple(FleetHost(m, q * r, r) for q, r, m in best), hosts)
 
 
 def _cheapest_per_machine(offers: Sequence[tuple[str | None, float, float]]

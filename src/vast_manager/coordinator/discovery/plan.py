@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -38,6 +38,7 @@ from vast_manager.coordinator.discovery.features import (
     OfferFeatures,
     offer_features,
 )
+from vast_manager.coordinator.discovery.fleet_gain import FleetOnOffer, gain_per_hour
 from vast_manager.coordinator.discovery.structural_model import Prediction, Unpredictable, normal_sf
 from vast_manager.coordinator.offers import Offer, positive
 from vast_manager.coordinator.settings import DEFAULTS
@@ -136,6 +137,10 @@ class FleetView:
     reference_source: str | None = None
     busy_machines: frozenset[str] = frozenset()  # ours already: deploy refuses them
     bad_machines: frozenset[str] = frozenset()
+    #: The fleet of a fixed size the reference is the last host of (from nothing
+    #: proving): with it a trial is worth the fall in that fleet's $/proof
+    #: (``fleet_gain``), not its saving against the reference alone.
+    fleet_on_offer: FleetOnOffer | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,7 +386,7 @@ def due_slots(measured: int, trials: int, share: float) -> list[bool]:
 
 
 def _belief_tests(ranked: Sequence[_Value], seen: set[Cell], ref: float,
-                  settings: PlanSettings) -> list[_Value]:
+                  settings: PlanSettings, fleet: FleetOnOffer | None) -> list[_Value]:
     """The unmeasured cells' tests, most disagreement per trial dollar first, one offer a
     cell (its best by the same measure), each valued under the mixture and kept only
     when worth its cost there."""
@@ -397,7 +402,7 @@ def _belief_tests(ranked: Sequence[_Value], seen: set[Cell], ref: float,
         d = disagreement(v.prediction, doubted, v.dph_total / ref)
         if d < doubt.min_disagreement:
             continue
-        tv = _value(v.offer, doubted, ref, settings)
+        tv = _value(v.offer, doubted, ref, settings, fleet)
         if tv.expected_value_usd <= settings.min_expected_value_usd:
             continue
         # A test buys information, not proofs: its worth is the disagreement it can
@@ -454,7 +459,7 @@ def evaluate_offer(
     minimum = dph / settings.max_usd_per_proof
     be_ref = dph / ref
     be_best = dph / best if best else None
-    value = _value(offer, prediction, ref, settings)
+    value = _value(offer, prediction, ref, settings, fleet.fleet_on_offer)
     hours = settings.trial_cost.hours(offer, prediction.rate_per_hour)
     feats = features or offer_features(offer)
     return Proposal(
@@ -471,7 +476,7 @@ def evaluate_offer(
         probability_worth_keeping=prediction.probability_above(be_ref),
         trial_hours=hours,
         trial_cost_usd=value.trial_cost_usd,
-        expected_saving_per_hour_usd=expected_saving_per_hour(prediction, dph, ref),
+        expected_saving_per_hour_usd=value.saving_per_hour_usd,
         expected_value_usd=value.expected_value_usd,
         hypothesis=hypothesis(feats, prediction, minimum),
         hourly=hourly,
@@ -517,6 +522,7 @@ class _Value:
     dph_total: float
     trial_cost_usd: float
     expected_value_usd: float
+    saving_per_hour_usd: float
 
 
 def _hourly(offer: Offer, settings: PlanSettings) -> cost.Cost:
@@ -537,19 +543,32 @@ def trial_cost(offer: Offer, hours: float, settings: PlanSettings) -> cost.Cost:
         bandwidth=prices.bandwidth_usd(settings.trial_cost.download_bytes, 0.0))
 
 
-def _value(offer: Offer, pred: Prediction, ref: float,
-           settings: PlanSettings) -> _Value:
-    """A trial's cost and expected value (``evaluate_offer``'s arithmetic, nothing else)."""
-    dph = _hourly(offer, settings).total
-    hours = settings.trial_cost.hours(offer, pred.rate_per_hour)
+def _run_hours(offer: Offer, trial_hours: float, settings: PlanSettings) -> float:
+    """The hours a kept host would run after its trial: the horizon, or the offer's
+    duration if shorter."""
     run_h = settings.horizon_hours
     duration_s = positive(offer.duration)
     if duration_s is not None:
         run_h = min(run_h, duration_s / 3600.0)
-    run_h = max(0.0, run_h - hours)
+    return max(0.0, run_h - trial_hours)
+
+
+def _value(offer: Offer, pred: Prediction, ref: float, settings: PlanSettings,
+           fleet: FleetOnOffer | None = None) -> _Value:
+    """A trial's cost and expected value (``evaluate_offer``'s arithmetic, nothing else):
+    the saving against ``ref``, or with ``fleet`` the fall in that fleet's $/proof."""
+    dph = _hourly(offer, settings).total
+    hours = settings.trial_cost.hours(offer, pred.rate_per_hour)
+    run_h = _run_hours(offer, hours, settings)
     spent = trial_cost(offer, hours, settings).total
-    saving = expected_saving_per_hour(pred, dph, ref)
-    return _Value(offer, pred, dph, spent, saving * run_h - spent)
+    if fleet is None:
+        saving = expected_saving_per_hour(pred, dph, ref)
+    else:
+        mine = () if offer.machine_id is None else (str(offer.machine_id),)
+        # Priced as the fleet's hosts are, at the listed hourly figure.
+        saving = gain_per_hour(fleet.without(mine), fleet.size, [float(offer.dph_total or dph)],
+                               [(w, [mu], [sd]) for w, mu, sd in pred.components()])
+    return _Value(offer, pred, dph, spent, saving * run_h - spent, saving)
 
 
 def _predict(model: Predictor, candidates: Sequence[Offer],
@@ -563,7 +582,8 @@ def _predict(model: Predictor, candidates: Sequence[Offer],
 
 
 def _with_belief_tests(ranked: list[_Value], cells: dict[Cell, CellEvidence],
-                       measured: int, ref: float, settings: PlanSettings) -> list[_Value]:
+                       measured: int, ref: float, settings: PlanSettings,
+                       fleet: FleetOnOffer | None) -> list[_Value]:
     """The offers worth trying, expected value first, with the due belief tests in their
     slots (``Doubt``)."""
     worth = [v for v in ranked if v.expected_value_usd > settings.min_expected_value_usd]
@@ -573,7 +593,7 @@ def _with_belief_tests(ranked: list[_Value], cells: dict[Cell, CellEvidence],
     due = due_slots(measured, settings.trials, doubt.share)
     if not any(due):
         return worth
-    return schedule_tests(worth, _belief_tests(ranked, set(cells), ref, settings), due)
+    return schedule_tests(worth, _belief_tests(ranked, set(cells), ref, settings, fleet), due)
 
 
 def _within_budget(worth: list[_Value], settings: PlanSettings) -> tuple[list[_Value], int]:
@@ -628,7 +648,7 @@ def plan_trials(
                     offer.id, str(machine), offer, pred,
                     float(offer.dph_total or 0.0), hourly, usd, usd <= ref)
             continue
-        value = _value(offer, pred, ref, settings)
+        value = _value(offer, pred, ref, settings, fleet.fleet_on_offer)
         if machine is None or machine == "":
             loose.append(value)
             continue
@@ -637,13 +657,19 @@ def plan_trials(
         if held is None or value.expected_value_usd > held.expected_value_usd:
             best_per_machine[str(machine)] = value
     considered = len(best_per_machine) + len(loose)
-    ranked = sorted([*best_per_machine.values(), *loose],
-                    key=lambda v: (-v.expected_value_usd, v.dph_total))
-    worth = _with_belief_tests(ranked, cells, done, ref, settings)
+    values = [*best_per_machine.values(), *loose]
+    if fleet.fleet_on_offer is not None:
+        values = _with_gpu_model_value(values, _measured_gpu_models(measured.values()),
+                                       fleet.fleet_on_offer, settings)
+    ranked = sorted(values, key=lambda v: (-v.expected_value_usd, v.dph_total))
+    worth = _with_belief_tests(ranked, cells, done, ref, settings, fleet.fleet_on_offer)
     picked, over_budget = _within_budget(worth, settings)
     explained = model.predict_offers([v.offer for v in picked], explain=True)
+    # The value shown is the one the offer was ranked by (a GPU model's trial includes
+    # what it shows of the model's other offers).
     chosen = [
-        p for v, e in zip(picked, explained, strict=True)
+        dataclasses.replace(p, expected_value_usd=v.expected_value_usd)
+        for v, e in zip(picked, explained, strict=True)
         if (p := evaluate_offer(v.offer, _keep_doubt(e, v.prediction, settings.doubt),
                                 fleet, settings)) is not None
     ]
@@ -664,3 +690,55 @@ def plan_trials(
     return Plan(tuple(chosen), considered, len(worth), ref, reason,
                 tuple(sorted(measured.values(), key=lambda m: m.predicted_usd_per_proof)),
                 source)
+
+
+# --- what a GPU model's first trial shows of its other offers --------------------------
+
+
+def _gpu_key(offer: Offer) -> str | None:
+    try:
+        return offer_features(offer).gpu_key
+    except FeatureError:
+        return None
+
+
+def _measured_gpu_models(measured: Iterable[MeasuredOffer]) -> set[str]:
+    """The GPU models a machine on offer was measured with."""
+    return {key for m in measured if (key := _gpu_key(m.offer)) is not None}
+
+
+#: The z of the 90th percentile: an 80% interval is 2 x 1.2816 sd of log rate wide.
+_Z90 = 1.2815515655446004
+
+
+def _with_gpu_model_value(values: list[_Value], measured_gpus: set[str],
+                          fleet: FleetOnOffer, settings: PlanSettings) -> list[_Value]:
+    """The first trial of a GPU model no measured machine has is worth what it shows of
+    the model's speed: its offers' rates move together with that speed, so the trial of
+    its best offer (by predicted $/proof) is valued by the fall in the fleet's $/proof if
+    the model's best ``fleet.size`` offers take their places at one common draw of their
+    log rates (each its point and its 80% interval's spread), when that exceeds the
+    offer's own value. The fleet then takes what the trial reveals: the next fit
+    predicts the model's other offers from it."""
+    groups: dict[str, list[_Value]] = {}
+    for v in values:
+        key = _gpu_key(v.offer)
+        if key is not None and key not in measured_gpus:
+            groups.setdefault(key, []).append(v)
+    raised: dict[int, _Value] = {}
+    for group in groups.values():
+        best = sorted(group, key=lambda v: (v.dph_total / v.prediction.rate_per_hour,
+                                            v.dph_total))[:fleet.size]
+        machines = {str(v.offer.machine_id) for v in best if v.offer.machine_id is not None}
+        mus = [math.log(v.prediction.rate_per_hour) for v in best]
+        sds = [max(math.log(v.prediction.rate_high / v.prediction.rate_low) / (2 * _Z90), 1e-3)
+               for v in best]
+        saving = gain_per_hour(fleet.without(machines), fleet.size,
+                               [float(v.offer.dph_total or v.dph_total) for v in best],
+                               [(1.0, mus, sds)])
+        first = best[0]
+        hours = settings.trial_cost.hours(first.offer, first.prediction.rate_per_hour)
+        value = saving * _run_hours(first.offer, hours, settings) - first.trial_cost_usd
+        if value > first.expected_value_usd:
+            raised[id(first)] = dataclasses.replace(first, expected_value_usd=value)
+    return [raised.get(id(v), v) for v in values]

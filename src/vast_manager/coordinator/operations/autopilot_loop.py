@@ -35,6 +35,7 @@ from vast_manager.coordinator.discovery.autopilot_rules import (
     Ledger,
     decide,
     fleet_margin_usd_per_proof,
+    fleet_on_offer,
     ledger_of,
     plan_reference_usd_per_proof,
     rental_of,
@@ -210,6 +211,7 @@ def _reference(offers: Sequence[Offer], memo: _Memo, fleet: Sequence[FleetInstan
     kind = ("measured" if known >= hosts else "predicted" if known == 0
             else f"{known} of its hosts measured, the rest predicted")
     return {"reference_usd_per_proof": usd,
+            "fleet_on_offer": fleet_on_offer(supply, hosts, cap),
             "reference_source": f"the last host of the best {hosts}-host fleet on offer "
                                 f"({kind}; nothing proving)"}
 

@@ -1,0 +1,123 @@
+"""A trial's worth to a fleet of a fixed size: the fall in its $/proof, alone or with a
+GPU model's other offers."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import pytest
+
+from vast_manager.coordinator.discovery.autopilot_rules import fleet_on_offer
+from vast_manager.coordinator.discovery.fleet_gain import FleetHost, FleetOnOffer, gain_per_hour
+from vast_manager.coordinator.discovery.plan import (
+    FleetView,
+    PlanSettings,
+    evaluate_offer,
+    plan_trials,
+)
+from vast_manager.coordinator.discovery.structural_model import Prediction, fit_rate_model
+
+from support.discovery_support import measurements, parsed, synthetic_offer
+
+#: A fleet of ten at 100/h: nine at $0.10/h ($0.001 a proof), the last at $0.15/h; and
+#: the next host on offer, at $0.20/h.
+FLEET = (*(FleetHost(f"m{i}", 0.10, 100.0) for i in range(9)),
+         FleetHost("m9", 0.15, 100.0), FleetHost("m10", 0.20, 100.0))
+ON_OFFER = FleetOnOffer(FLEET, 10)
+
+
+def _sampled_gain(base: tuple[FleetHost, ...], dph: list[float], mus: list[float],
+                  sds: list[float], n: int = 40_000) -> float:
+    """The same expectation by sampling the common draw."""
+    rng = random.Random(5)
+    p0 = sum(h.dph_total for h in base) / sum(h.rate_per_hour for h in base)
+    total = 0.0
+    for _ in range(n):
+        z = rng.gauss(0.0, 1.0)
+        hosts = [(h.dph_total, h.rate_per_hour) for h in base] + [
+            (c, math.exp(mu + sd * z)) for c, mu, sd in zip(dph, mus, sds, strict=True)]
+        best = sorted(hosts, key=lambda h: h[0] / h[1])[:len(base)]
+        total += max(0.0, p0 - sum(c for c, _ in best) / sum(r for _, r in best))
+    return total / n * sum(h.rate_per_hour for h in base)
+
+
+@pytest.mark.parametrize("newcomers", [1, 3])
+def test_the_quadrature_matches_sampling(newcomers: int) -> None:
+    base = ON_OFFER.without(())
+    dph = [0.08, 0.12, 0.30][:newcomers]
+    mus = [math.log(90.0), math.log(110.0), math.log(250.0)][:newcomers]
+    sds = [0.3, 0.2, 0.4][:newcomers]
+    got = gain_per_hour(base, 10, dph, [(1.0, mus, sds)])
+    assert got > 0
+    assert got == pytest.approx(_sampled_gain(base, dph, mus, sds), rel=0.03)
+
+
+def test_a_big_host_that_beats_the_last_host_but_not_the_fleet_gains_nothing() -> None:
+    base = ON_OFFER.without(())
+    p0 = sum(h.dph_total for h in base) / sum(h.rate_per_hour for h in base)  # $0.00105
+    # $0.0012 a proof: cheaper than the last host's $0.0015, dearer than the fleet's mean,
+    # and four times the last host's rate: taking it would raise the fleet's $/proof.
+    assert p0 < 0.0012
+    big = gain_per_hour(base, 10, [0.48], [(1.0, [math.log(400.0)], [1e-6])])
+    assert big == 0.0
+    # A small host at the same $/proof lowers it: it replaces a dearer one.
+    small = gain_per_hour(base, 10, [0.06], [(1.0, [math.log(50.0)], [1e-6])])
+    assert small > 0
+
+
+def test_without_its_machine_the_fleet_takes_the_next_host() -> None:
+    assert [h.machine_id for h in ON_OFFER.without({"m3"})] == [
+        "m0", "m1", "m2", "m4", "m5", "m6", "m7", "m8", "m9", "m10"]
+    assert len(ON_OFFER.without(())) == 10
+
+
+def _offers(n: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [synthetic_offer(rng, 90_000 + i) for i in range(n)]
+
+
+def test_from_nothing_the_plan_values_trials_against_the_fleet_on_offer() -> None:
+    model = fit_rate_model(measurements(120))
+    offers = parsed(_offers(60, 8))
+    preds = model.predict_offers(offers, explain=False)
+    hosts = sorted((o.dph_total / p.rate_per_hour, str(o.machine_id), o.dph_total,
+                    p.rate_per_hour) for o, p in zip(offers, preds, strict=True)
+                   if o.dph_total and isinstance(p, Prediction))
+    on_offer = FleetOnOffer(tuple(FleetHost(m, c, r) for _, m, c, r in hosts[:20]), 10)
+    view = FleetView(reference_usd_per_proof=hosts[9][0], fleet_on_offer=on_offer)
+    settings = PlanSettings(trials=5)
+    plan = plan_trials(offers, model, view, settings)
+    assert plan.proposals
+    raised = 0
+    for p in plan.proposals:
+        own = evaluate_offer(p.offer, p.prediction, view, settings)
+        assert own is not None
+        # The saving is the fall in the fleet's $/proof, without the offer's own machine.
+        assert p.expected_saving_per_hour_usd == pytest.approx(gain_per_hour(
+            on_offer.without({str(p.machine_id)}), 10, [float(p.dph_total)],
+            [(w, [mu], [sd]) for w, mu, sd in p.prediction.components()]))
+        # No machine on offer is measured: a GPU model's best offer may be worth more
+        # than itself (what it shows of the model's other offers), never less.
+        assert p.expected_value_usd >= own.expected_value_usd - 1e-9
+        raised += p.expected_value_usd > own.expected_value_usd + 1e-6
+    assert raised >= 1
+    # The same plan against the last host alone values the offers otherwise.
+    plain = plan_trials(offers, model, FleetView(reference_usd_per_proof=hosts[9][0]),
+                        settings)
+    assert [p.expected_value_usd for p in plain.proposals] != [
+        p.expected_value_usd for p in plan.proposals]
+
+
+def test_the_fleet_on_offer_is_twice_the_fleet_and_only_hosts_the_verdict_keeps() -> None:
+    # (machine, dph_total, rate): $/proof 0.001 .. 0.030; machine "a" twice, cheapest kept.
+    supply = [("a", 0.2, 100.0), ("a", 0.1, 100.0),
+              *((f"m{i}", 0.001 * (i + 2) * 100, 100.0) for i in range(29))]
+    on_offer = fleet_on_offer(supply, 5, 0.008)
+    assert on_offer is not None and on_offer.size == 5
+    # The best 10, less those above $0.008 a proof: "a" at 0.001, m0-m6 at 0.002-0.008.
+    assert [h.machine_id for h in on_offer.hosts] == ["a", *(f"m{i}" for i in range(7))]
+    assert on_offer.hosts[0].dph_total == pytest.approx(0.1)
+    # Fewer hosts under the verdict's $/proof than the fleet: the reference alone.
+    assert fleet_on_offer(supply, 5, 0.002) is None
