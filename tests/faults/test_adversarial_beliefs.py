@@ -34,7 +34,7 @@ from support.belief_support import (
     standing,
     stored,
 )
-from support.coord_support import ADMIN, Harness, start
+from support.coord_support import ADMIN, Harness, database_before_migration, start
 from support.fakes_provider import FakeProvider, offer
 
 OFFERS = [
@@ -447,19 +447,10 @@ def test_beyond_belief_reasons_quote_their_numbers() -> None:
 def test_migration_9_asks_for_the_benchmark_an_instance_still_owes(tmp_path: Path) -> None:
     """An instance upgraded while waiting for its first rate gets its benchmark directed
     (else its first result would count for nothing); one with a rate gets none."""
-    import sqlite_utils
-
-    from vast_manager.coordinator.store import migrations as store_module
     from vast_manager.coordinator.store.writer import Store
 
     path = tmp_path / "old.sqlite"
-    db = sqlite_utils.Database(path)
-    old = store_module.MIGRATIONS
-    store_module.MIGRATIONS = old[:8]
-    try:
-        store_module.migrate(db)
-    finally:
-        store_module.MIGRATIONS = old
+    db = database_before_migration(path, 9)
     for instance_id, rate in ((1, None), (2, 40.0)):
         db.table("instances").insert({"id": instance_id, "agent_id": f"ag_{instance_id:020d}",
                                 "kind": "deployed", "state": "benchmarking",

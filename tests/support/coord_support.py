@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import sqlite_utils
 from aiohttp.test_utils import TestClient
 
 from vast_manager.coordinator.decisions import pace
 from vast_manager.coordinator.settings import Settings
+from vast_manager.coordinator.store import migrations
 from vast_manager.coordinator.store.writer import Store
 from vast_manager.coordinator.web.app import create_app
 from vast_manager.coordinator.web.core import CORE, Core
@@ -323,3 +325,16 @@ class ServerThread:
         asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(30)
+
+
+def database_before_migration(path: Path, number: int) -> sqlite_utils.Database:
+    """A database at ``path`` as a coordinator from before migration ``number`` left it:
+    every earlier migration applied, none from ``number`` on."""
+    db = sqlite_utils.Database(path)
+    old = migrations.MIGRATIONS
+    migrations.MIGRATIONS = tuple(m for m in old if m[0] < number)
+    try:
+        migrations.migrate(db)
+    finally:
+        migrations.MIGRATIONS = old
+    return db

@@ -26,6 +26,7 @@ from support.coord_support import (
     ADMIN,
     Agent,
     Harness,
+    database_before_migration,
     make_settings,
     response_signature,
     result_msg,
@@ -295,18 +296,8 @@ async def test_a_restart_with_40_s_of_downtime_fires_no_lost_event(
 def test_migration_8_gives_older_instances_the_base_pace(tmp_path: Path) -> None:
     """A database from before migration 8: its instances have no pace stored, and are
     timed on the base pace until their agents are answered."""
-    import sqlite_utils
-
-    from vast_manager.coordinator.store import migrations as store_module
-
     path = tmp_path / "coord.db"
-    db = sqlite_utils.Database(path)
-    old = store_module.MIGRATIONS
-    store_module.MIGRATIONS = old[:7]
-    try:
-        store_module.migrate(db)
-    finally:
-        store_module.MIGRATIONS = old
+    db = database_before_migration(path, 8)
     assert "heartbeat_pace_s" not in db["instances"].columns_dict
     db["instances"].insert({"id": 1, "agent_id": "ag_" + "1" * 20, "kind": "byo",
                             "state": "proving", "created_at": 1.0, "updated_at": 1.0})

@@ -21,7 +21,15 @@ from vast_manager.coordinator.cli.commands import cli
 from vast_manager.coordinator.discovery.measurements import MAX_IMPORT_BYTES
 from vast_manager.coordinator.providers.local.catalog import catalog_offers
 
-from support.coord_support import ADMIN, ADMIN_TOKEN, Harness, ServerThread, result_msg, start
+from support.coord_support import (
+    ADMIN,
+    ADMIN_TOKEN,
+    Harness,
+    ServerThread,
+    database_before_migration,
+    result_msg,
+    start,
+)
 from support.discovery_support import measurements
 from support.fakes_provider import FakeProvider
 from support.paths import REPO_ROOT
@@ -290,19 +298,10 @@ def test_migration_6_keeps_earlier_results_as_measurements_with_their_hardware(
     """A database from before measurements: every counted benchmark becomes a fleet
     measurement, its offer rebuilt from its instance (a deployed one's columns, a
     bring-your-own agent's hello)."""
-    import sqlite_utils
-
-    from vast_manager.coordinator.store import migrations as store_module
     from vast_manager.coordinator.store.writer import Store
 
     path = tmp_path / "old.sqlite"
-    db = sqlite_utils.Database(path)
-    old = store_module.MIGRATIONS
-    store_module.MIGRATIONS = old[:5]
-    try:
-        store_module.migrate(db)
-    finally:
-        store_module.MIGRATIONS = old
+    db = database_before_migration(path, 6)
     host = {"hostname": "rig", "cpu_model": "AMD Ryzen 9 7950X 16-Core Processor",
             "cpu_cores_logical": 32, "cpu_cores_physical": 16, "ram_total_bytes": 192e9,
             "gpus": [{"index": 0, "name": "NVIDIA GeForce RTX 4090", "pcie_gen_max": 4,

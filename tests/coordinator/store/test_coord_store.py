@@ -15,6 +15,7 @@ import pytest
 from vast_manager.coordinator.store.migrations import MIGRATIONS, TABLES
 from vast_manager.coordinator.store.writer import Store, Tx
 
+from support.coord_support import database_before_migration
 from support.paths import FIXTURES
 
 
@@ -218,18 +219,8 @@ def test_store_refuses_memory_databases() -> None:
 def test_migration_3_moves_the_latest_heartbeats_onto_their_instances(tmp_path: Path) -> None:
     """A database from before migration 3 keeps every agent's latest heartbeat, now read
     through the ``heartbeats`` view."""
-    import sqlite_utils
-
-    from vast_manager.coordinator.store import migrations as store_module
-
     path = tmp_path / "old.sqlite"
-    db = sqlite_utils.Database(path)
-    old = store_module.MIGRATIONS
-    store_module.MIGRATIONS = old[:2]
-    try:
-        store_module.migrate(db)
-    finally:
-        store_module.MIGRATIONS = old
+    db = database_before_migration(path, 3)
     db["agents"].insert({"agent_id": "ag_" + "1" * 20, "label": "a", "kind": "byo",
                          "revoked": 0, "issued_at": 1.0})
     for instance_id, agent in ((1, "ag_" + "1" * 20), (2, "ag_" + "2" * 20)):
@@ -260,18 +251,8 @@ def test_migration_3_moves_the_latest_heartbeats_onto_their_instances(tmp_path: 
 def test_migration_15_moves_the_latest_telemetry_onto_its_instances(tmp_path: Path) -> None:
     """A database from before migration 15 keeps every instance's latest telemetry, now on
     its row and read through the ``telemetry`` view; whole-row reads leave it out."""
-    import sqlite_utils
-
-    from vast_manager.coordinator.store import migrations as store_module
-
     path = tmp_path / "old.sqlite"
-    db = sqlite_utils.Database(path)
-    old = store_module.MIGRATIONS
-    store_module.MIGRATIONS = old[:14]
-    try:
-        store_module.migrate(db)
-    finally:
-        store_module.MIGRATIONS = old
+    db = database_before_migration(path, 15)
     for instance_id in (1, 2):
         db["instances"].insert({"id": instance_id, "kind": "deployed", "state": "proving",
                                 "created_at": 1.0})
