@@ -239,19 +239,26 @@ def expected_saving_per_hour(prediction: Prediction, dph_total: float, ref: floa
 #: The novelty a doubted prediction carries (``with_doubt``): the hypothesis reads it.
 DOUBT_NOTE = "no measured machine shares its GPU model and count, binding resource and RAM share"
 
-Cell = tuple[str, int, str, int]
+Cell = tuple[str, int, str, int, int]
+
+
+def _octave(x: float) -> int:
+    return math.floor(math.log2(max(x, 1.0)))
 
 
 def doubt_cell(offer: Offer, prediction: Prediction) -> Cell | None:
     """Where the offer sits in the model's beliefs: GPU model and count, the resource the
-    model says binds, and the RAM share's octave (64-127 GiB, 128-255, ...); None when
-    the offer's fields cannot be read."""
+    model says binds, the RAM share's octave (64-127 GiB, 128-255, ...) and the binding
+    resource's own octave (vCPUs for the CPU, GB/s per GPU for the link; 0 else): a
+    belief that 32 vCPUs bind a GPU says little of 16. None when the offer's fields
+    cannot be read."""
     try:
         f = offer_features(offer)
     except FeatureError:
         return None
-    octave = math.floor(math.log2(max(f.ram_share_gib, 1.0)))
-    return (f.gpu_key, f.num_gpus, prediction.bottleneck, octave)
+    own = {"cpu": f.cpu_cores_effective, "pcie": f.pcie_gbps}.get(prediction.bottleneck)
+    return (f.gpu_key, f.num_gpus, prediction.bottleneck, _octave(f.ram_share_gib),
+            0 if own is None else _octave(own))
 
 
 def with_doubt(prediction: Prediction, doubt: Doubt) -> Prediction:
@@ -430,6 +437,18 @@ def schedule_tests(worth: Sequence[_Value], tests: Sequence[_Value], due: Sequen
         queue = [v for v in queue if v.offer is not pick.offer]
         rest = [v for v in rest if v.offer is not pick.offer]
     return out + rest
+
+
+def _optimistic(offer: Offer, pred: Prediction, cells: dict[Cell, CellEvidence],
+                doubt: Doubt) -> Prediction:
+    """The belief an offer is valued by: where the model says a resource other than the
+    GPUs binds and no measured machine shares its cell, the model's belief that it binds
+    there is untested, so the offer is valued under the mixture with the GPU-only
+    reading (``with_doubt``); else the model's."""
+    if pred.bottleneck == "gpu" or doubt.weight <= 0:
+        return pred
+    at = doubt_cell(offer, pred)
+    return pred if at is None or at in cells else with_doubt(pred, doubt)
 
 
 def _keep_doubt(explained: Prediction | Unpredictable, ranked: Prediction,
@@ -648,7 +667,9 @@ def plan_trials(
                     offer.id, str(machine), offer, pred,
                     float(offer.dph_total or 0.0), hourly, usd, usd <= ref)
             continue
-        value = _value(offer, pred, ref, settings, fleet.fleet_on_offer)
+        value = _value(offer, _optimistic(offer, pred, cells, settings.doubt), ref, settings,
+                       fleet.fleet_on_offer)
+        value = dataclasses.replace(value, prediction=pred)
         if machine is None or machine == "":
             loose.append(value)
             continue
