@@ -441,11 +441,12 @@ def schedule_tests(worth: Sequence[_Value], tests: Sequence[_Value], due: Sequen
 
 def _optimistic(offer: Offer, pred: Prediction, cells: dict[Cell, CellEvidence],
                 doubt: Doubt) -> Prediction:
-    """The belief an offer is valued by: where the model says a resource other than the
-    GPUs binds and no measured machine shares its cell, the model's belief that it binds
-    there is untested, so the offer is valued under the mixture with the GPU-only
-    reading (``with_doubt``); else the model's."""
-    if pred.bottleneck == "gpu" or doubt.weight <= 0:
+    """The belief an offer is valued by: where the model says the CPU binds and no
+    measured machine shares its cell (so none with as few vCPUs a GPU), that belief is
+    untested, and the CPU's anchor is the model's weakest fact (docs/discovery.md,
+    section 2), so the offer is valued under the mixture with the GPU-only reading
+    (``with_doubt``); else the model's."""
+    if pred.bottleneck != "cpu" or doubt.weight <= 0:
         return pred
     at = doubt_cell(offer, pred)
     return pred if at is None or at in cells else with_doubt(pred, doubt)
