@@ -239,26 +239,19 @@ def expected_saving_per_hour(prediction: Prediction, dph_total: float, ref: floa
 #: The novelty a doubted prediction carries (``with_doubt``): the hypothesis reads it.
 DOUBT_NOTE = "no measured machine shares its GPU model and count, binding resource and RAM share"
 
-Cell = tuple[str, int, str, int, int]
-
-
-def _octave(x: float) -> int:
-    return math.floor(math.log2(max(x, 1.0)))
+Cell = tuple[str, int, str, int]
 
 
 def doubt_cell(offer: Offer, prediction: Prediction) -> Cell | None:
     """Where the offer sits in the model's beliefs: GPU model and count, the resource the
-    model says binds, the RAM share's octave (64-127 GiB, 128-255, ...) and the binding
-    resource's own octave (vCPUs for the CPU, GB/s per GPU for the link; 0 else): a
-    belief that 32 vCPUs bind a GPU says little of 16. None when the offer's fields
-    cannot be read."""
+    model says binds, and the RAM share's octave (64-127 GiB, 128-255, ...); None when
+    the offer's fields cannot be read."""
     try:
         f = offer_features(offer)
     except FeatureError:
         return None
-    own = {"cpu": f.cpu_cores_effective, "pcie": f.pcie_gbps}.get(prediction.bottleneck)
-    return (f.gpu_key, f.num_gpus, prediction.bottleneck, _octave(f.ram_share_gib),
-            0 if own is None else _octave(own))
+    octave = math.floor(math.log2(max(f.ram_share_gib, 1.0)))
+    return (f.gpu_key, f.num_gpus, prediction.bottleneck, octave)
 
 
 def with_doubt(prediction: Prediction, doubt: Doubt) -> Prediction:
@@ -267,7 +260,7 @@ def with_doubt(prediction: Prediction, doubt: Doubt) -> Prediction:
     offer's GPUs allow, nothing else binding) with the GPU class's spread. The
     interval shown stays the model's; the expected value and the probabilities read the
     mixture. Unchanged when the weight is zero or the model gives no GPU capacity."""
-    gpu = prediction.capacities_per_hour.get("gpu")
+    gpu = alternative_rate(prediction)
     if doubt.weight <= 0 or gpu is None or not gpu > 0 or DOUBT_NOTE in prediction.novelty:
         return prediction
     keep = 1.0 - doubt.weight
@@ -275,6 +268,14 @@ def with_doubt(prediction: Prediction, doubt: Doubt) -> Prediction:
     return dataclasses.replace(
         prediction, modes=(*modes, (doubt.weight, math.log(gpu), doubt.log_sd)),
         novelty=(*prediction.novelty, DOUBT_NOTE))
+
+
+def alternative_rate(prediction: Prediction) -> float | None:
+    """EXPERIMENT: the least capacity but the binding one's."""
+    caps = prediction.capacities_per_hour
+    if caps.get("gpu") is None:
+        return None
+    return min(v for k, v in caps.items() if k != prediction.bottleneck or k == "gpu")
 
 
 @dataclass(slots=True)
@@ -437,19 +438,6 @@ def schedule_tests(worth: Sequence[_Value], tests: Sequence[_Value], due: Sequen
         queue = [v for v in queue if v.offer is not pick.offer]
         rest = [v for v in rest if v.offer is not pick.offer]
     return out + rest
-
-
-def _optimistic(offer: Offer, pred: Prediction, cells: dict[Cell, CellEvidence],
-                doubt: Doubt) -> Prediction:
-    """The belief an offer is valued by: where the model says the CPU binds and no
-    measured machine shares its cell (so none with as few vCPUs a GPU), that belief is
-    untested, and the CPU's anchor is the model's weakest fact (docs/discovery.md,
-    section 2), so the offer is valued under the mixture with the GPU-only reading
-    (``with_doubt``); else the model's."""
-    if pred.bottleneck != "cpu" or doubt.weight <= 0:
-        return pred
-    at = doubt_cell(offer, pred)
-    return pred if at is None or at in cells else with_doubt(pred, doubt)
 
 
 def _keep_doubt(explained: Prediction | Unpredictable, ranked: Prediction,
@@ -668,9 +656,7 @@ def plan_trials(
                     offer.id, str(machine), offer, pred,
                     float(offer.dph_total or 0.0), hourly, usd, usd <= ref)
             continue
-        value = _value(offer, _optimistic(offer, pred, cells, settings.doubt), ref, settings,
-                       fleet.fleet_on_offer)
-        value = dataclasses.replace(value, prediction=pred)
+        value = _value(offer, pred, ref, settings, fleet.fleet_on_offer)
         if machine is None or machine == "":
             loose.append(value)
             continue
