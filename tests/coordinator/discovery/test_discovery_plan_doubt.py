@@ -1,7 +1,7 @@
 """The plan tests what its model rules out: a share of trials goes to unmeasured cells
-where the model and the reading without its binding resource disagree, and a cell whose measured machine
-surprised the model is believed otherwise (docs/discovery.md, "Testing what the model
-rules out")."""
+where the model and the reading without its binding resource disagree, and a cell whose
+measured machine surprised the model is believed otherwise (docs/discovery.md, "Testing
+what the model rules out")."""
 
 from __future__ import annotations
 
