@@ -104,6 +104,15 @@ def _refused(core: Core, request: web.Request, status: int, body: dict[str, str]
     return response
 
 
+def _internal_error(core: Core, request: web.Request, err: Exception) -> web.Response:
+    """What the application's error middleware answers a handler's bug with, built here:
+    on the agents' own path (``serve_agents_first``) no middleware or signal runs."""
+    response = error_answer(request, err, core.guard.quiet)
+    response.headers.update(SECURITY_HEADERS)
+    response.headers[signing.HEADER_SERVER_TIME] = str(int(core.clock()))
+    return response
+
+
 #: An agent route's aiohttp handler.
 Endpoint = Callable[[web.Request], Awaitable[web.Response]]
 #: An agent handler: the core, the agent verified and the exact body it signed, in; the
@@ -127,47 +136,52 @@ def agent_endpoint(core: Core, fn: AgentHandler) -> Endpoint:
     (``core`` is its own), so ``serve_agents_first`` can call it before the router."""
 
     async def handler(request: web.Request) -> web.Response:
-        nonce = request.headers.get(signing.HEADER_NONCE, "")
-        if too_large_declared(request):
-            return _refused(core, request, 413, too_large().to_body(), None, nonce)
         try:
-            agent_id = core.auth.screen(request.headers)
-        except AuthFailure as failure:
-            return _refused(core, request, failure.status, failure.to_body(), None, nonce)
-        claimed = 0
-        # Until its signature verifies, a body is held against its sender's address: an
-        # agent id alone (in every vast.ai label) must not spend that agent's allowance.
-        holder = ADDRESS_KEY_PREFIX + address_key(request.remote)
-        try:
+            nonce = request.headers.get(signing.HEADER_NONCE, "")
+            if too_large_declared(request):
+                return _refused(core, request, 413, too_large().to_body(), None, nonce)
             try:
-                body, claimed = await read_body(request, budget=core.guard.budget, key=holder)
-            except Refusal as err:
-                return _refused(core, request, err.status, err.to_body(), None, nonce,
-                                err.retry_after_s)
-            try:
-                agent = core.auth.verify(
-                    # raw_path: the path and query exactly as the agent sent and signed them.
-                    method=request.method, path_qs=request.raw_path, headers=request.headers,
-                    body=body, now=core.clock(), screened_id=agent_id,
-                )
+                agent_id = core.auth.screen(request.headers)
             except AuthFailure as failure:
-                return _refused(core, request, failure.status, failure.to_body(),
-                                failure.verified_key, nonce)
-            refused = core.guard.budget.transfer(holder, agent_id, claimed)
-            if refused is not None:
-                return _refused(core, request, 503, {"error": "busy", "message": refused},
-                                agent.key, nonce, 1)
-            holder = agent_id
+                return _refused(core, request, failure.status, failure.to_body(), None, nonce)
+            claimed = 0
+            # Until its signature verifies, a body is held against its sender's address: an
+            # agent id alone (in every vast.ai label) must not spend that agent's allowance.
+            holder = ADDRESS_KEY_PREFIX + address_key(request.remote)
             try:
-                status, payload = 200, await fn(core, agent, body)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                status, payload = agent_failure(err, agent.agent_id, request.path,
-                                                core.guard.quiet)
-            return _agent_answer(core, status, payload, agent.key, agent.nonce)
-        finally:
-            core.guard.budget.release(holder, claimed)
+                try:
+                    body, claimed = await read_body(request, budget=core.guard.budget, key=holder)
+                except Refusal as err:
+                    return _refused(core, request, err.status, err.to_body(), None, nonce,
+                                    err.retry_after_s)
+                try:
+                    agent = core.auth.verify(
+                        # raw_path: the path and query exactly as the agent sent and signed them.
+                        method=request.method, path_qs=request.raw_path, headers=request.headers,
+                        body=body, now=core.clock(), screened_id=agent_id,
+                    )
+                except AuthFailure as failure:
+                    return _refused(core, request, failure.status, failure.to_body(),
+                                    failure.verified_key, nonce)
+                refused = core.guard.budget.transfer(holder, agent_id, claimed)
+                if refused is not None:
+                    return _refused(core, request, 503, {"error": "busy", "message": refused},
+                                    agent.key, nonce, 1)
+                holder = agent_id
+                try:
+                    status, payload = 200, await fn(core, agent, body)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:
+                    status, payload = agent_failure(err, agent.agent_id, request.path,
+                                                    core.guard.quiet)
+                return _agent_answer(core, status, payload, agent.key, agent.nonce)
+            finally:
+                core.guard.budget.release(holder, claimed)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # a bug: answered as the error middleware would
+            return _internal_error(core, request, err)
 
     return handler
 
@@ -278,29 +292,21 @@ def serve_agents_first(server: web.Server, app: web.Application,
     layers (route resolution, two middleware frames on every call and every resumption,
     the response signal) cost a heartbeat about 5 us that the agents' handler, which
     does its own checks and builds its own complete answer, never needed
-    (docs/performance.md, "The agents' path"). What the error middleware would do for an
-    exception the handler lets out is done here the same way."""
+    (docs/performance.md, "The agents' path"). The handler answers its own bugs as the
+    error middleware would (``_internal_error``)."""
     handlers = app[AGENT_HANDLERS]
     through_app = server.request_handler
-    core = app[CORE]
 
-    async def first(request: web.BaseRequest) -> web.StreamResponse:
+    def first(request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
         # raw_path: the path exactly as sent; anything but a plain agent path goes the
         # general way, which answers it as it always has (as it does an ``Expect:
-        # 100-continue``, which the application's route answers before the body).
+        # 100-continue``, which the application's route answers before the body). A
+        # function, not a coroutine: the handler's own coroutine is what aiohttp awaits.
         handler = handlers.get(request.raw_path) if request.method == "POST" else None
         if (handler is None or hdrs.EXPECT in request.headers
                 or (elsewhere is not None and elsewhere(request))):
-            return await through_app(request)
-        try:
-            # A web.Request all the same (the server's request factory is the app's).
-            return await handler(cast(web.Request, request))
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:
-            response = error_answer(request, err, core.guard.quiet)
-            response.headers.update(SECURITY_HEADERS)
-            response.headers[signing.HEADER_SERVER_TIME] = str(int(core.clock()))
-            return response
+            return through_app(request)
+        # A web.Request all the same (the server's request factory is the app's).
+        return handler(cast(web.Request, request))
 
     server.request_handler = first
