@@ -302,10 +302,11 @@ class ServerThread:
     """A real coordinator (``start_server``) on its own event loop in a thread, so a
     synchronous client (the CLI, a subprocess) can call it."""
 
-    def __init__(self, tmp_path: Path, provider: FakeProvider | None = None) -> None:
+    def __init__(self, tmp_path: Path, provider: FakeProvider | None = None,
+                 **overrides: Any) -> None:
         self.loop = asyncio.new_event_loop()
         self.provider = provider or FakeProvider()
-        self.settings = make_settings(tmp_path, port=0)
+        self.settings = make_settings(tmp_path, port=0, **overrides)
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.server: Any = None
