@@ -275,7 +275,7 @@ def with_doubt(prediction: Prediction, doubt: Doubt) -> Prediction:
 
 def unbound_rate(prediction: Prediction) -> float | None:
     """The alternative reading's rate: the least of the model's capacities but the one it
-    says binds (the GPUs' stay: they are the rig). Only that belief is in doubt: a host
+    says binds (the GPUs' always count). Only that belief is in doubt: a host
     whose CPU the model says binds is still held by its link and RAM share, and one whose
     RAM share binds by its vCPUs. None without a GPU capacity."""
     caps = prediction.capacities_per_hour
