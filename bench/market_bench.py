@@ -9,12 +9,12 @@ the host's own effects). docs/discovery.md ("Markets") describes it.
 
 Each accuracy seed splits the hosts at random, 60% a pool the measurements come from (the
 seed picks which) and 40% held out and predicted (``split``): every seed another sample of
-held-out hosts, so that the mean over seeds averages that sample's luck out too. The planning runs on the whole file (or a seeded 80%
-of it) the operator's way: a real coordinator with the market as its offers, ``plan``
-and ``hosts import`` over HTTP (``Coordinator``). A line may carry ``true_binding``
-(the resource whose doubling raises its true rate most): the bench then reports the
-intervals' coverage per binding resource and how often a prediction names it. Every
-figure is simulated: the markets' rates are.
+held-out hosts, so that the mean over seeds averages that sample's luck out too. The
+planning runs on the whole file (or a seeded 80% of it) the operator's way: a real
+coordinator with the market as its offers, ``plan`` and ``hosts import`` over HTTP
+(``Coordinator``). A line may carry ``true_binding`` (the resource whose doubling raises
+its true rate most): the bench then reports the intervals' coverage per binding resource
+and how often a prediction names it. Every figure is simulated: the markets' rates are.
 """
 
 from __future__ import annotations
