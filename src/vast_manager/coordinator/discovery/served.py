@@ -495,7 +495,8 @@ def benchmark_noise_sd(measurements: Sequence[Measurement], prior_sd: float) -> 
     written from other beliefs that split put 0.022-0.033 on the noise where their
     benchmarks erred by 0.029-0.055 (docs/discovery.md, section 9): the intervals kept
     noise they were meant to take out. So with no repeats the prior speaks, and the
-    fleet's repeats take over as they come."""
+    fleet's repeats take over as they come. Runs of any age count alike: a machine that
+    changed between its runs counts the change as noise, and its intervals run narrow."""
     runs: dict[tuple[str, int], list[float]] = {}
     for m in measurements:
         key = (m.machine_id, offer_features(m.offer).num_gpus)
