@@ -65,6 +65,14 @@ def test_writer_quick() -> None:
 
 
 @pytest.mark.slow  # a bench process of its own (15-50 s on 2 cores)
+def test_agent_path_quick() -> None:
+    # Every heartbeat both ways was answered 200 (the bench exits non-zero otherwise).
+    text = _run("agent_path.py")
+    assert "agents' path" in text and "through the app" in text
+    assert "the application's layers, median:" in text
+
+
+@pytest.mark.slow  # a bench process of its own (15-50 s on 2 cores)
 def test_status_quick(tmp_path: Path) -> None:
     out_file = tmp_path / "status.json"
     text = _run("status.py", "--json-out", str(out_file))

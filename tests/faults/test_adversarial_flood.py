@@ -52,7 +52,10 @@ def stored_bytes(db_rows: list[dict[str, Any]]) -> int:
 def test_a_result_flood_is_summarised_throttled_revoked_and_its_views_stay_small(
     tmp_path: Path,
 ) -> None:
-    with ServerThread(tmp_path, FakeProvider([])) as thread:
+    # The first result strikes the host, so the instance is terminating: the monitor's
+    # pass (60 s after start, which a loaded machine reaches mid-flood) would destroy it,
+    # and the 401s would then be the destroyed instance's, not the flood's revocation.
+    with ServerThread(tmp_path, FakeProvider([]), monitor_interval_s=3600.0) as thread:
         url = thread.server.url
         issued = admin_call(url, "POST", "/api/agents", {"label": "flood"})
         agent_id, key = issued["agent_id"], bytes.fromhex(issued["agent_key"])

@@ -136,6 +136,9 @@ async def honest_chain_highs(aiohttp_client: Any, tmp_path: Path) -> list[float]
     return highs
 
 
+# Eight refits of the served model and eight honest hosts beside: about a minute on an
+# idle machine, so it runs with the heavy set.
+@pytest.mark.slow
 async def test_a_ratchet_chain_of_eight_is_held_and_the_honest_control_counted(
     h: Harness, aiohttp_client: Any, tmp_path: Path,
 ) -> None:
@@ -185,6 +188,9 @@ async def test_a_ratchet_chain_of_eight_is_held_and_the_honest_control_counted(
     assert stored(h, control, "control")["flags"] == ""
 
 
+# Eight refits of the served model and eight honest hosts beside: about a minute on an
+# idle machine, so it runs with the heavy set.
+@pytest.mark.slow
 async def test_an_adaptive_chain_under_the_line_does_not_raise_it(
     h: Harness, aiohttp_client: Any, tmp_path: Path,
 ) -> None:

@@ -7,11 +7,11 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from vast_manager.coordinator.decisions import belief, policy
 from vast_manager.coordinator.discovery.structural_model import Prediction
@@ -37,7 +37,13 @@ from vast_manager.coordinator.web.auth import (
 )
 from vast_manager.coordinator.web.core import CORE, Core
 from vast_manager.coordinator.web.guard import ADDRESS_KEY_PREFIX, QuietLog, address_key
-from vast_manager.coordinator.web.http import read_body, too_large, too_large_declared
+from vast_manager.coordinator.web.http import (
+    SECURITY_HEADERS,
+    error_answer,
+    read_body,
+    too_large,
+    too_large_declared,
+)
 from vast_manager.protocol import signing
 from vast_manager.protocol.codec import decode
 from vast_manager.protocol.errors import ProtocolError
@@ -51,8 +57,11 @@ def agent_response(
 ) -> web.Response:
     """An answer to an agent (docs/protocol.md): server time, and signed once its key verified."""
     # The headers handed over whole: aiohttp takes them as they are, where its
-    # ``content_type`` argument and each header set later cost a pass of their own.
-    headers = {"Content-Type": "application/json", signing.HEADER_SERVER_TIME: str(int(now))}
+    # ``content_type`` argument and each header set later cost a pass of their own. The
+    # security headers every answer carries are among them: on the agents' own path
+    # (``serve_agents_first``) no response signal adds them.
+    headers = {"Content-Type": "application/json", signing.HEADER_SERVER_TIME: str(int(now)),
+               **SECURITY_HEADERS}
     if key is not None:
         headers[signing.HEADER_SIGNATURE] = sign_response(key, nonce, status, body)
     return web.Response(body=body, status=status, headers=headers)
@@ -95,12 +104,23 @@ def _refused(core: Core, request: web.Request, status: int, body: dict[str, str]
     return response
 
 
+def _internal_error(core: Core, request: web.Request, err: Exception) -> web.Response:
+    """What the application's error middleware answers a handler's bug with, built here:
+    on the agents' own path (``serve_agents_first``) no middleware or signal runs."""
+    response = error_answer(request, err, core.guard.quiet)
+    response.headers.update(SECURITY_HEADERS)
+    response.headers[signing.HEADER_SERVER_TIME] = str(int(core.clock()))
+    return response
+
+
+#: An agent route's aiohttp handler.
+Endpoint = Callable[[web.Request], Awaitable[web.Response]]
 #: An agent handler: the core, the agent verified and the exact body it signed, in; the
 #: answer's payload out (encoded, stamped and signed by ``agent_endpoint``).
 AgentHandler = Callable[[Core, VerifiedAgent, bytes], Awaitable[Any]]
 
 
-def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Response]]:
+def agent_endpoint(core: Core, fn: AgentHandler) -> Endpoint:
     """An agent route: the request checks and the response signature of docs/protocol.md
     around ``fn``.
 
@@ -112,51 +132,56 @@ def agent_endpoint(fn: AgentHandler) -> Callable[[web.Request], Awaitable[web.Re
     A route of the application itself, not a sub-application's middleware: an agent's
     request is most of the coordinator's traffic, and a sub-application's routing and
     middleware chain cost a heartbeat more than the rest of these checks
-    (docs/performance.md, "Heartbeat cost")."""
+    (docs/performance.md, "Heartbeat cost"). It needs nothing of the application's
+    (``core`` is its own), so ``serve_agents_first`` can call it before the router."""
 
     async def handler(request: web.Request) -> web.Response:
-        core = request.app[CORE]
-        nonce = request.headers.get(signing.HEADER_NONCE, "")
-        if too_large_declared(request):
-            return _refused(core, request, 413, too_large().to_body(), None, nonce)
         try:
-            agent_id = core.auth.screen(request.headers)
-        except AuthFailure as failure:
-            return _refused(core, request, failure.status, failure.to_body(), None, nonce)
-        claimed = 0
-        # Until its signature verifies, a body is held against its sender's address: an
-        # agent id alone (in every vast.ai label) must not spend that agent's allowance.
-        holder = ADDRESS_KEY_PREFIX + address_key(request.remote)
-        try:
+            nonce = request.headers.get(signing.HEADER_NONCE, "")
+            if too_large_declared(request):
+                return _refused(core, request, 413, too_large().to_body(), None, nonce)
             try:
-                body, claimed = await read_body(request, budget=core.guard.budget, key=holder)
-            except Refusal as err:
-                return _refused(core, request, err.status, err.to_body(), None, nonce,
-                                err.retry_after_s)
-            try:
-                agent = core.auth.verify(
-                    # raw_path: the path and query exactly as the agent sent and signed them.
-                    method=request.method, path_qs=request.raw_path, headers=request.headers,
-                    body=body, now=core.clock(), screened_id=agent_id,
-                )
+                agent_id = core.auth.screen(request.headers)
             except AuthFailure as failure:
-                return _refused(core, request, failure.status, failure.to_body(),
-                                failure.verified_key, nonce)
-            refused = core.guard.budget.transfer(holder, agent_id, claimed)
-            if refused is not None:
-                return _refused(core, request, 503, {"error": "busy", "message": refused},
-                                agent.key, nonce, 1)
-            holder = agent_id
+                return _refused(core, request, failure.status, failure.to_body(), None, nonce)
+            claimed = 0
+            # Until its signature verifies, a body is held against its sender's address: an
+            # agent id alone (in every vast.ai label) must not spend that agent's allowance.
+            holder = ADDRESS_KEY_PREFIX + address_key(request.remote)
             try:
-                status, payload = 200, await fn(core, agent, body)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                status, payload = agent_failure(err, agent.agent_id, request.path,
-                                                core.guard.quiet)
-            return _agent_answer(core, status, payload, agent.key, agent.nonce)
-        finally:
-            core.guard.budget.release(holder, claimed)
+                try:
+                    body, claimed = await read_body(request, budget=core.guard.budget, key=holder)
+                except Refusal as err:
+                    return _refused(core, request, err.status, err.to_body(), None, nonce,
+                                    err.retry_after_s)
+                try:
+                    agent = core.auth.verify(
+                        # raw_path: the path and query exactly as the agent sent and signed them.
+                        method=request.method, path_qs=request.raw_path, headers=request.headers,
+                        body=body, now=core.clock(), screened_id=agent_id,
+                    )
+                except AuthFailure as failure:
+                    return _refused(core, request, failure.status, failure.to_body(),
+                                    failure.verified_key, nonce)
+                refused = core.guard.budget.transfer(holder, agent_id, claimed)
+                if refused is not None:
+                    return _refused(core, request, 503, {"error": "busy", "message": refused},
+                                    agent.key, nonce, 1)
+                holder = agent_id
+                try:
+                    status, payload = 200, await fn(core, agent, body)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:
+                    status, payload = agent_failure(err, agent.agent_id, request.path,
+                                                    core.guard.quiet)
+                return _agent_answer(core, status, payload, agent.key, agent.nonce)
+            finally:
+                core.guard.budget.release(holder, claimed)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # a bug: answered as the error middleware would
+            return _internal_error(core, request, err)
 
     return handler
 
@@ -194,7 +219,9 @@ async def _hello(core: Core, agent: VerifiedAgent, body: bytes) -> Any:
 async def _heartbeat(core: Core, agent: VerifiedAgent, body: bytes) -> Any:
     hb = decode(Heartbeat, body)
     now = core.clock()
-    instance_id, directive = await core.store.write(
+    # The store's future awaited here, not through ``Store.write``'s coroutine: one frame
+    # less to build and to pass through when the commit wakes it, on every heartbeat.
+    instance_id, directive = await core.store.write_future(
         heartbeat_job(agent.agent_id, hb, core.settings, now, core.tracker.load(), core.rng)
     )
     core.tracker.touch(instance_id, now, directive.next_heartbeat_s, hb.phase)
@@ -239,8 +266,49 @@ async def _logs(core: Core, agent: VerifiedAgent, body: bytes) -> Any:
     return {"ok": True}
 
 
+#: The agents' routes (all ``POST``), in the wire contract's paths.
+AGENT_ROUTES: tuple[tuple[str, AgentHandler], ...] = (
+    ("/v1/hello", _hello), ("/v1/heartbeat", _heartbeat),
+    ("/v1/result", _result), ("/v1/logs", _logs))
+#: Where ``add_routes`` keeps each route's handler (path -> handler) for ``serve_agents_first``.
+AGENT_HANDLERS: web.AppKey[dict[str, Endpoint]] = web.AppKey("agent_handlers")
+
+
 def add_routes(app: web.Application) -> None:
-    """The agents' routes (``/v1/*``), each behind ``agent_endpoint``."""
-    for path, fn in (("/v1/hello", _hello), ("/v1/heartbeat", _heartbeat),
-                     ("/v1/result", _result), ("/v1/logs", _logs)):
-        app.router.add_post(path, agent_endpoint(fn))
+    """The agents' routes (``/v1/*``), each behind ``agent_endpoint``, on ``app`` (whose
+    core is already set)."""
+    handlers = {path: agent_endpoint(app[CORE], fn) for path, fn in AGENT_ROUTES}
+    for path, handler in handlers.items():
+        app.router.add_post(path, handler)
+    app[AGENT_HANDLERS] = handlers
+
+
+def serve_agents_first(server: web.Server, app: web.Application,
+                       elsewhere: Callable[[web.BaseRequest], bool] | None = None) -> None:
+    """Hand an agent's ``POST`` to its route's handler straight from aiohttp's ``server``,
+    before ``app``'s router, middleware and response signal; every other request (and an
+    agent path with a query, another method, or arriving where ``elsewhere`` says agents
+    are not served) goes through ``app`` as before.
+
+    Agents' requests are nearly all of the coordinator's traffic, and the application's
+    layers (route resolution, two middleware frames on every call and every resumption,
+    the response signal) cost a heartbeat about 5 us that the agents' handler, which
+    does its own checks and builds its own complete answer, never needed
+    (docs/performance.md, "The agents' path"). The handler answers its own bugs as the
+    error middleware would (``_internal_error``)."""
+    handlers = app[AGENT_HANDLERS]
+    through_app = server.request_handler
+
+    def first(request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
+        # raw_path: the path exactly as sent; anything but a plain agent path goes the
+        # general way, which answers it as it always has (as it does an ``Expect:
+        # 100-continue``, which the application's route answers before the body). A
+        # function, not a coroutine: the handler's own coroutine is what aiohttp awaits.
+        handler = handlers.get(request.raw_path) if request.method == "POST" else None
+        if (handler is None or hdrs.EXPECT in request.headers
+                or (elsewhere is not None and elsewhere(request))):
+            return through_app(request)
+        # A web.Request all the same (the server's request factory is the app's).
+        return handler(cast(web.Request, request))
+
+    server.request_handler = first

@@ -26,7 +26,7 @@ from vast_manager.coordinator.decisions import states
 from vast_manager.coordinator.exceptions import Refusal
 from vast_manager.coordinator.web.auth import admin_authorized
 from vast_manager.coordinator.web.guard import CredentialThrottle
-from vast_manager.coordinator.web.http import read_body
+from vast_manager.coordinator.web.http import SECURITY_HEADERS, read_body
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 #: The dashboard's scripts generated from their one definition: ``safeText`` from
@@ -281,8 +281,8 @@ async def _static(request: web.Request) -> web.StreamResponse:
 
 
 async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
-    response.headers.setdefault("X-Content-Type-Options", "nosniff")
-    response.headers.setdefault("Referrer-Policy", "no-referrer")
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
     if not request.path.startswith("/v1/"):
         response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
         response.headers.setdefault("X-Frame-Options", "DENY")

@@ -18,7 +18,7 @@ from vast_manager.coordinator.web.auth import (
     MAX_BODY_BYTES,
 )
 from vast_manager.coordinator.web.core import CORE
-from vast_manager.coordinator.web.guard import BodyBudget
+from vast_manager.coordinator.web.guard import BodyBudget, QuietLog
 from vast_manager.protocol import signing
 
 log = logging.getLogger(__name__)
@@ -124,6 +124,29 @@ async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES,
     return b"".join(chunks), claimed
 
 
+#: Headers every answer carries (``dashboard`` adds the page-only ones elsewhere). An agent's
+#: answer is built with them (``agent_api.agent_response``), so the response signal that
+#: adds them to every other answer finds nothing to do there.
+SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
+
+
+def error_answer(request: web.BaseRequest, err: Exception, quiet: QuietLog) -> web.Response:
+    """The JSON answer for an exception a handler raised: an ``HTTPException``'s status,
+    else a bug's ``500`` (its traceback written once an interval, the rest counted)."""
+    if isinstance(err, web.HTTPException):
+        code = _HTTP_CODES.get(err.status, "http_error")
+        response = error_response(err.status, code, err.reason or code.replace("_", " "))
+        if err.status == 405 and "Allow" in err.headers:
+            response.headers["Allow"] = err.headers["Allow"]
+        return response
+    # A bug, not the client's fault; whoever found it may repeat it, so the traceback is
+    # written once an interval and the rest counted.
+    quiet.report(
+        "internal-error", f"unhandled error on {request.method} {request.path}",
+        level=logging.ERROR, exc_info=(type(err), err, err.__traceback__))
+    return error_response(500, "internal_error", "The coordinator hit an internal error.")
+
+
 @web.middleware
 async def error_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -134,24 +157,12 @@ async def error_middleware(
     response: web.StreamResponse
     try:
         response = await handler(request)
-    except web.HTTPException as exc:
-        code = _HTTP_CODES.get(exc.status, "http_error")
-        response = error_response(exc.status, code, exc.reason or code.replace("_", " "))
-        if exc.status == 405 and "Allow" in exc.headers:
-            response.headers["Allow"] = exc.headers["Allow"]
     except asyncio.CancelledError:
         raise
     except Exception as err:
-        # A bug, not the client's fault; whoever found it may repeat it, so the
-        # traceback is written once an interval and the rest counted.
-        request.app[CORE].guard.quiet.report(
-            "internal-error", f"unhandled error on {request.method} {request.path}",
-            level=logging.ERROR, exc_info=(type(err), err, err.__traceback__))
-        response = error_response(
-            500, "internal_error", "The coordinator hit an internal error."
-        )
-    # Every heartbeat passes here: an agent route's answer (``agent_endpoint``) carries the
-    # server time already, and is known by that first.
+        response = error_answer(request, err, request.app[CORE].guard.quiet)
+    # An agent route's answer (``agent_endpoint``) carries the server time already, and
+    # is known by that first.
     if signing.HEADER_SERVER_TIME not in response.headers and request.path.startswith("/v1/"):
         response.headers[signing.HEADER_SERVER_TIME] = str(int(request.app[CORE].clock()))
     return response

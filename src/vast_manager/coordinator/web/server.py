@@ -39,6 +39,7 @@ from vast_manager.coordinator.runtime import Runtime
 from vast_manager.coordinator.settings import Settings, parse_listen
 from vast_manager.coordinator.store.dbfile import DbLock, check_db_path
 from vast_manager.coordinator.store.writer import Store
+from vast_manager.coordinator.web import agent_api
 from vast_manager.coordinator.web.app import serve
 from vast_manager.coordinator.web.core import CORE
 from vast_manager.coordinator.web.http import error_response
@@ -183,23 +184,31 @@ def tls_context(cert_path: str, key_path: str) -> ssl.SSLContext:
     return context
 
 
-def listener_split(admin_host: str, admin_port: int) -> Middleware:
-    """A middleware: the admin listener refuses /v1/*, the agents' refuses the rest.
-
-    The listener is told apart by the local address the connection arrived on.
-    """
+def admin_listener(admin_host: str, admin_port: int) -> Callable[[web.BaseRequest], bool]:
+    """Whether a request arrived on the admin listener, told apart by the local address
+    its connection arrived on."""
     wildcard = admin_host in WILDCARD_HOSTS
+
+    def on_admin(request: web.BaseRequest) -> bool:
+        local = request.transport.get_extra_info("sockname") if request.transport else None
+        return (
+            isinstance(local, tuple) and len(local) >= 2 and local[1] == admin_port
+            and (wildcard or local[0] == admin_host)
+        )
+
+    return on_admin
+
+
+def listener_split(admin_host: str, admin_port: int) -> Middleware:
+    """A middleware: the admin listener refuses /v1/*, the agents' refuses the rest."""
+    admin = admin_listener(admin_host, admin_port)
 
     @web.middleware
     async def split(
         request: web.Request,
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
     ) -> web.StreamResponse:
-        local = request.transport.get_extra_info("sockname") if request.transport else None
-        on_admin = (
-            isinstance(local, tuple) and len(local) >= 2 and local[1] == admin_port
-            and (wildcard or local[0] == admin_host)
-        )
+        on_admin = admin(request)
         path = request.path
         agent_path = path.startswith("/v1/")
         if path in AGENT_SIDE_EXACT or agent_path != on_admin:
@@ -287,6 +296,10 @@ async def start_server(
     try:
         await runner.setup()
         assert runner.server is not None
+        # Agents' requests skip the application's layers (on the admin listener they
+        # meet the split's refusal there).
+        agent_api.serve_agents_first(
+            runner.server, app, None if admin_addr is None else admin_listener(*admin_addr))
         bound_socket_reads(runner.server, SOCKET_READ_BYTES)
         deadline = HeadDeadline(runner.server, HEAD_TIMEOUT_S,
                                 lambda: guard.refused("head_timeout"))
