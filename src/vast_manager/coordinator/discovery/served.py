@@ -468,8 +468,8 @@ def _without_noise(mid: float, lo: float, hi: float, noise_sd: float
     one benchmark's noise, independent of it. The interval is of the true rate
     (``Prediction``), so the noise's variance comes out of the spread: the bounds scale by
     sqrt(1 - noise variance / residual variance), the residual variance read robustly from
-    the same 10th-90th percentile spread (a normal's is 2 x 1.2816 sd). The noise is the
-    structural model's fitted one; the factor never goes below one half, so a noise
+    the same 10th-90th percentile spread (a normal's is 2 x 1.2816 sd). The noise is one
+    benchmark's (``benchmark_noise_sd``); the factor never goes below one half, so a noise
     estimate larger than the residuals cannot collapse the interval.
     """
     if noise_sd <= 0 or hi <= lo:
