@@ -7,13 +7,14 @@ offer's fields as ``vastai search offers --raw`` returns them, plus
 optionally, ``oracle_rate_per_hour`` (a physics oracle's guess: knows the hardware, not
 the host's own effects). docs/discovery.md ("Markets") describes it.
 
-The first 60% of lines are the pool measurements come from (a seed picks which); the
-rest are held out and predicted. The planning runs on the whole file (or a seeded 80%
-of it) the operator's way: a real coordinator with the market as its offers, ``plan``
-and ``hosts import`` over HTTP (``Coordinator``). A line may carry ``true_binding``
-(the resource whose doubling raises its true rate most): the bench then reports the
-intervals' coverage per binding resource and how often a prediction names it. Every
-figure is simulated: the markets' rates are.
+Each accuracy seed splits the hosts at random, 60% a pool the measurements come from (the
+seed picks which) and 40% held out and predicted (``split``): every seed another sample of
+held-out hosts, so that the mean over seeds averages that sample's luck out too. The
+planning runs on the whole file (or a seeded 80% of it) the operator's way: a real
+coordinator with the market as its offers, ``plan`` and ``hosts import`` over HTTP
+(``Coordinator``). A line may carry ``true_binding`` (the resource whose doubling raises
+its true rate most): the bench then reports the intervals' coverage per binding resource
+and how often a prediction names it. Every figure is simulated: the markets' rates are.
 """
 
 from __future__ import annotations
@@ -156,9 +157,28 @@ def gpu_median(train: list[dict[str, Any]], test: list[dict[str, Any]]) -> list[
     return out
 
 
+#: A true binding resource's hosts (seeds pooled) are judged against the 65% bar only from
+#: this many: the coverage of 22 hosts has a sampling sd of 9 points at 80%.
+MIN_GROUP_HOSTS = 30
+#: The share of a market's hosts in the pool measurements are drawn from; the rest are
+#: held out.
+POOL_SHARE = 0.6
+
+
+def split(rows: Sequence[dict[str, Any]], seed: int
+          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Accuracy seed ``seed``'s pool (``POOL_SHARE`` of the hosts, at random) and held-out
+    hosts (the rest). One fixed held-out set for every seed would give every seed's
+    figure the same sample of hosts: coverage and error measured on 400 hosts move by
+    2-3 points and a tenth of the floor with the sample (docs/discovery.md, section 9),
+    and the mean over seeds would keep that sample's luck."""
+    order = random.Random(f"split {seed}").sample(list(rows), len(rows))
+    cut = int(len(rows) * POOL_SHARE)
+    return order[:cut], order[cut:]
+
+
 def accuracy(rows: list[dict[str, Any]], n_measured: int, seed: int) -> AccuracyRow:
-    cut = int(len(rows) * 0.6)
-    pool, held = rows[:cut], rows[cut:]
+    pool, held = split(rows, seed)
     train = random.Random(seed).sample(pool, min(n_measured, len(pool)))
     t0 = time.perf_counter()
     served = fit_served_model([measurement_of(r) for r in train], now=0.0)
@@ -441,8 +461,8 @@ def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int
         rows = load_market(path)
         name = path.name.split(".")[0]
         print(f"\nMarket {name} ({path.name}, {len(rows)} hosts; simulated rates): "
-              f"measured from the first {int(len(rows) * 0.6)}, "
-              f"predicting the last {len(rows) - int(len(rows) * 0.6)}")
+              f"measured from a random {int(len(rows) * POOL_SHARE)} a seed, "
+              f"predicting the other {len(rows) - int(len(rows) * POOL_SHARE)}")
         if sizes:
             print(f"  {'measured':>8} {'served':>7} {'by':>10} "
                   + " ".join(f"{c:>10}" for c in CANDIDATES)
@@ -554,11 +574,14 @@ def _accuracy_acceptance(rs: list[AccuracyRow]) -> None:
             total[0] += hit
             total[1] += n
     if groups:
-        worst = min(hit / n for hit, n in groups.values())
+        judged = [hit / n for hit, n in groups.values() if n >= MIN_GROUP_HOSTS]
+        worst = min(judged, default=1.0)
         parts.append("coverage per true binding resource, seeds pooled ("
-                     + ", ".join(f"{g} {hit / n:.0%} of {n}" for g, (hit, n)
-                                 in sorted(groups.items()))
-                     + f") none below 65% {_verdict(worst >= 0.65)}")
+                     + ", ".join(f"{g} {hit / n:.0%} of {n}"
+                                 + ("" if n >= MIN_GROUP_HOSTS else " (too few to judge)")
+                                 for g, (hit, n) in sorted(groups.items()))
+                     + f") none of {MIN_GROUP_HOSTS} or more below 65% "
+                     f"{_verdict(worst >= 0.65)}")
         named = [r.named_right / r.held_out for r in rs if r.named_right is not None]
         parts.append(f"binding resource named right ({', '.join(f'{x:.0%}' for x in named)}) "
                      f">= 75% {_verdict(all(x >= 0.75 for x in named))}")

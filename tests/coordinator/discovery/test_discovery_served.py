@@ -4,6 +4,9 @@ files the bench reads. Every rate here is simulated."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +18,7 @@ import pytest
 from vast_manager.coordinator.discovery.served import (
     CANDIDATES,
     MIN_CV_MACHINES,
+    benchmark_noise_sd,
     fit_served_model,
 )
 from vast_manager.coordinator.discovery.structural_model import Prediction
@@ -68,6 +72,28 @@ def test_one_machines_runs_never_sit_on_both_sides_of_a_fold(
     plain_once = next(s.cv_mdape for s in once.scores if s.name == "plain")
     plain_thrice = next(s.cv_mdape for s in thrice.scores if s.name == "plain")
     assert plain_thrice > 0.6 * plain_once > 0.01
+
+
+def test_the_benchmark_noise_is_the_repeats_shrunk_to_the_prior(
+        contended: list[dict[str, Any]]) -> None:
+    """One run a machine shows no noise apart from the host: the prior's stands. Many
+    repeats of each machine show theirs, and it takes over; a few pull part of the way."""
+    once = measured(contended[:100])
+    assert benchmark_noise_sd(once, 0.06) == pytest.approx(0.06)
+    rng = random.Random(1)
+
+    def repeated(machines: int, copies: int) -> list[Any]:
+        return [dataclasses.replace(m, rate_per_hour=m.rate_per_hour
+                                    * math.exp(rng.gauss(0.0, 0.02)))
+                for m in measured(contended[:machines], copies=copies)]
+
+    many = benchmark_noise_sd(repeated(100, 10), 0.06)
+    assert 0.019 < many < 0.025
+    few = benchmark_noise_sd(repeated(10, 2), 0.06)
+    assert many < few < 0.06
+    # The served model takes it out of the intervals: with one run a machine, the prior's.
+    served = fit_served_model(once, now=0.0)
+    assert served.noise_sd == pytest.approx(served.structural.priors.noise_sd)
 
 
 def test_with_few_machines_the_structural_model_answers_alone(

@@ -27,12 +27,11 @@ measured = market_measurements
 
 def held_out_coverage(rows: list[dict[str, Any]], seed: int, n: int = 240
                       ) -> tuple[float, dict[str, list[int]]]:
-    """As the market bench does: n hosts measured from the first 60%, the rest predicted;
-    the share of true rates inside their 80% intervals, and per true binding resource
-    [covered, hosts]."""
-    cut = int(len(rows) * 0.6)
-    train = random.Random(seed).sample(rows[:cut], n)
-    held = rows[cut:]
+    """As the market bench does (``market_bench.split``: a seeded 60% pool, the rest held
+    out): n hosts measured from the pool, the rest predicted; the share of true rates
+    inside their 80% intervals, and per true binding resource [covered, hosts]."""
+    pool, held = _bench().split(rows, seed)
+    train = random.Random(seed).sample(pool, n)
     served = fit_served_model(measured(train), now=0.0)
     preds = served.predict_offers([offer(r) for r in held], explain=False)
     groups: dict[str, list[int]] = {}
@@ -47,6 +46,13 @@ def held_out_coverage(rows: list[dict[str, Any]], seed: int, n: int = 240
     return float(np.mean(hits)), groups
 
 
+def _bench() -> Any:
+    sys.path.insert(0, str(REPO_ROOT / "bench"))
+    import market_bench
+
+    return market_bench
+
+
 def test_the_test_market_is_unlike_the_models_physics() -> None:
     """The generator's hosts are bound by every resource, and reruns are identical."""
     rows = generate(3, 300)
@@ -59,9 +65,7 @@ def test_the_test_market_is_unlike_the_models_physics() -> None:
 def test_the_honest_baseline_survives_fields_no_offer_reports() -> None:
     """The bench's GBM reads the offer's fields and the instance's share; a market whose
     offers all leave gpu_mem_bw, total_flops and dlperf out is still predicted."""
-    sys.path.insert(0, str(REPO_ROOT / "bench"))
-    from market_bench import untuned_gbm
-
+    untuned_gbm = _bench().untuned_gbm
     rows = [{k: v for k, v in r.items() if k not in ("gpu_mem_bw", "total_flops", "dlperf")}
             for r in market("pipeline")[:300]]
     preds = untuned_gbm(rows[:200], rows[200:])

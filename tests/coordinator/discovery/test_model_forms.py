@@ -17,7 +17,8 @@ from support.foreign_market import generate
 
 
 def _fit(rows: list[dict[str, Any]], n: int = 240) -> tuple[RateModel, list[dict[str, Any]]]:
-    """As the market bench does: n hosts measured from the first 60%, the rest held out."""
+    """The bench's shares on one fixed split: n hosts measured from the file's first 60%,
+    the rest held out."""
     cut = int(len(rows) * 0.6)
     train = random.Random(1).sample(rows[:cut], n)
     return fit_rate_model(market_measurements(train), now=0.0), rows[cut:]

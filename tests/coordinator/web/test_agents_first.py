@@ -146,3 +146,30 @@ async def test_other_methods_and_paths_still_meet_the_application(tmp_path: Path
     finally:
         await session.close()
         await server.stop()
+
+
+async def test_an_agents_plain_post_never_reaches_the_application(
+    tmp_path: Path, monkeypatch: Any,
+) -> None:
+    """The path is taken: the application's request handler sees the POST with a query
+    string, never the plain one (which the answers above cannot tell apart)."""
+    seen: list[str] = []
+    handle = aiohttp.web.Application._handle
+
+    async def counted(self: aiohttp.web.Application, request: Any) -> Any:
+        seen.append(request.raw_path)
+        return await handle(self, request)
+
+    monkeypatch.setattr(aiohttp.web.Application, "_handle", counted)
+    server, session, agent = await _issued(tmp_path)
+    try:
+        seen.clear()
+        assert (await agent.post("/v1/hello", hello_msg()))[0] == 200
+        assert (await agent.post("/v1/heartbeat", heartbeat_msg(1, "booting")))[0] == 200
+        assert seen == []
+        assert (await agent.post("/v1/heartbeat?via=app", heartbeat_msg(2, "booting")))[0] \
+            == 200
+        assert seen == ["/v1/heartbeat?via=app"]
+    finally:
+        await session.close()
+        await server.stop()

@@ -191,7 +191,7 @@ class ServedModel:
     difficulty: Any = None  # the learner of a new host's residual size (its scale)
     difficulty_empty: Any = None  # the columns no measured offer reported
     scale_median: float = 1.0
-    noise_sd: float = 0.0  # one benchmark's, the structural model's fitted
+    noise_sd: float = 0.0  # one benchmark's (``benchmark_noise_sd``)
     gpu_codes: dict[str, int] = field(default_factory=dict)
     measurements_used: int = 0
     readable_machines: int = 0
@@ -468,8 +468,8 @@ def _without_noise(mid: float, lo: float, hi: float, noise_sd: float
     one benchmark's noise, independent of it. The interval is of the true rate
     (``Prediction``), so the noise's variance comes out of the spread: the bounds scale by
     sqrt(1 - noise variance / residual variance), the residual variance read robustly from
-    the same 10th-90th percentile spread (a normal's is 2 x 1.2816 sd). The noise is the
-    structural model's fitted one; the factor never goes below one half, so a noise
+    the same 10th-90th percentile spread (a normal's is 2 x 1.2816 sd). The noise is one
+    benchmark's (``benchmark_noise_sd``); the factor never goes below one half, so a noise
     estimate larger than the residuals cannot collapse the interval.
     """
     if noise_sd <= 0 or hi <= lo:
@@ -477,6 +477,33 @@ def _without_noise(mid: float, lo: float, hi: float, noise_sd: float
     var = ((hi - lo) / (2 * 1.2815515655446004)) ** 2
     factor = math.sqrt(max(0.25, 1.0 - noise_sd**2 / var))
     return mid + (lo - mid) * factor, mid + (hi - mid) * factor
+
+
+#: How many repeat runs the benchmark-noise prior weighs as (``benchmark_noise_sd``).
+NOISE_PRIOR_RUNS = 30.0
+
+
+def benchmark_noise_sd(measurements: Sequence[Measurement], prior_sd: float) -> float:
+    """One benchmark's noise (sd of its log rate): the pooled variance between runs of
+    one slice (machine and GPU count) of one machine, shrunk towards the prior's
+    (``Priors.noise_sd``) as a conjugate prior of ``NOISE_PRIOR_RUNS`` runs would (the
+    posterior mean of a normal's variance under a scaled inverse chi-squared prior).
+
+    Only repeats show the noise apart from the host: with one run a machine, the
+    structural fit splits the machines' spread between their own effects and their
+    benchmarks' noise by the shape it assumes for the effects (Student-t), and on markets
+    written from other beliefs that split put 0.022-0.033 on the noise where their
+    benchmarks erred by 0.029-0.055 (docs/discovery.md, section 9): the intervals kept
+    noise they were meant to take out. So with no repeats the prior speaks, and the
+    fleet's repeats take over as they come. Runs of any age count alike: a machine that
+    changed between its runs counts the change as noise, and its intervals run narrow."""
+    runs: dict[tuple[str, int], list[float]] = {}
+    for m in measurements:
+        key = (m.machine_id, offer_features(m.offer).num_gpus)
+        runs.setdefault(key, []).append(math.log(m.rate_per_hour))
+    spread = sum(float(np.sum((np.asarray(v) - np.mean(v)) ** 2)) for v in runs.values())
+    repeats = sum(len(v) - 1 for v in runs.values())
+    return math.sqrt((spread + NOISE_PRIOR_RUNS * prior_sd**2) / (repeats + NOISE_PRIOR_RUNS))
 
 
 def _no_empty_columns(x: Array) -> Array:
@@ -560,7 +587,7 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
         log_rate - oof @ np.asarray(best_w), x, groups)
     served.difficulty_empty = np.all(np.isnan(x[first]), axis=0)
     served.conformal, served.conformal_mid = _conformal(scores, [binding[i] for i in first])
-    served.noise_sd = structural.sigma_noise
+    served.noise_sd = benchmark_noise_sd(usable, structural.priors.noise_sd)
     served.cv_seconds = time.perf_counter() - cv_started
     served.fit_seconds = time.perf_counter() - started
     return served
