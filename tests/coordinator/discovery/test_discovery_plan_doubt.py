@@ -1,10 +1,11 @@
 """The plan tests what its model rules out: a share of trials goes to unmeasured cells
-where the model and the GPU-only reading disagree, and a cell whose measured machine
-surprised the model is believed otherwise (docs/discovery.md, "Testing what the model
-rules out")."""
+where the model and the reading without its binding resource disagree, and a cell whose
+measured machine surprised the model is believed otherwise (docs/discovery.md, "Testing
+what the model rules out")."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
@@ -19,6 +20,7 @@ from vast_manager.coordinator.discovery.plan import (
     due_slots,
     plan_trials,
     read_evidence,
+    unbound_rate,
     with_doubt,
 )
 from vast_manager.coordinator.discovery.structural_model import Prediction, Unpredictable
@@ -101,6 +103,23 @@ def test_a_due_slot_tests_the_offer_the_model_rules_out() -> None:
     test = tested.proposals[3]
     assert "tests the model's belief that memory binds here" in test.hypothesis
     assert test.expected_value_usd > 0  # worth its cost under the mixture
+
+
+def test_the_test_relaxes_only_the_resource_the_model_says_binds() -> None:
+    """The 3060 Ti's GPU allows 60/h, but if its RAM share does not bind, its vCPUs hold
+    it at 12/h: still under its 20/h break-even, so there is nothing to test."""
+    offers, model = _market()
+    ruled_out = model.new[1]
+    assert unbound_rate(ruled_out) == 60.0
+    held = dataclasses.replace(ruled_out, capacities_per_hour={
+        "gpu": 60.0, "memory": 10.0, "cpu": 12.0, "pcie": 90.0})
+    assert unbound_rate(held) == 12.0
+    model.new[1] = held
+    plan = plan_trials(offers, model, FleetView(reference_usd_per_proof=0.0025),
+                       PlanSettings(trials=8, doubt=Doubt()))
+    assert 1 not in {p.offer_id for p in plan.proposals}
+    # Where the GPU binds, the reading is the least capacity of all: the model's own.
+    assert unbound_rate(dataclasses.replace(held, bottleneck="gpu")) == 10.0
 
 
 def test_a_measured_neighbour_settles_the_cell() -> None:

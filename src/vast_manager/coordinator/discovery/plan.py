@@ -93,10 +93,11 @@ class Doubt:
     never tested by trials chosen on expected value. So ``share`` of the trials (every
     ``1/share``-th, counted by the machines measured so far) go to the unmeasured cell
     (GPU model and count, binding resource, RAM-share octave) whose keep-or-not verdict
-    the model and the GPU-only reading (the rate the offer's GPUs allow when nothing else
-    on the host binds, spread by ``log_sd``) disagree on most. For such a trial the plan
-    believes the mixture: the model with ``1 - weight``, the GPU-only reading with
-    ``weight``; the trial is listed only if it is worth its cost under that belief."""
+    the model and the unbound reading (the rate the offer's other capacities allow when
+    the resource the model says binds does not, spread by ``log_sd``: ``unbound_rate``)
+    disagree on most. For such a trial the plan believes the mixture: the model with
+    ``1 - weight``, the unbound reading with ``weight``; the trial is listed only if it
+    is worth its cost under that belief."""
 
     share: float = 0.25
     weight: float = 0.25
@@ -256,18 +257,31 @@ def doubt_cell(offer: Offer, prediction: Prediction) -> Cell | None:
 
 def with_doubt(prediction: Prediction, doubt: Doubt) -> Prediction:
     """The plan's belief for an offer in an unmeasured cell: the model's modes scaled by
-    ``1 - weight``, and a mode of ``weight`` at the GPU-only reading (the rate the
-    offer's GPUs allow, nothing else binding) with the GPU class's spread. The
-    interval shown stays the model's; the expected value and the probabilities read the
-    mixture. Unchanged when the weight is zero or the model gives no GPU capacity."""
-    gpu = prediction.capacities_per_hour.get("gpu")
-    if doubt.weight <= 0 or gpu is None or not gpu > 0 or DOUBT_NOTE in prediction.novelty:
+    ``1 - weight``, and a mode of ``weight`` at the unbound reading (``unbound_rate``:
+    the rate the offer's other capacities allow if the one the model says binds does
+    not) with the GPU class's spread. The interval shown stays the model's; the expected
+    value and the probabilities read the mixture. Unchanged when the weight is zero or
+    the model gives no GPU capacity."""
+    unbound = unbound_rate(prediction)
+    if (doubt.weight <= 0 or unbound is None or not unbound > 0
+            or DOUBT_NOTE in prediction.novelty):
         return prediction
     keep = 1.0 - doubt.weight
     modes = tuple((w * keep, mu, sd) for w, mu, sd in prediction.components())
     return dataclasses.replace(
-        prediction, modes=(*modes, (doubt.weight, math.log(gpu), doubt.log_sd)),
+        prediction, modes=(*modes, (doubt.weight, math.log(unbound), doubt.log_sd)),
         novelty=(*prediction.novelty, DOUBT_NOTE))
+
+
+def unbound_rate(prediction: Prediction) -> float | None:
+    """The alternative reading's rate: the least of the model's capacities but the one it
+    says binds (the GPUs' always count). Only that belief is in doubt: a host
+    whose CPU the model says binds is still held by its link and RAM share, and one whose
+    RAM share binds by its vCPUs. None without a GPU capacity."""
+    caps = prediction.capacities_per_hour
+    if caps.get("gpu") is None:
+        return None
+    return min(v for k, v in caps.items() if k == "gpu" or k != prediction.bottleneck)
 
 
 @dataclass(slots=True)
@@ -367,12 +381,11 @@ def read_evidence(candidates: Sequence[Offer],
 
 
 def disagreement(prediction: Prediction, doubted: Prediction, break_even: float) -> float:
-    """How far the GPU-only reading and the model disagree on whether the offer is worth
+    """How far the unbound reading and the model disagree on whether the offer is worth
     keeping: the difference of their chances of proving above ``break_even``."""
-    gpu_only = doubted.components()[-1]
-    _, mu, sd = gpu_only
-    p_gpu = normal_sf((math.log(break_even) - mu) / max(sd, 1e-9)) if break_even > 0 else 1.0
-    return abs(p_gpu - prediction.probability_above(break_even))
+    _, mu, sd = doubted.components()[-1]
+    p_unbound = normal_sf((math.log(break_even) - mu) / max(sd, 1e-9)) if break_even > 0 else 1.0
+    return abs(p_unbound - prediction.probability_above(break_even))
 
 
 def due_slots(measured: int, trials: int, share: float) -> list[bool]:
@@ -496,8 +509,7 @@ def hypothesis(f: OfferFeatures, p: Prediction, break_even: float) -> str:
                     f"{f.mem_bw_gbps:.0f} GB/s memory bandwidth suggests")
     elif DOUBT_NOTE in p.novelty and p.bottleneck != "gpu":
         question = (f"tests the model's belief that {p.bottleneck} binds here (nothing like "
-                    f"it measured; its GPUs alone allow "
-                    f"{p.capacities_per_hour.get('gpu', 0.0):.0f}/h)")
+                    f"it measured; without it {unbound_rate(p) or 0.0:.0f}/h)")
     elif [n for n in p.novelty if n != DOUBT_NOTE]:
         question = f"tests how fast {f.cpu_family} cores synthesise"
     elif p.bottleneck == "cpu":
