@@ -26,6 +26,7 @@ import itertools
 import os
 import random
 import secrets
+import shutil
 import sys
 import tempfile
 import time
@@ -209,9 +210,7 @@ def main() -> None:
               f"process {proc_us[0]:6.1f} / {medians[-1][1]:6.1f}")
     print(f"  the application's layers, median: {medians[1][0] - medians[0][0]:.1f} us on the "
           f"event loop, {medians[1][1] - medians[0][1]:.1f} us in the process")
-    for p in sorted(work.rglob("*"), reverse=True):
-        p.rmdir() if p.is_dir() else p.unlink()
-    work.rmdir()
+    shutil.rmtree(work)
 
 
 if __name__ == "__main__":

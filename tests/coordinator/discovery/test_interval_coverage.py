@@ -47,7 +47,9 @@ def held_out_coverage(rows: list[dict[str, Any]], seed: int, n: int = 240
 
 
 def _bench() -> Any:
-    sys.path.insert(0, str(REPO_ROOT / "bench"))
+    bench = str(REPO_ROOT / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
     import market_bench
 
     return market_bench
