@@ -380,13 +380,14 @@ def _conformal(scores: Array, groups: Sequence[tuple[str, int]]
     A binding resource that few machines back gets the interval of a wider group (its
     GPU count's, or all), which its own hosts may not resemble: on a market whose links
     bind 1-3% of hosts, the served points were 0.41 below those hosts' true log rates
-    (median) and that interval covered half of them. Its own few scores cannot set its percentiles, but
-    they can show the wider group's are too narrow for it: below nine machines the
-    plotting positions are its extreme scores, and a new machine falls within the range
-    of n exchangeable ones with probability (n - 1) / (n + 1). So its offers get the wider
-    of the two (``ServedModel.interval``); only the binding resource, the level the
-    intervals are judged at, not its GPU-count subgroups, which split few machines finer
-    and widened every market's intervals by 2.5-5 points."""
+    (median) and that interval covered half of them. Its own few scores cannot set its
+    percentiles, but they can show the wider group's are too narrow for it: below nine
+    machines the plotting positions are its extreme scores, and a new machine falls
+    within the range of n exchangeable ones with probability (n - 1) / (n + 1). So its
+    offers get the wider of the two (``ServedModel.interval``). Only the binding resource
+    (the level the intervals are judged at), not its GPU-count subgroups: those split few
+    machines finer, and widening by them too added 2.5-5 points to every market's
+    coverage."""
 
     def bounds(r: Array) -> tuple[float, float]:
         # The order statistics at plotting positions k / (n + 1) (Weibull's): a new
