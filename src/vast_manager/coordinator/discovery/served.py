@@ -386,7 +386,7 @@ def _conformal(scores: Array, groups: Sequence[tuple[str, int]]
     within the range of n exchangeable ones with probability (n - 1) / (n + 1). So its
     offers get the wider of the two (``ServedModel.interval``). Only the binding resource
     (the level the intervals are judged at), not its GPU-count subgroups: those split few
-    machines finer, and widening by them too added 2.5-5 points to every market's
+    machines finer, and widening by them too added 2-5 points to every market's
     coverage."""
 
     def bounds(r: Array) -> tuple[float, float]:
