@@ -865,8 +865,10 @@ class RateModel:
             log_rate_mean=mu,
             log_rate_sd=s,
             bottleneck=bottleneck,
+            # Where the RAM share is a factor on the whole rate it is no capacity.
             capacities_per_hour={r: float(math.exp(ev.caps[i, k]))
-                                 for k, r in enumerate(RESOURCES)},
+                                 for k, r in enumerate(RESOURCES)
+                                 if r != "memory" or self.priors.ram_form != "factor"},
             reference_rate_per_hour=reference,
             contributions=contributions,
             machine_runs=int(b.runs[i]),
@@ -950,6 +952,8 @@ def _own_terms(b: _Bands, i: int, weights: Array, known: bool, log_count: float,
 
 def _count_detail(weights: Array, known: bool, log_count: float) -> str:
     """The partitions in flight behind a prediction, in words."""
+    if weights.shape[0] == 1:
+        return "no limit (the RAM share a factor on the rate)"
     if known:
         return f"{math.exp(log_count):.1f} as measured"
     k = np.flatnonzero(weights)
