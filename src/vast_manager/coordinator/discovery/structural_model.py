@@ -148,6 +148,10 @@ class Priors:
     linear_sd: float = 0.10
     # The RAM-share term's coefficients (``RAM_HINGES_GIB``), 0 a priori.
     ram_hinge_sd: float = 0.25
+    # Where the RAM share is a factor on the whole rate (``ram_form``), the term reads
+    # the share over (GPUs)^e: a host may need RAM for each GPU it feeds (e = 1) or for
+    # the work as a whole (e = 0, a priori).
+    ram_per_gpu_sd: float = 0.5
     # A link of x8 or fewer lanes a GPU on a host of several GPUs is often a switch or
     # riser the host's GPUs share, which the offer's per-GPU pcie_bw does not show: each
     # GPU's bandwidth is divided by (the host's GPUs)^s, s learned, 0 a priori.
@@ -178,7 +182,11 @@ class Priors:
 #: share, outside the soft-min, as hinges in log RAM below these shares (GiB), each with
 #: its coefficient. Where the staircase explains the rate they stay near 0.
 RAM_HINGES_GIB = (144.0, 192.0, 256.0, 384.0)
+#: Where the RAM share is a factor read per GPU (``Priors.ram_form``), a share over the
+#: GPUs may fall far below every deployable share: hinges there too.
+RAM_PER_GPU_HINGES_GIB = (48.0, 96.0)
 _HINGES = tuple(f"ram_hinge_{i}" for i in range(len(RAM_HINGES_GIB)))
+_LOW_HINGES = tuple(f"ram_low_hinge_{i}" for i in range(len(RAM_PER_GPU_HINGES_GIB)))
 
 #: The parameters shared by every offer, in the order of the parameter vector.
 FIXED = (
@@ -186,7 +194,7 @@ FIXED = (
     "ghz_exponent", "log_sharpness", "multi_gpu", "host_share", "mem_bw_deviation",
     "dlperf_deviation",
     "disk_bw", "inet_down", "reliability", "log_step_sharpness", "vcpu_exponent",
-    "log_feed_sharpness", "shared_link", *_HINGES,
+    "log_feed_sharpness", "shared_link", *_HINGES, "ram_per_gpu", *_LOW_HINGES,
 )
 _I = {name: i for i, name in enumerate(FIXED)}
 
@@ -513,8 +521,13 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
         outer = np.stack([feed, caps[:, 1], caps[:, 3]], axis=1)
         soft, u = _softmin(outer, math.exp(t[_I["log_sharpness"]]))
     w = np.stack([u[:, 0] * v[:, 0], u[:, 1], u[:, 0] * v[:, 1], u[:, 2]], axis=1)
-    hinges = _ram_hinges(d.ram_gib)
-    f = (soft + hinges @ t[[_I[h] for h in _HINGES]]
+    factor = priors.ram_form == "factor"
+    per_gpu = t[_I["ram_per_gpu"]] if factor else 0.0
+    names = _HINGES + _LOW_HINGES if factor else _HINGES
+    hinges = _ram_hinges(d.ram_gib, per_gpu * d.n_log,
+                         RAM_HINGES_GIB + RAM_PER_GPU_HINGES_GIB if factor else RAM_HINGES_GIB)
+    coefs = t[[_I[h] for h in names]]
+    f = (soft + hinges @ coefs
          + t[_I["multi_gpu"]] * d.n_log + t[_I["host_share"]] * d.share_log
          + t[_I["disk_bw"]] * d.z_disk + t[_I["inet_down"]] * d.z_inet
          + t[_I["reliability"]] * d.z_rel)
@@ -535,8 +548,10 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
         jac[:, _I["log_sharpness"]] = (u * outer).sum(axis=1) - soft
         jac[:, _I["log_feed_sharpness"]] = u[:, 0] * ((v * caps[:, [0, 2]]).sum(axis=1) - feed)
         jac[:, _I["vcpu_exponent"]] = w[:, 1] * (d.cores_log - ref_vcpus)
-        for j, h in enumerate(_HINGES):
+        for j, h in enumerate(names):
             jac[:, _I[h]] = hinges[:, j]
+        if factor:
+            jac[:, _I["ram_per_gpu"]] = ((hinges > 0.0) @ coefs) * d.n_log
         jac[:, _I["multi_gpu"]] = d.n_log
         jac[:, _I["host_share"]] = d.share_log
         jac[:, _I["mem_bw_deviation"]] = w[:, 0] * d.bwdev
@@ -552,11 +567,13 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
     return _Eval(f, caps, w, jac)
 
 
-def _ram_hinges(ram_gib: Array) -> Array:
-    """(N, hinges): how far (in log) each RAM share lies below each of
-    ``RAM_HINGES_GIB`` (0 at or above it)."""
-    knots = np.log(np.asarray(RAM_HINGES_GIB))
-    out: Array = np.maximum(0.0, knots[None, :] - np.log(np.maximum(ram_gib, 1.0))[:, None])
+def _ram_hinges(ram_gib: Array, shift_log: Array | float = 0.0,
+                knots_gib: tuple[float, ...] = RAM_HINGES_GIB) -> Array:
+    """(N, hinges): how far (in log) each RAM share, divided by exp(``shift_log``), lies
+    below each knot (GiB; 0 at or above it)."""
+    knots = np.log(np.asarray(knots_gib))
+    at = np.log(np.maximum(ram_gib, 1.0)) - shift_log
+    out: Array = np.maximum(0.0, knots[None, :] - np.broadcast_to(at, ram_gib.shape)[:, None])
     return out
 
 
@@ -715,6 +732,8 @@ class RateModel:
             "gpu_pcie_softmin_sharpness": math.exp(self.parameter("log_feed_sharpness")[0]),
             "vcpu_exponent": self.parameter("vcpu_exponent")[0],
             "shared_link_exponent": self.parameter("shared_link")[0],
+            "ram_form": p.ram_form,
+            "ram_per_gpu_exponent": self.parameter("ram_per_gpu")[0],
             "ram_share_term_at_128_gib": float(
                 _ram_hinges(np.array([128.0]))[0] @ self.theta[[_I[h] for h in _HINGES]]),
             "gpu_models": {
@@ -1031,7 +1050,7 @@ def _prior_arrays(priors: Priors, n_gpu: int, n_fam: int) -> tuple[Array, Array]
         "log_step_sharpness": p.partition_step_sharpness_sd,
         "vcpu_exponent": p.vcpu_exponent_sd, "log_feed_sharpness": p.feed_sharpness_sd,
         "shared_link": p.shared_link_sd,
-        **{h: p.ram_hinge_sd for h in _HINGES},
+        **{h: p.ram_hinge_sd for h in _HINGES + _LOW_HINGES}, "ram_per_gpu": p.ram_per_gpu_sd,
     }
     mu = np.array([mean[k] for k in FIXED] + [0.0] * (n_gpu + n_fam))
     sds = np.array([sd[k] for k in FIXED] + [p.gpu_model_sd] * n_gpu + [p.cpu_family_sd] * n_fam)
