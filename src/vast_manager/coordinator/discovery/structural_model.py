@@ -188,6 +188,9 @@ RAM_PER_GPU_HINGES_GIB = (48.0, 96.0)
 _HINGES = tuple(f"ram_hinge_{i}" for i in range(len(RAM_HINGES_GIB)))
 _LOW_HINGES = tuple(f"ram_low_hinge_{i}" for i in range(len(RAM_PER_GPU_HINGES_GIB)))
 
+#: How the RAM share may act (``Priors.ram_form``).
+RAM_FORMS = ("choose", "capacity", "factor")
+
 #: The parameters shared by every offer, in the order of the parameter vector.
 FIXED = (
     "gpu_scale", "cpu_scale", "pcie_scale", "ram_scale", "ram_resident", "ram_partition",
@@ -1104,6 +1107,8 @@ def fit_rate_model(
     clock is read here.
     """
     p = priors or Priors()
+    if p.ram_form not in RAM_FORMS:
+        raise ValueError(f"ram_form {p.ram_form!r}: expected one of {', '.join(RAM_FORMS)}")
     # The matrices are small (parameters x parameters): BLAS threads only contend,
     # and on a shared two-core host they made the fit a hundred times slower.
     with threadpool_limits(1, "blas"):
