@@ -121,3 +121,25 @@ def test_the_fleet_on_offer_is_twice_the_fleet_and_only_hosts_the_verdict_keeps(
     assert on_offer.hosts[0].dph_total == pytest.approx(0.1)
     # Fewer hosts under the verdict's $/proof than the fleet: the reference alone.
     assert fleet_on_offer(supply, 5, 0.002) is None
+
+
+def test_a_doubtful_host_the_fleet_counts_on_is_worth_testing_for_its_loss() -> None:
+    # The fleet counts on a 4-GPU host untried (m9, $0.0015 a proof at its prediction, four
+    # times a small host's rate). Taking it barely lowers the fleet's mean, so its gain is
+    # small; but rented untried and slower than predicted, it would raise the fleet's
+    # $/proof, which the trial would have avoided.
+    hosts = (*(FleetHost(f"m{i}", 0.10, 100.0) for i in range(9)),
+             FleetHost("m9", 0.60, 400.0), FleetHost("m10", 0.16, 100.0))
+    on_offer = FleetOnOffer(hosts, 10)
+    held = on_offer.relying_on({"m9"})
+    assert held is not None and "m9" not in {h.machine_id for h in held} and len(held) == 9
+    assert on_offer.relying_on({"m10"}) is None  # the fleet does not count on the 11th
+    base = on_offer.without({"m9"})
+    for sd, doubtful in ((0.3, True), (1e-6, False)):
+        draws = [(1.0, [math.log(400.0)], [sd])]
+        gain = gain_per_hour(base, 10, [0.60], draws)
+        both = gain_per_hour(base, 10, [0.60], draws, relying=(held, [True]))
+        if doubtful:
+            assert both > 3 * gain > 0
+        else:  # sure of its rate: nothing to avoid, nothing to gain
+            assert both == gain == 0.0

@@ -577,7 +577,7 @@ def _value(offer: Offer, pred: Prediction, ref: float, settings: PlanSettings,
         saving = expected_saving_per_hour(pred, dph, ref)
     else:
         mine = () if offer.machine_id is None else (str(offer.machine_id),)
-        held = fleet.relying_on(mine)
+        held = None if __import__('os').environ.get('PLAN3_NO_RELY') else fleet.relying_on(mine)
         # Priced as the fleet's hosts are, at the listed hourly figure.
         saving = gain_per_hour(fleet.without(mine), fleet.size, [float(offer.dph_total or dph)],
                                [(w, [mu], [sd]) for w, mu, sd in pred.components()],
@@ -677,7 +677,8 @@ def plan_trials(
         values = _with_shared_value(values, _gpu_key, _covered(known, _gpu_key),
                                     fleet.fleet_on_offer, settings)
         values = _with_shared_value(values, _cpu_range, _covered(known, _vcpu_range),
-                                    fleet.fleet_on_offer, settings, doubted=True)
+                                    fleet.fleet_on_offer, settings, doubted=True,
+                                    outside=_beyond)
     ranked = sorted(values, key=lambda v: (-v.expected_value_usd, v.dph_total))
     worth = _with_belief_tests(ranked, cells, done, ref, settings, fleet.fleet_on_offer)
     picked, over_budget = _within_budget(worth, settings)
@@ -738,6 +739,14 @@ def _cpu_range(offer: Offer, prediction: Prediction | None = None) -> int | None
     return _vcpu_range(offer)
 
 
+def _beyond(octave: Hashable, covered: set[Hashable]) -> bool:
+    """Whether a vCPU octave lies outside the measured machines' range (none measured:
+    no range yet, so nothing is beyond it): there the CPU law is extrapolated."""
+    octaves = [int(c) for c in covered if isinstance(c, int)]
+    return bool(octaves) and isinstance(octave, int) and not (
+        min(octaves) <= octave <= max(octaves))
+
+
 def _covered(measured: Iterable[MeasuredOffer],
              key: Callable[[Offer, Prediction | None], Hashable | None]) -> set[Hashable]:
     """The groups a machine on offer was measured in."""
@@ -751,7 +760,9 @@ _Z90 = 1.2815515655446004
 def _with_shared_value(values: list[_Value],
                        key: Callable[[Offer, Prediction | None], Hashable | None],
                        covered: set[Hashable], fleet: FleetOnOffer,
-                       settings: PlanSettings, *, doubted: bool = False) -> list[_Value]:
+                       settings: PlanSettings, *, doubted: bool = False,
+                       outside: Callable[[Hashable, set[Hashable]], bool] | None = None
+                       ) -> list[_Value]:
     """The first trial in a group of offers that share one of the model's parameters (a
     GPU model's speed; the CPU law in a vCPU range), where no measured machine is, is
     worth what it shows of the group: its offers' rates move together with that
@@ -763,7 +774,7 @@ def _with_shared_value(values: list[_Value],
     groups: dict[Hashable, list[_Value]] = {}
     for v in values:
         k = key(v.offer, v.prediction)
-        if k is not None and k not in covered:
+        if k is not None and k not in covered and (outside is None or outside(k, covered)):
             groups.setdefault(k, []).append(v)
     raised: dict[int, _Value] = {}
     for group in groups.values():
