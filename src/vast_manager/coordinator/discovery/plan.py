@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -38,7 +38,7 @@ from vast_manager.coordinator.discovery.features import (
     OfferFeatures,
     offer_features,
 )
-from vast_manager.coordinator.discovery.fleet_gain import Draw, FleetOnOffer, gain_per_hour
+from vast_manager.coordinator.discovery.fleet_gain import FleetOnOffer, gain_per_hour
 from vast_manager.coordinator.discovery.structural_model import Prediction, Unpredictable, normal_sf
 from vast_manager.coordinator.offers import Offer, positive
 from vast_manager.coordinator.settings import DEFAULTS
@@ -577,8 +577,9 @@ def _value(offer: Offer, pred: Prediction, ref: float, settings: PlanSettings,
         saving = expected_saving_per_hour(pred, dph, ref)
     else:
         mine = () if offer.machine_id is None else (str(offer.machine_id),)
-        held = None if __import__('os').environ.get('PLAN3_NO_RELY') else fleet.relying_on(mine)
-        # Priced as the fleet's hosts are, at the listed hourly figure.
+        held = fleet.relying_on(mine)
+        # Priced as the fleet's hosts are, at the listed hourly figure; a host the fleet
+        # counts on untried is worth testing for the loss it would bring, too.
         saving = gain_per_hour(fleet.without(mine), fleet.size, [float(offer.dph_total or dph)],
                                [(w, [mu], [sd]) for w, mu, sd in pred.components()],
                                relying=None if held is None else (held, [True]))
@@ -673,12 +674,8 @@ def plan_trials(
     considered = len(best_per_machine) + len(loose)
     values = [*best_per_machine.values(), *loose]
     if fleet.fleet_on_offer is not None:
-        known = list(measured.values())
-        values = _with_shared_value(values, _gpu_key, _covered(known, _gpu_key),
-                                    fleet.fleet_on_offer, settings)
-        values = _with_shared_value(values, _cpu_range, _covered(known, _vcpu_range),
-                                    fleet.fleet_on_offer, settings, doubted=True,
-                                    outside=_beyond)
+        values = _with_gpu_model_value(values, _measured_gpu_models(measured.values()),
+                                       fleet.fleet_on_offer, settings)
     ranked = sorted(values, key=lambda v: (-v.expected_value_usd, v.dph_total))
     worth = _with_belief_tests(ranked, cells, done, ref, settings, fleet.fleet_on_offer)
     picked, over_budget = _within_budget(worth, settings)
@@ -710,72 +707,39 @@ def plan_trials(
                 source)
 
 
-# --- what a trial shows of the model's shared parameters ------------------------------
+# --- what a GPU model's first trial shows of its other offers --------------------------
 
 
-def _gpu_key(offer: Offer, prediction: Prediction | None = None) -> str | None:
-    """The GPU model: the model learns one speed per GPU model, shared by its offers."""
+def _gpu_key(offer: Offer) -> str | None:
     try:
         return offer_features(offer).gpu_key
     except FeatureError:
         return None
 
 
-def _vcpu_range(offer: Offer, prediction: Prediction | None = None) -> int | None:
-    """The octave of the instance's vCPUs (16-31, 32-63, ...): the range of the CPU law
-    (rate per vCPU, vCPUs^v) a measured machine pins."""
-    try:
-        return math.floor(math.log2(max(offer_features(offer).cpu_cores_effective, 1.0)))
-    except FeatureError:
-        return None
-
-
-def _cpu_range(offer: Offer, prediction: Prediction | None = None) -> int | None:
-    """A CPU-bound offer's vCPU octave: its rate is the CPU law's there, one law for every
-    GPU model, so the first trial in an octave no measured machine covers shows it for
-    the octave's other CPU-bound offers."""
-    if prediction is None or prediction.bottleneck != "cpu":
-        return None
-    return _vcpu_range(offer)
-
-
-def _beyond(octave: Hashable, covered: set[Hashable]) -> bool:
-    """Whether a vCPU octave lies outside the measured machines' range (none measured:
-    no range yet, so nothing is beyond it): there the CPU law is extrapolated."""
-    octaves = [int(c) for c in covered if isinstance(c, int)]
-    return bool(octaves) and isinstance(octave, int) and not (
-        min(octaves) <= octave <= max(octaves))
-
-
-def _covered(measured: Iterable[MeasuredOffer],
-             key: Callable[[Offer, Prediction | None], Hashable | None]) -> set[Hashable]:
-    """The groups a machine on offer was measured in."""
-    return {k for m in measured if (k := key(m.offer, m.prediction)) is not None}
+def _measured_gpu_models(measured: Iterable[MeasuredOffer]) -> set[str]:
+    """The GPU models a machine on offer was measured with."""
+    return {key for m in measured if (key := _gpu_key(m.offer)) is not None}
 
 
 #: The z of the 90th percentile: an 80% interval is 2 x 1.2816 sd of log rate wide.
 _Z90 = 1.2815515655446004
 
 
-def _with_shared_value(values: list[_Value],
-                       key: Callable[[Offer, Prediction | None], Hashable | None],
-                       covered: set[Hashable], fleet: FleetOnOffer,
-                       settings: PlanSettings, *, doubted: bool = False,
-                       outside: Callable[[Hashable, set[Hashable]], bool] | None = None
-                       ) -> list[_Value]:
-    """The first trial in a group of offers that share one of the model's parameters (a
-    GPU model's speed; the CPU law in a vCPU range), where no measured machine is, is
-    worth what it shows of the group: its offers' rates move together with that
-    parameter, so the trial of its best offer (by predicted $/proof) is valued by the
-    fall in the fleet's $/proof if the group's best ``fleet.size`` offers take their
-    places at one common draw of their log rates (each its point and its 80% interval's
-    spread), when that exceeds the offer's own value. The fleet then takes what the
-    trial reveals: the next fit predicts the group's other offers from it."""
-    groups: dict[Hashable, list[_Value]] = {}
+def _with_gpu_model_value(values: list[_Value], measured_gpus: set[str],
+                          fleet: FleetOnOffer, settings: PlanSettings) -> list[_Value]:
+    """The first trial of a GPU model no measured machine has is worth what it shows of
+    the model's speed: its offers' rates move together with that speed, so the trial of
+    its best offer (by predicted $/proof) is valued by the fall in the fleet's $/proof if
+    the model's best ``fleet.size`` offers take their places at one common draw of their
+    log rates (each its point and its 80% interval's spread), when that exceeds the
+    offer's own value. The fleet then takes what the trial reveals: the next fit
+    predicts the model's other offers from it."""
+    groups: dict[str, list[_Value]] = {}
     for v in values:
-        k = key(v.offer, v.prediction)
-        if k is not None and k not in covered and (outside is None or outside(k, covered)):
-            groups.setdefault(k, []).append(v)
+        key = _gpu_key(v.offer)
+        if key is not None and key not in measured_gpus:
+            groups.setdefault(key, []).append(v)
     raised: dict[int, _Value] = {}
     for group in groups.values():
         best = sorted(group, key=lambda v: (v.dph_total / v.prediction.rate_per_hour,
@@ -784,18 +748,12 @@ def _with_shared_value(values: list[_Value],
         mus = [math.log(v.prediction.rate_per_hour) for v in best]
         sds = [max(math.log(v.prediction.rate_high / v.prediction.rate_low) / (2 * _Z90), 1e-3)
                for v in best]
-        draws: list[Draw] = [(1.0, mus, sds)]
-        doubt = settings.doubt
-        unbound = [unbound_rate(v.prediction) for v in best]
-        if doubted and doubt.weight > 0 and all(u is not None and u > 0 for u in unbound):
-            draws = [(1.0 - doubt.weight, mus, sds),
-                     (doubt.weight, [math.log(u or 1.0) for u in unbound],
-                      [doubt.log_sd] * len(best))]
         saving = gain_per_hour(fleet.without(machines), fleet.size,
-                               [float(v.offer.dph_total or v.dph_total) for v in best], draws)
-        first = raised.get(id(best[0]), best[0])
+                               [float(v.offer.dph_total or v.dph_total) for v in best],
+                               [(1.0, mus, sds)])
+        first = best[0]
         hours = settings.trial_cost.hours(first.offer, first.prediction.rate_per_hour)
         value = saving * _run_hours(first.offer, hours, settings) - first.trial_cost_usd
         if value > first.expected_value_usd:
-            raised[id(best[0])] = dataclasses.replace(first, expected_value_usd=value)
+            raised[id(first)] = dataclasses.replace(first, expected_value_usd=value)
     return [raised.get(id(v), v) for v in values]
