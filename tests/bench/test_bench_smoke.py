@@ -97,7 +97,7 @@ def test_storage_quick() -> None:
 def test_decode_quick() -> None:
     text = _run("decode.py", "--against", PREVIOUS_DECODER)
     for name in ("orjson.loads alone", "decode (msgspec, typed)", "orjson.loads + from_obj",
-                 "orjson.dumps of the telemetry", "msgspec encode of the telemetry"):
+                 "encode (orjson) of the telemetry", "msgspec encode of the telemetry"):
         assert name in text
     # Against the decoder it replaced, read from git: timed where this checkout has that
     # commit, and said so where it has not.

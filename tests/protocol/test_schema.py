@@ -1,6 +1,6 @@
 """What the message decoder accepts, against the contract written out as a test oracle.
 
-``spec_faults`` reads each message dataclass's annotations (the same ``msgspec.Meta``
+``spec_faults`` reads each message Struct's annotations (the same ``msgspec.Meta``
 facts the decoder reads) and applies the contract's rules itself (docs/protocol.md):
 exact types, an int for a float, never a bool for a number, signed 64-bit integers,
 finite floats, bounded strings and lists, literal enums, missing fields, unknown fields
@@ -14,12 +14,12 @@ msgspec (docs/protocol.md, "Validation"). Fixed seed, bounded budget.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import types
 import typing
 from typing import Annotated, Any, Literal, get_args, get_origin
 
+import msgspec
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -34,8 +34,8 @@ from support.message_strategies import hostile_values, mutated
 
 MESSAGE_TYPES = sorted(
     (obj for obj in vars(messages).values()
-     if isinstance(obj, type) and dataclasses.is_dataclass(obj)
-     and obj.__module__ == messages.__name__),
+     if isinstance(obj, type) and issubclass(obj, messages.Message)
+     and obj is not messages.Message),
     key=lambda cls: cls.__name__,
 )
 BUDGET = 40  # examples per message type and test
@@ -80,6 +80,10 @@ def shape(tp: Any) -> Shape:
     return Shape(tp, nullable, **found)
 
 
+def is_message(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, messages.Message)
+
+
 def hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls, include_extras=True)
 
@@ -93,15 +97,15 @@ def spec_faults(tp: Any, value: Any, path: str) -> list[Fault]:
     where = path or "body"
     if value is None:
         return [] if s.nullable else [(where, BAD)]
-    if dataclasses.is_dataclass(s.tp):
+    if is_message(s.tp):
         if type(value) is not dict:
             return [(where, BAD)]
         prefix = f"{path}." if path else ""
         faults: list[Fault] = []
-        for f in dataclasses.fields(s.tp):
+        for f in msgspec.structs.fields(s.tp):
             if f.name in value:
                 faults += spec_faults(hints(s.tp)[f.name], value[f.name], prefix + f.name)
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            elif f.required:
                 faults.append((prefix + f.name, BAD))
         if not faults:
             faults += rule_faults(s.tp, value, prefix)
@@ -211,7 +215,7 @@ def valid_bare(s: Shape) -> st.SearchStrategy[Any]:
     if s.tp is str:
         n = s.max_length or 65536
         return st.text(max_size=min(n, 12)) | st.just("x" * n)
-    assert dataclasses.is_dataclass(s.tp), s.tp
+    assert is_message(s.tp), s.tp
     return valid_message(s.tp)
 
 
@@ -223,12 +227,10 @@ CHECKED: dict[tuple[type, str], st.SearchStrategy[Any]] = {
 def valid_message(cls: Any) -> st.SearchStrategy[dict[str, Any]]:
     required: dict[str, st.SearchStrategy[Any]] = {}
     optional: dict[str, st.SearchStrategy[Any]] = {}
-    for f in dataclasses.fields(cls):
+    for f in msgspec.structs.fields(cls):
         key = (cls, f.name)
         strategy = CHECKED[key] if key in CHECKED else valid_for(hints(cls)[f.name])
-        has_default = f.default_factory is not dataclasses.MISSING or (
-            f.default is not dataclasses.MISSING)
-        (optional if has_default else required)[f.name] = strategy
+        (required if f.required else optional)[f.name] = strategy
     return st.fixed_dictionaries(required, optional=optional)
 
 
@@ -465,9 +467,9 @@ def test_accepted_values_keep_their_types_and_every_field() -> None:
     assert type(hb.phase_started_at) is float and type(hb.seq) is int
     assert hb.telemetry is not None
     assert [type(v) for v in hb.telemetry.cpu.per_core_util_pct_mean] == [float, float]
-    # A field with a default that the body left out is on the instance, so orjson,
-    # which encodes a dataclass from its __dict__, still writes it (the telemetry column).
-    assert "quota_cores" in vars(hb.telemetry.cpu) and hb.failure is None
+    # A field with a default that the body left out is on the message, encoded as null
+    # (the telemetry column keeps every field).
+    assert hb.telemetry.cpu.quota_cores is None and hb.failure is None
     assert orjson.loads(encode(hb))["telemetry"]["cpu"]["quota_cores"] is None
     assert orjson.loads(encode(hb))["failure"] is None
 

@@ -17,7 +17,6 @@ Unix time in milliseconds, and ``acked/`` keeps the latest numbers across restar
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import re
@@ -26,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+import msgspec
 
 from vast_manager.protocol import LogBatch, LogLine, Result
 from vast_manager.protocol.codec import encode
@@ -143,7 +144,7 @@ class Spool:
         if existing is not None:
             return existing
         seq = self._take_seq()
-        data = encode(dataclasses.replace(result, spool_seq=seq))
+        data = encode(msgspec.structs.replace(result, spool_seq=seq))
         path = self._write(f"{seq:012d}-result-{result.result_id}.json", data)
         entry = SpoolEntry("result", seq, path, len(data), result.result_id)
         self._enforce_bound()

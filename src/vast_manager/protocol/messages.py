@@ -1,4 +1,4 @@
-"""Message types of wire contract v1 (docs/protocol.md), as dataclasses.
+"""Message types of wire contract v1 (docs/protocol.md), as msgspec Structs.
 
 Field names, types and nullability follow the contract exactly. A few optional
 fields extend it in the forward-compatible way the contract allows (unknown
@@ -13,10 +13,9 @@ signed 64 bits SQLite stores, every float finite, every string and list bounded.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 from typing import Annotated, Literal, get_args
 
-from msgspec import Meta
+from msgspec import Meta, Struct
 
 from vast_manager.protocol.errors import ProtocolError
 
@@ -37,10 +36,6 @@ ResultKind = Literal["benchmark", "scaling"]
 Bottleneck = Literal["gpu", "cpu", "pcie", "memory", "unknown"]
 BOTTLENECKS: tuple[str, ...] = ("gpu", "cpu", "pcie", "memory", "unknown")
 ProgressUnit = Literal["bytes", "proofs"]
-
-# The dataclasses have no __slots__: orjson encodes a dataclass from its __dict__ about
-# twice as fast (``python bench/decode.py``, last lines), and the coordinator encodes
-# every heartbeat's telemetry again for its column.
 
 # --- the constrained types ---------------------------------------------------------------
 
@@ -64,18 +59,19 @@ Text1024 = Annotated[str, Meta(max_length=1024)]
 Text4096 = Annotated[str, Meta(max_length=4096)]
 
 
-def absent() -> None:
-    """The default of an absent optional field, as ``field(default_factory=absent)``: a
-    plain ``= None`` leaves msgspec's decoded instance without the attribute (the class
-    holds it), and orjson, encoding the instance's ``__dict__``, would drop the field."""
-    return None
+class Message(Struct, gc=False):
+    """A message of the contract. A Struct, not a dataclass: msgspec decodes a heartbeat
+    into Structs in about half the time, and frees them for less (docs/performance.md,
+    "Messages as Structs"). ``gc=False``: a message is a tree of values, never a cycle,
+    so the garbage collector need not track the thousands a second a fleet sends.
+    Encoded by ``protocol.codec.encode`` (orjson, each Struct as its fields in order),
+    the same bytes the dataclasses were (tests/protocol/test_wire_bytes.py)."""
 
 
 # --- hello -----------------------------------------------------------------
 
 
-@dataclass
-class Gpu:
+class Gpu(Message):
     index: Count
     uuid: Text | None
     name: Text | None
@@ -86,8 +82,7 @@ class Gpu:
     pcie_width_current: Int | None
 
 
-@dataclass
-class HostInfo:
+class HostInfo(Message):
     hostname: Text255
     cpu_model: Text255
     cpu_cores_logical: Count
@@ -98,8 +93,7 @@ class HostInfo:
     gpus: Annotated[list[Gpu], Meta(max_length=64)]
 
 
-@dataclass
-class Hello:
+class Hello(Message):
     protocol: Int
     agent_version: Text64
     boot_id: Text64
@@ -119,8 +113,7 @@ class Hello:
 # --- telemetry ---------------------------------------------------------------
 
 
-@dataclass
-class GpuTelemetry:
+class GpuTelemetry(Message):
     index: Count
     util_pct_mean: Float | None
     util_pct_max: Float | None
@@ -132,40 +125,35 @@ class GpuTelemetry:
     sm_clock_mhz_mean: Float | None
     throttle_reasons: Int | None
     # extension: the link under load (the idle link trains down, docs/nvml.md).
-    pcie_gen_current: Int | None = field(default_factory=absent)
-    pcie_width_current: Int | None = field(default_factory=absent)
+    pcie_gen_current: Int | None = None
+    pcie_width_current: Int | None = None
 
 
-@dataclass
-class CpuTelemetry:
+class CpuTelemetry(Message):
     util_pct_mean: Float | None
     per_core_util_pct_mean: Annotated[list[Float], Meta(max_length=4096)]
     load1: Float | None
     iowait_pct_mean: Float | None
     # extension: cores the container may use (cgroup cpu.max), beside the host's.
-    quota_cores: Float | None = field(default_factory=absent)
+    quota_cores: Float | None = None
 
 
-@dataclass
-class RamTelemetry:
+class RamTelemetry(Message):
     used_bytes: Int | None
     total_bytes: Int | None
 
 
-@dataclass
-class NetTelemetry:
+class NetTelemetry(Message):
     rx_bytes_per_s: Float | None
     tx_bytes_per_s: Float | None
 
 
-@dataclass
-class CuzkWorker:
+class CuzkWorker(Message):
     gpu_ordinal: Int
     busy_pct: Float | None
 
 
-@dataclass
-class CuzkTelemetry:
+class CuzkTelemetry(Message):
     """Extension: what the cuzk daemon's /status said over the window."""
 
     samples: Count
@@ -179,25 +167,23 @@ class CuzkTelemetry:
     # max_parallel_synthesis), at least 2; docs/cuzk.md), the cap `synthesis_active_mean`
     # is measured against. /status synthesis.max_concurrent (`synthesis_max`) is not a
     # cap: it is the budget over the smallest partition size of any proof kind.
-    synthesis_slots: Positive | None = field(default_factory=absent)
+    synthesis_slots: Positive | None = None
 
 
-@dataclass
-class Telemetry:
+class Telemetry(Message):
     window_s: NonNegFloat
     samples: Count
     gpus: Annotated[list[GpuTelemetry], Meta(max_length=64)]
     cpu: CpuTelemetry
     ram: RamTelemetry
     net: NetTelemetry
-    cuzk: CuzkTelemetry | None = field(default_factory=absent)  # extension
+    cuzk: CuzkTelemetry | None = None  # extension
 
 
 # --- heartbeat ---------------------------------------------------------------
 
 
-@dataclass
-class NetBytesTotal:
+class NetBytesTotal(Message):
     """Extension: bytes the instance's network interfaces received and sent since they came
     up (its container's counters, loopback excluded), which vast.ai bills per byte."""
 
@@ -205,18 +191,16 @@ class NetBytesTotal:
     tx: Count
 
 
-@dataclass
-class Progress:
+class Progress(Message):
     done: Count
     total: Count
     unit: ProgressUnit
     # extension: proofs the benchmark keeps in flight (`cuzk-bench batch -j`), so the
     # coordinator can judge the rate from proof times while it runs (docs/policy.md).
-    concurrency: Positive | None = field(default_factory=absent)
+    concurrency: Positive | None = None
 
 
-@dataclass
-class Heartbeat:
+class Heartbeat(Message):
     seq: Count
     phase: Phase
     phase_started_at: Float
@@ -226,26 +210,24 @@ class Heartbeat:
     telemetry: Telemetry | None
     # extension: with phase `failed`, why, in one sentence (e.g. the C1 file that cuzk
     # cannot read), so the instance's events say it; null otherwise.
-    failure: Text1024 | None = field(default_factory=absent)
+    failure: Text1024 | None = None
     # extension: the interfaces' cumulative byte counts (docs/protocol.md), for the bill.
-    net_bytes_total: NetBytesTotal | None = field(default_factory=absent)
+    net_bytes_total: NetBytesTotal | None = None
     # extension: the highest spool sequence number the coordinator acknowledged (results
     # and log batches the agent still keeps, docs/protocol.md, "Replay"); absent: none kept.
-    acked_seq: Count | None = field(default_factory=absent)
+    acked_seq: Count | None = None
 
 
 # --- results -----------------------------------------------------------------
 
 
-@dataclass
-class ScalingRun:
+class ScalingRun(Message):
     gpus_used: Annotated[list[Int], Meta(max_length=64)]
     rate_per_hour: NonNegFloat
     telemetry: Telemetry | None
 
 
-@dataclass
-class Result:
+class Result(Message):
     result_id: Text128
     kind: ResultKind
     proof_type: Text64
@@ -259,19 +241,19 @@ class Result:
     proof_seconds: Annotated[list[NonNegFloat], Meta(max_length=100000)]
     telemetry: Telemetry | None
     # Present for kind == "scaling" (docs/protocol.md); absent or null otherwise.
-    runs: Annotated[list[ScalingRun], Meta(max_length=16)] | None = field(default_factory=absent)
-    efficiency: Float | None = field(default_factory=absent)
-    bottleneck: Bottleneck | None = field(default_factory=absent)
-    evidence: Annotated[list[Text1024], Meta(max_length=64)] | None = field(default_factory=absent)
+    runs: Annotated[list[ScalingRun], Meta(max_length=16)] | None = None
+    efficiency: Float | None = None
+    bottleneck: Bottleneck | None = None
+    evidence: Annotated[list[Text1024], Meta(max_length=64)] | None = None
     # extension: the ``benchmark_id`` of the directive that asked for this benchmark
     # (docs/protocol.md, "Directed benchmarks"); an older agent leaves it out.
-    benchmark_id: Text64 | None = field(default_factory=absent)
+    benchmark_id: Text64 | None = None
     # extension: the agent's spool sequence number of this result (docs/protocol.md,
     # "Replay"); an older agent leaves it out.
-    spool_seq: Count | None = field(default_factory=absent)
+    spool_seq: Count | None = None
     # extension: the receipt the coordinator answered when it first acknowledged this
     # result, sent with it again after a restore lost it (docs/protocol.md, "Replay").
-    receipt: Text128 | None = field(default_factory=absent)
+    receipt: Text128 | None = None
 
     def _check(self, prefix: str) -> None:
         if not self.result_id:
@@ -292,52 +274,47 @@ class Result:
 # --- logs --------------------------------------------------------------------
 
 
-@dataclass
-class LogLine:
+class LogLine(Message):
     ts: Float
     source: Text64
     text: Annotated[str, Meta(max_length=MAX_LOG_TEXT_CHARS)]
 
 
-@dataclass
-class LogBatch:
+class LogBatch(Message):
     lines: Annotated[list[LogLine], Meta(max_length=MAX_LOG_LINES)]
     # extension: the agent's spool sequence number of this batch: a batch at or below the
     # highest one stored for the agent is a replay, stored once (docs/protocol.md, "Replay").
-    spool_seq: Count | None = field(default_factory=absent)
+    spool_seq: Count | None = None
 
 
 # --- answers -----------------------------------------------------------------
 
 
-@dataclass
-class Directive:
+class Directive(Message):
     action: Action
     reason: Text4096
     next_heartbeat_s: Positive
     min_rate_per_hour: Float | None
     # extension: a benchmark the coordinator directs (a fresh id, docs/protocol.md,
     # "Directed benchmarks"): the agent's next benchmark result carries it back.
-    benchmark_id: Text64 | None = field(default_factory=absent)
+    benchmark_id: Text64 | None = None
     # extension: to an agent whose heartbeat carried ``acked_seq``, the highest spool
     # sequence number of its results and of its log batches this coordinator holds; the
     # agent sends again what it was acknowledged above them (docs/protocol.md, "Replay").
-    stored_result_seq: Count | None = field(default_factory=absent)
-    stored_logs_seq: Count | None = field(default_factory=absent)
+    stored_result_seq: Count | None = None
+    stored_logs_seq: Count | None = None
 
 
-@dataclass
-class ResultAck:
+class ResultAck(Message):
     ok: bool
     duplicate: bool
     directive: Directive
     # extension: the coordinator's receipt for the result (an HMAC only it can make), kept
     # by the agent with the result to replay it (docs/protocol.md, "Replay").
-    receipt: Text128 | None = field(default_factory=absent)
+    receipt: Text128 | None = None
 
 
-@dataclass
-class ErrorBody:
+class ErrorBody(Message):
     error: Text
     message: Text
-    field: Text | None = field(default_factory=absent)
+    field: Text | None = None

@@ -1,6 +1,6 @@
-"""JSON into the message dataclasses, checked by msgspec against their types.
+"""JSON into the message Structs, checked by msgspec against their types.
 
-The dataclasses of ``vast_manager.protocol.messages`` carry their constraints in their
+The Structs of ``vast_manager.protocol.messages`` carry their constraints in their
 annotations (``Annotated`` with ``msgspec.Meta``); msgspec parses a body straight into
 them (``decode``), or checks an already parsed value (``convert``). What it accepts is
 what the contract says (docs/protocol.md): an int where a float is due, never a bool

@@ -12,12 +12,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 
 from vast_manager.coordinator.discovery.served import (
     CANDIDATES,
     MIN_CV_MACHINES,
+    MIN_GROUP_ROWS,
+    _conformal,
     benchmark_noise_sd,
     fit_served_model,
 )
@@ -60,6 +63,30 @@ def test_the_blend_is_chosen_by_grouped_cross_validation(contended: list[dict[st
     (own,) = served.predict_offers([offer(contended[0])])
     assert isinstance(own, Prediction) and own.machine_runs == 1
     assert "this machine's runs" in own.basis
+
+
+def test_a_binding_resource_few_machines_back_only_widens_its_interval(
+        contended: list[dict[str, Any]]) -> None:
+    """Five PCIe-bound machines whose scores run high: too few for percentiles of their
+    own, so a PCIe-bound offer gets its GPU count's, widened to reach their range; an
+    offer of a well-backed resource is untouched, and a resource whose few scores sit
+    inside the wider group's keeps that group's interval."""
+    rng = np.random.default_rng(0)
+    n = 3 * MIN_GROUP_ROWS
+    scores = np.concatenate([rng.normal(0.0, 1.0, n), [3.0, 4.0, 6.0, 5.0, -0.5],
+                             [0.1, -0.2, 0.3]])
+    groups = [("gpu", 1)] * n + [("pcie", 1)] * 5 + [("memory", 1)] * 3
+    conformal, _, few = _conformal(scores, groups)
+    assert "pcie" not in conformal and "pcie/1" not in conformal and "gpu" in conformal
+    assert few["pcie"] == (-0.5, 6.0) and "gpu" not in few
+    served = fit_served_model(measured(contended[:60]), now=0.0)
+    served.conformal, served.conformal_few = conformal, few
+    served.conformal_mid, served.noise_sd = {}, 0.0
+    host = offer(next(r for r in contended if r["num_gpus"] == 1))
+    lo, hi = served.conformal["gpus 1"]
+    assert served.interval(host, "pcie", 1.0) == (min(lo, -0.5), 6.0)
+    assert served.interval(host, "memory", 1.0) == (lo, hi)
+    assert served.interval(host, "gpu", 1.0) == served.conformal["gpu/1"]
 
 
 def test_one_machines_runs_never_sit_on_both_sides_of_a_fold(

@@ -9,6 +9,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
 from vast_manager.coordinator.decisions import policy
@@ -84,17 +85,17 @@ def _result(**changes: Any) -> Result:
                   started_at=1000.0, finished_at=2200.0, gpus_used=[0], proofs_completed=12,
                   proofs_failed=0, wall_seconds=1200.0, rate_per_hour=36.0,
                   proof_seconds=[200.0] * 12, telemetry=None)
-    return dataclasses.replace(base, **changes)
+    return msgspec.structs.replace(base, **changes)
 
 
 def test_a_receipt_holds_for_this_fleet_and_this_result_only() -> None:
     secret, old = parse_secrets(SECRET_HEX)[0], parse_secrets(OLD_SECRET_HEX)[0]
     result = _result()
     receipt = replay.receipt_for(secret, "ag_a", result)
-    assert replay.receipted([secret], "ag_a", dataclasses.replace(result, receipt=receipt))
+    assert replay.receipted([secret], "ag_a", msgspec.structs.replace(result, receipt=receipt))
     # A rotated secret still honours receipts made under the old one.
-    assert replay.receipted([old, secret], "ag_a", dataclasses.replace(result, receipt=receipt))
-    assert not replay.receipted([secret], "ag_b", dataclasses.replace(result, receipt=receipt))
+    assert replay.receipted([old, secret], "ag_a", msgspec.structs.replace(result, receipt=receipt))
+    assert not replay.receipted([secret], "ag_b", msgspec.structs.replace(result, receipt=receipt))
     assert not replay.receipted([secret], "ag_a", _result(rate_per_hour=99.0, receipt=receipt))
     assert not replay.receipted([secret], "ag_a", _result(receipt="00" * 32))
     assert not replay.receipted([secret], "ag_a", result)

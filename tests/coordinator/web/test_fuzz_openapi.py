@@ -3,14 +3,13 @@
 ``docs/openapi.yaml`` is the source; ``coordinator/web/data/openapi.json`` is the
 same document as JSON, packaged and served at ``GET /openapi.json``. These
 tests keep the document, the packaged copy, the app's routes and the message
-dataclasses in step, then fuzz every documented operation through it: the
+Structs in step, then fuzz every documented operation through it: the
 operator API with the admin token, the agent API signed per request (a
 ``requests`` auth hook signs the exact bytes schemathesis sends).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import types
 import typing
@@ -18,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
+import msgspec
 import orjson
 import pytest
 import yaml
@@ -118,7 +118,7 @@ def _schema_for(tp: Any) -> dict[str, Any]:
         return {"type": "number", **({"minimum": low} if low != -messages.FLOAT_MAX else {})}
     if tp is str:
         return {"type": "string", "maxLength": meta["max_length"]}
-    assert isinstance(tp, type) and dataclasses.is_dataclass(tp), tp
+    assert isinstance(tp, type) and issubclass(tp, messages.Message), tp
     return {"$ref": f"#/components/schemas/{tp.__name__}"}
 
 
@@ -138,13 +138,12 @@ MESSAGE_TYPES = [
 
 
 @pytest.mark.parametrize("cls", MESSAGE_TYPES, ids=lambda c: c.__name__)
-def test_message_schemas_follow_the_dataclasses(cls: type) -> None:
+def test_message_schemas_follow_the_messages(cls: type) -> None:
     documented = load_doc()["components"]["schemas"][cls.__name__]
     hints = typing.get_type_hints(cls, include_extras=True)
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    fields = msgspec.structs.fields(cls)
     expected_props = {f.name: _schema_for(hints[f.name]) for f in fields}
-    required = [f.name for f in fields
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    required = [f.name for f in fields if f.required]
     assert _without_descriptions(documented["properties"]) == expected_props
     assert documented["required"] == required
 

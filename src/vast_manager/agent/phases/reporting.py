@@ -14,8 +14,9 @@ again: per kind, the coordinator stores the items in sequence order.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import secrets
+
+import msgspec
 
 from vast_manager.agent.coordinator_client import (
     PermanentFailure,
@@ -222,7 +223,7 @@ class Reporting:
         self.on_directive(ack.directive)
         if ack.receipt is None:
             return None
-        return encode(dataclasses.replace(decode(Result, body), receipt=ack.receipt))
+        return encode(msgspec.structs.replace(decode(Result, body), receipt=ack.receipt))
 
     async def _shipper_loop(self) -> None:
         while True:

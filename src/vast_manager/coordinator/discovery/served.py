@@ -188,6 +188,9 @@ class ServedModel:
     # per group (``group_keys``) and for all ("all").
     conformal: dict[str, tuple[float, float]] = field(default_factory=dict)
     conformal_mid: dict[str, float] = field(default_factory=dict)  # the scores' medians
+    # The same percentiles of a binding resource with too few machines for its own
+    # (``_conformal``): they only ever widen the interval its offers get.
+    conformal_few: dict[str, tuple[float, float]] = field(default_factory=dict)
     difficulty: Any = None  # the learner of a new host's residual size (its scale)
     difficulty_empty: Any = None  # the columns no measured offer reported
     scale_median: float = 1.0
@@ -297,10 +300,15 @@ class ServedModel:
     def interval(self, offer: Offer, bottleneck: str, scale: float) -> tuple[float, float]:
         """The 80% interval of a new host's true log rate about the blend's point: its
         group's score percentiles times its scale, narrowed for the benchmark's noise
-        (``_without_noise``): the residuals were against one benchmark each."""
+        (``_without_noise``): the residuals were against one benchmark each. A binding
+        resource with too few machines for its own percentiles widens them where its
+        machines' scores reach further (``_conformal``)."""
         key = conformal_key(self.conformal, bottleneck, offer_features(offer).num_gpus)
         lo, hi = self.conformal[key]
         mid = self.conformal_mid.get(key, (lo + hi) / 2)
+        if bottleneck in self.conformal_few:
+            few_lo, few_hi = self.conformal_few[bottleneck]
+            lo, hi = min(lo, few_lo), max(hi, few_hi)
         return _without_noise(mid * scale, lo * scale, hi * scale, self.noise_sd)
 
     def _label(self, p: Prediction | Unpredictable, by: str | None
@@ -362,10 +370,24 @@ def group_keys(bottleneck: str, num_gpus: int) -> tuple[str, ...]:
 
 
 def _conformal(scores: Array, groups: Sequence[tuple[str, int]]
-               ) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
+               ) -> tuple[dict[str, tuple[float, float]], dict[str, float],
+                          dict[str, tuple[float, float]]]:
     """Split-conformal 10th and 90th percentiles (at the plotting positions k / (n + 1))
     and the median of the machines' scores (``_machine_scores``), for all and per group
-    (``group_keys``) that has ``MIN_GROUP_ROWS`` machines."""
+    (``group_keys``) that has ``MIN_GROUP_ROWS`` machines; and the same percentiles of
+    each binding resource with fewer machines (two at least).
+
+    A binding resource that few machines back gets the interval of a wider group (its
+    GPU count's, or all), which its own hosts may not resemble: on a market whose links
+    bind 1-3% of hosts, the served points were 0.41 below those hosts' true log rates
+    (median) and that interval covered half of them. Its own few scores cannot set its
+    percentiles, but they can show the wider group's are too narrow for it: below nine
+    machines the plotting positions are its extreme scores, and a new machine falls
+    within the range of n exchangeable ones with probability (n - 1) / (n + 1). So its
+    offers get the wider of the two (``ServedModel.interval``). Only the binding resource
+    (the level the intervals are judged at), not its GPU-count subgroups: those split few
+    machines finer, and widening by them too added 2-5 points to every market's
+    coverage."""
 
     def bounds(r: Array) -> tuple[float, float]:
         # The order statistics at plotting positions k / (n + 1) (Weibull's): a new
@@ -383,11 +405,14 @@ def _conformal(scores: Array, groups: Sequence[tuple[str, int]]
     for j, g in enumerate(groups):
         for key in group_keys(*g)[:-1]:
             members.setdefault(key, []).append(j)
+    few = {}
     for key, ix in members.items():
         if len(ix) >= MIN_GROUP_ROWS:
             out[key] = bounds(scores[ix])
             mids[key] = float(np.median(scores[ix]))
-    return out, mids
+        elif key in BOTTLENECKS and len(ix) >= 2:
+            few[key] = bounds(scores[ix])
+    return out, mids, few
 
 
 def conformal_key(conformal: Mapping[str, tuple[float, float]], bottleneck: str,
@@ -586,7 +611,8 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
     scores, first, served.difficulty, served.scale_median = _machine_scores(
         log_rate - oof @ np.asarray(best_w), x, groups)
     served.difficulty_empty = np.all(np.isnan(x[first]), axis=0)
-    served.conformal, served.conformal_mid = _conformal(scores, [binding[i] for i in first])
+    served.conformal, served.conformal_mid, served.conformal_few = _conformal(
+        scores, [binding[i] for i in first])
     served.noise_sd = benchmark_noise_sd(usable, structural.priors.noise_sd)
     served.cv_seconds = time.perf_counter() - cv_started
     served.fit_seconds = time.perf_counter() - started

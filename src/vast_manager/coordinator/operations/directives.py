@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import hmac
 import secrets
-from dataclasses import asdict
 from typing import Any
 
+import msgspec
 import orjson
 
 from vast_manager.coordinator.decisions import policy
@@ -23,7 +23,7 @@ from vast_manager.protocol.messages import Directive, Result
 
 
 def directive_to_dict(d: Directive) -> dict[str, Any]:
-    return asdict(d)
+    return msgspec.structs.asdict(d)
 
 
 def directive_from_json(text: str) -> Directive:

@@ -42,7 +42,6 @@ class SteadyFields(NamedTuple):
 
 
 def steady_fields(hb: Heartbeat) -> SteadyFields:
-    # orjson encodes the dataclasses directly: asdict() deep-copies, the costliest step.
     return SteadyFields(
         hb.seq, hb.phase, hb.phase_started_at,
         dumps(hb.progress) if hb.progress else None,

@@ -50,7 +50,7 @@ def hello_job(
             "boot_id": hello.boot_id,
             "agent_version": hello.agent_version,
             "container_id": hello.container_id,
-            "host_json": dumps(host),  # orjson encodes dataclasses itself
+            "host_json": dumps(host),
             "hello_at": now,
             "last_seen": now,
             "last_non_benchmark_at": now,

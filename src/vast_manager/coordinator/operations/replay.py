@@ -20,10 +20,11 @@ path), loaded from the database at start: how far the restored state reaches.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import hmac
 from collections.abc import Sequence
+
+import msgspec
 
 from vast_manager.coordinator.store.writer import Store
 from vast_manager.coordinator.store.writes.spool_marks import SpoolKind
@@ -37,7 +38,7 @@ def receipt_for(fleet_secret: bytes, agent_id: str, result: Result) -> str:
     """The receipt of ``result`` (its ``receipt`` field left out): an HMAC under a key
     derived from the fleet secret, which no agent holds."""
     key = hmac.new(fleet_secret, _RECEIPT_DOMAIN, hashlib.sha256).digest()
-    body = encode(dataclasses.replace(result, receipt=None))
+    body = encode(msgspec.structs.replace(result, receipt=None))
     return hmac.new(key, agent_id.encode() + b"\n" + body, hashlib.sha256).hexdigest()
 
 
@@ -75,4 +76,4 @@ class SpoolMarks:
         if acked_seq is None:
             return directive
         results, logs = self.of(agent_id)
-        return dataclasses.replace(directive, stored_result_seq=results, stored_logs_seq=logs)
+        return msgspec.structs.replace(directive, stored_result_seq=results, stored_logs_seq=logs)

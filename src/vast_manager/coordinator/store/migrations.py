@@ -14,6 +14,7 @@ import sqlite_utils
 from vast_manager.coordinator.decisions import states
 from vast_manager.coordinator.discovery.measurements import INSTANCE_OFFER_COLUMNS, instance_offer
 from vast_manager.coordinator.rows import instance_row
+from vast_manager.protocol.codec import encode
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def dumps(value: Any) -> str | None:
     """JSON text for a TEXT column (None stays NULL)."""
     if value is None:
         return None
-    return orjson.dumps(value).decode()
+    return encode(value).decode()
 
 
 def loads(text: str | None) -> Any:

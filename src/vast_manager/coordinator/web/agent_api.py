@@ -6,11 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
 from typing import Any, cast
 
 import msgspec
-import orjson
 from aiohttp import hdrs, web
 
 from vast_manager.coordinator.decisions import belief, policy
@@ -45,7 +43,7 @@ from vast_manager.coordinator.web.http import (
     too_large_declared,
 )
 from vast_manager.protocol import signing
-from vast_manager.protocol.codec import decode
+from vast_manager.protocol.codec import decode, encode
 from vast_manager.protocol.errors import ProtocolError
 from vast_manager.protocol.messages import Heartbeat, Hello, LogBatch, Result
 
@@ -70,7 +68,7 @@ def agent_response(
 def _agent_answer(
     core: Core, status: int, payload: Any, key: bytes | None, nonce: str
 ) -> web.Response:
-    return agent_response(core.clock(), status, orjson.dumps(payload), key, nonce)
+    return agent_response(core.clock(), status, encode(payload), key, nonce)
 
 
 def agent_failure(err: BaseException, agent_id: str, path: str,
@@ -213,7 +211,7 @@ async def _hello(core: Core, agent: VerifiedAgent, body: bytes) -> Any:
     )
     # A hello changes no phase but an unheard instance's (to booting, paced steady).
     core.tracker.touch(instance_id, now, directive.next_heartbeat_s)
-    return directive  # a dataclass: orjson encodes it without asdict()'s deep copy
+    return directive
 
 
 async def _heartbeat(core: Core, agent: VerifiedAgent, body: bytes) -> Any:
@@ -227,7 +225,6 @@ async def _heartbeat(core: Core, agent: VerifiedAgent, body: bytes) -> Any:
     core.tracker.touch(instance_id, now, directive.next_heartbeat_s, hb.phase)
     if directive.action == "terminate":
         core.monitor.wake()
-    # A dataclass: orjson encodes it without asdict()'s deep copy.
     return core.spool_marks.answer(agent.agent_id, directive, hb.acked_seq)
 
 
@@ -254,7 +251,7 @@ async def _result(core: Core, agent: VerifiedAgent, body: bytes) -> Any:
                       "coordinator directs.", retry_after_s=60)
     if not outcome.duplicate:
         core.models.wake()  # a counted benchmark is a new measurement for the rate model
-    return {"ok": True, "duplicate": outcome.duplicate, "directive": asdict(outcome.directive),
+    return {"ok": True, "duplicate": outcome.duplicate, "directive": outcome.directive,
             "receipt": replay.receipt_for(secrets[0], agent.agent_id, result)}
 
 
