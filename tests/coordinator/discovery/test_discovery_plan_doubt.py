@@ -9,10 +9,8 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
-import msgspec
 import pytest
 
-from vast_manager.coordinator.discovery.fleet_gain import FleetHost, FleetOnOffer
 from vast_manager.coordinator.discovery.plan import (
     DOUBT_NOTE,
     Doubt,
@@ -20,7 +18,6 @@ from vast_manager.coordinator.discovery.plan import (
     PlanSettings,
     doubt_cell,
     due_slots,
-    evaluate_offer,
     plan_trials,
     read_evidence,
     unbound_rate,
@@ -175,44 +172,3 @@ def test_the_operator_setting_turns_the_tests_on_or_off() -> None:
     assert PlanSettings().doubt == off
     on = belief_tests(0.25)
     assert on.share == 0.25 and on.weight > 0
-
-
-def _cpu_market(measured_at_16: bool) -> tuple[list[Offer], FakeModel, FleetOnOffer]:
-    """A fleet of 4090 hosts on 32 vCPUs the model is sure of, and ten cheap 4090 offers
-    on 16 vCPUs it predicts CPU-bound at 30/h (their GPU alone allows 60/h); with
-    ``measured_at_16`` a machine on 20 vCPUs was measured."""
-    offers = [_offer(1000 + i, "RTX 4090", 0.40 + 0.001 * i) for i in range(20)]
-    new = {int(o.id): _prediction(200.0, 0.05, "gpu", 200.0) for o in offers}
-    on_offer = FleetOnOffer(tuple(FleetHost(str(o.machine_id), float(o.dph_total or 0), 200.0)
-                                  for o in offers), 10)
-    small = [msgspec.structs.replace(_offer(2000 + i, "RTX 4090", 0.065 + 0.001 * i),
-                                 cpu_cores_effective=16.0) for i in range(10)]
-    new.update({int(o.id): _prediction(30.0, 0.1, "cpu", 60.0) for o in small})
-    own: dict[int, Prediction] = {}
-    if measured_at_16:
-        m = msgspec.structs.replace(_offer(3000, "RTX 4090", 0.5), cpu_cores_effective=20.0)
-        new[3000] = own[3000] = _prediction(40.0, 0.05, "cpu", 60.0, runs=1)
-        small.append(m)
-    return [*offers, *small], FakeModel(new, own), on_offer
-
-
-def test_the_first_trial_in_a_vcpu_range_nothing_measured_is_valued_for_the_range() -> None:
-    # The CPU law is shared by every GPU model: a trial on 16 vCPUs shows it for the
-    # range's other CPU-bound offers, which the reading without the CPU (60/h) would put
-    # in the fleet. Valued alone the offer is worth little; for what it shows, more.
-    settings = PlanSettings(trials=1, doubt=Doubt())
-    offers, model, on_offer = _cpu_market(measured_at_16=False)
-    view = FleetView(reference_usd_per_proof=0.002, fleet_on_offer=on_offer)
-    plan = plan_trials(offers, model, view, settings)
-    top = plan.proposals[0]
-    assert top.offer.cpu_cores_effective == 16.0
-    own = evaluate_offer(top.offer, top.prediction, view, settings)
-    assert own is not None and top.expected_value_usd > 2 * max(own.expected_value_usd, 0.0)
-    # Once a machine in that range is measured the range is known: each offer on its own.
-    offers, model, on_offer = _cpu_market(measured_at_16=True)
-    view = FleetView(reference_usd_per_proof=0.002, fleet_on_offer=on_offer)
-    for p in plan_trials(offers, model, view, dataclasses.replace(settings, trials=5)).proposals:
-        alone = evaluate_offer(p.offer, p.prediction, view, settings)
-        assert alone is not None
-        if p.offer.cpu_cores_effective == 16.0:
-            assert p.expected_value_usd == pytest.approx(alone.expected_value_usd)

@@ -1,5 +1,5 @@
 """A trial's worth to a fleet of a fixed size: the fall in its $/proof, alone or with a
-GPU model's other offers."""
+GPU model's other offers, or the loss it saves where the fleet counts on the host untried."""
 
 from __future__ import annotations
 
@@ -94,10 +94,13 @@ def test_from_nothing_the_plan_values_trials_against_the_fleet_on_offer() -> Non
     for p in plan.proposals:
         own = evaluate_offer(p.offer, p.prediction, view, settings)
         assert own is not None
-        # The saving is the fall in the fleet's $/proof, without the offer's own machine.
+        # The saving is the fall in the fleet's $/proof, without the offer's own machine
+        # (or the loss it saves, where the fleet counts on the offer untried).
+        mine = {str(p.machine_id)}
         assert p.expected_saving_per_hour_usd == pytest.approx(gain_per_hour(
-            on_offer.without({str(p.machine_id)}), 10, [float(p.dph_total)],
-            [(w, [mu], [sd]) for w, mu, sd in p.prediction.components()]))
+            on_offer.without(mine), 10, [float(p.dph_total)],
+            [(w, [mu], [sd]) for w, mu, sd in p.prediction.components()],
+            relying=on_offer.relying_on(mine)))
         # No machine on offer is measured: a GPU model's best offer may be worth more
         # than itself (what it shows of the model's other offers), never less.
         assert p.expected_value_usd >= own.expected_value_usd - 1e-9
@@ -138,7 +141,7 @@ def test_a_doubtful_host_the_fleet_counts_on_is_worth_testing_for_its_loss() -> 
     for sd, doubtful in ((0.3, True), (1e-6, False)):
         draws = [(1.0, [math.log(400.0)], [sd])]
         gain = gain_per_hour(base, 10, [0.60], draws)
-        both = gain_per_hour(base, 10, [0.60], draws, relying=(held, [True]))
+        both = gain_per_hour(base, 10, [0.60], draws, relying=held)
         if doubtful:
             assert both > 3 * gain > 0
         else:  # sure of its rate: nothing to avoid, nothing to gain

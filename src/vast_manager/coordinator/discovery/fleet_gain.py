@@ -70,12 +70,12 @@ Draw = tuple[float, Sequence[float], Sequence[float]]
 
 def gain_per_hour(base: Sequence[FleetHost], size: int, dph_total: Sequence[float],
                   draws: Sequence[Draw], *,
-                  relying: tuple[Sequence[FleetHost], Sequence[bool]] | None = None) -> float:
+                  relying: Sequence[FleetHost] | None = None) -> float:
     """E[max(0, p0 - p1)] x the fleet's rate (dollars an hour): ``p0`` the $/proof of
     ``base``, ``p1`` that of the best ``size`` of ``base`` and the newcomers at
     ``dph_total``, whose log rates follow ``draws`` (within a draw, one common normal).
 
-    With ``relying`` (the fleet's other hosts, and which newcomers it counts on untried:
+    With ``relying`` (the fleet's other hosts when it counts on the newcomers untried:
     ``FleetOnOffer.relying_on``) the larger of that and what the trial saves the fleet
     that would rent them untried, E[max(0, pu - p1)], ``pu`` that fleet's $/proof at
     the newcomers' drawn rates: a doubtful host the fleet relies on is worth testing for
@@ -88,9 +88,8 @@ def gain_per_hour(base: Sequence[FleetHost], size: int, dph_total: Sequence[floa
     new_cost = np.asarray(dph_total, dtype=float)
     all_cost = np.concatenate([cost, new_cost])
     if relying is not None:
-        held_cost = sum(h.dph_total for h in relying[0])
-        held_rate = sum(h.rate_per_hour for h in relying[0])
-        counted = np.asarray(relying[1], dtype=bool)
+        held_cost = sum(h.dph_total for h in relying) + float(new_cost.sum())
+        held_rate = sum(h.rate_per_hour for h in relying)
     gain = 0.0
     loss = 0.0
     for weight, mus, sds in draws:
@@ -103,7 +102,6 @@ def gain_per_hour(base: Sequence[FleetHost], size: int, dph_total: Sequence[floa
             p1 = float(all_cost[best].sum() / all_rate[best].sum())
             gain += weight * float(w) * max(0.0, p0 - p1)
             if relying is not None:
-                pu = ((held_cost + float(new_cost[counted].sum()))
-                      / (held_rate + float(drawn[counted].sum())))
+                pu = held_cost / (held_rate + float(drawn.sum()))
                 loss += weight * float(w) * max(0.0, pu - p1)
     return max(gain, loss) * float(rate.sum())

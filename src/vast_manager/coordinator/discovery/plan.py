@@ -582,7 +582,7 @@ def _value(offer: Offer, pred: Prediction, ref: float, settings: PlanSettings,
         # counts on untried is worth testing for the loss it would bring, too.
         saving = gain_per_hour(fleet.without(mine), fleet.size, [float(offer.dph_total or dph)],
                                [(w, [mu], [sd]) for w, mu, sd in pred.components()],
-                               relying=None if held is None else (held, [True]))
+                               relying=held)
     return _Value(offer, pred, dph, spent, saving * run_h - spent, saving)
 
 
