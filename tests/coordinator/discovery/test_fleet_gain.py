@@ -1,5 +1,5 @@
 """A trial's worth to a fleet of a fixed size: the fall in its $/proof, alone or with a
-GPU model's other offers."""
+GPU model's other offers, or the loss it saves where the fleet counts on the host untried."""
 
 from __future__ import annotations
 
@@ -94,10 +94,13 @@ def test_from_nothing_the_plan_values_trials_against_the_fleet_on_offer() -> Non
     for p in plan.proposals:
         own = evaluate_offer(p.offer, p.prediction, view, settings)
         assert own is not None
-        # The saving is the fall in the fleet's $/proof, without the offer's own machine.
+        # The saving is the fall in the fleet's $/proof, without the offer's own machine
+        # (or the loss it saves, where the fleet counts on the offer untried).
+        mine = {str(p.machine_id)}
         assert p.expected_saving_per_hour_usd == pytest.approx(gain_per_hour(
-            on_offer.without({str(p.machine_id)}), 10, [float(p.dph_total)],
-            [(w, [mu], [sd]) for w, mu, sd in p.prediction.components()]))
+            on_offer.without(mine), 10, [float(p.dph_total)],
+            [(w, [mu], [sd]) for w, mu, sd in p.prediction.components()],
+            relying=on_offer.relying_on(mine)))
         # No machine on offer is measured: a GPU model's best offer may be worth more
         # than itself (what it shows of the model's other offers), never less.
         assert p.expected_value_usd >= own.expected_value_usd - 1e-9
@@ -121,3 +124,25 @@ def test_the_fleet_on_offer_is_twice_the_fleet_and_only_hosts_the_verdict_keeps(
     assert on_offer.hosts[0].dph_total == pytest.approx(0.1)
     # Fewer hosts under the verdict's $/proof than the fleet: the reference alone.
     assert fleet_on_offer(supply, 5, 0.002) is None
+
+
+def test_a_doubtful_host_the_fleet_counts_on_is_worth_testing_for_its_loss() -> None:
+    # The fleet counts on a 4-GPU host untried (m9, $0.0015 a proof at its prediction, four
+    # times a small host's rate). Taking it barely lowers the fleet's mean, so its gain is
+    # small; but rented untried and slower than predicted, it would raise the fleet's
+    # $/proof, which the trial would have avoided.
+    hosts = (*(FleetHost(f"m{i}", 0.10, 100.0) for i in range(9)),
+             FleetHost("m9", 0.60, 400.0), FleetHost("m10", 0.16, 100.0))
+    on_offer = FleetOnOffer(hosts, 10)
+    held = on_offer.relying_on({"m9"})
+    assert held is not None and "m9" not in {h.machine_id for h in held} and len(held) == 9
+    assert on_offer.relying_on({"m10"}) is None  # the fleet does not count on the 11th
+    base = on_offer.without({"m9"})
+    for sd, doubtful in ((0.3, True), (1e-6, False)):
+        draws = [(1.0, [math.log(400.0)], [sd])]
+        gain = gain_per_hour(base, 10, [0.60], draws)
+        both = gain_per_hour(base, 10, [0.60], draws, relying=held)
+        if doubtful:
+            assert both > 3 * gain > 0
+        else:  # sure of its rate: nothing to avoid, nothing to gain
+            assert both == gain == 0.0

@@ -56,16 +56,30 @@ class FleetOnOffer:
         kept = [h for h in self.hosts if h.machine_id is None or h.machine_id not in machines]
         return tuple(kept[:self.size])
 
+    def relying_on(self, machines: Collection[str]) -> tuple[FleetHost, ...] | None:
+        """The fleet's other hosts when it counts on some of ``machines`` untried (one of
+        them among its ``size`` best at its prediction), else None."""
+        top = self.hosts[:self.size]
+        rest = tuple(h for h in top if h.machine_id is None or h.machine_id not in machines)
+        return rest if len(rest) < len(top) else None
+
 
 #: One way the newcomers' rates may go: its probability, their log rates' means and sds.
 Draw = tuple[float, Sequence[float], Sequence[float]]
 
 
 def gain_per_hour(base: Sequence[FleetHost], size: int, dph_total: Sequence[float],
-                  draws: Sequence[Draw]) -> float:
+                  draws: Sequence[Draw], *,
+                  relying: Sequence[FleetHost] | None = None) -> float:
     """E[max(0, p0 - p1)] x the fleet's rate (dollars an hour): ``p0`` the $/proof of
     ``base``, ``p1`` that of the best ``size`` of ``base`` and the newcomers at
-    ``dph_total``, whose log rates follow ``draws`` (within a draw, one common normal)."""
+    ``dph_total``, whose log rates follow ``draws`` (within a draw, one common normal).
+
+    With ``relying`` (the fleet's other hosts when it counts on the newcomers untried:
+    ``FleetOnOffer.relying_on``) the larger of that and what the trial saves the fleet
+    that would rent them untried, E[max(0, pu - p1)], ``pu`` that fleet's $/proof at
+    the newcomers' drawn rates: a doubtful host the fleet relies on is worth testing for
+    the loss it would bring."""
     if not base:
         return 0.0
     cost = np.array([h.dph_total for h in base])
@@ -73,13 +87,21 @@ def gain_per_hour(base: Sequence[FleetHost], size: int, dph_total: Sequence[floa
     p0 = float(cost.sum() / rate.sum())
     new_cost = np.asarray(dph_total, dtype=float)
     all_cost = np.concatenate([cost, new_cost])
-    expected = 0.0
+    if relying is not None:
+        held_cost = sum(h.dph_total for h in relying) + float(new_cost.sum())
+        held_rate = sum(h.rate_per_hour for h in relying)
+    gain = 0.0
+    loss = 0.0
     for weight, mus, sds in draws:
         mu = np.asarray(mus, dtype=float)
         sd = np.asarray(sds, dtype=float)
         for z, w in zip(_NODES, _WEIGHTS, strict=True):
-            all_rate = np.concatenate([rate, np.exp(mu + sd * z)])
+            drawn = np.exp(mu + sd * z)
+            all_rate = np.concatenate([rate, drawn])
             best = np.argsort(all_cost / all_rate, kind="stable")[:size]
             p1 = float(all_cost[best].sum() / all_rate[best].sum())
-            expected += weight * float(w) * max(0.0, p0 - p1)
-    return expected * float(rate.sum())
+            gain += weight * float(w) * max(0.0, p0 - p1)
+            if relying is not None:
+                pu = held_cost / (held_rate + float(drawn.sum()))
+                loss += weight * float(w) * max(0.0, pu - p1)
+    return max(gain, loss) * float(rate.sum())

@@ -577,9 +577,12 @@ def _value(offer: Offer, pred: Prediction, ref: float, settings: PlanSettings,
         saving = expected_saving_per_hour(pred, dph, ref)
     else:
         mine = () if offer.machine_id is None else (str(offer.machine_id),)
-        # Priced as the fleet's hosts are, at the listed hourly figure.
+        held = fleet.relying_on(mine)
+        # Priced as the fleet's hosts are, at the listed hourly figure; a host the fleet
+        # counts on untried is worth testing for the loss it would bring, too.
         saving = gain_per_hour(fleet.without(mine), fleet.size, [float(offer.dph_total or dph)],
-                               [(w, [mu], [sd]) for w, mu, sd in pred.components()])
+                               [(w, [mu], [sd]) for w, mu, sd in pred.components()],
+                               relying=held)
     return _Value(offer, pred, dph, spent, saving * run_h - spent, saving)
 
 
