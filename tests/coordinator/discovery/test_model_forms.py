@@ -1,16 +1,17 @@
 """The rate model's learned forms say what a market does, and stay out of the way where
 it does not (docs/discovery.md, section 2): how synthesis grows with vCPUs, a narrow link
-shared by a host's GPUs, and the binding resource named by doubling. Every rate here is
-simulated."""
+shared by a host's GPUs, the binding resource named by doubling, and the RAM share as a
+limit or as a factor on the whole rate. Every rate here is simulated."""
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
 import pytest
 
-from vast_manager.coordinator.discovery.structural_model import RateModel, fit_rate_model
+from vast_manager.coordinator.discovery.structural_model import Priors, RateModel, fit_rate_model
 
 from support.discovery_support import market, market_measurements, market_offer
 from support.foreign_market import generate
@@ -55,3 +56,43 @@ def test_the_binding_resource_is_named_right_on_most_held_out_hosts(name: str) -
     right = sum(getattr(p, "bottleneck", None) == r["true_binding"]
                 for p, r in zip(preds, held, strict=True))
     assert right / len(held) >= 0.75, (name, right, len(held))
+
+
+def test_a_market_whose_ram_share_scales_the_whole_rate_gets_the_factor_form() -> None:
+    """The market made at test time scales the whole rate by a saturating curve in the RAM
+    share (a host on 122 GiB makes about 0.6x whatever its GPUs): the marginal likelihood
+    prefers the RAM share as a factor to a limit of its own, read on the whole share (the
+    per-GPU exponent near its prior's 0), and the hosts of several GPUs the RAM share
+    binds, which the limit held back, are predicted better than by the capacity form."""
+    rows = generate(20261205, 1000)
+    model, held = _fit(rows)
+    s = model.summary()
+    assert s["ram_form"] == "factor", s
+    assert abs(s["ram_per_gpu_exponent"]) < 0.2, s
+    cut = int(len(rows) * 0.6)
+    capacity = fit_rate_model(market_measurements(random.Random(1).sample(rows[:cut], 240)),
+                              now=0.0, priors=Priors(ram_form="capacity"))
+    several = [r for r in held if r["num_gpus"] >= 2 and r["true_binding"] == "memory"]
+    assert len(several) >= 20
+
+    def median_log_error(m: RateModel) -> float:
+        preds = m.predict_offers([market_offer(r) for r in several], explain=False)
+        errs = sorted(abs(math.log(getattr(p, "rate_per_hour", math.nan)
+                                   / r["true_rate_per_hour"]))
+                      for p, r in zip(preds, several, strict=True))
+        return errs[len(errs) // 2]
+
+    factor_error, capacity_error = median_log_error(model), median_log_error(capacity)
+    assert factor_error < 0.85 * capacity_error, (factor_error, capacity_error)
+    pred = model.predict(market_offer(several[0]))
+    assert "memory" not in pred.capacities_per_hour
+
+
+def test_where_ram_binds_by_partitions_in_flight_the_capacity_form_stays() -> None:
+    """The simulator's RAM admits whole partitions (cuzk's staircase, a limit): the fit
+    keeps the RAM share as a capacity. Below the machines the choice needs, only the
+    capacity is fitted."""
+    model, _ = _fit(market("simulator"))
+    assert model.summary()["ram_form"] == "capacity"
+    few, _ = _fit(generate(20261205, 1000), n=20)
+    assert few.summary()["ram_form"] == "capacity"

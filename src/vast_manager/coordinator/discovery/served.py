@@ -583,7 +583,9 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
     binding: list[tuple[str, int]] = [("all", 1)] * len(usable)
     folds = FEW_MACHINES_FOLDS if machines <= FEW_MACHINES else FOLDS
     for train, test in GroupKFold(n_splits=min(folds, machines)).split(offers, groups=groups):
-        fold_model = fit_rate_model([usable[i] for i in train], now=now)
+        # The folds keep the RAM form the whole fleet's evidence chose (one fit each).
+        fold_model = fit_rate_model([usable[i] for i in train], now=now,
+                                    priors=structural.priors)
         tr_offers = [offers[i] for i in train]
         residual, plain, _ = _fit_learners(tr_offers, log_rate[train], fold_model, gpu_codes)
         te_offers = [offers[i] for i in test]

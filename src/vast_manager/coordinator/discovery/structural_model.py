@@ -49,7 +49,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -126,6 +126,13 @@ class Priors:
     # cuzk's [pipeline] max_parallel_synthesis default (config.rs; docs/cuzk.md): no more
     # partitions are synthesised at once, however much RAM there is.
     max_partitions_in_flight: int = 18
+    # How the RAM share acts: "capacity" (partitions in flight over their hold time, a
+    # limit in the soft-min, and the RAM-share term), "factor" (the RAM-share term alone:
+    # a multiplicative effect on the whole rate, no limit of its own), or "choose": fit
+    # both once ``ram_form_min_machines`` machines are measured and keep the one the
+    # marginal likelihood prefers (with fewer, "capacity").
+    ram_form: str = "choose"
+    ram_form_min_machines: int = 30
     # How sharp a step of the count is, in 1/partitions (a logistic in the RAM a host
     # leaves cuzk, which no offer shows): 4 = a quarter of a partition (5 GiB) wide.
     # Learned from which count measured hosts fall on.
@@ -141,6 +148,10 @@ class Priors:
     linear_sd: float = 0.10
     # The RAM-share term's coefficients (``RAM_HINGES_GIB``), 0 a priori.
     ram_hinge_sd: float = 0.25
+    # Where the RAM share is a factor on the whole rate (``ram_form``), the term reads
+    # the share over (GPUs)^e: a host may need RAM for each GPU it feeds (e = 1) or for
+    # the work as a whole (e = 0, a priori).
+    ram_per_gpu_sd: float = 0.5
     # A link of x8 or fewer lanes a GPU on a host of several GPUs is often a switch or
     # riser the host's GPUs share, which the offer's per-GPU pcie_bw does not show: each
     # GPU's bandwidth is divided by (the host's GPUs)^s, s learned, 0 a priori.
@@ -171,7 +182,14 @@ class Priors:
 #: share, outside the soft-min, as hinges in log RAM below these shares (GiB), each with
 #: its coefficient. Where the staircase explains the rate they stay near 0.
 RAM_HINGES_GIB = (144.0, 192.0, 256.0, 384.0)
+#: Where the RAM share is a factor read per GPU (``Priors.ram_form``), a share over the
+#: GPUs may fall far below every deployable share: hinges there too.
+RAM_PER_GPU_HINGES_GIB = (48.0, 96.0)
 _HINGES = tuple(f"ram_hinge_{i}" for i in range(len(RAM_HINGES_GIB)))
+_LOW_HINGES = tuple(f"ram_low_hinge_{i}" for i in range(len(RAM_PER_GPU_HINGES_GIB)))
+
+#: How the RAM share may act (``Priors.ram_form``).
+RAM_FORMS = ("choose", "capacity", "factor")
 
 #: The parameters shared by every offer, in the order of the parameter vector.
 FIXED = (
@@ -179,7 +197,7 @@ FIXED = (
     "ghz_exponent", "log_sharpness", "multi_gpu", "host_share", "mem_bw_deviation",
     "dlperf_deviation",
     "disk_bw", "inet_down", "reliability", "log_step_sharpness", "vcpu_exponent",
-    "log_feed_sharpness", "shared_link", *_HINGES,
+    "log_feed_sharpness", "shared_link", *_HINGES, "ram_per_gpu", *_LOW_HINGES,
 )
 _I = {name: i for i, name in enumerate(FIXED)}
 
@@ -356,12 +374,18 @@ def _in_flight(ram_gib: Array, resident_gib: float, partition_gib: float,
     ``_count_terms``' distribution: the explanations read it; the fit and the
     predictions read the distribution."""
     x = (ram_gib - resident_gib) / partition_gib
-    steps = np.arange(2, priors.max_partitions_in_flight + 1, dtype=np.float64)
+    steps = np.arange(2, _max_count(priors) + 1, dtype=np.float64)
     z = np.clip(k * (x[:, None] - steps[None, :]), -60.0, 60.0)
     sig = 1.0 / (1.0 + np.exp(-z))
     count = 1.0 + sig.sum(axis=1)
     slope = (k * sig * (1.0 - sig)).sum(axis=1)
     return np.log(count), slope / count
+
+
+def _max_count(priors: Priors) -> int:
+    """The most partitions in flight the count may take: cuzk's cap where the RAM share
+    is a capacity; one where it is a factor on the whole rate (no count to infer)."""
+    return priors.max_partitions_in_flight if priors.ram_form != "factor" else 1
 
 
 def _count_terms(x: Array, k: Array | float, cmax: int) -> tuple[Array, Array, Array]:
@@ -490,11 +514,23 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
     # The fed GPUs (a soft-min of the GPUs and their link), then a soft-min of that,
     # the CPU and the RAM; w is each capacity's share of the binding, d f / d log cap.
     feed, v = _softmin(caps[:, [0, 2]], math.exp(t[_I["log_feed_sharpness"]]))
-    outer = np.stack([feed, caps[:, 1], caps[:, 3]], axis=1)
-    soft, u = _softmin(outer, math.exp(t[_I["log_sharpness"]]))
+    if priors.ram_form == "factor":
+        # RAM no limit of its own: it acts through the RAM-share term alone.
+        outer = np.stack([feed, caps[:, 1]], axis=1)
+        soft, u = _softmin(outer, math.exp(t[_I["log_sharpness"]]))
+        u = np.hstack([u, np.zeros((u.shape[0], 1))])
+        outer = np.hstack([outer, caps[:, [3]]])
+    else:
+        outer = np.stack([feed, caps[:, 1], caps[:, 3]], axis=1)
+        soft, u = _softmin(outer, math.exp(t[_I["log_sharpness"]]))
     w = np.stack([u[:, 0] * v[:, 0], u[:, 1], u[:, 0] * v[:, 1], u[:, 2]], axis=1)
-    hinges = _ram_hinges(d.ram_gib)
-    f = (soft + hinges @ t[[_I[h] for h in _HINGES]]
+    factor = priors.ram_form == "factor"
+    per_gpu = t[_I["ram_per_gpu"]] if factor else 0.0
+    names = _HINGES + _LOW_HINGES if factor else _HINGES
+    hinges = _ram_hinges(d.ram_gib, per_gpu * d.n_log,
+                         RAM_HINGES_GIB + RAM_PER_GPU_HINGES_GIB if factor else RAM_HINGES_GIB)
+    coefs = t[[_I[h] for h in names]]
+    f = (soft + hinges @ coefs
          + t[_I["multi_gpu"]] * d.n_log + t[_I["host_share"]] * d.share_log
          + t[_I["disk_bw"]] * d.z_disk + t[_I["inet_down"]] * d.z_inet
          + t[_I["reliability"]] * d.z_rel)
@@ -515,8 +551,10 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
         jac[:, _I["log_sharpness"]] = (u * outer).sum(axis=1) - soft
         jac[:, _I["log_feed_sharpness"]] = u[:, 0] * ((v * caps[:, [0, 2]]).sum(axis=1) - feed)
         jac[:, _I["vcpu_exponent"]] = w[:, 1] * (d.cores_log - ref_vcpus)
-        for j, h in enumerate(_HINGES):
+        for j, h in enumerate(names):
             jac[:, _I[h]] = hinges[:, j]
+        if factor:
+            jac[:, _I["ram_per_gpu"]] = ((hinges > 0.0) @ coefs) * d.n_log
         jac[:, _I["multi_gpu"]] = d.n_log
         jac[:, _I["host_share"]] = d.share_log
         jac[:, _I["mem_bw_deviation"]] = w[:, 0] * d.bwdev
@@ -532,11 +570,13 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
     return _Eval(f, caps, w, jac)
 
 
-def _ram_hinges(ram_gib: Array) -> Array:
-    """(N, hinges): how far (in log) each RAM share lies below each of
-    ``RAM_HINGES_GIB`` (0 at or above it)."""
-    knots = np.log(np.asarray(RAM_HINGES_GIB))
-    out: Array = np.maximum(0.0, knots[None, :] - np.log(np.maximum(ram_gib, 1.0))[:, None])
+def _ram_hinges(ram_gib: Array, shift_log: Array | float = 0.0,
+                knots_gib: tuple[float, ...] = RAM_HINGES_GIB) -> Array:
+    """(N, hinges): how far (in log) each RAM share, divided by exp(``shift_log``), lies
+    below each knot (GiB; 0 at or above it)."""
+    knots = np.log(np.asarray(knots_gib))
+    at = np.log(np.maximum(ram_gib, 1.0)) - shift_log
+    out: Array = np.maximum(0.0, knots[None, :] - np.broadcast_to(at, ram_gib.shape)[:, None])
     return out
 
 
@@ -604,7 +644,7 @@ def _modes(theta: Array, cov: Array | None, d: _Design, priors: Priors, n_gpu: i
         idx = [_I["ram_resident"], _I["ram_partition"]]
         var_x = np.einsum("ij,jk,ik->i", dx, cov[np.ix_(idx, idx)], dx)
         k_eff = k / np.sqrt(1.0 + k * k * var_x * 3.0 / math.pi**2)
-    weights = _count_terms(x, k_eff, priors.max_partitions_in_flight)[0]
+    weights = _count_terms(x, k_eff, _max_count(priors))[0]
     weights = np.where(weights >= MODE_MIN_WEIGHT, weights, 0.0)
     weights /= weights.sum(axis=1, keepdims=True)
     return weights, _count_rates(theta, d, priors, n_gpu, n_fam, weights > 0)
@@ -695,6 +735,8 @@ class RateModel:
             "gpu_pcie_softmin_sharpness": math.exp(self.parameter("log_feed_sharpness")[0]),
             "vcpu_exponent": self.parameter("vcpu_exponent")[0],
             "shared_link_exponent": self.parameter("shared_link")[0],
+            "ram_form": p.ram_form,
+            "ram_per_gpu_exponent": self.parameter("ram_per_gpu")[0],
             "ram_share_term_at_128_gib": float(
                 _ram_hinges(np.array([128.0]))[0] @ self.theta[[_I[h] for h in _HINGES]]),
             "gpu_models": {
@@ -845,8 +887,10 @@ class RateModel:
             log_rate_mean=mu,
             log_rate_sd=s,
             bottleneck=bottleneck,
+            # Where the RAM share is a factor on the whole rate it is no capacity.
             capacities_per_hour={r: float(math.exp(ev.caps[i, k]))
-                                 for k, r in enumerate(RESOURCES)},
+                                 for k, r in enumerate(RESOURCES)
+                                 if r != "memory" or self.priors.ram_form != "factor"},
             reference_rate_per_hour=reference,
             contributions=contributions,
             machine_runs=int(b.runs[i]),
@@ -930,6 +974,8 @@ def _own_terms(b: _Bands, i: int, weights: Array, known: bool, log_count: float,
 
 def _count_detail(weights: Array, known: bool, log_count: float) -> str:
     """The partitions in flight behind a prediction, in words."""
+    if weights.shape[0] == 1:
+        return "no limit (the RAM share a factor on the rate)"
     if known:
         return f"{math.exp(log_count):.1f} as measured"
     k = np.flatnonzero(weights)
@@ -1007,7 +1053,7 @@ def _prior_arrays(priors: Priors, n_gpu: int, n_fam: int) -> tuple[Array, Array]
         "log_step_sharpness": p.partition_step_sharpness_sd,
         "vcpu_exponent": p.vcpu_exponent_sd, "log_feed_sharpness": p.feed_sharpness_sd,
         "shared_link": p.shared_link_sd,
-        **{h: p.ram_hinge_sd for h in _HINGES},
+        **{h: p.ram_hinge_sd for h in _HINGES + _LOW_HINGES}, "ram_per_gpu": p.ram_per_gpu_sd,
     }
     mu = np.array([mean[k] for k in FIXED] + [0.0] * (n_gpu + n_fam))
     sds = np.array([sd[k] for k in FIXED] + [p.gpu_model_sd] * n_gpu + [p.cpu_family_sd] * n_fam)
@@ -1060,13 +1106,26 @@ def fit_rate_model(
     ``now`` (unix seconds) ages the measurements: an old one counts for less. No
     clock is read here.
     """
+    p = priors or Priors()
+    if p.ram_form not in RAM_FORMS:
+        raise ValueError(f"ram_form {p.ram_form!r}: expected one of {', '.join(RAM_FORMS)}")
     # The matrices are small (parameters x parameters): BLAS threads only contend,
     # and on a shared two-core host they made the fit a hundred times slower.
     with threadpool_limits(1, "blas"):
-        return _fit(measurements, now, priors or Priors())
+        if p.ram_form != "choose":
+            return _fit(measurements, now, p)[0]
+        capacity, capacity_evidence = _fit(measurements, now, replace(p, ram_form="capacity"))
+        if len({m.machine_id for m in measurements}) < p.ram_form_min_machines:
+            return capacity
+        # The RAM share as a factor on the whole rate instead of a limit (docs/discovery.md,
+        # section 2): kept where the measurements make it the likelier form.
+        factor, factor_evidence = _fit(measurements, now, replace(p, ram_form="factor"))
+        return factor if factor_evidence > capacity_evidence else capacity
 
 
-def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors) -> RateModel:
+def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors
+         ) -> tuple[RateModel, float]:
+    """The fit at these priors, and its log marginal likelihood (Laplace)."""
     # Rows by machine, then by slice (RAM share): a slice's runs share one count of
     # partitions in flight, so they are one block of rows (a "unit").
     pairs = sorted(((m, m.features()) for m in measurements),
@@ -1087,7 +1146,7 @@ def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors) -> R
     mu, prec = _prior_arrays(p, len(gpu_index), len(fam_index))
     if not ms:
         return RateModel(p, mu, np.diag(1.0 / prec), gpu_index, fam_index, dl_center, {},
-                         p.noise_sd, p.host_sd, p.prior_dof, 0)
+                         p.noise_sd, p.host_sd, p.prior_dof, 0), 0.0
 
     machine_ids, starts, unit_keys, unit_starts = _blocks(pairs)
     ages_days = np.array([max(0.0, (now - m.measured_at) / 86400.0) if now is not None else 0.0
@@ -1126,7 +1185,7 @@ def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors) -> R
     p_eff = float(np.trace(cov @ jwj))
     dof = max(len(machine_ids) - p_eff, 0.0) + p.prior_dof
     scale, scales = _interval_scales(fitter, post, cov, dof, p_eff)
-    return RateModel(
+    model = RateModel(
         priors=p, theta=fitter.theta, cov=cov, gpu_index=gpu_index, fam_index=fam_index,
         dl_center=dl_center, machines=machines, sigma_noise=fitter.sig_e,
         sigma_host=fitter.sig_h, dof=dof,
@@ -1137,6 +1196,7 @@ def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors) -> R
         slice_log_counts={key: float(v) for key, v in zip(unit_keys, unit_log_count,
                                                           strict=True)},
     )
+    return model, fitter.log_evidence()
 
 
 def _blocks(pairs: Sequence[tuple[Measurement, OfferFeatures]],
@@ -1246,7 +1306,7 @@ class _Fitter:
         self.unit_of_row = np.repeat(np.arange(data.unit_starts.shape[0]),
                                      np.diff(np.append(data.unit_starts, n)))
         self.unit_ram = design.ram_gib[data.unit_starts]
-        self.log_counts = np.log(np.arange(1, priors.max_partitions_in_flight + 1,
+        self.log_counts = np.log(np.arange(1, _max_count(priors) + 1,
                                            dtype=np.float64))
         self.resp = self.count_weights(self.theta)
 
@@ -1254,7 +1314,7 @@ class _Fitter:
         """(units, counts) the prior's probability of each count, the unlikely ones 0."""
         x, _ = _step_position(theta, self.unit_ram, self.p)
         k = math.exp(theta[_I["log_step_sharpness"]])
-        prob = _count_terms(x, k, self.p.max_partitions_in_flight)[0]
+        prob = _count_terms(x, k, _max_count(self.p))[0]
         prob = np.where(prob >= MODE_MIN_WEIGHT, prob, 0.0)
         out: Array = prob / prob.sum(axis=1, keepdims=True)
         return out
@@ -1268,7 +1328,7 @@ class _Fitter:
         """The sum over slices and counts of resp x log P(count) at theta."""
         x, _ = _step_position(theta, self.unit_ram, self.p)
         k = math.exp(theta[_I["log_step_sharpness"]])
-        prob = _count_terms(x, k, self.p.max_partitions_in_flight)[0]
+        prob = _count_terms(x, k, _max_count(self.p))[0]
         r = self.resp
         return float(np.where(r > 0, r * np.log(np.maximum(prob, 1e-12)), 0.0).sum())
 
@@ -1278,7 +1338,7 @@ class _Fitter:
         partition's size) and how sharp they are."""
         x, dx = _step_position(theta, self.unit_ram, self.p)
         k = math.exp(theta[_I["log_step_sharpness"]])
-        prob, d_x, d_k = _count_terms(x, k, self.p.max_partitions_in_flight)
+        prob, d_x, d_k = _count_terms(x, k, _max_count(self.p))
         r = self.resp
         safe = np.maximum(prob, 1e-12)
         # Scores of log P(count) in x and in log k; x moves with (ram_resident,
@@ -1359,6 +1419,25 @@ class _Fitter:
             le = _golden(partial(log_evidence, lh=lh), math.log(0.005), math.log(1.0))
             lh = _golden(partial(log_evidence, le), math.log(0.005), math.log(1.5))
         self.sig_e, self.sig_h = math.exp(le), math.exp(lh)
+
+    def log_evidence(self) -> float:
+        """The log marginal likelihood at the fit (Laplace in the parameters, the host
+        effects integrated out; the partition counts by the lower bound EM maximises:
+        their expected log prior and likelihood plus their posterior's entropy), up to
+        a constant every RAM form shares (both forms have the same parameters; the one a
+        form leaves unused keeps its prior, whose precision cancels)."""
+        theta = self.theta
+        post = self.posterior(theta)
+        rwr, logdet, jwj, _, _ = post.parts(self.sig_e, self.sig_h, self.weight)
+        _, logdet_h = np.linalg.slogdet(jwj + np.diag(self.prec) + self.count_terms(theta)[1])
+        r = self.resp
+        entropy = -float(np.where(r > 0, r * np.log(np.maximum(r, 1e-300)), 0.0).sum())
+        s2 = self.p.spread_log_sd**2
+        spreads = ((math.log(self.sig_e / self.p.noise_sd)) ** 2
+                   + (math.log(self.sig_h / self.p.host_sd)) ** 2) / s2
+        return float(-0.5 * (rwr + logdet + logdet_h + spreads)
+                     - 0.5 * float((self.prec * (theta - self.mu) ** 2).sum())
+                     + self.count_log_prior(theta) + entropy)
 
     def update_weights(self) -> None:
         """EM's E-step for the host tails: each machine's weight from its host effect's
