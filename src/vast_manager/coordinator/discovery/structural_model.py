@@ -511,24 +511,9 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
         log_in_flight, d_in_flight = log_count, np.zeros_like(log_count)
     caps[:, 3] = (log_in_flight + math.log(360.0) - np.log(hold_s) + _ram_calibration(priors)
                   + t[_I["ram_scale"]])
-    # The fed GPUs (a soft-min of the GPUs and their link), then a soft-min of that,
-    # the CPU and the RAM; w is each capacity's share of the binding, d f / d log cap.
-    feed, v = _softmin(caps[:, [0, 2]], math.exp(t[_I["log_feed_sharpness"]]))
-    if priors.ram_form == "factor":
-        # RAM no limit of its own: it acts through the RAM-share term alone.
-        outer = np.stack([feed, caps[:, 1]], axis=1)
-        soft, u = _softmin(outer, math.exp(t[_I["log_sharpness"]]))
-        u = np.hstack([u, np.zeros((u.shape[0], 1))])
-        outer = np.hstack([outer, caps[:, [3]]])
-    else:
-        outer = np.stack([feed, caps[:, 1], caps[:, 3]], axis=1)
-        soft, u = _softmin(outer, math.exp(t[_I["log_sharpness"]]))
-    w = np.stack([u[:, 0] * v[:, 0], u[:, 1], u[:, 0] * v[:, 1], u[:, 2]], axis=1)
     factor = priors.ram_form == "factor"
-    per_gpu = t[_I["ram_per_gpu"]] if factor else 0.0
-    names = _HINGES + _LOW_HINGES if factor else _HINGES
-    hinges = _ram_hinges(d.ram_gib, per_gpu * d.n_log,
-                         RAM_HINGES_GIB + RAM_PER_GPU_HINGES_GIB if factor else RAM_HINGES_GIB)
+    soft, w, u, v, outer, feed = _bind(caps, t, factor)
+    names, hinges = _hinge_terms(t, d, factor)
     coefs = t[[_I[h] for h in names]]
     f = (soft + hinges @ coefs
          + t[_I["multi_gpu"]] * d.n_log + t[_I["host_share"]] * d.share_log
@@ -568,6 +553,34 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
         known = d.fam >= 0
         jac[rows[known], nf + n_gpu + d.fam[known]] = w_speed[known]
     return _Eval(f, caps, w, jac)
+
+
+def _bind(caps: Array, t: Array, factor: bool
+          ) -> tuple[Array, Array, Array, Array, Array, Array]:
+    """The fed GPUs (a soft-min of the GPUs and their link), then a soft-min of that, the
+    CPU and the RAM (with the RAM a factor, no limit of its own: it acts through the
+    RAM-share term alone). Returns the soft-min, w (each capacity's share of the binding,
+    d f / d log cap), and the outer and inner weights and inputs the Jacobian reads."""
+    feed, v = _softmin(caps[:, [0, 2]], math.exp(t[_I["log_feed_sharpness"]]))
+    if factor:
+        outer = np.stack([feed, caps[:, 1]], axis=1)
+        soft, u = _softmin(outer, math.exp(t[_I["log_sharpness"]]))
+        u = np.hstack([u, np.zeros((u.shape[0], 1))])
+        outer = np.hstack([outer, caps[:, [3]]])
+    else:
+        outer = np.stack([feed, caps[:, 1], caps[:, 3]], axis=1)
+        soft, u = _softmin(outer, math.exp(t[_I["log_sharpness"]]))
+    w = np.stack([u[:, 0] * v[:, 0], u[:, 1], u[:, 0] * v[:, 1], u[:, 2]], axis=1)
+    return soft, w, u, v, outer, feed
+
+
+def _hinge_terms(t: Array, d: _Design, factor: bool) -> tuple[tuple[str, ...], Array]:
+    """The RAM hinges' parameter names and columns: with the RAM a factor, read per
+    GPU^e and with the per-GPU knots added."""
+    if not factor:
+        return _HINGES, _ram_hinges(d.ram_gib)
+    return _HINGES + _LOW_HINGES, _ram_hinges(d.ram_gib, t[_I["ram_per_gpu"]] * d.n_log,
+                                              RAM_HINGES_GIB + RAM_PER_GPU_HINGES_GIB)
 
 
 def _ram_hinges(ram_gib: Array, shift_log: Array | float = 0.0,
