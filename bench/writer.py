@@ -23,8 +23,9 @@ What it does, in one command:
 ``--side-table`` alternates two stores instead, both as written: the database as the
 coordinator keeps it, and a copy whose instances' per-heartbeat columns (the gauges and
 the latest telemetry) live in a narrow table of their own keyed by the instance's id,
-the held statement aimed at it: what moving them off the wide instance row would save
-the writer (docs/performance.md, "What a heartbeat's rows cost the writer").
+the held rows' views (``held.install``) made of it: what moving them off the wide
+instance row would save the writer (docs/performance.md, "What a heartbeat's rows cost
+the writer").
 """
 
 from __future__ import annotations
@@ -115,29 +116,23 @@ def main() -> None:
 
     second = [False]  # the round is the second way's
     write_held = held_module.Held.write
-    statement = held_module._instances_update
 
     def maybe_write(held: held_module.Held, conn: sqlite3.Connection) -> None:
         if second[0] and not args.side_table:
             held.clear()
         write_held(held, conn)
 
-    def side_statement(columns: tuple[str, ...], count: int) -> str:
-        text = statement(columns, count)
-        if not second[0]:
-            return text
-        return text.replace("update instances", "update instance_live").replace(
-            "instances.id", "instance_live.id")
-
     held_module.Held.write = maybe_write  # type: ignore[method-assign,assignment]
-    held_module._instances_update = side_statement  # type: ignore[assignment]
     spent = {False: 0.0, True: 0.0}
     sent = {False: 0, True: 0}
 
     async def run() -> None:
         stores = {False: Store(paths[False], commit_window_s=0.0)}
-        stores[True] = (Store(paths[True], commit_window_s=0.0) if args.side_table
-                        else stores[False])
+        stores[True] = stores[False]
+        if args.side_table:
+            stores[True] = Store(paths[True], commit_window_s=0.0)
+            # The held rows' views (``held.install``) of the narrow table instead.
+            await stores[True].write(lambda tx: held_module.install(tx.db.conn, "instance_live"))
         # Each writer thread's own CPU clock (ns resolution; /proc's ticks are 10 ms).
         clocks = {k: time.pthread_getcpuclockid(s._thread.ident or 0) for k, s in stores.items()}
         seq = [1000]
@@ -171,7 +166,6 @@ def main() -> None:
         asyncio.run(run())
     finally:
         held_module.Held.write = write_held  # type: ignore[method-assign]
-        held_module._instances_update = statement
         shutil.rmtree(workdir)
     first, other = (1e6 * spent[k] / sent[k] for k in (False, True))
     print(f"  writer CPU, {ways[0]:22s} {first:6.1f} us/heartbeat")
