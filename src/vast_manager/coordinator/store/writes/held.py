@@ -74,8 +74,8 @@ def install(conn: sqlite3.Connection, table: str = "instances") -> None:
     One multi-row INSERT into the view then updates a batch's instances one by one inside
     SQLite, where ``UPDATE ... FROM (VALUES ...)`` first copied every row, its telemetry
     included, into two temporary tables (the values, then the rows to update with their
-    new values): 2-3 us of the writer's CPU less a heartbeat (docs/performance.md, "What a
-    heartbeat's rows cost the writer"). ``TEMP`` objects: the connection's own, so the
+    new values): about 3.5 us of the writer's CPU less a heartbeat, a ninth of it
+    (docs/performance.md, "What a heartbeat's rows cost the writer"). ``TEMP`` objects: the connection's own, so the
     database file's schema, its migrations and its replicas are as they were. (``table``:
     another table with these columns, for ``bench/writer.py --side-table``.)"""
     for columns, view in _COLUMN_SETS.items():
