@@ -46,13 +46,17 @@ async def test_one_turn_of_writes_commits_together_and_failures_stay_alone(
         store.close()
 
 
+async def _add_instances(store: Store, *ids: int) -> None:
+    for instance_id in ids:
+        await store.write(lambda tx, i=instance_id: tx.instances.add(
+            {"id": i, "kind": "deployed", "state": "booting", "created_at": 0.0}))
+
+
 async def test_latest_telemetry_is_in_its_table_once_answered(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     store = Store(path)
     try:
-        for instance_id in (7, 8):
-            await store.write(lambda tx, i=instance_id: tx.instances.add(
-                {"id": i, "kind": "deployed", "state": "booting", "created_at": 0.0}))
+        await _add_instances(store, 7, 8)
         await store.write(lambda tx: tx.heartbeats.upsert_telemetry(7, 1.0, '{"a": 1}'))
         await store.write(lambda tx: tx.heartbeats.upsert_telemetry(7, 2.0, '{"a": 2}'))
         # Read on another connection: committed, not merely held in memory.
@@ -117,9 +121,7 @@ async def test_held_rows_update_only_their_instances_and_leave_the_file_schema(
     path = tmp_path / "s.db"
     store = Store(path)
     try:
-        for instance_id in (7, 8):
-            await store.write(lambda tx, i=instance_id: tx.instances.add(
-                {"id": i, "kind": "deployed", "state": "booting", "created_at": 0.0}))
+        await _add_instances(store, 7, 8)
         for instance_id in (7, 99):
             await store.write(lambda tx, i=instance_id: tx.heartbeats.upsert_telemetry(
                 i, 3.0, '{"a": 3}'))

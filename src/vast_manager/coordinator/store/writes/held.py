@@ -75,9 +75,10 @@ def install(conn: sqlite3.Connection, table: str = "instances") -> None:
     SQLite, where ``UPDATE ... FROM (VALUES ...)`` first copied every row, its telemetry
     included, into two temporary tables (the values, then the rows to update with their
     new values): about 3.5 us of the writer's CPU less a heartbeat, a ninth of it
-    (docs/performance.md, "What a heartbeat's rows cost the writer"). ``TEMP`` objects: the connection's own, so the
-    database file's schema, its migrations and its replicas are as they were. (``table``:
-    another table with these columns, for ``bench/writer.py --side-table``.)"""
+    (docs/performance.md, "What a heartbeat's rows cost the writer"). ``TEMP`` objects:
+    the connection's own, so the database file's schema, its migrations and its replicas
+    are as they were. (``table``: another table with these columns, for
+    ``bench/writer.py --side-table``.)"""
     for columns, view in _COLUMN_SETS.items():
         conn.execute(f"drop view if exists temp.{view}")  # and its trigger
         conn.execute(f"create temp view {view} as select id, {', '.join(columns)} from {table}")
