@@ -46,13 +46,17 @@ async def test_one_turn_of_writes_commits_together_and_failures_stay_alone(
         store.close()
 
 
+async def _add_instances(store: Store, *ids: int) -> None:
+    for instance_id in ids:
+        await store.write(lambda tx, i=instance_id: tx.instances.add(
+            {"id": i, "kind": "deployed", "state": "booting", "created_at": 0.0}))
+
+
 async def test_latest_telemetry_is_in_its_table_once_answered(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     store = Store(path)
     try:
-        for instance_id in (7, 8):
-            await store.write(lambda tx, i=instance_id: tx.instances.add(
-                {"id": i, "kind": "deployed", "state": "booting", "created_at": 0.0}))
+        await _add_instances(store, 7, 8)
         await store.write(lambda tx: tx.heartbeats.upsert_telemetry(7, 1.0, '{"a": 1}'))
         await store.write(lambda tx: tx.heartbeats.upsert_telemetry(7, 2.0, '{"a": 2}'))
         # Read on another connection: committed, not merely held in memory.
@@ -104,5 +108,28 @@ async def test_a_commit_window_gathers_writes_of_several_loop_turns(tmp_path: Pa
         for i in range(3):
             await store.write(event(100 + i))
         assert store.commits - commits == 3
+    finally:
+        store.close()
+
+
+async def test_held_rows_update_only_their_instances_and_leave_the_file_schema(
+    tmp_path: Path,
+) -> None:
+    """Held rows go through the writer connection's own views (``held.install``): an id no
+    instance has adds no row, the other instances keep their columns, and the database
+    file holds no view or trigger of them (another connection sees none)."""
+    path = tmp_path / "s.db"
+    store = Store(path)
+    try:
+        await _add_instances(store, 7, 8)
+        for instance_id in (7, 99):
+            await store.write(lambda tx, i=instance_id: tx.heartbeats.upsert_telemetry(
+                i, 3.0, '{"a": 3}'))
+        with sqlite3.connect(path) as other:
+            rows = other.execute("select id, telemetry_at, telemetry_json from instances "
+                                 "order by id").fetchall()
+            assert rows == [(7, 3.0, '{"a": 3}'), (8, None, None)]
+            assert other.execute(
+                "select name from sqlite_master where name like 'held%'").fetchall() == []
     finally:
         store.close()

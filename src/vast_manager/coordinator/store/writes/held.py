@@ -52,18 +52,50 @@ def keep_newest(table: str, owner: str) -> str:
 # Multi-row statements write held rows in a few steps, not one per row: each step lets go
 # of the GIL, and getting it back from a busy event loop can take a switch interval
 # (5 ms), so a step per row made the writer crawl exactly when the fleet was busiest.
-# 64 rows of up to 12 values stay under the 999 parameters older SQLite builds allow.
 _ROWS_PER_STATEMENT = 64
-# UPDATE ... FROM arrived in SQLite 3.33; older builds update row by row.
-_UPDATE_FROM = sqlite3.sqlite_version_info >= (3, 33, 0)
+# Parameters a statement may have: 999 before SQLite 3.32, 32,766 since. A statement of
+# 64 instance rows has 1,024.
+_MAX_PARAMETERS = 32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
+
+#: The instance columns a transaction's held rows set together (``Held.write``), each set
+#: written through a view of its own on the writer's connection (``install``).
+_COLUMN_SETS: dict[tuple[str, ...], str] = {
+    HEARTBEAT_COLUMNS + INSTANCE_TELEMETRY_COLUMNS: "held_gauges_telemetry",
+    HEARTBEAT_COLUMNS: "held_gauges",
+    INSTANCE_TELEMETRY_COLUMNS: "held_telemetry",
+}
+
+
+def install(conn: sqlite3.Connection, table: str = "instances") -> None:
+    """On the writer's connection, for each of ``_COLUMN_SETS``: a view of those instance
+    columns, and a trigger that turns each row inserted into it into an update of its
+    instance (an id no instance has updates nothing).
+
+    One multi-row INSERT into the view then updates a batch's instances one by one inside
+    SQLite, where ``UPDATE ... FROM (VALUES ...)`` first copied every row, its telemetry
+    included, into two temporary tables (the values, then the rows to update with their
+    new values): about 3.5 us of the writer's CPU less a heartbeat, a ninth of it
+    (docs/performance.md, "What a heartbeat's rows cost the writer"). ``TEMP`` objects:
+    the connection's own, so the database file's schema, its migrations and its replicas
+    are as they were. (``table``: another table with these columns, for
+    ``bench/writer.py --side-table``.)"""
+    for columns, view in _COLUMN_SETS.items():
+        conn.execute(f"drop view if exists temp.{view}")  # and its trigger
+        conn.execute(f"create temp view {view} as select id, {', '.join(columns)} from {table}")
+        sets = ", ".join(f"{c} = new.{c}" for c in columns)
+        conn.execute(f"create temp trigger {view}_update instead of insert on {view} "
+                     f"begin update {table} set {sets} where id = new.id; end")
 
 
 def _chunks(rows: list[tuple[Any, ...]]) -> Iterator[list[tuple[Any, ...]]]:
-    """Power-of-two pieces (at most ``_ROWS_PER_STATEMENT``): a handful of statement texts
-    for SQLite's cache to keep compiled, whatever the batch size."""
+    """Power-of-two pieces (at most ``_ROWS_PER_STATEMENT``, and within ``_MAX_PARAMETERS``):
+    a handful of statement texts for SQLite's cache to keep compiled, whatever the batch
+    size."""
+    fits = min(_ROWS_PER_STATEMENT, _MAX_PARAMETERS // len(rows[0])) if rows else 1
+    most = 1 << (fits.bit_length() - 1)
     start = 0
     while start < len(rows):
-        size = min(_ROWS_PER_STATEMENT, 1 << ((len(rows) - start).bit_length() - 1))
+        size = min(most, 1 << ((len(rows) - start).bit_length() - 1))
         yield rows[start:start + size]
         start += size
 
@@ -76,13 +108,10 @@ def _values(width: int, count: int) -> str:
 
 @functools.cache
 def _instances_update(columns: tuple[str, ...], count: int) -> str:
-    """``count`` instance rows' ``columns`` in one statement (rows: the id, then the values)."""
-    cols = ("id", *columns)
-    return (
-        f"with u({', '.join(cols)}) as (values {_values(len(cols), count)}) "
-        f"update instances set {', '.join(f'{c} = u.{c}' for c in columns)} "
-        "from u where instances.id = u.id"
-    )
+    """``count`` instance rows' ``columns`` in one statement (rows: the id, then the values),
+    through the columns' view (``install``)."""
+    return (f"insert into {_COLUMN_SETS[columns]} (id, {', '.join(columns)}) "
+            f"values {_values(1 + len(columns), count)}")
 
 
 @functools.cache
@@ -100,11 +129,7 @@ def _write_rows(conn: sqlite3.Connection, statement: Callable[[int], str],
 def _update_instances(conn: sqlite3.Connection, columns: tuple[str, ...],
                       rows: list[tuple[Any, ...]]) -> None:
     """Set ``columns`` on each row's instance (a row: the id, then the values)."""
-    if _UPDATE_FROM:
-        _write_rows(conn, functools.partial(_instances_update, columns), rows)
-        return
-    sets = ", ".join(f"{c} = ?" for c in columns)
-    conn.executemany(f"update instances set {sets} where id = ?", [(*r[1:], r[0]) for r in rows])
+    _write_rows(conn, functools.partial(_instances_update, columns), rows)
 
 
 class Held:

@@ -12,7 +12,7 @@ import sqlite_utils
 
 from vast_manager.coordinator.store.migrations import ACTIVE_SQL, Row
 from vast_manager.coordinator.store.reads import Reads, one_row, rows_of
-from vast_manager.coordinator.store.writes.held import Held
+from vast_manager.coordinator.store.writes.held import Held, install
 
 #: The instance columns a heartbeat's job decides on (``Tx.hot_instance``).
 HOT_COLUMNS = ("id", "agent_id", "machine_id", "state", "last_seq", "terminate_reason",
@@ -38,6 +38,7 @@ class TxBase(Reads):
         # jobs before it are written, so undoing a failed job never undoes theirs.
         self._held_job = Held()
         self._held_batch = Held()
+        install(self._raw)  # the views the held rows are written through
         self._savepoint = False
         self.write_error: BaseException | None = None  # a held write failed: fail the batch
         self._history_last_at: dict[str, float] = {}
