@@ -96,24 +96,3 @@ def test_where_ram_binds_by_partitions_in_flight_the_capacity_form_stays() -> No
     assert model.summary()["ram_form"] == "capacity"
     few, _ = _fit(generate(20261205, 1000), n=20)
     assert few.summary()["ram_form"] == "capacity"
-
-
-def test_a_market_whose_gpus_add_up_amdahl_like_gets_the_amdahl_form() -> None:
-    """The market made at test time adds a host's GPUs up sub-linearly, k / (1 + s (k-1)):
-    the marginal likelihood prefers Amdahl's law to a power of the GPU count, with a
-    serial share above its prior's 0. Below the machines the choice needs, only the power
-    form is fitted, and the fit is the one the power form alone gives."""
-    rows = generate(20261205, 1000)
-    model, _ = _fit(rows)
-    s = model.summary()
-    assert s["gpu_scaling"] == "amdahl", s
-    assert 0.02 <= s["gpu_serial_share"] <= 0.3, s
-    few, held = _fit(rows, n=20)
-    assert few.summary()["gpu_scaling"] == "power"
-    assert few.summary()["gpu_serial_share"] == 0.0
-    cut = int(len(rows) * 0.6)
-    power = fit_rate_model(market_measurements(random.Random(1).sample(rows[:cut], 20)),
-                           now=0.0, priors=Priors(gpu_scaling="power"))
-    offers = [market_offer(r) for r in held[:50]]
-    assert [p.rate_per_hour for p in few.predict_offers(offers, explain=False)] == [
-        p.rate_per_hour for p in power.predict_offers(offers, explain=False)]

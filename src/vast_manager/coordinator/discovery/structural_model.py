@@ -133,13 +133,6 @@ class Priors:
     # marginal likelihood prefers (with fewer, "capacity").
     ram_form: str = "choose"
     ram_form_min_machines: int = 30
-    # How a host's GPUs add up: "power" (k GPUs make k times one's capacity, and the whole
-    # rate a power of k), "amdahl" (the GPUs' capacity k / (1 + s (k - 1)), s the share
-    # of a proof's GPU work that does not spread over them, learned, 0 a priori), or
-    # "choose": from ``ram_form_min_machines`` machines both are fitted (on the RAM form
-    # kept) and the marginal likelihood keeps one (with fewer, "power").
-    gpu_scaling: str = "choose"
-    gpu_serial_sd: float = 0.2
     # How sharp a step of the count is, in 1/partitions (a logistic in the RAM a host
     # leaves cuzk, which no offer shows): 4 = a quarter of a partition (5 GiB) wide.
     # Learned from which count measured hosts fall on.
@@ -197,11 +190,6 @@ _LOW_HINGES = tuple(f"ram_low_hinge_{i}" for i in range(len(RAM_PER_GPU_HINGES_G
 
 #: How the RAM share may act (``Priors.ram_form``).
 RAM_FORMS = ("choose", "capacity", "factor")
-#: How a host's GPUs add up (``Priors.gpu_scaling``).
-GPU_SCALINGS = ("choose", "power", "amdahl")
-#: The least serial share the Amdahl form reads (a little super-linear at most: 1 - 0.1 x
-#: 7 keeps an 8-GPU host's denominator positive).
-_MIN_GPU_SERIAL = -0.1
 
 #: The parameters shared by every offer, in the order of the parameter vector.
 FIXED = (
@@ -209,7 +197,7 @@ FIXED = (
     "ghz_exponent", "log_sharpness", "multi_gpu", "host_share", "mem_bw_deviation",
     "dlperf_deviation",
     "disk_bw", "inet_down", "reliability", "log_step_sharpness", "vcpu_exponent",
-    "log_feed_sharpness", "shared_link", *_HINGES, "ram_per_gpu", *_LOW_HINGES, "gpu_serial",
+    "log_feed_sharpness", "shared_link", *_HINGES, "ram_per_gpu", *_LOW_HINGES,
 )
 _I = {name: i for i, name in enumerate(FIXED)}
 
@@ -502,8 +490,7 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
     t = theta
     speed = t[_I["ghz_exponent"]] * d.ghz_log + delta_fam[d.fam] + cpu_boost
     caps = np.empty((d.n_log.shape[0], 4))
-    serial_log, d_serial = _gpu_serial(t, d, priors)
-    caps[:, 0] = (d.n_log - serial_log + d.g0 + t[_I["gpu_scale"]] + delta_gpu[d.gpu]
+    caps[:, 0] = (d.n_log + d.g0 + t[_I["gpu_scale"]] + delta_gpu[d.gpu]
                   + t[_I["mem_bw_deviation"]] * d.bwdev + t[_I["dlperf_deviation"]] * d.dldev)
     ref_vcpus = math.log(priors.cpu_ref_vcpus)
     caps[:, 1] = (t[_I["vcpu_exponent"]] * (d.cores_log - ref_vcpus)
@@ -553,7 +540,6 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
             jac[:, _I[h]] = hinges[:, j]
         if factor:
             jac[:, _I["ram_per_gpu"]] = ((hinges > 0.0) @ coefs) * d.n_log
-        jac[:, _I["gpu_serial"]] = -w[:, 0] * d_serial
         jac[:, _I["multi_gpu"]] = d.n_log
         jac[:, _I["host_share"]] = d.share_log
         jac[:, _I["mem_bw_deviation"]] = w[:, 0] * d.bwdev
@@ -567,21 +553,6 @@ def _evaluate(theta: Array, d: _Design, priors: Priors, n_gpu: int, n_fam: int,
         known = d.fam >= 0
         jac[rows[known], nf + n_gpu + d.fam[known]] = w_speed[known]
     return _Eval(f, caps, w, jac)
-
-
-def _gpu_serial(t: Array, d: _Design, priors: Priors) -> tuple[Array, Array]:
-    """(log(1 + s (k - 1)), its derivative in s) for k GPUs: what Amdahl's law takes from
-    k times one GPU's capacity where a share s of the GPU work does not spread over them
-    (``Priors.gpu_scaling``); zeros in the power form."""
-    if priors.gpu_scaling != "amdahl":
-        zero = np.zeros_like(d.n_log)
-        return zero, zero
-    serial = float(t[_I["gpu_serial"]])
-    extra = np.exp(d.n_log) - 1.0
-    held = max(serial, _MIN_GPU_SERIAL)
-    denominator = 1.0 + held * extra
-    slope = extra / denominator if serial >= _MIN_GPU_SERIAL else np.zeros_like(extra)
-    return np.log(denominator), slope
 
 
 def _bind(caps: Array, t: Array, factor: bool
@@ -779,8 +750,6 @@ class RateModel:
             "shared_link_exponent": self.parameter("shared_link")[0],
             "ram_form": p.ram_form,
             "ram_per_gpu_exponent": self.parameter("ram_per_gpu")[0],
-            "gpu_scaling": p.gpu_scaling,
-            "gpu_serial_share": self.parameter("gpu_serial")[0],
             "ram_share_term_at_128_gib": float(
                 _ram_hinges(np.array([128.0]))[0] @ self.theta[[_I[h] for h in _HINGES]]),
             "gpu_models": {
@@ -1098,7 +1067,6 @@ def _prior_arrays(priors: Priors, n_gpu: int, n_fam: int) -> tuple[Array, Array]
         "vcpu_exponent": p.vcpu_exponent_sd, "log_feed_sharpness": p.feed_sharpness_sd,
         "shared_link": p.shared_link_sd,
         **{h: p.ram_hinge_sd for h in _HINGES + _LOW_HINGES}, "ram_per_gpu": p.ram_per_gpu_sd,
-        "gpu_serial": p.gpu_serial_sd,
     }
     mu = np.array([mean[k] for k in FIXED] + [0.0] * (n_gpu + n_fam))
     sds = np.array([sd[k] for k in FIXED] + [p.gpu_model_sd] * n_gpu + [p.cpu_family_sd] * n_fam)
@@ -1154,31 +1122,18 @@ def fit_rate_model(
     p = priors or Priors()
     if p.ram_form not in RAM_FORMS:
         raise ValueError(f"ram_form {p.ram_form!r}: expected one of {', '.join(RAM_FORMS)}")
-    if p.gpu_scaling not in GPU_SCALINGS:
-        raise ValueError(f"gpu_scaling {p.gpu_scaling!r}: expected one of "
-                         f"{', '.join(GPU_SCALINGS)}")
     # The matrices are small (parameters x parameters): BLAS threads only contend,
     # and on a shared two-core host they made the fit a hundred times slower.
     with threadpool_limits(1, "blas"):
-        few = len({m.machine_id for m in measurements}) < p.ram_form_min_machines
-        if few:
-            # Below the forms' threshold the defaults alone (planning happens here).
-            p = replace(p, ram_form="capacity" if p.ram_form == "choose" else p.ram_form,
-                        gpu_scaling="power" if p.gpu_scaling == "choose" else p.gpu_scaling)
-        first = replace(p, gpu_scaling="power") if p.gpu_scaling == "choose" else p
-        if p.ram_form == "choose":
-            # The RAM share as a factor on the whole rate instead of a limit
-            # (docs/discovery.md, section 2): kept where the measurements make it likelier.
-            best = max((_fit(measurements, now, replace(first, ram_form=form))
-                        for form in ("capacity", "factor")), key=lambda fit: fit[1])
-        else:
-            best = _fit(measurements, now, first)
-        if p.gpu_scaling != "choose":
-            return best[0]
-        # The GPUs adding up as Amdahl's law has it instead of a power of their count
-        # (section 2), on the RAM form kept: kept where the measurements make it likelier.
-        amdahl = _fit(measurements, now, replace(best[0].priors, gpu_scaling="amdahl"))
-        return max((best, amdahl), key=lambda fit: fit[1])[0]
+        if p.ram_form != "choose":
+            return _fit(measurements, now, p)[0]
+        capacity, capacity_evidence = _fit(measurements, now, replace(p, ram_form="capacity"))
+        if len({m.machine_id for m in measurements}) < p.ram_form_min_machines:
+            return capacity
+        # The RAM share as a factor on the whole rate instead of a limit (docs/discovery.md,
+        # section 2): kept where the measurements make it the likelier form.
+        factor, factor_evidence = _fit(measurements, now, replace(p, ram_form="factor"))
+        return factor if factor_evidence > capacity_evidence else capacity
 
 
 def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors
