@@ -156,6 +156,7 @@ class Priors:
     # riser the host's GPUs share, which the offer's per-GPU pcie_bw does not show: each
     # GPU's bandwidth is divided by (the host's GPUs)^s, s learned, 0 a priori.
     shared_link_max_lanes: int = 8
+    shared_link: float = 0.0
     shared_link_sd: float = 0.3
     other_sd: float = 0.05
     deviation_coef: float = 0.5
@@ -1056,6 +1057,7 @@ def _prior_arrays(priors: Priors, n_gpu: int, n_fam: int) -> tuple[Array, Array]
     mean["log_step_sharpness"] = math.log(p.partition_step_sharpness)
     mean["vcpu_exponent"] = p.vcpu_exponent
     mean["log_feed_sharpness"] = math.log(p.feed_sharpness)
+    mean["shared_link"] = p.shared_link
     sd = {
         "gpu_scale": p.gpu_scale_sd, "cpu_scale": p.cpu_scale_sd, "pcie_scale": p.pcie_scale_sd,
         "ram_scale": p.ram_scale_sd, "ram_resident": p.ram_resident_sd,
