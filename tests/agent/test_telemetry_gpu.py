@@ -149,7 +149,10 @@ def test_pcie_throughput_never_reads_above_the_link(tmp_path: Path, rx_fraction:
                                   "gpu_lanes": 4, "pcie_bw": 3.8})
     state = tmp_path / "state.json"
     link_state(state, 3, 4, rx_fraction * gen3_x4_kbps, 0.02 * gen3_x4_kbps)
-    fake = FakeNvml(profile, str(state), latency_scale=0.0, noise=True, wall_clock=lambda: T0)
+    # Seeded: the mean of 2,000 readings errs by 0.3% (one sd) and missed 1% about once in a few
+    # hundred unseeded runs; the cut's symmetry is what is checked, not one draw's luck.
+    fake = FakeNvml(profile, str(state), latency_scale=0.0, noise=True, wall_clock=lambda: T0,
+                    seed=7)
     (dev,) = open_devices(Nvml(fake, register_atexit=False))
     rx = [dev.pcie_rx_kbps() for _ in range(2000)]
     tx = [dev.pcie_tx_kbps() for _ in range(2000)]
