@@ -72,6 +72,13 @@ def test_writer_side_table_quick() -> None:
 
 
 @pytest.mark.slow  # a bench process of its own (15-50 s on 2 cores)
+def test_writer_update_from_quick() -> None:
+    text = _run("writer.py", "--update-from")
+    assert "views (as now)" in text and "UPDATE ... FROM" in text
+    assert "the views save" in text
+
+
+@pytest.mark.slow  # a bench process of its own (15-50 s on 2 cores)
 def test_agent_path_quick() -> None:
     # Every heartbeat both ways was answered 200 (the bench exits non-zero otherwise).
     text = _run("agent_path.py")
