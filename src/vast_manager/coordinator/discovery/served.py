@@ -41,8 +41,11 @@ from typing import Any
 import msgspec
 import numpy as np
 from numpy.typing import NDArray
-from sklearn.ensemble import HistGradientBoostingRegressor
-from sklearn.model_selection import GroupKFold
+from sklearn.compose import ColumnTransformer
+from sklearn.ensemble import ExtraTreesRegressor, HistGradientBoostingRegressor
+from sklearn.model_selection import GroupKFold, KFold
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import TargetEncoder
 from threadpoolctl import threadpool_limits
 
 from vast_manager.coordinator.discovery.features import FeatureError, offer_features
@@ -156,8 +159,31 @@ def _plain_learner() -> Any:
     return _learner(len(PLAIN_FIELDS) + 1 + len(SHARE_COLUMNS), [len(PLAIN_FIELDS)])
 
 
+#: ``residual_matrix``'s categorical columns: the GPU model's code, the binding resource.
+RESIDUAL_CATEGORICAL = (len(PLAIN_FIELDS), len(PLAIN_FIELDS) + 1 + 5)
+
+
 def _residual_learner() -> Any:
-    return _learner(len(PLAIN_FIELDS) + 11, [len(PLAIN_FIELDS), len(PLAIN_FIELDS) + 1 + 5])
+    """Extremely randomised trees on the residual: the log ratio the physics leaves over
+    is small beside the benchmark's noise, and boosting fits each stage to what the last
+    left, noise included, where averaging many trees each split at random thresholds
+    only smooths it. Missing fields go to the trees as NaN (scikit-learn's trees route
+    them since 1.6). The categorical columns are target-encoded, each category read as
+    the residual's mean over it, cross-fitted (``TargetEncoder``), so that a split orders
+    the categories by what they do as the boosted learner's native categories did; an
+    unseen category reads the overall mean."""
+    categorical = list(RESIDUAL_CATEGORICAL)
+    rest = [c for c in range(len(PLAIN_FIELDS) + 11) if c not in RESIDUAL_CATEGORICAL]
+    encode = ColumnTransformer([
+        ("categories", TargetEncoder(target_type="continuous",
+                                     cv=KFold(5, shuffle=True, random_state=0)), categorical),
+        ("fields", "passthrough", rest),
+    ])
+    # Half the columns a split, a floor on leaf size: a few hundred machines must not be
+    # memorised. One thread, as the fit runs (``fit_served_model``).
+    forest = ExtraTreesRegressor(n_estimators=200, min_samples_leaf=5, max_features=0.5,
+                                 random_state=0, n_jobs=1)
+    return make_pipeline(encode, forest)
 
 
 def mdape_log(log_pred: Array, log_true: Array) -> float:
