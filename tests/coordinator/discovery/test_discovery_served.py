@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-
 from sklearn.ensemble import ExtraTreesRegressor
 from sklearn.preprocessing import TargetEncoder
 

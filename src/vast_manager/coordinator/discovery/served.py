@@ -4,12 +4,13 @@ The structural model (``structural_model.py``) encodes cuzk's physics; a market 
 otherwise. So it is one candidate of three, and the evidence picks:
 
 - ``structural``: the structural model's point;
-- ``residual``: the structural point times what a gradient-boosted tree ensemble
-  (scikit-learn's ``HistGradientBoostingRegressor``) learns of the log ratio the physics
-  leaves over, from the offer's fields and the structural model's capacities and binding
-  resource;
-- ``plain``: the same learner on the offer's plain fields and the instance's share
-  (its RAM, vCPUs, share of the host, GPUs, PCIe per GPU) alone (log rate).
+- ``residual``: the structural point times what a forest of extremely randomised trees
+  (scikit-learn's ``ExtraTreesRegressor``, ``_residual_learner``) learns of the log ratio
+  the physics leaves over, from the offer's fields and the structural model's capacities
+  and binding resource;
+- ``plain``: a gradient-boosted tree ensemble (``HistGradientBoostingRegressor``) on the
+  offer's plain fields and the instance's share (its RAM, vCPUs, share of the host, GPUs,
+  PCIe per GPU) alone (log rate).
 
 Each is scored by cross-validation grouped by machine (scikit-learn's ``GroupKFold``: one
 machine's measurements are never on both sides of a fold), on the median absolute
@@ -167,8 +168,8 @@ def _residual_learner() -> Any:
     """Extremely randomised trees on the residual: the log ratio the physics leaves over
     is small beside the benchmark's noise, and boosting fits each stage to what the last
     left, noise included, where averaging many trees each split at random thresholds
-    only smooths it. Missing fields go to the trees as NaN (scikit-learn's trees route
-    them since 1.6). The categorical columns are target-encoded, each category read as
+    only smooths it. Missing fields go to the trees as NaN, which scikit-learn's extra
+    trees take natively. The categorical columns are target-encoded, each category read as
     the residual's mean over it, cross-fitted (``TargetEncoder``), so that a split orders
     the categories by what they do as the boosted learner's native categories did; an
     unseen category reads the overall mean."""
