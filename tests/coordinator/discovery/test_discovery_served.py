@@ -26,6 +26,7 @@ from vast_manager.coordinator.discovery.served import (
     PLAIN_FIELDS,
     RESIDUAL_CATEGORICAL,
     _conformal,
+    _residual_learner,
     benchmark_noise_sd,
     fit_served_model,
     residual_matrix,
@@ -266,3 +267,18 @@ def test_the_residual_learner_reads_missing_fields_and_categories(
     (p,) = served.predict_offers([offer(unseen)])
     assert isinstance(p, Prediction) and math.isfinite(p.rate_per_hour)
     assert p.rate_low < p.rate_per_hour < p.rate_high
+
+
+def test_the_residual_forest_stays_small_as_the_fleet_grows() -> None:
+    """A leaf holds at least 5 rows or 2% of them: at 3,000 rows no tree of the forest
+    passes 50 leaves, where 5 a leaf would let it reach 600."""
+    rng = np.random.default_rng(0)
+    rows = 3000
+    x = rng.normal(size=(rows, len(PLAIN_FIELDS) + 11))
+    for c in RESIDUAL_CATEGORICAL:
+        x[:, c] = rng.integers(0, 4, rows)
+    x[rng.random(x.shape) < 0.1] = np.nan
+    y = 0.1 * np.tanh(np.nan_to_num(x[:, 0])) + rng.normal(0.0, 0.05, rows)
+    forest = _residual_learner(rows).fit(x, y)[-1]
+    assert max(tree.get_n_leaves() for tree in forest.estimators_) <= 50
+    assert _residual_learner(240)[-1].min_samples_leaf == 5

@@ -164,15 +164,23 @@ def _plain_learner() -> Any:
 RESIDUAL_CATEGORICAL = (len(PLAIN_FIELDS), len(PLAIN_FIELDS) + 1 + 5)
 
 
-def _residual_learner() -> Any:
-    """Extremely randomised trees on the residual: the log ratio the physics leaves over
-    is small beside the benchmark's noise, and boosting fits each stage to what the last
-    left, noise included, where averaging many trees each split at random thresholds
-    only smooths it. Missing fields go to the trees as NaN, which scikit-learn's extra
-    trees take natively. The categorical columns are target-encoded, each category read as
-    the residual's mean over it, cross-fitted (``TargetEncoder``), so that a split orders
-    the categories by what they do as the boosted learner's native categories did; an
-    unseen category reads the overall mean."""
+#: The residual forest's leaves hold at least this many rows, or this share of them:
+#: the residual is a smooth correction, and more rows should firm up its leaves' means,
+#: not grow each tree (200 trees of a leaf per 5 of 10,000 rows pickle to 47 MB and
+#: double the fit; a leaf per 2% keeps a tree near 50 leaves at any size).
+MIN_LEAF_ROWS = 5
+MIN_LEAF_SHARE = 0.02
+
+
+def _residual_learner(rows: int) -> Any:
+    """Extremely randomised trees on the residual of ``rows`` rows: the log ratio the
+    physics leaves over is small beside the benchmark's noise, and boosting fits each
+    stage to what the last left, noise included, where averaging many trees each split
+    at random thresholds only smooths it. Missing fields go to the trees as NaN, which
+    scikit-learn's extra trees take natively. The categorical columns are target-encoded,
+    each category read as the residual's mean over it, cross-fitted (``TargetEncoder``),
+    so that a split orders the categories by what they do as the boosted learner's
+    native categories did; an unseen category reads the overall mean."""
     categorical = list(RESIDUAL_CATEGORICAL)
     rest = [c for c in range(len(PLAIN_FIELDS) + 11) if c not in RESIDUAL_CATEGORICAL]
     encode = ColumnTransformer([
@@ -180,9 +188,9 @@ def _residual_learner() -> Any:
                                      cv=KFold(5, shuffle=True, random_state=0)), categorical),
         ("fields", "passthrough", rest),
     ])
-    # Half the columns a split, a floor on leaf size: a few hundred machines must not be
-    # memorised. One thread, as the fit runs (``fit_served_model``).
-    forest = ExtraTreesRegressor(n_estimators=200, min_samples_leaf=5, max_features=0.5,
+    # Half the columns a split; one thread, as the fit runs (``fit_served_model``).
+    leaf = max(MIN_LEAF_ROWS, math.ceil(MIN_LEAF_SHARE * rows))
+    forest = ExtraTreesRegressor(n_estimators=200, min_samples_leaf=leaf, max_features=0.5,
                                  random_state=0, n_jobs=1)
     return make_pipeline(encode, forest)
 
@@ -571,7 +579,7 @@ def _fit_learners(offers: list[Offer], log_rate: Array,
     preds = structural.predict_offers(offers, explain=False)
     sp = [p for p in preds if isinstance(p, Prediction)]
     assert len(sp) == len(offers)
-    residual = _residual_learner().fit(
+    residual = _residual_learner(len(offers)).fit(
         _no_empty_columns(residual_matrix(offers, sp, gpu_codes)),
         log_rate - np.log([p.rate_per_hour for p in sp]))
     plain = _plain_learner().fit(_no_empty_columns(plain_share_matrix(offers, gpu_codes)),
