@@ -362,6 +362,14 @@ class ServerProcess:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
+    def cpus(self) -> list[int]:
+        """The CPUs any thread of the process may run on (``--pin`` holds them all)."""
+        allowed: set[int] = set()
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+                allowed |= os.sched_getaffinity(int(task.name))
+        return sorted(allowed)
+
     def main_thread_cpu_s(self) -> float:
         """CPU seconds of the event loop's thread alone (the rest: the store writer)."""
         pid = self.proc.pid
@@ -640,6 +648,7 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         "cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
         "lat": latencies, "send_lat": send_latencies, "sent_in_window": wall <= duration + 1.0,
         "paces": {str(k): v for k, v in paces.items()}, "heard": len(heard),
+        "cpus": sorted(os.sched_getaffinity(0)),
     }
 
 
@@ -694,6 +703,7 @@ def drive(url: str, workdir: Path, agents: list[list[Any]], *, mode: str, worker
         wall = time.perf_counter() - t0
         u1, s1 = server.cpu_split() if server else (0.0, 0.0)
         m1 = server.main_thread_cpu_s() if server else 0.0
+        server_cpus = server.cpus() if server else []
         cpu0, cpu1 = u0 + s0, u1 + s1
     finally:
         for p in procs:
@@ -733,6 +743,9 @@ def drive(url: str, workdir: Path, agents: list[list[Any]], *, mode: str, worker
         # JSON keys are text: "15" -> answers with next_heartbeat_s 15.
         "paces": {str(k): paces[k] for k in sorted(paces)},
         "heard": sum(r["heard"] for r in results),
+        # Where the processes ran: every CPU unless --pin held them.
+        "server_cpus": server_cpus,
+        "generator_cpus": sorted({c for r in results for c in r["cpus"]}),
     }
 
 
