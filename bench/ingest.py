@@ -1195,8 +1195,9 @@ def main() -> None:
                              "from git), alternated, each round beside bare aiohttp")
     parser.add_argument("--rounds", type=int, default=2, help="rounds with --old (default 2)")
     parser.add_argument("--pin", action="store_true",
-                        help="hold every server (bare and coordinators alike) to CPU 0 and the "
-                             "load generators to the other CPUs (needs 2 or more)")
+                        help="hold every server (bare and coordinators alike) to the first CPU "
+                             "this run may use (CPU 0) and the load generators to the others "
+                             "(needs 2 or more)")
     parser.add_argument("--json-out", help="also write the figures as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()
@@ -1221,9 +1222,10 @@ def main() -> None:
         args.budget = 10.0 if args.budget is None else args.budget
         args.fleets = args.fleets or [30]
     if args.pin:
-        if CORES < 2:
+        allowed = sorted(os.sched_getaffinity(0))
+        if len(allowed) < 2:
             raise SystemExit("--pin needs 2 or more CPUs")
-        PINNED.update(server="0", generator=",".join(str(c) for c in range(1, CORES)))
+        PINNED.update(server=str(allowed[0]), generator=",".join(map(str, allowed[1:])))
     if args.ladder:
         args.fleets = list(LADDER)
     if args.fleets is None:
