@@ -82,6 +82,14 @@ BAR_P99_MS = 100.0
 BAR_SENT_FRACTION = 0.98
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 CORES = os.cpu_count() or 1
+#: ``--pin``: the CPUs each kind of process may run on (``BENCH_CPUS`` in its environment).
+PINNED: dict[str, str] = {}
+
+
+def pinned_env(env: dict[str, str], kind: str) -> dict[str, str]:
+    """``env`` for a process of ``kind`` (``server`` or ``generator``): with ``--pin``, the
+    CPUs it is held to, which the process applies to itself before anything else."""
+    return {**env, "BENCH_CPUS": PINNED[kind]} if kind in PINNED else env
 
 
 # --- messages ----------------------------------------------------------------------
@@ -335,7 +343,7 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--role", role,
              "--ready-file", str(self.ready)],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            env=pinned_env(env, "server"), stdout=self.log, stderr=subprocess.STDOUT,
         )
         # A coordinator starting on a large fleet derives every agent's key first.
         deadline = time.monotonic() + 300
@@ -353,6 +361,14 @@ class ServerProcess:
         """(user, system) CPU seconds of the process, all threads."""
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+    def cpus(self) -> list[int]:
+        """The CPUs any thread of the process may run on (``--pin`` holds them all)."""
+        allowed: set[int] = set()
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+                allowed |= os.sched_getaffinity(int(task.name))
+        return sorted(allowed)
 
     def main_thread_cpu_s(self) -> float:
         """CPU seconds of the event loop's thread alone (the rest: the store writer)."""
@@ -632,6 +648,7 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         "cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
         "lat": latencies, "send_lat": send_latencies, "sent_in_window": wall <= duration + 1.0,
         "paces": {str(k): v for k, v in paces.items()}, "heard": len(heard),
+        "cpus": sorted(os.sched_getaffinity(0)),
     }
 
 
@@ -673,7 +690,8 @@ def drive(url: str, workdir: Path, agents: list[list[Any]], *, mode: str, worker
             "check_signature": check_signature, "warmup_s": warmup_s,
         }))
         procs.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()),
-                                       "--role", "worker", "--spec", str(spec_file)]))
+                                       "--role", "worker", "--spec", str(spec_file)],
+                                      env=pinned_env(dict(os.environ), "generator")))
     try:
         while time.time() < start_at + warmup_s:
             time.sleep(0.01)
@@ -685,6 +703,7 @@ def drive(url: str, workdir: Path, agents: list[list[Any]], *, mode: str, worker
         wall = time.perf_counter() - t0
         u1, s1 = server.cpu_split() if server else (0.0, 0.0)
         m1 = server.main_thread_cpu_s() if server else 0.0
+        server_cpus = server.cpus() if server else []
         cpu0, cpu1 = u0 + s0, u1 + s1
     finally:
         for p in procs:
@@ -724,6 +743,9 @@ def drive(url: str, workdir: Path, agents: list[list[Any]], *, mode: str, worker
         # JSON keys are text: "15" -> answers with next_heartbeat_s 15.
         "paces": {str(k): paces[k] for k in sorted(paces)},
         "heard": sum(r["heard"] for r in results),
+        # Where the processes ran: every CPU unless --pin held them.
+        "server_cpus": server_cpus,
+        "generator_cpus": sorted({c for r in results for c in r["cpus"]}),
     }
 
 
@@ -1038,7 +1060,9 @@ def compare_run(args: argparse.Namespace) -> dict[str, Any]:
                                for i, a in enumerate(ids)]
     print(f"provisioned {len(ids)} agents in {took:.1f} s; {args.rounds} round(s): bare "
           f"aiohttp, then this tree and {args.old} in turn, {args.seconds:g} s each, "
-          f"{args.workers} generator process(es) x {args.concurrency} in flight", flush=True)
+          f"{args.workers} generator process(es) x {args.concurrency} in flight"
+          + (f"; servers on CPU {PINNED['server']}, generators on {PINNED['generator']}"
+             if PINNED else ""), flush=True)
     rounds: list[dict[str, Any]] = []
     try:
         for n in range(args.rounds):
@@ -1170,9 +1194,16 @@ def main() -> None:
                         help="saturation only: this tree's coordinator beside REV's (its src/ "
                              "from git), alternated, each round beside bare aiohttp")
     parser.add_argument("--rounds", type=int, default=2, help="rounds with --old (default 2)")
+    parser.add_argument("--pin", action="store_true",
+                        help="hold every server (bare and coordinators alike) to the first CPU "
+                             "this run may use (CPU 0) and the load generators to the others "
+                             "(needs 2 or more)")
     parser.add_argument("--json-out", help="also write the figures as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()
+    cpus = os.environ.get("BENCH_CPUS")
+    if cpus and args.role != "run":  # before any thread starts: the threads inherit it
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
     if args.role == "coordinator":
         role_coordinator(args.ready_file)
         return
@@ -1190,6 +1221,11 @@ def main() -> None:
         args.base_pace = 1 if args.base_pace is None else args.base_pace
         args.budget = 10.0 if args.budget is None else args.budget
         args.fleets = args.fleets or [30]
+    if args.pin:
+        allowed = sorted(os.sched_getaffinity(0))
+        if len(allowed) < 2:
+            raise SystemExit("--pin needs 2 or more CPUs")
+        PINNED.update(server=str(allowed[0]), generator=",".join(map(str, allowed[1:])))
     if args.ladder:
         args.fleets = list(LADDER)
     if args.fleets is None:

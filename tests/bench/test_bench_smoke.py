@@ -7,6 +7,7 @@ set (``-m slow``, which CI runs too).
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -47,6 +48,8 @@ def test_ingest_quick(tmp_path: Path) -> None:
         assert "no rung met the bar here" in text
     for side in ("bare", "coordinator"):
         assert figures[side]["accepted"] > 0
+        # Unpinned, the processes run where the machine lets them.
+        assert figures[side]["server_cpus"] == sorted(os.sched_getaffinity(0))
         # A server that answered heartbeats spent CPU on them, and the bench measured it.
         assert figures[side]["server_cpu_s"] > 0
     # Every heartbeat sent was answered 200 and signed by the coordinator.
@@ -55,6 +58,24 @@ def test_ingest_quick(tmp_path: Path) -> None:
     assert figures["bad_signatures"] == 0
     assert figures["rungs"] and figures["rungs"][0]["counts"]["offered"] > 0
     assert figures["http_agents"] == 2
+
+
+@pytest.mark.slow  # a bench process of its own (15-50 s on 2 cores)
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--pin needs 2 CPUs")
+def test_ingest_quick_pinned(tmp_path: Path) -> None:
+    """``--pin`` holds every server thread to the first CPU the run may use and the
+    generators to the others, in every part of the run (the servers measured against each
+    other are held alike)."""
+    out_file = tmp_path / "ingest.json"
+    text = _run("ingest.py", "--pin", "--json-out", str(out_file))
+    assert "ratio: coordinator CPU per heartbeat" in text
+    figures = orjson.loads(out_file.read_bytes())
+    allowed = sorted(os.sched_getaffinity(0))
+    for part in (figures["bare"], figures["coordinator"], *figures["rungs"]):
+        assert part["server_cpus"] == allowed[:1]
+        assert part["generator_cpus"] == allowed[1:]
+        assert part["accepted"] > 0
+    assert figures["lost"] == 0 and figures["bad_signatures"] == 0
 
 
 @pytest.mark.slow  # a bench process of its own (15-50 s on 2 cores)
