@@ -15,14 +15,21 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from sklearn.ensemble import ExtraTreesRegressor
+from sklearn.preprocessing import TargetEncoder
 
 from vast_manager.coordinator.discovery.served import (
+    BOTTLENECKS,
     CANDIDATES,
     MIN_CV_MACHINES,
     MIN_GROUP_ROWS,
+    PLAIN_FIELDS,
+    RESIDUAL_CATEGORICAL,
     _conformal,
+    _residual_learner,
     benchmark_noise_sd,
     fit_served_model,
+    residual_matrix,
 )
 from vast_manager.coordinator.discovery.structural_model import Prediction
 
@@ -225,3 +232,53 @@ def test_a_replaced_prior_reaches_every_fit(monkeypatch: pytest.MonkeyPatch) -> 
     model = fit_served_model([], now=0.0)
     assert model.structural.priors.host_sd == 0.08
     assert model.structural.priors.host_tail_dof == 30.0
+
+
+def test_the_residual_learner_reads_missing_fields_and_categories(
+        contended: list[dict[str, Any]]) -> None:
+    """vast.ai leaves fields out: the residual candidate's forest fits and predicts with
+    a field some offers lack, one no offer reports, and a GPU model it never saw; its
+    categorical columns (the GPU model's code, the binding resource) are the ones it
+    target-encodes."""
+    rng = random.Random(3)
+    rows = []
+    for r in contended[:120]:
+        row = {k: v for k, v in r.items() if k != "dlperf"}
+        if rng.random() < 0.3:
+            row.pop("gpu_mem_bw", None)
+            row.pop("total_flops", None)
+        rows.append(row)
+    served = fit_served_model(measured(rows), now=0.0)
+    assert served.residual is not None
+    assert isinstance(served.residual[-1], ExtraTreesRegressor)
+    encode = served.residual[0]
+    assert tuple(encode.transformers_[0][2]) == RESIDUAL_CATEGORICAL
+    assert isinstance(encode.transformers_[0][1], TargetEncoder)
+    offers = [offer(r) for r in rows[:40]]
+    preds = served.structural.predict_offers(offers, explain=False)
+    x = residual_matrix(offers, preds, served.gpu_codes)  # type: ignore[arg-type]
+    gpu, binding = (x[:, c] for c in RESIDUAL_CATEGORICAL)
+    assert set(gpu) <= set(served.gpu_codes.values())
+    assert set(binding) <= set(range(len(BOTTLENECKS)))
+    assert np.isnan(x[:, PLAIN_FIELDS.index("dlperf")]).all()
+    # A new host of a model no training row has, missing the fields the fit saw.
+    unseen = {k: v for k, v in contended[1500].items() if k not in ("gpu_mem_bw", "dlperf")}
+    unseen["gpu_name"] = "RTX 9999"
+    (p,) = served.predict_offers([offer(unseen)])
+    assert isinstance(p, Prediction) and math.isfinite(p.rate_per_hour)
+    assert p.rate_low < p.rate_per_hour < p.rate_high
+
+
+def test_the_residual_forest_stays_small_as_the_fleet_grows() -> None:
+    """A leaf holds at least 5 rows or 2% of them: at 3,000 rows no tree of the forest
+    passes 50 leaves, where 5 a leaf would let it reach 600."""
+    rng = np.random.default_rng(0)
+    rows = 3000
+    x = rng.normal(size=(rows, len(PLAIN_FIELDS) + 11))
+    for c in RESIDUAL_CATEGORICAL:
+        x[:, c] = rng.integers(0, 4, rows)
+    x[rng.random(x.shape) < 0.1] = np.nan
+    y = 0.1 * np.tanh(np.nan_to_num(x[:, 0])) + rng.normal(0.0, 0.05, rows)
+    forest = _residual_learner(rows).fit(x, y)[-1]
+    assert max(tree.get_n_leaves() for tree in forest.estimators_) <= 50
+    assert _residual_learner(240)[-1].min_samples_leaf == 5

@@ -8,7 +8,7 @@ Pure functions and dataclasses, no I/O and no clock (time is passed in):
 - ``model``: ``fit_rate_model(measurements) -> RateModel``; ``RateModel.predict(offer)``
   gives a rate, an 80% interval and the features that moved it;
 - ``served``: ``fit_served_model(measurements) -> ServedModel``: the rate model and two
-  gradient-boosted learners, picked or blended by cross-validation grouped by machine,
+  tree-ensemble learners, picked or blended by cross-validation grouped by machine,
   with conformal intervals (what the coordinator serves);
 - ``plan``: ``plan_trials(offers, model, fleet, settings) -> Plan``: which offers to
   benchmark next, each with its expected value against its trial's cost and the
