@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import gzip
 import math
+import os
 import random
 import secrets
 import shutil
@@ -174,11 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-refit-"))
     secret = secrets.token_bytes(32)
+    # The coordinator runs this tree's code, whatever tree the venv's install points at.
     env = {"VM_FLEET_SECRET": secret.hex(), "VM_ADMIN_TOKEN": ADMIN_TOKEN,
            "VM_DB_PATH": str(workdir / "coord.db"), "VM_CONFIG_DIR": str(workdir / "config"),
-           "VM_HOST": "127.0.0.1", "VM_PORT": "0", "PYTHONPATH": str(ROOT)}
-    import os
-
+           "VM_HOST": "127.0.0.1", "VM_PORT": "0", "PYTHONPATH": str(ROOT / "src")}
     env = {**os.environ, **env}
     ids = [agent_id_for(i, "refit") for i in range(args.agents)]
     provision(env["VM_DB_PATH"], env, ids, fleet_agents=args.agents)
