@@ -105,9 +105,6 @@ class Doubt:
     #: The least disagreement (difference of the two readings' chances of being worth
     #: keeping) a test needs: below it the beliefs agree and the slot goes to value.
     min_disagreement: float = 0.2
-    #: The least gap (in log) between the shared link's two readings' points for an
-    #: offer that a test slot goes to first (``link_test``); 0 turns that test off.
-    min_reading_gap: float = 0.1
 
 
 def belief_tests(share: float) -> Doubt:
@@ -430,21 +427,6 @@ def _belief_tests(ranked: Sequence[_Value], seen: set[Cell], ref: float,
     return [t[1] for t in sorted(best.values(), key=lambda t: -t[0])]
 
 
-def link_test(ranked: Sequence[_Value], settings: PlanSettings) -> list[_Value]:
-    """The offer whose trial best tells the shared link's two readings apart: the largest
-    gap between their points (``Prediction.reading_gap``) per trial dollar, at least
-    ``Doubt.min_reading_gap`` and worth its cost under the readings' mixture; none while
-    one reading is held."""
-    gap = settings.doubt.min_reading_gap
-    if gap <= 0:
-        return []
-    able = [v for v in ranked if v.prediction.reading_gap >= gap
-            and v.expected_value_usd > settings.min_expected_value_usd]
-    if not able:
-        return []
-    return [max(able, key=lambda v: v.prediction.reading_gap / max(v.trial_cost_usd, 1e-6))]
-
-
 def schedule_tests(worth: Sequence[_Value], tests: Sequence[_Value], due: Sequence[bool]
                    ) -> list[_Value]:
     """The order trials are listed in: the due slots take the tests (most disputed
@@ -626,10 +608,7 @@ def _with_belief_tests(ranked: list[_Value], cells: dict[Cell, CellEvidence],
     due = due_slots(measured, settings.trials, doubt.share)
     if not any(due):
         return worth
-    # The link's sharing first: until a trial tells its readings apart every prediction
-    # averages them (docs/discovery.md, "Testing what the model rules out").
-    tests = [*link_test(ranked, settings), *_belief_tests(ranked, set(cells), ref, settings, fleet)]
-    return schedule_tests(worth, tests, due)
+    return schedule_tests(worth, _belief_tests(ranked, set(cells), ref, settings, fleet), due)
 
 
 def _within_budget(worth: list[_Value], settings: PlanSettings) -> tuple[list[_Value], int]:

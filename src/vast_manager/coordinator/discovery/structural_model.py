@@ -271,10 +271,6 @@ class Prediction:
     # RAM share on a step of cuzk's partitions in flight); empty: one log-normal,
     # (log_rate_mean, log_rate_sd).
     modes: tuple[tuple[float, float, float], ...] = ()
-    # How far the shared link's two readings (``RateModel.other_reading``) put the
-    # offer's point apart, in log: what a trial of it shows of the link's sharing
-    # (0: one reading held).
-    reading_gap: float = 0.0
 
     def components(self) -> tuple[tuple[float, float, float], ...]:
         """The log-normal modes of the rate: (weight, log mean, log sd), weights sum to 1."""
@@ -1081,8 +1077,7 @@ def _mixed_readings(preds: Sequence[Prediction], other: Sequence[Prediction], w_
         pred = replace(a, rate_per_hour=math.exp(point[i]), rate_low=math.exp(low[i]),
                        rate_high=math.exp(high[i]), log_rate_mean=float(mean[i]),
                        log_rate_sd=float(sd[i]), modes=tuple(comps[i]),
-                       contributions=contributions,
-                       reading_gap=abs(math.log(a.rate_per_hour / other[i].rate_per_hour)))
+                       contributions=contributions)
         out.append(_with_basis(pred, f) if explain else pred)
     return out
 
