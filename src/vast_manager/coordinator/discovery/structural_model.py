@@ -162,11 +162,10 @@ class Priors:
     # law (a 1-GPU slice of a 3-GPU host on x8 proves 30/h: its link shared, or its
     # vCPUs slow). With fewer than ``shared_link_readings_machines`` machines measured
     # the fit holds two readings, the link unshared (``shared_link`` a priori) and
-    # shared evenly by the host's GPUs (``shared_link_shared``, spread
-    # ``shared_link_shared_sd``), weighted by their marginal likelihoods from prior odds
-    # of ``shared_link_probability`` (0: the unshared reading alone).
+    # shared evenly by the host's GPUs (``shared_link_shared``, the same spread),
+    # weighted by their marginal likelihoods from prior odds of
+    # ``shared_link_probability`` (0: the unshared reading alone).
     shared_link_shared: float = 1.0
-    shared_link_shared_sd: float = 0.3
     shared_link_probability: float = 0.5
     shared_link_readings_machines: int = 30
     other_sd: float = 0.05
@@ -1212,12 +1211,10 @@ def _link_readings(measurements: Sequence[Measurement], now: float | None, p: Pr
     model, the other its ``other_reading`` while it keeps ``READING_MIN_WEIGHT``."""
     alone = replace(p, shared_link_probability=0.0)
     unshared, unshared_evidence = _ram_forms(measurements, now, alone)
-    shared, shared_evidence = _ram_forms(measurements, now, replace(
-        alone, shared_link=p.shared_link_shared, shared_link_sd=p.shared_link_shared_sd))
-    # The evidence leaves out the priors' normalising constants, which the two readings
-    # share but for the shared link's: log(sd) of its own prior.
+    shared, shared_evidence = _ram_forms(
+        measurements, now, replace(alone, shared_link=p.shared_link_shared))
+    # The two share every prior spread, so the evidences' omitted constants cancel.
     log_odds = (shared_evidence - unshared_evidence
-                + math.log(p.shared_link_sd / p.shared_link_shared_sd)
                 + math.log(p.shared_link_probability / (1.0 - p.shared_link_probability)))
     w_shared = float(special.expit(log_odds))
     main, other, w_other = ((shared, unshared, 1.0 - w_shared) if w_shared > 0.5
