@@ -158,16 +158,6 @@ class Priors:
     shared_link_max_lanes: int = 8
     shared_link: float = 0.0
     shared_link_sd: float = 0.3
-    # Whether the link is shared is what a few measured machines confound with the CPU
-    # law (a 1-GPU slice of a 3-GPU host on x8 proves 30/h: its link shared, or its
-    # vCPUs slow). With fewer than ``shared_link_readings_machines`` machines measured
-    # the fit holds two readings, the link unshared (``shared_link`` a priori) and
-    # shared evenly by the host's GPUs (``shared_link_shared``, the same spread),
-    # weighted by their marginal likelihoods from prior odds of
-    # ``shared_link_probability`` (0: the unshared reading alone).
-    shared_link_shared: float = 1.0
-    shared_link_probability: float = 0.5
-    shared_link_readings_machines: int = 30
     other_sd: float = 0.05
     deviation_coef: float = 0.5
     deviation_coef_sd: float = 0.5
@@ -424,8 +414,8 @@ def _count_terms(x: Array, k: Array | float, cmax: int) -> tuple[Array, Array, A
 
 
 def _mixture_cdf(y: Array, weights: Array, means: Array, sd: Array) -> Array:
-    """P(log rate <= y) per row of a mixture of normals with one sd per row (or per mode)."""
-    z = (y[:, None] - means) / (sd if sd.ndim == 2 else sd[:, None])
+    """P(log rate <= y) per row of a mixture of normals with one sd per row."""
+    z = (y[:, None] - means) / sd[:, None]
     tail: Array = special.erfc(-z / math.sqrt(2.0))
     out: Array = (weights * 0.5 * tail).sum(axis=1)
     return out
@@ -438,9 +428,8 @@ def _mixture_quantile(q: float, weights: Array, means: Array, sd: Array) -> Arra
         # The finder drops rows as they converge and passes the rows still open.
         return _mixture_cdf(y, weights[row], means[row], sd[row]) - q
 
-    widest = sd.max(axis=1) if sd.ndim == 2 else sd
     found = elementwise.find_root(
-        below, (means.min(axis=1) - 8.0 * widest, means.max(axis=1) + 8.0 * widest),
+        below, (means.min(axis=1) - 8.0 * sd, means.max(axis=1) + 8.0 * sd),
         args=(np.arange(sd.shape[0]),), tolerances={"xatol": 1e-9 * float(sd.min()), "xrtol": 0.0})
     out: Array = found.x
     return out
@@ -448,8 +437,6 @@ def _mixture_quantile(q: float, weights: Array, means: Array, sd: Array) -> Arra
 
 #: A partition count less likely than this is left out of an offer's modes.
 MODE_MIN_WEIGHT = 1e-3
-#: The shared link's reading less likely than this is dropped.
-READING_MIN_WEIGHT = 1e-3
 
 
 def _least_scale(y: Array, weights: Array, means: Array, y_sd: Array, sd: Array) -> Array:
@@ -727,13 +714,6 @@ class RateModel:
     # Each measured slice's mean log count of partitions in flight, as its runs told:
     # (machine id, RAM share GiB to 0.1) -> log count.
     slice_log_counts: Mapping[tuple[str, float], float] = field(default_factory=dict)
-    # The shared link's other reading (``Priors.shared_link_probability``) and its
-    # posterior probability, where it keeps ``READING_MIN_WEIGHT``: predictions are the
-    # two readings' mixture.
-    other_reading: RateModel | None = None
-    other_reading_weight: float = 0.0
-    # The posterior probability that the link is shared evenly (None: one reading fitted).
-    shared_link_probability: float | None = None
 
     @property
     def n_machines(self) -> int:
@@ -769,7 +749,6 @@ class RateModel:
             "gpu_pcie_softmin_sharpness": math.exp(self.parameter("log_feed_sharpness")[0]),
             "vcpu_exponent": self.parameter("vcpu_exponent")[0],
             "shared_link_exponent": self.parameter("shared_link")[0],
-            "shared_link_probability": self.shared_link_probability,
             "ram_form": p.ram_form,
             "ram_per_gpu_exponent": self.parameter("ram_per_gpu")[0],
             "ram_share_term_at_128_gib": float(
@@ -813,12 +792,7 @@ class RateModel:
         if not feats:
             return []
         with threadpool_limits(1, "blas"):
-            preds = self._predict(feats, explain)
-            if self.other_reading is None:
-                return preds
-            other = self.other_reading._predict(feats, explain=False)
-            return _mixed_readings(preds, other, self.other_reading_weight, feats, explain,
-                                   self.shared_link_probability or 0.0)
+            return self._predict(feats, explain)
 
     def _predict(self, feats: Sequence[OfferFeatures], explain: bool) -> list[Prediction]:
         p = self.priors
@@ -1039,48 +1013,6 @@ def _detail(group: str, f: OfferFeatures) -> str:
     return f"host share {f.host_share:.2f}"
 
 
-def _mixed_readings(preds: Sequence[Prediction], other: Sequence[Prediction], w_other: float,
-                    feats: Sequence[OfferFeatures], explain: bool, p_shared: float,
-                    ) -> list[Prediction]:
-    """Each offer's prediction under both readings of the shared link as one mixture:
-    each reading's modes with its probability; the point (the least expected percentage
-    error), the interval and the moments the mixture's; the explanation the likelier
-    reading's, with a term for what the other moves, so the contributions still add up."""
-    comps = [[(w * (1.0 - w_other), m, s) for w, m, s in a.components()]
-             + [(w * w_other, m, s) for w, m, s in b.components()]
-             for a, b in zip(preds, other, strict=True)]
-    n, k = len(comps), max(len(c) for c in comps)
-    weights, means, sds = np.zeros((n, k)), np.zeros((n, k)), np.ones((n, k))
-    for i, c in enumerate(comps):
-        weights[i, :len(c)] = [w for w, _, _ in c]
-        means[i] = c[0][1]
-        means[i, :len(c)] = [m for _, m, _ in c]
-        sds[i] = max(c[0][2], 1e-6)
-        sds[i, :len(c)] = [max(s, 1e-6) for _, _, s in c]
-    low = _mixture_quantile(0.1, weights, means, sds)
-    high = _mixture_quantile(0.9, weights, means, sds)
-    # The rate's density times 1/rate: each log-normal mode moves to mean - sd^2, its
-    # weight times exp(-mean + sd^2 / 2).
-    log_w = np.where(weights > 0, np.log(np.maximum(weights, 1e-300)) - means + sds**2 / 2,
-                     -np.inf)
-    w_ape = np.exp(log_w - log_w.max(axis=1, keepdims=True))
-    point = _mixture_quantile(0.5, w_ape / w_ape.sum(axis=1, keepdims=True),
-                              means - sds**2, sds)
-    mean = (weights * means).sum(axis=1)
-    sd = np.sqrt((weights * (sds**2 + (means - mean[:, None]) ** 2)).sum(axis=1))
-    out = []
-    for i, (a, f) in enumerate(zip(preds, feats, strict=True)):
-        contributions = a.contributions + ((Contribution(
-            "the link's reading", f"shared by the host's GPUs {p_shared:.0%}",
-            float(point[i] - math.log(a.rate_per_hour))),) if explain else ())
-        pred = replace(a, rate_per_hour=math.exp(point[i]), rate_low=math.exp(low[i]),
-                       rate_high=math.exp(high[i]), log_rate_mean=float(mean[i]),
-                       log_rate_sd=float(sd[i]), modes=tuple(comps[i]),
-                       contributions=contributions)
-        out.append(_with_basis(pred, f) if explain else pred)
-    return out
-
-
 def _with_basis(pred: Prediction, f: OfferFeatures) -> Prediction:
     """The one-line basis shown beside a prediction: interval, bottleneck, main factors."""
     moved = sorted(
@@ -1192,52 +1124,18 @@ def fit_rate_model(
     p = priors or Priors()
     if p.ram_form not in RAM_FORMS:
         raise ValueError(f"ram_form {p.ram_form!r}: expected one of {', '.join(RAM_FORMS)}")
-    if not 0.0 <= p.shared_link_probability < 1.0:
-        raise ValueError(f"shared_link_probability {p.shared_link_probability}: expected "
-                         "at least 0 and below 1")
     # The matrices are small (parameters x parameters): BLAS threads only contend,
     # and on a shared two-core host they made the fit a hundred times slower.
     with threadpool_limits(1, "blas"):
-        machines = len({m.machine_id for m in measurements})
-        if p.shared_link_probability > 0 and machines < p.shared_link_readings_machines:
-            return _link_readings(measurements, now, p)
-        return _ram_forms(measurements, now, replace(p, shared_link_probability=0.0))[0]
-
-
-def _link_readings(measurements: Sequence[Measurement], now: float | None, p: Priors
-                   ) -> RateModel:
-    """The link unshared and shared evenly by the host's GPUs (docs/discovery.md,
-    section 2), each fitted, weighted by its marginal likelihood: the likelier is the
-    model, the other its ``other_reading`` while it keeps ``READING_MIN_WEIGHT``."""
-    alone = replace(p, shared_link_probability=0.0)
-    unshared, unshared_evidence = _ram_forms(measurements, now, alone)
-    shared, shared_evidence = _ram_forms(
-        measurements, now, replace(alone, shared_link=p.shared_link_shared))
-    # The two share every prior spread, so the evidences' omitted constants cancel.
-    log_odds = (shared_evidence - unshared_evidence
-                + math.log(p.shared_link_probability / (1.0 - p.shared_link_probability)))
-    w_shared = float(special.expit(log_odds))
-    main, other, w_other = ((shared, unshared, 1.0 - w_shared) if w_shared > 0.5
-                            else (unshared, shared, w_shared))
-    held = w_other >= READING_MIN_WEIGHT
-    return replace(main, other_reading=other if held else None,
-                   other_reading_weight=w_other if held else 0.0,
-                   shared_link_probability=w_shared)
-
-
-def _ram_forms(measurements: Sequence[Measurement], now: float | None, p: Priors
-               ) -> tuple[RateModel, float]:
-    """The fit at ``p.ram_form`` ("choose": the likelier form once enough machines are
-    measured), and its log marginal likelihood."""
-    if p.ram_form != "choose":
-        return _fit(measurements, now, p)
-    capacity = _fit(measurements, now, replace(p, ram_form="capacity"))
-    if len({m.machine_id for m in measurements}) < p.ram_form_min_machines:
-        return capacity
-    # The RAM share as a factor on the whole rate instead of a limit (docs/discovery.md,
-    # section 2): kept where the measurements make it the likelier form.
-    factor = _fit(measurements, now, replace(p, ram_form="factor"))
-    return factor if factor[1] > capacity[1] else capacity
+        if p.ram_form != "choose":
+            return _fit(measurements, now, p)[0]
+        capacity, capacity_evidence = _fit(measurements, now, replace(p, ram_form="capacity"))
+        if len({m.machine_id for m in measurements}) < p.ram_form_min_machines:
+            return capacity
+        # The RAM share as a factor on the whole rate instead of a limit (docs/discovery.md,
+        # section 2): kept where the measurements make it the likelier form.
+        factor, factor_evidence = _fit(measurements, now, replace(p, ram_form="factor"))
+        return factor if factor_evidence > capacity_evidence else capacity
 
 
 def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors
