@@ -1196,7 +1196,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds with --old (default 2)")
     parser.add_argument("--pin", action="store_true",
                         help="hold every server (bare and coordinators alike) to the first CPU "
-                             "this run may use (CPU 0) and the load generators to the others "
+                             "this run may use and the load generators to the others "
                              "(needs 2 or more)")
     parser.add_argument("--json-out", help="also write the figures as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
