@@ -38,7 +38,7 @@ from vast_manager.coordinator.discovery.features import (
     OfferFeatures,
     offer_features,
 )
-from vast_manager.coordinator.discovery.fleet_gain import Draw, FleetOnOffer, gain_per_hour
+from vast_manager.coordinator.discovery.fleet_gain import FleetOnOffer, gain_per_hour
 from vast_manager.coordinator.discovery.structural_model import Prediction, Unpredictable, normal_sf
 from vast_manager.coordinator.offers import Offer, positive
 from vast_manager.coordinator.settings import DEFAULTS
@@ -105,21 +105,12 @@ class Doubt:
     #: The least disagreement (difference of the two readings' chances of being worth
     #: keeping) a test needs: below it the beliefs agree and the slot goes to value.
     min_disagreement: float = 0.2
-    #: Machines measured before the first test: the slots are counted from there.
-    after: int = 0
-    #: A due slot goes first to the CPU law's test (EXPERIMENT).
-    cpu_law: bool = False
 
 
 def belief_tests(share: float) -> Doubt:
     """The operator's ``plan_belief_test_share``: 0 turns the tests off (and the mixture
     belief with them); above 0, that share of trials with the method's other defaults."""
-    import os
-    if share > 0:
-        share = float(os.environ.get("VM_EXP_SHARE", share))
-        return Doubt(share=share, after=int(os.environ.get("VM_EXP_AFTER", "0")),
-                     cpu_law=os.environ.get("VM_EXP_CPU_LAW", "0") == "1")
-    return Doubt(share=0.0, weight=0.0)
+    return Doubt(share=share) if share > 0 else Doubt(share=0.0, weight=0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,25 +388,14 @@ def disagreement(prediction: Prediction, doubted: Prediction, break_even: float)
     return abs(p_unbound - prediction.probability_above(break_even))
 
 
-def due_slots(measured: int, trials: int, share: float, after: int = 0) -> list[bool]:
+def due_slots(measured: int, trials: int, share: float) -> list[bool]:
     """Which of the next ``trials`` slots test a belief: trial number ``measured + i + 1``
-    is a test when it crosses a multiple of ``1 / share`` counted from ``after`` (a
-    quarter: the 4th, 8th, ... after it), so the share holds however the trials are asked
-    for, one at a time or many."""
+    is a test when it crosses a multiple of ``1 / share`` (a quarter: the 4th, 8th, ...),
+    so the share holds however the trials are asked for, one at a time or many."""
     if share <= 0:
         return [False] * trials
-    import os
-    knee = int(os.environ.get("VM_EXP_KNEE", "0"))
-    late = float(os.environ.get("VM_EXP_LATE", share))
-
-    def cum(n: int) -> float:
-        n = max(0, n - after)
-        return share * min(n, knee) + late * max(0, n - knee) if knee else share * n
-    out = []
-    for i in range(trials):
-        n = measured + i + 1
-        out.append(math.floor(cum(n) + 1e-9) > math.floor(cum(n - 1) + 1e-9))
-    return out
+    return [math.floor((measured + i + 1) * share) > math.floor((measured + i) * share)
+            for i in range(trials)]
 
 
 def _belief_tests(ranked: Sequence[_Value], seen: set[Cell], ref: float,
@@ -618,24 +598,17 @@ def _predict(model: Predictor, candidates: Sequence[Offer],
 
 def _with_belief_tests(ranked: list[_Value], cells: dict[Cell, CellEvidence],
                        measured: int, ref: float, settings: PlanSettings,
-                       fleet: FleetOnOffer | None,
-                       covered_octaves: set[int] | None = None) -> list[_Value]:
+                       fleet: FleetOnOffer | None) -> list[_Value]:
     """The offers worth trying, expected value first, with the due belief tests in their
     slots (``Doubt``)."""
     worth = [v for v in ranked if v.expected_value_usd > settings.min_expected_value_usd]
     doubt = settings.doubt
     if doubt.share <= 0 or doubt.weight <= 0:
         return worth
-    due = due_slots(measured, settings.trials, doubt.share, doubt.after)
+    due = due_slots(measured, settings.trials, doubt.share)
     if not any(due):
         return worth
-    tests = _belief_tests(ranked, set(cells), ref, settings, fleet)
-    import os
-    if (doubt.cpu_law and fleet is not None
-            and measured >= int(os.environ.get("VM_EXP_CPU_AFTER", "0"))):
-        cpu = _cpu_law_tests(ranked, covered_octaves, fleet, settings)
-        tests = [*tests, *cpu] if os.environ.get("VM_EXP_CPU_ORDER") == "after" else [*cpu, *tests]
-    return schedule_tests(worth, tests, due)
+    return schedule_tests(worth, _belief_tests(ranked, set(cells), ref, settings, fleet), due)
 
 
 def _within_budget(worth: list[_Value], settings: PlanSettings) -> tuple[list[_Value], int]:
@@ -704,9 +677,7 @@ def plan_trials(
         values = _with_gpu_model_value(values, _measured_gpu_models(measured.values()),
                                        fleet.fleet_on_offer, settings)
     ranked = sorted(values, key=lambda v: (-v.expected_value_usd, v.dph_total))
-    worth = _with_belief_tests(ranked, cells, done, ref, settings, fleet.fleet_on_offer,
-                               {k for m in measured.values()
-                                if (k := _vcpu_octave(m.offer)) is not None})
+    worth = _with_belief_tests(ranked, cells, done, ref, settings, fleet.fleet_on_offer)
     picked, over_budget = _within_budget(worth, settings)
     explained = model.predict_offers([v.offer for v in picked], explain=True)
     # The value shown is the one the offer was ranked by (a GPU model's trial includes
@@ -786,49 +757,3 @@ def _with_gpu_model_value(values: list[_Value], measured_gpus: set[str],
         if value > first.expected_value_usd:
             raised[id(first)] = dataclasses.replace(first, expected_value_usd=value)
     return [raised.get(id(v), v) for v in values]
-
-
-def _vcpu_octave(offer: Offer) -> int | None:
-    try:
-        return math.floor(math.log2(max(offer_features(offer).cpu_cores_effective, 1.0)))
-    except FeatureError:
-        return None
-
-
-def _cpu_law_tests(ranked: Sequence[_Value], covered: set[int] | None, fleet: FleetOnOffer,
-                   settings: PlanSettings) -> list[_Value]:
-    """EXPERIMENT: per vCPU octave no measured machine covers, its best CPU-bound offer,
-    valued by what it shows of the octave's best offers drawn together under the doubt's
-    mixture; best value first, only those worth their cost."""
-    covered = covered or set()
-    groups: dict[int, list[_Value]] = {}
-    for v in ranked:
-        if v.prediction.bottleneck != "cpu":
-            continue
-        k = _vcpu_octave(v.offer)
-        if k is not None and k not in covered:
-            groups.setdefault(k, []).append(v)
-    doubt = settings.doubt
-    out: list[_Value] = []
-    for group in groups.values():
-        best = sorted(group, key=lambda v: (v.dph_total / v.prediction.rate_per_hour,
-                                            v.dph_total))[:fleet.size]
-        machines = {str(v.offer.machine_id) for v in best if v.offer.machine_id is not None}
-        mus = [math.log(v.prediction.rate_per_hour) for v in best]
-        sds = [max(math.log(v.prediction.rate_high / v.prediction.rate_low) / (2 * _Z90), 1e-3)
-               for v in best]
-        draws: list[Draw] = [(1.0, mus, sds)]
-        unbound = [unbound_rate(v.prediction) for v in best]
-        if doubt.weight > 0 and all(u is not None and u > 0 for u in unbound):
-            draws = [(1.0 - doubt.weight, mus, sds),
-                     (doubt.weight, [math.log(u or 1.0) for u in unbound],
-                      [doubt.log_sd] * len(best))]
-        saving = gain_per_hour(fleet.without(machines), fleet.size,
-                               [float(v.offer.dph_total or v.dph_total) for v in best], draws)
-        first = best[0]
-        hours = settings.trial_cost.hours(first.offer, first.prediction.rate_per_hour)
-        value = saving * _run_hours(first.offer, hours, settings) - first.trial_cost_usd
-        value = max(value, first.expected_value_usd)
-        if value > settings.min_expected_value_usd:
-            out.append(dataclasses.replace(first, expected_value_usd=value))
-    return sorted(out, key=lambda v: -v.expected_value_usd)
