@@ -25,6 +25,7 @@ from vast_manager.coordinator.discovery.served import (
     MIN_GROUP_ROWS,
     PLAIN_FIELDS,
     RESIDUAL_CATEGORICAL,
+    RESIDUAL_COLUMNS,
     _conformal,
     _residual_learner,
     benchmark_noise_sd,
@@ -274,7 +275,7 @@ def test_the_residual_forest_stays_small_as_the_fleet_grows() -> None:
     passes 50 leaves, where 5 a leaf would let it reach 600."""
     rng = np.random.default_rng(0)
     rows = 3000
-    x = rng.normal(size=(rows, len(PLAIN_FIELDS) + 11))
+    x = rng.normal(size=(rows, RESIDUAL_COLUMNS))
     for c in RESIDUAL_CATEGORICAL:
         x[:, c] = rng.integers(0, 4, rows)
     x[rng.random(x.shape) < 0.1] = np.nan

@@ -126,12 +126,21 @@ def plain_share_matrix(offers: Sequence[Offer], gpu_codes: dict[str, int]) -> Ar
     return np.hstack([plain_matrix(offers, gpu_codes), share_matrix(offers)])
 
 
+#: ``residual_matrix``'s columns after ``plain_matrix``'s: the structural prediction's log
+#: point, its log capacity of each resource in ``BOTTLENECKS``, the binding resource's
+#: code, and the instance's log RAM share, log vCPUs, log PCIe and share of the host.
+RESIDUAL_EXTRA = 1 + len(BOTTLENECKS) + 1 + 4
+RESIDUAL_COLUMNS = len(PLAIN_FIELDS) + 1 + RESIDUAL_EXTRA
+#: ``residual_matrix``'s categorical columns: the GPU model's code, the binding resource.
+RESIDUAL_CATEGORICAL = (len(PLAIN_FIELDS), len(PLAIN_FIELDS) + 2 + len(BOTTLENECKS))
+
+
 def residual_matrix(offers: Sequence[Offer], preds: Sequence[Prediction],
                     gpu_codes: dict[str, int]) -> Array:
     """The plain fields, the instance's share as the model reads it, and the structural
     prediction: its log point, log capacities and the binding resource (categorical)."""
     plain = plain_matrix(offers, gpu_codes)
-    extra = np.full((len(offers), 10), np.nan)
+    extra = np.full((len(offers), RESIDUAL_EXTRA), np.nan)
     for i, (offer, p) in enumerate(zip(offers, preds, strict=True)):
         f = offer_features(offer)
         caps = p.capacities_per_hour
@@ -160,10 +169,6 @@ def _plain_learner() -> Any:
     return _learner(len(PLAIN_FIELDS) + 1 + len(SHARE_COLUMNS), [len(PLAIN_FIELDS)])
 
 
-#: ``residual_matrix``'s categorical columns: the GPU model's code, the binding resource.
-RESIDUAL_CATEGORICAL = (len(PLAIN_FIELDS), len(PLAIN_FIELDS) + 1 + 5)
-
-
 #: The residual forest's leaves hold at least this many rows, or this share of them:
 #: the residual is a smooth correction, and more rows should firm up its leaves' means,
 #: not grow each tree (200 trees of a leaf per 5 of 10,000 rows pickle to 47 MB and
@@ -182,7 +187,7 @@ def _residual_learner(rows: int) -> Any:
     so that a split orders the categories by what they do as the boosted learner's
     native categories did; an unseen category reads the overall mean."""
     categorical = list(RESIDUAL_CATEGORICAL)
-    rest = [c for c in range(len(PLAIN_FIELDS) + 11) if c not in RESIDUAL_CATEGORICAL]
+    rest = [c for c in range(RESIDUAL_COLUMNS) if c not in RESIDUAL_CATEGORICAL]
     encode = ColumnTransformer([
         ("categories", TargetEncoder(target_type="continuous",
                                      cv=KFold(5, shuffle=True, random_state=0)), categorical),
