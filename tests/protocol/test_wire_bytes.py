@@ -34,8 +34,9 @@ MESSAGES: dict[str, object] = {
     "result": m.Result("r-1", "scaling", "porep-c2", 1.0, 2.5, [0, 1], 3, 0, 1.5, 1e16,
                        [0.5], None, runs=[m.ScalingRun([0], 60.0, TELEMETRY)],
                        efficiency=0.9, bottleneck="pcie", evidence=["x\ty"],
-                       benchmark_id=None, spool_seq=9, receipt="rc"),
-    "log batch": m.LogBatch([m.LogLine(1.5, "cuzk", "line \u2028 \x00 </script>")], spool_seq=2),
+                       benchmark_id=None, spool_seq=9, receipt="rc", prev_acked_seq=8),
+    "log batch": m.LogBatch([m.LogLine(1.5, "cuzk", "line \u2028 \x00 </script>")], spool_seq=2,
+                              prev_acked_seq=None),
     "directive": DIRECTIVE,
     "result ack": m.ResultAck(True, False, DIRECTIVE, receipt="rc"),
     "error": m.ErrorBody("invalid_field", "Field 'seq' is missing.", "seq"),
@@ -85,7 +86,7 @@ EXPECTED: dict[str, bytes] = {
     ),
     'log batch': (
         b'{"lines":[{"ts":1.5,"source":"cuzk","text":"line \xe2\x80\xa8 \\u0000 </script>"}]'
-        b',"spool_seq":2}'
+        b',"spool_seq":2,"prev_acked_seq":null}'
     ),
     'result': (
         b'{"result_id":"r-1","kind":"scaling","proof_type":"porep-c2","started_at"'
@@ -104,7 +105,7 @@ EXPECTED: dict[str, bytes] = {
         b'5,"synthesis_max":4,"queue_depth_mean":0.25,"memory_used_bytes_max":1099'
         b'511627776,"memory_total_bytes":null,"synthesis_slots":3}}}],"efficiency"'
         b':0.9,"bottleneck":"pcie","evidence":["x\\ty"],"benchmark_id":null,"spool_'
-        b'seq":9,"receipt":"rc"}'
+        b'seq":9,"receipt":"rc","prev_acked_seq":8}'
     ),
     'result ack': (
         b'{"ok":true,"duplicate":false,"directive":{"action":"benchmark","reason":'

@@ -254,6 +254,10 @@ class Result(Message):
     # extension: the receipt the coordinator answered when it first acknowledged this
     # result, sent with it again after a restore lost it (docs/protocol.md, "Replay").
     receipt: Text128 | None = None
+    # extension: the highest spool sequence of a result below this one that the
+    # coordinator acknowledged and the agent still keeps: a coordinator that lacks it
+    # refuses this one until it was sent again (docs/protocol.md, "Replay").
+    prev_acked_seq: Count | None = None
 
     def _check(self, prefix: str) -> None:
         if not self.result_id:
@@ -285,6 +289,8 @@ class LogBatch(Message):
     # extension: the agent's spool sequence number of this batch: a batch at or below the
     # highest one stored for the agent is a replay, stored once (docs/protocol.md, "Replay").
     spool_seq: Count | None = None
+    # extension: as ``Result.prev_acked_seq``, for log batches (docs/protocol.md, "Replay").
+    prev_acked_seq: Count | None = None
 
 
 # --- answers -----------------------------------------------------------------

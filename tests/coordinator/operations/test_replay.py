@@ -80,6 +80,44 @@ async def test_a_result_gets_a_receipt_and_raises_the_mark_a_duplicate_too(
     assert h.core.spool_marks.of(agent.agent_id) == (8, 0)
 
 
+async def test_an_item_after_one_this_store_lacks_is_refused_and_nothing_written(
+        aiohttp_client: Any, tmp_path: Path) -> None:
+    # A restored store reaches result 7 and log batch 9; the agent was acknowledged more.
+    h = await start(aiohttp_client, tmp_path)
+    agent = await h.issue()
+    await agent.hello()
+    await agent.heartbeat("benchmarking")
+    h.clock.advance(1200)
+    await agent.heartbeat("benchmarking")
+    assert (await agent.post("/v1/logs", {"lines": _lines(1, "kept"), "spool_seq": 9}))[0] == 200
+    body = result_msg("res_kept", finished_at=h.clock(), spool_seq=7)
+    assert (await agent.post("/v1/result", body))[0] == 200
+    stored_before = _query(tmp_path, "select count(*) from results")
+
+    status, refused = await agent.post("/v1/logs", {"lines": _lines(1, "new"),
+                                                    "spool_seq": 14, "prev_acked_seq": 12})
+    assert status == 409 and refused["error"] == "replay_first"
+    assert "reaches 9" in refused["message"]
+    status, refused = await agent.post("/v1/result", {
+        **result_msg("res_new", finished_at=h.clock(), spool_seq=13), "prev_acked_seq": 11})
+    assert status == 409 and refused["error"] == "replay_first"
+    assert _query(tmp_path, "select text from logs where text like 'new%'") == []
+    assert _query(tmp_path, "select count(*) from results") == stored_before
+    assert h.core.spool_marks.of(agent.agent_id) == (7, 9)
+
+    # Sent again in order, the lost items first: each is taken.
+    for seq, prev, tag in ((12, 9, "lost"), (14, 12, "new")):
+        status, _ = await agent.post("/v1/logs", {"lines": _lines(1, tag), "spool_seq": seq,
+                                                  "prev_acked_seq": prev})
+        assert status == 200
+    for result_id, seq, prev in (("res_lost", 11, 7), ("res_new", 13, 11)):
+        status, _ = await agent.post("/v1/result", {
+            **result_msg(result_id, finished_at=h.clock(), spool_seq=seq),
+            "prev_acked_seq": prev})
+        assert status == 200
+    assert h.core.spool_marks.of(agent.agent_id) == (13, 14)
+
+
 def _result(**changes: Any) -> Result:
     base = Result(result_id="res_r", kind="benchmark", proof_type="porep-c2-32g",
                   started_at=1000.0, finished_at=2200.0, gpus_used=[0], proofs_completed=12,

@@ -8,7 +8,10 @@ how far the coordinator's store reaches (``stored_result_seq``, ``stored_logs_se
 and the next flush of the spool sends again, in order, what was acknowledged above it.
 After the coordinator went silent (it may come back restored) the spool waits for a
 heartbeat's answer before it sends anything, so nothing new overtakes what is to be sent
-again: per kind, the coordinator stores the items in sequence order.
+again: per kind, the coordinator stores the items in sequence order. Each item says the
+acknowledged item of its kind just below it that the agent keeps (``prev_acked_seq``): a
+coordinator restored without it refuses the item, so a restore the agent never noticed
+(its first request to the new coordinator was not a heartbeat) loses nothing either.
 """
 
 from __future__ import annotations
@@ -39,9 +42,11 @@ from vast_manager.protocol import (
     Directive,
     Heartbeat,
     Hello,
+    LogBatch,
     Result,
 )
 from vast_manager.protocol.codec import decode, encode
+from vast_manager.protocol.errors import ProtocolError
 from vast_manager.protocol.messages import MAX_LOG_LINES, NetBytesTotal
 
 
@@ -211,10 +216,12 @@ class Reporting:
         heartbeat's to wait out); returns the body to keep for a replay when it changed (a
         result with the coordinator's receipt), else None."""
         client = self.ctx.client
+        # What the coordinator must hold before it takes this entry (the module doc).
+        prev = self.ctx.spool.acked_below(entry.kind, entry.seq)
         if entry.kind != "result":
-            await client.logs(entry.read(), give_up_after_s=0)
+            await client.logs(_with_prev(LogBatch, entry.read(), prev), give_up_after_s=0)
             return None
-        body = entry.read()
+        body = _with_prev(Result, entry.read(), prev)
         ack = await client.result(body, give_up_after_s=0)
         if entry.result_id is not None:
             self.results_sent[entry.result_id] = ack.directive
@@ -244,6 +251,16 @@ class Reporting:
                 return directive
             if spool.find_result(result.result_id) is None:
                 raise AgentFailure(f"the coordinator refused result {result.result_id}")
+
+
+def _with_prev(cls: type[Result] | type[LogBatch], body: bytes, prev: int | None) -> bytes:
+    """``body`` (a spooled ``cls``) saying ``prev_acked_seq``; as it is when it does not
+    decode (the coordinator refuses it for good, and the spool drops it)."""
+    try:
+        item = decode(cls, body)
+    except ProtocolError:
+        return body
+    return encode(msgspec.structs.replace(item, prev_acked_seq=prev))
 
 
 def _net_bytes() -> NetBytesTotal | None:

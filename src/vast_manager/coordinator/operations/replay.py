@@ -9,6 +9,12 @@ the agent (``spool_marks``), and answers every heartbeat that says what the agen
 (``acked_seq``) with those marks; the agent sends again, in order, what it was
 acknowledged above them (docs/protocol.md, "Replay").
 
+An item whose ``prev_acked_seq`` (the agent's acknowledged item of its kind just below
+it) is above the mark is refused, before anything is written: the agent may not yet know
+that this coordinator lacks what it was acknowledged (the first request it sent after
+the restore was not a heartbeat), and stored first, the item would raise the mark past
+what is to be sent again.
+
 Stored once: a result by its ``result_id`` (as ever); a log batch by its sequence, since
 an agent sends the batches of each kind in sequence order and the database is a prefix
 of its commits (what Litestream restores), so a batch at or below the agent's mark was
@@ -26,6 +32,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from vast_manager.coordinator.exceptions import Refusal
 from vast_manager.coordinator.store.writer import Store
 from vast_manager.coordinator.store.writes.spool_marks import SpoolKind
 from vast_manager.protocol import Directive, Result
@@ -38,7 +45,9 @@ def receipt_for(fleet_secret: bytes, agent_id: str, result: Result) -> str:
     """The receipt of ``result`` (its ``receipt`` field left out): an HMAC under a key
     derived from the fleet secret, which no agent holds."""
     key = hmac.new(fleet_secret, _RECEIPT_DOMAIN, hashlib.sha256).digest()
-    body = encode(msgspec.structs.replace(result, receipt=None))
+    # ``prev_acked_seq`` is left out with the receipt: it says what the agent kept when it
+    # sent, which a replay may say differently.
+    body = encode(msgspec.structs.replace(result, receipt=None, prev_acked_seq=None))
     return hmac.new(key, agent_id.encode() + b"\n" + body, hashlib.sha256).hexdigest()
 
 
@@ -70,6 +79,22 @@ class SpoolMarks:
         results, logs = self.of(agent_id)
         self._marks[agent_id] = (max(results, seq), logs) if kind == "result" \
             else (results, max(logs, seq))
+
+    def refuse_lacking(self, agent_id: str, kind: SpoolKind, spool_seq: int | None,
+                       prev_acked_seq: int | None) -> None:
+        """Refuse (409 ``replay_first``) an item whose ``prev_acked_seq`` is above the mark
+        of its kind: the agent was acknowledged an item before it that this store lacks (a
+        restore lost it). Stored first, this one would raise the mark past what is to be
+        sent again; refused, the agent's next heartbeat answer says what to send."""
+        if prev_acked_seq is None:
+            return
+        mark = self.of(agent_id)[0 if kind == "result" else 1]
+        if mark < prev_acked_seq:
+            raise Refusal(409, "replay_first", f"This {kind} (spool_seq {spool_seq}) follows "
+                          f"the acknowledged {kind} {prev_acked_seq}, which this "
+                          f"coordinator's store lacks (it reaches {mark}): send what was "
+                          f"acknowledged above {mark} again first (docs/protocol.md, "
+                          "\"Replay\").")
 
     def answer(self, agent_id: str, directive: Directive, acked_seq: int | None) -> Directive:
         """``directive`` with the agent's marks, when its heartbeat said it keeps items."""

@@ -230,6 +230,8 @@ async def _heartbeat(core: Core, agent: VerifiedAgent, body: bytes) -> Any:
 
 async def _result(core: Core, agent: VerifiedAgent, body: bytes) -> Any:
     result = decode(Result, body)
+    core.spool_marks.refuse_lacking(agent.agent_id, "result", result.spool_seq,
+                                    result.prev_acked_seq)
     now = core.clock()
     secrets = core.settings.fleet_secrets
     outcome = await core.store.write(result_job(
@@ -257,6 +259,8 @@ async def _result(core: Core, agent: VerifiedAgent, body: bytes) -> Any:
 
 async def _logs(core: Core, agent: VerifiedAgent, body: bytes) -> Any:
     batch = decode(LogBatch, body)
+    core.spool_marks.refuse_lacking(agent.agent_id, "logs", batch.spool_seq,
+                                    batch.prev_acked_seq)
     now = core.clock()
     await core.store.write(logs_job(agent.agent_id, batch, core.settings, now))
     core.spool_marks.raised(agent.agent_id, "logs", batch.spool_seq)
