@@ -22,7 +22,7 @@ from vast_manager.coordinator.exceptions import Refusal
 from vast_manager.coordinator.operations.replay import SpoolMarks
 from vast_manager.protocol import Directive, Heartbeat, Result
 from vast_manager.protocol.codec import decode
-from vast_manager.protocol.messages import LogBatch, ResultAck
+from vast_manager.protocol.messages import ResultAck
 
 AGENT_ID = "ag_" + "0" * 20
 
@@ -52,11 +52,6 @@ class Coordinator:
             self.stored.append(result.result_id)
         self.marks.raised(AGENT_ID, "result", result.spool_seq)
         return ResultAck(True, False, Directive("continue", "test", 30.0, None))
-
-    async def logs(self, body: bytes, **_: Any) -> None:
-        batch = decode(LogBatch, body)
-        self.marks.refuse_lacking(AGENT_ID, "logs", batch.spool_seq, batch.prev_acked_seq)
-        self.marks.raised(AGENT_ID, "logs", batch.spool_seq)
 
 
 def _result(result_id: str) -> Result:
