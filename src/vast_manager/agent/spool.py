@@ -112,11 +112,6 @@ class Spool:
         """The highest sequence number acknowledged and kept (None: none kept)."""
         return self._acked_seq
 
-    def acked_below(self, kind: Kind, seq: int) -> int | None:
-        """The highest sequence of ``kind`` below ``seq`` acknowledged and kept (None:
-        none): what a coordinator must hold before it takes the entry ``seq``."""
-        return max((e.seq for e in self.acked(kind) if e.seq < seq), default=None)
-
     def size_bytes(self) -> int:
         return sum(e.size_bytes for e in self.pending())
 

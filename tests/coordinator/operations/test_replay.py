@@ -60,14 +60,20 @@ async def test_marks_answer_a_heartbeat_that_keeps_items_and_replayed_logs_store
                   agent.agent_id) == [(0, 9)]
 
 
-async def test_a_result_gets_a_receipt_and_raises_the_mark_a_duplicate_too(
-        aiohttp_client: Any, tmp_path: Path) -> None:
+async def _benchmarking_agent(aiohttp_client: Any, tmp_path: Path) -> tuple[Any, Any]:
+    """A coordinator and an agent that has benchmarked long enough for a result."""
     h = await start(aiohttp_client, tmp_path)
     agent = await h.issue()
     await agent.hello()
     await agent.heartbeat("benchmarking")
     h.clock.advance(1200)
     await agent.heartbeat("benchmarking")
+    return h, agent
+
+
+async def test_a_result_gets_a_receipt_and_raises_the_mark_a_duplicate_too(
+        aiohttp_client: Any, tmp_path: Path) -> None:
+    h, agent = await _benchmarking_agent(aiohttp_client, tmp_path)
     body = result_msg("res_one", finished_at=h.clock(), spool_seq=7)
     status, ack = await agent.post("/v1/result", body)
     assert status == 200 and not ack["duplicate"]
@@ -83,12 +89,7 @@ async def test_a_result_gets_a_receipt_and_raises_the_mark_a_duplicate_too(
 async def test_an_item_after_one_this_store_lacks_is_refused_and_nothing_written(
         aiohttp_client: Any, tmp_path: Path) -> None:
     # A restored store reaches result 7 and log batch 9; the agent was acknowledged more.
-    h = await start(aiohttp_client, tmp_path)
-    agent = await h.issue()
-    await agent.hello()
-    await agent.heartbeat("benchmarking")
-    h.clock.advance(1200)
-    await agent.heartbeat("benchmarking")
+    h, agent = await _benchmarking_agent(aiohttp_client, tmp_path)
     assert (await agent.post("/v1/logs", {"lines": _lines(1, "kept"), "spool_seq": 9}))[0] == 200
     body = result_msg("res_kept", finished_at=h.clock(), spool_seq=7)
     assert (await agent.post("/v1/result", body))[0] == 200

@@ -17,6 +17,7 @@ coordinator restored without it refuses the item, so a restore the agent never n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 
 import msgspec
@@ -178,11 +179,18 @@ class Reporting:
         """One pass over what is to be sent again and the pending entries; False at the
         first entry that got no answer."""
         spool = self.ctx.spool
-        for entry in self._to_replay(logs) + spool.pending("result") + (
-                spool.pending("logs") if logs else []):
+        kinds: tuple[Kind, ...] = ("result", "logs") if logs else ("result",)
+        acked = {kind: spool.acked(kind) for kind in kinds}  # one listing a pass
+        # The acknowledged sequences kept, by kind: each entry names the one below it.
+        kept = {kind: [e.seq for e in entries] for kind, entries in acked.items()}
+        for entry in self._to_replay(acked) + [e for kind in kinds
+                                               for e in spool.pending(kind)]:
+            below = kept[entry.kind]
             try:
-                kept = await self._send(entry)
-                spool.acknowledged(entry, kept)
+                body = await self._send(entry, max((s for s in below if s < entry.seq),
+                                                   default=None))
+                spool.acknowledged(entry, body)
+                below.append(entry.seq)
             except TransientFailure:
                 self._went_silent()
                 return False
@@ -190,34 +198,34 @@ class Reporting:
                 # The coordinator will never take it: keeping it would block the rest.
                 log.error("coordinator refused spooled %s (%s); dropping it", entry.kind, exc)
                 spool.remove(entry)
+                with contextlib.suppress(ValueError):
+                    below.remove(entry.seq)
             except FileNotFoundError:
                 continue
             if self._stored is not None:  # taken (or refused for good): past it now
                 self._stored[entry.kind] = max(self._stored[entry.kind], entry.seq)
         return True
 
-    def _to_replay(self, logs: bool) -> list[SpoolEntry]:
-        """Acknowledged entries above what the coordinator said it stores, results first,
-        each kind in sequence order (the order the coordinator took them in)."""
+    def _to_replay(self, acked: dict[Kind, list[SpoolEntry]]) -> list[SpoolEntry]:
+        """Of ``acked`` (by kind, in sequence order), the entries above what the
+        coordinator said it stores, results first (the order the coordinator took them
+        in)."""
         stored = self._stored
         if stored is None:
             return []
-        spool = self.ctx.spool
-        kinds: tuple[Kind, ...] = ("result", "logs") if logs else ("result",)
-        again = [e for kind in kinds for e in spool.acked(kind) if e.seq > stored[kind]]
+        again = [e for kind, entries in acked.items() for e in entries if e.seq > stored[kind]]
         if again:
             log.warning("the coordinator lacks %d acknowledged item(s) (its store reaches "
                         "result %d, logs %d): sending them again", len(again),
                         stored["result"], stored["logs"])
         return again
 
-    async def _send(self, entry: SpoolEntry) -> bytes | None:
+    async def _send(self, entry: SpoolEntry, prev: int | None) -> bytes | None:
         """Send one entry, one try (``give_up_after_s=0``: the client's backoff is the
-        heartbeat's to wait out); returns the body to keep for a replay when it changed (a
-        result with the coordinator's receipt), else None."""
+        heartbeat's to wait out), saying ``prev``, the acknowledged entry of its kind below
+        it that the coordinator must hold (the module doc); returns the body to keep for a
+        replay when it changed (a result with the coordinator's receipt), else None."""
         client = self.ctx.client
-        # What the coordinator must hold before it takes this entry (the module doc).
-        prev = self.ctx.spool.acked_below(entry.kind, entry.seq)
         if entry.kind != "result":
             await client.logs(_with_prev(LogBatch, entry.read(), prev), give_up_after_s=0)
             return None
