@@ -1084,6 +1084,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--belief-test-share", type=float, default=None,
                     help="the planner's VM_PLAN_BELIEF_TEST_SHARE (default: 0, the "
                          "coordinator's, on the live market; 0.25 on market files)")
+    ap.add_argument("--binding-seen-wrong", type=float, default=None, metavar="SHARE",
+                    help="with --market(s): the share of hosts the planning runs import "
+                         "with a wrong binding resource seen (default 0)")
     ap.add_argument("--markets", action="store_true",
                     help="every market in bench/markets/ (the one command for the figures)")
     ap.add_argument("--prior", action="append", default=[], metavar="NAME=VALUE",
@@ -1263,6 +1266,10 @@ def markets_main(args: argparse.Namespace) -> int:
             if not 0.0 <= args.belief_test_share <= 1.0:
                 raise ValueError("--belief-test-share must be between 0 and 1")
             market_bench.PLAN_DOUBT = belief_tests(args.belief_test_share)
+        if args.binding_seen_wrong is not None:
+            if not 0.0 <= args.binding_seen_wrong <= 1.0:
+                raise ValueError("--binding-seen-wrong must be between 0 and 1")
+            market_bench.SEEN_WRONG_SHARE = args.binding_seen_wrong
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -32,7 +32,7 @@ from typing import Any, cast
 import numpy as np
 import orjson
 
-from vast_manager.coordinator.discovery.measurements import Measurement
+from vast_manager.coordinator.discovery.measurements import RESOURCES, Measurement
 from vast_manager.coordinator.discovery.plan import PlanSettings, belief_tests
 from vast_manager.coordinator.discovery.served import (
     CANDIDATES,
@@ -50,6 +50,10 @@ REQUIRED = ("machine_id", "gpu_name", "num_gpus", "dph_total", "true_rate_per_ho
             "measured_rate_per_hour")
 MARKETS_DIR = Path(__file__).resolve().parent / "markets"
 FLEET = 10
+#: The share of hosts whose binding resource the planning runs import as seen wrongly
+#: (drawn once per machine): on a real host the agent's telemetry names it by rules of
+#: thumb (``common/scaling.py``), not by doubling each resource as the files label it.
+SEEN_WRONG_SHARE = 0.0
 
 
 class MarketError(ValueError):
@@ -349,9 +353,22 @@ class Coordinator:
         data = b"".join(orjson.dumps({
             "machine_id": r["machine_id"],
             "offer": {k: v for k, v in r.items() if k not in RATE_FIELDS},
-            "rate_per_hour": r["measured_rate_per_hour"], "measured_at": now}) + b"\n"
+            "rate_per_hour": r["measured_rate_per_hour"], "measured_at": now,
+            "bottleneck": seen_binding(r)}) + b"\n"
             for r in rows)
         self.client.request_raw("POST", "/api/hosts/import", data=data, content_type=NDJSON)
+
+
+def seen_binding(row: dict[str, Any]) -> str | None:
+    """The binding resource a host's benchmark is imported with: the file's, but for a
+    ``SEEN_WRONG_SHARE`` of machines another one; None where the file has none."""
+    true = row.get("true_binding")
+    if true not in RESOURCES:
+        return None
+    rng = random.Random(f"seen:{row['machine_id']}")
+    if rng.random() < SEEN_WRONG_SHARE:
+        return rng.choice([r for r in RESOURCES if r != true])
+    return str(true)
 
 
 def fleet_from_offers(rows: list[dict[str, Any]], offers: list[dict[str, Any]]
@@ -517,7 +534,9 @@ def _print_planning(plans: list[PlanningRow], seeds: Sequence[int], *, trace: bo
     ``trace``, each trial: what the plan predicted against the market's truth."""
     print(f"  planning a fleet of {FLEET} from nothing measured, the operator's path (a real "
           f"coordinator: plan --trials 1, hosts import, offers; deterministic per seed; seed 0 "
-          f"the whole file, others {PLAN_SAMPLE:.0%} of it on offer); $/proof at true rates:")
+          f"the whole file, others {PLAN_SAMPLE:.0%} of it on offer; each benchmark imported "
+          f"with the file's binding resource as seen, {SEEN_WRONG_SHARE:.0%} of machines' "
+          f"drawn wrong); $/proof at true rates:")
     for seed, p in zip(seeds, plans, strict=True):
         o = p.oracle
         print(f"    seed {seed}: oracle (physics, no host effects) "

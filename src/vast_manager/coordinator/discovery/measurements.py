@@ -2,17 +2,18 @@
 
 The JSON shape is the one ``hosts import`` and ``hosts export`` carry, one a
 line: ``{"machine_id", "offer": {vast.ai offer fields}, "rate_per_hour",
-"measured_at", "source"}``. ``parse_measurement`` checks a decoded object and
-raises ``MeasurementError`` naming the first field that is wrong (dotted, e.g.
+"measured_at", "source"}``, and optionally ``"bottleneck"``: the resource seen binding
+while the rate was measured (one of ``RESOURCES``). ``parse_measurement`` checks a
+decoded object and raises ``MeasurementError`` naming the first field that is wrong (dotted, e.g.
 ``offer.num_gpus``); ``parse_lines`` reads a whole file and says "line 7, field
 offer.num_gpus".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -29,6 +30,9 @@ from vast_manager.coordinator.offers import Offer, parse_offer
 from vast_manager.coordinator.rows import InstanceRow
 
 SOURCES = ("fleet", "imported")
+#: The resources a rate may be bound by, as a prediction names them and as a measurement
+#: may say which one was seen binding (``Measurement.bottleneck``).
+RESOURCES = ("gpu", "cpu", "pcie", "memory")
 #: The offer fields an instance row keeps in columns of its own (before the whole offer
 #: was kept as deployed, they were all there was).
 INSTANCE_OFFER_COLUMNS = ("machine_id", "gpu_name", "num_gpus", "dph_total", "geolocation",
@@ -46,7 +50,7 @@ class MeasurementError(ValueError):
         self.message = message
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Measurement:
     """A plausible, uncontended benchmark rate of one machine, with its offer as deployed."""
 
@@ -55,18 +59,23 @@ class Measurement:
     rate_per_hour: float
     measured_at: float  # unix seconds
     source: str = "fleet"
+    # The resource seen binding while it was measured (``RESOURCES``; None: not seen).
+    bottleneck: str | None = None
 
     def features(self) -> OfferFeatures:
         return offer_features(msgspec.structs.replace(self.offer, machine_id=self.machine_id))
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "machine_id": self.machine_id,
             "offer": dict(self.offer.raw),
             "rate_per_hour": self.rate_per_hour,
             "measured_at": self.measured_at,
             "source": self.source,
         }
+        if self.bottleneck is not None:
+            out["bottleneck"] = self.bottleneck
+        return out
 
 
 def instance_offer(
@@ -241,8 +250,7 @@ def parse_lines(
         if m.measured_at < now - MAX_AGE_S:
             raise LineError(number, "measured_at", f"measured_at is more than "
                             f"{MAX_AGE_S / 86400:.0f} days ago.")
-        out.append(Measurement(m.machine_id, m.offer, m.rate_per_hour, m.measured_at,
-                               "imported"))
+        out.append(dataclasses.replace(m, source="imported"))
     return out
 
 
@@ -271,4 +279,8 @@ def parse_measurement(obj: Any, *, default_source: str = "imported") -> Measurem
     if source not in SOURCES:
         raise MeasurementError("source", f"source must be one of {', '.join(SOURCES)}, "
                                f"not {source!r}.")
-    return Measurement(str(machine), parsed, rate, measured_at, str(source))
+    bottleneck = obj.get("bottleneck")
+    if bottleneck is not None and bottleneck not in RESOURCES:
+        raise MeasurementError("bottleneck", f"bottleneck must be one of "
+                               f"{', '.join(RESOURCES)} or null, not {bottleneck!r}.")
+    return Measurement(str(machine), parsed, rate, measured_at, str(source), bottleneck)

@@ -61,14 +61,13 @@ from scipy.stats import t as student_t
 from threadpoolctl import threadpool_limits
 
 from vast_manager.coordinator.discovery.features import FeatureError, OfferFeatures, offer_features
-from vast_manager.coordinator.discovery.measurements import Measurement
+from vast_manager.coordinator.discovery.measurements import RESOURCES, Measurement
 from vast_manager.coordinator.offers import Offer
 
 Array = NDArray[np.float64]
 
 #: z of the 90th percentile: an 80% two-sided interval is mean +- Z80 sd.
 Z80 = 1.2815515655446004
-RESOURCES = ("gpu", "cpu", "pcie", "memory")
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +172,12 @@ class Priors:
     # The intervals' calibration on measured machines counts fully only once there are
     # many more machines than this (with few, the spreads' priors speak).
     interval_calibration_machines: float = 50.0
+    # A measurement that says the CPU or the link was seen binding while it ran
+    # (``Measurement.bottleneck``) is evidence of which of the two binds there: the
+    # probability that the link does is a logistic of the link's doubling gain less the
+    # CPU's (in log rate) over this. The two are what the measured rates alone confound
+    # (a narrow link and few vCPUs cost a host alike; docs/discovery.md, section 2).
+    observed_binding_temperature: float = 0.05
     # Rounds of the fit: parameters, spreads, host tails and (from the second) which
     # count of partitions in flight each measured slice holds.
     fit_rounds: int = 8
@@ -1174,6 +1179,10 @@ def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors
     )
     fitter = _Fitter(p, _design(feats, p, gpu_index, fam_index, dl_center), data, mu, prec,
                      len(gpu_index), len(fam_index))
+    seen = [(i, m.bottleneck == "pcie") for i, m in enumerate(ms)
+            if m.bottleneck in ("cpu", "pcie")]
+    fitter.seen_rows = np.asarray([i for i, _ in seen], dtype=np.int64)
+    fitter.seen_link = np.asarray([float(link) for _, link in seen])
     for round_ in range(p.fit_rounds):
         if round_:
             fitter.update_counts()
@@ -1184,7 +1193,7 @@ def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors
     post = fitter.posterior(fitter.theta)
     _, _, jwj, _, c = post.parts(fitter.sig_e, fitter.sig_h, fitter.weight)
     cov: Array = np.asarray(np.linalg.inv(jwj + np.diag(prec) + fitter.count_terms(
-        fitter.theta)[1]), dtype=np.float64)
+        fitter.theta)[1] + fitter.seen_terms(fitter.theta)[2]), dtype=np.float64)
     e2 = fitter.sig_e**2
     runs = np.diff(np.append(data.starts, len(ms)))
     machines = {
@@ -1324,6 +1333,34 @@ class _Fitter:
         self.log_counts = np.log(np.arange(1, _max_count(priors) + 1,
                                            dtype=np.float64))
         self.resp = self.count_weights(self.theta)
+        # Rows measured with the CPU or the link seen binding: the rows, and 1 where it
+        # was the link.
+        self.seen_rows: NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self.seen_link: Array = np.zeros(0)
+
+    def seen_terms(self, theta: Array) -> tuple[float, Array, Array]:
+        """(log likelihood, its gradient, its Fisher information) in theta of the
+        bindings seen: for each such row, the logistic of (the link's doubling gain less
+        the CPU's) / ``observed_binding_temperature`` is the probability the link binds."""
+        size = theta.shape[0]
+        if not self.seen_rows.shape[0]:
+            return 0.0, np.zeros(size), np.zeros((size, size))
+        d = _rows(self.d, self.seen_rows)
+        tau = self.p.observed_binding_temperature
+        ln2 = math.log(2.0)
+        # The gains share the unshifted rate, so their difference is the two shifted ones'.
+        cpu = _evaluate(theta, d, self.p, self.n_gpu, self.n_fam, jacobian=True,
+                        cpu_boost=ln2)
+        link = _evaluate(theta, replace(d, pcie_log=d.pcie_log + ln2), self.p, self.n_gpu,
+                         self.n_fam, jacobian=True)
+        assert cpu.jac is not None and link.jac is not None
+        z = (link.f - cpu.f) / tau
+        dz = (link.jac - cpu.jac) / tau
+        prob = special.expit(z)
+        loglik = float((self.seen_link * z - np.logaddexp(0.0, z)).sum())
+        grad = dz.T @ (self.seen_link - prob)
+        fisher = dz.T @ ((prob * (1.0 - prob))[:, None] * dz)
+        return loglik, grad, fisher
 
     def count_weights(self, theta: Array) -> Array:
         """(units, counts) the prior's probability of each count, the unlikely ones 0."""
@@ -1384,7 +1421,7 @@ class _Fitter:
     def objective(self, theta: Array, post: _Posterior) -> float:
         rwr = post.parts(self.sig_e, self.sig_h, self.weight)[0]
         return (0.5 * rwr + 0.5 * float((self.prec * (theta - self.mu) ** 2).sum())
-                - self.count_log_prior(theta))
+                - self.count_log_prior(theta) - self.seen_terms(theta)[0])
 
     def fit_theta(self) -> None:
         """Levenberg-Marquardt on the parameters at the current spreads and counts."""
@@ -1395,8 +1432,9 @@ class _Fitter:
             self.iterations += 1
             _, _, jwj, jwr, _ = post.parts(self.sig_e, self.sig_h, self.weight)
             count_grad, count_curv = self.count_terms(self.theta)
-            hess = jwj + np.diag(self.prec) + count_curv
-            grad = jwr - self.prec * (self.theta - self.mu) + count_grad
+            _, seen_grad, seen_info = self.seen_terms(self.theta)
+            hess = jwj + np.diag(self.prec) + count_curv + seen_info
+            grad = jwr - self.prec * (self.theta - self.mu) + count_grad + seen_grad
             step = np.linalg.solve(hess + damping * np.diag(np.diag(hess)), grad)
             cand = self.theta + step
             cand_post = self.posterior(cand)
@@ -1419,7 +1457,8 @@ class _Fitter:
         post = self.posterior(self.theta)
         prior_e, prior_h = math.log(self.p.noise_sd), math.log(self.p.host_sd)
         s2 = self.p.spread_log_sd**2
-        fixed = np.diag(self.prec) + self.count_terms(self.theta)[1]
+        fixed = np.diag(self.prec) + self.count_terms(self.theta)[1] + self.seen_terms(
+            self.theta)[2]
 
         def log_evidence(le: float, lh: float) -> float:
             rwr, logdet, jwj, _, _ = post.parts(math.exp(le), math.exp(lh), self.weight)
@@ -1444,7 +1483,9 @@ class _Fitter:
         theta = self.theta
         post = self.posterior(theta)
         rwr, logdet, jwj, _, _ = post.parts(self.sig_e, self.sig_h, self.weight)
-        _, logdet_h = np.linalg.slogdet(jwj + np.diag(self.prec) + self.count_terms(theta)[1])
+        seen_loglik, _, seen_info = self.seen_terms(theta)
+        _, logdet_h = np.linalg.slogdet(jwj + np.diag(self.prec) + self.count_terms(theta)[1]
+                                        + seen_info)
         r = self.resp
         entropy = -float(np.where(r > 0, r * np.log(np.maximum(r, 1e-300)), 0.0).sum())
         s2 = self.p.spread_log_sd**2
@@ -1452,7 +1493,7 @@ class _Fitter:
                    + (math.log(self.sig_h / self.p.host_sd)) ** 2) / s2
         return float(-0.5 * (rwr + logdet + logdet_h + spreads)
                      - 0.5 * float((self.prec * (theta - self.mu) ** 2).sum())
-                     + self.count_log_prior(theta) + entropy)
+                     + self.count_log_prior(theta) + entropy + seen_loglik)
 
     def update_weights(self) -> None:
         """EM's E-step for the host tails: each machine's weight from its host effect's

@@ -18,6 +18,7 @@ def measurement_row(m: Measurement, now: float) -> dict[str, Any]:
         "machine_id": m.machine_id, "gpu_name": f.gpu_name,
         "num_gpus": f.num_gpus, "rate_per_hour": m.rate_per_hour, "measured_at": m.measured_at,
         "source": "imported", "offer_json": dumps(m.offer.raw), "recorded_at": now,
+        "bottleneck": m.bottleneck,
     }
 
 

@@ -70,7 +70,7 @@ def measurement_of(row: Row) -> Measurement:
     return parse_measurement(
         {"machine_id": row["machine_id"], "offer": loads(row["offer_json"]),
          "rate_per_hour": rate, "measured_at": row["measured_at"],
-         "source": row["source"]},
+         "source": row["source"], "bottleneck": row.get("bottleneck")},
         default_source=row["source"],
     )
 

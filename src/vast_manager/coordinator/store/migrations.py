@@ -588,6 +588,13 @@ def _m15_latest_telemetry_on_instances(db: sqlite_utils.Database) -> None:
     )
 
 
+def _m16_binding_seen(db: sqlite_utils.Database) -> None:
+    """The resource seen binding while a rate was measured (``hosts import``'s optional
+    ``bottleneck``; docs/discovery.md, section 2): evidence the rate model reads where it
+    says the CPU or the link. Null: not seen."""
+    db.table("measurements").add_column("bottleneck", str)
+
+
 MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...] = (
     (1, "initial tables", _m1_initial),
     (2, "benchmark state for early verdicts", _m2_benchmark_verdict_state),
@@ -607,6 +614,7 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[sqlite_utils.Database], None]], ...]
     (14, "the most the rate model reads of a claim beyond belief; host-reported hardware",
      _m14_bounded_influence),
     (15, "the latest telemetry on its instance's row", _m15_latest_telemetry_on_instances),
+    (16, "the resource seen binding while a rate was measured", _m16_binding_seen),
 )
 
 

@@ -263,9 +263,12 @@ async def hosts_import(core: Core, request: web.Request) -> Any:
 
 def export_record(row: Row) -> dict[str, Any]:
     """A stored measurement as its ``hosts export`` line (the shape ``hosts import`` reads)."""
-    return {"machine_id": row["machine_id"], "offer": loads(row["offer_json"]),
-            "rate_per_hour": row["rate_per_hour"], "measured_at": row["measured_at"],
-            "source": row["source"]}
+    out = {"machine_id": row["machine_id"], "offer": loads(row["offer_json"]),
+           "rate_per_hour": row["rate_per_hour"], "measured_at": row["measured_at"],
+           "source": row["source"]}
+    if row.get("bottleneck") is not None:
+        out["bottleneck"] = row["bottleneck"]
+    return out
 
 
 async def hosts_export(core: Core, request: web.Request) -> Any:
