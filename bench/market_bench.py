@@ -50,7 +50,7 @@ REQUIRED = ("machine_id", "gpu_name", "num_gpus", "dph_total", "true_rate_per_ho
             "measured_rate_per_hour")
 MARKETS_DIR = Path(__file__).resolve().parent / "markets"
 FLEET = 10
-#: The share of hosts whose binding resource the planning runs import as seen wrongly
+#: The share of hosts whose binding resource the runs import as seen wrongly
 #: (drawn once per machine): on a real host the agent's telemetry names it by rules of
 #: thumb (``common/scaling.py``), not by doubling each resource as the files label it.
 SEEN_WRONG_SHARE = 0.0
@@ -93,8 +93,10 @@ def offer_of(row: dict[str, Any]) -> Offer:
 
 
 def measurement_of(row: dict[str, Any]) -> Measurement:
+    """The host's one benchmark, with the binding resource seen (``seen_binding``)."""
     return Measurement(str(row["machine_id"]), offer_of(row),
-                       float(row["measured_rate_per_hour"]), 0.0, "imported")
+                       float(row["measured_rate_per_hour"]), 0.0, "imported",
+                       seen_binding(row))
 
 
 def mdape(pred: Sequence[float], true: Sequence[float]) -> float:
@@ -493,7 +495,9 @@ def run_markets(paths: Sequence[Path], seeds: Sequence[int], sizes: Sequence[int
         name = path.name.split(".")[0]
         print(f"\nMarket {name} ({path.name}, {len(rows)} hosts; simulated rates): "
               f"measured from a random {int(len(rows) * POOL_SHARE)} a seed, "
-              f"predicting the other {len(rows) - int(len(rows) * POOL_SHARE)}")
+              f"predicting the other {len(rows) - int(len(rows) * POOL_SHARE)}; each benchmark "
+              f"with the file's binding resource as seen, {SEEN_WRONG_SHARE:.0%} of machines' "
+              f"drawn wrong")
         if sizes:
             print(f"  {'measured':>8} {'served':>7} {'by':>10} "
                   + " ".join(f"{c:>10}" for c in CANDIDATES)
@@ -534,9 +538,7 @@ def _print_planning(plans: list[PlanningRow], seeds: Sequence[int], *, trace: bo
     ``trace``, each trial: what the plan predicted against the market's truth."""
     print(f"  planning a fleet of {FLEET} from nothing measured, the operator's path (a real "
           f"coordinator: plan --trials 1, hosts import, offers; deterministic per seed; seed 0 "
-          f"the whole file, others {PLAN_SAMPLE:.0%} of it on offer; each benchmark imported "
-          f"with the file's binding resource as seen, {SEEN_WRONG_SHARE:.0%} of machines' "
-          f"drawn wrong); $/proof at true rates:")
+          f"the whole file, others {PLAN_SAMPLE:.0%} of it on offer); $/proof at true rates:")
     for seed, p in zip(seeds, plans, strict=True):
         o = p.oracle
         print(f"    seed {seed}: oracle (physics, no host effects) "

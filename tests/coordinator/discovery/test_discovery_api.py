@@ -84,6 +84,21 @@ async def test_import_then_export_gives_back_the_same_measurements(h: Harness) -
     assert (await h.core.models.current()) is fitted
 
 
+async def test_the_binding_resource_seen_is_kept_exported_and_read_by_the_model(
+        h: Harness) -> None:
+    rows = lines_of(6)
+    for r, seen in zip(rows, ("cpu", "pcie", "gpu", "memory", None), strict=False):
+        if seen is not None:
+            r["bottleneck"] = seen
+    assert (await post_import(h, jsonl(rows)))[0] == 200
+    assert await export(h) == [{**r, "source": "imported"} for r in rows]
+    assert [r.get("bottleneck") for r in await export(h)] == [
+        "cpu", "pcie", "gpu", "memory", None, None]
+    # The fit reads the CPU's and the link's (docs/discovery.md, section 2).
+    fitted = await h.core.models.refresh()
+    assert fitted.summary()["bindings_seen"] == 2
+
+
 async def test_the_same_file_twice_adds_nothing(h: Harness) -> None:
     body = jsonl(lines_of(10))
     assert (await post_import(h, body))[0] == 200
@@ -103,6 +118,7 @@ async def test_the_same_file_twice_adds_nothing(h: Harness) -> None:
     (lambda r: r.update(machine_id="rig\x1b[2J"), "machine_id", "plain text"),
     (lambda r: r.update(offer="RTX 4090"), "offer", "vast.ai offer fields"),
     (lambda r: r.update(source="mine"), "source", "fleet, imported"),
+    (lambda r: r.update(bottleneck="disk"), "bottleneck", "gpu, cpu, pcie, memory or null"),
 ])
 async def test_a_malformed_line_names_its_number_and_field_and_writes_nothing(
     h: Harness, change: Any, field: str, words: str

@@ -719,6 +719,9 @@ class RateModel:
     # Each measured slice's mean log count of partitions in flight, as its runs told:
     # (machine id, RAM share GiB to 0.1) -> log count.
     slice_log_counts: Mapping[tuple[str, float], float] = field(default_factory=dict)
+    # Measurements whose binding resource was seen as the CPU or the link (what the fit
+    # reads of ``Measurement.bottleneck``).
+    bindings_seen: int = 0
 
     @property
     def n_machines(self) -> int:
@@ -739,6 +742,7 @@ class RateModel:
         return {
             "measurements": self.n_measurements,
             "machines": self.n_machines,
+            "bindings_seen": self.bindings_seen,
             "sigma_host": self.sigma_host,
             "sigma_noise": self.sigma_noise,
             "interval_scale": self.interval_scale,
@@ -1219,6 +1223,7 @@ def _fit(measurements: Sequence[Measurement], now: float | None, p: Priors
         interval_scales=scales,
         slice_log_counts={key: float(v) for key, v in zip(unit_keys, unit_log_count,
                                                           strict=True)},
+        bindings_seen=len(seen),
     )
     return model, fitter.log_evidence()
 
