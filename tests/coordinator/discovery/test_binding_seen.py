@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from vast_manager.coordinator.discovery.measurements import Measurement
+from vast_manager.coordinator.discovery.served import fit_served_model
 from vast_manager.coordinator.discovery.structural_model import RateModel, fit_rate_model
 
 from support.discovery_support import market_measurements, market_offer
@@ -57,3 +58,15 @@ def test_a_binding_seen_as_the_gpu_or_the_ram_changes_nothing() -> None:
     assert b.summary()["bindings_seen"] == 0
     assert np.array_equal(a.theta, b.theta)
 
+
+
+def test_from_thirty_machines_the_served_model_leaves_the_bindings_seen_out() -> None:
+    """A cold start's evidence: below 30 machines the structural model answers alone and
+    reads them; from 30 the learners correct its reading, and the bindings seen, read
+    beside them, cost accuracy on a market made at test time (docs/discovery.md)."""
+    rows = random.Random(2).sample(ROWS[:600], 40)
+    few = [dataclasses.replace(m, bottleneck=r["true_binding"])
+           for m, r in zip(market_measurements(rows[:20]), rows[:20], strict=True)]
+    many = few + market_measurements(rows[20:])
+    assert fit_served_model(few, now=0.0).summary()["bindings_seen"] > 5
+    assert fit_served_model(many, now=0.0).summary()["bindings_seen"] == 0

@@ -743,7 +743,9 @@ IMPORT_TIMEOUT_S = 900.0
 @operator_options
 def hosts_import(client: OperatorClient, file: str, dry_run: bool, as_json: bool) -> None:
     """Import measurements from a JSON Lines file (`-`: stdin), one a line:
-    {"machine_id", "offer": {vast.ai offer fields}, "rate_per_hour", "measured_at"}.
+    {"machine_id", "offer": {vast.ai offer fields}, "rate_per_hour", "measured_at"},
+    and optionally "bottleneck": gpu, cpu, pcie or memory, the resource seen binding
+    while the rate was measured (the model reads the CPU's and the link's).
 
     They count in host_perf and the rate model marked imported; where one disagrees
     with the fleet's own measurement of the same machine, the model leaves it out. A

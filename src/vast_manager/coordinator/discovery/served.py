@@ -605,9 +605,15 @@ def fit_served_model(measurements: Sequence[Measurement], *, now: float | None =
 
 def _fit_served(measurements: Sequence[Measurement], now: float | None) -> ServedModel:
     started = time.perf_counter()
-    structural = fit_rate_model(measurements, now=now)
     usable = [m for m in measurements if _readable(m)]
     machines = len({m.machine_id for m in usable})
+    if machines >= MIN_CV_MACHINES:
+        # The bindings seen are a cold start's evidence (docs/discovery.md, section 2,
+        # "What a measurement saw"): from here the learners correct the structural
+        # model's reading, and read beside them the bindings cost accuracy.
+        measurements = [dataclasses.replace(m, bottleneck=None) for m in measurements]
+        usable = [dataclasses.replace(m, bottleneck=None) for m in usable]
+    structural = fit_rate_model(measurements, now=now)
     served = ServedModel(structural, measurements_used=len(measurements),
                          readable_machines=machines)
     if machines < MIN_CV_MACHINES:
