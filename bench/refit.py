@@ -51,14 +51,13 @@ BAR_P99_MS = 100.0
 
 
 def measurement_lines(n: int, seed: int = 5) -> bytes:
-    """n ``hosts import`` lines: the simulator market's hosts measured again and again,
-    each with the binding resource its file labels as seen (the fit's costliest case)."""
+    """n ``hosts import`` lines: the simulator market's hosts measured again and again."""
     rng = random.Random(seed)
     market = ROOT / "bench" / "markets" / "simulator.jsonl.gz"
     with gzip.open(market) as fh:
         hosts = [orjson.loads(line) for line in fh]
     rate_fields = {"true_rate_per_hour", "measured_rate_per_hour", "oracle_rate_per_hour",
-                   "oracle_median_rate_per_hour", "true_binding"}
+                   "oracle_median_rate_per_hour"}
     out = []
     now = time.time()
     for i in range(n):
@@ -67,7 +66,7 @@ def measurement_lines(n: int, seed: int = 5) -> bytes:
         out.append(orjson.dumps({
             "machine_id": str(h["machine_id"]), "offer": offer,
             "rate_per_hour": round(h["true_rate_per_hour"] * math.exp(rng.gauss(0, 0.05)), 3),
-            "measured_at": now - 3600 - i, "bottleneck": h["true_binding"]}))
+            "measured_at": now - 3600 - i}))
     return b"\n".join(out) + b"\n"
 
 
