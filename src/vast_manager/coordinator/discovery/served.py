@@ -50,7 +50,7 @@ from sklearn.preprocessing import TargetEncoder
 from threadpoolctl import threadpool_limits
 
 from vast_manager.coordinator.discovery.features import FeatureError, offer_features
-from vast_manager.coordinator.discovery.measurements import Measurement
+from vast_manager.coordinator.discovery.measurements import RESOURCES, Measurement
 from vast_manager.coordinator.discovery.structural_model import (
     Prediction,
     RateModel,
@@ -75,7 +75,8 @@ FEW_MACHINES_FOLDS = 10
 #: A binding resource gets its own interval scale once this many machines back it.
 MIN_GROUP_ROWS = 40
 BLEND_STEP = 0.1
-BOTTLENECKS = ("gpu", "cpu", "pcie", "memory")
+#: The binding resources, coded for the learners by their place here.
+BOTTLENECKS = RESOURCES
 #: The offer's plain numeric fields, as vast.ai names them.
 PLAIN_FIELDS = ("num_gpus", "gpu_ram", "gpu_mem_bw", "total_flops", "dlperf", "compute_cap",
                 "cpu_cores", "cpu_cores_effective", "cpu_ram", "cpu_ghz", "pcie_bw",
