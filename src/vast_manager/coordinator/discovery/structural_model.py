@@ -145,6 +145,10 @@ class Priors:
     feed_sharpness: float = 8.0
     feed_sharpness_sd: float = 0.7
     linear_sd: float = 0.10
+    # The power of the GPU count outside the soft-mins (0 a priori: GPUs add up). Wider
+    # spreads were tried on the cold start and at 240 measured; neither held every bar
+    # (docs/discovery.md, section 9, "The pass on the GPU count's prior").
+    multi_gpu_sd: float = 0.10
     # The RAM-share term's coefficients (``RAM_HINGES_GIB``), 0 a priori.
     ram_hinge_sd: float = 0.25
     # Where the RAM share is a factor on the whole rate (``ram_form``), the term reads
@@ -1071,7 +1075,7 @@ def _prior_arrays(priors: Priors, n_gpu: int, n_fam: int) -> tuple[Array, Array]
         "gpu_scale": p.gpu_scale_sd, "cpu_scale": p.cpu_scale_sd, "pcie_scale": p.pcie_scale_sd,
         "ram_scale": p.ram_scale_sd, "ram_resident": p.ram_resident_sd,
         "ram_partition": p.ram_partition_sd, "ghz_exponent": p.ghz_exponent_sd,
-        "log_sharpness": p.sharpness_sd, "multi_gpu": p.linear_sd, "host_share": p.linear_sd,
+        "log_sharpness": p.sharpness_sd, "multi_gpu": p.multi_gpu_sd, "host_share": p.linear_sd,
         "mem_bw_deviation": p.deviation_coef_sd, "dlperf_deviation": p.deviation_coef_sd,
         "disk_bw": p.other_sd, "inet_down": p.other_sd, "reliability": p.other_sd,
         "log_step_sharpness": p.partition_step_sharpness_sd,
