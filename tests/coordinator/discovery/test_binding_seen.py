@@ -59,7 +59,6 @@ def test_a_binding_seen_as_the_gpu_or_the_ram_changes_nothing() -> None:
     assert np.array_equal(a.theta, b.theta)
 
 
-
 def test_from_thirty_machines_the_served_model_leaves_the_bindings_seen_out() -> None:
     """A cold start's evidence: below 30 machines the structural model answers alone and
     reads them; from 30 the learners correct its reading, and the bindings seen, read
