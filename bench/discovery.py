@@ -1087,6 +1087,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--binding-seen-wrong", type=float, default=None, metavar="SHARE",
                     help="with --market(s): the share of hosts the planning runs import "
                          "with a wrong binding resource seen (default 0)")
+    ap.add_argument("--plan-oracle-error", type=float, default=None, metavar="F",
+                    help="with --market(s): the planning runs predict untried hosts from "
+                         "the market's physics oracle, its log error F times the market's "
+                         "host-effect sd (1: the oracle's own), not with the model: the "
+                         "bars' reach for a model that accurate")
     ap.add_argument("--markets", action="store_true",
                     help="every market in bench/markets/ (the one command for the figures)")
     ap.add_argument("--prior", action="append", default=[], metavar="NAME=VALUE",
@@ -1270,6 +1275,10 @@ def markets_main(args: argparse.Namespace) -> int:
             if not 0.0 <= args.binding_seen_wrong <= 1.0:
                 raise ValueError("--binding-seen-wrong must be between 0 and 1")
             market_bench.SEEN_WRONG_SHARE = args.binding_seen_wrong
+        if args.plan_oracle_error is not None:
+            if not 1.0 <= args.plan_oracle_error < math.inf:
+                raise ValueError("--plan-oracle-error must be a number of at least 1")
+            market_bench.PLAN_ORACLE_ERROR = args.plan_oracle_error
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

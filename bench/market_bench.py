@@ -19,12 +19,14 @@ and how often a prediction names it. Every figure is simulated: the markets' rat
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import gzip
 import math
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -41,7 +43,7 @@ from vast_manager.coordinator.discovery.served import (
     fit_served_model,
     plain_share_matrix,
 )
-from vast_manager.coordinator.discovery.structural_model import Prediction
+from vast_manager.coordinator.discovery.structural_model import Z80, Prediction, Unpredictable
 from vast_manager.coordinator.offers import Offer, parse_offer
 
 RATE_FIELDS = ("true_rate_per_hour", "measured_rate_per_hour", "oracle_rate_per_hour",
@@ -54,6 +56,11 @@ FLEET = 10
 #: (drawn once per machine): on a real host the agent's telemetry names it by rules of
 #: thumb (``common/scaling.py``), not by doubling each resource as the files label it.
 SEEN_WRONG_SHARE = 0.0
+#: None: the planning runs predict untried hosts with the served model, as an operator's
+#: coordinator does. A number F: with the market's physics oracle instead, its log error
+#: F times the market's host-effect sd (``oracle_predictions``): what a model that
+#: accurate would plan, so a planning bar can be told apart from the model that misses it.
+PLAN_ORACLE_ERROR: float | None = None
 
 
 class MarketError(ValueError):
@@ -373,6 +380,46 @@ def seen_binding(row: dict[str, Any]) -> str | None:
     return str(true)
 
 
+@contextlib.contextmanager
+def oracle_predictions(rows: list[dict[str, Any]], error: float) -> Iterator[None]:
+    """Within it, every served model predicts an untried host of ``rows`` from the
+    market's physics oracle: the oracle's rate times the market's mean host effect, a
+    log error drawn once per offer (independent of every other offer) that brings the
+    total log error to ``error`` times the host-effect sd, and an interval calibrated to
+    that total. A measured machine's prediction stays the model's reading of its runs."""
+    from vast_manager.coordinator.discovery.served import ServedModel
+
+    if error < 1.0 or not all("oracle_rate_per_hour" in r for r in rows):
+        raise MarketError("an oracle planning run needs an error of at least 1 and an "
+                          "oracle_rate_per_hour on every line")
+    effect = [math.log(r["true_rate_per_hour"] / r["oracle_rate_per_hour"]) for r in rows]
+    shift, host_sd = statistics.mean(effect), statistics.pstdev(effect)
+    drawn_sd = host_sd * math.sqrt(error**2 - 1.0)
+    sd = max(math.hypot(host_sd, drawn_sd), 1e-3)
+    log_mean = {r["id"]: math.log(r["oracle_rate_per_hour"]) + shift
+                + random.Random(f"oracle error {r['id']}").gauss(0.0, drawn_sd) for r in rows}
+    served_predict = ServedModel.predict_offers
+
+    def predict_offers(self: ServedModel, offers: Sequence[Offer], *, explain: bool = True
+                       ) -> list[Prediction | Unpredictable]:
+        out = served_predict(self, offers, explain=explain)
+        for i, (o, p) in enumerate(zip(offers, out, strict=True)):
+            mu = log_mean.get(o.id)
+            if isinstance(p, Prediction) and p.machine_runs == 0 and mu is not None:
+                # The point as the model's: the median weighted by 1/rate, exp(mu - sd^2).
+                out[i] = dataclasses.replace(
+                    p, rate_per_hour=math.exp(mu - sd**2),
+                    rate_low=math.exp(mu - Z80 * sd), rate_high=math.exp(mu + Z80 * sd),
+                    log_rate_mean=mu, log_rate_sd=sd, modes=())
+        return out
+
+    ServedModel.predict_offers = predict_offers  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ServedModel.predict_offers = served_predict  # type: ignore[method-assign]
+
+
 def fleet_from_offers(rows: list[dict[str, Any]], offers: list[dict[str, Any]]
                       ) -> list[dict[str, Any]]:
     """The operator's fleet: the top of ``offers --json`` by predicted $/proof (a measured
@@ -419,7 +466,10 @@ def planning(rows: list[dict[str, Any]], checkpoints: Sequence[int] = (10, 20)
     trials: list[dict[str, Any]] = []
     measured: set[str] = set()
     spent = 0.0
-    with tempfile.TemporaryDirectory(prefix="market-bench-") as tmp:
+    with contextlib.ExitStack() as stack:
+        if PLAN_ORACLE_ERROR is not None:
+            stack.enter_context(oracle_predictions(rows, PLAN_ORACLE_ERROR))
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="market-bench-"))
         coord = Coordinator(rows, Path(tmp))
         try:
             last = max(checkpoints)
@@ -539,6 +589,9 @@ def _print_planning(plans: list[PlanningRow], seeds: Sequence[int], *, trace: bo
     print(f"  planning a fleet of {FLEET} from nothing measured, the operator's path (a real "
           f"coordinator: plan --trials 1, hosts import, offers; deterministic per seed; seed 0 "
           f"the whole file, others {PLAN_SAMPLE:.0%} of it on offer); $/proof at true rates:")
+    if PLAN_ORACLE_ERROR is not None:
+        print(f"    not the model's plans: untried hosts predicted from the physics oracle, log "
+              f"error {PLAN_ORACLE_ERROR:g}x the market's host-effect sd (--plan-oracle-error)")
     for seed, p in zip(seeds, plans, strict=True):
         o = p.oracle
         print(f"    seed {seed}: oracle (physics, no host effects) "
@@ -643,4 +696,5 @@ def _planning_acceptance(plans: list[PlanningRow]) -> None:
         f"never worse than the 10 cheapest (worst {max(worse):+.1%} against them) "
         f"{_verdict(max(worse) <= 0)}",
     ]
-    print("  acceptance, planning, every run: " + "; ".join(parts))
+    by = "" if PLAN_ORACLE_ERROR is None else f" (oracle predictions, {PLAN_ORACLE_ERROR:g}x)"
+    print(f"  acceptance, planning{by}, every run: " + "; ".join(parts))

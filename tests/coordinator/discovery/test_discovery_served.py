@@ -199,6 +199,43 @@ def test_a_bad_prior_or_share_is_named_and_runs_nothing(
         assert said in err.err and "Market " not in err.out
 
 
+def test_an_oracle_planning_run_predicts_untried_hosts_from_the_oracle(
+        contended: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]) -> None:
+    """``--plan-oracle-error F``: within ``oracle_predictions`` an untried host's point is
+    the oracle's rate times the market's mean host effect, its log sd F times the host
+    effect's; a measured machine keeps the model's reading of its runs; after it the
+    served model predicts as before. Below 1 the option is refused before any run."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import discovery as bench
+    import market_bench
+
+    rows = contended[:300]
+    model = fit_served_model(measured(rows[:60]), now=0.0)
+    offers = [offer(r) for r in (rows[0], rows[200])]
+    def points(preds: list[Any]) -> list[tuple[float, float, float]]:
+        return [(p.rate_per_hour, p.rate_low, p.rate_high) for p in preds]
+
+    before = model.predict_offers(offers, explain=False)
+    assert isinstance(before[0], Prediction) and before[0].machine_runs > 0
+    effect = [math.log(r["true_rate_per_hour"] / r["oracle_rate_per_hour"]) for r in rows]
+    host_sd = float(np.std(effect))
+    for error in (1.0, 2.0):
+        with market_bench.oracle_predictions(rows, error):
+            seen, new = model.predict_offers(offers, explain=False)
+        assert points([seen]) == points(before[:1]) and isinstance(new, Prediction)
+        assert new.log_rate_sd == pytest.approx(error * host_sd)
+        if error == 1.0:
+            assert new.log_rate_mean == pytest.approx(
+                math.log(rows[200]["oracle_rate_per_hour"]) + float(np.mean(effect)))
+    assert points(model.predict_offers(offers, explain=False)) == points(before)
+    blind = [{k: v for k, v in r.items() if k != "oracle_rate_per_hour"} for r in rows]
+    with (pytest.raises(market_bench.MarketError, match="oracle_rate_per_hour on every"),
+          market_bench.oracle_predictions(blind, 1.0)):
+        pass
+    assert bench.main(["--markets", "--plan-only", "--plan-oracle-error", "0.5"]) == 2
+    assert "at least 1" in capsys.readouterr().err
+
+
 def test_one_planning_run_traces_its_trials_against_the_truth(
         tmp_path: Path, contended: list[dict[str, Any]],
         capsys: pytest.CaptureFixture[str]) -> None:
