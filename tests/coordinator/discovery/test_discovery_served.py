@@ -212,6 +212,7 @@ def test_an_oracle_planning_run_predicts_untried_hosts_from_the_oracle(
     rows = contended[:300]
     model = fit_served_model(measured(rows[:20]), now=0.0)
     offers = [offer(r) for r in (rows[0], rows[200])]
+
     def points(preds: list[Any]) -> list[tuple[float, float, float]]:
         return [(p.rate_per_hour, p.rate_low, p.rate_high) for p in preds]
 
