@@ -1092,6 +1092,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "the market's physics oracle, its log error F times the market's "
                          "host-effect sd (1: the oracle's own), not with the model: the "
                          "bars' reach for a model that accurate")
+    ap.add_argument("--plan-oracle-min-gpus", type=int, default=None, metavar="N",
+                    help="with --plan-oracle-error: only offers of N GPUs or more from the "
+                         "oracle, the others from the model")
     ap.add_argument("--markets", action="store_true",
                     help="every market in bench/markets/ (the one command for the figures)")
     ap.add_argument("--prior", action="append", default=[], metavar="NAME=VALUE",
@@ -1279,6 +1282,11 @@ def markets_main(args: argparse.Namespace) -> int:
             if not 1.0 <= args.plan_oracle_error < math.inf:
                 raise ValueError("--plan-oracle-error must be a number of at least 1")
             market_bench.PLAN_ORACLE_ERROR = args.plan_oracle_error
+        if args.plan_oracle_min_gpus is not None:
+            if args.plan_oracle_error is None or args.plan_oracle_min_gpus < 1:
+                raise ValueError("--plan-oracle-min-gpus takes a GPU count of at least 1 "
+                                 "and needs --plan-oracle-error")
+            market_bench.PLAN_ORACLE_MIN_GPUS = args.plan_oracle_min_gpus
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

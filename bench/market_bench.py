@@ -61,6 +61,9 @@ SEEN_WRONG_SHARE = 0.0
 #: F times the market's host-effect sd (``oracle_predictions``): what a model that
 #: accurate would plan, so a planning bar can be told apart from the model that misses it.
 PLAN_ORACLE_ERROR: float | None = None
+#: With ``PLAN_ORACLE_ERROR``: only offers of at least this many GPUs are predicted from
+#: the oracle, the others by the model (to find whose errors a planning bar misses by).
+PLAN_ORACLE_MIN_GPUS = 1
 
 
 class MarketError(ValueError):
@@ -381,8 +384,10 @@ def seen_binding(row: dict[str, Any]) -> str | None:
 
 
 @contextlib.contextmanager
-def oracle_predictions(rows: list[dict[str, Any]], error: float) -> Iterator[None]:
-    """Within it, every served model predicts an untried host of ``rows`` from the
+def oracle_predictions(rows: list[dict[str, Any]], error: float, min_gpus: int = 1
+                       ) -> Iterator[None]:
+    """Within it, every served model predicts an untried host of ``rows`` (of at least
+    ``min_gpus`` GPUs) from the
     market's physics oracle: the oracle's rate times the market's mean host effect, a
     log error drawn once per offer (independent of every other offer) that brings the
     total log error to ``error`` times the host-effect sd, and an interval calibrated to
@@ -399,7 +404,8 @@ def oracle_predictions(rows: list[dict[str, Any]], error: float) -> Iterator[Non
     drawn_sd = host_sd * math.sqrt(error**2 - 1.0)
     sd = max(math.hypot(host_sd, drawn_sd), 1e-3)
     log_mean = {r["id"]: math.log(r["oracle_rate_per_hour"]) + shift
-                + random.Random(f"oracle error {r['id']}").gauss(0.0, drawn_sd) for r in rows}
+                + random.Random(f"oracle error {r['id']}").gauss(0.0, drawn_sd)
+                for r in rows if r["num_gpus"] >= min_gpus}
     served_predict = ServedModel.predict_offers
 
     def predict_offers(self: ServedModel, offers: Sequence[Offer], *, explain: bool = True
@@ -470,7 +476,8 @@ def planning(rows: list[dict[str, Any]], checkpoints: Sequence[int] = (10, 20)
     spent = 0.0
     with contextlib.ExitStack() as stack:
         if PLAN_ORACLE_ERROR is not None:
-            stack.enter_context(oracle_predictions(rows, PLAN_ORACLE_ERROR))
+            stack.enter_context(
+                oracle_predictions(rows, PLAN_ORACLE_ERROR, PLAN_ORACLE_MIN_GPUS))
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="market-bench-"))
         coord = Coordinator(rows, Path(tmp))
         try:
@@ -593,7 +600,9 @@ def _print_planning(plans: list[PlanningRow], seeds: Sequence[int], *, trace: bo
           f"the whole file, others {PLAN_SAMPLE:.0%} of it on offer); $/proof at true rates:")
     if PLAN_ORACLE_ERROR is not None:
         print(f"    not the model's plans: untried hosts predicted from the physics oracle, log "
-              f"error {PLAN_ORACLE_ERROR:g}x the market's host-effect sd (--plan-oracle-error)")
+              f"error {PLAN_ORACLE_ERROR:g}x the market's host-effect sd (--plan-oracle-error)"
+              + (f", those of {PLAN_ORACLE_MIN_GPUS} GPUs or more only"
+                 if PLAN_ORACLE_MIN_GPUS > 1 else ""))
     for seed, p in zip(seeds, plans, strict=True):
         o = p.oracle
         print(f"    seed {seed}: oracle (physics, no host effects) "
@@ -698,5 +707,7 @@ def _planning_acceptance(plans: list[PlanningRow]) -> None:
         f"never worse than the 10 cheapest (worst {max(worse):+.1%} against them) "
         f"{_verdict(max(worse) <= 0)}",
     ]
-    by = "" if PLAN_ORACLE_ERROR is None else f" (oracle predictions, {PLAN_ORACLE_ERROR:g}x)"
+    by = "" if PLAN_ORACLE_ERROR is None else (
+        f" (oracle predictions, {PLAN_ORACLE_ERROR:g}x"
+        + (f", {PLAN_ORACLE_MIN_GPUS}+ GPUs" if PLAN_ORACLE_MIN_GPUS > 1 else "") + ")")
     print(f"  acceptance, planning{by}, every run: " + "; ".join(parts))

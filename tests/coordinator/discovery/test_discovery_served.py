@@ -204,7 +204,8 @@ def test_an_oracle_planning_run_predicts_untried_hosts_from_the_oracle(
     """``--plan-oracle-error F``: within ``oracle_predictions`` an untried host's point is
     the oracle's rate times the market's mean host effect, its log sd F times the host
     effect's; a measured machine keeps the model's reading of its runs; after it the
-    served model predicts as before. Below 1 the option is refused before any run."""
+    served model predicts as before; with ``min_gpus`` an offer of fewer GPUs keeps the
+    model's. Below 1 the option is refused before any run."""
     sys.path.insert(0, str(ROOT / "bench"))
     import discovery as bench
     import market_bench
@@ -228,6 +229,8 @@ def test_an_oracle_planning_run_predicts_untried_hosts_from_the_oracle(
         if error == 1.0:
             assert new.log_rate_mean == pytest.approx(
                 math.log(rows[200]["oracle_rate_per_hour"]) + float(np.mean(effect)))
+    with market_bench.oracle_predictions(rows, 1.0, min_gpus=rows[200]["num_gpus"] + 1):
+        assert points(model.predict_offers(offers, explain=False)) == points(before)
     assert points(model.predict_offers(offers, explain=False)) == points(before)
     blind = [{k: v for k, v in r.items() if k != "oracle_rate_per_hour"} for r in rows]
     with (pytest.raises(market_bench.MarketError, match="oracle_rate_per_hour on every"),
@@ -235,6 +238,8 @@ def test_an_oracle_planning_run_predicts_untried_hosts_from_the_oracle(
         pass
     assert bench.main(["--markets", "--plan-only", "--plan-oracle-error", "0.5"]) == 2
     assert "at least 1" in capsys.readouterr().err
+    assert bench.main(["--markets", "--plan-only", "--plan-oracle-min-gpus", "2"]) == 2
+    assert "needs --plan-oracle-error" in capsys.readouterr().err
 
 
 def test_one_planning_run_traces_its_trials_against_the_truth(
