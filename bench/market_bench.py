@@ -387,13 +387,12 @@ def seen_binding(row: dict[str, Any]) -> str | None:
 def oracle_predictions(rows: list[dict[str, Any]], error: float, min_gpus: int = 1
                        ) -> Iterator[None]:
     """Within it, every served model predicts an untried host of ``rows`` (of at least
-    ``min_gpus`` GPUs) from the
-    market's physics oracle: the oracle's rate times the market's mean host effect, a
-    log error drawn once per offer (independent of every other offer) that brings the
-    total log error to ``error`` times the host-effect sd, and an interval calibrated to
-    that total. A measured machine's prediction stays the model's reading of its runs,
-    and a prediction's capacities and binding resource (the plan's belief tests read
-    them) stay the model's."""
+    ``min_gpus`` GPUs) from the market's physics oracle: the oracle's rate times the
+    market's mean host effect, a log error drawn once per offer (independent of every
+    other offer) that brings the total log error to ``error`` times the host-effect sd,
+    and an interval calibrated to that total. A measured machine's prediction stays the
+    model's reading of its runs, and a prediction's capacities and binding resource (the
+    plan's belief tests read them) stay the model's."""
     from vast_manager.coordinator.discovery.served import ServedModel
 
     if error < 1.0 or not all("oracle_rate_per_hour" in r for r in rows):
