@@ -20,7 +20,14 @@ from vast_manager.coordinator.settings import Settings
 from vast_manager.coordinator.web.server import start_server
 
 from support.coord_support import ADMIN, ADMIN_TOKEN, SECRET_HEX
-from support.fault_support import TEST_MARKER_ENV, audit_results, fleet_settled, kill_marked
+from support.fault_support import (
+    TEST_MARKER_ENV,
+    audit_results,
+    fleet_settled,
+    gone_instances,
+    kill_marked,
+    spooled_results,
+)
 from support.faultproxy import FaultProxy, FaultRates
 
 RATES = FaultRates(drop=0.04, delay=0.08, reset_request=0.04, reset_response=0.04,
@@ -60,7 +67,8 @@ async def test_fleet_through_fault_proxy_stores_every_result_once(tmp_path: Path
             while True:
                 instances = await api(session, server.url, "GET", "/api/instances")
                 scaling = await api(session, server.url, "GET", "/api/scaling")
-                if fleet_settled(instances, scaling):
+                if fleet_settled(instances, scaling) and not spooled_results(
+                        tmp_path / "instances", instances):
                     break
                 assert time.monotonic() < deadline, [
                     (i["id"], i["state"], i["phase"]) for i in instances]
@@ -68,7 +76,8 @@ async def test_fleet_through_fault_proxy_stores_every_result_once(tmp_path: Path
         assert len(instances) >= 8
         assert all(i["state"] not in ("failed", "lost", "vanished") for i in instances), [
             (i["id"], i["state"], i["terminate_reason"]) for i in instances]
-        totals = audit_results(tmp_path / "instances", tmp_path / "fleet.db")
+        totals = audit_results(tmp_path / "instances", tmp_path / "fleet.db",
+                               gone_instances(instances))
         print(f"fleet through the fault proxy: {totals}; proxy {dict(proxy.counts)}")
         assert totals["agents"] == len(instances)
         # Every agent measured its host: a result of its own, or the early verdict that

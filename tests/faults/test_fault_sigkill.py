@@ -29,8 +29,10 @@ from support.fault_support import (
     admin_call,
     audit_results,
     fleet_settled,
+    gone_instances,
     kill_marked,
     process_env,
+    spooled_results,
     wait_until,
 )
 
@@ -82,11 +84,12 @@ def test_sigkill_under_load_every_result_stored_exactly_once(tmp_path: Path) -> 
 
         def done() -> bool:
             instances, scaling = listing(coord)
-            spooled = list(instances_dir.glob("instance-*/state/spool/*-result-*.json"))
-            return fleet_settled(instances, scaling) and not spooled
+            return fleet_settled(instances, scaling) and not spooled_results(
+                instances_dir, instances)
 
-        wait_until(done, "the fleet to settle with every spool empty", 240, poll_s=1.0)
-        totals = audit_results(instances_dir, coord.db_path)
+        wait_until(done, "the fleet to settle with every live spool empty", 240, poll_s=1.0)
+        totals = audit_results(instances_dir, coord.db_path,
+                               gone_instances(listing(coord)[0]))
         retries = sum(p.read_text(errors="replace").count("; retry ")
                       for p in instances_dir.glob("instance-*/agent.log"))
         print(f"SIGKILL x{KILLS}: {totals}; {rebenchmarks} rebenchmarks; "

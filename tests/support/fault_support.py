@@ -30,7 +30,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -325,9 +325,12 @@ _SPOOLED_RE = re.compile(r"result (\S+) spooled")
 _DELIVERED_RE = re.compile(r"result (\S+) delivered")
 
 
-def audit_results(instances_dir: Path, db_path: Path) -> dict[str, int]:
+def audit_results(instances_dir: Path, db_path: Path,
+                  gone: Collection[int] = ()) -> dict[str, int]:
     """Every result an agent spooled (produced) is stored exactly once; every result it saw
-    acknowledged is stored; no result is left in any spool. Returns totals."""
+    acknowledged is stored; no result is left in any spool, except a stored one on an
+    instance in ``gone`` (provider ids: destroyed before the acknowledgement reached its
+    agent). Returns totals."""
     totals = {"agents": 0, "produced": 0, "acknowledged": 0, "stored": 0,
               "stopped_early": 0, "without_result": 0}
     with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as db:
@@ -354,6 +357,8 @@ def audit_results(instances_dir: Path, db_path: Path) -> dict[str, int]:
                 f"stored but never produced {set(stored) - produced}"
             )
             left = list((log_path.parent / "state" / "spool").glob("*-result-*.json"))
+            if int(log_path.parent.name.removeprefix("instance-")) in gone:
+                left = [p for p in left if p.stem.split("-result-", 1)[1] not in stored]
             assert left == [], f"{agent_id}: results still spooled: {left}"
             # An agent whose benchmark an early verdict stopped produced no result of its
             # own: the coordinator's early_verdict row is its measurement.
@@ -372,6 +377,21 @@ def audit_results(instances_dir: Path, db_path: Path) -> dict[str, int]:
 
 
 SETTLED_FINAL = {"destroyed", "failed", "lost", "terminating", "vanished"}
+
+
+def gone_instances(instances: list[dict[str, Any]]) -> set[int]:
+    """The provider ids of ``instances`` in a final state."""
+    return {int(i["provider_instance_id"]) for i in instances
+            if i.get("state") in SETTLED_FINAL and i.get("provider_instance_id") is not None}
+
+
+def spooled_results(instances_dir: Path, instances: list[dict[str, Any]]) -> list[Path]:
+    """Results still spooled on instances not gone. An agent resends a result until the
+    coordinator's acknowledgement reaches it, so after a lost response the coordinator can
+    hold a result (and the fleet look settled) while its agent's spool still has it."""
+    gone = gone_instances(instances)
+    return [p for p in instances_dir.glob("instance-*/state/spool/*-result-*.json")
+            if int(p.parents[2].name.removeprefix("instance-")) not in gone]
 
 
 def fleet_settled(instances: list[dict[str, Any]], scaling: list[dict[str, Any]]) -> bool:
