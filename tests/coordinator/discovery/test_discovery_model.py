@@ -12,6 +12,7 @@ import pytest
 from vast_manager.coordinator.discovery.measurements import Measurement
 from vast_manager.coordinator.discovery.structural_model import (
     Prediction,
+    Priors,
     Unpredictable,
     _least_scale,
     _mixture_cdf,
@@ -145,6 +146,24 @@ def test_a_small_ram_share_is_predicted_slower_and_memory_bound() -> None:
     assert p_slice.rate_per_hour * 4 < p_whole.rate_per_hour
     ram = next(c for c in p_slice.contributions if c.name == "RAM share")
     assert ram.log_rate < 0
+
+
+def test_from_nothing_several_gpus_are_predicted_below_linear() -> None:
+    """The GPU count's power is -0.1 a priori (docs/discovery.md, section 2): from nothing,
+    a 4-GPU host is predicted at 4^-0.1 of what GPUs that add up would make, and one GPU
+    is not moved."""
+    linear = fit_rate_model([], priors=Priors(multi_gpu=0.0))
+    model = fit_rate_model([])
+    base = dict(local_offers()[0])
+    base.pop("sim")
+    four = parse_offer({**base, "num_gpus": 4, "cpu_cores": 64, "cpu_cores_effective": 64,
+                        "cpu_ram": 512_000})
+    one = parse_offer({**base, "num_gpus": 1})
+    for offer, ratio in ((four, 4.0**-0.1), (one, 1.0)):
+        p, q = model.predict(offer), linear.predict(offer)
+        assert isinstance(p, Prediction) and isinstance(q, Prediction)
+        assert p.rate_per_hour / q.rate_per_hour == pytest.approx(ratio, rel=1e-6)
+        assert p.rate_low / q.rate_low == pytest.approx(ratio, rel=1e-6)
 
 
 def test_an_offer_it_cannot_read_says_which_field() -> None:
