@@ -357,7 +357,7 @@ def audit_results(instances_dir: Path, db_path: Path,
                 f"stored but never produced {set(stored) - produced}"
             )
             left = list((log_path.parent / "state" / "spool").glob("*-result-*.json"))
-            if int(log_path.parent.name.removeprefix("instance-")) in gone:
+            if _provider_id(log_path.parent) in gone:
                 left = [p for p in left if p.stem.split("-result-", 1)[1] not in stored]
             assert left == [], f"{agent_id}: results still spooled: {left}"
             # An agent whose benchmark an early verdict stopped produced no result of its
@@ -391,7 +391,12 @@ def spooled_results(instances_dir: Path, instances: list[dict[str, Any]]) -> lis
     hold a result (and the fleet look settled) while its agent's spool still has it."""
     gone = gone_instances(instances)
     return [p for p in instances_dir.glob("instance-*/state/spool/*-result-*.json")
-            if int(p.parents[2].name.removeprefix("instance-")) not in gone]
+            if _provider_id(p.parents[2]) not in gone]
+
+
+def _provider_id(instance_dir: Path) -> int:
+    """The provider id a local instance's folder (``instance-<id>``) is named by."""
+    return int(instance_dir.name.removeprefix("instance-"))
 
 
 def fleet_settled(instances: list[dict[str, Any]], scaling: list[dict[str, Any]]) -> bool:
