@@ -1062,6 +1062,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a smoke run: 1 seed, small, 1 week")
     ap.add_argument("--seeds", type=int, default=None, help="seeds (default 5; quick 1)")
+    ap.add_argument("--seed-list", default=None,
+                    help="with --market(s): these accuracy seeds, e.g. 31,32,33 (seeds a "
+                         "pass has not read; replaces --seeds)")
     ap.add_argument("--weeks", type=int, default=None, help="simulated weeks (default 4)")
     ap.add_argument("--machines", type=int, default=None, help="market machines (default 400)")
     ap.add_argument("--json-out", type=Path, default=None, help="write the figures as JSON")
@@ -1294,6 +1297,8 @@ def markets_main(args: argparse.Namespace) -> int:
     sizes: tuple[int, ...] = (40, 240) if args.quick else (40, 240, 1000)
     plan_runs: tuple[int, ...] = (0,) if args.quick else PLAN_SEEDS
     try:
+        if args.seed_list:
+            seeds = list(ints_of(args.seed_list, "--seed-list takes seeds, e.g. 31,32,33"))
         if args.sizes:
             sizes = ints_of(args.sizes, "--sizes takes measured counts, e.g. 40,240")
         if args.plan_runs:

@@ -29,7 +29,9 @@ from vast_manager.coordinator.discovery.served import (
     _conformal,
     _residual_learner,
     benchmark_noise_sd,
+    choose_blend,
     fit_served_model,
+    mdape_log,
     residual_matrix,
 )
 from vast_manager.coordinator.discovery.structural_model import Prediction
@@ -54,9 +56,10 @@ def test_the_blend_is_chosen_by_grouped_cross_validation(contended: list[dict[st
     assert names == list(CANDIDATES)
     assert abs(sum(served.weights) - 1.0) < 1e-9
     # The single candidates are corners of the blend's grid: on the folds the served
-    # point is never worse than the best of them.
-    assert served.served_cv_mdape is not None
-    assert served.served_cv_mdape <= min(s.cv_mdape for s in served.scores) + 1e-12
+    # point is never worse than the best of them, by the error the blend is chosen by.
+    assert served.served_cv_mdape is not None and served.served_cv_trimmed_abs_log is not None
+    best = min(s.cv_trimmed_abs_log for s in served.scores)
+    assert served.served_cv_trimmed_abs_log <= best + 1e-12
     assert "all" in served.conformal
     lo, hi = served.conformal["all"]
     assert lo < 0 < hi
@@ -67,10 +70,32 @@ def test_the_blend_is_chosen_by_grouped_cross_validation(contended: list[dict[st
     assert isinstance(new, Prediction)
     assert "CV error" in new.basis and "conformal" in new.basis
     assert new.rate_low < new.rate_per_hour < new.rate_high
+    # Its basis quotes the interval served, not the structural model's.
+    assert f"] {new.rate_low:.0f}-{new.rate_high:.0f}/h (80%), " in new.basis
     # A measured machine: the structural model, which reads its runs.
     (own,) = served.predict_offers([offer(contended[0])])
     assert isinstance(own, Prediction) and own.machine_runs == 1
     assert "this machine's runs" in own.basis
+
+
+def test_the_blend_is_chosen_by_the_machines_it_errs_least_on() -> None:
+    """Of 100 machines: a candidate exact on 60 and 0.5 off on the rest has the least
+    median error; one 0.05 off on 75 and 1 off on 25, the least error over the three
+    quarters each errs least on; one 0.15 off on all, the least mean. The blend is the
+    second's: its weights follow most machines' errors, neither the middle few's nor
+    the worst few's."""
+    log_true = np.zeros(100)
+    rows = np.arange(100)
+    oof = np.empty((100, len(CANDIDATES)))
+    oof[:, 0] = np.where(rows < 60, 0.0, 0.5)
+    oof[:, 1] = np.where(rows < 75, 0.05, 1.0)
+    oof[:, 2] = 0.15
+    assert mdape_log(oof[:, 0], log_true) < mdape_log(oof[:, 1], log_true)
+    assert np.mean(np.abs(oof[:, 2])) < np.mean(np.abs(oof[:, 1]))
+    assert choose_blend(oof, log_true) == (0.0, 1.0, 0.0)
+    # Where blending pays, a blend: errors of opposite signs cancel.
+    oof[:, 1], oof[:, 2] = 0.1, -0.1
+    assert choose_blend(oof, log_true) == (0.0, 0.5, 0.5)
 
 
 def test_a_binding_resource_few_machines_back_only_widens_its_interval(

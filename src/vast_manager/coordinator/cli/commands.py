@@ -1334,11 +1334,12 @@ def model(client: OperatorClient, as_json: bool) -> None:
     if candidates:
         click.echo(f"  serving: {clean(data.get('served_by'))}, cross-validated median abs "
                    f"error {render.num(100 * float(data.get('served_cv_mdape') or 0), 1)}% "
-                   "(grouped by machine)")
+                   "(grouped by machine); the weights of the least trimmed mean abs log error")
         click.echo(render.table(
             [[clean(c.get("name")), f"{100 * float(c.get('cv_mdape') or 0):.1f}%",
+              render.num(c.get("cv_trimmed_abs_log"), 3),
               f"{100 * float(c.get('weight') or 0):.0f}%"] for c in candidates],
-            ["CANDIDATE", "CV ERROR", "WEIGHT"]))
+            ["CANDIDATE", "CV ERROR", "CV TRIMMED LOG", "WEIGHT"]))
     else:
         click.echo("  serving: the structural model alone (cross-validation needs more "
                    "measured machines)")

@@ -851,7 +851,7 @@ class RateModel:
             pred = self._prediction(f, i, b, ev, weights, means, contributions,
                                     math.exp(ref_log) if explain else float("nan"),
                                     RESOURCES[int(binding[i])])
-            preds.append(_with_basis(pred, f) if explain else pred)
+            preds.append(with_basis(pred, f) if explain else pred)
         return preds
 
     def _bands(self, feats: Sequence[OfferFeatures], d: _Design, ev: _Eval,
@@ -1032,7 +1032,7 @@ def _detail(group: str, f: OfferFeatures) -> str:
     return f"host share {f.host_share:.2f}"
 
 
-def _with_basis(pred: Prediction, f: OfferFeatures) -> Prediction:
+def with_basis(pred: Prediction, f: OfferFeatures) -> Prediction:
     """The one-line basis shown beside a prediction: interval, bottleneck, main factors."""
     moved = sorted(
         (c for c in pred.contributions
