@@ -19,10 +19,10 @@ points, weights on a grid of the simplex, with the least cross-validated absolut
 error over the three quarters of machines it errs least on (``choose_blend``); the
 single candidates are the grid's corners, so on the folds the blend is never worse than
 the best of them by that error. The 80% interval is split-conformal on the blend's
-out-of-fold log residuals, one a machine, normalised by a cross-fitted learner of how large the
-residual is where the host is (``_machine_scores``), per binding resource and GPU count
-(Mondrian) where a group has enough machines, else pooled, and narrowed by the
-benchmark's noise: it bounds the true rate, the residuals a measurement.
+out-of-fold log residuals, one a machine, normalised by a cross-fitted learner of how
+large the residual is where the host is (``_machine_scores``), per binding resource and
+GPU count (Mondrian) where a group has enough machines, else pooled, and narrowed by
+the benchmark's noise: it bounds the true rate, the residuals a measurement.
 
 A machine the fleet measured keeps the structural model's prediction: that one reads the
 machine's own runs, which no learner of the offer's fields sees. docs/discovery.md
