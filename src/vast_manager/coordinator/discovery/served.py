@@ -247,7 +247,7 @@ class CandidateScore:
     name: str
     cv_mdape: float
     weight: float
-    cv_trimmed_abs_log: float = math.nan  # what the blend is chosen by (``choose_blend``)
+    cv_trimmed_abs_log: float  # what the blend is chosen by (``choose_blend``)
 
 
 @dataclass(slots=True)
