@@ -218,7 +218,8 @@ def test_a_bad_prior_or_share_is_named_and_runs_nothing(
     for args, said in ((["--prior", "bogus=1"], "NAME a field of Priors"),
                        (["--prior", "host_sd=x"], "host_sd takes a float"),
                        (["--belief-test-share", "2"], "between 0 and 1"),
-                       (["--plan-runs", "0,x"], "--plan-runs takes run numbers")):
+                       (["--plan-runs", "0,x"], "--plan-runs takes run numbers"),
+                       (["--seed-list", "31,x"], "--seed-list takes seeds")):
         assert bench.main(["--markets", "--plan-only", *args]) == 2
         err = capsys.readouterr()
         assert said in err.err and "Market " not in err.out
