@@ -125,6 +125,7 @@ class AccuracyRow:
     gpu_median: float
     gbm_baseline: float
     coverage: float
+    interval_log_width: float  # the held-out hosts' median log(high / low), 80%
     fit_s: float
     # The market's true binding resource (``true_binding``, where the file has it) ->
     # [held-out hosts covered by their 80% interval, hosts]; and the hosts whose
@@ -234,6 +235,7 @@ def accuracy(rows: list[dict[str, Any]], n_measured: int, seed: int) -> Accuracy
         gbm_baseline=mdape(untuned_gbm(train, held), true),
         coverage=sum(p.rate_low <= t <= p.rate_high for p, t in zip(ok, true, strict=True))
         / len(true),
+        interval_log_width=float(np.median([math.log(p.rate_high / p.rate_low) for p in ok])),
         fit_s=fit_s,
         **_by_binding(held, ok),
     )

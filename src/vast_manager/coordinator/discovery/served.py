@@ -689,14 +689,15 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
     served.residual, served.plain = residual, plain
     served.gpu_codes = gpu_codes
     served.weights = best_w
-    served.served_cv_mdape = mdape_log(oof @ np.asarray(best_w), log_rate)
-    served.served_cv_trimmed_abs_log = trimmed_abs_log(oof @ np.asarray(best_w), log_rate)
+    blend_oof = oof @ np.asarray(best_w)
+    served.served_cv_mdape = mdape_log(blend_oof, log_rate)
+    served.served_cv_trimmed_abs_log = trimmed_abs_log(blend_oof, log_rate)
     served.scores = tuple(CandidateScore(n, mdape_log(oof[:, j], log_rate), best_w[j],
                                          trimmed_abs_log(oof[:, j], log_rate))
                           for j, n in enumerate(CANDIDATES))
     x = _difficulty_matrix(offers, [b for b, _ in binding], gpu_codes)
     scores, first, served.difficulty, served.scale_median = _machine_scores(
-        log_rate - oof @ np.asarray(best_w), x, groups)
+        log_rate - blend_oof, x, groups)
     served.difficulty_empty = np.all(np.isnan(x[first]), axis=0)
     served.conformal, served.conformal_mid, served.conformal_few = _conformal(
         scores, [binding[i] for i in first])
