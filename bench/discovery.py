@@ -1090,6 +1090,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--binding-seen-wrong", type=float, default=None, metavar="SHARE",
                     help="with --market(s): the share of hosts the planning runs import "
                          "with a wrong binding resource seen (default 0)")
+    ap.add_argument("--kept-reruns", type=int, default=None, metavar="N",
+                    help="with --market(s): the cheapest 30%% of each accuracy seed's "
+                         "measured machines per proof benchmarked N more times, as a live "
+                         "fleet benchmarks the machines it keeps (default 0)")
     ap.add_argument("--plan-oracle-error", type=float, default=None, metavar="F",
                     help="with --market(s): the planning runs predict untried hosts from "
                          "the market's physics oracle, its log error F times the market's "
@@ -1281,6 +1285,10 @@ def markets_main(args: argparse.Namespace) -> int:
             if not 0.0 <= args.binding_seen_wrong <= 1.0:
                 raise ValueError("--binding-seen-wrong must be between 0 and 1")
             market_bench.SEEN_WRONG_SHARE = args.binding_seen_wrong
+        if args.kept_reruns is not None:
+            if not 0 <= args.kept_reruns <= 100:
+                raise ValueError("--kept-reruns takes a number of runs from 0 to 100")
+            market_bench.KEPT_RERUNS = args.kept_reruns
         if args.plan_oracle_error is not None:
             if not 1.0 <= args.plan_oracle_error < math.inf:
                 raise ValueError("--plan-oracle-error must be a number of at least 1")

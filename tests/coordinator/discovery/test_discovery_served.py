@@ -31,6 +31,7 @@ from vast_manager.coordinator.discovery.served import (
     benchmark_noise_sd,
     choose_blend,
     fit_served_model,
+    machine_slices,
     mdape_log,
     residual_matrix,
 )
@@ -134,6 +135,27 @@ def test_one_machines_runs_never_sit_on_both_sides_of_a_fold(
     assert plain_thrice > 0.6 * plain_once > 0.01
 
 
+def test_a_machine_benchmarked_often_weighs_as_one_machine(
+        contended: list[dict[str, Any]]) -> None:
+    """The fleet's kept machines are benchmarked again and again, the rest once: the
+    learners and the folds read one row a machine, so the repeats change nothing the
+    plain learner (whose target is the rate alone) sees. By runs, the kept machines
+    would weigh five times in its fit and in the blend's choice."""
+    once = measured(contended[:120])
+    often = measured(contended[:40], copies=5) + once[40:]
+    a, b = fit_served_model(once, now=0.0), fit_served_model(often, now=0.0)
+    assert b.n_measurements == 40 * 5 + 80
+    plain = CANDIDATES.index("plain")
+    assert b.scores[plain].cv_mdape == a.scores[plain].cv_mdape
+    new = [offer(r) for r in contended[1500:1520]]
+    assert np.array_equal(a.candidate_points(new)[1][:, plain],
+                          b.candidate_points(new)[1][:, plain])
+    # The slice is a row's key, not the machine: its runs on each slice are averaged.
+    offers, log_rate, machines = machine_slices(often)
+    assert len(offers) == len(machines) == 120 == len(set(machines))
+    assert log_rate[0] == pytest.approx(math.log(contended[0]["measured_rate_per_hour"]))
+
+
 def test_the_benchmark_noise_is_the_repeats_shrunk_to_the_prior(
         contended: list[dict[str, Any]]) -> None:
     """One run a machine shows no noise apart from the host: the prior's stands. Many
@@ -219,10 +241,32 @@ def test_a_bad_prior_or_share_is_named_and_runs_nothing(
                        (["--prior", "host_sd=x"], "host_sd takes a float"),
                        (["--belief-test-share", "2"], "between 0 and 1"),
                        (["--plan-runs", "0,x"], "--plan-runs takes run numbers"),
-                       (["--seed-list", "31,x"], "--seed-list takes seeds")):
+                       (["--seed-list", "31,x"], "--seed-list takes seeds"),
+                       (["--kept-reruns", "-1"], "--kept-reruns takes a number of runs")):
         assert bench.main(["--markets", "--plan-only", *args]) == 2
         err = capsys.readouterr()
         assert said in err.err and "Market " not in err.out
+
+
+def test_the_kept_machines_are_benchmarked_again(monkeypatch: pytest.MonkeyPatch,
+                                                 contended: list[dict[str, Any]]) -> None:
+    """``--kept-reruns``: the cheapest 30% per measured proof run again, each run the true
+    rate times one of the market's own benchmark errors."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import market_bench
+
+    train = contended[:100]
+    assert market_bench.kept_reruns(train, 1) == []
+    monkeypatch.setattr(market_bench, "KEPT_RERUNS", 2)
+    runs = market_bench.kept_reruns(train, 1)
+    cheapest = sorted(train, key=lambda r: r["dph_total"] / r["measured_rate_per_hour"])[:30]
+    assert [m.machine_id for m in runs] == [str(r["machine_id"]) for r in cheapest
+                                            for _ in range(2)]
+    errors = {r["measured_rate_per_hour"] / r["true_rate_per_hour"] for r in train}
+    true = {str(r["machine_id"]): r["true_rate_per_hour"] for r in train}
+    assert all(any(m.rate_per_hour == pytest.approx(true[m.machine_id] * e) for e in errors)
+               for m in runs)
+    assert runs == market_bench.kept_reruns(train, 1)  # seeded
 
 
 def test_an_oracle_planning_run_predicts_untried_hosts_from_the_oracle(

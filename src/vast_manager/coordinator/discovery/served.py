@@ -660,18 +660,18 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
     if machines < MIN_CV_MACHINES:
         served.fit_seconds = time.perf_counter() - started
         return served
-    offers = [_as_new_host(m.offer) for m in usable]
-    log_rate = np.log([m.rate_per_hour for m in usable])
-    groups = [m.machine_id for m in usable]
+    offers, log_rate, groups = machine_slices(usable)
     gpu_codes = {name: i for i, name in enumerate(sorted({str(o.gpu_name)
                                                           for o in offers}))}
     cv_started = time.perf_counter()
-    oof = np.full((len(usable), len(CANDIDATES)), np.nan)
-    binding: list[tuple[str, int]] = [("all", 1)] * len(usable)
+    oof = np.full((len(offers), len(CANDIDATES)), np.nan)
+    binding: list[tuple[str, int]] = [("all", 1)] * len(offers)
     folds = FEW_MACHINES_FOLDS if machines <= FEW_MACHINES else FOLDS
     for train, test in GroupKFold(n_splits=min(folds, machines)).split(offers, groups=groups):
-        # The folds keep the RAM form the whole fleet's evidence chose (one fit each).
-        fold_model = fit_rate_model([usable[i] for i in train], now=now,
+        # The folds keep the RAM form the whole fleet's evidence chose (one fit each);
+        # the structural model reads every run of the training machines.
+        training = {groups[i] for i in train}
+        fold_model = fit_rate_model([m for m in usable if m.machine_id in training], now=now,
                                     priors=structural.priors)
         tr_offers = [offers[i] for i in train]
         residual, plain, _ = _fit_learners(tr_offers, log_rate[train], fold_model, gpu_codes)
@@ -705,6 +705,25 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
     served.cv_seconds = time.perf_counter() - cv_started
     served.fit_seconds = time.perf_counter() - started
     return served
+
+
+def machine_slices(usable: Sequence[Measurement]) -> tuple[list[Offer], Array, list[str]]:
+    """One row a machine and GPU count (a slice): the offer of its latest run as a new
+    host's, the mean log rate of its runs, and the machine. The learners and the
+    cross-validation read these, not the runs: a new host is a new machine, and a
+    machine benchmarked ten times is one machine, not ten (by runs it would weigh ten
+    times in the blend's choice, could fill a leaf of the residual forest alone, and its
+    other runs would encode its GPU model with its own residual in the target
+    encoder's cross-fitting). The structural model reads every run: it separates a
+    machine's own effect from its benchmarks' noise."""
+    runs: dict[tuple[str, int], list[Measurement]] = {}
+    for m in usable:
+        runs.setdefault((m.machine_id, offer_features(m.offer).num_gpus), []).append(m)
+    offers = [_as_new_host(max(ms, key=attrgetter("measured_at")).offer)
+              for ms in runs.values()]
+    log_rate = np.array([float(np.mean(np.log([m.rate_per_hour for m in ms])))
+                         for ms in runs.values()])
+    return offers, log_rate, [machine for machine, _ in runs]
 
 
 def _readable(m: Measurement) -> bool:
