@@ -146,7 +146,7 @@ async def test_a_large_fit_runs_in_a_worker_process(aiohttp_client: Any, tmp_pat
     assert all(o["measurements_used"] == answer["imported"] for o in offers)
     status, model = await h.admin("GET", "/api/model")
     assert status == 200 and [c["name"] for c in model["candidates"]] == [
-        "structural", "residual", "plain"]
+        "structural", "residual", "plain", "linear"]
     assert model["served_cv_mdape"] is not None and model["measurements_used"] == len(
         catalog_lines(rate=7.0))
     keeper.close()

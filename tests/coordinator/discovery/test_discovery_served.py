@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 import pytest
 from sklearn.ensemble import ExtraTreesRegressor
+from sklearn.linear_model import RidgeCV
 from sklearn.preprocessing import TargetEncoder
 
 from vast_manager.coordinator.discovery.served import (
@@ -91,12 +92,13 @@ def test_the_blend_is_chosen_by_the_machines_it_errs_least_on() -> None:
     oof[:, 0] = np.where(rows < 60, 0.0, 0.5)
     oof[:, 1] = np.where(rows < 75, 0.05, 1.0)
     oof[:, 2] = 0.15
+    oof[:, 3] = 0.3
     assert mdape_log(oof[:, 0], log_true) < mdape_log(oof[:, 1], log_true)
     assert np.mean(np.abs(oof[:, 2])) < np.mean(np.abs(oof[:, 1]))
-    assert choose_blend(oof, log_true) == (0.0, 1.0, 0.0)
+    assert choose_blend(oof, log_true) == (0.0, 1.0, 0.0, 0.0)
     # Where blending pays, a blend: errors of opposite signs cancel.
     oof[:, 1], oof[:, 2] = 0.1, -0.1
-    assert choose_blend(oof, log_true) == (0.0, 0.5, 0.5)
+    assert choose_blend(oof, log_true) == (0.0, 0.5, 0.5, 0.0)
 
 
 def test_a_binding_resource_few_machines_back_only_widens_its_interval(
@@ -350,7 +352,7 @@ def test_a_replaced_prior_reaches_every_fit(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_the_residual_learner_reads_missing_fields_and_categories(
         contended: list[dict[str, Any]]) -> None:
-    """vast.ai leaves fields out: the residual candidate's forest fits and predicts with
+    """vast.ai leaves fields out: the residual candidates' learners fit and predict with
     a field some offers lack, one no offer reports, and a GPU model it never saw; its
     categorical columns (the GPU model's code, the binding resource) are the ones it
     target-encodes."""
@@ -381,6 +383,12 @@ def test_the_residual_learner_reads_missing_fields_and_categories(
     (p,) = served.predict_offers([offer(unseen)])
     assert isinstance(p, Prediction) and math.isfinite(p.rate_per_hour)
     assert p.rate_low < p.rate_per_hour < p.rate_high
+    # Every candidate reads it, whatever the blend weighs: the linear residual one-hots
+    # the same categorical columns (an unseen model reads none) and imputes the fields.
+    assert isinstance(served.linear[-1], RidgeCV)
+    assert tuple(served.linear[0].transformers_[0][2]) == RESIDUAL_CATEGORICAL
+    _, logs = served.candidate_points([offer(unseen)])
+    assert np.isfinite(logs).all() and logs.shape == (1, len(CANDIDATES))
 
 
 def test_the_residual_forest_stays_small_as_the_fleet_grows() -> None:

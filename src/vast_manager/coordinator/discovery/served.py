@@ -1,7 +1,7 @@
 """The served rate model: candidates chosen and blended by grouped cross-validation.
 
 The structural model (``structural_model.py``) encodes cuzk's physics; a market can behave
-otherwise. So it is one candidate of three, and the evidence picks:
+otherwise. So it is one candidate of four, and the evidence picks:
 
 - ``structural``: the structural model's point;
 - ``residual``: the structural point times what a forest of extremely randomised trees
@@ -10,7 +10,10 @@ otherwise. So it is one candidate of three, and the evidence picks:
   and binding resource;
 - ``plain``: a gradient-boosted tree ensemble (``HistGradientBoostingRegressor``) on the
   offer's plain fields and the instance's share (its RAM, vCPUs, share of the host, GPUs,
-  PCIe per GPU) alone (log rate).
+  PCIe per GPU) alone (log rate);
+- ``linear``: the structural point times what a ridge regression (``RidgeCV``,
+  ``_linear_learner``) learns of the same log ratio from the same columns as
+  ``residual``: a smooth slope a column where the forest cuts boxes.
 
 Each is scored by cross-validation grouped by machine (scikit-learn's ``GroupKFold``: one
 machine's measurements are never on both sides of a fold), on the median absolute
@@ -45,9 +48,11 @@ import numpy as np
 from numpy.typing import NDArray
 from sklearn.compose import ColumnTransformer
 from sklearn.ensemble import ExtraTreesRegressor, HistGradientBoostingRegressor
+from sklearn.impute import SimpleImputer
+from sklearn.linear_model import RidgeCV
 from sklearn.model_selection import GroupKFold, KFold
 from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import TargetEncoder
+from sklearn.preprocessing import OneHotEncoder, StandardScaler, TargetEncoder
 from threadpoolctl import threadpool_limits
 
 from vast_manager.coordinator.discovery.features import FeatureError, offer_features
@@ -63,7 +68,7 @@ from vast_manager.coordinator.offers import Offer
 
 Array = NDArray[np.float64]
 
-CANDIDATES = ("structural", "residual", "plain")
+CANDIDATES = ("structural", "residual", "plain", "linear")
 #: Fewer machines than this and cross-validation cannot tell the candidates apart: the
 #: structural model answers alone, with its own interval.
 MIN_CV_MACHINES = 30
@@ -203,6 +208,27 @@ def _residual_learner(rows: int) -> Any:
     return make_pipeline(encode, forest)
 
 
+#: The linear residual's ridge penalties, chosen by its own leave-one-out error.
+LINEAR_ALPHAS = tuple(float(a) for a in np.logspace(-1, 3, 13))
+
+
+def _linear_learner() -> Any:
+    """A ridge regression of the same residual on the same columns: the categories one-hot
+    (an unseen one reads none), the numbers standardised, a missing field its column's
+    median. Where the forest splits the residual into boxes, this reads it as one smooth
+    slope a column (the residual of a misread form grows with the log GPU count, the log
+    link, the log capacities), which a few hundred machines pin down with less noise
+    than a leaf of a few; the blend weighs the two by their out-of-fold errors."""
+    categorical = list(RESIDUAL_CATEGORICAL)
+    rest = [c for c in range(RESIDUAL_COLUMNS) if c not in RESIDUAL_CATEGORICAL]
+    columns = ColumnTransformer([
+        ("categories", make_pipeline(SimpleImputer(strategy="most_frequent"),
+                                     OneHotEncoder(handle_unknown="ignore")), categorical),
+        ("fields", make_pipeline(SimpleImputer(strategy="median"), StandardScaler()), rest),
+    ])
+    return make_pipeline(columns, RidgeCV(alphas=LINEAR_ALPHAS))
+
+
 def mdape_log(log_pred: Array, log_true: Array) -> float:
     """Median absolute percentage error of exp(log_pred) against exp(log_true)."""
     return float(np.median(np.abs(np.exp(log_pred - log_true) - 1.0)))
@@ -219,7 +245,7 @@ def trimmed_abs_log(log_pred: Array, log_true: Array, keep: float = BLEND_KEEP) 
     return float(np.mean(errors[:max(1, int(keep * len(errors)))]))
 
 
-def choose_blend(oof: Array, log_true: Array) -> tuple[float, float, float]:
+def choose_blend(oof: Array, log_true: Array) -> tuple[float, ...]:
     """The blend's weights: the point of the simplex's grid (``_blend_weights``) whose
     out-of-fold log points (``oof``, a column a candidate) have the least trimmed mean
     absolute log error (``trimmed_abs_log``); the first such point on a tie.
@@ -232,8 +258,8 @@ def choose_blend(oof: Array, log_true: Array) -> tuple[float, float, float]:
     middle to chase them. The mean of the three quarters it errs least on reads the
     middle with every machine there (docs/discovery.md, section 9, "The blend chosen by
     a trimmed mean")."""
-    best_w, best_err = (1.0, 0.0, 0.0), math.inf
-    for w in _blend_weights():
+    best_w, best_err = _blend_weights(oof.shape[1])[0], math.inf
+    for w in _blend_weights(oof.shape[1]):
         err = trimmed_abs_log(oof @ np.asarray(w), log_true)
         if err < best_err - 1e-12:
             best_w, best_err = w, err
@@ -257,7 +283,8 @@ class ServedModel:
     structural: RateModel
     residual: Any = None  # the residual learner (None: the structural model alone)
     plain: Any = None
-    weights: tuple[float, float, float] = (1.0, 0.0, 0.0)
+    linear: Any = None  # the linear residual learner
+    weights: tuple[float, ...] = (1.0,) + (0.0,) * (len(CANDIDATES) - 1)
     scores: tuple[CandidateScore, ...] = ()
     served_cv_mdape: float | None = None
     served_cv_trimmed_abs_log: float | None = None
@@ -327,6 +354,7 @@ class ServedModel:
         if self.residual is not None:
             x = residual_matrix(sub, sp, self.gpu_codes)  # type: ignore[arg-type]
             logs[ok, 1] = s + self.residual.predict(x)
+            logs[ok, 3] = s + self.linear.predict(x)
         if self.plain is not None:
             logs[ok, 2] = self.plain.predict(plain_share_matrix(sub, self.gpu_codes))
         return logs
@@ -431,10 +459,11 @@ def _as_new_host(offer: Offer) -> Offer:
     return msgspec.structs.replace(offer, machine_id=None)
 
 
-def _blend_weights(step: float = BLEND_STEP) -> list[tuple[float, float, float]]:
+def _blend_weights(candidates: int, step: float = BLEND_STEP) -> list[tuple[float, ...]]:
+    """The simplex's grid, the first candidate's corner first."""
     n = round(1 / step)
-    return [(a / n, b / n, (n - a - b) / n) for a, b in product(range(n + 1), repeat=2)
-            if a + b <= n]
+    return [(*(k / n for k in head), (n - sum(head)) / n)
+            for head in product(range(n, -1, -1), repeat=candidates - 1) if sum(head) <= n]
 
 
 def gpu_count_group(num_gpus: int) -> str:
@@ -619,18 +648,34 @@ def _no_empty_columns(x: Array) -> Array:
     return x
 
 
+@dataclass(frozen=True, slots=True)
+class _Learners:
+    residual: Any
+    plain: Any
+    linear: Any
+
+    def logs(self, offers: list[Offer], preds: list[Prediction], gpu_codes: dict[str, int]
+             ) -> Array:
+        """Each learner's log point (``CANDIDATES``' columns after the structural one)."""
+        s = np.log([p.rate_per_hour for p in preds])
+        x = residual_matrix(offers, preds, gpu_codes)
+        return np.column_stack([s + self.residual.predict(x),
+                                self.plain.predict(plain_share_matrix(offers, gpu_codes)),
+                                s + self.linear.predict(x)])
+
+
 def _fit_learners(offers: list[Offer], log_rate: Array,
-                  structural: RateModel, gpu_codes: dict[str, int]
-                  ) -> tuple[Any, Any, list[Prediction]]:
+                  structural: RateModel, gpu_codes: dict[str, int]) -> _Learners:
     preds = structural.predict_offers(offers, explain=False)
     sp = [p for p in preds if isinstance(p, Prediction)]
     assert len(sp) == len(offers)
-    residual = _residual_learner(len(offers)).fit(
-        _no_empty_columns(residual_matrix(offers, sp, gpu_codes)),
-        log_rate - np.log([p.rate_per_hour for p in sp]))
-    plain = _plain_learner().fit(_no_empty_columns(plain_share_matrix(offers, gpu_codes)),
-                                 log_rate)
-    return residual, plain, sp
+    x = _no_empty_columns(residual_matrix(offers, sp, gpu_codes))
+    resid = log_rate - np.log([p.rate_per_hour for p in sp])
+    return _Learners(
+        residual=_residual_learner(len(offers)).fit(x, resid),
+        plain=_plain_learner().fit(_no_empty_columns(plain_share_matrix(offers, gpu_codes)),
+                                   log_rate),
+        linear=_linear_learner().fit(x, resid))
 
 
 def fit_served_model(measurements: Sequence[Measurement], *, now: float | None = None
@@ -673,20 +718,19 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
         training = {groups[i] for i in train}
         fold_model = fit_rate_model([m for m in usable if m.machine_id in training], now=now,
                                     priors=structural.priors)
-        tr_offers = [offers[i] for i in train]
-        residual, plain, _ = _fit_learners(tr_offers, log_rate[train], fold_model, gpu_codes)
+        learners = _fit_learners([offers[i] for i in train], log_rate[train], fold_model,
+                                 gpu_codes)
         te_offers = [offers[i] for i in test]
         te_preds = [p for p in fold_model.predict_offers(te_offers, explain=False)
                     if isinstance(p, Prediction)]
-        s = np.log([p.rate_per_hour for p in te_preds])
-        oof[test, 0] = s
-        oof[test, 1] = s + residual.predict(residual_matrix(te_offers, te_preds, gpu_codes))
-        oof[test, 2] = plain.predict(plain_share_matrix(te_offers, gpu_codes))
+        oof[test, 0] = np.log([p.rate_per_hour for p in te_preds])
+        oof[test, 1:] = learners.logs(te_offers, te_preds, gpu_codes)
         for i, p in zip(test, te_preds, strict=True):
             binding[i] = (p.bottleneck, offer_features(offers[i]).num_gpus)
     best_w = choose_blend(oof, log_rate)
-    residual, plain, _ = _fit_learners(offers, log_rate, structural, gpu_codes)
-    served.residual, served.plain = residual, plain
+    learners = _fit_learners(offers, log_rate, structural, gpu_codes)
+    served.residual, served.plain, served.linear = (learners.residual, learners.plain,
+                                                    learners.linear)
     served.gpu_codes = gpu_codes
     served.weights = best_w
     blend_oof = oof @ np.asarray(best_w)
