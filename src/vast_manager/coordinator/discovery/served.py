@@ -352,11 +352,8 @@ class ServedModel:
         s = np.log([p.rate_per_hour for p in sp if isinstance(p, Prediction)])
         logs[ok, 0] = s
         if self.residual is not None:
-            x = residual_matrix(sub, sp, self.gpu_codes)  # type: ignore[arg-type]
-            logs[ok, 1] = s + self.residual.predict(x)
-            logs[ok, 3] = s + self.linear.predict(x)
-        if self.plain is not None:
-            logs[ok, 2] = self.plain.predict(plain_share_matrix(sub, self.gpu_codes))
+            learners = _Learners(self.residual, self.plain, self.linear)
+            logs[ok, 1:] = learners.logs(sub, sp, self.gpu_codes)  # type: ignore[arg-type]
         return logs
 
     def predict_offers(self, offers: Sequence[Offer], *, explain: bool = True
