@@ -125,24 +125,13 @@ def test_a_binding_resource_few_machines_back_only_widens_its_interval(
     assert served.interval(host, "gpu", 1.0) == served.conformal["gpu/1"]
 
 
-def test_one_machines_runs_never_sit_on_both_sides_of_a_fold(
-        contended: list[dict[str, Any]]) -> None:
-    """Each machine measured three times (the same figure): were the folds not grouped,
-    the plain learner would find every held-out run among its training rows and its
-    cross-validated error would collapse."""
-    once = fit_served_model(measured(contended[:120]), now=0.0)
-    thrice = fit_served_model(measured(contended[:120], copies=3), now=0.0)
-    plain_once = next(s.cv_mdape for s in once.scores if s.name == "plain")
-    plain_thrice = next(s.cv_mdape for s in thrice.scores if s.name == "plain")
-    assert plain_thrice > 0.6 * plain_once > 0.01
-
-
 def test_a_machine_benchmarked_often_weighs_as_one_machine(
         contended: list[dict[str, Any]]) -> None:
     """The fleet's kept machines are benchmarked again and again, the rest once: the
     learners and the folds read one row a machine, so the repeats change nothing the
     plain learner (whose target is the rate alone) sees. By runs, the kept machines
-    would weigh five times in its fit and in the blend's choice."""
+    would weigh five times in its fit and in the blend's choice, and in folds not
+    grouped by machine their held-out runs would sit among the training rows."""
     once = measured(contended[:120])
     often = measured(contended[:40], copies=5) + once[40:]
     a, b = fit_served_model(once, now=0.0), fit_served_model(often, now=0.0)
