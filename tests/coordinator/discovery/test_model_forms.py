@@ -69,6 +69,9 @@ def test_a_market_whose_ram_share_scales_the_whole_rate_gets_the_factor_form() -
     s = model.summary()
     assert s["ram_form"] == "factor", s
     assert abs(s["ram_per_gpu_exponent"]) < 0.2, s
+    # A cold start's first trials already tell the forms apart.
+    early, _ = _fit(rows, n=Priors().ram_form_min_machines)
+    assert early.summary()["ram_form"] == "factor"
     cut = int(len(rows) * 0.6)
     capacity = fit_rate_model(market_measurements(random.Random(1).sample(rows[:cut], 240)),
                               now=0.0, priors=Priors(ram_form="capacity"))
@@ -90,9 +93,12 @@ def test_a_market_whose_ram_share_scales_the_whole_rate_gets_the_factor_form() -
 
 def test_where_ram_binds_by_partitions_in_flight_the_capacity_form_stays() -> None:
     """The simulator's RAM admits whole partitions (cuzk's staircase, a limit): the fit
-    keeps the RAM share as a capacity. Below the machines the choice needs, only the
-    capacity is fitted."""
+    keeps the RAM share as a capacity, from the first machines the choice is made on.
+    Below them, only the capacity is fitted."""
     model, _ = _fit(market("simulator"))
     assert model.summary()["ram_form"] == "capacity"
-    few, _ = _fit(generate(20261205, 1000), n=20)
+    few, _ = _fit(generate(20261205, 1000), n=Priors().ram_form_min_machines - 1)
     assert few.summary()["ram_form"] == "capacity"
+    # From the first machines the choice is made, the staircase's market keeps it.
+    early, _ = _fit(market("simulator"), n=Priors().ram_form_min_machines)
+    assert early.summary()["ram_form"] == "capacity"

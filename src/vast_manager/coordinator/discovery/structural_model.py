@@ -129,9 +129,13 @@ class Priors:
     # limit in the soft-min, and the RAM-share term), "factor" (the RAM-share term alone:
     # a multiplicative effect on the whole rate, no limit of its own), or "choose": fit
     # both once ``ram_form_min_machines`` machines are measured and keep the one the
-    # marginal likelihood prefers (with fewer, "capacity").
+    # marginal likelihood prefers (with fewer, "capacity"). From the cold start's first
+    # trials, not 30: until the choice is made, cuzk's staircase holds every unmeasured
+    # host on a share between its steps to whole partitions in flight, and a market whose
+    # RAM acts otherwise never gets those hosts tried (docs/discovery.md, section 9,
+    # "The RAM form chosen from eight machines").
     ram_form: str = "choose"
-    ram_form_min_machines: int = 30
+    ram_form_min_machines: int = 8
     # How sharp a step of the count is, in 1/partitions (a logistic in the RAM a host
     # leaves cuzk, which no offer shows): 4 = a quarter of a partition (5 GiB) wide.
     # Learned from which count measured hosts fall on.
