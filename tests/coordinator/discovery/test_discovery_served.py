@@ -206,7 +206,7 @@ def test_market_files_are_reproducible(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # 160 s alone; the planning runs' early fits choose the RAM form
+@pytest.mark.timeout(900)  # 160 s alone on two cores; in the slow set it shares them
 def test_market_bench_on_every_market(tmp_path: Path) -> None:
     """The figures docs/discovery.md quotes, one seed: the acceptance lines print."""
     out = tmp_path / "m.json"
