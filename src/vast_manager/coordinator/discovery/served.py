@@ -629,12 +629,9 @@ def benchmark_noise_sd(measurements: Sequence[Measurement], prior_sd: float) -> 
     noise they were meant to take out. So with no repeats the prior speaks, and the
     fleet's repeats take over as they come. Runs of any age count alike: a machine that
     changed between its runs counts the change as noise, and its intervals run narrow."""
-    runs: dict[tuple[str, int], list[float]] = {}
-    for m in measurements:
-        key = (m.machine_id, offer_features(m.offer).num_gpus)
-        runs.setdefault(key, []).append(math.log(m.rate_per_hour))
-    spread = sum(float(np.sum((np.asarray(v) - np.mean(v)) ** 2)) for v in runs.values())
-    repeats = sum(len(v) - 1 for v in runs.values())
+    runs = [np.log([m.rate_per_hour for m in ms]) for ms in slice_runs(measurements).values()]
+    spread = sum(float(np.sum((v - np.mean(v)) ** 2)) for v in runs)
+    repeats = sum(len(v) - 1 for v in runs)
     return math.sqrt((spread + NOISE_PRIOR_RUNS * prior_sd**2) / (repeats + NOISE_PRIOR_RUNS))
 
 
@@ -748,6 +745,15 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
     return served
 
 
+def slice_runs(measurements: Sequence[Measurement]
+               ) -> dict[tuple[str, int], list[Measurement]]:
+    """Each machine's runs on each of its slices (machine, GPU count), first seen first."""
+    runs: dict[tuple[str, int], list[Measurement]] = {}
+    for m in measurements:
+        runs.setdefault((m.machine_id, offer_features(m.offer).num_gpus), []).append(m)
+    return runs
+
+
 def machine_slices(usable: Sequence[Measurement]) -> tuple[list[Offer], Array, list[str]]:
     """One row a machine and GPU count (a slice): the offer of its latest run as a new
     host's, the mean log rate of its runs, and the machine. The learners and the
@@ -757,9 +763,7 @@ def machine_slices(usable: Sequence[Measurement]) -> tuple[list[Offer], Array, l
     other runs would encode its GPU model with its own residual in the target
     encoder's cross-fitting). The structural model reads every run: it separates a
     machine's own effect from its benchmarks' noise."""
-    runs: dict[tuple[str, int], list[Measurement]] = {}
-    for m in usable:
-        runs.setdefault((m.machine_id, offer_features(m.offer).num_gpus), []).append(m)
+    runs = slice_runs(usable)
     offers = [_as_new_host(max(ms, key=attrgetter("measured_at")).offer)
               for ms in runs.values()]
     log_rate = np.array([float(np.mean(np.log([m.rate_per_hour for m in ms])))
