@@ -172,7 +172,7 @@ def test_the_benchmark_noise_is_the_repeats_shrunk_to_the_prior(
 def test_with_few_machines_the_structural_model_answers_alone(
         contended: list[dict[str, Any]]) -> None:
     served = fit_served_model(measured(contended[:MIN_CV_MACHINES - 1]), now=0.0)
-    assert served.scores == () and served.residual is None
+    assert served.scores == () and served.learners is None
     (p,) = served.predict_offers([offer(contended[1600])])
     assert isinstance(p, Prediction)
     assert f"cross-validation needs {MIN_CV_MACHINES} measured machines" in p.basis
@@ -355,9 +355,9 @@ def test_the_residual_learner_reads_missing_fields_and_categories(
             row.pop("total_flops", None)
         rows.append(row)
     served = fit_served_model(measured(rows), now=0.0)
-    assert served.residual is not None
-    assert isinstance(served.residual[-1], ExtraTreesRegressor)
-    encode = served.residual[0]
+    assert served.learners is not None
+    assert isinstance(served.learners.residual[-1], ExtraTreesRegressor)
+    encode = served.learners.residual[0]
     assert tuple(encode.transformers_[0][2]) == RESIDUAL_CATEGORICAL
     assert isinstance(encode.transformers_[0][1], TargetEncoder)
     offers = [offer(r) for r in rows[:40]]
@@ -375,8 +375,8 @@ def test_the_residual_learner_reads_missing_fields_and_categories(
     assert p.rate_low < p.rate_per_hour < p.rate_high
     # Every candidate reads it, whatever the blend weighs: the linear residual one-hots
     # the same categorical columns (an unseen model reads none) and imputes the fields.
-    assert isinstance(served.linear[-1], RidgeCV)
-    assert tuple(served.linear[0].transformers_[0][2]) == RESIDUAL_CATEGORICAL
+    assert isinstance(served.learners.linear[-1], RidgeCV)
+    assert tuple(served.learners.linear[0].transformers_[0][2]) == RESIDUAL_CATEGORICAL
     _, logs = served.candidate_points([offer(unseen)])
     assert np.isfinite(logs).all() and logs.shape == (1, len(CANDIDATES))
 

@@ -281,9 +281,7 @@ class ServedModel:
     """The structural model and the learners, the blend CV chose, and the intervals."""
 
     structural: RateModel
-    residual: Any = None  # the residual learner (None: the structural model alone)
-    plain: Any = None
-    linear: Any = None  # the linear residual learner
+    learners: Learners | None = None  # None: the structural model alone
     weights: tuple[float, ...] = (1.0,) + (0.0,) * (len(CANDIDATES) - 1)
     scores: tuple[CandidateScore, ...] = ()
     served_cv_mdape: float | None = None
@@ -351,9 +349,8 @@ class ServedModel:
         sp = [preds[i] for i in ok]
         s = np.log([p.rate_per_hour for p in sp if isinstance(p, Prediction)])
         logs[ok, 0] = s
-        if self.residual is not None:
-            learners = _Learners(self.residual, self.plain, self.linear)
-            logs[ok, 1:] = learners.logs(sub, sp, self.gpu_codes)  # type: ignore[arg-type]
+        if self.learners is not None:
+            logs[ok, 1:] = self.learners.logs(sub, sp, self.gpu_codes)  # type: ignore[arg-type]
         return logs
 
     def predict_offers(self, offers: Sequence[Offer], *, explain: bool = True
@@ -362,7 +359,7 @@ class ServedModel:
         point is the blend, its interval conformal; a measured machine's is the
         structural model's, which reads its runs."""
         own = self.structural.predict_offers(offers, explain=explain)
-        if self.residual is None and self.plain is None:
+        if self.learners is None:
             return [self._label(p, None) for p in own]
         new = [i for i, p in enumerate(own) if isinstance(p, Prediction) and p.machine_runs == 0]
         if not new:
@@ -424,7 +421,7 @@ class ServedModel:
             head = ("structural model (this machine's runs)" if p.machine_runs
                     else "structural model" + ("" if self.served_cv_mdape is None else
                                                f", CV error {self.served_cv_mdape:.1%}"))
-            if self.residual is None and self.plain is None and not p.machine_runs:
+            if self.learners is None and not p.machine_runs:
                 head = (f"structural model alone (cross-validation needs "
                         f"{MIN_CV_MACHINES} measured machines, {self.readable_machines} so far)")
         else:
@@ -437,7 +434,7 @@ class ServedModel:
         """The structural model's summary and the candidates' cross-validated errors."""
         return {
             **self.structural.summary(),
-            "served_by": self.answered_by if self.residual is not None else "structural",
+            "served_by": self.answered_by if self.learners is not None else "structural",
             "served_cv_mdape": self.served_cv_mdape,
             "served_cv_trimmed_abs_log": self.served_cv_trimmed_abs_log,
             "candidates": [dataclasses.asdict(s) for s in self.scores],
@@ -643,10 +640,12 @@ def _no_empty_columns(x: Array) -> Array:
 
 
 @dataclass(frozen=True, slots=True)
-class _Learners:
-    residual: Any
-    plain: Any
-    linear: Any
+class Learners:
+    """The fitted learners behind ``CANDIDATES``' columns after the structural one."""
+
+    residual: Any  # the structural residual's forest
+    plain: Any  # the log rate from the offer's fields alone
+    linear: Any  # the structural residual's ridge regression
 
     def logs(self, offers: list[Offer], preds: list[Prediction], gpu_codes: dict[str, int]
              ) -> Array:
@@ -659,13 +658,13 @@ class _Learners:
 
 
 def _fit_learners(offers: list[Offer], log_rate: Array,
-                  structural: RateModel, gpu_codes: dict[str, int]) -> _Learners:
+                  structural: RateModel, gpu_codes: dict[str, int]) -> Learners:
     preds = structural.predict_offers(offers, explain=False)
     sp = [p for p in preds if isinstance(p, Prediction)]
     assert len(sp) == len(offers)
     x = _no_empty_columns(residual_matrix(offers, sp, gpu_codes))
     resid = log_rate - np.log([p.rate_per_hour for p in sp])
-    return _Learners(
+    return Learners(
         residual=_residual_learner(len(offers)).fit(x, resid),
         plain=_plain_learner().fit(_no_empty_columns(plain_share_matrix(offers, gpu_codes)),
                                    log_rate),
@@ -722,9 +721,7 @@ def _fit_served(measurements: Sequence[Measurement], now: float | None) -> Serve
         for i, p in zip(test, te_preds, strict=True):
             binding[i] = (p.bottleneck, offer_features(offers[i]).num_gpus)
     best_w = choose_blend(oof, log_rate)
-    learners = _fit_learners(offers, log_rate, structural, gpu_codes)
-    served.residual, served.plain, served.linear = (learners.residual, learners.plain,
-                                                    learners.linear)
+    served.learners = _fit_learners(offers, log_rate, structural, gpu_codes)
     served.gpu_codes = gpu_codes
     served.weights = best_w
     blend_oof = oof @ np.asarray(best_w)
