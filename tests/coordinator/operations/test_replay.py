@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import hmac
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ import orjson
 from vast_manager.coordinator.decisions import policy
 from vast_manager.coordinator.operations import replay
 from vast_manager.protocol import Result
-from vast_manager.protocol.codec import decode
+from vast_manager.protocol.codec import decode, encode
 from vast_manager.protocol.signing import parse_secrets
 
 from support.coord_support import OLD_SECRET_HEX, SECRET_HEX, result_msg, start
@@ -138,6 +140,38 @@ def test_a_receipt_holds_for_this_fleet_and_this_result_only() -> None:
     assert not replay.receipted([secret], "ag_a", _result(rate_per_hour=99.0, receipt=receipt))
     assert not replay.receipted([secret], "ag_a", _result(receipt="00" * 32))
     assert not replay.receipted([secret], "ag_a", result)
+
+
+class _LaterResult(Result):
+    """``Result`` as a later contract has it: one field added, with its default."""
+
+    later_field: int | None = None
+
+
+def _v1_receipt(secret: bytes, agent_id: str, result: Result) -> str:
+    """A receipt as coordinators made them before v2: every field's value, encoded."""
+    key = hmac.new(secret, b"vast-manager result receipt v1", hashlib.sha256).digest()
+    body = encode(msgspec.structs.replace(result, receipt=None, prev_acked_seq=None))
+    return hmac.new(key, agent_id.encode() + b"\n" + body, hashlib.sha256).hexdigest()
+
+
+def test_a_receipt_holds_across_an_upgrade_that_adds_a_field() -> None:
+    secret = parse_secrets(SECRET_HEX)[0]
+    result = _result(benchmark_id="bm_1")
+    later = _LaterResult(**msgspec.structs.asdict(result))
+    receipt = replay.receipt_for(secret, "ag_a", result)
+    # A digest of every field changes with the one added: why v1 receipts would not hold.
+    assert _v1_receipt(secret, "ag_a", result) != _v1_receipt(secret, "ag_a", later)
+    assert replay.receipt_for(secret, "ag_a", later) == receipt
+    assert replay.receipted([secret], "ag_a", msgspec.structs.replace(later, receipt=receipt))
+    # The added field set is a different result.
+    assert not replay.receipted(
+        [secret], "ag_a", msgspec.structs.replace(later, receipt=receipt, later_field=3))
+    # A receipt a coordinator made before v2 still holds on the same contract.
+    v1 = _v1_receipt(secret, "ag_a", result)
+    assert replay.receipted([secret], "ag_a", msgspec.structs.replace(result, receipt=v1))
+    assert not replay.receipted(
+        [secret], "ag_a", msgspec.structs.replace(result, receipt=v1, rate_per_hour=99.0))
 
 
 def test_a_receipted_result_is_not_judged_on_a_window_this_coordinator_never_saw() -> None:

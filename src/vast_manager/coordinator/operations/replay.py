@@ -29,8 +29,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
+import orjson
 
 from vast_manager.coordinator.exceptions import Refusal
 from vast_manager.coordinator.store.writer import Store
@@ -38,25 +40,63 @@ from vast_manager.coordinator.store.writes.spool_marks import SpoolKind
 from vast_manager.protocol import Directive, Result
 from vast_manager.protocol.codec import encode
 
-_RECEIPT_DOMAIN = b"vast-manager result receipt v1"
+_RECEIPT_DOMAIN = b"vast-manager result receipt v2"
+#: The receipts coordinators made before v2, over every field's value; still honoured.
+_RECEIPT_DOMAIN_V1 = b"vast-manager result receipt v1"
 
 
 def receipt_for(fleet_secret: bytes, agent_id: str, result: Result) -> str:
     """The receipt of ``result`` (its ``receipt`` field left out): an HMAC under a key
-    derived from the fleet secret, which no agent holds."""
-    key = hmac.new(fleet_secret, _RECEIPT_DOMAIN, hashlib.sha256).digest()
-    # ``prev_acked_seq`` is left out with the receipt: it says what the agent kept when it
-    # sent, which a replay may say differently.
-    body = encode(msgspec.structs.replace(result, receipt=None, prev_acked_seq=None))
-    return hmac.new(key, agent_id.encode() + b"\n" + body, hashlib.sha256).hexdigest()
+    derived from the fleet secret, which no agent holds, of the result's fields that
+    differ from their defaults. A field the contract adds later has a default
+    (docs/protocol.md), so a receipt made before an upgrade still holds after it, where a
+    digest of every field would change with each one added to ``Result`` or a message
+    inside it."""
+    return _digest(fleet_secret, _RECEIPT_DOMAIN, agent_id,
+                   orjson.dumps(_set_fields(_receipted_part(result))))
 
 
 def receipted(fleet_secrets: Sequence[bytes], agent_id: str, result: Result) -> bool:
-    """The result carries a receipt this fleet's coordinator made for this agent."""
+    """The result carries a receipt this fleet's coordinator made for this agent (v2, or
+    v1 as coordinators made them before, over every field)."""
     if result.receipt is None:
         return False
-    return any(hmac.compare_digest(receipt_for(s, agent_id, result), result.receipt)
-               for s in fleet_secrets)
+    part = _receipted_part(result)
+    bodies = ((_RECEIPT_DOMAIN, orjson.dumps(_set_fields(part))),
+              (_RECEIPT_DOMAIN_V1, encode(part)))
+    return any(hmac.compare_digest(_digest(s, domain, agent_id, body), result.receipt)
+               for s in fleet_secrets for domain, body in bodies)
+
+
+def _receipted_part(result: Result) -> Result:
+    # ``prev_acked_seq`` is left out with the receipt: it says what the agent kept when it
+    # sent, which a replay may say differently.
+    return msgspec.structs.replace(result, receipt=None, prev_acked_seq=None)
+
+
+def _digest(fleet_secret: bytes, domain: bytes, agent_id: str, body: bytes) -> str:
+    key = hmac.new(fleet_secret, domain, hashlib.sha256).digest()
+    return hmac.new(key, agent_id.encode() + b"\n" + body, hashlib.sha256).hexdigest()
+
+
+def _set_fields(value: Any) -> Any:
+    """``value`` as JSON values, each message as only its fields that differ from their
+    defaults (in declaration order)."""
+    if isinstance(value, msgspec.Struct):
+        out = {}
+        for f in msgspec.structs.fields(value):
+            v = getattr(value, f.name)
+            if f.default is not msgspec.NODEFAULT and v == f.default:
+                continue
+            if f.default_factory is not msgspec.NODEFAULT and v == f.default_factory():
+                continue
+            out[f.name] = _set_fields(v)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_set_fields(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _set_fields(v) for k, v in value.items()}
+    return value
 
 
 class SpoolMarks:
