@@ -1358,6 +1358,29 @@ class _Fitter:
         self.seen_rows: NDArray[np.int64] = np.zeros(0, dtype=np.int64)
         self.seen_link: Array = np.zeros(0)
 
+    def seen_loglik(self, theta: Array) -> float:
+        """``seen_terms``' log likelihood alone (the line search's objective)."""
+        if not self.seen_rows.shape[0]:
+            return 0.0
+        z = self._seen_z(theta, jacobian=False)[0]
+        return float((self.seen_link * z - np.logaddexp(0.0, z)).sum())
+
+    def _seen_z(self, theta: Array, *, jacobian: bool) -> tuple[Array, Array | None]:
+        """Each seen row's (the link's doubling gain less the CPU's) / temperature, and its
+        Jacobian in theta (with ``jacobian``)."""
+        d = _rows(self.d, self.seen_rows)
+        tau = self.p.observed_binding_temperature
+        ln2 = math.log(2.0)
+        # The gains share the unshifted rate, so their difference is the two shifted ones'.
+        cpu = _evaluate(theta, d, self.p, self.n_gpu, self.n_fam, jacobian=jacobian,
+                        cpu_boost=ln2)
+        link = _evaluate(theta, replace(d, pcie_log=d.pcie_log + ln2), self.p, self.n_gpu,
+                         self.n_fam, jacobian=jacobian)
+        if not jacobian:
+            return (link.f - cpu.f) / tau, None
+        assert cpu.jac is not None and link.jac is not None
+        return (link.f - cpu.f) / tau, (link.jac - cpu.jac) / tau
+
     def seen_terms(self, theta: Array) -> tuple[float, Array, Array]:
         """(log likelihood, its gradient, its Fisher information) in theta of the
         bindings seen: for each such row, the logistic of (the link's doubling gain less
@@ -1365,17 +1388,8 @@ class _Fitter:
         size = theta.shape[0]
         if not self.seen_rows.shape[0]:
             return 0.0, np.zeros(size), np.zeros((size, size))
-        d = _rows(self.d, self.seen_rows)
-        tau = self.p.observed_binding_temperature
-        ln2 = math.log(2.0)
-        # The gains share the unshifted rate, so their difference is the two shifted ones'.
-        cpu = _evaluate(theta, d, self.p, self.n_gpu, self.n_fam, jacobian=True,
-                        cpu_boost=ln2)
-        link = _evaluate(theta, replace(d, pcie_log=d.pcie_log + ln2), self.p, self.n_gpu,
-                         self.n_fam, jacobian=True)
-        assert cpu.jac is not None and link.jac is not None
-        z = (link.f - cpu.f) / tau
-        dz = (link.jac - cpu.jac) / tau
+        z, dz = self._seen_z(theta, jacobian=True)
+        assert dz is not None
         prob = special.expit(z)
         loglik = float((self.seen_link * z - np.logaddexp(0.0, z)).sum())
         grad = dz.T @ (self.seen_link - prob)
@@ -1441,7 +1455,7 @@ class _Fitter:
     def objective(self, theta: Array, post: _Posterior) -> float:
         rwr = post.parts(self.sig_e, self.sig_h, self.weight)[0]
         return (0.5 * rwr + 0.5 * float((self.prec * (theta - self.mu) ** 2).sum())
-                - self.count_log_prior(theta) - self.seen_terms(theta)[0])
+                - self.count_log_prior(theta) - self.seen_loglik(theta))
 
     def fit_theta(self) -> None:
         """Levenberg-Marquardt on the parameters at the current spreads and counts."""
