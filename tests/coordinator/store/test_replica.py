@@ -88,7 +88,9 @@ async def test_a_replica_that_cannot_be_written_refuses_the_start(tmp_path: Path
     db = tmp_path / "fleet.db"
     _fleet_db(db)
     (tmp_path / "file").write_text("not a folder")
-    replicator = Replicator(str(db), str(tmp_path / "file" / "replica"), time.time)
+    # Refused when the first sync is not confirmed in time (60 s by default).
+    replicator = Replicator(str(db), str(tmp_path / "file" / "replica"), time.time,
+                            start_timeout_s=3.0)
     with pytest.raises(Exception, match="could not be written"):
         await replicator.start()
     assert not replicator.health().running

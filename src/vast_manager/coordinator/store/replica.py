@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 PROBE_INTERVAL_S = 5.0
 #: Seconds one ``wait`` sync may take before it counts as failed.
 SYNC_TIMEOUT_S = 10
+#: Seconds the first confirmed sync may take at start (Litestream's first snapshot of a
+#: large database included) before the start is refused.
+START_TIMEOUT_S = 60.0
 #: Seconds before a Litestream that ended is started again.
 RESTART_PAUSE_S = 2.0
 _PR_SET_PDEATHSIG = 1
@@ -113,11 +116,13 @@ class Replicator:
     event loop of the coordinator, ``health`` at any time."""
 
     def __init__(self, db_path: str, url: str, clock: Any, *,
-                 probe_interval_s: float = PROBE_INTERVAL_S) -> None:
+                 probe_interval_s: float = PROBE_INTERVAL_S,
+                 start_timeout_s: float = START_TIMEOUT_S) -> None:
         self.db_path = str(Path(db_path).resolve())
         self.url = url
         self._clock = clock
         self.probe_interval_s = probe_interval_s
+        self.start_timeout_s = start_timeout_s
         # A unix socket path must be short (108 bytes): a private temporary folder.
         self._dir = Path(tempfile.mkdtemp(prefix="vm-litestream-"))
         self.socket_path = str(self._dir / "control.sock")
@@ -141,7 +146,7 @@ class Replicator:
         self.config_path.write_text(config_text(self.db_path, self.url, self.socket_path))
         await self._spawn()
         try:
-            await self.sync(timeout_s=60)
+            await self.sync(timeout_s=self.start_timeout_s)
         except ReplicaError as err:
             await self.stop()
             raise ReplicaError(f"the replica {self.url} could not be written: {err}") from None
