@@ -61,11 +61,11 @@ def receipted(fleet_secrets: Sequence[bytes], agent_id: str, result: Result) -> 
     v1 as coordinators made them before, over every field)."""
     if result.receipt is None:
         return False
-    part = _receipted_part(result)
-    bodies = ((_RECEIPT_DOMAIN, orjson.dumps(_set_fields(part))),
-              (_RECEIPT_DOMAIN_V1, encode(part)))
-    return any(hmac.compare_digest(_digest(s, domain, agent_id, body), result.receipt)
-               for s in fleet_secrets for domain, body in bodies)
+    v1_body = encode(_receipted_part(result))
+    return any(hmac.compare_digest(made, result.receipt)
+               for s in fleet_secrets
+               for made in (receipt_for(s, agent_id, result),
+                            _digest(s, _RECEIPT_DOMAIN_V1, agent_id, v1_body)))
 
 
 def _receipted_part(result: Result) -> Result:
