@@ -1347,7 +1347,7 @@ def ints_of(text: str, error: str) -> tuple[int, ...]:
 
 def use_priors(pairs: Sequence[str]) -> None:
     """Fit every served model of this run under ``Priors`` with ``NAME=VALUE`` replaced
-    (a sensitivity run: docs/discovery.md section 9 records what such runs showed)."""
+    (a sensitivity run: docs/discovery-passes.md records what such runs showed)."""
     if not pairs:
         return
     from functools import partial

@@ -56,7 +56,7 @@ def test_a_binding_seen_as_the_cpu_or_the_link_names_the_two_right_more_often() 
 def test_a_binding_seen_as_the_gpu_or_the_ram_changes_nothing() -> None:
     """Only the CPU and the link are read: the GPUs' and the RAM's own terms are not what
     the rates confound, and reading them moved the planner's fleets the wrong way on two
-    shipped markets (docs/discovery.md, section 9)."""
+    shipped markets (docs/discovery-passes.md, "The pass on the binding resource seen")."""
     plain = market_measurements(TRAIN)
     other = _seen(plain, [("gpu", "memory")[i % 2] for i in range(len(plain))])
     a, b = fit_rate_model(plain, now=0.0), fit_rate_model(other, now=0.0)

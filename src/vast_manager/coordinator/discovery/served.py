@@ -256,8 +256,8 @@ def choose_blend(oof: Array, log_true: Array) -> tuple[float, ...]:
     blend errs most on (hosts no candidate reads, a benchmark that caught a neighbour)
     would choose the weights, and on the simulated market the served error gave up its
     middle to chase them. The mean of the three quarters it errs least on reads the
-    middle with every machine there (docs/discovery.md, section 9, "The blend chosen by
-    a trimmed mean")."""
+    middle with every machine there (docs/discovery-passes.md, "The blend chosen by a
+    trimmed mean")."""
     best_w, best_err = _blend_weights(oof.shape[1])[0], math.inf
     for w in _blend_weights(oof.shape[1]):
         err = trimmed_abs_log(oof @ np.asarray(w), log_true)
@@ -622,10 +622,11 @@ def benchmark_noise_sd(measurements: Sequence[Measurement], prior_sd: float) -> 
     structural fit splits the machines' spread between their own effects and their
     benchmarks' noise by the shape it assumes for the effects (Student-t), and on markets
     written from other beliefs that split put 0.022-0.033 on the noise where their
-    benchmarks erred by 0.029-0.055 (docs/discovery.md, section 9): the intervals kept
-    noise they were meant to take out. So with no repeats the prior speaks, and the
-    fleet's repeats take over as they come. Runs of any age count alike: a machine that
-    changed between its runs counts the change as noise, and its intervals run narrow."""
+    benchmarks erred by 0.029-0.055 (docs/discovery.md, section 9, "The interval"): the
+    intervals kept noise they were meant to take out. So with no repeats the prior
+    speaks, and the fleet's repeats take over as they come. Runs of any age count alike:
+    a machine that changed between its runs counts the change as noise, and its
+    intervals run narrow."""
     runs = [np.log([m.rate_per_hour for m in ms]) for ms in slice_runs(measurements).values()]
     spread = sum(float(np.sum((v - np.mean(v)) ** 2)) for v in runs)
     repeats = sum(len(v) - 1 for v in runs)

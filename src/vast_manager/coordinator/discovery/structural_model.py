@@ -132,7 +132,7 @@ class Priors:
     # marginal likelihood prefers (with fewer, "capacity"). From the cold start's first
     # trials, not 30: until the choice is made, cuzk's staircase holds every unmeasured
     # host on a share between its steps to whole partitions in flight, and a market whose
-    # RAM acts otherwise never gets those hosts tried (docs/discovery.md, section 9,
+    # RAM acts otherwise never gets those hosts tried (docs/discovery-passes.md,
     # "The RAM form chosen from eight machines").
     ram_form: str = "choose"
     ram_form_min_machines: int = 8
@@ -155,8 +155,8 @@ class Priors:
     # simulator scales several GPUs below linear (n^-0.1 to n^-0.19 beside linear). At 0
     # a priori (GPUs add up) a cold start over-predicted the several-GPU hosts its fleets
     # counted on by about a fifth; wider spreads about 0 held no more bars
-    # (docs/discovery.md, section 9, "The pass on the GPU count's prior" and "The GPU
-    # count's prior centred below linear").
+    # (docs/discovery-passes.md, "The pass on the GPU count's prior" and "The GPU count's
+    # prior centred below linear").
     multi_gpu: float = -0.10
     multi_gpu_sd: float = 0.10
     # The RAM-share term's coefficients (``RAM_HINGES_GIB``), 0 a priori.
