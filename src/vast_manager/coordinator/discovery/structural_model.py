@@ -1362,7 +1362,10 @@ class _Fitter:
         """``seen_terms``' log likelihood alone (the line search's objective)."""
         if not self.seen_rows.shape[0]:
             return 0.0
-        z = self._seen_z(theta, jacobian=False)[0]
+        return self._seen_loglik_at(self._seen_z(theta, jacobian=False)[0])
+
+    def _seen_loglik_at(self, z: Array) -> float:
+        """The Bernoulli log likelihood of the seen bindings at logits ``z``."""
         return float((self.seen_link * z - np.logaddexp(0.0, z)).sum())
 
     def _seen_z(self, theta: Array, *, jacobian: bool) -> tuple[Array, Array | None]:
@@ -1391,10 +1394,9 @@ class _Fitter:
         z, dz = self._seen_z(theta, jacobian=True)
         assert dz is not None
         prob = special.expit(z)
-        loglik = float((self.seen_link * z - np.logaddexp(0.0, z)).sum())
         grad = dz.T @ (self.seen_link - prob)
         fisher = dz.T @ ((prob * (1.0 - prob))[:, None] * dz)
-        return loglik, grad, fisher
+        return self._seen_loglik_at(z), grad, fisher
 
     def count_weights(self, theta: Array) -> Array:
         """(units, counts) the prior's probability of each count, the unlikely ones 0."""
