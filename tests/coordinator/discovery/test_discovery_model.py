@@ -166,6 +166,21 @@ def test_from_nothing_several_gpus_are_predicted_below_linear() -> None:
         assert p.rate_low / q.rate_low == pytest.approx(ratio, rel=1e-6)
 
 
+def test_from_nothing_a_narrow_links_interval_reaches_the_ntt_only_volume() -> None:
+    """The link's prior centres on 48 GB a partition, a derivation; upstream documents
+    only the NTT's 12 GiB (docs/cuzk.md, "What crosses the PCIe link"). From nothing,
+    a host on an x1 link gets an 80% interval whose top reaches the rate that link
+    would allow if only those 12 GiB crossed it."""
+    base = dict(local_offers()[0])
+    base.pop("sim")
+    offer = parse_offer({**base, "pcie_bw": 1.3, "gpu_lanes": 1})
+    p = fit_rate_model([]).predict(offer)
+    ntt_only_per_hour = 1.3 * 3600 / (10 * 12 * 2**30 / 1e9)
+    assert p.bottleneck == "pcie"
+    assert p.rate_high >= min(ntt_only_per_hour, p.capacities_per_hour["gpu"],
+                              p.capacities_per_hour["cpu"])
+
+
 def test_an_offer_it_cannot_read_says_which_field() -> None:
     model = fit_rate_model([])
     out = model.predict_offers([parse_offer({"gpu_name": "RTX 4090", "num_gpus": 0}),
