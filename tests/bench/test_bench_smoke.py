@@ -129,6 +129,12 @@ def test_storage_quick() -> None:
     assert "bound from the retention settings" in text
 
 
+def test_fleet_gain_quick() -> None:
+    text = _run("fleet_gain.py")
+    assert "both give the same figure on every one" in text
+    assert re.search(r"vectorised \(now\): +[\d,]+ calls/s +\([\d.]+x\)", text), text
+
+
 def test_decode_quick() -> None:
     text = _run("decode.py", "--against", PREVIOUS_DECODER)
     for name in ("orjson.loads alone", "decode (msgspec, typed)", "orjson.loads + from_obj",

@@ -80,7 +80,7 @@ def gain_per_hour(base: Sequence[FleetHost], size: int, dph_total: Sequence[floa
     that would rent them untried, E[max(0, pu - p1)], ``pu`` that fleet's $/proof at
     the newcomers' drawn rates: a doubtful host the fleet relies on is worth testing for
     the loss it would bring."""
-    if not base:
+    if not base or not draws:
         return 0.0
     cost = np.array([h.dph_total for h in base])
     rate = np.array([h.rate_per_hour for h in base])
@@ -90,18 +90,17 @@ def gain_per_hour(base: Sequence[FleetHost], size: int, dph_total: Sequence[floa
     if relying is not None:
         held_cost = sum(h.dph_total for h in relying) + float(new_cost.sum())
         held_rate = sum(h.rate_per_hour for h in relying)
-    gain = 0.0
-    loss = 0.0
-    for weight, mus, sds in draws:
-        mu = np.asarray(mus, dtype=float)
-        sd = np.asarray(sds, dtype=float)
-        for z, w in zip(_NODES, _WEIGHTS, strict=True):
-            drawn = np.exp(mu + sd * z)
-            all_rate = np.concatenate([rate, drawn])
-            best = np.argsort(all_cost / all_rate, kind="stable")[:size]
-            p1 = float(all_cost[best].sum() / all_rate[best].sum())
-            gain += weight * float(w) * max(0.0, p0 - p1)
-            if relying is not None:
-                pu = held_cost / (held_rate + float(drawn.sum()))
-                loss += weight * float(w) * max(0.0, pu - p1)
-    return max(gain, loss) * float(rate.sum())
+    # Every draw's every node at once: one row a way the newcomers' rates may go.
+    prob = (np.array([d[0] for d in draws], dtype=float)[:, None] * _WEIGHTS).ravel()
+    mu = np.array([d[1] for d in draws], dtype=float)[:, None, :]
+    sd = np.array([d[2] for d in draws], dtype=float)[:, None, :]
+    drawn = np.exp(mu + sd * _NODES[None, :, None]).reshape(prob.shape[0], -1)
+    all_rate = np.concatenate([np.broadcast_to(rate, (drawn.shape[0], rate.shape[0])), drawn],
+                              axis=1)
+    best = np.argsort(all_cost / all_rate, axis=1, kind="stable")[:, :size]
+    p1 = all_cost[best].sum(axis=1) / np.take_along_axis(all_rate, best, axis=1).sum(axis=1)
+    gain = float(prob @ np.maximum(0.0, p0 - p1))
+    if relying is not None:
+        pu = held_cost / (held_rate + drawn.sum(axis=1))
+        gain = max(gain, float(prob @ np.maximum(0.0, pu - p1)))
+    return gain * float(rate.sum())
