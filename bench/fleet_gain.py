@@ -28,8 +28,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from vast_manager.coordinator.discovery.fleet_gain import (
-    _NODES,
-    _WEIGHTS,
+    NODES,
+    WEIGHTS,
     Draw,
     FleetHost,
     gain_per_hour,
@@ -59,7 +59,7 @@ def reference_gain_per_hour(base: Sequence[FleetHost], size: int, dph_total: Seq
     for weight, mus, sds in draws:
         mu = np.asarray(mus, dtype=float)
         sd = np.asarray(sds, dtype=float)
-        for z, w in zip(_NODES, _WEIGHTS, strict=True):
+        for z, w in zip(NODES, WEIGHTS, strict=True):
             drawn = np.exp(mu + sd * z)
             all_rate = np.concatenate([rate, drawn])
             best = np.argsort(all_cost / all_rate, kind="stable")[:size]

@@ -28,8 +28,8 @@ import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
 
 #: Quadrature nodes over a standard normal draw (probabilists' Hermite).
-_NODES, _WEIGHTS = hermegauss(20)
-_WEIGHTS = _WEIGHTS / _WEIGHTS.sum()
+NODES, WEIGHTS = hermegauss(20)
+WEIGHTS = WEIGHTS / WEIGHTS.sum()
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +91,10 @@ def gain_per_hour(base: Sequence[FleetHost], size: int, dph_total: Sequence[floa
         held_cost = sum(h.dph_total for h in relying) + float(new_cost.sum())
         held_rate = sum(h.rate_per_hour for h in relying)
     # Every draw's every node at once: one row a way the newcomers' rates may go.
-    prob = (np.array([d[0] for d in draws], dtype=float)[:, None] * _WEIGHTS).ravel()
+    prob = (np.array([d[0] for d in draws], dtype=float)[:, None] * WEIGHTS).ravel()
     mu = np.array([d[1] for d in draws], dtype=float)[:, None, :]
     sd = np.array([d[2] for d in draws], dtype=float)[:, None, :]
-    drawn = np.exp(mu + sd * _NODES[None, :, None]).reshape(prob.shape[0], -1)
+    drawn = np.exp(mu + sd * NODES[None, :, None]).reshape(prob.shape[0], -1)
     all_rate = np.concatenate([np.broadcast_to(rate, (drawn.shape[0], rate.shape[0])), drawn],
                               axis=1)
     best = np.argsort(all_cost / all_rate, axis=1, kind="stable")[:, :size]
