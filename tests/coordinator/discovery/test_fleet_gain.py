@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from vast_manager.common.hardware_facts import GPU_SPECS
 from vast_manager.coordinator.discovery.autopilot_rules import fleet_on_offer
 from vast_manager.coordinator.discovery.fleet_gain import FleetHost, FleetOnOffer, gain_per_hour
+from vast_manager.coordinator.discovery.measurements import Measurement
 from vast_manager.coordinator.discovery.plan import (
     FleetView,
     PlanSettings,
@@ -18,8 +20,9 @@ from vast_manager.coordinator.discovery.plan import (
     plan_trials,
 )
 from vast_manager.coordinator.discovery.structural_model import Prediction, fit_rate_model
+from vast_manager.coordinator.offers import parse_offer
 
-from support.discovery_support import measurements, parsed, synthetic_offer
+from support.discovery_support import measurements, parsed, synthetic_offer, true_rate
 
 #: A fleet of ten at 100/h: nine at $0.10/h ($0.001 a proof), the last at $0.15/h; and
 #: the next host on offer, at $0.20/h.
@@ -146,3 +149,55 @@ def test_a_doubtful_host_the_fleet_counts_on_is_worth_testing_for_its_loss() -> 
             assert both > 3 * gain > 0
         else:  # sure of its rate: nothing to avoid, nothing to gain
             assert both == gain == 0.0
+
+
+def _with_dlperf(offer: dict[str, Any], log_ratio: float) -> dict[str, Any]:
+    """The offer with vast.ai's ``dlperf`` at exp(log_ratio) per GB/s of its GPUs' spec
+    memory bandwidth."""
+    bw = GPU_SPECS[offer["gpu_name"]].mem_bw_gbps
+    return {**offer, "dlperf": round(offer["num_gpus"] * bw * math.exp(log_ratio), 2)}
+
+
+def test_a_gpu_model_whose_dlperf_runs_ahead_of_the_measured_models_is_worth_more_to_try(
+) -> None:
+    """The first trial of a GPU model no machine was measured with is also valued under
+    the reading that its speed follows its dlperf as the measured models' may: its
+    dlperf per GB/s of bandwidth above theirs raises what its trial may show; with no
+    measured machine on offer there is nothing to read it against."""
+    rng = random.Random(4)
+    runs: list[Measurement] = []
+    measured: list[dict[str, Any]] = []
+    machine = 70_000
+    while len(runs) < 40:
+        offer = synthetic_offer(rng, machine)
+        machine += 1
+        if offer["gpu_name"] == "RTX 5090":
+            continue
+        offer = _with_dlperf(offer, -2.8)
+        measured.append(offer)
+        runs.append(Measurement(str(offer["machine_id"]), parse_offer(offer),
+                                true_rate(offer) * math.exp(rng.gauss(0.0, 0.05)), 0.0, "fleet"))
+    model = fit_rate_model(runs)
+    market = _offers(200, 9)
+    news = [o for o in market if o["gpu_name"] == "RTX 5090"][:6]
+    others = [_with_dlperf(o, -2.8) for o in market if o["gpu_name"] != "RTX 5090"][:40]
+    assert len(news) >= 3
+
+    def best_5090_value(log_ratio: float, with_measured: bool) -> float:
+        offers = parsed([*(measured if with_measured else []), *others,
+                         *(_with_dlperf(o, log_ratio) for o in news)])
+        preds = model.predict_offers(offers, explain=False)
+        hosts = sorted((o.dph_total / p.rate_per_hour, str(o.machine_id), o.dph_total,
+                        p.rate_per_hour) for o, p in zip(offers, preds, strict=True)
+                       if o.dph_total and isinstance(p, Prediction))
+        on_offer = FleetOnOffer(tuple(FleetHost(m, c, r) for _, m, c, r in hosts[:20]), 10)
+        view = FleetView(reference_usd_per_proof=hosts[9][0], fleet_on_offer=on_offer)
+        plan = plan_trials(offers, model, view, PlanSettings(trials=100))
+        return max(p.expected_value_usd for p in plan.proposals
+                   if p.offer.gpu_name == "RTX 5090")
+
+    # Its dlperf per GB/s 0.5 above the measured machines': worth more than at theirs.
+    ahead, level = best_5090_value(-2.3, True), best_5090_value(-2.8, True)
+    assert ahead > 1.2 * level > 0
+    # Nothing measured on offer: no ratio to read it against, the same value either way.
+    assert best_5090_value(-2.3, False) == pytest.approx(best_5090_value(-2.8, False))

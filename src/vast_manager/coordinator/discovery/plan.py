@@ -675,7 +675,8 @@ def plan_trials(
     values = [*best_per_machine.values(), *loose]
     if fleet.fleet_on_offer is not None:
         values = _with_gpu_model_value(values, _measured_gpu_models(measured.values()),
-                                       fleet.fleet_on_offer, settings)
+                                       fleet.fleet_on_offer, settings,
+                                       _median_dlperf_ratio(m.offer for m in measured.values()))
     ranked = sorted(values, key=lambda v: (-v.expected_value_usd, v.dph_total))
     worth = _with_belief_tests(ranked, cells, done, ref, settings, fleet.fleet_on_offer)
     picked, over_budget = _within_budget(worth, settings)
@@ -726,15 +727,46 @@ def _measured_gpu_models(measured: Iterable[MeasuredOffer]) -> set[str]:
 _Z90 = 1.2815515655446004
 
 
+def _dlperf_ratio(offer: Offer) -> float | None:
+    """log(the offer's dlperf per GPU / its GPU model's memory bandwidth), if it has both."""
+    try:
+        f = offer_features(offer)
+    except FeatureError:
+        return None
+    bw = f.spec_mem_bw_gbps or f.mem_bw_gbps
+    if not f.dlperf_per_gpu or not bw:
+        return None
+    return math.log(f.dlperf_per_gpu / bw)
+
+
+def _median_dlperf_ratio(offers: Iterable[Offer]) -> float | None:
+    """The offers' median ``_dlperf_ratio`` (the upper of the middle two); None with none."""
+    ratios = sorted(r for o in offers if (r := _dlperf_ratio(o)) is not None)
+    return ratios[len(ratios) // 2] if ratios else None
+
+
+#: The weight the plan gives an unmeasured GPU model's speed following its dlperf as the
+#: measured models' may, rather than its memory bandwidth as the model reads it
+#: (docs/discovery.md, section 3).
+_DLPERF_READING_WEIGHT = 0.25
+
+
 def _with_gpu_model_value(values: list[_Value], measured_gpus: set[str],
-                          fleet: FleetOnOffer, settings: PlanSettings) -> list[_Value]:
+                          fleet: FleetOnOffer, settings: PlanSettings,
+                          measured_ratio: float | None = None) -> list[_Value]:
     """The first trial of a GPU model no measured machine has is worth what it shows of
     the model's speed: its offers' rates move together with that speed, so the trial of
     its best offer (by predicted $/proof) is valued by the fall in the fleet's $/proof if
     the model's best ``fleet.size`` offers take their places at one common draw of their
     log rates (each its point and its 80% interval's spread), when that exceeds the
     offer's own value. The fleet then takes what the trial reveals: the next fit
-    predicts the model's other offers from it."""
+    predicts the model's other offers from it.
+
+    The model reads an unmeasured GPU model's speed from its memory bandwidth. With
+    ``measured_ratio`` (the measured machines' ``_median_dlperf_ratio``) the draw is a
+    mixture: the model's, and with ``_DLPERF_READING_WEIGHT`` the same moved by the GPU
+    model's median ``_dlperf_ratio`` less ``measured_ratio``, its speed following
+    dlperf instead."""
     groups: dict[str, list[_Value]] = {}
     for v in values:
         key = _gpu_key(v.offer)
@@ -748,9 +780,15 @@ def _with_gpu_model_value(values: list[_Value], measured_gpus: set[str],
         mus = [math.log(v.prediction.rate_per_hour) for v in best]
         sds = [max(math.log(v.prediction.rate_high / v.prediction.rate_low) / (2 * _Z90), 1e-3)
                for v in best]
+        draws = [(1.0, mus, sds)]
+        ratio = _median_dlperf_ratio(v.offer for v in group)
+        if measured_ratio is not None and ratio is not None:
+            w = _DLPERF_READING_WEIGHT
+            draws = [(1.0 - w, mus, sds),
+                     (w, [mu + ratio - measured_ratio for mu in mus], sds)]
         saving = gain_per_hour(fleet.without(machines), fleet.size,
                                [float(v.offer.dph_total or v.dph_total) for v in best],
-                               [(1.0, mus, sds)])
+                               draws)
         first = best[0]
         hours = settings.trial_cost.hours(first.offer, first.prediction.rate_per_hour)
         value = saving * _run_hours(first.offer, hours, settings) - first.trial_cost_usd
