@@ -16,11 +16,12 @@ from vast_manager.coordinator.discovery.measurements import Measurement
 from vast_manager.coordinator.discovery.plan import (
     FleetView,
     PlanSettings,
+    Predictor,
     evaluate_offer,
     plan_trials,
 )
 from vast_manager.coordinator.discovery.structural_model import Prediction, fit_rate_model
-from vast_manager.coordinator.offers import parse_offer
+from vast_manager.coordinator.offers import Offer, parse_offer
 
 from support.discovery_support import measurements, parsed, synthetic_offer, true_rate
 
@@ -81,15 +82,23 @@ def _offers(n: int, seed: int) -> list[dict[str, Any]]:
     return [synthetic_offer(rng, 90_000 + i) for i in range(n)]
 
 
-def test_from_nothing_the_plan_values_trials_against_the_fleet_on_offer() -> None:
-    model = fit_rate_model(measurements(120))
-    offers = parsed(_offers(60, 8))
+def _fleet_view(model: Predictor, offers: list[Offer]) -> FleetView:
+    """From nothing proving: the best 20 offers by predicted $/proof as the fleet on
+    offer (a fleet of 10), its tenth's $/proof the reference."""
     preds = model.predict_offers(offers, explain=False)
     hosts = sorted((o.dph_total / p.rate_per_hour, str(o.machine_id), o.dph_total,
                     p.rate_per_hour) for o, p in zip(offers, preds, strict=True)
                    if o.dph_total and isinstance(p, Prediction))
     on_offer = FleetOnOffer(tuple(FleetHost(m, c, r) for _, m, c, r in hosts[:20]), 10)
-    view = FleetView(reference_usd_per_proof=hosts[9][0], fleet_on_offer=on_offer)
+    return FleetView(reference_usd_per_proof=hosts[9][0], fleet_on_offer=on_offer)
+
+
+def test_from_nothing_the_plan_values_trials_against_the_fleet_on_offer() -> None:
+    model = fit_rate_model(measurements(120))
+    offers = parsed(_offers(60, 8))
+    view = _fleet_view(model, offers)
+    on_offer = view.fleet_on_offer
+    assert on_offer is not None
     settings = PlanSettings(trials=5)
     plan = plan_trials(offers, model, view, settings)
     assert plan.proposals
@@ -110,8 +119,8 @@ def test_from_nothing_the_plan_values_trials_against_the_fleet_on_offer() -> Non
         raised += p.expected_value_usd > own.expected_value_usd + 1e-6
     assert raised >= 1
     # The same plan against the last host alone values the offers otherwise.
-    plain = plan_trials(offers, model, FleetView(reference_usd_per_proof=hosts[9][0]),
-                        settings)
+    plain = plan_trials(offers, model,
+                        FleetView(reference_usd_per_proof=view.reference_usd_per_proof), settings)
     assert [p.expected_value_usd for p in plain.proposals] != [
         p.expected_value_usd for p in plan.proposals]
 
@@ -186,13 +195,7 @@ def test_a_gpu_model_whose_dlperf_runs_ahead_of_the_measured_models_is_worth_mor
     def best_5090_value(log_ratio: float, with_measured: bool) -> float:
         offers = parsed([*(measured if with_measured else []), *others,
                          *(_with_dlperf(o, log_ratio) for o in news)])
-        preds = model.predict_offers(offers, explain=False)
-        hosts = sorted((o.dph_total / p.rate_per_hour, str(o.machine_id), o.dph_total,
-                        p.rate_per_hour) for o, p in zip(offers, preds, strict=True)
-                       if o.dph_total and isinstance(p, Prediction))
-        on_offer = FleetOnOffer(tuple(FleetHost(m, c, r) for _, m, c, r in hosts[:20]), 10)
-        view = FleetView(reference_usd_per_proof=hosts[9][0], fleet_on_offer=on_offer)
-        plan = plan_trials(offers, model, view, PlanSettings(trials=100))
+        plan = plan_trials(offers, model, _fleet_view(model, offers), PlanSettings(trials=100))
         return max(p.expected_value_usd for p in plan.proposals
                    if p.offer.gpu_name == "RTX 5090")
 
