@@ -781,7 +781,8 @@ def _with_gpu_model_value(values: list[_Value], measured_gpus: set[str],
         sds = [max(math.log(v.prediction.rate_high / v.prediction.rate_low) / (2 * _Z90), 1e-3)
                for v in best]
         draws = [(1.0, mus, sds)]
-        ratio = _median_dlperf_ratio(v.offer for v in group)
+        ratio = (None if measured_ratio is None
+                 else _median_dlperf_ratio(v.offer for v in group))
         if measured_ratio is not None and ratio is not None:
             w = _DLPERF_READING_WEIGHT
             draws = [(1.0 - w, mus, sds),
